@@ -1,0 +1,48 @@
+# twisted-iop: set up, run and test.
+#   make run    set up a virtualenv and run the Control Plane on its defaults
+#   make test   set up everything the tests need and run them
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+PYTEST_ARGS ?=
+
+.PHONY: setup run run-edge run-node test browser proto mypy bench clean
+
+$(BIN)/.installed: setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test,dev]' --config-settings editable_mode=compat
+	touch $@
+
+setup: $(BIN)/.installed
+
+run: setup
+	$(BIN)/twistd -n --pidfile= iop-control-plane --config configs/control-plane.yaml
+
+run-edge: setup
+	$(BIN)/twistd -n --pidfile= iop-edge --config configs/edge.yaml
+
+run-node: setup
+	$(BIN)/twistd -n --pidfile= iop-node --config configs/node.yaml
+
+# Headless Chromium for the console tests, from Debian's packages.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing chromium (Debian package) for the console tests"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+test: setup browser
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+proto: setup
+	$(PY) -m grpc_tools.protoc -Iproto/iop --python_out=twisted_iop/wire --pyi_out=twisted_iop/wire proto/iop/control.proto
+
+mypy: setup
+	$(BIN)/mypy
+
+bench: setup
+	$(PY) bench/fleet_fanout.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

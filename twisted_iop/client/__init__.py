@@ -1,0 +1,1 @@
+"""Clients of the Control Plane: status repository, wire client, iopctl."""

@@ -1,0 +1,1 @@
+"""The static web console served by the Control Plane at /console."""

@@ -1,0 +1,1 @@
+"""The Control Plane: edge wire server, registry, HTTP views, client wire."""

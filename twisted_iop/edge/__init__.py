@@ -1,0 +1,1 @@
+"""The Edge agent: control-plane connector, node server, pool, commands."""

@@ -1,0 +1,1 @@
+"""The Node runtime: edge connector and provider probes."""

@@ -1,0 +1,547 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ERROR_CODE_UNSPECIFIED: _ClassVar[ErrorCode]
+    ERROR_CODE_MALFORMED_FRAME: _ClassVar[ErrorCode]
+    ERROR_CODE_FRAME_TOO_LARGE: _ClassVar[ErrorCode]
+    ERROR_CODE_UNEXPECTED_MESSAGE: _ClassVar[ErrorCode]
+    ERROR_CODE_HELLO_REQUIRED: _ClassVar[ErrorCode]
+    ERROR_CODE_HELLO_TIMEOUT: _ClassVar[ErrorCode]
+    ERROR_CODE_UNSUPPORTED_VERSION: _ClassVar[ErrorCode]
+    ERROR_CODE_KEEPALIVE_TIMEOUT: _ClassVar[ErrorCode]
+    ERROR_CODE_SUPERSEDED: _ClassVar[ErrorCode]
+    ERROR_CODE_INTERNAL: _ClassVar[ErrorCode]
+    ERROR_CODE_UNKNOWN_COMMAND: _ClassVar[ErrorCode]
+    ERROR_CODE_INVALID_ARGUMENT: _ClassVar[ErrorCode]
+    ERROR_CODE_UNAUTHENTICATED: _ClassVar[ErrorCode]
+
+class ProviderStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PROVIDER_STATUS_UNSPECIFIED: _ClassVar[ProviderStatus]
+    PROVIDER_STATUS_AVAILABLE: _ClassVar[ProviderStatus]
+    PROVIDER_STATUS_DRAINED: _ClassVar[ProviderStatus]
+    PROVIDER_STATUS_UNAVAILABLE: _ClassVar[ProviderStatus]
+
+class ProviderHealth(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PROVIDER_HEALTH_UNSPECIFIED: _ClassVar[ProviderHealth]
+    PROVIDER_HEALTH_HEALTHY: _ClassVar[ProviderHealth]
+    PROVIDER_HEALTH_DEGRADED: _ClassVar[ProviderHealth]
+    PROVIDER_HEALTH_UNHEALTHY: _ClassVar[ProviderHealth]
+    PROVIDER_HEALTH_OFFLINE: _ClassVar[ProviderHealth]
+    PROVIDER_HEALTH_UNKNOWN: _ClassVar[ProviderHealth]
+
+class CommandOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COMMAND_OUTCOME_UNSPECIFIED: _ClassVar[CommandOutcome]
+    COMMAND_OUTCOME_SUCCEEDED: _ClassVar[CommandOutcome]
+    COMMAND_OUTCOME_FAILED: _ClassVar[CommandOutcome]
+    COMMAND_OUTCOME_REJECTED: _ClassVar[CommandOutcome]
+ERROR_CODE_UNSPECIFIED: ErrorCode
+ERROR_CODE_MALFORMED_FRAME: ErrorCode
+ERROR_CODE_FRAME_TOO_LARGE: ErrorCode
+ERROR_CODE_UNEXPECTED_MESSAGE: ErrorCode
+ERROR_CODE_HELLO_REQUIRED: ErrorCode
+ERROR_CODE_HELLO_TIMEOUT: ErrorCode
+ERROR_CODE_UNSUPPORTED_VERSION: ErrorCode
+ERROR_CODE_KEEPALIVE_TIMEOUT: ErrorCode
+ERROR_CODE_SUPERSEDED: ErrorCode
+ERROR_CODE_INTERNAL: ErrorCode
+ERROR_CODE_UNKNOWN_COMMAND: ErrorCode
+ERROR_CODE_INVALID_ARGUMENT: ErrorCode
+ERROR_CODE_UNAUTHENTICATED: ErrorCode
+PROVIDER_STATUS_UNSPECIFIED: ProviderStatus
+PROVIDER_STATUS_AVAILABLE: ProviderStatus
+PROVIDER_STATUS_DRAINED: ProviderStatus
+PROVIDER_STATUS_UNAVAILABLE: ProviderStatus
+PROVIDER_HEALTH_UNSPECIFIED: ProviderHealth
+PROVIDER_HEALTH_HEALTHY: ProviderHealth
+PROVIDER_HEALTH_DEGRADED: ProviderHealth
+PROVIDER_HEALTH_UNHEALTHY: ProviderHealth
+PROVIDER_HEALTH_OFFLINE: ProviderHealth
+PROVIDER_HEALTH_UNKNOWN: ProviderHealth
+COMMAND_OUTCOME_UNSPECIFIED: CommandOutcome
+COMMAND_OUTCOME_SUCCEEDED: CommandOutcome
+COMMAND_OUTCOME_FAILED: CommandOutcome
+COMMAND_OUTCOME_REJECTED: CommandOutcome
+
+class Error(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: ErrorCode
+    message: str
+    def __init__(self, code: _Optional[_Union[ErrorCode, str]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class Ping(_message.Message):
+    __slots__ = ("sent_at_ms",)
+    SENT_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    sent_at_ms: int
+    def __init__(self, sent_at_ms: _Optional[int] = ...) -> None: ...
+
+class Pong(_message.Message):
+    __slots__ = ("ping_sent_at_ms",)
+    PING_SENT_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    ping_sent_at_ms: int
+    def __init__(self, ping_sent_at_ms: _Optional[int] = ...) -> None: ...
+
+class CommandArgumentSpec(_message.Message):
+    __slots__ = ("name", "description", "required")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    REQUIRED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    description: str
+    required: bool
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., required: _Optional[bool] = ...) -> None: ...
+
+class CommandSpec(_message.Message):
+    __slots__ = ("name", "description", "target_kind", "arguments")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    TARGET_KIND_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    description: str
+    target_kind: str
+    arguments: _containers.RepeatedCompositeFieldContainer[CommandArgumentSpec]
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., target_kind: _Optional[str] = ..., arguments: _Optional[_Iterable[_Union[CommandArgumentSpec, _Mapping]]] = ...) -> None: ...
+
+class EdgeHelloRequest(_message.Message):
+    __slots__ = ("edge_id", "protocol_major", "protocol_minor", "software_version", "credential", "labels", "commands")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    EDGE_ID_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_MAJOR_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_MINOR_FIELD_NUMBER: _ClassVar[int]
+    SOFTWARE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    edge_id: str
+    protocol_major: int
+    protocol_minor: int
+    software_version: str
+    credential: str
+    labels: _containers.ScalarMap[str, str]
+    commands: _containers.RepeatedCompositeFieldContainer[CommandSpec]
+    def __init__(self, edge_id: _Optional[str] = ..., protocol_major: _Optional[int] = ..., protocol_minor: _Optional[int] = ..., software_version: _Optional[str] = ..., credential: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., commands: _Optional[_Iterable[_Union[CommandSpec, _Mapping]]] = ...) -> None: ...
+
+class EdgeHelloResponse(_message.Message):
+    __slots__ = ("accepted", "reason", "reason_code", "permanent", "protocol_major", "protocol_minor", "server_version", "keepalive_interval_ms", "keepalive_deadline_ms")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    REASON_CODE_FIELD_NUMBER: _ClassVar[int]
+    PERMANENT_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_MAJOR_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_MINOR_FIELD_NUMBER: _ClassVar[int]
+    SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    KEEPALIVE_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    KEEPALIVE_DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    reason: str
+    reason_code: str
+    permanent: bool
+    protocol_major: int
+    protocol_minor: int
+    server_version: str
+    keepalive_interval_ms: int
+    keepalive_deadline_ms: int
+    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., reason_code: _Optional[str] = ..., permanent: _Optional[bool] = ..., protocol_major: _Optional[int] = ..., protocol_minor: _Optional[int] = ..., server_version: _Optional[str] = ..., keepalive_interval_ms: _Optional[int] = ..., keepalive_deadline_ms: _Optional[int] = ...) -> None: ...
+
+class EdgeStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ProviderSnapshot(_message.Message):
+    __slots__ = ("provider_id", "kind", "models", "status", "health", "health_reason", "capacity", "in_flight", "queued", "long_context_capacity", "long_context_in_flight", "long_context_queued")
+    PROVIDER_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_REASON_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    LONG_CONTEXT_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    LONG_CONTEXT_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    LONG_CONTEXT_QUEUED_FIELD_NUMBER: _ClassVar[int]
+    provider_id: str
+    kind: str
+    models: _containers.RepeatedScalarFieldContainer[str]
+    status: ProviderStatus
+    health: ProviderHealth
+    health_reason: str
+    capacity: int
+    in_flight: int
+    queued: int
+    long_context_capacity: int
+    long_context_in_flight: int
+    long_context_queued: int
+    def __init__(self, provider_id: _Optional[str] = ..., kind: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., status: _Optional[_Union[ProviderStatus, str]] = ..., health: _Optional[_Union[ProviderHealth, str]] = ..., health_reason: _Optional[str] = ..., capacity: _Optional[int] = ..., in_flight: _Optional[int] = ..., queued: _Optional[int] = ..., long_context_capacity: _Optional[int] = ..., long_context_in_flight: _Optional[int] = ..., long_context_queued: _Optional[int] = ...) -> None: ...
+
+class EdgeNodeSnapshot(_message.Message):
+    __slots__ = ("node_id", "connected", "drained", "connected_since_ms", "last_seen_ms", "providers", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    DRAINED_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_MS_FIELD_NUMBER: _ClassVar[int]
+    PROVIDERS_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    connected: bool
+    drained: bool
+    connected_since_ms: int
+    last_seen_ms: int
+    providers: _containers.RepeatedCompositeFieldContainer[ProviderSnapshot]
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, node_id: _Optional[str] = ..., connected: _Optional[bool] = ..., drained: _Optional[bool] = ..., connected_since_ms: _Optional[int] = ..., last_seen_ms: _Optional[int] = ..., providers: _Optional[_Iterable[_Union[ProviderSnapshot, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class EdgeStatusResponse(_message.Message):
+    __slots__ = ("edge_id", "generated_at_ms", "nodes")
+    EDGE_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    edge_id: str
+    generated_at_ms: int
+    nodes: _containers.RepeatedCompositeFieldContainer[EdgeNodeSnapshot]
+    def __init__(self, edge_id: _Optional[str] = ..., generated_at_ms: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[EdgeNodeSnapshot, _Mapping]]] = ...) -> None: ...
+
+class EdgeCommandRequest(_message.Message):
+    __slots__ = ("command_id", "name", "target", "arguments", "timeout_ms")
+    class ArgumentsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    command_id: str
+    name: str
+    target: str
+    arguments: _containers.ScalarMap[str, str]
+    timeout_ms: int
+    def __init__(self, command_id: _Optional[str] = ..., name: _Optional[str] = ..., target: _Optional[str] = ..., arguments: _Optional[_Mapping[str, str]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class EdgeCommandResponse(_message.Message):
+    __slots__ = ("command_id", "outcome", "reason", "result")
+    class ResultEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    command_id: str
+    outcome: CommandOutcome
+    reason: str
+    result: _containers.ScalarMap[str, str]
+    def __init__(self, command_id: _Optional[str] = ..., outcome: _Optional[_Union[CommandOutcome, str]] = ..., reason: _Optional[str] = ..., result: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class EdgeEvent(_message.Message):
+    __slots__ = ("kind", "occurred_at_ms", "node_id", "provider_id", "command_id", "message", "attributes", "edge_sequence")
+    class AttributesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    OCCURRED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    EDGE_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    occurred_at_ms: int
+    node_id: str
+    provider_id: str
+    command_id: str
+    message: str
+    attributes: _containers.ScalarMap[str, str]
+    edge_sequence: int
+    def __init__(self, kind: _Optional[str] = ..., occurred_at_ms: _Optional[int] = ..., node_id: _Optional[str] = ..., provider_id: _Optional[str] = ..., command_id: _Optional[str] = ..., message: _Optional[str] = ..., attributes: _Optional[_Mapping[str, str]] = ..., edge_sequence: _Optional[int] = ...) -> None: ...
+
+class NodeProviderSpec(_message.Message):
+    __slots__ = ("provider_id", "kind", "models")
+    PROVIDER_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    provider_id: str
+    kind: str
+    models: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, provider_id: _Optional[str] = ..., kind: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class NodeHelloRequest(_message.Message):
+    __slots__ = ("node_id", "protocol_major", "protocol_minor", "software_version", "credential", "providers", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_MAJOR_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_MINOR_FIELD_NUMBER: _ClassVar[int]
+    SOFTWARE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
+    PROVIDERS_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    protocol_major: int
+    protocol_minor: int
+    software_version: str
+    credential: str
+    providers: _containers.RepeatedCompositeFieldContainer[NodeProviderSpec]
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, node_id: _Optional[str] = ..., protocol_major: _Optional[int] = ..., protocol_minor: _Optional[int] = ..., software_version: _Optional[str] = ..., credential: _Optional[str] = ..., providers: _Optional[_Iterable[_Union[NodeProviderSpec, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class NodeHelloResponse(_message.Message):
+    __slots__ = ("accepted", "reason", "reason_code", "permanent", "protocol_major", "protocol_minor", "server_version", "keepalive_interval_ms", "keepalive_deadline_ms")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    REASON_CODE_FIELD_NUMBER: _ClassVar[int]
+    PERMANENT_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_MAJOR_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_MINOR_FIELD_NUMBER: _ClassVar[int]
+    SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    KEEPALIVE_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    KEEPALIVE_DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    reason: str
+    reason_code: str
+    permanent: bool
+    protocol_major: int
+    protocol_minor: int
+    server_version: str
+    keepalive_interval_ms: int
+    keepalive_deadline_ms: int
+    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., reason_code: _Optional[str] = ..., permanent: _Optional[bool] = ..., protocol_major: _Optional[int] = ..., protocol_minor: _Optional[int] = ..., server_version: _Optional[str] = ..., keepalive_interval_ms: _Optional[int] = ..., keepalive_deadline_ms: _Optional[int] = ...) -> None: ...
+
+class ProviderHealthReport(_message.Message):
+    __slots__ = ("provider_id", "health", "reason", "models")
+    PROVIDER_ID_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    provider_id: str
+    health: ProviderHealth
+    reason: str
+    models: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, provider_id: _Optional[str] = ..., health: _Optional[_Union[ProviderHealth, str]] = ..., reason: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class NodeReady(_message.Message):
+    __slots__ = ("providers",)
+    PROVIDERS_FIELD_NUMBER: _ClassVar[int]
+    providers: _containers.RepeatedCompositeFieldContainer[ProviderHealthReport]
+    def __init__(self, providers: _Optional[_Iterable[_Union[ProviderHealthReport, _Mapping]]] = ...) -> None: ...
+
+class NodeHealthReport(_message.Message):
+    __slots__ = ("providers",)
+    PROVIDERS_FIELD_NUMBER: _ClassVar[int]
+    providers: _containers.RepeatedCompositeFieldContainer[ProviderHealthReport]
+    def __init__(self, providers: _Optional[_Iterable[_Union[ProviderHealthReport, _Mapping]]] = ...) -> None: ...
+
+class NodeProbeRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NodeProbeResponse(_message.Message):
+    __slots__ = ("providers", "health")
+    PROVIDERS_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    providers: _containers.RepeatedCompositeFieldContainer[NodeProviderSpec]
+    health: _containers.RepeatedCompositeFieldContainer[ProviderHealthReport]
+    def __init__(self, providers: _Optional[_Iterable[_Union[NodeProviderSpec, _Mapping]]] = ..., health: _Optional[_Iterable[_Union[ProviderHealthReport, _Mapping]]] = ...) -> None: ...
+
+class Envelope(_message.Message):
+    __slots__ = ("request_id", "error", "ping", "pong", "edge_hello_request", "edge_hello_response", "edge_status_request", "edge_status_response", "edge_command_request", "edge_command_response", "edge_event", "node_hello_request", "node_hello_response", "node_ready", "node_health_report", "node_probe_request", "node_probe_response")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    PING_FIELD_NUMBER: _ClassVar[int]
+    PONG_FIELD_NUMBER: _ClassVar[int]
+    EDGE_HELLO_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    EDGE_HELLO_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    EDGE_STATUS_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    EDGE_STATUS_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    EDGE_COMMAND_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    EDGE_COMMAND_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    EDGE_EVENT_FIELD_NUMBER: _ClassVar[int]
+    NODE_HELLO_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    NODE_HELLO_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    NODE_READY_FIELD_NUMBER: _ClassVar[int]
+    NODE_HEALTH_REPORT_FIELD_NUMBER: _ClassVar[int]
+    NODE_PROBE_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    NODE_PROBE_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    error: Error
+    ping: Ping
+    pong: Pong
+    edge_hello_request: EdgeHelloRequest
+    edge_hello_response: EdgeHelloResponse
+    edge_status_request: EdgeStatusRequest
+    edge_status_response: EdgeStatusResponse
+    edge_command_request: EdgeCommandRequest
+    edge_command_response: EdgeCommandResponse
+    edge_event: EdgeEvent
+    node_hello_request: NodeHelloRequest
+    node_hello_response: NodeHelloResponse
+    node_ready: NodeReady
+    node_health_report: NodeHealthReport
+    node_probe_request: NodeProbeRequest
+    node_probe_response: NodeProbeResponse
+    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., edge_hello_request: _Optional[_Union[EdgeHelloRequest, _Mapping]] = ..., edge_hello_response: _Optional[_Union[EdgeHelloResponse, _Mapping]] = ..., edge_status_request: _Optional[_Union[EdgeStatusRequest, _Mapping]] = ..., edge_status_response: _Optional[_Union[EdgeStatusResponse, _Mapping]] = ..., edge_command_request: _Optional[_Union[EdgeCommandRequest, _Mapping]] = ..., edge_command_response: _Optional[_Union[EdgeCommandResponse, _Mapping]] = ..., edge_event: _Optional[_Union[EdgeEvent, _Mapping]] = ..., node_hello_request: _Optional[_Union[NodeHelloRequest, _Mapping]] = ..., node_hello_response: _Optional[_Union[NodeHelloResponse, _Mapping]] = ..., node_ready: _Optional[_Union[NodeReady, _Mapping]] = ..., node_health_report: _Optional[_Union[NodeHealthReport, _Mapping]] = ..., node_probe_request: _Optional[_Union[NodeProbeRequest, _Mapping]] = ..., node_probe_response: _Optional[_Union[NodeProbeResponse, _Mapping]] = ...) -> None: ...
+
+class ClientHelloRequest(_message.Message):
+    __slots__ = ("client_name", "protocol_major", "protocol_minor", "api_token")
+    CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_MAJOR_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_MINOR_FIELD_NUMBER: _ClassVar[int]
+    API_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    client_name: str
+    protocol_major: int
+    protocol_minor: int
+    api_token: str
+    def __init__(self, client_name: _Optional[str] = ..., protocol_major: _Optional[int] = ..., protocol_minor: _Optional[int] = ..., api_token: _Optional[str] = ...) -> None: ...
+
+class ClientHelloResponse(_message.Message):
+    __slots__ = ("accepted", "reason", "server_version", "protocol_major", "protocol_minor", "features")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_MAJOR_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_MINOR_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    reason: str
+    server_version: str
+    protocol_major: int
+    protocol_minor: int
+    features: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., server_version: _Optional[str] = ..., protocol_major: _Optional[int] = ..., protocol_minor: _Optional[int] = ..., features: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SubscribeRequest(_message.Message):
+    __slots__ = ("edge_id", "resume", "since_sequence")
+    EDGE_ID_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
+    SINCE_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    edge_id: str
+    resume: bool
+    since_sequence: int
+    def __init__(self, edge_id: _Optional[str] = ..., resume: _Optional[bool] = ..., since_sequence: _Optional[int] = ...) -> None: ...
+
+class SubscribeResponse(_message.Message):
+    __slots__ = ("edge_id", "last_sequence", "oldest_sequence")
+    EDGE_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    edge_id: str
+    last_sequence: int
+    oldest_sequence: int
+    def __init__(self, edge_id: _Optional[str] = ..., last_sequence: _Optional[int] = ..., oldest_sequence: _Optional[int] = ...) -> None: ...
+
+class UnsubscribeRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class FleetEvent(_message.Message):
+    __slots__ = ("sequence", "fleet_sequence", "edge_id", "kind", "occurred_at_ms", "recorded_at_ms", "node_id", "provider_id", "command_id", "message", "attributes")
+    class AttributesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    FLEET_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    EDGE_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    OCCURRED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    RECORDED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    fleet_sequence: int
+    edge_id: str
+    kind: str
+    occurred_at_ms: int
+    recorded_at_ms: int
+    node_id: str
+    provider_id: str
+    command_id: str
+    message: str
+    attributes: _containers.ScalarMap[str, str]
+    def __init__(self, sequence: _Optional[int] = ..., fleet_sequence: _Optional[int] = ..., edge_id: _Optional[str] = ..., kind: _Optional[str] = ..., occurred_at_ms: _Optional[int] = ..., recorded_at_ms: _Optional[int] = ..., node_id: _Optional[str] = ..., provider_id: _Optional[str] = ..., command_id: _Optional[str] = ..., message: _Optional[str] = ..., attributes: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class EventsLost(_message.Message):
+    __slots__ = ("count", "first_sequence", "last_sequence", "reason")
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    count: int
+    first_sequence: int
+    last_sequence: int
+    reason: str
+    def __init__(self, count: _Optional[int] = ..., first_sequence: _Optional[int] = ..., last_sequence: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ClientEnvelope(_message.Message):
+    __slots__ = ("request_id", "error", "client_hello_request", "client_hello_response", "subscribe_request", "subscribe_response", "unsubscribe_request", "event", "events_lost")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_HELLO_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_HELLO_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBE_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBE_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    UNSUBSCRIBE_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_LOST_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    error: Error
+    client_hello_request: ClientHelloRequest
+    client_hello_response: ClientHelloResponse
+    subscribe_request: SubscribeRequest
+    subscribe_response: SubscribeResponse
+    unsubscribe_request: UnsubscribeRequest
+    event: FleetEvent
+    events_lost: EventsLost
+    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., client_hello_request: _Optional[_Union[ClientHelloRequest, _Mapping]] = ..., client_hello_response: _Optional[_Union[ClientHelloResponse, _Mapping]] = ..., subscribe_request: _Optional[_Union[SubscribeRequest, _Mapping]] = ..., subscribe_response: _Optional[_Union[SubscribeResponse, _Mapping]] = ..., unsubscribe_request: _Optional[_Union[UnsubscribeRequest, _Mapping]] = ..., event: _Optional[_Union[FleetEvent, _Mapping]] = ..., events_lost: _Optional[_Union[EventsLost, _Mapping]] = ...) -> None: ...

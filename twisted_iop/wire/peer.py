@@ -1,0 +1,362 @@
+"""The framed protobuf peer shared by every TCP wire.
+
+Both TCP wires (Edge -> Control Plane and Node -> Edge) speak the same
+framing: a 4-byte big-endian length, then one serialized
+:class:`~twisted_iop.wire.control_pb2.Envelope`. :class:`FramedPeerProtocol`
+implements everything the two ends of both wires share:
+
+* framing with an explicit maximum frame size; a frame that is too long or
+  does not parse is answered with an ``Error`` frame and the connection is
+  closed;
+* request/response correlation by ``request_id``, with a deadline per
+  request; pending requests fail at once when the connection drops;
+* ping/pong keepalive, driven by a :class:`KeepaliveSweeper` shared by all
+  connections of one factory so that 10,000 connections cost one timer;
+* an optional hello deadline for the accepting side.
+
+Subclasses implement :meth:`FramedPeerProtocol.envelope_received` and the
+``peer_*`` hooks; they never see pings, pongs or responses to their own
+requests.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Optional
+
+import attrs
+from google.protobuf.message import DecodeError, Message
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+from twisted.protocols.basic import Int32StringReceiver
+from twisted.python.failure import Failure
+
+from twisted_iop.wire import DEFAULT_MAX_FRAME_BYTES
+from twisted_iop.wire import control_pb2 as pb
+
+#: Bodies that answer a request; only these are matched against pending
+#: requests, so a peer's own request can never be mistaken for a reply.
+RESPONSE_BODIES = frozenset(
+    {
+        "error",
+        "pong",
+        "edge_hello_response",
+        "edge_status_response",
+        "edge_command_response",
+        "node_hello_response",
+        "node_probe_response",
+    }
+)
+
+#: How long a closing connection may take to flush its last frame before it
+#: is aborted (a peer that never reads must not hold the socket open).
+CLOSE_GRACE_SECONDS = 5.0
+
+
+class WireError(Exception):
+    """Base class for failures of a request on a framed wire."""
+
+
+class PeerDisconnected(WireError):
+    """The connection closed before the request was answered."""
+
+
+class RequestTimeout(WireError):
+    """The peer did not answer the request within its deadline."""
+
+
+class RemoteError(WireError):
+    """The peer answered the request with an ``Error`` frame."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(f"{pb.ErrorCode.Name(code)}: {message}")
+        self.code = code
+        self.message = message
+
+
+@attrs.frozen
+class PeerSettings:
+    """Limits and deadlines of one framed wire endpoint."""
+
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    hello_timeout_seconds: float = 10.0
+    keepalive_interval_seconds: float = 15.0
+    keepalive_deadline_seconds: float = 45.0
+    request_timeout_seconds: float = 10.0
+
+
+def make_envelope(body: str, message: Message, request_id: int = 0) -> pb.Envelope:
+    """Wrap ``message`` as the ``body`` field of an envelope."""
+    envelope = pb.Envelope(request_id=request_id)
+    getattr(envelope, body).CopyFrom(message)
+    return envelope
+
+
+def frame(envelope: pb.Envelope) -> bytes:
+    """Serialize ``envelope`` with its 4-byte big-endian length prefix."""
+    data = envelope.SerializeToString()
+    return len(data).to_bytes(4, "big") + data
+
+
+class FramedPeerProtocol(Int32StringReceiver):
+    """One end of a framed protobuf connection (either side, either wire)."""
+
+    _log = Logger()
+
+    def __init__(self, clock: IReactorTime, settings: PeerSettings) -> None:
+        self.MAX_LENGTH = settings.max_frame_bytes
+        self._clock = clock
+        self._settings = settings
+        self._pending: dict[int, tuple[Deferred[pb.Envelope], Optional[IDelayedCall]]] = {}
+        self._next_request_id = 1
+        self._hello_timer: Optional[IDelayedCall] = None
+        self._abort_timer: Optional[IDelayedCall] = None
+        self.closing = False
+        self.connected_at = 0.0
+        self.last_received = 0.0
+        self.last_ping_sent = 0.0
+
+    # -- hooks for subclasses -------------------------------------------
+
+    def peer_connected(self) -> None:
+        """The transport is up."""
+
+    def envelope_received(self, envelope: pb.Envelope, body: str) -> None:
+        """A request or unsolicited message arrived (not ping/pong/reply)."""
+
+    def peer_disconnected(self, reason: Failure) -> None:
+        """The transport is gone; pending requests have already failed."""
+
+    # -- Twisted hooks --------------------------------------------------
+
+    def connectionMade(self) -> None:
+        now = self._clock.seconds()
+        self.connected_at = now
+        self.last_received = now
+        self.last_ping_sent = now
+        self.peer_connected()
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.closing:
+            return
+        super().dataReceived(data)
+
+    def stringReceived(self, data: bytes) -> None:
+        if self.closing:
+            return
+        self.last_received = self._clock.seconds()
+        envelope = pb.Envelope()
+        try:
+            envelope.ParseFromString(data)
+        except DecodeError:
+            self.fail_connection(pb.ERROR_CODE_MALFORMED_FRAME, "frame is not a valid envelope")
+            return
+        body = envelope.WhichOneof("body")
+        request_id = envelope.request_id
+        if body == "ping":
+            pong = pb.Pong(ping_sent_at_ms=envelope.ping.sent_at_ms)
+            self.send("pong", pong, request_id)
+            return
+        if body == "pong":
+            return
+        if body in RESPONSE_BODIES and request_id in self._pending:
+            self._resolve(request_id, envelope, body)
+            return
+        if body is None:
+            # An empty envelope, or a body from a newer protocol minor that
+            # this side does not know: fail the request, keep the connection.
+            self._log.warn("unknown or empty message body from {peer}", peer=self.describe_peer())
+            if request_id:
+                self.send_error(pb.ERROR_CODE_UNEXPECTED_MESSAGE, "unknown message body", request_id)
+            return
+        if body in RESPONSE_BODIES:
+            # A late answer to a request that already timed out: harmless.
+            return
+        try:
+            self.envelope_received(envelope, body)
+        except Exception:
+            self._log.failure("failed to handle {body} from {peer}", body=body, peer=self.describe_peer())
+            if request_id and not self.closing:
+                self.send_error(pb.ERROR_CODE_INTERNAL, "internal error handling " + body, request_id)
+
+    def lengthLimitExceeded(self, length: int) -> None:
+        self.fail_connection(
+            pb.ERROR_CODE_FRAME_TOO_LARGE,
+            f"frame of {length} bytes exceeds the limit of {self.MAX_LENGTH} bytes",
+        )
+
+    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:
+        self.closing = True
+        for timer in (self._hello_timer, self._abort_timer):
+            if timer is not None and timer.active():
+                timer.cancel()
+        self._hello_timer = self._abort_timer = None
+        pending, self._pending = self._pending, {}
+        for d, timer in pending.values():
+            if timer is not None and timer.active():
+                timer.cancel()
+            d.errback(PeerDisconnected("connection closed before the answer"))
+        self.peer_disconnected(reason)
+
+    # -- sending ------------------------------------------------------------
+
+    def send(self, body: str, message: Message, request_id: int = 0) -> None:
+        """Send ``message`` as ``body``; silently dropped once closing."""
+        if self.closing or self.transport is None:
+            return
+        self.sendString(make_envelope(body, message, request_id).SerializeToString())
+
+    def send_error(self, code: int, message: str, request_id: int = 0) -> None:
+        """Send an ``Error`` frame (as the answer to ``request_id``)."""
+        self.send("error", pb.Error(code=code, message=message), request_id)
+
+    def request(
+        self, body: str, message: Message, timeout: Optional[float] = None
+    ) -> Deferred[pb.Envelope]:
+        """Send a request; fire with the answering envelope.
+
+        Fails with :class:`RemoteError` when the answer is an error frame,
+        :class:`RequestTimeout` after ``timeout`` seconds and
+        :class:`PeerDisconnected` as soon as the connection drops.
+        """
+        if self.closing or self.transport is None:
+            from twisted.internet.defer import fail
+
+            return fail(PeerDisconnected("connection is closed"))
+        request_id = self._next_request_id
+        self._next_request_id += 1
+
+        def cancel(d: Deferred[pb.Envelope]) -> None:
+            entry = self._pending.pop(request_id, None)
+            if entry is not None and entry[1] is not None and entry[1].active():
+                entry[1].cancel()
+
+        d: Deferred[pb.Envelope] = Deferred(cancel)
+        seconds = self._settings.request_timeout_seconds if timeout is None else timeout
+        timer = self._clock.callLater(seconds, self._request_timed_out, request_id, seconds)
+        self._pending[request_id] = (d, timer)
+        self.sendString(make_envelope(body, message, request_id).SerializeToString())
+        return d
+
+    @property
+    def pending_requests(self) -> int:
+        """How many requests wait for an answer."""
+        return len(self._pending)
+
+    def _resolve(self, request_id: int, envelope: pb.Envelope, body: str) -> None:
+        d, timer = self._pending.pop(request_id)
+        if timer is not None and timer.active():
+            timer.cancel()
+        if body == "error":
+            d.errback(RemoteError(envelope.error.code, envelope.error.message))
+        else:
+            d.callback(envelope)
+
+    def _request_timed_out(self, request_id: int, seconds: float) -> None:
+        entry = self._pending.pop(request_id, None)
+        if entry is not None:
+            entry[0].errback(RequestTimeout(f"no answer within {seconds:g}s"))
+
+    # -- closing, hello and keepalive ---------------------------------------------
+
+    def fail_connection(self, code: int, message: str, request_id: int = 0) -> None:
+        """Send an error frame, then close; abort if the close stalls."""
+        if self.closing:
+            return
+        self._log.warn(
+            "closing connection from {peer}: {code}: {message}",
+            peer=self.describe_peer(),
+            code=pb.ErrorCode.Name(code),
+            message=message,
+        )
+        self.send_error(code, message, request_id)
+        self.close()
+
+    def close(self) -> None:
+        """Close after flushing; abort if that takes too long."""
+        if self.closing:
+            return
+        self.closing = True
+        if self.transport is None:
+            return
+        self.transport.loseConnection()
+        self._abort_timer = self._clock.callLater(CLOSE_GRACE_SECONDS, self._abort)
+
+    def _abort(self) -> None:
+        self._abort_timer = None
+        if self.transport is not None:
+            abort = getattr(self.transport, "abortConnection", None)
+            if abort is not None:
+                abort()
+
+    def start_hello_timer(self) -> None:
+        """Close the connection unless :meth:`hello_done` runs in time."""
+        seconds = self._settings.hello_timeout_seconds
+        self._hello_timer = self._clock.callLater(
+            seconds,
+            self.fail_connection,
+            pb.ERROR_CODE_HELLO_TIMEOUT,
+            f"no hello within {seconds:g}s",
+        )
+
+    def hello_done(self) -> None:
+        """Stop the hello deadline."""
+        if self._hello_timer is not None and self._hello_timer.active():
+            self._hello_timer.cancel()
+        self._hello_timer = None
+
+    def check_keepalive(self, now: float) -> None:
+        """Ping an idle peer; drop one that has been silent past the deadline."""
+        if self.closing:
+            return
+        silent = now - self.last_received
+        if silent > self._settings.keepalive_deadline_seconds:
+            self.fail_connection(
+                pb.ERROR_CODE_KEEPALIVE_TIMEOUT,
+                f"peer silent for {silent:.1f}s",
+            )
+            return
+        interval = self._settings.keepalive_interval_seconds
+        if silent >= interval and now - self.last_ping_sent >= interval:
+            self.last_ping_sent = now
+            self.send("ping", pb.Ping(sent_at_ms=int(now * 1000)))
+
+    def describe_peer(self) -> str:
+        """A short peer description for logs of this side's own process."""
+        return type(self).__name__
+
+
+class KeepaliveSweeper:
+    """One timer that runs keepalive checks over a set of connections."""
+
+    def __init__(
+        self,
+        clock: IReactorTime,
+        settings: PeerSettings,
+        connections: Callable[[], Iterable[FramedPeerProtocol]],
+    ) -> None:
+        self._clock = clock
+        self._connections = connections
+        # Check often enough that a silent peer is dropped close to its
+        # deadline, never slower than once a second.
+        step = min(settings.keepalive_interval_seconds, settings.keepalive_deadline_seconds) / 3.0
+        self._step = max(0.05, min(step, 1.0))
+        self._loop = LoopingCall(self.sweep)
+        self._loop.clock = clock
+
+    def start(self) -> None:
+        """Start sweeping (idempotent)."""
+        if not self._loop.running:
+            self._loop.start(self._step, now=False)
+
+    def stop(self) -> None:
+        """Stop sweeping (idempotent)."""
+        if self._loop.running:
+            self._loop.stop()
+
+    def sweep(self) -> None:
+        """Run one keepalive check over every connection."""
+        now = self._clock.seconds()
+        for connection in list(self._connections()):
+            connection.check_keepalive(now)

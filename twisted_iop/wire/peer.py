@@ -113,6 +113,8 @@ class FramedPeerProtocol(Int32StringReceiver):
         self._hello_timer: Optional[IDelayedCall] = None
         self._abort_timer: Optional[IDelayedCall] = None
         self.closing = False
+        #: Why this side closed the connection ("" if the peer closed it).
+        self.close_reason = ""
         self.connected_at = 0.0
         self.last_received = 0.0
         self.last_ping_sent = 0.0
@@ -123,7 +125,11 @@ class FramedPeerProtocol(Int32StringReceiver):
         """The transport is up."""
 
     def envelope_received(self, envelope: pb.Envelope, body: str) -> None:
-        """A request or unsolicited message arrived (not ping/pong/reply)."""
+        """A request or unsolicited message arrived (not ping/pong/reply).
+
+        Unsolicited ``error`` frames (request_id 0: the peer is about to
+        close, and says why) arrive here too.
+        """
 
     def peer_disconnected(self, reason: Failure) -> None:
         """The transport is gone; pending requests have already failed."""
@@ -170,7 +176,7 @@ class FramedPeerProtocol(Int32StringReceiver):
             if request_id:
                 self.send_error(pb.ERROR_CODE_UNEXPECTED_MESSAGE, "unknown message body", request_id)
             return
-        if body in RESPONSE_BODIES:
+        if body in RESPONSE_BODIES and (request_id or body != "error"):
             # A late answer to a request that already timed out: harmless.
             return
         try:
@@ -270,6 +276,7 @@ class FramedPeerProtocol(Int32StringReceiver):
             code=pb.ErrorCode.Name(code),
             message=message,
         )
+        self.close_reason = message
         self.send_error(code, message, request_id)
         self.close()
 

@@ -1,0 +1,277 @@
+"""The client wire: WebSocket ``/client``, one ``ClientEnvelope`` per message.
+
+After ``ClientHelloRequest`` a client may subscribe to live events (one
+edge or the whole fleet), resuming after a sequence number. Backpressure is
+explicit: while the socket cannot take more, events wait in a bounded
+per-subscriber queue; what overflows it is counted and the subscriber is
+told with ``EventsLost(reason="slow_consumer")`` before the next event, so
+the server never buffers without bound and the client always knows.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections import deque
+from typing import Optional
+
+import attrs
+from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
+from google.protobuf.message import DecodeError, Message
+from twisted.logger import Logger
+from zope.interface import implementer
+from twisted.internet.interfaces import IPushProducer
+
+import twisted_iop
+from twisted_iop.controlplane.records import Event, EventBuffer
+from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.ids import id_problem
+from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
+from twisted_iop.wire import control_pb2 as pb
+
+FEATURES = ("events.subscribe", "events.resume", "events.backpressure")
+#: How many buffered events a resume replays at most per request.
+RESUME_BATCH = 10000
+
+
+@attrs.frozen
+class ClientWireSettings:
+    """Limits of the client WebSocket."""
+
+    max_message_bytes: int = 1024 * 1024
+    auto_ping_interval_seconds: float = 20.0
+    auto_ping_timeout_seconds: float = 10.0
+    subscriber_queue: int = 1000
+    api_token: str = ""
+    path: str = "/client"
+
+
+def fleet_event_message(event: Event) -> pb.FleetEvent:
+    """The wire form of a recorded event."""
+    return pb.FleetEvent(
+        sequence=event.sequence,
+        fleet_sequence=event.fleet_sequence,
+        edge_id=event.edge_id,
+        kind=event.kind,
+        occurred_at_ms=int(event.occurred_at * 1000),
+        recorded_at_ms=int(event.recorded_at * 1000),
+        node_id=event.node_id,
+        provider_id=event.provider_id,
+        command_id=event.command_id,
+        message=event.message,
+        attributes=event.attributes,
+    )
+
+
+@implementer(IPushProducer)
+class _FlowControl:
+    """Tells a subscriber when its socket is full (pause) or drained (resume)."""
+
+    def __init__(self, protocol: "ClientWireProtocol") -> None:
+        self._protocol = protocol
+
+    def pauseProducing(self) -> None:
+        self._protocol.paused = True
+
+    def resumeProducing(self) -> None:
+        self._protocol.paused = False
+        self._protocol.flush()
+
+    def stopProducing(self) -> None:
+        self._protocol.paused = True
+
+
+class ClientWireProtocol(WebSocketServerProtocol):
+    """One client WebSocket connection."""
+
+    _log = Logger()
+    factory: "ClientWireFactory"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.said_hello = False
+        self.paused = False
+        self._subscribed_edge: Optional[str] = None
+        self._subscribed = False
+        self._queue: deque[Event] = deque()
+        self._lost = 0
+        self._lost_first = 0
+        self._lost_last = 0
+
+    # -- Autobahn hooks (it swallows exceptions here, so log them) ------------
+
+    def onConnect(self, request: object) -> None:
+        path = getattr(request, "path", "")
+        if path != self.factory.settings.path:
+            from autobahn.websocket.types import ConnectionDeny
+
+            raise ConnectionDeny(404, f"no WebSocket at {path}; use {self.factory.settings.path}")
+
+    def onOpen(self) -> None:
+        try:
+            self.registerProducer(_FlowControl(self), True)
+        except Exception:
+            self._log.failure("cannot register flow control")
+
+    def onMessage(self, payload: bytes, isBinary: bool) -> None:
+        try:
+            self._on_message(payload, isBinary)
+        except Exception:
+            self._log.failure("client wire message failed")
+            self._send_error(pb.ERROR_CODE_INTERNAL, "internal error", 0)
+
+    def onClose(self, wasClean: bool, code: Optional[int], reason: Optional[str]) -> None:
+        self._unsubscribe()
+
+    # -- messages ----------------------------------------------------------------
+
+    def _send(self, body: str, message: Message, request_id: int = 0) -> None:
+        envelope = pb.ClientEnvelope(request_id=request_id)
+        getattr(envelope, body).CopyFrom(message)
+        self.sendMessage(envelope.SerializeToString(), isBinary=True)
+
+    def _send_error(self, code: int, message: str, request_id: int) -> None:
+        self._send("error", pb.Error(code=code, message=message), request_id)
+
+    def _on_message(self, payload: bytes, is_binary: bool) -> None:
+        if not is_binary:
+            self._send_error(pb.ERROR_CODE_MALFORMED_FRAME, "messages must be binary ClientEnvelopes", 0)
+            return
+        envelope = pb.ClientEnvelope()
+        try:
+            envelope.ParseFromString(payload)
+        except DecodeError:
+            self._send_error(pb.ERROR_CODE_MALFORMED_FRAME, "message is not a valid ClientEnvelope", 0)
+            return
+        body = envelope.WhichOneof("body")
+        rid = envelope.request_id
+        if body == "client_hello_request":
+            self._hello(envelope.client_hello_request, rid)
+        elif not self.said_hello:
+            self._send_error(pb.ERROR_CODE_HELLO_REQUIRED, "send client_hello_request first", rid)
+        elif body == "subscribe_request":
+            self._subscribe(envelope.subscribe_request, rid)
+        elif body == "unsubscribe_request":
+            self._unsubscribe()
+            self._send("subscribe_response", pb.SubscribeResponse(), rid)
+        else:
+            self._send_error(pb.ERROR_CODE_UNEXPECTED_MESSAGE, f"unexpected message {body or '(empty)'}", rid)
+
+    def _hello(self, hello: pb.ClientHelloRequest, rid: int) -> None:
+        reason = ""
+        token = self.factory.settings.api_token
+        if hello.protocol_major != PROTOCOL_MAJOR:
+            reason = f"protocol version {hello.protocol_major} is not supported (this server speaks {PROTOCOL_MAJOR}.x)"
+        elif token and not hmac.compare_digest(hello.api_token.encode(), token.encode()):
+            reason = "the API token is missing or wrong"
+        response = pb.ClientHelloResponse(
+            accepted=not reason,
+            reason=reason,
+            server_version=twisted_iop.__version__,
+            protocol_major=PROTOCOL_MAJOR,
+            protocol_minor=PROTOCOL_MINOR,
+            features=FEATURES,
+        )
+        self._send("client_hello_response", response, rid)
+        if reason:
+            self._log.warn("client hello rejected: {reason}", reason=reason)
+            self.sendClose(code=4001 if "token" in reason else 4002, reason=reason[:100])
+            return
+        self.said_hello = True
+
+    def _subscribe(self, request: pb.SubscribeRequest, rid: int) -> None:
+        registry = self.factory.registry
+        edge_id = request.edge_id
+        buffer: EventBuffer
+        if edge_id:
+            if id_problem("edge_id", edge_id) is not None:
+                self._send_error(pb.ERROR_CODE_INVALID_ARGUMENT, "malformed edge_id", rid)
+                return
+            record = registry.find(edge_id)
+            if record is None:
+                self._send_error(pb.ERROR_CODE_INVALID_ARGUMENT, f"no edge named {edge_id!r} is known", rid)
+                return
+            buffer = record.events
+        else:
+            buffer = registry.fleet_events
+        self._unsubscribe()
+        self._subscribed_edge = edge_id or None
+        self._subscribed = True
+        self._queue.clear()
+        self._lost = 0
+        first = buffer.first_sequence
+        oldest = first if len(buffer) else 0
+        self._send(
+            "subscribe_response",
+            pb.SubscribeResponse(edge_id=edge_id, last_sequence=buffer.last_sequence, oldest_sequence=oldest),
+            rid,
+        )
+        if request.resume:
+            since = request.since_sequence
+            if since + 1 < first:
+                missed = first - since - 1
+                self._send(
+                    "events_lost",
+                    pb.EventsLost(count=missed, first_sequence=since + 1, last_sequence=first - 1, reason="resume_gap"),
+                )
+            for event in buffer.since(since, RESUME_BATCH):
+                self._queue.append(event)
+        registry.add_listener(self._event_recorded)
+        self.flush()
+
+    def _unsubscribe(self) -> None:
+        if self._subscribed:
+            self.factory.registry.remove_listener(self._event_recorded)
+        self._subscribed = False
+        self._queue.clear()
+
+    def _event_recorded(self, event: Event) -> None:
+        if self._subscribed_edge is not None and event.edge_id != self._subscribed_edge:
+            return
+        if len(self._queue) >= self.factory.settings.subscriber_queue:
+            dropped = self._queue.popleft()
+            self._note_lost(dropped)
+        self._queue.append(event)
+        if not self.paused:
+            self.flush()
+
+    def _sequence(self, event: Event) -> int:
+        return event.sequence if self._subscribed_edge is not None else event.fleet_sequence
+
+    def _note_lost(self, event: Event) -> None:
+        seq = self._sequence(event)
+        if self._lost == 0:
+            self._lost_first = seq
+        self._lost += 1
+        self._lost_last = seq
+
+    def flush(self) -> None:
+        """Send queued events while the socket takes them."""
+        if self._lost:
+            lost = pb.EventsLost(
+                count=self._lost,
+                first_sequence=self._lost_first,
+                last_sequence=self._lost_last,
+                reason="slow_consumer",
+            )
+            self._lost = 0
+            self._send("events_lost", lost)
+        while self._queue and not self.paused:
+            self._send("event", fleet_event_message(self._queue.popleft()))
+
+
+class ClientWireFactory(WebSocketServerFactory):
+    """Serves ``/client`` over one registry, with explicit Autobahn limits."""
+
+    protocol = ClientWireProtocol
+
+    def __init__(self, registry: EdgeRegistry, settings: ClientWireSettings = ClientWireSettings()) -> None:
+        super().__init__()
+        self.registry = registry
+        self.settings = settings
+        self.setProtocolOptions(
+            maxFramePayloadSize=settings.max_message_bytes,
+            maxMessagePayloadSize=settings.max_message_bytes,
+            autoPingInterval=settings.auto_ping_interval_seconds,
+            autoPingTimeout=settings.auto_ping_timeout_seconds,
+            failByDrop=False,
+        )

@@ -1,0 +1,219 @@
+"""The edge wire: one framed-protobuf protocol per Edge connection.
+
+The protocol holds only per-connection state (the edge id and connection
+token once hello is accepted) and translates frames into registry calls.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Mapping, Optional
+
+import attrs
+from twisted.internet.defer import Deferred
+from twisted.internet.error import ConnectionDone
+from twisted.internet.interfaces import IAddress, IReactorTime
+from twisted.internet.protocol import Factory
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+import twisted_iop
+from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry
+from twisted_iop.ids import id_problem
+from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
+from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.peer import FramedPeerProtocol, KeepaliveSweeper, PeerSettings, RemoteError
+
+#: Bounds on what an edge may announce in hello.
+MAX_COMMANDS = 256
+MAX_LABELS = 64
+MAX_TEXT = 256
+
+
+@attrs.frozen
+class EdgeCredentials:
+    """How edges prove who they are: per-edge secrets or one shared secret.
+
+    With neither configured, any well-formed edge id is accepted.
+    """
+
+    per_edge: Mapping[str, str] = attrs.field(factory=dict)
+    shared: str = ""
+
+    @property
+    def required(self) -> bool:
+        """Whether a credential is checked at all."""
+        return bool(self.per_edge) or bool(self.shared)
+
+    def check(self, edge_id: str, given: str) -> bool:
+        """Whether ``given`` is the right credential for ``edge_id``."""
+        expected = self.per_edge.get(edge_id, self.shared)
+        if not expected:
+            return not self.required
+        return hmac.compare_digest(expected.encode(), given.encode())
+
+
+class EdgeWireProtocol(FramedPeerProtocol):
+    """The Control Plane's end of one Edge connection."""
+
+    _log = Logger()
+    factory: "EdgeWireFactory"
+
+    def __init__(self, factory: "EdgeWireFactory") -> None:
+        super().__init__(factory.clock, factory.settings)
+        self.factory = factory
+        self.edge_id: Optional[str] = None
+        self.token: Optional[int] = None
+
+    def describe_peer(self) -> str:
+        return f"edge {self.edge_id}" if self.edge_id else "an edge connection before hello"
+
+    def peer_connected(self) -> None:
+        self.factory.connections.add(self)
+        self.start_hello_timer()
+
+    def peer_disconnected(self, reason: Failure) -> None:
+        self.factory.connections.discard(self)
+        if self.edge_id is not None and self.token is not None:
+            if self.close_reason:
+                text = self.close_reason
+            elif reason.check(ConnectionDone):
+                text = "connection closed by the edge"
+            else:
+                text = "connection lost"
+            self.factory.registry.disconnect(self.edge_id, self.token, text)
+
+    def envelope_received(self, envelope: pb.Envelope, body: str) -> None:
+        if self.token is None:
+            if body != "edge_hello_request":
+                self.fail_connection(
+                    pb.ERROR_CODE_HELLO_REQUIRED,
+                    f"the first message must be edge_hello_request, not {body}",
+                    envelope.request_id,
+                )
+                return
+            self._hello(envelope)
+            return
+        assert self.edge_id is not None
+        if body == "edge_event":
+            self.factory.registry.record_edge_event(self.edge_id, self.token, envelope.edge_event)
+        elif envelope.request_id:
+            self.send_error(
+                pb.ERROR_CODE_UNEXPECTED_MESSAGE,
+                f"{body} is not expected from an edge after hello",
+                envelope.request_id,
+            )
+
+    def _hello(self, envelope: pb.Envelope) -> None:
+        self.hello_done()
+        hello = envelope.edge_hello_request
+        problem = self._hello_problem(hello)
+        if problem is not None:
+            code, reason = problem
+            self._log.warn("edge hello rejected: {reason}", reason=reason)
+            response = pb.EdgeHelloResponse(
+                accepted=False,
+                reason=reason,
+                reason_code=code,
+                permanent=True,
+                protocol_major=PROTOCOL_MAJOR,
+                protocol_minor=PROTOCOL_MINOR,
+                server_version=twisted_iop.__version__,
+            )
+            self.send("edge_hello_response", response, envelope.request_id)
+            self.close()
+            return
+        self.edge_id = hello.edge_id
+        info = EdgeHello(
+            labels=dict(hello.labels),
+            software_version=hello.software_version[:MAX_TEXT],
+            protocol_version=f"{hello.protocol_major}.{hello.protocol_minor}",
+            commands=tuple(hello.commands),
+        )
+        # Answer first so the edge learns it is accepted before any request
+        # (status, command) that the registry's listeners might send.
+        settings = self.factory.settings
+        response = pb.EdgeHelloResponse(
+            accepted=True,
+            protocol_major=PROTOCOL_MAJOR,
+            protocol_minor=PROTOCOL_MINOR,
+            server_version=twisted_iop.__version__,
+            keepalive_interval_ms=int(settings.keepalive_interval_seconds * 1000),
+            keepalive_deadline_ms=int(settings.keepalive_deadline_seconds * 1000),
+        )
+        self.send("edge_hello_response", response, envelope.request_id)
+        self.token = self.factory.registry.connect(hello.edge_id, self, info)
+
+    def _hello_problem(self, hello: pb.EdgeHelloRequest) -> Optional[tuple[str, str]]:
+        if hello.protocol_major != PROTOCOL_MAJOR:
+            return (
+                "unsupported_version",
+                f"protocol version {hello.protocol_major}.{hello.protocol_minor} is not supported "
+                f"(this Control Plane speaks {PROTOCOL_MAJOR}.x)",
+            )
+        problem = id_problem("edge_id", hello.edge_id)
+        if problem is not None:
+            return ("invalid_edge_id", problem)
+        if not self.factory.credentials.check(hello.edge_id, hello.credential):
+            return ("bad_credential", f"wrong or missing credential for edge {hello.edge_id!r}")
+        if len(hello.commands) > MAX_COMMANDS:
+            return ("invalid_hello", f"too many commands announced ({len(hello.commands)} > {MAX_COMMANDS})")
+        if len(hello.labels) > MAX_LABELS:
+            return ("invalid_hello", f"too many labels ({len(hello.labels)} > {MAX_LABELS})")
+        for key, value in hello.labels.items():
+            if len(key) > MAX_TEXT or len(value) > MAX_TEXT:
+                return ("invalid_hello", f"label {key[:40]!r} is longer than {MAX_TEXT} characters")
+        for spec in hello.commands:
+            if not spec.name or len(spec.name) > MAX_TEXT:
+                return ("invalid_hello", "a command in the catalog has an empty or overlong name")
+        return None
+
+    # -- the EdgePeer interface ------------------------------------------------
+
+    def request_status(self, timeout: float) -> Deferred[pb.EdgeStatusResponse]:
+        """Ask the edge for its status snapshot."""
+        d = self.request("edge_status_request", pb.EdgeStatusRequest(), timeout)
+        return d.addCallback(_expect, "edge_status_response")
+
+    def request_command(self, request: pb.EdgeCommandRequest, timeout: float) -> Deferred[pb.EdgeCommandResponse]:
+        """Send a command to the edge."""
+        d = self.request("edge_command_request", request, timeout)
+        return d.addCallback(_expect, "edge_command_response")
+
+    def disconnect(self, code: int, message: str) -> None:
+        """Close this connection with an error frame saying why."""
+        self.fail_connection(code, message)
+
+
+def _expect(envelope: pb.Envelope, body: str) -> object:
+    got = envelope.WhichOneof("body")
+    if got != body:
+        raise RemoteError(pb.ERROR_CODE_UNEXPECTED_MESSAGE, f"expected {body}, got {got}")
+    return getattr(envelope, body)
+
+
+class EdgeWireFactory(Factory):
+    """Builds :class:`EdgeWireProtocol`s over one registry; owns keepalive."""
+
+    def __init__(
+        self,
+        registry: EdgeRegistry,
+        clock: IReactorTime,
+        settings: PeerSettings,
+        credentials: EdgeCredentials = EdgeCredentials(),
+    ) -> None:
+        self.registry = registry
+        self.clock = clock
+        self.settings = settings
+        self.credentials = credentials
+        self.connections: set[EdgeWireProtocol] = set()
+        self.keepalive = KeepaliveSweeper(clock, settings, lambda: self.connections)
+
+    def buildProtocol(self, addr: IAddress) -> EdgeWireProtocol:
+        return EdgeWireProtocol(self)
+
+    def startFactory(self) -> None:
+        self.keepalive.start()
+
+    def stopFactory(self) -> None:
+        self.keepalive.stop()

@@ -1,0 +1,545 @@
+"""HTTP JSON views of the Control Plane (Klein). See docs/http-api.md."""
+
+from __future__ import annotations
+
+import hmac
+import json
+from pathlib import Path
+from typing import Any, Optional
+from urllib.parse import urlsplit
+
+import attrs
+from klein import Klein
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.iweb import IRequest
+from twisted.web.resource import NoResource
+from twisted.web.static import File
+
+from twisted_iop.controlplane import json_views as views
+from twisted_iop.controlplane.gateway import (
+    EdgeDisconnected,
+    EdgeErrorAnswer,
+    EdgeGateway,
+    EdgeTimeout,
+    UnknownCommand,
+)
+from twisted_iop.controlplane.records import EDGE_DISCONNECTED, TIMED_OUT, Operation
+from twisted_iop.controlplane.registry import EdgeNotConnected, EdgeRegistry, UnknownEdge
+from twisted_iop.ids import id_problem
+
+CONSOLE_DIR = Path(__file__).resolve().parent.parent / "console" / "static"
+DEFAULT_PAGE = 100
+MAX_PAGE = 1000
+
+
+class ConsoleFiles(File):
+    """Static console files; never a directory listing."""
+
+    indexNames = ["index.html"]
+
+    def directoryListing(self) -> Any:
+        return NoResource("no such console page")
+
+    def createSimilarFile(self, path: str) -> "ConsoleFiles":
+        return ConsoleFiles(path, self.defaultType, self.ignoredExts, self.registry)
+
+
+class BadRequest(Exception):
+    """The request had a bad parameter or body; the message names it."""
+
+    def __init__(self, message: str, code: str = "bad_request") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class NotFound(Exception):
+    """No such route or object."""
+
+
+class Unauthorized(Exception):
+    """An API token is needed."""
+
+
+class Forbidden(Exception):
+    """The API token is wrong."""
+
+
+class BodyTooLarge(Exception):
+    """The request body is larger than the limit."""
+
+
+@attrs.define
+class Readiness:
+    """Which listeners are bound; ready when all are."""
+
+    listeners: dict[str, bool] = attrs.field(factory=dict)
+    #: Bound TCP port of each listener (for port 0 and the console's wire URL).
+    ports: dict[str, int] = attrs.field(factory=dict)
+
+    def expect(self, name: str) -> None:
+        """Register a listener that must bind before the service is ready."""
+        self.listeners.setdefault(name, False)
+
+    def bound(self, name: str, port: int = 0) -> None:
+        """Mark ``name`` as bound (on TCP ``port``)."""
+        self.listeners[name] = True
+        if port:
+            self.ports[name] = port
+
+    def unbound(self, name: str) -> None:
+        """Mark ``name`` as no longer listening."""
+        if name in self.listeners:
+            self.listeners[name] = False
+
+    @property
+    def ready(self) -> bool:
+        """Whether every expected listener is bound."""
+        return bool(self.listeners) and all(self.listeners.values())
+
+
+@attrs.frozen
+class HttpSettings:
+    """Limits and options of the HTTP views."""
+
+    api_token: str = ""
+    default_command_timeout_seconds: float = 10.0
+    max_command_timeout_seconds: float = 300.0
+    max_body_bytes: int = 65536
+    wire_public_url: str = ""
+    wire_port: int = 0
+    wire_path: str = "/client"
+
+
+def _json(request: IRequest, status: int, payload: Any) -> bytes:
+    request.setResponseCode(status)
+    request.setHeader(b"Content-Type", b"application/json")
+    request.setHeader(b"Cache-Control", b"no-store")
+    return json.dumps(payload, separators=(",", ":")).encode("utf-8")
+
+
+def error_body(request: IRequest, status: int, code: str, message: str, **extra: Any) -> bytes:
+    """The JSON error shape: ``{"error": {"code", "message", "status"}}``."""
+    payload: dict[str, Any] = {"error": {"code": code, "message": message, "status": status}}
+    payload.update(extra)
+    return _json(request, status, payload)
+
+
+def _arg(request: IRequest, name: str) -> Optional[str]:
+    values = request.args.get(name.encode())
+    if not values:
+        return None
+    try:
+        return values[-1].decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest(f"query parameter {name!r} is not valid UTF-8") from None
+
+
+def _int_arg(request: IRequest, name: str, default: int, minimum: int, maximum: Optional[int] = None) -> int:
+    text = _arg(request, name)
+    if text is None or text == "":
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise BadRequest(f"query parameter {name!r} must be a whole number, not {text[:40]!r}") from None
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
+        raise BadRequest(f"query parameter {name!r} must be {bound}")
+    return value
+
+
+def _page(request: IRequest, keys: list[str]) -> tuple[list[str], str | None]:
+    """Cut a sorted key list at ``cursor``/``limit``; return keys and next cursor."""
+    limit = _int_arg(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
+    cursor = _arg(request, "cursor")
+    start = 0
+    if cursor:
+        # keys are sorted: start after the cursor even if it has gone away.
+        import bisect
+
+        start = bisect.bisect_right(keys, cursor)
+    chosen = keys[start : start + limit]
+    next_cursor = chosen[-1] if start + limit < len(keys) and chosen else None
+    return chosen, next_cursor
+
+
+class ControlPlaneHttp:
+    """The Klein app: health, edges, status, events, operations, commands, fleet."""
+
+    app = Klein()
+    _log = Logger()
+
+    def __init__(
+        self,
+        registry: EdgeRegistry,
+        gateway: EdgeGateway,
+        clock: IReactorTime,
+        readiness: Readiness,
+        settings: HttpSettings = HttpSettings(),
+    ) -> None:
+        self._registry = registry
+        self._gateway = gateway
+        self._clock = clock
+        self._readiness = readiness
+        self._settings = settings
+
+    # -- errors --------------------------------------------------------------
+
+    @app.handle_errors(BadRequest)
+    def _bad_request(self, request: IRequest, failure: Failure) -> bytes:
+        return error_body(request, 400, failure.value.code, str(failure.value))
+
+    @app.handle_errors(UnknownCommand)
+    def _unknown_command(self, request: IRequest, failure: Failure) -> bytes:
+        return error_body(request, 400, "unknown_command", str(failure.value))
+
+    @app.handle_errors(Unauthorized)
+    def _unauthorized(self, request: IRequest, failure: Failure) -> bytes:
+        request.setHeader(b"WWW-Authenticate", b'Bearer realm="iop"')
+        return error_body(request, 401, "unauthorized", "an API token is required (Authorization: Bearer ...)")
+
+    @app.handle_errors(Forbidden)
+    def _forbidden(self, request: IRequest, failure: Failure) -> bytes:
+        return error_body(request, 403, "forbidden", "the API token is not valid")
+
+    @app.handle_errors(UnknownEdge)
+    def _unknown_edge(self, request: IRequest, failure: Failure) -> bytes:
+        return error_body(request, 404, "unknown_edge", str(failure.value))
+
+    @app.handle_errors(NotFound)
+    def _not_found(self, request: IRequest, failure: Failure) -> bytes:
+        return error_body(request, 404, "not_found", str(failure.value) or "no such resource")
+
+    @app.handle_errors(BodyTooLarge)
+    def _too_large(self, request: IRequest, failure: Failure) -> bytes:
+        return error_body(request, 413, "body_too_large", str(failure.value))
+
+    @app.handle_errors(EdgeNotConnected)
+    def _not_connected(self, request: IRequest, failure: Failure) -> bytes:
+        return error_body(request, 409, "edge_not_connected", str(failure.value))
+
+    @app.handle_errors(EdgeErrorAnswer)
+    def _edge_error(self, request: IRequest, failure: Failure) -> bytes:
+        return error_body(request, 502, "edge_error", str(failure.value))
+
+    @app.handle_errors(EdgeDisconnected)
+    def _edge_disconnected(self, request: IRequest, failure: Failure) -> bytes:
+        return error_body(request, 503, "edge_disconnected", str(failure.value))
+
+    @app.handle_errors(EdgeTimeout)
+    def _edge_timeout(self, request: IRequest, failure: Failure) -> bytes:
+        return error_body(request, 504, "edge_timeout", str(failure.value))
+
+    @app.handle_errors(Exception)
+    def _internal(self, request: IRequest, failure: Failure) -> bytes:
+        self._log.failure("HTTP view failed", failure)
+        return error_body(request, 500, "internal", "internal error; see the Control Plane log")
+
+    # -- helpers ----------------------------------------------------------------
+
+    def _authorize(self, request: IRequest) -> None:
+        token = self._settings.api_token
+        if not token:
+            return
+        header = request.getHeader(b"authorization")
+        if not header:
+            raise Unauthorized()
+        scheme, _, given = header.partition(b" ")
+        if scheme.lower() != b"bearer" or not given:
+            raise Unauthorized()
+        if not hmac.compare_digest(given.strip(), token.encode()):
+            raise Forbidden()
+
+    def _edge(self, request: IRequest, edge_id: str) -> Any:
+        self._authorize(request)
+        if id_problem("edge_id", edge_id) is not None:
+            raise UnknownEdge(edge_id[:80])
+        return self._registry.get(edge_id)
+
+    def _body(self, request: IRequest) -> dict[str, Any]:
+        content = request.content
+        content.seek(0, 2)
+        size = content.tell()
+        if size > self._settings.max_body_bytes:
+            raise BodyTooLarge(f"request body of {size} bytes exceeds {self._settings.max_body_bytes} bytes")
+        content.seek(0)
+        raw = content.read()
+        if not raw.strip():
+            raise BadRequest("the request body must be a JSON object", "invalid_json")
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise BadRequest(f"the request body is not valid JSON: {e}", "invalid_json") from None
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object", "invalid_json")
+        return body
+
+    # -- health ----------------------------------------------------------------
+
+    @app.route("/healthz", methods=["GET"])
+    def healthz(self, request: IRequest) -> bytes:
+        """Liveness: the process answers."""
+        return _json(request, 200, {"status": "ok"})
+
+    @app.route("/readyz", methods=["GET"])
+    def readyz(self, request: IRequest) -> bytes:
+        """Readiness: every listener is bound."""
+        ready = self._readiness.ready
+        return _json(request, 200 if ready else 503, {"ready": ready, "listeners": dict(self._readiness.listeners)})
+
+    # -- edges -----------------------------------------------------------------
+
+    @app.route("/edges", methods=["GET"])
+    def edges(self, request: IRequest) -> bytes:
+        """A page of edge summaries, sorted by id."""
+        self._authorize(request)
+        ids = self._registry.edge_ids()
+        chosen, next_cursor = _page(request, ids)
+        items = [views.edge_summary(self._registry.get(i)) for i in chosen]
+        return _json(request, 200, {"items": items, "total": len(ids), "next_cursor": next_cursor})
+
+    @app.route("/edges/<edge_id>", methods=["GET"])
+    def edge(self, request: IRequest, edge_id: str) -> bytes:
+        """One edge."""
+        return _json(request, 200, views.edge_detail(self._edge(request, edge_id)))
+
+    @app.route("/edges/<edge_id>/status", methods=["GET"])
+    async def edge_status(self, request: IRequest, edge_id: str) -> bytes:
+        """A fresh status snapshot, or the stale one with the reason."""
+        record = self._edge(request, edge_id)
+        if not record.connected:
+            stale = views.snapshot_json(record, record.snapshot, True) if record.snapshot else None
+            return error_body(
+                request, 409, "edge_not_connected", f"edge {edge_id!r} is not connected", snapshot=stale
+            )
+        snapshot = await self._gateway.status(edge_id)
+        return _json(request, 200, views.snapshot_json(record, snapshot, False))
+
+    @app.route("/edges/<edge_id>/events", methods=["GET"])
+    def edge_events(self, request: IRequest, edge_id: str) -> bytes:
+        """Events of one edge after ``since``."""
+        record = self._edge(request, edge_id)
+        return _json(request, 200, dict(edge_id=edge_id, **self._events_page(request, record.events, "sequence")))
+
+    def _events_page(self, request: IRequest, buffer: Any, key: str) -> dict[str, Any]:
+        since = _int_arg(request, "since", 0, 0)
+        limit = _int_arg(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
+        events = buffer.since(since, limit)
+        next_since = getattr(events[-1], key) if events else max(since, 0)
+        return {
+            "items": [views.event_json(e) for e in events],
+            "capacity": buffer.capacity,
+            "kept": len(buffer),
+            "dropped": buffer.dropped,
+            "first_sequence": buffer.first_sequence,
+            "last_sequence": buffer.last_sequence,
+            "next_since": next_since,
+        }
+
+    @app.route("/edges/<edge_id>/operations", methods=["GET"])
+    def edge_operations(self, request: IRequest, edge_id: str) -> bytes:
+        """Operations of one edge, newest first."""
+        record = self._edge(request, edge_id)
+        page = self._operations_page(request, record.operations.newest_first())
+        page.update(
+            edge_id=edge_id,
+            capacity=record.operations.capacity,
+            kept=len(record.operations),
+            dropped=record.operations.dropped,
+        )
+        return _json(request, 200, page)
+
+    def _operations_page(self, request: IRequest, operations: list[Operation]) -> dict[str, Any]:
+        limit = _int_arg(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
+        cursor = _arg(request, "cursor")
+        start = 0
+        if cursor:
+            for index, op in enumerate(operations):
+                if op.operation_id == cursor:
+                    start = index + 1
+                    break
+            else:
+                raise BadRequest("cursor does not name a kept operation")
+        chosen = operations[start : start + limit]
+        more = start + limit < len(operations)
+        return {
+            "items": [views.operation_json(op) for op in chosen],
+            "total": len(operations),
+            "next_cursor": chosen[-1].operation_id if more and chosen else None,
+        }
+
+    @app.route("/edges/<edge_id>/operations/<operation_id>", methods=["GET"])
+    def edge_operation(self, request: IRequest, edge_id: str, operation_id: str) -> bytes:
+        """One operation."""
+        record = self._edge(request, edge_id)
+        operation = record.operations.get(operation_id)
+        if operation is None:
+            raise NotFound(f"no operation {operation_id[:80]!r} is kept for edge {edge_id!r}")
+        return _json(request, 200, views.operation_json(operation))
+
+    @app.route("/edges/<edge_id>/commands", methods=["GET"])
+    def edge_commands(self, request: IRequest, edge_id: str) -> bytes:
+        """The command catalog the edge announced."""
+        record = self._edge(request, edge_id)
+        commands = [views.command_spec_json(c) for c in record.hello.commands]
+        return _json(request, 200, {"edge_id": edge_id, "connected": record.connected, "commands": commands})
+
+    @app.route("/edges/<edge_id>/commands", methods=["POST"])
+    async def send_command(self, request: IRequest, edge_id: str) -> bytes:
+        """Dispatch a command and wait for its end, up to the timeout."""
+        self._edge(request, edge_id)
+        body = self._body(request)
+        name = body.get("name")
+        if not isinstance(name, str) or not name:
+            raise BadRequest("field 'name' must be a non-empty string")
+        target = body.get("target") or ""
+        if not isinstance(target, str):
+            raise BadRequest("field 'target' must be a string")
+        arguments = body.get("arguments") or {}
+        if not isinstance(arguments, dict) or not all(
+            isinstance(k, str) and isinstance(v, (str, int, float, bool)) for k, v in arguments.items()
+        ):
+            raise BadRequest("field 'arguments' must be an object of strings")
+        args = {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in arguments.items()}
+        timeout = body.get("timeout_seconds", self._settings.default_command_timeout_seconds)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise BadRequest("field 'timeout_seconds' must be a number")
+        if not 0 < timeout <= self._settings.max_command_timeout_seconds:
+            raise BadRequest(
+                f"field 'timeout_seconds' must be above 0 and at most {self._settings.max_command_timeout_seconds:g}"
+            )
+        key = body.get("idempotency_key")
+        header = request.getHeader(b"idempotency-key")
+        if key is None and header is not None:
+            key = header.decode("utf-8", "replace")
+        if key is None:
+            key = body.get("command_id")
+        if key is not None and (not isinstance(key, str) or len(key) > 200):
+            raise BadRequest("the idempotency key must be a string of at most 200 characters")
+        operation, ended = self._gateway.dispatch(edge_id, name, target, args, float(timeout), key or "")
+        operation = await ended
+        return self._operation_answer(request, operation)
+
+    def _operation_answer(self, request: IRequest, operation: Operation) -> bytes:
+        rendered = views.operation_json(operation)
+        if operation.state == TIMED_OUT:
+            return error_body(request, 504, "edge_timeout", operation.reason, operation=rendered)
+        if operation.state == EDGE_DISCONNECTED:
+            return error_body(request, 503, "edge_disconnected", operation.reason, operation=rendered)
+        return _json(request, 200, rendered)
+
+    # -- fleet --------------------------------------------------------------
+
+    @app.route("/fleet/status", methods=["GET"])
+    async def fleet_status(self, request: IRequest) -> bytes:
+        """A row per edge (fresh where possible) and fleet totals."""
+        self._authorize(request)
+        limit = _int_arg(request, "limit", MAX_PAGE, 1, 10000)
+        cursor = _arg(request, "cursor") or ""
+        rows = await self._gateway.fleet_status()
+        totals = views.empty_totals()
+        totals["edges_known"] = len(rows)
+        totals["edges_connected"] = 0
+        items = []
+        for row in rows:
+            fresh = row.state == "ok" and row.snapshot is not None
+            if row.record.connected:
+                totals["edges_connected"] += 1
+            summary = views.snapshot_totals(row.snapshot) if row.snapshot is not None else None
+            if fresh and summary is not None:
+                views.add_totals(totals, summary)
+            if row.record.edge_id <= cursor or len(items) >= limit:
+                continue
+            counts = summary or views.empty_totals()
+            items.append(
+                {
+                    "edge_id": row.record.edge_id,
+                    "connected": row.record.connected,
+                    "state": row.state,
+                    "error": {"code": row.error_code, "message": row.error_message} if row.error_code else None,
+                    "received_at": views.iso(row.snapshot.received_at) if row.snapshot else None,
+                    "stale": not fresh,
+                    "labels": dict(row.record.hello.labels),
+                    "nodes_connected": counts["nodes_connected"],
+                    "nodes_configured": counts["nodes_configured"],
+                    "providers": counts["providers"],
+                    "general": dict(counts["general"]),
+                    "long_context": dict(counts["long_context"]),
+                }
+            )
+        remaining = [r for r in rows if r.record.edge_id > cursor]
+        next_cursor = items[-1]["edge_id"] if len(remaining) > len(items) and items else None
+        return _json(
+            request,
+            200,
+            {
+                "generated_at": views.iso(self._clock.seconds()),
+                "items": items,
+                "total": len(rows),
+                "next_cursor": next_cursor,
+                "totals": totals,
+            },
+        )
+
+    @app.route("/fleet/events", methods=["GET"])
+    def fleet_events(self, request: IRequest) -> bytes:
+        """Events of every edge after fleet sequence ``since``."""
+        self._authorize(request)
+        return _json(request, 200, self._events_page(request, self._registry.fleet_events, "fleet_sequence"))
+
+    @app.route("/fleet/operations", methods=["GET"])
+    def fleet_operations(self, request: IRequest) -> bytes:
+        """Operations of every edge, newest first."""
+        self._authorize(request)
+        return _json(request, 200, self._operations_page(request, self._registry.fleet_operations()))
+
+    # -- console ------------------------------------------------------------
+
+    @app.route("/", methods=["GET"])
+    def root(self, request: IRequest) -> bytes:
+        """Send people to the console."""
+        request.redirect(b"/console/")
+        return b""
+
+    @app.route("/console", methods=["GET"])
+    def console_redirect(self, request: IRequest) -> bytes:
+        """``/console`` -> ``/console/``."""
+        request.redirect(b"/console/")
+        return b""
+
+    @app.route("/console/config.json", methods=["GET"])
+    def console_config(self, request: IRequest) -> bytes:
+        """Where the console finds the client WebSocket."""
+        return _json(
+            request,
+            200,
+            {"wire_url": self._wire_url(request), "api_token_required": bool(self._settings.api_token)},
+        )
+
+    def _wire_url(self, request: IRequest) -> str:
+        if self._settings.wire_public_url:
+            return self._settings.wire_public_url
+        host_header = request.getHeader(b"host") or b"127.0.0.1"
+        host = urlsplit("//" + host_header.decode("ascii", "replace")).hostname or "127.0.0.1"
+        if ":" in host:
+            host = f"[{host}]"
+        port = self._readiness.ports.get("client_wire") or self._settings.wire_port
+        return f"ws://{host}:{port}{self._settings.wire_path}"
+
+    @app.route("/console/", branch=True, methods=["GET"])
+    def console(self, request: IRequest) -> File:
+        """The static web console."""
+        return ConsoleFiles(str(CONSOLE_DIR))
+
+    @app.route("/<path:rest>", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
+    def not_found(self, request: IRequest, rest: str) -> bytes:
+        """Anything else: a JSON 404."""
+        return error_body(request, 404, "not_found", "no such resource")
+
+
+def make_resource(http: ControlPlaneHttp) -> Any:
+    """The twisted.web resource serving ``http``."""
+    return http.app.resource()
+

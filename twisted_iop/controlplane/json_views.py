@@ -1,0 +1,234 @@
+"""JSON renderings of what the registry keeps (see docs/http-api.md).
+
+These functions decide what leaves the process: they copy named fields
+only, so nothing the wire carries beyond them (credentials, addresses,
+request ids) can reach a view.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any, Optional
+
+from twisted_iop.controlplane.records import Event, Operation
+from twisted_iop.controlplane.registry import EdgeRecord, StatusSnapshot
+from twisted_iop.wire import control_pb2 as pb
+
+STATUS_NAMES = {
+    pb.PROVIDER_STATUS_UNSPECIFIED: "unavailable",
+    pb.PROVIDER_STATUS_AVAILABLE: "available",
+    pb.PROVIDER_STATUS_DRAINED: "drained",
+    pb.PROVIDER_STATUS_UNAVAILABLE: "unavailable",
+}
+HEALTH_NAMES = {
+    pb.PROVIDER_HEALTH_UNSPECIFIED: "unknown",
+    pb.PROVIDER_HEALTH_HEALTHY: "healthy",
+    pb.PROVIDER_HEALTH_DEGRADED: "degraded",
+    pb.PROVIDER_HEALTH_UNHEALTHY: "unhealthy",
+    pb.PROVIDER_HEALTH_OFFLINE: "offline",
+    pb.PROVIDER_HEALTH_UNKNOWN: "unknown",
+}
+STATUSES = ("available", "drained", "unavailable")
+HEALTHS = ("healthy", "degraded", "unhealthy", "offline", "unknown")
+
+
+def iso(seconds: Optional[float]) -> Optional[str]:
+    """``seconds`` since the epoch as ISO 8601 UTC with milliseconds."""
+    if seconds is None or seconds <= 0:
+        return None
+    moment = datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def iso_ms(milliseconds: int) -> Optional[str]:
+    """Milliseconds since the epoch as ISO 8601 (None for 0)."""
+    return iso(milliseconds / 1000.0) if milliseconds > 0 else None
+
+
+def _none_if_empty(value: str) -> Optional[str]:
+    return value or None
+
+
+def edge_summary(record: EdgeRecord) -> dict[str, Any]:
+    """The summary of one edge, as listed by ``GET /edges``."""
+    return {
+        "edge_id": record.edge_id,
+        "connected": record.connected,
+        "labels": dict(record.hello.labels),
+        "software_version": record.hello.software_version,
+        "protocol_version": record.hello.protocol_version,
+        "connected_at": iso(record.connected_at),
+        "last_seen": iso(record.seen_at()),
+        "disconnected_at": iso(record.disconnected_at),
+        "enrollments": record.enrollments,
+        "commands": record.command_names,
+    }
+
+
+def edge_detail(record: EdgeRecord) -> dict[str, Any]:
+    """``GET /edges/{id}``: the summary plus snapshot and buffer facts."""
+    out = edge_summary(record)
+    snapshot = record.snapshot
+    out["status"] = {
+        "available": snapshot is not None,
+        "stale": snapshot is None or not record.connected,
+        "received_at": iso(snapshot.received_at) if snapshot else None,
+    }
+    events = record.events
+    out["events"] = {
+        "capacity": events.capacity,
+        "kept": len(events),
+        "dropped": events.dropped,
+        "last_sequence": events.last_sequence,
+    }
+    ops = record.operations
+    out["operations"] = {"capacity": ops.capacity, "kept": len(ops), "dropped": ops.dropped}
+    return out
+
+
+def _counters(capacity: int, in_flight: int, queued: int) -> dict[str, int]:
+    return {"capacity": capacity, "in_flight": in_flight, "queued": queued}
+
+
+def provider_json(provider: pb.ProviderSnapshot) -> dict[str, Any]:
+    """One provider of a node snapshot."""
+    return {
+        "provider_id": provider.provider_id,
+        "kind": provider.kind,
+        "models": list(provider.models),
+        "status": STATUS_NAMES.get(provider.status, "unavailable"),
+        "health": HEALTH_NAMES.get(provider.health, "unknown"),
+        "health_reason": provider.health_reason,
+        "general": _counters(provider.capacity, provider.in_flight, provider.queued),
+        "long_context": _counters(
+            provider.long_context_capacity,
+            provider.long_context_in_flight,
+            provider.long_context_queued,
+        ),
+    }
+
+
+def node_json(node: pb.EdgeNodeSnapshot) -> dict[str, Any]:
+    """One node of an edge snapshot."""
+    return {
+        "node_id": node.node_id,
+        "connected": node.connected,
+        "drained": node.drained,
+        "connected_since": iso_ms(node.connected_since_ms),
+        "last_seen": iso_ms(node.last_seen_ms),
+        "labels": dict(node.labels),
+        "providers": [provider_json(p) for p in node.providers],
+    }
+
+
+def empty_totals() -> dict[str, Any]:
+    """Totals with every count at zero."""
+    return {
+        "nodes_connected": 0,
+        "nodes_configured": 0,
+        "providers": 0,
+        "providers_by_status": {s: 0 for s in STATUSES},
+        "providers_by_health": {h: 0 for h in HEALTHS},
+        "general": _counters(0, 0, 0),
+        "long_context": _counters(0, 0, 0),
+    }
+
+
+def add_totals(into: dict[str, Any], other: dict[str, Any]) -> None:
+    """Add the counts of ``other`` into ``into`` (same shape)."""
+    for key in ("nodes_connected", "nodes_configured", "providers"):
+        into[key] += other[key]
+    for group in ("providers_by_status", "providers_by_health", "general", "long_context"):
+        target = into[group]
+        for key, value in other[group].items():
+            target[key] = target.get(key, 0) + value
+
+
+def snapshot_totals(snapshot: StatusSnapshot) -> dict[str, Any]:
+    """Counts over one edge snapshot (cached on the snapshot)."""
+    if snapshot.summary is not None:
+        return snapshot.summary
+    totals = empty_totals()
+    by_status = totals["providers_by_status"]
+    by_health = totals["providers_by_health"]
+    general = totals["general"]
+    long_context = totals["long_context"]
+    for node in snapshot.response.nodes:
+        totals["nodes_configured"] += 1
+        if node.connected:
+            totals["nodes_connected"] += 1
+        for p in node.providers:
+            totals["providers"] += 1
+            by_status[STATUS_NAMES.get(p.status, "unavailable")] += 1
+            by_health[HEALTH_NAMES.get(p.health, "unknown")] += 1
+            general["capacity"] += p.capacity
+            general["in_flight"] += p.in_flight
+            general["queued"] += p.queued
+            long_context["capacity"] += p.long_context_capacity
+            long_context["in_flight"] += p.long_context_in_flight
+            long_context["queued"] += p.long_context_queued
+    snapshot.summary = totals
+    return totals
+
+
+def snapshot_json(record: EdgeRecord, snapshot: StatusSnapshot, stale: bool) -> dict[str, Any]:
+    """``GET /edges/{id}/status``: an edge snapshot with totals."""
+    if snapshot.rendered is None:
+        snapshot.rendered = {
+            "generated_at": iso_ms(snapshot.response.generated_at_ms),
+            "received_at": iso(snapshot.received_at),
+            "nodes": [node_json(n) for n in snapshot.response.nodes],
+            "totals": snapshot_totals(snapshot),
+        }
+    out: dict[str, Any] = {"edge_id": record.edge_id, "connected": record.connected, "stale": stale}
+    out.update(snapshot.rendered)
+    return out
+
+
+def event_json(event: Event) -> dict[str, Any]:
+    """One event."""
+    return {
+        "sequence": event.sequence,
+        "fleet_sequence": event.fleet_sequence,
+        "edge_id": event.edge_id,
+        "kind": event.kind,
+        "occurred_at": iso(event.occurred_at),
+        "recorded_at": iso(event.recorded_at),
+        "node_id": _none_if_empty(event.node_id),
+        "provider_id": _none_if_empty(event.provider_id),
+        "command_id": _none_if_empty(event.command_id),
+        "message": event.message,
+        "attributes": dict(event.attributes),
+    }
+
+
+def operation_json(operation: Operation) -> dict[str, Any]:
+    """One operation with its history."""
+    return {
+        "operation_id": operation.operation_id,
+        "edge_id": operation.edge_id,
+        "name": operation.name,
+        "target": operation.target,
+        "arguments": dict(operation.arguments),
+        "idempotency_key": _none_if_empty(operation.idempotency_key),
+        "state": operation.state,
+        "reason": operation.reason,
+        "result": dict(operation.result),
+        "created_at": iso(operation.created_at),
+        "updated_at": iso(operation.updated_at),
+        "finished_at": iso(operation.finished_at),
+        "deadline_at": iso(operation.deadline_at),
+        "history": [{"state": s, "at": iso(at), "reason": r} for s, at, r in operation.history],
+    }
+
+
+def command_spec_json(spec: pb.CommandSpec) -> dict[str, Any]:
+    """One command of an edge's catalog."""
+    return {
+        "name": spec.name,
+        "description": spec.description,
+        "target_kind": spec.target_kind,
+        "arguments": [
+            {"name": a.name, "description": a.description, "required": a.required} for a in spec.arguments
+        ],
+    }

@@ -1,0 +1,189 @@
+"""What the Control Plane remembers: events, operations and their bounded buffers."""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from typing import Iterator, Optional
+
+import attrs
+
+#: Operation states. ``sent``, ``accepted`` and ``running`` are in flight;
+#: the others are terminal.
+SENT = "sent"
+ACCEPTED = "accepted"
+RUNNING = "running"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+REJECTED = "rejected"
+TIMED_OUT = "timed_out"
+EDGE_DISCONNECTED = "edge_disconnected"
+
+IN_FLIGHT_STATES = (SENT, ACCEPTED, RUNNING)
+TERMINAL_STATES = frozenset({SUCCEEDED, FAILED, REJECTED, TIMED_OUT, EDGE_DISCONNECTED})
+_ORDER = {SENT: 0, ACCEPTED: 1, RUNNING: 2}
+
+
+@attrs.frozen
+class Event:
+    """One recorded event of one edge."""
+
+    sequence: int
+    fleet_sequence: int
+    edge_id: str
+    kind: str
+    occurred_at: float
+    recorded_at: float
+    node_id: str = ""
+    provider_id: str = ""
+    command_id: str = ""
+    message: str = ""
+    attributes: dict[str, str] = attrs.field(factory=dict)
+
+
+class EventBuffer:
+    """A bounded, sequence-numbered event buffer.
+
+    Sequences start at 1 and never repeat; when the buffer is full the
+    oldest event leaves it and ``dropped`` counts it.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._events: deque[Event] = deque(maxlen=capacity)
+        self.last_sequence = 0
+        self.dropped = 0
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def next_sequence(self) -> int:
+        """The sequence the next appended event must carry."""
+        return self.last_sequence + 1
+
+    def append(self, event: Event, sequence: int) -> None:
+        """Add ``event`` whose sequence (edge or fleet) is ``sequence``."""
+        if len(self._events) == self.capacity:
+            self.dropped += 1
+        self._events.append(event)
+        self.last_sequence = sequence
+
+    @property
+    def first_sequence(self) -> int:
+        """The oldest sequence still kept (``last_sequence + 1`` when empty)."""
+        return self.last_sequence - len(self._events) + 1
+
+    def since(self, sequence: int, limit: int) -> list[Event]:
+        """Up to ``limit`` events with a sequence greater than ``sequence``."""
+        first = self.first_sequence
+        start = max(sequence + 1, first) - first
+        if start >= len(self._events) or limit <= 0:
+            return []
+        # deque slicing is O(n); indexing from the nearer end keeps it cheap
+        # for the common case of a reader that is close to the head.
+        end = min(len(self._events), start + limit)
+        return [self._events[i] for i in range(start, end)]
+
+
+@attrs.define(eq=False)
+class Operation:
+    """One command dispatch and everything that happened to it."""
+
+    operation_id: str
+    edge_id: str
+    name: str
+    target: str
+    arguments: dict[str, str]
+    idempotency_key: str
+    created_at: float
+    deadline_at: float
+    state: str = SENT
+    reason: str = ""
+    result: dict[str, str] = attrs.field(factory=dict)
+    updated_at: float = 0.0
+    finished_at: Optional[float] = None
+    history: list[tuple[str, float, str]] = attrs.field(factory=list)
+
+    @property
+    def finished(self) -> bool:
+        """Whether the operation reached a terminal state."""
+        return self.state in TERMINAL_STATES
+
+    def advance(self, state: str, at: float, reason: str = "", result: Optional[dict[str, str]] = None) -> bool:
+        """Move to ``state`` if that is forward; return whether it moved.
+
+        Terminal states are final, and in-flight states only move forward
+        (a late ``accepted`` after ``running`` changes nothing).
+        """
+        if self.finished:
+            return False
+        if state not in TERMINAL_STATES and _ORDER.get(state, -1) <= _ORDER[self.state]:
+            return False
+        self.state = state
+        self.updated_at = at
+        if reason:
+            self.reason = reason
+        if result:
+            self.result = dict(result)
+        if state in TERMINAL_STATES:
+            self.finished_at = at
+        self.history.append((state, at, reason))
+        return True
+
+
+class OperationBuffer:
+    """A bounded buffer of operations, newest last, with an idempotency index.
+
+    An operation leaves the buffer (and its idempotency key is forgotten)
+    only once it is finished; in-flight operations are never evicted, so the
+    buffer may briefly exceed its capacity by the number in flight.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._operations: OrderedDict[str, Operation] = OrderedDict()
+        self._by_key: dict[str, str] = {}
+        self.dropped = 0
+
+    def __len__(self) -> int:
+        return len(self._operations)
+
+    def __iter__(self) -> Iterator[Operation]:
+        return iter(self._operations.values())
+
+    def newest_first(self) -> list[Operation]:
+        """All kept operations, newest first."""
+        return list(reversed(self._operations.values()))
+
+    def get(self, operation_id: str) -> Optional[Operation]:
+        """The operation with ``operation_id``, if kept."""
+        return self._operations.get(operation_id)
+
+    def by_key(self, key: str) -> Optional[Operation]:
+        """The operation dispatched with idempotency key ``key``, if kept."""
+        operation_id = self._by_key.get(key)
+        return None if operation_id is None else self._operations.get(operation_id)
+
+    def add(self, operation: Operation) -> None:
+        """Keep ``operation``, evicting the oldest finished ones if full."""
+        self._operations[operation.operation_id] = operation
+        if operation.idempotency_key:
+            self._by_key[operation.idempotency_key] = operation.operation_id
+        self._evict()
+
+    def _evict(self) -> None:
+        if len(self._operations) <= self.capacity:
+            return
+        for operation_id in list(self._operations):
+            if len(self._operations) <= self.capacity:
+                break
+            operation = self._operations[operation_id]
+            if not operation.finished:
+                continue
+            del self._operations[operation_id]
+            if operation.idempotency_key:
+                self._by_key.pop(operation.idempotency_key, None)
+            self.dropped += 1
+
+    def operation_finished(self) -> None:
+        """Evict anything that was kept only because it was in flight."""
+        self._evict()

@@ -1,0 +1,400 @@
+"""The EdgeRegistry: every Edge the Control Plane knows, and the rules.
+
+The registry does no I/O. Transports hand it a peer (anything with the
+:class:`EdgePeer` shape) when an Edge says hello and get back a
+**connection token**; every later state change caused by that connection
+(close, status reply, command reply, relayed event) passes the token, and a
+token that is no longer the edge's current one changes nothing. So a stale
+connection can never remove or overwrite the current one.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from typing import Any, Callable, Iterable, Optional, Protocol
+
+import attrs
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+
+from twisted_iop.controlplane import records
+from twisted_iop.controlplane.records import Event, EventBuffer, Operation, OperationBuffer
+from twisted_iop.wire import control_pb2 as pb
+
+
+class EdgePeer(Protocol):
+    """What the registry needs of a connection: identity and a way to close it."""
+
+    last_received: float
+
+    def request_status(self, timeout: float) -> "Deferred[pb.EdgeStatusResponse]":
+        """Ask the edge for a status snapshot."""
+
+    def request_command(self, request: pb.EdgeCommandRequest, timeout: float) -> "Deferred[pb.EdgeCommandResponse]":
+        """Send a command to the edge."""
+
+    def disconnect(self, code: int, message: str) -> None:
+        """Close the connection, telling the edge why."""
+
+
+class UnknownEdge(Exception):
+    """No edge with that id is known."""
+
+    def __init__(self, edge_id: str) -> None:
+        super().__init__(f"no edge named {edge_id!r} is known")
+        self.edge_id = edge_id
+
+
+class EdgeNotConnected(Exception):
+    """The edge is known but has no current connection."""
+
+    def __init__(self, edge_id: str) -> None:
+        super().__init__(f"edge {edge_id!r} is not connected")
+        self.edge_id = edge_id
+
+
+@attrs.frozen
+class RegistryLimits:
+    """Bounds on what the registry keeps in memory."""
+
+    events_per_edge: int = 1000
+    fleet_events: int = 10000
+    operations_per_edge: int = 500
+    disconnected_edges: int = 10000
+
+
+@attrs.frozen
+class EdgeHello:
+    """What an edge said about itself when it enrolled."""
+
+    labels: dict[str, str]
+    software_version: str
+    protocol_version: str
+    commands: tuple[pb.CommandSpec, ...]
+
+
+@attrs.define(eq=False)
+class StatusSnapshot:
+    """The last status an edge sent, and when it arrived."""
+
+    response: pb.EdgeStatusResponse
+    received_at: float
+    #: JSON rendering, computed once on first use (see json_views).
+    rendered: Optional[dict[str, Any]] = None
+    summary: Optional[dict[str, Any]] = None
+
+
+@attrs.define(eq=False)
+class EdgeRecord:
+    """Everything known about one edge."""
+
+    edge_id: str
+    hello: EdgeHello
+    events: EventBuffer
+    operations: OperationBuffer
+    token: Optional[int] = None
+    peer: Optional[EdgePeer] = None
+    connected_at: Optional[float] = None
+    disconnected_at: Optional[float] = None
+    last_seen: float = 0.0
+    enrollments: int = 0
+    snapshot: Optional[StatusSnapshot] = None
+    status_waiters: Optional[list[Deferred[StatusSnapshot]]] = None
+    #: Operation id -> the token of the connection it was sent on.
+    operation_tokens: dict[str, int] = attrs.field(factory=dict)
+
+    @property
+    def connected(self) -> bool:
+        """Whether the edge has a current connection."""
+        return self.token is not None
+
+    def seen_at(self) -> float:
+        """When the edge was last heard from."""
+        if self.peer is not None:
+            return max(self.last_seen, self.peer.last_received)
+        return self.last_seen
+
+    @property
+    def command_names(self) -> list[str]:
+        """Names in the edge's announced catalog."""
+        return [c.name for c in self.hello.commands]
+
+
+EventListener = Callable[[Event], None]
+
+
+class EdgeRegistry(Service):
+    """All edges, their connections (by token), events and operations."""
+
+    name = "registry"
+    _log = Logger()
+
+    def __init__(self, clock: IReactorTime, limits: RegistryLimits = RegistryLimits()) -> None:
+        self._clock = clock
+        self.limits = limits
+        self._edges: dict[str, EdgeRecord] = {}
+        #: Disconnected edge ids, oldest disconnect first (for the bound).
+        self._disconnected: OrderedDict[str, None] = OrderedDict()
+        self._tokens = itertools.count(1)
+        self.fleet_events = EventBuffer(limits.fleet_events)
+        self._listeners: list[EventListener] = []
+        self.connected_count = 0
+
+    # -- lookups ------------------------------------------------------------
+
+    def get(self, edge_id: str) -> EdgeRecord:
+        """The record of ``edge_id``; raises :class:`UnknownEdge`."""
+        record = self._edges.get(edge_id)
+        if record is None:
+            raise UnknownEdge(edge_id)
+        return record
+
+    def find(self, edge_id: str) -> Optional[EdgeRecord]:
+        """The record of ``edge_id``, or None."""
+        return self._edges.get(edge_id)
+
+    def edges(self) -> Iterable[EdgeRecord]:
+        """Every known edge (in no particular order)."""
+        return self._edges.values()
+
+    def edge_ids(self) -> list[str]:
+        """Every known edge id, sorted."""
+        return sorted(self._edges)
+
+    def connected_edges(self) -> list[EdgeRecord]:
+        """Edges with a current connection."""
+        return [r for r in self._edges.values() if r.token is not None]
+
+    def is_current(self, edge_id: str, token: int) -> bool:
+        """Whether ``token`` is the current connection of ``edge_id``."""
+        record = self._edges.get(edge_id)
+        return record is not None and record.token == token
+
+    # -- connections --------------------------------------------------------
+
+    def connect(self, edge_id: str, peer: EdgePeer, hello: EdgeHello) -> int:
+        """Record a new accepted connection; return its token.
+
+        The newest connection wins: an older connection of the same edge is
+        closed and a ``edge.superseded`` event is recorded.
+        """
+        now = self._clock.seconds()
+        token = next(self._tokens)
+        record = self._edges.get(edge_id)
+        old_peer: Optional[EdgePeer] = None
+        if record is None:
+            record = EdgeRecord(
+                edge_id=edge_id,
+                hello=hello,
+                events=EventBuffer(self.limits.events_per_edge),
+                operations=OperationBuffer(self.limits.operations_per_edge),
+            )
+            self._edges[edge_id] = record
+        else:
+            self._disconnected.pop(edge_id, None)
+            if record.token is not None:
+                old_peer = record.peer
+                self.connected_count -= 1
+        record.hello = hello
+        record.token = token
+        record.peer = peer
+        record.connected_at = now
+        record.disconnected_at = None
+        record.last_seen = now
+        record.enrollments += 1
+        self.connected_count += 1
+        if old_peer is not None:
+            self._log.info("edge {edge_id} superseded by a newer connection", edge_id=edge_id)
+            self.record(edge_id, "edge.superseded", message="a newer connection of this edge took over")
+            old_peer.disconnect(pb.ERROR_CODE_SUPERSEDED, "a newer connection of this edge took over")
+        self._log.info(
+            "edge {edge_id} connected (enrollment {enrollments})",
+            edge_id=edge_id,
+            enrollments=record.enrollments,
+        )
+        self.record(
+            edge_id,
+            "edge.connected",
+            message=f"edge {edge_id} connected",
+            attributes={"software_version": hello.software_version},
+        )
+        return token
+
+    def disconnect(self, edge_id: str, token: int, reason: str) -> bool:
+        """Record that connection ``token`` closed; False if it was stale."""
+        record = self._edges.get(edge_id)
+        if record is None or record.token != token:
+            return False
+        now = self._clock.seconds()
+        record.last_seen = record.seen_at()
+        record.token = None
+        record.peer = None
+        record.disconnected_at = now
+        self.connected_count -= 1
+        self._log.info("edge {edge_id} disconnected: {reason}", edge_id=edge_id, reason=reason)
+        self.record(edge_id, "edge.disconnected", message=reason)
+        self._disconnected[edge_id] = None
+        self._forget_excess_disconnected()
+        return True
+
+    def _forget_excess_disconnected(self) -> None:
+        while len(self._disconnected) > self.limits.disconnected_edges:
+            edge_id, _ = self._disconnected.popitem(last=False)
+            record = self._edges.get(edge_id)
+            if record is not None and record.token is None and not any(
+                not op.finished for op in record.operations
+            ):
+                del self._edges[edge_id]
+
+    # -- status -------------------------------------------------------------
+
+    def record_status(self, edge_id: str, token: int, response: pb.EdgeStatusResponse) -> Optional[StatusSnapshot]:
+        """Keep a status reply from connection ``token``; None if stale."""
+        record = self._edges.get(edge_id)
+        if record is None or record.token != token:
+            return None
+        now = self._clock.seconds()
+        record.last_seen = now
+        record.snapshot = StatusSnapshot(response=response, received_at=now)
+        return record.snapshot
+
+    # -- events ---------------------------------------------------------------
+
+    def add_listener(self, listener: EventListener) -> None:
+        """Call ``listener`` with every event recorded from now on."""
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: EventListener) -> None:
+        """Stop calling ``listener``."""
+        try:
+            self._listeners.remove(listener)
+        except ValueError:
+            pass
+
+    def record(
+        self,
+        edge_id: str,
+        kind: str,
+        *,
+        occurred_at: Optional[float] = None,
+        node_id: str = "",
+        provider_id: str = "",
+        command_id: str = "",
+        message: str = "",
+        attributes: Optional[dict[str, str]] = None,
+    ) -> Event:
+        """Append an event to the edge's buffer and the fleet buffer."""
+        record = self._edges[edge_id]
+        now = self._clock.seconds()
+        sequence = record.events.next_sequence()
+        fleet_sequence = self.fleet_events.next_sequence()
+        event = Event(
+            sequence=sequence,
+            fleet_sequence=fleet_sequence,
+            edge_id=edge_id,
+            kind=kind,
+            occurred_at=now if occurred_at is None else occurred_at,
+            recorded_at=now,
+            node_id=node_id,
+            provider_id=provider_id,
+            command_id=command_id,
+            message=message,
+            attributes=attributes or {},
+        )
+        record.events.append(event, sequence)
+        self.fleet_events.append(event, fleet_sequence)
+        for listener in list(self._listeners):
+            try:
+                listener(event)
+            except Exception:
+                self._log.failure("event listener failed")
+        return event
+
+    def record_edge_event(self, edge_id: str, token: int, event: pb.EdgeEvent) -> Optional[Event]:
+        """Record an event relayed by connection ``token``; None if stale.
+
+        ``command.*`` events also move the matching operation forward.
+        """
+        record = self._edges.get(edge_id)
+        if record is None or record.token != token:
+            return None
+        record.last_seen = self._clock.seconds()
+        occurred = event.occurred_at_ms / 1000.0 if event.occurred_at_ms > 0 else None
+        recorded = self.record(
+            edge_id,
+            event.kind,
+            occurred_at=occurred,
+            node_id=event.node_id,
+            provider_id=event.provider_id,
+            command_id=event.command_id,
+            message=event.message,
+            attributes=dict(event.attributes),
+        )
+        if event.command_id:
+            state = {"command.accepted": records.ACCEPTED, "command.started": records.RUNNING}.get(event.kind)
+            if state is not None:
+                self.advance_operation(edge_id, token, event.command_id, state)
+        return recorded
+
+    # -- operations -----------------------------------------------------------
+
+    def find_operation(self, edge_id: str, key: str) -> Optional[Operation]:
+        """The operation of ``edge_id`` with idempotency key ``key``."""
+        return self.get(edge_id).operations.by_key(key)
+
+    def start_operation(self, operation: Operation, token: int) -> None:
+        """Keep a just-dispatched operation (state ``sent``)."""
+        record = self.get(operation.edge_id)
+        operation.updated_at = operation.created_at
+        operation.history.append((records.SENT, operation.created_at, ""))
+        record.operations.add(operation)
+        record.operation_tokens[operation.operation_id] = token
+        self._operation_event(operation)
+
+    def advance_operation(
+        self,
+        edge_id: str,
+        token: Optional[int],
+        operation_id: str,
+        state: str,
+        reason: str = "",
+        result: Optional[dict[str, str]] = None,
+    ) -> bool:
+        """Move an operation forward; ``token`` must be the one it was sent on.
+
+        ``token=None`` is for the Control Plane's own verdicts (timed out,
+        edge disconnected), which need no connection.
+        """
+        record = self._edges.get(edge_id)
+        if record is None:
+            return False
+        operation = record.operations.get(operation_id)
+        if operation is None:
+            return False
+        if token is not None and record.operation_tokens.get(operation_id) != token:
+            return False
+        if not operation.advance(state, self._clock.seconds(), reason, result):
+            return False
+        self._operation_event(operation)
+        if operation.finished:
+            record.operation_tokens.pop(operation_id, None)
+            record.operations.operation_finished()
+        return True
+
+    def _operation_event(self, operation: Operation) -> None:
+        self.record(
+            operation.edge_id,
+            "operation." + operation.state,
+            command_id=operation.operation_id,
+            message=f"{operation.name} {operation.state}" + (f": {operation.reason}" if operation.reason else ""),
+            attributes={"name": operation.name, "target": operation.target, "state": operation.state},
+        )
+
+    def fleet_operations(self) -> list[Operation]:
+        """Every kept operation of every edge, newest first."""
+        ops = [op for record in self._edges.values() for op in record.operations]
+        ops.sort(key=lambda op: (op.created_at, op.operation_id), reverse=True)
+        return ops

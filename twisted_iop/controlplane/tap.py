@@ -1,0 +1,111 @@
+"""``twistd iop-control-plane``: Options and makeService."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from twisted.application.internet import StreamServerEndpointService
+from twisted.application.service import IService, MultiService
+from twisted.internet.endpoints import serverFromString
+from twisted.internet.interfaces import IListeningPort, IProtocolFactory
+from twisted.logger import Logger
+from twisted.python import usage
+from twisted.web.server import Site
+
+from twisted_iop.configuration import ConfigError
+from twisted_iop.controlplane.client_wire import ClientWireFactory
+from twisted_iop.controlplane.config import ControlPlaneConfig, load_config
+from twisted_iop.controlplane.edge_server import EdgeWireFactory
+from twisted_iop.controlplane.gateway import EdgeGateway
+from twisted_iop.controlplane.http_views import ControlPlaneHttp, Readiness
+from twisted_iop.controlplane.registry import EdgeRegistry
+
+
+class Options(usage.Options):
+    """Command line of ``twistd iop-control-plane``."""
+
+    optParameters = [
+        ["config", "c", None, "Path to control-plane.yaml (default: embedded defaults)."],
+    ]
+
+    def postOptions(self) -> None:
+        try:
+            self["parsed_config"] = load_config(self["config"], os.environ)
+        except ConfigError as e:
+            raise usage.UsageError(f"bad configuration: {e}") from None
+
+
+class ListenerService(StreamServerEndpointService):
+    """A listener that fails start-up if it cannot bind and reports its port."""
+
+    _log = Logger()
+
+    def __init__(self, label: str, description: str, factory: IProtocolFactory, reactor: Any, readiness: Readiness) -> None:
+        super().__init__(serverFromString(reactor, description), factory)
+        self.setName(label)
+        self._label = label
+        self._description = description
+        self._readiness = readiness
+        self._raiseSynchronously = True
+        readiness.expect(label)
+
+    def privilegedStartService(self) -> None:
+        try:
+            super().privilegedStartService()
+        except Exception as e:
+            raise RuntimeError(f"cannot listen for {self._label} on {self._description}: {e}") from None
+        if self._waitingForPort is not None:
+            self._waitingForPort.addCallback(self._bound)
+
+    def _bound(self, port: IListeningPort) -> IListeningPort:
+        host = port.getHost()
+        number = getattr(host, "port", 0)
+        self._readiness.bound(self._label, number)
+        self._log.info("{label} listening on {description} (port {port})", label=self._label, description=self._description, port=number)
+        return port
+
+    def stopService(self) -> Any:
+        self._readiness.unbound(self._label)
+        return super().stopService()
+
+
+class ControlPlaneService(MultiService):
+    """The whole Control Plane; its parts are reachable for tests and tools."""
+
+    def __init__(self, config: ControlPlaneConfig, reactor: Any) -> None:
+        super().__init__()
+        self.config = config
+        self.readiness = Readiness()
+        self.registry = EdgeRegistry(reactor, config.registry)
+        self.registry.setServiceParent(self)
+        self.gateway = EdgeGateway(self.registry, reactor, config.status_timeout_seconds)
+        self.http = ControlPlaneHttp(self.registry, self.gateway, reactor, self.readiness, config.http)
+        site = Site(self.http.app.resource())
+        site.displayTracebacks = False
+        site.noisy = False
+        self.edge_factory = EdgeWireFactory(self.registry, reactor, config.edge_wire, config.credentials)
+        self.edge_factory.noisy = False
+        self.client_factory = ClientWireFactory(self.registry, config.client_wire)
+        self.client_factory.noisy = False
+        listeners: list[IService] = [
+            ListenerService("edge_wire", config.edge_wire_listen, self.edge_factory, reactor, self.readiness),
+            ListenerService("client_wire", config.wire_listen, self.client_factory, reactor, self.readiness),
+            ListenerService("http", config.http_listen, site, reactor, self.readiness),
+        ]
+        for listener in listeners:
+            listener.setServiceParent(self)
+
+    def port(self, label: str) -> int:
+        """The bound TCP port of listener ``label`` (after start-up)."""
+        return self.readiness.ports[label]
+
+
+def makeService(options: Options, reactor: Optional[Any] = None) -> ControlPlaneService:
+    """Compose the Control Plane from parsed options."""
+    if reactor is None:
+        from twisted.internet import reactor as default_reactor
+
+        reactor = default_reactor
+    config = options.get("parsed_config") or load_config(options["config"], os.environ)
+    return ControlPlaneService(config, reactor)

@@ -1,0 +1,184 @@
+"""The client WebSocket /client: hello, errors, subscriptions, resume, backpressure."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import pytest_twisted
+from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientProtocol
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import TCP4ClientEndpoint
+from twisted.internet.task import Clock
+
+from scripted_edge import connect_edge
+from support import eventually, start_control_plane
+from twisted_iop.controlplane.client_wire import ClientWireFactory, ClientWireProtocol, ClientWireSettings
+from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry
+from twisted_iop.wire import PROTOCOL_MAJOR
+from twisted_iop.wire import control_pb2 as pb
+
+
+class WireTestClient(WebSocketClientProtocol):
+    """Collects every ClientEnvelope the server sends."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[pb.ClientEnvelope] = []
+        self.opened: Deferred[None] = Deferred()
+        self.closed: Deferred[Any] = Deferred()
+
+    def onOpen(self) -> None:
+        self.opened.callback(None)
+
+    def onMessage(self, payload: bytes, isBinary: bool) -> None:
+        envelope = pb.ClientEnvelope()
+        envelope.ParseFromString(payload)
+        self.messages.append(envelope)
+
+    def onClose(self, wasClean: bool, code: Optional[int], reason: Optional[str]) -> None:
+        if not self.closed.called:
+            self.closed.callback(code)
+
+    def send(self, body: str, message: Any, request_id: int = 1) -> None:
+        envelope = pb.ClientEnvelope(request_id=request_id)
+        getattr(envelope, body).CopyFrom(message)
+        self.sendMessage(envelope.SerializeToString(), isBinary=True)
+
+    def bodies(self) -> list[str]:
+        return [m.WhichOneof("body") or "" for m in self.messages]
+
+
+async def open_client(url: str, port: int) -> WireTestClient:
+    """Connect a test WebSocket client to /client."""
+    factory = WebSocketClientFactory(url)
+    factory.protocol = WireTestClient
+    protocol = await TCP4ClientEndpoint(reactor, "127.0.0.1", port).connect(factory)
+    await protocol.opened
+    return protocol
+
+
+def hello() -> pb.ClientHelloRequest:
+    """A valid client hello."""
+    return pb.ClientHelloRequest(client_name="test", protocol_major=PROTOCOL_MAJOR)
+
+
+@pytest_twisted.ensureDeferred
+async def test_hello_and_bad_messages() -> None:
+    """Hello is answered with versions and features; undecodable and early messages get errors."""
+    cp = await start_control_plane()
+    try:
+        client = await open_client(cp.wire_url, cp.service.port("client_wire"))
+        client.send("subscribe_request", pb.SubscribeRequest())
+        client.sendMessage(b"\xff\xff\xff", isBinary=True)
+        client.sendMessage(b"text", isBinary=False)
+        client.send("client_hello_request", hello(), 9)
+        await eventually(lambda: len(client.messages) >= 4, message="four answers")
+        errors = [m.error.code for m in client.messages if m.WhichOneof("body") == "error"]
+        assert errors == [pb.ERROR_CODE_HELLO_REQUIRED, pb.ERROR_CODE_MALFORMED_FRAME, pb.ERROR_CODE_MALFORMED_FRAME]
+        answer = client.messages[3]
+        assert answer.request_id == 9 and answer.client_hello_response.accepted
+        assert "events.subscribe" in answer.client_hello_response.features
+        assert answer.client_hello_response.protocol_major == PROTOCOL_MAJOR
+        client.sendClose()
+        await client.closed
+    finally:
+        await cp.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_wrong_token_is_rejected() -> None:
+    """With an API token configured, a hello without it is refused and closed."""
+    cp = await start_control_plane(config_text="http: {api_token: t0k}")
+    try:
+        client = await open_client(cp.wire_url, cp.service.port("client_wire"))
+        client.send("client_hello_request", hello())
+        code = await client.closed
+        assert code == 4001
+        assert not client.messages[0].client_hello_response.accepted
+    finally:
+        await cp.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_live_subscription_and_resume_with_gap() -> None:
+    """A subscriber sees live edge events; a resume past the buffer is told the gap first."""
+    cp = await start_control_plane(config_text="registry: {events_per_edge: 3}")
+    try:
+        client = await open_client(cp.wire_url, cp.service.port("client_wire"))
+        client.send("client_hello_request", hello())
+        client.send("subscribe_request", pb.SubscribeRequest(), 2)
+        await eventually(lambda: "subscribe_response" in client.bodies(), message="subscribed")
+        edge, _ = await connect_edge(cp.edge_wire_port, "edge-a")
+        for i in range(4):
+            edge.event("node.ready", node_id=f"n{i}")
+        await eventually(lambda: client.bodies().count("event") >= 5, message="five events")
+        events = [m.event for m in client.messages if m.WhichOneof("body") == "event"]
+        assert [e.kind for e in events] == ["edge.connected"] + ["node.ready"] * 4
+        assert [e.fleet_sequence for e in events] == [1, 2, 3, 4, 5]
+
+        # A second client resumes edge-a after sequence 1: sequences 2 and 3
+        # left the 3-event buffer, so it hears of the gap, then gets 4 and 5.
+        late = await open_client(cp.wire_url, cp.service.port("client_wire"))
+        late.send("client_hello_request", hello())
+        late.send("subscribe_request", pb.SubscribeRequest(edge_id="edge-a", resume=True, since_sequence=1), 2)
+        await eventually(lambda: late.bodies().count("event") >= 3, message="replayed events")
+        bodies = late.bodies()
+        assert bodies[:3] == ["client_hello_response", "subscribe_response", "events_lost"]
+        lost = late.messages[2].events_lost
+        assert (lost.count, lost.first_sequence, lost.last_sequence, lost.reason) == (1, 2, 2, "resume_gap")
+        replayed = [m.event.sequence for m in late.messages if m.WhichOneof("body") == "event"]
+        assert replayed == [3, 4, 5]
+        edge.transport.loseConnection()
+        await eventually(lambda: late.bodies().count("event") >= 4, message="disconnect event")
+        assert late.messages[-1].event.kind == "edge.disconnected"
+        for c in (client, late):
+            c.sendClose()
+            await c.closed
+    finally:
+        await cp.stop()
+
+
+class RecordingWire(ClientWireProtocol):
+    """A client-wire protocol whose sends are recorded instead of framed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[pb.ClientEnvelope] = []
+
+    def sendMessage(self, payload: bytes, isBinary: bool = False, *args: Any, **kwargs: Any) -> None:
+        envelope = pb.ClientEnvelope()
+        envelope.ParseFromString(payload)
+        self.sent.append(envelope)
+
+
+def test_slow_consumer_is_told_how_many_events_it_lost() -> None:
+    """While paused, events beyond the bounded queue are dropped and reported, never buffered."""
+    registry = EdgeRegistry(Clock())
+    factory = ClientWireFactory(registry, ClientWireSettings(subscriber_queue=5))
+    protocol = RecordingWire()
+    protocol.factory = factory
+    protocol._on_message(pb.ClientEnvelope(client_hello_request=hello()).SerializeToString(), True)
+    protocol._on_message(pb.ClientEnvelope(subscribe_request=pb.SubscribeRequest()).SerializeToString(), True)
+    protocol.sent.clear()
+    hello_info = EdgeHello(labels={}, software_version="t", protocol_version="1.0", commands=())
+
+    class Peer:
+        last_received = 0.0
+
+        def disconnect(self, code: int, message: str) -> None:
+            pass
+
+    registry.connect("edge-a", Peer(), hello_info)  # type: ignore[arg-type]
+    assert [m.event.fleet_sequence for m in protocol.sent] == [1]
+    protocol.paused = True
+    for i in range(20):
+        registry.record("edge-a", "node.ready", node_id=f"n{i}")
+    assert len(protocol._queue) == 5  # bounded while the socket is full
+    protocol.sent.clear()
+    protocol.paused = False
+    protocol.flush()
+    assert protocol.sent[0].WhichOneof("body") == "events_lost"
+    lost = protocol.sent[0].events_lost
+    assert (lost.count, lost.first_sequence, lost.last_sequence, lost.reason) == (15, 2, 16, "slow_consumer")
+    assert [m.event.fleet_sequence for m in protocol.sent[1:]] == [17, 18, 19, 20, 21]

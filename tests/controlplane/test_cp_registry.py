@@ -1,0 +1,217 @@
+"""EdgeRegistry rules with plain calls and an injected clock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from twisted.internet.task import Clock
+
+from twisted_iop.controlplane import records
+from twisted_iop.controlplane.records import EventBuffer, Operation, OperationBuffer
+from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry, RegistryLimits
+from twisted_iop.wire import control_pb2 as pb
+
+HELLO = EdgeHello(labels={}, software_version="t", protocol_version="1.0", commands=(pb.CommandSpec(name="x"),))
+
+
+class FakePeer:
+    """A peer that records being told to disconnect."""
+
+    def __init__(self) -> None:
+        self.last_received = 0.0
+        self.disconnects: list[int] = []
+
+    def request_status(self, timeout: float) -> Any:
+        raise NotImplementedError
+
+    def request_command(self, request: Any, timeout: float) -> Any:
+        raise NotImplementedError
+
+    def disconnect(self, code: int, message: str) -> None:
+        self.disconnects.append(code)
+
+
+def make_registry(**limits: int) -> tuple[EdgeRegistry, Clock]:
+    """A registry on a fake clock starting at t=1000."""
+    clock = Clock()
+    clock.advance(1000)
+    return EdgeRegistry(clock, RegistryLimits(**limits)), clock
+
+
+def kinds(registry: EdgeRegistry, edge_id: str) -> list[str]:
+    """Event kinds of one edge, oldest first."""
+    return [e.kind for e in registry.get(edge_id).events.since(0, 10000)]
+
+
+def test_connect_disconnect_keeps_the_edge_known() -> None:
+    """A disconnected edge stays known with connected=false and its times."""
+    registry, clock = make_registry()
+    token = registry.connect("edge-a", FakePeer(), HELLO)
+    clock.advance(5)
+    assert registry.disconnect("edge-a", token, "bye")
+    record = registry.get("edge-a")
+    assert not record.connected
+    assert record.disconnected_at == 1005
+    assert record.connected_at == 1000
+    assert kinds(registry, "edge-a") == ["edge.connected", "edge.disconnected"]
+
+
+def test_newest_wins_and_old_token_is_stale() -> None:
+    """A second connect supersedes the first; the first token changes nothing after."""
+    registry, _ = make_registry()
+    old_peer = FakePeer()
+    old = registry.connect("edge-a", old_peer, HELLO)
+    new = registry.connect("edge-a", FakePeer(), HELLO)
+    assert old_peer.disconnects == [pb.ERROR_CODE_SUPERSEDED]
+    assert not registry.disconnect("edge-a", old, "late close")
+    assert registry.get("edge-a").connected and registry.get("edge-a").token == new
+    assert registry.record_status("edge-a", old, pb.EdgeStatusResponse()) is None
+    assert registry.record_edge_event("edge-a", old, pb.EdgeEvent(kind="node.ready")) is None
+    assert kinds(registry, "edge-a") == ["edge.connected", "edge.superseded", "edge.connected"]
+    assert registry.connected_count == 1
+
+
+def test_disconnected_edges_are_bounded() -> None:
+    """Only the configured number of disconnected edges is remembered."""
+    registry, _ = make_registry(disconnected_edges=2)
+    for i in range(4):
+        token = registry.connect(f"e{i}", FakePeer(), HELLO)
+        registry.disconnect(f"e{i}", token, "gone")
+    assert registry.edge_ids() == ["e2", "e3"]
+
+
+def test_event_buffer_bounds_and_counts_drops() -> None:
+    """A full event buffer drops the oldest, counts them and keeps sequences."""
+    buffer = EventBuffer(3)
+    registry, _ = make_registry(events_per_edge=3)
+    token = registry.connect("edge-a", FakePeer(), HELLO)
+    for i in range(5):
+        registry.record_edge_event("edge-a", token, pb.EdgeEvent(kind=f"k{i}"))
+    events = registry.get("edge-a").events
+    assert [e.sequence for e in events.since(0, 100)] == [4, 5, 6]
+    assert events.dropped == 3 and events.first_sequence == 4 and events.last_sequence == 6
+    assert [e.sequence for e in events.since(4, 1)] == [5]
+    assert buffer.since(0, 10) == []
+
+
+def test_operation_lifecycle_and_command_events() -> None:
+    """Relayed command events move an operation forward; terminal states are final."""
+    registry, clock = make_registry()
+    token = registry.connect("edge-a", FakePeer(), HELLO)
+    op = Operation("op1", "edge-a", "x", "", {}, "", created_at=clock.seconds(), deadline_at=clock.seconds() + 10)
+    registry.start_operation(op, token)
+    registry.record_edge_event("edge-a", token, pb.EdgeEvent(kind="command.started", command_id="op1"))
+    # A late "accepted" after "running" does not move it back.
+    registry.record_edge_event("edge-a", token, pb.EdgeEvent(kind="command.accepted", command_id="op1"))
+    assert op.state == records.RUNNING
+    assert registry.advance_operation("edge-a", token, "op1", records.SUCCEEDED, result={"a": "b"})
+    assert not registry.advance_operation("edge-a", None, "op1", records.TIMED_OUT)
+    assert op.state == records.SUCCEEDED and op.result == {"a": "b"}
+    assert [h[0] for h in op.history] == ["sent", "running", "succeeded"]
+
+
+def test_operation_reply_from_other_connection_is_ignored() -> None:
+    """Only the connection an operation was sent on may finish it."""
+    registry, clock = make_registry()
+    first = registry.connect("edge-a", FakePeer(), HELLO)
+    op = Operation("op1", "edge-a", "x", "", {}, "", created_at=clock.seconds(), deadline_at=clock.seconds() + 10)
+    registry.start_operation(op, first)
+    second = registry.connect("edge-a", FakePeer(), HELLO)
+    assert not registry.advance_operation("edge-a", second, "op1", records.SUCCEEDED)
+    assert registry.advance_operation("edge-a", None, "op1", records.EDGE_DISCONNECTED)
+    assert op.state == records.EDGE_DISCONNECTED
+
+
+def test_operation_buffer_evicts_only_finished() -> None:
+    """A full operation buffer evicts the oldest finished operation and its key."""
+    buffer = OperationBuffer(2)
+    ops = [Operation(f"op{i}", "e", "x", "", {}, f"key{i}", created_at=i, deadline_at=i + 1) for i in range(3)]
+    buffer.add(ops[0])
+    buffer.add(ops[1])
+    buffer.add(ops[2])
+    assert len(buffer) == 3  # nothing finished yet: nothing evicted
+    ops[1].advance(records.SUCCEEDED, 5)
+    buffer.operation_finished()
+    assert [o.operation_id for o in buffer] == ["op0", "op2"]
+    assert buffer.by_key("key1") is None and buffer.dropped == 1
+    assert buffer.by_key("key2") is ops[2]
+
+
+class RegistryMachine(RuleBasedStateMachine):
+    """Connect / duplicate connect / stale close / late replies in any order.
+
+    The model: for each edge the newest accepted connection is current; a
+    close or reply from any other connection changes nothing.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = Clock()
+        self.registry = EdgeRegistry(self.clock, RegistryLimits(events_per_edge=10000))
+        self.tokens: list[tuple[str, int]] = []
+        self.current: dict[str, int] = {}
+        self.closed: set[int] = set()
+
+    edges = st.sampled_from(["a", "b", "c"])
+
+    @rule(edge=edges)
+    def connect(self, edge: str) -> None:
+        token = self.registry.connect(edge, FakePeer(), HELLO)
+        self.tokens.append((edge, token))
+        self.current[edge] = token
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data())
+    def close(self, data: st.DataObject) -> None:
+        edge, token = data.draw(st.sampled_from(self.tokens))
+        changed = self.registry.disconnect(edge, token, "closed")
+        expected = self.current.get(edge) == token and token not in self.closed
+        assert changed == expected
+        self.closed.add(token)
+        if expected:
+            del self.current[edge]
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data())
+    def late_status(self, data: st.DataObject) -> None:
+        edge, token = data.draw(st.sampled_from(self.tokens))
+        before = self.registry.get(edge).snapshot
+        result = self.registry.record_status(edge, token, pb.EdgeStatusResponse(edge_id=edge))
+        if self.current.get(edge) == token:
+            assert result is not None
+        else:
+            assert result is None and self.registry.get(edge).snapshot is before
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data())
+    def late_event(self, data: st.DataObject) -> None:
+        edge, token = data.draw(st.sampled_from(self.tokens))
+        last = self.registry.get(edge).events.last_sequence
+        result = self.registry.record_edge_event(edge, token, pb.EdgeEvent(kind="node.ready"))
+        if self.current.get(edge) == token:
+            assert result is not None and result.sequence == last + 1
+        else:
+            assert result is None and self.registry.get(edge).events.last_sequence == last
+
+    @rule()
+    def tick(self) -> None:
+        self.clock.advance(1)
+
+    @invariant()
+    def connected_matches_model(self) -> None:
+        for record in self.registry.edges():
+            assert record.connected == (record.edge_id in self.current)
+            if record.connected:
+                assert record.token == self.current[record.edge_id]
+        assert self.registry.connected_count == len(self.current)
+
+    @invariant()
+    def sequences_are_monotonic(self) -> None:
+        for record in self.registry.edges():
+            seqs = [e.sequence for e in record.events.since(0, 100000)]
+            assert seqs == list(range(1, len(seqs) + 1))
+
+
+TestRegistryMachine = RegistryMachine.TestCase

@@ -36,6 +36,10 @@ class Options(usage.Options):
             raise usage.UsageError(f"bad configuration: {e}") from None
 
 
+class BindError(RuntimeError):
+    """A listener could not bind its address."""
+
+
 class ListenerService(StreamServerEndpointService):
     """A listener that fails start-up if it cannot bind and reports its port."""
 
@@ -54,7 +58,7 @@ class ListenerService(StreamServerEndpointService):
         try:
             super().privilegedStartService()
         except Exception as e:
-            raise RuntimeError(f"cannot listen for {self._label} on {self._description}: {e}") from None
+            raise BindError(f"cannot listen for {self._label} on {self._description}: {e}") from None
         if self._waitingForPort is not None:
             self._waitingForPort.addCallback(self._bound)
 
@@ -72,6 +76,8 @@ class ListenerService(StreamServerEndpointService):
 
 class ControlPlaneService(MultiService):
     """The whole Control Plane; its parts are reachable for tests and tools."""
+
+    _log = Logger()
 
     def __init__(self, config: ControlPlaneConfig, reactor: Any) -> None:
         super().__init__()
@@ -96,6 +102,19 @@ class ControlPlaneService(MultiService):
         for listener in listeners:
             listener.setServiceParent(self)
 
+    #: Set by makeService: under twistd a bind failure ends the process
+    #: with one clear line and exit code 1 instead of a traceback.
+    exit_on_bind_failure = False
+
+    def privilegedStartService(self) -> None:
+        try:
+            super().privilegedStartService()
+        except BindError as e:
+            if not self.exit_on_bind_failure:
+                raise
+            self._log.error("start-up failed: {error}", error=str(e))
+            raise SystemExit(f"iop-control-plane: {e}") from None
+
     def port(self, label: str) -> int:
         """The bound TCP port of listener ``label`` (after start-up)."""
         return self.readiness.ports[label]
@@ -108,4 +127,6 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> ControlPlane
 
         reactor = default_reactor
     config = options.get("parsed_config") or load_config(options["config"], os.environ)
-    return ControlPlaneService(config, reactor)
+    service = ControlPlaneService(config, reactor)
+    service.exit_on_bind_failure = True
+    return service

@@ -1,0 +1,125 @@
+"""The Control Plane's edge wire protocol without sockets."""
+
+from __future__ import annotations
+
+import pytest
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+
+from twisted_iop.controlplane.edge_server import EdgeCredentials, EdgeWireFactory, EdgeWireProtocol
+from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.wire import PROTOCOL_MAJOR
+from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.peer import PeerSettings, frame, make_envelope
+
+from wire_frames import decode
+
+
+def connect(credentials: EdgeCredentials = EdgeCredentials()) -> tuple[EdgeWireProtocol, StringTransport, EdgeRegistry, Clock]:
+    """One edge-wire protocol on a StringTransport."""
+    clock = Clock()
+    registry = EdgeRegistry(clock)
+    factory = EdgeWireFactory(registry, clock, PeerSettings(hello_timeout_seconds=5), credentials)
+    protocol = factory.buildProtocol(None)  # type: ignore[arg-type]
+    transport = StringTransport()
+    protocol.makeConnection(transport)
+    return protocol, transport, registry, clock
+
+
+def hello_frame(edge_id: str, major: int = PROTOCOL_MAJOR, credential: str = "", **extra: object) -> bytes:
+    """A framed EdgeHelloRequest with request id 1."""
+    return frame(
+        make_envelope(
+            "edge_hello_request",
+            pb.EdgeHelloRequest(edge_id=edge_id, protocol_major=major, credential=credential, **extra),  # type: ignore[arg-type]
+            1,
+        )
+    )
+
+
+def test_valid_hello_byte_by_byte_enrolls() -> None:
+    """A hello fed one byte at a time is accepted and the edge is registered."""
+    protocol, transport, registry, _ = connect()
+    data = hello_frame("edge-a", labels={"site": "x"}, commands=[pb.CommandSpec(name="node.drain")])
+    for i in range(len(data)):
+        protocol.dataReceived(data[i : i + 1])
+    answer = decode(transport.value())[0]
+    assert answer.request_id == 1 and answer.edge_hello_response.accepted
+    assert answer.edge_hello_response.keepalive_deadline_ms == 45000
+    assert registry.get("edge-a").connected
+    assert registry.get("edge-a").command_names == ["node.drain"]
+
+
+@pytest.mark.parametrize(
+    "edge_id, major, code",
+    [
+        ("", PROTOCOL_MAJOR, "invalid_edge_id"),
+        ("has space", PROTOCOL_MAJOR, "invalid_edge_id"),
+        ("x" * 65, PROTOCOL_MAJOR, "invalid_edge_id"),
+        ("edge-a", PROTOCOL_MAJOR + 1, "unsupported_version"),
+        ("edge-a", 0, "unsupported_version"),
+    ],
+)
+def test_bad_hello_is_rejected_and_closed(edge_id: str, major: int, code: str) -> None:
+    """Malformed ids and unsupported versions get accepted=false, a reason, and a close."""
+    protocol, transport, registry, _ = connect()
+    protocol.dataReceived(hello_frame(edge_id, major))
+    answer = decode(transport.value())[0].edge_hello_response
+    assert not answer.accepted and answer.reason_code == code and answer.reason
+    assert answer.permanent
+    assert transport.disconnecting
+    assert list(registry.edges()) == []
+
+
+def test_wrong_credential_is_rejected() -> None:
+    """With per-edge credentials, a wrong one is refused; the right one is accepted."""
+    credentials = EdgeCredentials(per_edge={"edge-a": "s3cret"})
+    protocol, transport, registry, _ = connect(credentials)
+    protocol.dataReceived(hello_frame("edge-a", credential="guess"))
+    answer = decode(transport.value())[0].edge_hello_response
+    assert not answer.accepted and answer.reason_code == "bad_credential"
+    assert "guess" not in answer.reason and "s3cret" not in answer.reason
+    protocol, transport, registry, _ = connect(credentials)
+    protocol.dataReceived(hello_frame("edge-a", credential="s3cret"))
+    assert decode(transport.value())[0].edge_hello_response.accepted
+    # An edge without its own secret has no credential to match.
+    protocol, transport, registry, _ = connect(credentials)
+    protocol.dataReceived(hello_frame("edge-b", credential=""))
+    assert not decode(transport.value())[0].edge_hello_response.accepted
+
+
+def test_first_message_must_be_hello() -> None:
+    """Any other first message gets HELLO_REQUIRED and a close."""
+    protocol, transport, registry, _ = connect()
+    protocol.dataReceived(frame(make_envelope("edge_event", pb.EdgeEvent(kind="x"))))
+    assert decode(transport.value())[0].error.code == pb.ERROR_CODE_HELLO_REQUIRED
+    assert transport.disconnecting
+
+
+def test_hello_timeout() -> None:
+    """A connection that never says hello is closed at the hello deadline."""
+    protocol, transport, _, clock = connect()
+    clock.advance(5.1)
+    assert decode(transport.value())[0].error.code == pb.ERROR_CODE_HELLO_TIMEOUT
+    assert transport.disconnecting
+
+
+def test_unexpected_request_after_hello_gets_error_and_stays_open() -> None:
+    """A request the Control Plane does not serve is answered with an error, not a close."""
+    protocol, transport, registry, _ = connect()
+    protocol.dataReceived(hello_frame("edge-a"))
+    transport.clear()
+    protocol.dataReceived(frame(make_envelope("edge_status_request", pb.EdgeStatusRequest(), 5)))
+    answer = decode(transport.value())[0]
+    assert answer.request_id == 5 and answer.error.code == pb.ERROR_CODE_UNEXPECTED_MESSAGE
+    assert not transport.disconnecting
+
+
+def test_connection_loss_marks_edge_disconnected() -> None:
+    """Losing the transport disconnects the edge in the registry with a reason."""
+    protocol, transport, registry, _ = connect()
+    protocol.dataReceived(hello_frame("edge-a"))
+    protocol.connectionLost()
+    record = registry.get("edge-a")
+    assert not record.connected
+    assert record.events.since(0, 10)[-1].kind == "edge.disconnected"

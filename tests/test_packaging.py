@@ -1,0 +1,87 @@
+"""Packaging: the generated wire code matches the .proto, and both a regular
+and an editable install make twistd list the plugins."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_generated_wire_code_matches_proto(tmp_path: Path) -> None:
+    """Regenerating control_pb2 from proto/iop/control.proto gives the committed files."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{ROOT / 'proto' / 'iop'}",
+            f"--python_out={tmp_path}",
+            f"--pyi_out={tmp_path}",
+            str(ROOT / "proto" / "iop" / "control.proto"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    for name in ("control_pb2.py", "control_pb2.pyi"):
+        committed = (ROOT / "twisted_iop" / "wire" / name).read_text()
+        assert (tmp_path / name).read_text() == committed, f"{name} drifted: run `make proto`"
+
+
+def _venv_with_dependencies(path: Path) -> Path:
+    """A fresh venv that sees this environment's dependencies but not the project."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    python = path / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    # Dependencies come from the test environment's site-packages, through a
+    # .pth file, so the test needs no network; the project itself does not.
+    outer = sysconfig.get_paths()["purelib"]
+    (Path(site) / "outer.pth").write_text(outer + "\n")
+    return python
+
+
+@pytest.mark.parametrize("editable", [False, True], ids=["pip-install", "editable"])
+def test_install_registers_twistd_plugins(tmp_path: Path, editable: bool) -> None:
+    """After `pip install .` or `pip install -e .`, `twistd --help` lists iop-control-plane."""
+    python = _venv_with_dependencies(tmp_path / "venv")
+    source = tmp_path / "src"
+    shutil.copytree(
+        ROOT,
+        source,
+        ignore=shutil.ignore_patterns(".venv", ".git", "__pycache__", "build", "*.egg-info", "node_modules"),
+    )
+    args = [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-build-isolation"]
+    if editable:
+        args += ["-e", str(source), "--config-settings", "editable_mode=compat"]
+    else:
+        args += [str(source)]
+    env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")
+    install = subprocess.run(args, capture_output=True, text=True, env=env, cwd=str(tmp_path))
+    assert install.returncode == 0, install.stderr[-2000:]
+    helptext = subprocess.run(
+        [str(python), "-c", "import sys; sys.argv=['twistd','--help']; from twisted.scripts.twistd import run; run()"],
+        capture_output=True,
+        text=True,
+        cwd=str(tmp_path),
+    )
+    assert "iop-control-plane" in helptext.stdout, helptext.stdout + helptext.stderr
+    where = subprocess.run(
+        [str(python), "-c", "import twisted_iop; print(twisted_iop.__file__)"],
+        capture_output=True,
+        text=True,
+        cwd=str(tmp_path),
+    ).stdout
+    assert str(source) in where if editable else "site-packages" in where

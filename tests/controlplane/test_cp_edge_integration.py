@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import struct
 
@@ -294,3 +295,36 @@ async def test_relayed_events_are_recorded_with_sequences() -> None:
         await cp.stop()
 
 
+
+
+@pytest_twisted.ensureDeferred
+async def test_no_view_leaks_credentials_addresses_or_transport_internals() -> None:
+    """Every HTTP view, after real traffic, is free of credentials, peer addresses and tokens."""
+    secret = "edge-secret-Zq8"
+    cp = await start_control_plane(config_text=f"edge_wire: {{credentials: {{edge-a: {secret}}}}}")
+    try:
+        edge, response = await connect_edge(cp.edge_wire_port, "edge-a", credential=secret)
+        assert response is not None and response.accepted
+        local_port = str(edge.transport.getHost().port)
+        await cp.post_json("/edges/edge-a/commands", {"name": "node.drain", "target": "node-1", "idempotency_key": "k"})
+        edge.event("node.ready", node_id="node-1")
+        await eventually(lambda: cp.registry.get("edge-a").events.last_sequence >= 6, message="events")
+        operation_id = cp.registry.get("edge-a").operations.newest_first()[0].operation_id
+        views = [
+            "/healthz", "/readyz", "/edges", "/edges/edge-a", "/edges/edge-a/status", "/edges/edge-a/events",
+            "/edges/edge-a/operations", f"/edges/edge-a/operations/{operation_id}", "/edges/edge-a/commands",
+            "/fleet/status", "/fleet/events", "/fleet/operations",
+        ]
+        edge.transport.loseConnection()
+        await eventually(lambda: not cp.registry.get("edge-a").connected, message="disconnect")
+        # Once more while disconnected: the stale views are checked too.
+        for path in views + ["/edges/edge-a/status"]:
+            code, body = await cp.get_json(path)
+            text = json.dumps(body)
+            assert secret not in text, path
+            assert "127.0.0.1" not in text, path
+            assert f":{local_port}" not in text and f'"{local_port}"' not in text, path
+            for word in ("token", "credential", "request_id", "peer", "address", "host"):
+                assert f'"{word}' not in text, (path, word)
+    finally:
+        await cp.stop()

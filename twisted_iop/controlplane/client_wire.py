@@ -124,13 +124,13 @@ class ClientWireProtocol(WebSocketServerProtocol):
 
     # -- messages ----------------------------------------------------------------
 
-    def _send(self, body: str, message: Message, request_id: int = 0) -> None:
+    def _send_envelope(self, body: str, message: Message, request_id: int = 0) -> None:
         envelope = pb.ClientEnvelope(request_id=request_id)
         getattr(envelope, body).CopyFrom(message)
         self.sendMessage(envelope.SerializeToString(), isBinary=True)
 
-    def _send_error(self, code: int, message: str, request_id: int) -> None:
-        self._send("error", pb.Error(code=code, message=message), request_id)
+    def _send_error(self, code: pb.ErrorCode, message: str, request_id: int) -> None:
+        self._send_envelope("error", pb.Error(code=code, message=message), request_id)
 
     def _on_message(self, payload: bytes, is_binary: bool) -> None:
         if not is_binary:
@@ -152,7 +152,7 @@ class ClientWireProtocol(WebSocketServerProtocol):
             self._subscribe(envelope.subscribe_request, rid)
         elif body == "unsubscribe_request":
             self._unsubscribe()
-            self._send("subscribe_response", pb.SubscribeResponse(), rid)
+            self._send_envelope("subscribe_response", pb.SubscribeResponse(), rid)
         else:
             self._send_error(pb.ERROR_CODE_UNEXPECTED_MESSAGE, f"unexpected message {body or '(empty)'}", rid)
 
@@ -171,7 +171,7 @@ class ClientWireProtocol(WebSocketServerProtocol):
             protocol_minor=PROTOCOL_MINOR,
             features=FEATURES,
         )
-        self._send("client_hello_response", response, rid)
+        self._send_envelope("client_hello_response", response, rid)
         if reason:
             self._log.warn("client hello rejected: {reason}", reason=reason)
             self.sendClose(code=4001 if "token" in reason else 4002, reason=reason[:100])
@@ -200,7 +200,7 @@ class ClientWireProtocol(WebSocketServerProtocol):
         self._lost = 0
         first = buffer.first_sequence
         oldest = first if len(buffer) else 0
-        self._send(
+        self._send_envelope(
             "subscribe_response",
             pb.SubscribeResponse(edge_id=edge_id, last_sequence=buffer.last_sequence, oldest_sequence=oldest),
             rid,
@@ -209,7 +209,7 @@ class ClientWireProtocol(WebSocketServerProtocol):
             since = request.since_sequence
             if since + 1 < first:
                 missed = first - since - 1
-                self._send(
+                self._send_envelope(
                     "events_lost",
                     pb.EventsLost(count=missed, first_sequence=since + 1, last_sequence=first - 1, reason="resume_gap"),
                 )
@@ -254,15 +254,15 @@ class ClientWireProtocol(WebSocketServerProtocol):
                 reason="slow_consumer",
             )
             self._lost = 0
-            self._send("events_lost", lost)
+            self._send_envelope("events_lost", lost)
         while self._queue and not self.paused:
-            self._send("event", fleet_event_message(self._queue.popleft()))
+            self._send_envelope("event", fleet_event_message(self._queue.popleft()))
 
 
 class ClientWireFactory(WebSocketServerFactory):
     """Serves ``/client`` over one registry, with explicit Autobahn limits."""
 
-    protocol = ClientWireProtocol
+    protocol = ClientWireProtocol  # type: ignore[assignment]
 
     def __init__(self, registry: EdgeRegistry, settings: ClientWireSettings = ClientWireSettings()) -> None:
         super().__init__()

@@ -173,23 +173,24 @@ class EdgeWireProtocol(FramedPeerProtocol):
     def request_status(self, timeout: float) -> Deferred[pb.EdgeStatusResponse]:
         """Ask the edge for its status snapshot."""
         d = self.request("edge_status_request", pb.EdgeStatusRequest(), timeout)
-        return d.addCallback(_expect, "edge_status_response")
+        return d.addCallback(lambda envelope: _expect(envelope, "edge_status_response").edge_status_response)
 
     def request_command(self, request: pb.EdgeCommandRequest, timeout: float) -> Deferred[pb.EdgeCommandResponse]:
         """Send a command to the edge."""
         d = self.request("edge_command_request", request, timeout)
-        return d.addCallback(_expect, "edge_command_response")
+        return d.addCallback(lambda envelope: _expect(envelope, "edge_command_response").edge_command_response)
 
-    def disconnect(self, code: int, message: str) -> None:
+    def disconnect(self, code: pb.ErrorCode, message: str) -> None:
         """Close this connection with an error frame saying why."""
         self.fail_connection(code, message)
 
 
-def _expect(envelope: pb.Envelope, body: str) -> object:
+def _expect(envelope: pb.Envelope, body: str) -> pb.Envelope:
+    """``envelope`` if it carries ``body``; a RemoteError otherwise."""
     got = envelope.WhichOneof("body")
     if got != body:
         raise RemoteError(pb.ERROR_CODE_UNEXPECTED_MESSAGE, f"expected {body}, got {got}")
-    return getattr(envelope, body)
+    return envelope
 
 
 class EdgeWireFactory(Factory):
@@ -209,7 +210,7 @@ class EdgeWireFactory(Factory):
         self.connections: set[EdgeWireProtocol] = set()
         self.keepalive = KeepaliveSweeper(clock, settings, lambda: self.connections)
 
-    def buildProtocol(self, addr: IAddress) -> EdgeWireProtocol:
+    def buildProtocol(self, addr: Optional[IAddress]) -> EdgeWireProtocol:  # type: ignore[override]
         return EdgeWireProtocol(self)
 
     def startFactory(self) -> None:

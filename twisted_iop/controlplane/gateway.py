@@ -144,7 +144,7 @@ class EdgeGateway:
             else:
                 deliver(snapshot)
 
-        def deliver(outcome: object) -> None:
+        def deliver(outcome: StatusSnapshot | Failure) -> None:
             if record.status_waiters is waiters:
                 record.status_waiters = None
             for w in waiters:

@@ -189,7 +189,9 @@ class ControlPlaneHttp:
 
     @app.handle_errors(BadRequest)
     def _bad_request(self, request: IRequest, failure: Failure) -> bytes:
-        return error_body(request, 400, failure.value.code, str(failure.value))
+        error = failure.value
+        assert isinstance(error, BadRequest)
+        return error_body(request, 400, error.code, str(error))
 
     @app.handle_errors(UnknownCommand)
     def _unknown_command(self, request: IRequest, failure: Failure) -> bytes:
@@ -442,7 +444,7 @@ class ControlPlaneHttp:
         totals = views.empty_totals()
         totals["edges_known"] = len(rows)
         totals["edges_connected"] = 0
-        items = []
+        items: list[dict[str, Any]] = []
         for row in rows:
             fresh = row.state == "ok" and row.snapshot is not None
             if row.record.connected:

@@ -36,7 +36,7 @@ class EdgePeer(Protocol):
     def request_command(self, request: pb.EdgeCommandRequest, timeout: float) -> "Deferred[pb.EdgeCommandResponse]":
         """Send a command to the edge."""
 
-    def disconnect(self, code: int, message: str) -> None:
+    def disconnect(self, code: pb.ErrorCode, message: str) -> None:
         """Close the connection, telling the edge why."""
 
 

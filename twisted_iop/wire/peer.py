@@ -213,7 +213,7 @@ class FramedPeerProtocol(Int32StringReceiver):
             return
         self.sendString(make_envelope(body, message, request_id).SerializeToString())
 
-    def send_error(self, code: int, message: str, request_id: int = 0) -> None:
+    def send_error(self, code: pb.ErrorCode, message: str, request_id: int = 0) -> None:
         """Send an ``Error`` frame (as the answer to ``request_id``)."""
         self.send("error", pb.Error(code=code, message=message), request_id)
 
@@ -266,7 +266,7 @@ class FramedPeerProtocol(Int32StringReceiver):
 
     # -- closing, hello and keepalive ---------------------------------------------
 
-    def fail_connection(self, code: int, message: str, request_id: int = 0) -> None:
+    def fail_connection(self, code: pb.ErrorCode, message: str, request_id: int = 0) -> None:
         """Send an error frame, then close; abort if the close stalls."""
         if self.closing:
             return

@@ -13,6 +13,7 @@ from twisted.internet.protocol import Protocol
 
 from scripted_edge import connect_edge
 from support import eventually, start_control_plane
+from wire_frames import decode
 from twisted_iop.wire import control_pb2 as pb
 
 
@@ -35,18 +36,6 @@ async def raw_connect(port: int) -> RawClient:
     client = RawClient()
     await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port), client)
     return client
-
-
-def decode_frames(data: bytes) -> list[pb.Envelope]:
-    """Split a byte stream into envelopes."""
-    out = []
-    while len(data) >= 4:
-        (length,) = struct.unpack(">I", data[:4])
-        envelope = pb.Envelope()
-        envelope.ParseFromString(data[4 : 4 + length])
-        out.append(envelope)
-        data = data[4 + length :]
-    return out
 
 
 @pytest_twisted.ensureDeferred
@@ -225,9 +214,9 @@ async def test_hostile_connections_are_closed_and_others_keep_working() -> None:
         garbage.transport.write(struct.pack(">I", 12) + b"\xff" * 12)
         silent = await raw_connect(cp.edge_wire_port)
         await eventually(lambda: huge.closed and garbage.closed and silent.closed, timeout=5, message="closes")
-        assert decode_frames(huge.received)[0].error.code == pb.ERROR_CODE_FRAME_TOO_LARGE
-        assert decode_frames(garbage.received)[0].error.code == pb.ERROR_CODE_MALFORMED_FRAME
-        assert decode_frames(silent.received)[0].error.code == pb.ERROR_CODE_HELLO_TIMEOUT
+        assert decode(huge.received)[0].error.code == pb.ERROR_CODE_FRAME_TOO_LARGE
+        assert decode(garbage.received)[0].error.code == pb.ERROR_CODE_MALFORMED_FRAME
+        assert decode(silent.received)[0].error.code == pb.ERROR_CODE_HELLO_TIMEOUT
         code, status = await cp.get_json("/edges/edge-good/status")
         assert code == 200 and status["connected"]
         good.transport.loseConnection()

@@ -10,6 +10,7 @@ from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 
 from twisted_iop.wire import control_pb2 as pb
+from wire_frames import decode
 from twisted_iop.wire.peer import (
     FramedPeerProtocol,
     KeepaliveSweeper,
@@ -48,15 +49,7 @@ def connected(settings: PeerSettings = PeerSettings()) -> tuple[Recorder, String
 
 def sent(transport: StringTransport) -> list[pb.Envelope]:
     """Decode everything written to ``transport``."""
-    data = transport.value()
-    out = []
-    while data:
-        (length,) = struct.unpack(">I", data[:4])
-        envelope = pb.Envelope()
-        envelope.ParseFromString(data[4 : 4 + length])
-        out.append(envelope)
-        data = data[4 + length :]
-    return out
+    return decode(transport.value())
 
 
 def event_frame(kind: str) -> bytes:

@@ -61,13 +61,34 @@ class NotFound(Exception):
 class Unauthorized(Exception):
     """An API token is needed."""
 
+    def __str__(self) -> str:
+        return "an API token is required (Authorization: Bearer ...)"
+
 
 class Forbidden(Exception):
     """The API token is wrong."""
 
+    def __str__(self) -> str:
+        return "the API token is not valid"
+
 
 class BodyTooLarge(Exception):
     """The request body is larger than the limit."""
+
+
+#: Domain errors and the HTTP status and stable code each maps to.
+DOMAIN_ERRORS: dict[type[Exception], tuple[int, str]] = {
+    UnknownCommand: (400, "unknown_command"),
+    Unauthorized: (401, "unauthorized"),
+    Forbidden: (403, "forbidden"),
+    UnknownEdge: (404, "unknown_edge"),
+    NotFound: (404, "not_found"),
+    EdgeNotConnected: (409, "edge_not_connected"),
+    BodyTooLarge: (413, "body_too_large"),
+    EdgeErrorAnswer: (502, "edge_error"),
+    EdgeDisconnected: (503, "edge_disconnected"),
+    EdgeTimeout: (504, "edge_timeout"),
+}
 
 
 @attrs.define
@@ -193,46 +214,16 @@ class ControlPlaneHttp:
         assert isinstance(error, BadRequest)
         return error_body(request, 400, error.code, str(error))
 
-    @app.handle_errors(UnknownCommand)
-    def _unknown_command(self, request: IRequest, failure: Failure) -> bytes:
-        return error_body(request, 400, "unknown_command", str(failure.value))
-
-    @app.handle_errors(Unauthorized)
-    def _unauthorized(self, request: IRequest, failure: Failure) -> bytes:
-        request.setHeader(b"WWW-Authenticate", b'Bearer realm="iop"')
-        return error_body(request, 401, "unauthorized", "an API token is required (Authorization: Bearer ...)")
-
-    @app.handle_errors(Forbidden)
-    def _forbidden(self, request: IRequest, failure: Failure) -> bytes:
-        return error_body(request, 403, "forbidden", "the API token is not valid")
-
-    @app.handle_errors(UnknownEdge)
-    def _unknown_edge(self, request: IRequest, failure: Failure) -> bytes:
-        return error_body(request, 404, "unknown_edge", str(failure.value))
-
-    @app.handle_errors(NotFound)
-    def _not_found(self, request: IRequest, failure: Failure) -> bytes:
-        return error_body(request, 404, "not_found", str(failure.value) or "no such resource")
-
-    @app.handle_errors(BodyTooLarge)
-    def _too_large(self, request: IRequest, failure: Failure) -> bytes:
-        return error_body(request, 413, "body_too_large", str(failure.value))
-
-    @app.handle_errors(EdgeNotConnected)
-    def _not_connected(self, request: IRequest, failure: Failure) -> bytes:
-        return error_body(request, 409, "edge_not_connected", str(failure.value))
-
-    @app.handle_errors(EdgeErrorAnswer)
-    def _edge_error(self, request: IRequest, failure: Failure) -> bytes:
-        return error_body(request, 502, "edge_error", str(failure.value))
-
-    @app.handle_errors(EdgeDisconnected)
-    def _edge_disconnected(self, request: IRequest, failure: Failure) -> bytes:
-        return error_body(request, 503, "edge_disconnected", str(failure.value))
-
-    @app.handle_errors(EdgeTimeout)
-    def _edge_timeout(self, request: IRequest, failure: Failure) -> bytes:
-        return error_body(request, 504, "edge_timeout", str(failure.value))
+    @app.handle_errors(*DOMAIN_ERRORS)
+    def _domain_error(self, request: IRequest, failure: Failure) -> bytes:
+        error = failure.value
+        assert error is not None
+        for kind, (status, code) in DOMAIN_ERRORS.items():
+            if isinstance(error, kind):
+                if kind is Unauthorized:
+                    request.setHeader(b"WWW-Authenticate", b'Bearer realm="iop"')
+                return error_body(request, status, code, str(error))
+        raise error
 
     @app.handle_errors(Exception)
     def _internal(self, request: IRequest, failure: Failure) -> bytes:

@@ -57,6 +57,9 @@ class ScriptedEdge(FramedPeerProtocol):
         self.command_behaviour = "succeed"
         self.commands_seen: list[pb.EdgeCommandRequest] = []
         self.status_requests = 0
+        #: With hold_status, status requests wait here until release_status().
+        self.hold_status = False
+        self.held: list[int] = []
         self.lost: Deferred[None] = Deferred()
         self.errors: list[pb.Error] = []
 
@@ -81,10 +84,19 @@ class ScriptedEdge(FramedPeerProtocol):
             pb.EdgeEvent(kind=kind, node_id=node_id, command_id=command_id, message=message, occurred_at_ms=1_700_000_000_000),
         )
 
+    def release_status(self) -> None:
+        """Answer every held status request."""
+        held, self.held = self.held, []
+        for rid in held:
+            self.send("edge_status_response", snapshot(self.edge_id), rid)
+
     def envelope_received(self, envelope: pb.Envelope, body: str) -> None:
         rid = envelope.request_id
         if body == "edge_status_request":
             self.status_requests += 1
+            if self.hold_status:
+                self.held.append(rid)
+                return
             answer = self.status()
             if answer is not None:
                 self.send("edge_status_response", answer, rid)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,7 @@ def test_make_service_listens_where_configured(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("IOP_EDGE_WIRE_LISTEN", "tcp:17443:interface=127.0.0.1")
     monkeypatch.setenv("IOP_HTTP_LISTEN", "tcp:18080:interface=127.0.0.1")
     monkeypatch.delenv("IOP_WIRE_LISTEN", raising=False)
+    threshold = gc.get_threshold()
     options = tap.Options()
     options.parseOptions([])
     reactor = MemoryReactor()
@@ -103,5 +105,9 @@ def test_make_service_listens_where_configured(monkeypatch: pytest.MonkeyPatch) 
     service.startService()
     ports = sorted((port, interface) for port, _, _, interface in reactor.tcpServers)
     assert ports == [(8081, "127.0.0.1"), (17443, "127.0.0.1"), (18080, "127.0.0.1")]
+    assert {backlog for _, _, backlog, _ in reactor.tcpServers} == {1024}
     assert service.readiness.ready
     service.stopService()
+    # makeService tunes the collector for the daemon; undo it for this process.
+    gc.unfreeze()
+    gc.set_threshold(*threshold)

@@ -250,13 +250,17 @@ async def test_fleet_status_marks_only_the_slow_edge() -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_concurrent_status_callers_share_one_request() -> None:
-    """Three concurrent status views of one edge cause one EdgeStatusRequest."""
+    """Three status views in flight at once for one edge cause one EdgeStatusRequest."""
     cp = await start_control_plane()
     try:
-        edge, _ = await connect_edge(cp.edge_wire_port, "edge-a")
-        from twisted.internet.defer import gatherResults, ensureDeferred
+        edge, _ = await connect_edge(cp.edge_wire_port, "edge-a", hold_status=True)
+        from twisted.internet.defer import ensureDeferred, gatherResults
 
-        results = await gatherResults([ensureDeferred(cp.get_json("/edges/edge-a/status")) for _ in range(3)])
+        views = [ensureDeferred(cp.get_json("/edges/edge-a/status")) for _ in range(3)]
+        record = cp.registry.get("edge-a")
+        await eventually(lambda: len(record.status_waiters or []) == 3, message="three waiting views")
+        edge.release_status()
+        results = await gatherResults(views)
         assert [code for code, _ in results] == [200, 200, 200]
         assert edge.status_requests == 1
         edge.transport.loseConnection()

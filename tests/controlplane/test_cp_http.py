@@ -28,7 +28,7 @@ class AnsweringPeer:
         self.last_received = 0.0
         self.commands: list[pb.EdgeCommandRequest] = []
 
-    def request_status(self, timeout: float) -> Deferred[pb.EdgeStatusResponse]:
+    def request_status(self, timeout: float, own_deadline: bool = True) -> Deferred[pb.EdgeStatusResponse]:
         return succeed(snapshot(self.edge_id))
 
     def request_command(self, request: pb.EdgeCommandRequest, timeout: float) -> Deferred[pb.EdgeCommandResponse]:

@@ -107,6 +107,7 @@ class ClientWireProtocol(WebSocketServerProtocol):
             raise ConnectionDeny(404, f"no WebSocket at {path}; use {self.factory.settings.path}")
 
     def onOpen(self) -> None:
+        self.factory.connections.add(self)
         try:
             self.registerProducer(_FlowControl(self), True)
         except Exception:
@@ -120,6 +121,7 @@ class ClientWireProtocol(WebSocketServerProtocol):
             self._send_error(pb.ERROR_CODE_INTERNAL, "internal error", 0)
 
     def onClose(self, wasClean: bool, code: Optional[int], reason: Optional[str]) -> None:
+        self.factory.connections.discard(self)
         self._unsubscribe()
 
     # -- messages ----------------------------------------------------------------
@@ -268,6 +270,7 @@ class ClientWireFactory(WebSocketServerFactory):
         super().__init__()
         self.registry = registry
         self.settings = settings
+        self.connections: set[ClientWireProtocol] = set()
         self.setProtocolOptions(
             maxFramePayloadSize=settings.max_message_bytes,
             maxMessagePayloadSize=settings.max_message_bytes,
@@ -275,3 +278,8 @@ class ClientWireFactory(WebSocketServerFactory):
             autoPingTimeout=settings.auto_ping_timeout_seconds,
             failByDrop=False,
         )
+
+    def close_all(self) -> None:
+        """Close every client connection (the Control Plane is stopping)."""
+        for connection in list(self.connections):
+            connection.sendClose(code=1001, reason="the Control Plane is shutting down")

@@ -170,10 +170,10 @@ class EdgeWireProtocol(FramedPeerProtocol):
 
     # -- the EdgePeer interface ------------------------------------------------
 
-    def request_status(self, timeout: float) -> Deferred[pb.EdgeStatusResponse]:
+    def request_status(self, timeout: float, own_deadline: bool = True) -> Deferred[pb.EdgeStatusResponse]:
         """Ask the edge for its status snapshot."""
-        d = self.request("edge_status_request", pb.EdgeStatusRequest(), timeout)
-        return d.addCallback(lambda envelope: _expect(envelope, "edge_status_response").edge_status_response)
+        d = self.request("edge_status_request", _STATUS_REQUEST, timeout, deadline=own_deadline)
+        return d.addCallback(_status_response)
 
     def request_command(self, request: pb.EdgeCommandRequest, timeout: float) -> Deferred[pb.EdgeCommandResponse]:
         """Send a command to the edge."""
@@ -183,6 +183,13 @@ class EdgeWireProtocol(FramedPeerProtocol):
     def disconnect(self, code: pb.ErrorCode, message: str) -> None:
         """Close this connection with an error frame saying why."""
         self.fail_connection(code, message)
+
+
+_STATUS_REQUEST = pb.EdgeStatusRequest()
+
+
+def _status_response(envelope: pb.Envelope) -> pb.EdgeStatusResponse:
+    return _expect(envelope, "edge_status_response").edge_status_response
 
 
 def _expect(envelope: pb.Envelope, body: str) -> pb.Envelope:
@@ -212,6 +219,11 @@ class EdgeWireFactory(Factory):
 
     def buildProtocol(self, addr: Optional[IAddress]) -> EdgeWireProtocol:  # type: ignore[override]
         return EdgeWireProtocol(self)
+
+    def close_all(self, reason: str) -> None:
+        """Close every connection (the Control Plane is stopping)."""
+        for connection in list(self.connections):
+            connection.fail_connection(pb.ERROR_CODE_SHUTTING_DOWN, reason)
 
     def startFactory(self) -> None:
         self.keepalive.start()

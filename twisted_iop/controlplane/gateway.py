@@ -12,8 +12,8 @@ import uuid
 from typing import Optional
 
 import attrs
-from twisted.internet.defer import Deferred, DeferredList, fail, succeed
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.defer import CancelledError, Deferred, fail, succeed
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -62,6 +62,10 @@ class UnknownCommand(Exception):
         self.edge_id = edge_id
 
 
+#: Status requests a fleet fan-out issues per reactor turn.
+FANOUT_SLICE = 500
+
+
 @attrs.frozen
 class StatusRow:
     """One edge's line in a fleet status: a fresh snapshot or why not."""
@@ -73,8 +77,28 @@ class StatusRow:
     error_message: str = ""
 
 
+@attrs.define(eq=False)
+class _FanOut:
+    """One fleet status round in progress."""
+
+    records: list[EdgeRecord]
+    result: Deferred[list[StatusRow]]
+    rows: list[Optional[StatusRow]] = attrs.field(init=False)
+    pending: list[int] = attrs.field(factory=list)
+    remaining: int = 0
+    issued: int = 0
+    done: bool = False
+    deadline: Optional[IDelayedCall] = None
+
+    def __attrs_post_init__(self) -> None:
+        self.rows = [None] * len(self.records)
+
+    def finished_rows(self) -> list[StatusRow]:
+        return [row for row in self.rows if row is not None]
+
+
 def _translate(edge_id: str, seconds: float, failure: Failure) -> Failure:
-    if failure.check(RequestTimeout):
+    if failure.check(RequestTimeout, CancelledError):
         return Failure(EdgeTimeout(edge_id, seconds))
     if failure.check(PeerDisconnected):
         return Failure(EdgeDisconnected(edge_id))
@@ -124,76 +148,126 @@ class EdgeGateway:
             return fail()
         return self._status_of(record)
 
-    def _status_of(self, record: EdgeRecord) -> Deferred[StatusSnapshot]:
+    def _status_of(self, record: EdgeRecord, own_deadline: bool = True) -> Deferred[StatusSnapshot]:
+        """Join the edge's in-flight status request, or start one.
+
+        With ``own_deadline=False`` the request has no timer of its own:
+        the caller (a fleet fan-out) cancels it at its round's deadline,
+        which saves one timer per edge per round.
+        """
         if record.token is None or record.peer is None:
             return fail(EdgeNotConnected(record.edge_id))
         waiter: Deferred[StatusSnapshot] = Deferred()
         if record.status_waiters is not None:
             record.status_waiters.append(waiter)
             return waiter
-        waiters = record.status_waiters = [waiter]
-        token = record.token
-        seconds = self.status_timeout_seconds
-        edge_id = record.edge_id
-
-        def answered(response: pb.EdgeStatusResponse) -> None:
-            snapshot = self._registry.record_status(edge_id, token, response)
-            if snapshot is None:
-                # The connection was superseded while we waited.
-                deliver(Failure(EdgeDisconnected(edge_id)))
-            else:
-                deliver(snapshot)
-
-        def deliver(outcome: StatusSnapshot | Failure) -> None:
-            if record.status_waiters is waiters:
-                record.status_waiters = None
-            for w in waiters:
-                if isinstance(outcome, Failure):
-                    w.errback(outcome)
-                else:
-                    w.callback(outcome)
-
-        d = record.peer.request_status(seconds)
-        d.addCallbacks(answered, lambda f: deliver(_translate(edge_id, seconds, f)))
+        record.status_waiters = [waiter]
+        request = record.peer.request_status(self.status_timeout_seconds, own_deadline)
+        record.status_request = request
+        request.addCallbacks(
+            self._status_answered,
+            self._status_failed,
+            callbackArgs=(record, record.token),
+            errbackArgs=(record,),
+        )
         return waiter
+
+    def _status_answered(self, response: pb.EdgeStatusResponse, record: EdgeRecord, token: int) -> None:
+        snapshot = self._registry.record_status(record.edge_id, token, response)
+        if snapshot is None:
+            # The connection was superseded while we waited.
+            self._deliver(record, Failure(EdgeDisconnected(record.edge_id)))
+        else:
+            self._deliver(record, snapshot)
+
+    def _status_failed(self, failure: Failure, record: EdgeRecord) -> None:
+        self._deliver(record, _translate(record.edge_id, self.status_timeout_seconds, failure))
+
+    def _deliver(self, record: EdgeRecord, outcome: StatusSnapshot | Failure) -> None:
+        waiters = record.status_waiters or []
+        record.status_waiters = None
+        record.status_request = None
+        for waiter in waiters:
+            if isinstance(outcome, Failure):
+                waiter.errback(outcome)
+            else:
+                waiter.callback(outcome)
 
     def fleet_status(self) -> Deferred[list[StatusRow]]:
         """A status row for every known edge, asked of all at once.
 
-        One slow or failing edge marks only its own row.
+        Requests go out in slices of :data:`FANOUT_SLICE` per reactor turn,
+        so answers are read while later slices are still being sent and the
+        reactor keeps serving everything else. One deadline covers the
+        round; one slow or failing edge marks only its own row.
         """
         records_ = sorted(self._registry.edges(), key=lambda r: r.edge_id)
-        rows: list[Optional[StatusRow]] = [None] * len(records_)
-        waits: list[Deferred[None]] = []
+        fanout = _FanOut(records_, Deferred())
         for index, record in enumerate(records_):
             if record.token is None:
-                rows[index] = StatusRow(record, "disconnected", record.snapshot)
-                continue
+                fanout.rows[index] = StatusRow(record, "disconnected", record.snapshot)
+            else:
+                fanout.pending.append(index)
+        if not fanout.pending:
+            return succeed(fanout.finished_rows())
+        fanout.remaining = len(fanout.pending)
+        fanout.deadline = self._clock.callLater(self.status_timeout_seconds, self._fanout_deadline, fanout)
+        self._issue_slice(fanout, 0)
+        return fanout.result
 
-            def ok(snapshot: StatusSnapshot, index: int = index, record: EdgeRecord = record) -> None:
-                rows[index] = StatusRow(record, "ok", snapshot)
+    def _issue_slice(self, fanout: "_FanOut", start: int) -> None:
+        indices = fanout.pending[start : start + FANOUT_SLICE]
+        for index in indices:
+            if fanout.done:
+                return
+            d = self._status_of(fanout.records[index], own_deadline=False)
+            d.addCallbacks(self._row_ok, self._row_failed, callbackArgs=(fanout, index), errbackArgs=(fanout, index))
+        if start + FANOUT_SLICE < len(fanout.pending) and not fanout.done:
+            fanout.issued = start + FANOUT_SLICE
+            self._clock.callLater(0, self._issue_slice, fanout, start + FANOUT_SLICE)
+        else:
+            fanout.issued = len(fanout.pending)
 
-            def bad(failure: Failure, index: int = index, record: EdgeRecord = record) -> None:
-                if failure.check(EdgeTimeout):
-                    code = "edge_timeout"
-                elif failure.check(EdgeDisconnected, EdgeNotConnected):
-                    rows[index] = StatusRow(record, "disconnected", record.snapshot)
-                    return
-                else:
-                    code = "edge_error"
-                rows[index] = StatusRow(
-                    record,
-                    "timeout" if code == "edge_timeout" else "error",
-                    record.snapshot,
-                    code,
-                    str(failure.value),
+    def _row_ok(self, snapshot: StatusSnapshot, fanout: "_FanOut", index: int) -> None:
+        fanout.rows[index] = StatusRow(fanout.records[index], "ok", snapshot)
+        self._row_done(fanout)
+
+    def _row_failed(self, failure: Failure, fanout: "_FanOut", index: int) -> None:
+        record = fanout.records[index]
+        if failure.check(EdgeDisconnected, EdgeNotConnected):
+            fanout.rows[index] = StatusRow(record, "disconnected", record.snapshot)
+        elif failure.check(EdgeTimeout):
+            fanout.rows[index] = StatusRow(record, "timeout", record.snapshot, "edge_timeout", str(failure.value))
+        else:
+            fanout.rows[index] = StatusRow(record, "error", record.snapshot, "edge_error", str(failure.value))
+        self._row_done(fanout)
+
+    def _row_done(self, fanout: "_FanOut") -> None:
+        fanout.remaining -= 1
+        if fanout.remaining == 0 and not fanout.done:
+            fanout.done = True
+            if fanout.deadline is not None and fanout.deadline.active():
+                fanout.deadline.cancel()
+            fanout.result.callback(fanout.finished_rows())
+
+    def _fanout_deadline(self, fanout: "_FanOut") -> None:
+        fanout.deadline = None
+        for index in fanout.pending[: fanout.issued]:
+            if fanout.done:
+                return
+            if fanout.rows[index] is None:
+                request = fanout.records[index].status_request
+                if request is not None:
+                    request.cancel()
+        # Slices not yet issued when the deadline hit (a reactor starved
+        # for the whole timeout) are timeouts too.
+        for index in fanout.pending[fanout.issued :]:
+            if fanout.done:
+                return
+            if fanout.rows[index] is None:
+                self._row_failed(
+                    Failure(EdgeTimeout(fanout.records[index].edge_id, self.status_timeout_seconds)), fanout, index
                 )
-
-            waits.append(self._status_of(record).addCallbacks(ok, bad))
-        if not waits:
-            return succeed([r for r in rows if r is not None])
-        done = DeferredList(waits, consumeErrors=True)
-        return done.addCallback(lambda _: [r for r in rows if r is not None])
 
     # -- commands --------------------------------------------------------------
 

@@ -432,36 +432,33 @@ class ControlPlaneHttp:
         limit = _int_arg(request, "limit", MAX_PAGE, 1, 10000)
         cursor = _arg(request, "cursor") or ""
         rows = await self._gateway.fleet_status()
-        totals = views.empty_totals()
-        totals["edges_known"] = len(rows)
-        totals["edges_connected"] = 0
+        totals = [0] * views.COUNTS_LEN
+        edges_connected = 0
         items: list[dict[str, Any]] = []
         for row in rows:
+            record = row.record
             fresh = row.state == "ok" and row.snapshot is not None
-            if row.record.connected:
-                totals["edges_connected"] += 1
-            summary = views.snapshot_totals(row.snapshot) if row.snapshot is not None else None
-            if fresh and summary is not None:
-                views.add_totals(totals, summary)
-            if row.record.edge_id <= cursor or len(items) >= limit:
+            if record.connected:
+                edges_connected += 1
+            counts = views.snapshot_counts(row.snapshot) if row.snapshot is not None else views.EMPTY_COUNTS
+            if fresh:
+                views.add_counts(totals, counts)
+            if record.edge_id <= cursor or len(items) >= limit:
                 continue
-            counts = summary or views.empty_totals()
-            items.append(
-                {
-                    "edge_id": row.record.edge_id,
-                    "connected": row.record.connected,
-                    "state": row.state,
-                    "error": {"code": row.error_code, "message": row.error_message} if row.error_code else None,
-                    "received_at": views.iso(row.snapshot.received_at) if row.snapshot else None,
-                    "stale": not fresh,
-                    "labels": dict(row.record.hello.labels),
-                    "nodes_connected": counts["nodes_connected"],
-                    "nodes_configured": counts["nodes_configured"],
-                    "providers": counts["providers"],
-                    "general": dict(counts["general"]),
-                    "long_context": dict(counts["long_context"]),
-                }
-            )
+            item = {
+                "edge_id": record.edge_id,
+                "connected": record.connected,
+                "state": row.state,
+                "error": {"code": row.error_code, "message": row.error_message} if row.error_code else None,
+                "received_at": views.iso(row.snapshot.received_at) if row.snapshot else None,
+                "stale": not fresh,
+                "labels": dict(record.hello.labels),
+            }
+            item.update(views.row_counts_json(counts))
+            items.append(item)
+        summary = views.counts_json(totals)
+        summary["edges_known"] = len(rows)
+        summary["edges_connected"] = edges_connected
         remaining = [r for r in rows if r.record.edge_id > cursor]
         next_cursor = items[-1]["edge_id"] if len(remaining) > len(items) and items else None
         return _json(
@@ -472,7 +469,7 @@ class ControlPlaneHttp:
                 "items": items,
                 "total": len(rows),
                 "next_cursor": next_cursor,
-                "totals": totals,
+                "totals": summary,
             },
         )
 

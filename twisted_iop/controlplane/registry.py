@@ -30,8 +30,8 @@ class EdgePeer(Protocol):
 
     last_received: float
 
-    def request_status(self, timeout: float) -> "Deferred[pb.EdgeStatusResponse]":
-        """Ask the edge for a status snapshot."""
+    def request_status(self, timeout: float, own_deadline: bool = True) -> "Deferred[pb.EdgeStatusResponse]":
+        """Ask the edge for a status snapshot (without a timer if not ``own_deadline``)."""
 
     def request_command(self, request: pb.EdgeCommandRequest, timeout: float) -> "Deferred[pb.EdgeCommandResponse]":
         """Send a command to the edge."""
@@ -84,7 +84,7 @@ class StatusSnapshot:
     received_at: float
     #: JSON rendering, computed once on first use (see json_views).
     rendered: Optional[dict[str, Any]] = None
-    summary: Optional[dict[str, Any]] = None
+    counts: Optional[tuple[int, ...]] = None
 
 
 @attrs.define(eq=False)
@@ -103,6 +103,8 @@ class EdgeRecord:
     enrollments: int = 0
     snapshot: Optional[StatusSnapshot] = None
     status_waiters: Optional[list[Deferred[StatusSnapshot]]] = None
+    #: The in-flight status request shared by ``status_waiters``.
+    status_request: Optional[Deferred[pb.EdgeStatusResponse]] = None
     #: Operation id -> the token of the connection it was sent on.
     operation_tokens: dict[str, int] = attrs.field(factory=dict)
 

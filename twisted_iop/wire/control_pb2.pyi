@@ -22,6 +22,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_CODE_UNKNOWN_COMMAND: _ClassVar[ErrorCode]
     ERROR_CODE_INVALID_ARGUMENT: _ClassVar[ErrorCode]
     ERROR_CODE_UNAUTHENTICATED: _ClassVar[ErrorCode]
+    ERROR_CODE_SHUTTING_DOWN: _ClassVar[ErrorCode]
 
 class ProviderStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -58,6 +59,7 @@ ERROR_CODE_INTERNAL: ErrorCode
 ERROR_CODE_UNKNOWN_COMMAND: ErrorCode
 ERROR_CODE_INVALID_ARGUMENT: ErrorCode
 ERROR_CODE_UNAUTHENTICATED: ErrorCode
+ERROR_CODE_SHUTTING_DOWN: ErrorCode
 PROVIDER_STATUS_UNSPECIFIED: ProviderStatus
 PROVIDER_STATUS_AVAILABLE: ProviderStatus
 PROVIDER_STATUS_DRAINED: ProviderStatus

@@ -1,0 +1,113 @@
+"""edge.yaml parsing: defaults, overrides and errors that name the field."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+from edge_testing import edge_mapping
+
+from twisted_iop.configuration import ConfigError
+from twisted_iop.edge.config import load_edge_config, parse_edge_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_sample_config_parses() -> None:
+    """configs/edge.yaml is valid and matches the Control Plane defaults."""
+    config = load_edge_config(str(REPO / "configs" / "edge.yaml"), environ={})
+    assert config.control_plane.address == "tcp:host=127.0.0.1:port=7443"
+    assert config.node_server.listen == "tcp:7444:interface=127.0.0.1"
+    assert [n.node_id for n in config.nodes] == ["node-1", "node-2"]
+    assert config.source_path is not None
+
+
+def test_values_are_read() -> None:
+    """Every section reaches the frozen config."""
+    config = parse_edge_config(edge_mapping(backoff={"initial_seconds": 0.1, "max_seconds": 2}, outbox_size=5))
+    assert config.control_plane.edge_id == "edge-a"
+    assert config.control_plane.backoff.initial_seconds == 0.1
+    assert config.control_plane.backoff.max_seconds == 2
+    assert config.control_plane.outbox_size == 5
+    assert config.control_plane.labels == {"site": "lab"}
+    node2 = config.node("node-2")
+    assert node2 is not None and node2.credential == "s3cret"
+    assert node2.providers[0].models == ("llama-3-8b", "qwen-2-7b")
+    assert node2.providers[0].long_context_capacity == 2
+
+
+def test_credential_not_in_repr() -> None:
+    """Credentials never show up in a config's repr (and so in logs)."""
+    config = parse_edge_config(edge_mapping(credential="topsecret"))
+    assert "topsecret" not in repr(config)
+    assert "s3cret" not in repr(config)
+
+
+def test_environment_overrides_addresses() -> None:
+    """IOP_CONTROL_PLANE_EDGE_WIRE and IOP_EDGE_NODE_LISTEN win over the file."""
+    config = parse_edge_config(
+        edge_mapping(),
+        {"IOP_CONTROL_PLANE_EDGE_WIRE": "10.0.0.1:9000", "IOP_EDGE_NODE_LISTEN": ":9001"},
+    )
+    assert config.control_plane.address == "tcp:host=10.0.0.1:port=9000"
+    assert config.node_server.listen == "tcp:9001:interface=127.0.0.1"
+
+
+def _with(path: list[Any], value: Any) -> dict[str, Any]:
+    data = copy.deepcopy(edge_mapping())
+    target: Any = data
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        (["control_plane", "edge_id"], "bad id!", "control_plane.edge_id"),
+        (["control_plane", "edge_id"], None, "control_plane.edge_id: required"),
+        (["control_plane", "address"], "nowhere", "control_plane.address"),
+        (["control_plane", "outbox_size"], 0, "control_plane.outbox_size"),
+        (["control_plane", "backoff"], {"initial_seconds": 5, "max_seconds": 1}, "control_plane.backoff.max_seconds"),
+        (["control_plane", "keepalive"], {"interval_seconds": 5, "deadline_seconds": 5}, "control_plane.keepalive.deadline_seconds"),
+        (["control_plane", "typo"], 1, "control_plane.typo: unknown setting"),
+        (["node_server", "listen"], "what", "node_server.listen"),
+        (["nodes", 0, "node_id"], "", "nodes[0].node_id"),
+        (["nodes", 1, "node_id"], "node-1", "nodes[1].node_id: 'node-1' is listed twice"),
+        (["nodes", 0, "providers", 0, "kind"], "tgi", "nodes[0].providers[0].kind"),
+        (["nodes", 0, "providers", 0, "capacity"], -1, "nodes[0].providers[0].capacity"),
+        (["nodes", 0, "providers", 0, "capacity"], "four", "nodes[0].providers[0].capacity: must be a whole number"),
+        (["nodes", 0, "providers", 0, "models"], [], "nodes[0].providers[0].models"),
+        (["nodes"], {"node-1": {}}, "nodes: must be a list"),
+    ],
+)
+def test_bad_values_name_their_field(path: list[Any], value: Any, field: str) -> None:
+    """A bad value fails with the dotted name of its field."""
+    with pytest.raises(ConfigError) as caught:
+        parse_edge_config(_with(path, value))
+    assert field in str(caught.value)
+
+
+def test_credentials_section_must_name_known_nodes() -> None:
+    """node_server.credentials for a node that is not configured is an error."""
+    data = edge_mapping()
+    data["node_server"]["credentials"] = {"node-9": "x"}
+    with pytest.raises(ConfigError, match=r"node_server.credentials.node-9"):
+        parse_edge_config(data)
+
+
+def test_credentials_section_applies() -> None:
+    """node_server.credentials gives a node its credential."""
+    data = edge_mapping()
+    data["node_server"]["credentials"] = {"node-1": "k1"}
+    node = parse_edge_config(data).node("node-1")
+    assert node is not None and node.credential == "k1"
+
+
+def test_missing_file_is_config_error(tmp_path: Path) -> None:
+    """A config path that does not exist is a ConfigError, not an OSError."""
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_edge_config(str(tmp_path / "absent.yaml"), environ={})

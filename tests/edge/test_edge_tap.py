@@ -1,0 +1,68 @@
+"""Wiring of ``twistd iop-edge`` / ``iop-node`` without sockets (MemoryReactor)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from edge_testing import edge_mapping
+from twisted.internet.testing import MemoryReactorClock
+from twisted.python import usage
+
+from twisted_iop.edge.tap import Options, makeService
+from twisted_iop.node.tap import Options as NodeOptions
+from twisted_iop.node.tap import makeService as make_node_service
+
+
+def test_make_service_listens_and_dials(tmp_path: Path) -> None:
+    """The Edge listens for nodes on its endpoint and dials the Control Plane address."""
+    data = edge_mapping(address="127.0.0.1:7999")
+    data["node_server"]["listen"] = "tcp:7555:interface=127.0.0.1"
+    path = tmp_path / "edge.yaml"
+    path.write_text(yaml.safe_dump(data))
+    options = Options()
+    options.parseOptions(["--config", str(path)])
+    reactor = MemoryReactorClock()
+    service = makeService(options, reactor=reactor)
+    assert [s.name for s in service] == ["registry", "node-server", "control-plane"]
+    service.privilegedStartService()
+    service.startService()
+    assert [(port, interface) for port, _, _, interface in reactor.tcpServers] == [(7555, "127.0.0.1")]
+    assert [(host, port) for host, port, *_ in reactor.tcpClients] == [("127.0.0.1", 7999)]
+    assert service.node_port == 7555
+    service.stopService()
+
+
+def test_bad_edge_config_is_a_usage_error(tmp_path: Path) -> None:
+    """A bad edge.yaml fails option parsing with the field named (no traceback)."""
+    data = edge_mapping()
+    data["nodes"][0]["providers"][0]["kind"] = "tgi"
+    path = tmp_path / "edge.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(usage.UsageError, match=r"nodes\[0\].providers\[0\].kind"):
+        Options().parseOptions(["--config", str(path)])
+    with pytest.raises(usage.UsageError, match="--config"):
+        Options().parseOptions([])
+
+
+def test_node_make_service_dials_edge(tmp_path: Path) -> None:
+    """The Node runtime dials its Edge's address and starts its probe loop."""
+    path = tmp_path / "node.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "node_id": "node-1",
+                "edge": {"address": "127.0.0.1:7556"},
+                "providers": [{"provider_id": "m", "kind": "mock", "models": ["x"]}],
+            }
+        )
+    )
+    options = NodeOptions()
+    options.parseOptions(["--config", str(path)])
+    reactor = MemoryReactorClock()
+    service = make_node_service(options, reactor=reactor)
+    assert [s.name for s in service] == ["runtime", "edge-link"]
+    service.startService()
+    assert [(host, port) for host, port, *_ in reactor.tcpClients] == [("127.0.0.1", 7556)]
+    service.stopService()

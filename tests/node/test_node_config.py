@@ -1,0 +1,83 @@
+"""node.yaml parsing: defaults, overrides and errors that name the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from twisted.python import usage
+
+from twisted_iop.configuration import ConfigError
+from twisted_iop.node.config import load_node_config, parse_node_config
+from twisted_iop.node.tap import Options
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def mapping(**extra: Any) -> dict[str, Any]:
+    """A valid node.yaml mapping."""
+    data: dict[str, Any] = {
+        "node_id": "node-1",
+        "edge": {"address": "127.0.0.1:7444"},
+        "providers": [
+            {"provider_id": "mock-a", "kind": "mock", "models": ["m"]},
+            {"provider_id": "v", "kind": "vllm", "models": ["m"], "base_url": "http://127.0.0.1:8000/"},
+        ],
+    }
+    data.update(extra)
+    return data
+
+
+def test_sample_config_parses() -> None:
+    """configs/node.yaml is valid and dials the sample Edge's node listener."""
+    config = load_node_config(str(REPO / "configs" / "node.yaml"), environ={})
+    assert config.node_id == "node-1"
+    assert config.edge.address == "tcp:host=127.0.0.1:port=7444"
+    assert [p.provider_id for p in config.providers] == ["mock-a"]
+
+
+def test_values_and_defaults() -> None:
+    """Providers, probes and edge settings are read; base_url loses its trailing slash."""
+    config = parse_node_config(mapping(probes={"interval_seconds": 2, "timeout_seconds": 1}))
+    assert config.probes.interval_seconds == 2 and config.probes.timeout_seconds == 1
+    assert config.providers[1].base_url == "http://127.0.0.1:8000"
+    assert config.providers[0].mock.health == "healthy"
+    assert "127.0.0.1:8000" not in repr(config.providers[1])
+
+
+def test_environment_overrides_edge_address() -> None:
+    """IOP_EDGE_NODE_WIRE wins over edge.address."""
+    config = parse_node_config(mapping(), {"IOP_EDGE_NODE_WIRE": "10.1.1.1:9"})
+    assert config.edge.address == "tcp:host=10.1.1.1:port=9"
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"node_id": "no spaces"}, "node_id"),
+        ({"edge": {"address": "??"}}, "edge.address"),
+        ({"probes": {"interval_seconds": 0}}, "probes.interval_seconds"),
+        ({"providers": [{"provider_id": "v", "kind": "vllm", "models": ["m"]}]}, "providers[0].base_url: required"),
+        ({"providers": [{"provider_id": "v", "kind": "vllm", "models": ["m"], "base_url": "ftp://x"}]}, "providers[0].base_url"),
+        ({"providers": [{"provider_id": "v", "kind": "tgi", "models": ["m"]}]}, "providers[0].kind"),
+        ({"providers": [{"provider_id": "m", "kind": "mock", "models": ["m"], "mock": {"health": "sad"}}]}, "providers[0].mock.health"),
+        ({"providers": [{"provider_id": "m", "kind": "mock", "models": ["m"], "base_url": "http://x"}]}, "providers[0].base_url"),
+        ({"typo": 1}, "typo: unknown setting"),
+    ],
+)
+def test_bad_values_name_their_field(change: dict[str, Any], field: str) -> None:
+    """A bad value fails with the dotted name of its field."""
+    with pytest.raises(ConfigError) as caught:
+        parse_node_config(mapping(**change))
+    assert field in str(caught.value)
+
+
+def test_options_turn_bad_config_into_usage_error(tmp_path: Path) -> None:
+    """twistd iop-node with a bad config fails with a usage error naming the field."""
+    path = tmp_path / "node.yaml"
+    path.write_text("node_id: node-1\nprobes:\n  timeout_seconds: -1\n")
+    with pytest.raises(usage.UsageError, match="probes.timeout_seconds"):
+        Options().parseOptions(["--config", str(path)])
+    with pytest.raises(usage.UsageError, match="--config"):
+        Options().parseOptions([])

@@ -1,0 +1,330 @@
+"""The Edge's command catalog: validation, effects and lifecycle events.
+
+The catalog is announced in hello. Every ``EdgeCommandRequest`` is validated
+first; a request that fails validation (unknown command, unknown node, bad
+arguments, nothing to act on) is answered ``REJECTED`` with a clear reason
+and produces no events. A valid one relays ``command.accepted`` and
+``command.started``, runs, relays ``command.succeeded`` or
+``command.failed`` and is answered ``SUCCEEDED`` or ``FAILED`` with a result
+map.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+from typing import Awaitable, Callable, Mapping, Optional
+
+import attrs
+import google.protobuf
+import twisted
+from twisted.internet.defer import Deferred, DeferredList
+from twisted.logger import Logger
+
+from twisted_iop.edge.clock import Clock
+import twisted_iop
+from twisted_iop.configuration import ConfigError
+from twisted_iop.edge.config import NodeConfig, load_edge_config
+from twisted_iop.edge.registry import NodeRegistry
+from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
+from twisted_iop.wire import control_pb2 as pb
+
+#: Used when a request carries no deadline.
+DEFAULT_COMMAND_TIMEOUT_SECONDS = 10.0
+
+
+class CommandRejected(Exception):
+    """The request is invalid; nothing was done."""
+
+
+class CommandFailed(Exception):
+    """The command ran and did not achieve its effect."""
+
+
+@attrs.frozen
+class ArgumentSpec:
+    """One argument a command takes."""
+
+    name: str
+    description: str
+    required: bool = False
+
+
+@attrs.frozen
+class CommandDefinition:
+    """One catalog entry."""
+
+    name: str
+    description: str
+    target_kind: str
+    arguments: tuple[ArgumentSpec, ...] = ()
+
+    def to_proto(self) -> pb.CommandSpec:
+        """The wire form announced in hello."""
+        return pb.CommandSpec(
+            name=self.name,
+            description=self.description,
+            target_kind=self.target_kind,
+            arguments=[
+                pb.CommandArgumentSpec(name=a.name, description=a.description, required=a.required)
+                for a in self.arguments
+            ],
+        )
+
+
+_REASON = ArgumentSpec("reason", "free text recorded with the event")
+
+CATALOG: tuple[CommandDefinition, ...] = (
+    CommandDefinition(
+        "node.drain",
+        "Stop giving new work to a node; work in flight finishes.",
+        "node",
+        (_REASON,),
+    ),
+    CommandDefinition("node.undrain", "Let a drained node take new work again.", "node", (_REASON,)),
+    CommandDefinition(
+        "node.disconnect",
+        "Close the node's connections; the node runtime reconnects by itself.",
+        "node",
+        (_REASON,),
+    ),
+    CommandDefinition(
+        "providers.refresh",
+        "Re-read the providers of edge.yaml without a restart and ask ready nodes to probe again.",
+        "edge",
+    ),
+    CommandDefinition(
+        "edge.diagnostics",
+        "Versions, uptime, connection and queue counts of this edge.",
+        "edge",
+    ),
+)
+
+#: Something that re-reads the Nodes from the config file.
+NodesLoader = Callable[[], tuple[NodeConfig, ...]]
+#: Extra diagnostics (the Control Plane connector adds its own).
+DiagnosticsSource = Callable[[], Mapping[str, str]]
+
+
+def nodes_from_file(path: Optional[str]) -> NodesLoader:
+    """A loader re-reading the ``nodes`` of edge.yaml at ``path``."""
+
+    def load() -> tuple[NodeConfig, ...]:
+        if path is None:
+            raise CommandFailed("this edge was not started from a config file; nothing to re-read")
+        try:
+            return load_edge_config(path, environ={}).nodes
+        except ConfigError as e:
+            raise CommandFailed(f"edge.yaml not reloaded: {e}") from None
+
+    return load
+
+
+class CommandRunner:
+    """Validates and runs catalog commands against the registry."""
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        registry: NodeRegistry,
+        clock: Clock,
+        load_nodes: Optional[NodesLoader] = None,
+        probe_timeout_seconds: float = 10.0,
+    ) -> None:
+        self._registry = registry
+        self._clock = clock
+        self._load_nodes = load_nodes if load_nodes is not None else nodes_from_file(registry.config.source_path)
+        self._probe_timeout = probe_timeout_seconds
+        self._diagnostics_sources: list[DiagnosticsSource] = []
+        self._definitions = {d.name: d for d in CATALOG}
+        self._runners: dict[str, Callable[[pb.EdgeCommandRequest], Awaitable[dict[str, str]]]] = {
+            "node.drain": self._drain,
+            "node.undrain": self._undrain,
+            "node.disconnect": self._disconnect,
+            "providers.refresh": self._refresh,
+            "edge.diagnostics": self._diagnostics,
+        }
+        self.running = 0
+
+    def catalog(self) -> list[pb.CommandSpec]:
+        """The catalog announced in hello."""
+        return [d.to_proto() for d in CATALOG]
+
+    def add_diagnostics(self, source: DiagnosticsSource) -> None:
+        """Merge ``source`` into ``edge.diagnostics`` results."""
+        self._diagnostics_sources.append(source)
+
+    def validate(self, request: pb.EdgeCommandRequest) -> None:
+        """Raise :class:`CommandRejected` unless ``request`` can run now."""
+        definition = self._definitions.get(request.name)
+        if definition is None:
+            known = ", ".join(sorted(self._definitions))
+            raise CommandRejected(f"unknown command {request.name!r} (this edge runs: {known})")
+        allowed = {a.name for a in definition.arguments}
+        for name in request.arguments:
+            if name not in allowed:
+                takes = ", ".join(sorted(allowed)) or "no arguments"
+                raise CommandRejected(f"{request.name} does not take argument {name!r} (it takes {takes})")
+        for argument in definition.arguments:
+            if argument.required and not request.arguments.get(argument.name):
+                raise CommandRejected(f"{request.name} needs argument {argument.name!r}")
+        if definition.target_kind == "node":
+            if not request.target:
+                raise CommandRejected(f"{request.name} needs a target node id")
+            if request.target not in {n.node_id for n in self._registry.nodes()}:
+                raise CommandRejected(f"no node named {request.target!r} is configured on this edge")
+            if request.name == "node.disconnect" and not self._registry.ownership.tokens(request.target):
+                raise CommandRejected(f"node {request.target!r} has no connection to close")
+        elif definition.target_kind == "edge":
+            if request.target not in ("", self._registry.edge_id):
+                raise CommandRejected(
+                    f"{request.name} targets this edge; target must be empty or {self._registry.edge_id!r}"
+                )
+
+    def run(self, request: pb.EdgeCommandRequest) -> "Deferred[pb.EdgeCommandResponse]":
+        """Validate, run and answer ``request``, relaying its lifecycle events."""
+        return Deferred.fromCoroutine(self._run(request))
+
+    async def _run(self, request: pb.EdgeCommandRequest) -> pb.EdgeCommandResponse:
+        relay = self._registry.relay
+        command_id = request.command_id
+        try:
+            self.validate(request)
+        except CommandRejected as e:
+            self._log.warn(
+                "command {command_id} {name} rejected: {reason}",
+                command_id=command_id,
+                name=request.name,
+                reason=str(e),
+            )
+            return pb.EdgeCommandResponse(
+                command_id=command_id, outcome=pb.COMMAND_OUTCOME_REJECTED, reason=str(e)
+            )
+        attributes = {"name": request.name, "target": request.target}
+        relay.emit(
+            "command.accepted",
+            command_id=command_id,
+            node_id=self._node_of(request),
+            message=f"{request.name} accepted",
+            attributes=attributes,
+        )
+        relay.emit(
+            "command.started",
+            command_id=command_id,
+            node_id=self._node_of(request),
+            message=f"{request.name} started",
+            attributes=attributes,
+        )
+        self._log.info(
+            "command {command_id} {name} target={target!r} started",
+            command_id=command_id,
+            name=request.name,
+            target=request.target,
+        )
+        self.running += 1
+        try:
+            result = await self._runners[request.name](request)
+        except Exception as e:
+            reason = str(e) if isinstance(e, CommandFailed) else f"internal error: {type(e).__name__}: {e}"
+            if not isinstance(e, CommandFailed):
+                self._log.failure("command {command_id} {name} crashed", command_id=command_id, name=request.name)
+            relay.emit(
+                "command.failed",
+                command_id=command_id,
+                node_id=self._node_of(request),
+                message=f"{request.name} failed: {reason}",
+                attributes=attributes,
+            )
+            return pb.EdgeCommandResponse(command_id=command_id, outcome=pb.COMMAND_OUTCOME_FAILED, reason=reason)
+        finally:
+            self.running -= 1
+        relay.emit(
+            "command.succeeded",
+            command_id=command_id,
+            node_id=self._node_of(request),
+            message=f"{request.name} succeeded",
+            attributes=attributes,
+        )
+        self._log.info("command {command_id} {name} succeeded", command_id=command_id, name=request.name)
+        return pb.EdgeCommandResponse(command_id=command_id, outcome=pb.COMMAND_OUTCOME_SUCCEEDED, result=result)
+
+    def _node_of(self, request: pb.EdgeCommandRequest) -> str:
+        return request.target if self._definitions[request.name].target_kind == "node" else ""
+
+    @staticmethod
+    def _timeout(request: pb.EdgeCommandRequest) -> float:
+        return request.timeout_ms / 1000.0 if request.timeout_ms else DEFAULT_COMMAND_TIMEOUT_SECONDS
+
+    # -- the commands --------------------------------------------------------
+
+    async def _drain(self, request: pb.EdgeCommandRequest) -> dict[str, str]:
+        changed = self._registry.set_drained(
+            request.target, True, request.arguments.get("reason", ""), request.command_id
+        )
+        return {"node_id": request.target, "drained": "true", "changed": _flag(changed)}
+
+    async def _undrain(self, request: pb.EdgeCommandRequest) -> dict[str, str]:
+        changed = self._registry.set_drained(
+            request.target, False, request.arguments.get("reason", ""), request.command_id
+        )
+        return {"node_id": request.target, "drained": "false", "changed": _flag(changed)}
+
+    async def _disconnect(self, request: pb.EdgeCommandRequest) -> dict[str, str]:
+        closed = self._registry.disconnect_node(request.target)
+        return {"node_id": request.target, "closed_connections": str(closed)}
+
+    async def _refresh(self, request: pb.EdgeCommandRequest) -> dict[str, str]:
+        nodes = self._load_nodes()
+        summary = self._registry.replace_providers(nodes)
+        # Leave a margin of the deadline for the answer itself.
+        timeout = max(0.1, min(self._probe_timeout, self._timeout(request) * 0.8))
+        ready = self._registry.ready_nodes()
+        probes = [self._registry.probe_node(node_id, timeout) for node_id in ready]
+        outcomes = await DeferredList(probes, consumeErrors=True) if probes else []
+        failed = [node_id for node_id, (ok, _) in zip(ready, outcomes) if not ok]
+        changed_health = sum(len(value) for ok, value in outcomes if ok)
+        providers = sum(len(n.providers) for n in self._registry.nodes())
+        return {
+            "providers": str(providers),
+            "added": ",".join(summary.added),
+            "removed": ",".join(summary.removed),
+            "changed": ",".join(summary.changed),
+            "ignored_nodes": ",".join(summary.ignored_nodes),
+            "nodes_probed": str(len(ready) - len(failed)),
+            "probe_failures": ",".join(failed),
+            "health_changes": str(changed_health),
+        }
+
+    async def _diagnostics(self, request: pb.EdgeCommandRequest) -> dict[str, str]:
+        registry = self._registry
+        nodes = registry.nodes()
+        result = {
+            "edge_id": registry.edge_id,
+            "software_version": twisted_iop.__version__,
+            "protocol_version": f"{PROTOCOL_MAJOR}.{PROTOCOL_MINOR}",
+            "python_version": platform.python_version(),
+            "twisted_version": twisted.__version__,
+            "protobuf_version": google.protobuf.__version__,
+            "platform": sys.platform,
+            "uptime_seconds": f"{self._clock.seconds() - registry.started_at:.1f}",
+            "nodes_configured": str(len(nodes)),
+            "nodes_ready": str(len(registry.ready_nodes())),
+            "nodes_drained": str(sum(1 for n in nodes if registry.is_drained(n.node_id))),
+            "node_connections": str(registry.connection_count()),
+            "providers_configured": str(sum(len(n.providers) for n in nodes)),
+            "leases_in_flight": str(registry.pool.in_flight_total()),
+            "queued": str(registry.pool.queued_total(False)),
+            "long_context_queued": str(registry.pool.queued_total(True)),
+            "events_emitted": str(registry.relay.last_sequence),
+            "outbox_length": str(registry.relay.outbox_length),
+            "outbox_dropped_total": str(registry.relay.dropped_total),
+            "commands_running": str(self.running - 1),
+        }
+        for source in self._diagnostics_sources:
+            result.update(source())
+        return result
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"

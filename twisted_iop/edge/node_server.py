@@ -1,0 +1,130 @@
+"""The Node wire, Edge side: one protocol per Node connection.
+
+The protocol holds only per-connection state (the Node id and connection
+token once hello is accepted) and turns wire messages into calls on the
+:class:`~twisted_iop.edge.registry.NodeRegistry`:
+
+* ``NodeHelloRequest`` -> accepted (pending) or rejected, then closed;
+* ``NodeReady`` -> the connection may take ownership;
+* ``NodeHealthReport`` -> provider health (counts only for the owner);
+* connection lost -> the registry decides whether anything changed.
+
+It also provides the registry's ``NodePeer`` interface (``close``,
+``probe``).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IAddress, IReactorTime
+from twisted.internet.protocol import Factory
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+import twisted_iop
+from twisted_iop.edge.registry import NodeRegistry
+from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
+from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.peer import FramedPeerProtocol, KeepaliveSweeper, PeerSettings
+
+
+class NodeServerProtocol(FramedPeerProtocol):
+    """The Edge's end of one Node connection."""
+
+    _log = Logger()
+
+    def __init__(self, factory: "NodeServerFactory") -> None:
+        super().__init__(factory.clock, factory.settings)
+        self._factory = factory
+        self._registry = factory.registry
+        self.node_id: Optional[str] = None
+        self.token: Optional[int] = None
+
+    def peer_connected(self) -> None:
+        self._factory.connections.add(self)
+        self.start_hello_timer()
+
+    def peer_disconnected(self, reason: Failure) -> None:
+        self._factory.connections.discard(self)
+        if self.token is not None:
+            self._registry.node_closed(self.token)
+
+    def describe_peer(self) -> str:
+        return f"node {self.node_id}" if self.node_id else "unidentified node connection"
+
+    def envelope_received(self, envelope: pb.Envelope, body: str) -> None:
+        if self.token is not None:
+            self._registry.node_seen(self.token)
+        if body == "node_hello_request":
+            self._hello(envelope.request_id, envelope.node_hello_request)
+        elif self.token is None:
+            self.fail_connection(pb.ERROR_CODE_HELLO_REQUIRED, "send node_hello_request first", envelope.request_id)
+        elif body == "node_ready":
+            self._registry.node_ready(self.token, envelope.node_ready.providers)
+        elif body == "node_health_report":
+            self._registry.node_health(self.token, envelope.node_health_report.providers)
+        elif envelope.request_id:
+            self.send_error(pb.ERROR_CODE_UNEXPECTED_MESSAGE, f"{body} is not valid on the node wire", envelope.request_id)
+        else:
+            self._log.warn("ignoring unexpected {body} from {peer}", body=body, peer=self.describe_peer())
+
+    def _hello(self, request_id: int, hello: pb.NodeHelloRequest) -> None:
+        if self.token is not None:
+            self.fail_connection(pb.ERROR_CODE_UNEXPECTED_MESSAGE, "hello was already accepted", request_id)
+            return
+        self.hello_done()
+        response = pb.NodeHelloResponse(
+            protocol_major=PROTOCOL_MAJOR,
+            protocol_minor=PROTOCOL_MINOR,
+            server_version=twisted_iop.__version__,
+            keepalive_interval_ms=int(self._settings.keepalive_interval_seconds * 1000),
+            keepalive_deadline_ms=int(self._settings.keepalive_deadline_seconds * 1000),
+        )
+        rejection = self._registry.check_hello(hello)
+        if rejection is not None:
+            # A rejected connection changes no state and produces no event.
+            self._log.warn(
+                "rejected node connection claiming {node_id!r}: {reason}",
+                node_id=hello.node_id[:80],
+                reason=rejection.reason,
+            )
+            response.accepted = False
+            response.reason = rejection.reason
+            response.reason_code = rejection.reason_code
+            response.permanent = rejection.permanent
+            self.send("node_hello_response", response, request_id)
+            self.close()
+            return
+        self.node_id = hello.node_id
+        self.token = self._registry.node_accepted(hello, self)
+        response.accepted = True
+        self.send("node_hello_response", response, request_id)
+
+    # -- NodePeer -------------------------------------------------------------
+
+    def probe(self, timeout: float) -> "Deferred[pb.NodeProbeResponse]":
+        """Send ``NodeProbeRequest``; fire with the Node's answer."""
+        d = self.request("node_probe_request", pb.NodeProbeRequest(), timeout=timeout)
+        return d.addCallback(lambda envelope: envelope.node_probe_response)
+
+
+class NodeServerFactory(Factory):
+    """Builds Node connections; one keepalive sweeper covers all of them."""
+
+    def __init__(self, registry: NodeRegistry, clock: IReactorTime, settings: PeerSettings) -> None:
+        self.registry = registry
+        self.clock = clock
+        self.settings = settings
+        self.connections: set[NodeServerProtocol] = set()
+        self._sweeper = KeepaliveSweeper(clock, settings, lambda: self.connections)
+
+    def buildProtocol(self, addr: Optional[IAddress]) -> NodeServerProtocol:
+        return NodeServerProtocol(self)
+
+    def startFactory(self) -> None:
+        self._sweeper.start()
+
+    def stopFactory(self) -> None:
+        self._sweeper.stop()

@@ -1,0 +1,318 @@
+"""The provider pool: leases per provider and admission queues per model.
+
+This is the Edge's request-path API (no I/O). A caller asks for a lease on
+a model with :meth:`ProviderPool.try_acquire` (now or never) or
+:meth:`ProviderPool.admit` (a Deferred that waits in the model's admission
+queue), and gives it back with :meth:`ProviderPool.release`.
+
+Two lease classes share the pool: *general* leases count against a
+provider's ``capacity``, *long-context* leases against its separate
+``long_context_capacity`` and wait in their own queue, so long prompts never
+starve short ones. A provider takes new leases only while its Node is
+dispatch-ready, not drained and the provider is usable (healthy or
+degraded). Waiting requests show as ``queued`` pressure on every provider
+that could serve them.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Iterable, Optional
+
+import attrs
+from twisted.internet.defer import Deferred
+
+from twisted_iop.edge.config import ProviderConfig
+
+
+class LeaseError(Exception):
+    """A lease was used wrongly (released twice, or not from this pool)."""
+
+
+class NoSuchModel(Exception):
+    """No configured provider serves the model in that lease class."""
+
+
+@attrs.define(eq=False)
+class Lease:
+    """One unit of in-flight work held on one provider."""
+
+    node_id: str
+    provider_id: str
+    model: str
+    long_context: bool
+    released: bool = False
+    #: The provider went away (node lost, provider removed) while held.
+    lost: bool = False
+
+
+@attrs.frozen
+class ProviderCounters:
+    """The pool's counters for one provider, as the snapshot shows them."""
+
+    capacity: int
+    in_flight: int
+    queued: int
+    long_context_capacity: int
+    long_context_in_flight: int
+    long_context_queued: int
+
+
+@attrs.define
+class _Provider:
+    node_id: str
+    config: ProviderConfig
+    in_flight: int = 0
+    long_context_in_flight: int = 0
+    usable: bool = True
+    leases: set[Lease] = attrs.field(factory=set)
+
+    def capacity_of(self, long_context: bool) -> int:
+        return self.config.long_context_capacity if long_context else self.config.capacity
+
+    def in_flight_of(self, long_context: bool) -> int:
+        return self.long_context_in_flight if long_context else self.in_flight
+
+
+@attrs.define(eq=False)
+class _Waiter:
+    model: str
+    long_context: bool
+    deferred: "Deferred[Lease]"
+
+
+_QueueKey = tuple[str, bool]
+
+
+class ProviderPool:
+    """Leases and admission queues over every configured provider."""
+
+    def __init__(self) -> None:
+        self._providers: dict[tuple[str, str], _Provider] = {}
+        self._node_ready: dict[str, bool] = {}
+        self._node_drained: dict[str, bool] = {}
+        self._queues: dict[_QueueKey, deque[_Waiter]] = {}
+        self._by_model: dict[str, list[_Provider]] = {}
+
+    # -- configuration and availability --------------------------------------
+
+    def configure_node(self, node_id: str, providers: Iterable[ProviderConfig]) -> None:
+        """Set the providers of ``node_id``; counters of kept providers stay.
+
+        A removed provider's leases are marked lost.
+        """
+        wanted = {p.provider_id: p for p in providers}
+        for key in [k for k in self._providers if k[0] == node_id and k[1] not in wanted]:
+            self._drop_leases(self._providers.pop(key))
+        for provider_id, config in wanted.items():
+            existing = self._providers.get((node_id, provider_id))
+            if existing is None:
+                self._providers[(node_id, provider_id)] = _Provider(node_id, config)
+            else:
+                existing.config = config
+        self._node_ready.setdefault(node_id, False)
+        self._node_drained.setdefault(node_id, False)
+        self._by_model = {}
+        for provider in self._providers.values():
+            for model in dict.fromkeys(provider.config.models):
+                self._by_model.setdefault(model, []).append(provider)
+        self._pump()
+
+    def remove_node(self, node_id: str) -> None:
+        """Forget ``node_id`` and its providers."""
+        self.configure_node(node_id, ())
+        self._node_ready.pop(node_id, None)
+        self._node_drained.pop(node_id, None)
+
+    def set_node_ready(self, node_id: str, ready: bool) -> None:
+        """The Node became dispatch-ready, or stopped being so.
+
+        Leases held on a Node that stops being ready are lost: the work went
+        with the connection.
+        """
+        self._node_ready[node_id] = ready
+        if not ready:
+            for provider in self._node_providers(node_id):
+                self._drop_leases(provider)
+        self._pump()
+
+    def set_node_drained(self, node_id: str, drained: bool) -> None:
+        """Drain (no new leases; held ones finish) or undrain ``node_id``."""
+        self._node_drained[node_id] = drained
+        self._pump()
+
+    def set_provider_usable(self, node_id: str, provider_id: str, usable: bool) -> None:
+        """Health decides whether a provider takes new leases."""
+        provider = self._providers.get((node_id, provider_id))
+        if provider is not None:
+            provider.usable = usable
+            self._pump()
+
+    def is_drained(self, node_id: str) -> bool:
+        """Whether ``node_id`` is drained."""
+        return self._node_drained.get(node_id, False)
+
+    # -- leases --------------------------------------------------------------
+
+    def try_acquire(self, model: str, long_context: bool = False) -> Optional[Lease]:
+        """A lease on the least loaded eligible provider, or ``None`` now."""
+        provider = self._pick(model, long_context)
+        if provider is None:
+            return None
+        return self._grant(provider, model, long_context)
+
+    def admit(self, model: str, long_context: bool = False) -> "Deferred[Lease]":
+        """A Deferred lease: at once if possible, else after waiting in queue.
+
+        Fails with :class:`NoSuchModel` when no configured provider could
+        ever serve the model in that class. Cancelling the Deferred leaves
+        the queue.
+        """
+        if not any(self._serves(p, model, long_context) for p in self._providers.values()):
+            d: Deferred[Lease] = Deferred()
+            kind = "long-context " if long_context else ""
+            d.errback(NoSuchModel(f"no provider serves {kind}model {model!r}"))
+            return d
+        key = (model, long_context)
+        queue = self._queues.get(key)
+        if not queue:
+            lease = self.try_acquire(model, long_context)
+            if lease is not None:
+                done: Deferred[Lease] = Deferred()
+                done.callback(lease)
+                return done
+
+        def cancel(_: Deferred[Lease]) -> None:
+            waiting = self._queues.get(key)
+            if waiting is not None and waiter in waiting:
+                waiting.remove(waiter)
+                if not waiting:
+                    del self._queues[key]
+
+        waiter = _Waiter(model, long_context, Deferred(cancel))
+        self._queues.setdefault(key, deque()).append(waiter)
+        return waiter.deferred
+
+    def release(self, lease: Lease) -> None:
+        """Give a lease back; releasing twice is an error."""
+        if lease.released:
+            raise LeaseError(f"lease on {lease.node_id}/{lease.provider_id} was already released")
+        lease.released = True
+        if lease.lost:
+            return
+        provider = self._providers.get((lease.node_id, lease.provider_id))
+        if provider is None or lease not in provider.leases:
+            raise LeaseError(f"lease on {lease.node_id}/{lease.provider_id} is not held in this pool")
+        provider.leases.discard(lease)
+        if lease.long_context:
+            provider.long_context_in_flight -= 1
+        else:
+            provider.in_flight -= 1
+        self._pump()
+
+    # -- counters ------------------------------------------------------------
+
+    def counters(self, node_id: str, provider_id: str) -> ProviderCounters:
+        """The counters of one provider (zeros when it is not configured)."""
+        provider = self._providers.get((node_id, provider_id))
+        if provider is None:
+            return ProviderCounters(0, 0, 0, 0, 0, 0)
+        return ProviderCounters(
+            capacity=provider.config.capacity,
+            in_flight=provider.in_flight,
+            queued=self._pressure(provider, False),
+            long_context_capacity=provider.config.long_context_capacity,
+            long_context_in_flight=provider.long_context_in_flight,
+            long_context_queued=self._pressure(provider, True),
+        )
+
+    def queued_total(self, long_context: Optional[bool] = None) -> int:
+        """Requests waiting in admission queues (one class, or both)."""
+        return sum(
+            len(q) for (model, lc), q in self._queues.items() if long_context is None or lc == long_context
+        )
+
+    def in_flight_total(self) -> int:
+        """Leases held over the whole pool (both classes)."""
+        return sum(p.in_flight + p.long_context_in_flight for p in self._providers.values())
+
+    def eligible(self, node_id: str, provider_id: str) -> bool:
+        """Whether the provider would take a new lease of some class now."""
+        provider = self._providers.get((node_id, provider_id))
+        return provider is not None and self._available(provider)
+
+    # -- internals -----------------------------------------------------------
+
+    def _node_providers(self, node_id: str) -> list[_Provider]:
+        return [p for (n, _), p in self._providers.items() if n == node_id]
+
+    def _available(self, provider: _Provider) -> bool:
+        return (
+            self._node_ready.get(provider.node_id, False)
+            and not self._node_drained.get(provider.node_id, False)
+            and provider.usable
+        )
+
+    @staticmethod
+    def _serves(provider: _Provider, model: str, long_context: bool) -> bool:
+        return model in provider.config.models and provider.capacity_of(long_context) > 0
+
+    def _pick(self, model: str, long_context: bool) -> Optional[_Provider]:
+        best: Optional[_Provider] = None
+        best_load = 0.0
+        # Configuration order breaks ties, so placement is deterministic.
+        for provider in self._by_model.get(model, ()):
+            capacity = provider.capacity_of(long_context)
+            used = provider.in_flight_of(long_context)
+            if used >= capacity or not self._available(provider):
+                continue
+            load = used / capacity
+            if best is None or load < best_load:
+                best, best_load = provider, load
+                if load == 0.0:
+                    break  # nothing beats an idle provider
+        return best
+
+    def _grant(self, provider: _Provider, model: str, long_context: bool) -> Lease:
+        lease = Lease(provider.node_id, provider.config.provider_id, model, long_context)
+        provider.leases.add(lease)
+        if long_context:
+            provider.long_context_in_flight += 1
+        else:
+            provider.in_flight += 1
+        return lease
+
+    def _drop_leases(self, provider: _Provider) -> None:
+        for lease in provider.leases:
+            lease.lost = True
+        provider.leases.clear()
+        provider.in_flight = 0
+        provider.long_context_in_flight = 0
+
+    def _pressure(self, provider: _Provider, long_context: bool) -> int:
+        if not self._node_ready.get(provider.node_id, False) or self._node_drained.get(provider.node_id, False):
+            return 0
+        if provider.capacity_of(long_context) == 0:
+            return 0
+        return sum(len(self._queues.get((model, long_context), ())) for model in set(provider.config.models))
+
+    def _pump(self) -> None:
+        """Hand freed capacity to waiters, oldest first within each queue."""
+        progress = True
+        while progress:
+            progress = False
+            for key in list(self._queues):
+                queue = self._queues.get(key)
+                if not queue:
+                    self._queues.pop(key, None)
+                    continue
+                model, long_context = key
+                provider = self._pick(model, long_context)
+                if provider is None:
+                    continue
+                waiter = queue.popleft()
+                if not queue:
+                    del self._queues[key]
+                lease = self._grant(provider, model, long_context)
+                progress = True
+                waiter.deferred.callback(lease)

@@ -1,0 +1,397 @@
+"""The Edge's shared state and rules: configured Nodes, their connections,
+health, drain state and the provider pool (no I/O).
+
+Node connections reach this service through the small :class:`NodePeer`
+interface (close, probe), so the TCP protocol and test fakes are
+interchangeable. Every state change a connection causes is checked against
+its connection token by :class:`~twisted_iop.edge.ownership.NodeOwnership`;
+only the current owner's transitions become events and snapshot changes.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Iterable, Mapping, Optional, Protocol
+
+import attrs
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+
+from twisted_iop.edge.clock import Clock
+from twisted_iop.edge.config import EdgeConfig, NodeConfig, ProviderConfig
+from twisted_iop.edge.events import EventRelay
+from twisted_iop.edge.ownership import NodeOwnership, Transition, TransitionKind
+from twisted_iop.edge.pool import ProviderPool
+from twisted_iop.ids import id_problem
+from twisted_iop.wire import PROTOCOL_MAJOR
+from twisted_iop.wire import control_pb2 as pb
+
+#: Health values under which a provider takes new leases.
+USABLE_HEALTH = frozenset({pb.PROVIDER_HEALTH_HEALTHY, pb.PROVIDER_HEALTH_DEGRADED})
+
+
+class NodePeer(Protocol):
+    """What the registry needs from one Node connection."""
+
+    def close(self) -> None:
+        """Close the connection (its close comes back as ``node_closed``)."""
+
+    def probe(self, timeout: float) -> "Deferred[pb.NodeProbeResponse]":
+        """Ask the Node to re-read its providers and probe them now."""
+
+
+class UnknownNode(Exception):
+    """No Node with that id is configured on this Edge."""
+
+
+@attrs.frozen
+class Rejection:
+    """Why a Node's hello is refused."""
+
+    reason: str
+    reason_code: str
+    permanent: bool = True
+
+
+@attrs.frozen
+class ProviderHealth:
+    """The last health a Node's owner connection reported for a provider."""
+
+    health: pb.ProviderHealth
+    reason: str = ""
+    models: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class RefreshSummary:
+    """What a providers refresh changed."""
+
+    added: tuple[str, ...]
+    removed: tuple[str, ...]
+    changed: tuple[str, ...]
+    ignored_nodes: tuple[str, ...]
+
+
+class NodeRegistry(Service):
+    """Every configured Node: ownership, health, drain and the pool."""
+
+    _log = Logger()
+    name = "registry"
+
+    def __init__(self, config: EdgeConfig, clock: Clock, relay: Optional[EventRelay] = None) -> None:
+        self._config = config
+        self._clock = clock
+        self.relay = relay if relay is not None else EventRelay(clock, config.control_plane.outbox_size)
+        self.ownership = NodeOwnership(clock)
+        self.pool = ProviderPool()
+        self._nodes: dict[str, NodeConfig] = {node.node_id: node for node in config.nodes}
+        self._peers: dict[int, NodePeer] = {}
+        self._health: dict[str, dict[str, ProviderHealth]] = {}
+        self._drained: set[str] = set()
+        self.started_at = clock.seconds()
+        for node in config.nodes:
+            self.pool.configure_node(node.node_id, node.providers)
+
+    def now(self) -> float:
+        """The Edge clock's time, in seconds."""
+        return self._clock.seconds()
+
+    # -- configuration -------------------------------------------------------
+
+    @property
+    def config(self) -> EdgeConfig:
+        """The Edge's configuration (providers as last refreshed)."""
+        return self._config
+
+    @property
+    def edge_id(self) -> str:
+        """This Edge's id."""
+        return self._config.control_plane.edge_id
+
+    def nodes(self) -> list[NodeConfig]:
+        """Every configured Node, in configuration order."""
+        return list(self._nodes.values())
+
+    def node(self, node_id: str) -> NodeConfig:
+        """The configured Node ``node_id``; :class:`UnknownNode` otherwise."""
+        try:
+            return self._nodes[node_id]
+        except KeyError:
+            raise UnknownNode(f"no node named {node_id!r} is configured on this edge") from None
+
+    # -- node connections ----------------------------------------------------
+
+    def check_hello(self, hello: pb.NodeHelloRequest) -> Optional[Rejection]:
+        """Why this hello must be rejected, or ``None`` to accept it."""
+        if hello.protocol_major != PROTOCOL_MAJOR:
+            return Rejection(
+                f"protocol major version {hello.protocol_major} is not supported (this edge speaks {PROTOCOL_MAJOR})",
+                "unsupported_version",
+            )
+        problem = id_problem("node_id", hello.node_id)
+        if problem:
+            return Rejection(problem, "malformed_node_id")
+        node = self._nodes.get(hello.node_id)
+        if node is None:
+            return Rejection(f"node {hello.node_id!r} is not configured on this edge", "unknown_node")
+        if node.credential and not hmac.compare_digest(node.credential.encode(), hello.credential.encode()):
+            return Rejection(f"wrong or missing credential for node {hello.node_id!r}", "bad_credential")
+        return None
+
+    def node_accepted(self, hello: pb.NodeHelloRequest, peer: NodePeer) -> int:
+        """Record an accepted (pending) connection; return its token."""
+        node = self.node(hello.node_id)
+        token, transitions = self.ownership.open(node.node_id)
+        self._peers[token] = peer
+        announced = {spec.provider_id for spec in hello.providers}
+        configured = {p.provider_id for p in node.providers}
+        if announced != configured:
+            self._log.warn(
+                "node {node_id} announces providers {announced} but this edge configures {configured}",
+                node_id=node.node_id,
+                announced=sorted(announced),
+                configured=sorted(configured),
+            )
+        self._log.info("node {node_id} connected (pending, connection {token})", node_id=node.node_id, token=token)
+        self._apply(transitions, {})
+        return token
+
+    def node_ready(self, token: int, reports: Iterable[pb.ProviderHealthReport]) -> None:
+        """The connection ``token`` finished its first probes: it takes ownership."""
+        transitions = self.ownership.ready(token)
+        self._apply(transitions, {token: list(reports)})
+
+    def node_health(self, token: int, reports: Iterable[pb.ProviderHealthReport]) -> list[str]:
+        """Health reported by ``token``; only the owner's reports count.
+
+        Returns the ids of providers whose health changed.
+        """
+        if not self.ownership.is_owner(token):
+            return []
+        node_id = self.ownership.node_of(token)
+        assert node_id is not None
+        self.ownership.seen(token)
+        return self._update_health(node_id, reports, announce=True)
+
+    def node_seen(self, token: int) -> None:
+        """``token`` sent something (keeps the owner's last_seen fresh)."""
+        self.ownership.seen(token)
+
+    def node_closed(self, token: int) -> None:
+        """The connection ``token`` closed (stale/pending closes change nothing)."""
+        self._peers.pop(token, None)
+        self._apply(self.ownership.close(token), {})
+
+    def _apply(self, transitions: list[Transition], reports: Mapping[int, list[pb.ProviderHealthReport]]) -> None:
+        for transition in transitions:
+            node_id = transition.node_id
+            if transition.kind is TransitionKind.PENDING:
+                self.relay.emit("node.pending", node_id=node_id, message=f"node {node_id} connected, not yet ready")
+            elif transition.kind is TransitionKind.SUPERSEDED:
+                old = self._peers.pop(transition.token, None)
+                if old is not None:
+                    old.close()
+                self._log.info(
+                    "node {node_id}: connection {old} superseded by {new}",
+                    node_id=node_id,
+                    old=transition.token,
+                    new=transition.replaced_by,
+                )
+                self.relay.emit(
+                    "node.superseded",
+                    node_id=node_id,
+                    message=f"node {node_id} reconnected; the older connection was closed",
+                )
+            elif transition.kind is TransitionKind.READY:
+                self._health[node_id] = {}
+                self._update_health(node_id, reports.get(transition.token, []), announce=False)
+                self.pool.set_node_ready(node_id, True)
+                healthy = sum(1 for h in self._health[node_id].values() if h.health in USABLE_HEALTH)
+                self._log.info(
+                    "node {node_id} is ready ({healthy}/{total} providers usable)",
+                    node_id=node_id,
+                    healthy=healthy,
+                    total=len(self.node(node_id).providers),
+                )
+                self.relay.emit(
+                    "node.ready",
+                    node_id=node_id,
+                    message=f"node {node_id} is ready",
+                    attributes={"providers": str(len(self.node(node_id).providers)), "usable": str(healthy)},
+                )
+            elif transition.kind is TransitionKind.DISCONNECTED:
+                self._health.pop(node_id, None)
+                self.pool.set_node_ready(node_id, False)
+                self._log.info("node {node_id} disconnected", node_id=node_id)
+                self.relay.emit("node.disconnected", node_id=node_id, message=f"node {node_id} disconnected")
+
+    def _update_health(
+        self, node_id: str, reports: Iterable[pb.ProviderHealthReport], announce: bool
+    ) -> list[str]:
+        node = self._nodes.get(node_id)
+        if node is None:
+            return []
+        known = {p.provider_id for p in node.providers}
+        current = self._health.setdefault(node_id, {})
+        changed: list[str] = []
+        for report in reports:
+            if report.provider_id not in known:
+                continue
+            new = ProviderHealth(report.health, report.reason, tuple(report.models))
+            old = current.get(report.provider_id)
+            current[report.provider_id] = new
+            self.pool.set_provider_usable(node_id, report.provider_id, new.health in USABLE_HEALTH)
+            if old is not None and (old.health, old.reason) == (new.health, new.reason):
+                continue
+            changed.append(report.provider_id)
+            if announce:
+                before = _health_name(old.health) if old is not None else "unknown"
+                after = _health_name(new.health)
+                self._log.info(
+                    "node {node_id} provider {provider_id} health {before} -> {after}",
+                    node_id=node_id,
+                    provider_id=report.provider_id,
+                    before=before,
+                    after=after,
+                )
+                self.relay.emit(
+                    "provider.health_changed",
+                    node_id=node_id,
+                    provider_id=report.provider_id,
+                    message=f"provider {report.provider_id} on node {node_id} is {after}",
+                    attributes={"previous": before, "health": after, "reason": new.reason},
+                )
+        # Configured providers the Node does not report cannot take work.
+        for provider in node.providers:
+            if provider.provider_id not in current:
+                current[provider.provider_id] = ProviderHealth(
+                    pb.PROVIDER_HEALTH_UNKNOWN, "not reported by the node"
+                )
+                self.pool.set_provider_usable(node_id, provider.provider_id, False)
+        return changed
+
+    # -- queries for the status provider and commands ------------------------
+
+    def is_ready(self, node_id: str) -> bool:
+        """Whether ``node_id`` has a dispatch-ready owner connection."""
+        return self.ownership.owner(node_id) is not None
+
+    def is_drained(self, node_id: str) -> bool:
+        """Whether ``node_id`` is drained."""
+        return node_id in self._drained
+
+    def health(self, node_id: str, provider_id: str) -> Optional[ProviderHealth]:
+        """The owner's last health report for a provider, if ready."""
+        return self._health.get(node_id, {}).get(provider_id)
+
+    def connection_count(self) -> int:
+        """Live Node connections (owners and pending)."""
+        return len(self._peers)
+
+    def owner_peer(self, node_id: str) -> Optional[NodePeer]:
+        """The owner connection of ``node_id``, if ready."""
+        token = self.ownership.owner(node_id)
+        return self._peers.get(token) if token is not None else None
+
+    # -- operations ----------------------------------------------------------
+
+    def set_drained(self, node_id: str, drained: bool, reason: str = "", command_id: str = "") -> bool:
+        """Drain or undrain ``node_id``; return whether anything changed."""
+        self.node(node_id)
+        if drained == (node_id in self._drained):
+            return False
+        if drained:
+            self._drained.add(node_id)
+        else:
+            self._drained.discard(node_id)
+        self.pool.set_node_drained(node_id, drained)
+        kind = "node.drained" if drained else "node.undrained"
+        self._log.info("node {node_id} {what}", node_id=node_id, what="drained" if drained else "undrained")
+        attributes = {"reason": reason} if reason else {}
+        self.relay.emit(
+            kind,
+            node_id=node_id,
+            command_id=command_id,
+            message=f"node {node_id} {'drained' if drained else 'undrained'}",
+            attributes=attributes,
+        )
+        return True
+
+    def disconnect_node(self, node_id: str) -> int:
+        """Close every connection of ``node_id``; return how many."""
+        self.node(node_id)
+        tokens = self.ownership.tokens(node_id)
+        peers = [self._peers[t] for t in tokens if t in self._peers]
+        for peer in peers:
+            peer.close()
+        return len(peers)
+
+    def replace_providers(self, nodes: Iterable[NodeConfig]) -> RefreshSummary:
+        """Take the providers of configured Nodes from a re-read edge.yaml.
+
+        Nodes that are not configured already are ignored (adding or
+        removing Nodes needs a restart, because it changes who may connect).
+        """
+        added: list[str] = []
+        removed: list[str] = []
+        changed: list[str] = []
+        ignored: list[str] = []
+        fresh = {node.node_id: node for node in nodes}
+        for node_id in fresh:
+            if node_id not in self._nodes:
+                ignored.append(node_id)
+        for node_id, node in list(self._nodes.items()):
+            new = fresh.get(node_id)
+            if new is None:
+                continue
+            old_providers = {p.provider_id: p for p in node.providers}
+            new_providers: dict[str, ProviderConfig] = {p.provider_id: p for p in new.providers}
+            added += [f"{node_id}/{p}" for p in new_providers if p not in old_providers]
+            removed += [f"{node_id}/{p}" for p in old_providers if p not in new_providers]
+            changed += [
+                f"{node_id}/{p}"
+                for p in new_providers
+                if p in old_providers and old_providers[p] != new_providers[p]
+            ]
+            self._nodes[node_id] = attrs.evolve(node, providers=new.providers)
+            self.pool.configure_node(node_id, new.providers)
+            health = self._health.get(node_id)
+            if health is not None:
+                for provider_id in list(health):
+                    if provider_id not in new_providers:
+                        del health[provider_id]
+                for provider_id in new_providers:
+                    if provider_id not in health:
+                        health[provider_id] = ProviderHealth(pb.PROVIDER_HEALTH_UNKNOWN, "not yet probed")
+                        self.pool.set_provider_usable(node_id, provider_id, False)
+        self._config = attrs.evolve(self._config, nodes=tuple(self._nodes.values()))
+        return RefreshSummary(tuple(added), tuple(removed), tuple(changed), tuple(ignored))
+
+    def ready_nodes(self) -> list[str]:
+        """Ids of dispatch-ready Nodes, in configuration order."""
+        return [node_id for node_id in self._nodes if self.is_ready(node_id)]
+
+    def probe_node(self, node_id: str, timeout: float) -> "Deferred[list[str]]":
+        """Ask the owner of ``node_id`` to probe again; apply its answer.
+
+        Fires with the ids of providers whose health changed. The answer
+        counts only if the same connection still owns the Node.
+        """
+        token = self.ownership.owner(node_id)
+        peer = self._peers.get(token) if token is not None else None
+        if token is None or peer is None:
+            from twisted.internet.defer import fail
+
+            return fail(UnknownNode(f"node {node_id!r} is not ready"))
+
+        def answered(response: pb.NodeProbeResponse) -> list[str]:
+            if not self.ownership.is_owner(token):
+                return []
+            self.ownership.seen(token)
+            return self._update_health(node_id, response.health, announce=True)
+
+        return peer.probe(timeout).addCallback(answered)
+
+def _health_name(value: "pb.ProviderHealth") -> str:
+    return pb.ProviderHealth.Name(value).removeprefix("PROVIDER_HEALTH_").lower()

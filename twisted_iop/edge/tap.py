@@ -1,0 +1,134 @@
+"""``twistd iop-edge``: options and service composition of the Edge agent."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional, cast
+
+from twisted.application import strports
+from twisted.application.internet import ClientService, StreamServerEndpointService
+from twisted.application.service import MultiService
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.endpoints import clientFromString
+from twisted.internet.interfaces import IListeningPort, IProtocolFactory
+from twisted.logger import Logger
+from twisted.python import usage
+
+from twisted_iop.configuration import ConfigError
+from twisted_iop.edge.commands import CommandRunner
+from twisted_iop.edge.config import EdgeConfig, load_edge_config
+from twisted_iop.edge.cp_connector import ControlPlaneLink
+from twisted_iop.edge.node_server import NodeServerFactory
+from twisted_iop.edge.registry import NodeRegistry
+from twisted_iop.edge.status import StatusProvider
+
+
+class Options(usage.Options):
+    """Command line of ``twistd iop-edge``."""
+
+    optParameters = [
+        ["config", "c", None, "Path to edge.yaml (see configs/edge.yaml)."],
+    ]
+
+    def postOptions(self) -> None:
+        """Parse edge.yaml now so a bad config is a usage error, not a traceback."""
+        if not self["config"]:
+            raise usage.UsageError("--config PATH is required (see configs/edge.yaml)")
+        try:
+            self["edge_config"] = load_edge_config(self["config"], os.environ)
+        except ConfigError as e:
+            raise usage.UsageError(f"bad edge config: {e}") from None
+
+
+class BindError(RuntimeError):
+    """The Node listener could not bind its address."""
+
+
+class EdgeService(MultiService):
+    """The Edge's services, with handles on the parts tests and tools need."""
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        config: EdgeConfig,
+        registry: NodeRegistry,
+        status: StatusProvider,
+        commands: CommandRunner,
+        link: ControlPlaneLink,
+        node_server: StreamServerEndpointService,
+        node_factory: NodeServerFactory,
+        control_plane: ClientService,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.registry = registry
+        self.status = status
+        self.commands = commands
+        self.link = link
+        self.node_server = node_server
+        self.node_factory = node_factory
+        self.control_plane = control_plane
+        self.node_port = 0
+        self._port_waiters: list[Deferred[int]] = []
+
+    def privilegedStartService(self) -> None:
+        try:
+            super().privilegedStartService()
+        except Exception as e:
+            raise BindError(f"cannot listen for nodes on {self.config.node_server.listen}: {e}") from None
+        waiting = cast(Optional["Deferred[IListeningPort]"], getattr(self.node_server, "_waitingForPort", None))
+        if waiting is not None:
+            waiting.addCallback(self._node_server_bound)
+
+    def _node_server_bound(self, port: IListeningPort) -> IListeningPort:
+        self.node_port = int(getattr(port.getHost(), "port", 0))
+        self._log.info(
+            "node_server listening on {description} (port {port})",
+            description=self.config.node_server.listen,
+            port=self.node_port,
+        )
+        for waiter in self._port_waiters:
+            waiter.callback(self.node_port)
+        self._port_waiters = []
+        return port
+
+    def node_listening_port(self) -> "Deferred[int]":
+        """Fires with the Node listener's TCP port once it is bound."""
+        if self.node_port:
+            return succeed(self.node_port)
+        waiter: Deferred[int] = Deferred()
+        self._port_waiters.append(waiter)
+        return waiter
+
+    def stopService(self) -> "Deferred[None] | None":
+        self.link.stop()
+        return cast("Deferred[None] | None", super().stopService())
+
+
+def makeService(options: Any, reactor: Any = None) -> EdgeService:
+    """Compose the Edge: registry first, then the Node listener, then the CP link."""
+    if reactor is None:
+        from twisted.internet import reactor as default_reactor
+
+        reactor = default_reactor
+    config: EdgeConfig = options["edge_config"] if "edge_config" in options else load_edge_config(options["config"])
+    clock: Any = reactor
+    registry = NodeRegistry(config, clock)
+    status = StatusProvider(registry, clock)
+    commands = CommandRunner(registry, clock, probe_timeout_seconds=config.node_server.probe_timeout_seconds)
+    link = ControlPlaneLink(config.control_plane, registry, status, commands, clock)
+
+    node_factory = NodeServerFactory(registry, clock, config.node_server.peer_settings())
+    node_server = strports.service(config.node_server.listen, cast(IProtocolFactory, node_factory), reactor=reactor)
+    node_server.setName("node-server")
+
+    endpoint = clientFromString(reactor, config.control_plane.address)
+    control_plane = ClientService(endpoint, cast(IProtocolFactory, link.factory()), retryPolicy=link.retry_delay, clock=clock)
+    control_plane.setName("control-plane")
+
+    service = EdgeService(config, registry, status, commands, link, node_server, node_factory, control_plane)
+    registry.setServiceParent(service)
+    node_server.setServiceParent(service)
+    control_plane.setServiceParent(service)
+    return service

@@ -182,3 +182,16 @@ def test_slow_consumer_is_told_how_many_events_it_lost() -> None:
     lost = protocol.sent[0].events_lost
     assert (lost.count, lost.first_sequence, lost.last_sequence, lost.reason) == (15, 2, 16, "slow_consumer")
     assert [m.event.fleet_sequence for m in protocol.sent[1:]] == [17, 18, 19, 20, 21]
+
+
+@pytest_twisted.ensureDeferred
+async def test_stop_closes_clients_with_4000_and_edges_with_shutting_down() -> None:
+    """Stopping the Control Plane closes open WebSockets (4000) and Edge connections (SHUTTING_DOWN)."""
+    cp = await start_control_plane()
+    client = await open_client(cp.wire_url, cp.service.port("client_wire"))
+    client.send("client_hello_request", hello())
+    edge, _ = await connect_edge(cp.edge_wire_port, "edge-a")
+    await cp.stop()
+    assert await client.closed == 4000
+    await edge.lost
+    assert edge.errors[-1].code == pb.ERROR_CODE_SHUTTING_DOWN

@@ -282,4 +282,4 @@ class ClientWireFactory(WebSocketServerFactory):
     def close_all(self) -> None:
         """Close every client connection (the Control Plane is stopping)."""
         for connection in list(self.connections):
-            connection.sendClose(code=1001, reason="the Control Plane is shutting down")
+            connection.sendClose(code=4000, reason="the Control Plane is shutting down")

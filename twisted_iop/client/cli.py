@@ -1,0 +1,503 @@
+"""``iopctl``: the operator CLI of the Control Plane.
+
+::
+
+    iopctl [--url URL] [--wire-url URL] [--token T] [--json] COMMAND ...
+
+    edges                     list known edges
+    edge ID                   one edge: connection, buffers
+    status ID                 fresh status: per-node and per-provider rows
+    fleet                     fleet status: totals and one row per edge
+    events ID [--since N] [--limit N] [--follow]
+    operations ID [--limit N]
+    operation ID OPERATION_ID
+    commands ID               the edge's command catalog
+    command ID NAME [--target T] [--arg k=v ...] [--timeout S] [--idempotency-key K]
+    hello                     say hello on the WebSocket wire
+
+Exit codes: 0 ok, 1 the server answered an error (or a command did not
+succeed), 2 usage error, 3 the Control Plane cannot be reached. Errors are
+one line on stderr (``iopctl: <code>: <message>``), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Callable, Optional, Sequence, TextIO
+
+from twisted.internet.defer import Deferred
+from twisted.internet.task import react
+
+from twisted_iop import __version__
+from twisted_iop.client import render
+from twisted_iop.client.errors import (
+    ControlPlaneError,
+    ControlPlaneUnreachable,
+    EdgeDisconnected,
+    EdgeNotConnected,
+    EdgeTimeout,
+    HelloRejected,
+    InvalidResponse,
+    WireError,
+    WireRequestError,
+)
+from twisted_iop.client.models import to_json
+from twisted_iop.client.repository import API_TOKEN_ENV, ControlPlaneStatusRepository
+from twisted_iop.client.wire import ClientWireClient, EventSubscription, event_from_wire
+from twisted_iop.wire import control_pb2 as pb
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+
+#: Commands may run at most this long on the Control Plane (docs/http-api.md).
+MAX_COMMAND_TIMEOUT_SECONDS = 300.0
+
+RepositoryFactory = Callable[[argparse.Namespace], Any]
+WireFactory = Callable[[argparse.Namespace], Any]
+
+
+class UsageError(Exception):
+    """A command line that cannot be run; reported with exit code 2."""
+
+    def __init__(self, message: str, usage: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.usage = usage
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse that raises :class:`UsageError` instead of exiting."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        """Raise instead of printing and exiting, so callers choose the output."""
+        raise UsageError(message, self.format_usage())
+
+
+def _global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    """Options valid before and after the subcommand.
+
+    On subcommand parsers their defaults are suppressed so a value given
+    before the subcommand is not overwritten by the subparser's default.
+    """
+    default: Any = argparse.SUPPRESS if suppress else None
+    parser.add_argument(
+        "--url",
+        metavar="URL",
+        default=default,
+        help="Control Plane HTTP base URL (default: $IOP_CONTROL_PLANE_HTTP_URL or http://127.0.0.1:8080)",
+    )
+    parser.add_argument(
+        "--wire-url",
+        metavar="URL",
+        default=default,
+        help="Control Plane client WebSocket URL (default: $IOP_CONTROL_PLANE_WIRE_URL "
+        "or ws://127.0.0.1:8081/client)",
+    )
+    parser.add_argument(
+        "--token",
+        metavar="TOKEN",
+        default=default,
+        help=f"HTTP API token (default: ${API_TOKEN_ENV})",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS if suppress else False,
+        help="print JSON for scripts instead of tables",
+    )
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
+
+
+def _limit(text: str) -> int:
+    value = _non_negative_int(text)
+    if not 1 <= value <= 1000:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 1000, not {value}")
+    return value
+
+
+def _command_timeout(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value <= MAX_COMMAND_TIMEOUT_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most {MAX_COMMAND_TIMEOUT_SECONDS:g} seconds")
+    return value
+
+
+def _argument_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, not {text!r}")
+    return key, value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``iopctl``."""
+    parser = _ArgumentParser(
+        prog="iopctl",
+        description="Operate a twisted-iop Control Plane: edges, status, events, operations, commands.",
+        epilog="exit codes: 0 ok, 1 the server answered an error, 2 usage error, 3 Control Plane unreachable",
+    )
+    parser.add_argument("--version", action="version", version=f"iopctl {__version__}")
+    _global_options(parser, suppress=False)
+    common = _ArgumentParser(add_help=False)
+    _global_options(common, suppress=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_ArgumentParser)
+
+    def add(name: str, help_text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help_text, description=help_text, parents=[common])
+
+    add("edges", "list the known edges")
+    p = add("edge", "show one edge: connection and buffers")
+    p.add_argument("edge_id", metavar="ID", help="edge id")
+    p = add("status", "ask an edge for its status: nodes and providers")
+    p.add_argument("edge_id", metavar="ID", help="edge id")
+    add("fleet", "fleet status: totals and one row per edge")
+    p = add("events", "an edge's recorded events (or follow them live)")
+    p.add_argument("edge_id", metavar="ID", help="edge id")
+    p.add_argument("--since", type=_non_negative_int, default=None, metavar="N", help="events after sequence N")
+    p.add_argument("--limit", type=_limit, default=None, metavar="N", help="at most N events (1..1000)")
+    p.add_argument(
+        "--follow", "-f", action="store_true", help="print events live as they arrive (WebSocket) until Ctrl-C"
+    )
+    p = add("operations", "an edge's command operations, newest first")
+    p.add_argument("edge_id", metavar="ID", help="edge id")
+    p.add_argument("--limit", type=_limit, default=None, metavar="N", help="at most N operations (1..1000)")
+    p = add("operation", "one operation with its result and history")
+    p.add_argument("edge_id", metavar="ID", help="edge id")
+    p.add_argument("operation_id", metavar="OPERATION_ID", help="operation id")
+    p = add("commands", "the commands an edge offers")
+    p.add_argument("edge_id", metavar="ID", help="edge id")
+    p = add("command", "run a command on an edge and wait for its outcome")
+    p.add_argument("edge_id", metavar="ID", help="edge id")
+    p.add_argument("name", metavar="NAME", help="command name, e.g. node.drain (see: iopctl commands ID)")
+    p.add_argument("--target", default=None, metavar="T", help="the node (or other target) to act on")
+    p.add_argument(
+        "--arg",
+        dest="arguments",
+        action="append",
+        type=_argument_pair,
+        default=[],
+        metavar="KEY=VALUE",
+        help="a command argument (repeatable)",
+    )
+    p.add_argument(
+        "--timeout", type=_command_timeout, default=None, metavar="S", help="seconds the edge may take (max 300)"
+    )
+    p.add_argument("--idempotency-key", default=None, metavar="K", help="run at most once for this key")
+    add("hello", "say hello on the client WebSocket and show the server's answer")
+    return parser
+
+
+def parse_arguments(argv: Sequence[str]) -> argparse.Namespace:
+    """Parse ``argv``; raises :class:`UsageError` with argparse's message."""
+    args = build_parser().parse_args(list(argv))
+    for name, default in (("url", None), ("wire_url", None), ("token", None), ("json", False)):
+        if not hasattr(args, name):
+            setattr(args, name, default)
+    return args
+
+
+def default_repository(args: argparse.Namespace) -> ControlPlaneStatusRepository:
+    """The repository for the parsed options (token from the environment if not given)."""
+    import os
+
+    token = args.token or os.environ.get(API_TOKEN_ENV) or None
+    return ControlPlaneStatusRepository(base_url=args.url, api_token=token)
+
+
+def default_wire_client(reactor: Any) -> WireFactory:
+    """A factory of wire clients on ``reactor`` for the parsed options."""
+    import os
+
+    def make(args: argparse.Namespace) -> ClientWireClient:
+        token = args.token or os.environ.get(API_TOKEN_ENV) or None
+        return ClientWireClient(url=args.wire_url, reactor=reactor, api_token=token, client_name=f"iopctl/{__version__}")
+
+    return make
+
+
+class Console:
+    """Where iopctl writes: results to ``out``, diagnostics to ``err``."""
+
+    def __init__(self, out: TextIO, err: TextIO, as_json: bool) -> None:
+        self.out = out
+        self.err = err
+        self.as_json = as_json
+
+    def result(self, model: Any, text: Callable[[Any], str]) -> None:
+        """Print a model as a table, or as JSON with ``--json``."""
+        if self.as_json:
+            self.json(to_json(model))
+        else:
+            self.line(text(model))
+
+    def json(self, value: Any, compact: bool = False) -> None:
+        """Print one JSON document."""
+        if compact:
+            self.line(json.dumps(value, sort_keys=True, separators=(",", ":")))
+        else:
+            self.line(json.dumps(value, indent=2, sort_keys=True))
+
+    def line(self, text: str) -> None:
+        """Print ``text`` and a newline, flushed (``--follow`` is read live)."""
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def error(self, code: str, message: str) -> None:
+        """The one-line error on stderr."""
+        self.err.write(f"iopctl: {code}: {message}\n")
+        self.err.flush()
+
+    def note(self, message: str) -> None:
+        """A diagnostic line on stderr."""
+        self.err.write(f"iopctl: {message}\n")
+        self.err.flush()
+
+
+async def run(
+    reactor: Any,
+    args: argparse.Namespace,
+    repository: Any,
+    wire_factory: WireFactory,
+    out: TextIO,
+    err: TextIO,
+    interrupted: Optional[Deferred[None]] = None,
+) -> int:
+    """Run one parsed command; answers the exit code and never raises.
+
+    ``interrupted`` ends ``events --follow`` when it fires (Ctrl-C in
+    :func:`main`; tests fire it themselves).
+    """
+    console = Console(out, err, bool(args.json))
+    try:
+        return await _dispatch(reactor, args, repository, wire_factory, console, interrupted)
+    except ControlPlaneUnreachable as e:
+        console.note(str(e))
+        return EXIT_UNREACHABLE
+    except EdgeNotConnected as e:
+        if e.snapshot is not None:
+            console.result(e.snapshot, render.render_status)
+        elif console.as_json:
+            console.json(dict(e.body))
+        console.error(e.code, e.message)
+        return EXIT_ERROR
+    except (EdgeTimeout, EdgeDisconnected) as e:
+        if e.operation is not None:
+            console.result(e.operation, render.render_operation)
+        elif console.as_json:
+            console.json(dict(e.body))
+        console.error(e.code, e.message)
+        return EXIT_ERROR
+    except ControlPlaneError as e:
+        if console.as_json:
+            console.json(dict(e.body) or {"error": {"code": e.code, "message": e.message, "status": e.status}})
+        console.error(e.code, e.message)
+        return EXIT_ERROR
+    except InvalidResponse as e:
+        console.error(InvalidResponse.code, e.message)
+        return EXIT_ERROR
+    except HelloRejected as e:
+        console.error("hello_rejected", e.reason)
+        return EXIT_ERROR
+    except WireRequestError as e:
+        console.error(e.code, e.message)
+        return EXIT_ERROR
+    except WireError as e:
+        console.error("wire_error", str(e))
+        return EXIT_ERROR
+    except Exception as e:
+        console.error("internal_error", f"{e.__class__.__name__}: {e}")
+        return EXIT_ERROR
+
+
+async def _dispatch(
+    reactor: Any,
+    args: argparse.Namespace,
+    repository: Any,
+    wire_factory: WireFactory,
+    console: Console,
+    interrupted: Optional[Deferred[None]],
+) -> int:
+    command = args.command
+    if command == "edges":
+        console.result(await repository.all_edges(), render.render_edges)
+    elif command == "edge":
+        console.result(await repository.edge(args.edge_id), render.render_edge)
+    elif command == "status":
+        console.result(await repository.edge_status(args.edge_id), render.render_status)
+    elif command == "fleet":
+        console.result(await repository.full_fleet_status(), render.render_fleet)
+    elif command == "events":
+        if args.follow:
+            return await _follow(args, wire_factory, console, interrupted)
+        page = await repository.events(args.edge_id, since=args.since or 0, limit=args.limit)
+        console.result(page, render.render_events)
+    elif command == "operations":
+        console.result(await repository.operations(args.edge_id, limit=args.limit), render.render_operations)
+    elif command == "operation":
+        console.result(await repository.operation(args.edge_id, args.operation_id), render.render_operation)
+    elif command == "commands":
+        console.result(await repository.commands(args.edge_id), render.render_commands)
+    elif command == "command":
+        operation = await repository.send_command(
+            args.edge_id,
+            args.name,
+            target=args.target,
+            arguments=dict(args.arguments),
+            timeout_seconds=args.timeout,
+            idempotency_key=args.idempotency_key,
+        )
+        console.result(operation, render.render_operation)
+        if operation.state != "succeeded":
+            console.error(operation.state, operation.reason or f"the command ended {operation.state}")
+            return EXIT_ERROR
+    elif command == "hello":
+        return await _hello(args, wire_factory, console)
+    else:  # pragma: no cover - argparse only lets known commands through
+        raise UsageError(f"unknown command {command!r}")
+    return EXIT_OK
+
+
+async def _hello(args: argparse.Namespace, wire_factory: WireFactory, console: Console) -> int:
+    client = wire_factory(args)
+    try:
+        response = await client.hello()
+    finally:
+        await client.close()
+    document = {
+        "url": client.url,
+        "accepted": response.accepted,
+        "reason": response.reason,
+        "server_version": response.server_version,
+        "protocol": f"{response.protocol_major}.{response.protocol_minor}",
+        "features": list(response.features),
+    }
+    if console.as_json:
+        console.json(document)
+    else:
+        width = max(len(k) for k in document)
+        for key, value in document.items():
+            if key == "reason" and not value:
+                continue
+            shown = ", ".join(value) if isinstance(value, list) else ("yes" if value is True else "no" if value is False else value)
+            console.line(f"{key.replace('_', ' ').ljust(width)}  {shown or '-'}")
+    if not response.accepted:
+        console.error("hello_rejected", response.reason or "no reason given")
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+async def _follow(
+    args: argparse.Namespace,
+    wire_factory: WireFactory,
+    console: Console,
+    interrupted: Optional[Deferred[None]],
+) -> int:
+    """Print an edge's events live until interrupted or the subscription fails."""
+    client = wire_factory(args)
+    finished: Deferred[int] = Deferred()
+
+    def on_event(event: pb.FleetEvent) -> None:
+        model = event_from_wire(event)
+        if console.as_json:
+            console.json(to_json(model), compact=True)
+        else:
+            console.line(render.event_line(model))
+
+    def on_lost(lost: pb.EventsLost) -> None:
+        if console.as_json:
+            console.json(
+                {
+                    "events_lost": {
+                        "count": lost.count,
+                        "first_sequence": lost.first_sequence,
+                        "last_sequence": lost.last_sequence,
+                        "reason": lost.reason,
+                    }
+                },
+                compact=True,
+            )
+        else:
+            console.line(
+                f"-- {lost.count} events lost (sequences {lost.first_sequence}..{lost.last_sequence}, {lost.reason}) --"
+            )
+
+    def on_state(state: str, detail: str) -> None:
+        if state == "disconnected":
+            console.note(f"connection lost ({detail}); reconnecting")
+        elif state == "resumed":
+            console.note(f"reconnected, resuming {detail}")
+
+    subscription: EventSubscription = await client.subscribe(
+        edge_id=args.edge_id, since=args.since, on_event=on_event, on_lost=on_lost, on_state=on_state
+    )
+    if not console.as_json:
+        console.note(f"following events of {args.edge_id} (Ctrl-C to stop)")
+
+    def ended(_: Any) -> None:
+        if not finished.called:
+            finished.callback(EXIT_OK)
+
+    def failed(failure: Any) -> None:
+        if not finished.called:
+            finished.errback(failure)
+
+    subscription.done.addCallbacks(ended, failed)
+    if interrupted is not None:
+        interrupted.addBoth(ended)
+    try:
+        return await finished
+    finally:
+        await client.close()
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """The ``iopctl`` console script."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parse_arguments(arguments)
+    except UsageError as e:
+        sys.stderr.write(e.usage)
+        sys.stderr.write(f"iopctl: error: {e.message}\n")
+        sys.exit(EXIT_USAGE)
+
+    async def start(reactor: Any) -> None:
+        interrupted: Deferred[None] = Deferred()
+        running: Deferred[int] = Deferred.fromCoroutine(
+            run(
+                reactor,
+                args,
+                default_repository(args),
+                default_wire_client(reactor),
+                sys.stdout,
+                sys.stderr,
+                interrupted,
+            )
+        )
+
+        def before_shutdown() -> Deferred[Any]:
+            # Ctrl-C: end --follow cleanly (unsubscribe, close) before the reactor stops.
+            if not interrupted.called:
+                interrupted.callback(None)
+            return running
+
+        reactor.addSystemEventTrigger("before", "shutdown", before_shutdown)
+        code = await running
+        raise SystemExit(code)
+
+    react(start)

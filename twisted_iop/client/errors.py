@@ -1,0 +1,190 @@
+"""Exceptions raised by the Control Plane clients.
+
+Every HTTP error answer of the Control Plane has the shape
+``{"error": {"code", "message", "status"}}`` (docs/http-api.md); it becomes
+one :class:`ControlPlaneError` subclass chosen by its stable ``code``, so
+callers catch what they mean (``except UnknownEdge``) and still see the
+server's words. Failing to reach the Control Plane at all is a different
+thing and raises :class:`ControlPlaneUnreachable`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping, Optional
+
+if TYPE_CHECKING:
+    from twisted_iop.client.models import EdgeStatus, Operation
+
+
+class ClientError(Exception):
+    """Base class of everything the clients raise on purpose."""
+
+
+class ControlPlaneUnreachable(ClientError):
+    """The Control Plane could not be reached or did not answer in time."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"cannot reach the Control Plane at {url}: {reason}")
+        self.url = url
+        self.reason = reason
+
+
+class InvalidResponse(ClientError):
+    """The Control Plane answered something that is not the documented JSON."""
+
+    code = "invalid_response"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ControlPlaneError(ClientError):
+    """The Control Plane answered with an error.
+
+    ``code`` is the stable machine code, ``status`` the HTTP status and
+    ``message`` the human-readable text; ``body`` is the whole decoded error
+    document (it may carry more context next to ``error``).
+    """
+
+    #: The code this class stands for; the base class takes any code.
+    CODE: str = ""
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        status: int,
+        body: Optional[Mapping[str, Any]] = None,
+    ) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.status = status
+        self.body: Mapping[str, Any] = body if body is not None else {}
+
+
+class BadRequest(ControlPlaneError):
+    """A query parameter or body field was invalid (400 ``bad_request``)."""
+
+    CODE = "bad_request"
+
+
+class InvalidJSON(ControlPlaneError):
+    """The request body was not a JSON object (400 ``invalid_json``)."""
+
+    CODE = "invalid_json"
+
+
+class UnknownCommand(ControlPlaneError):
+    """The command is not in the edge's catalog (400 ``unknown_command``)."""
+
+    CODE = "unknown_command"
+
+
+class Unauthorized(ControlPlaneError):
+    """An API token is required and was not given (401 ``unauthorized``)."""
+
+    CODE = "unauthorized"
+
+
+class Forbidden(ControlPlaneError):
+    """The API token is wrong (403 ``forbidden``)."""
+
+    CODE = "forbidden"
+
+
+class UnknownEdge(ControlPlaneError):
+    """No edge with that id is known (404 ``unknown_edge``)."""
+
+    CODE = "unknown_edge"
+
+
+class NotFound(ControlPlaneError):
+    """No such route or operation (404 ``not_found``)."""
+
+    CODE = "not_found"
+
+
+class EdgeNotConnected(ControlPlaneError):
+    """The edge is known but not connected (409 ``edge_not_connected``).
+
+    ``snapshot`` is the last status the Control Plane received from it
+    (marked stale), or ``None`` when none was ever received or the view does
+    not carry one.
+    """
+
+    CODE = "edge_not_connected"
+    snapshot: Optional["EdgeStatus"] = None
+
+
+class EdgeError(ControlPlaneError):
+    """The edge answered with an error (502 ``edge_error``)."""
+
+    CODE = "edge_error"
+
+
+class EdgeDisconnected(ControlPlaneError):
+    """The edge went away while the request was in flight (503 ``edge_disconnected``).
+
+    ``operation`` is the command's operation record when the request was a
+    command.
+    """
+
+    CODE = "edge_disconnected"
+    operation: Optional["Operation"] = None
+
+
+class EdgeTimeout(ControlPlaneError):
+    """The edge did not answer in time (504 ``edge_timeout``).
+
+    ``operation`` is the command's operation record (state ``timed_out``)
+    when the request was a command.
+    """
+
+    CODE = "edge_timeout"
+    operation: Optional["Operation"] = None
+
+
+#: Error classes by their server code.
+ERRORS_BY_CODE: Mapping[str, type[ControlPlaneError]] = {
+    cls.CODE: cls
+    for cls in (
+        BadRequest,
+        InvalidJSON,
+        UnknownCommand,
+        Unauthorized,
+        Forbidden,
+        UnknownEdge,
+        NotFound,
+        EdgeNotConnected,
+        EdgeError,
+        EdgeDisconnected,
+        EdgeTimeout,
+    )
+}
+
+
+class WireError(ClientError):
+    """Base class of failures on the WebSocket ``/client`` wire."""
+
+
+class HelloRejected(WireError):
+    """The Control Plane refused the client hello."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"hello rejected: {reason}")
+        self.reason = reason
+
+
+class WireRequestError(WireError):
+    """The Control Plane answered a wire request with an ``Error`` message."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class WireConnectionLost(WireError):
+    """The WebSocket closed before a request was answered."""

@@ -1,0 +1,378 @@
+"""Plain-text rendering of Control Plane views for people (iopctl tables).
+
+Every function takes a model from :mod:`twisted_iop.client.models` and
+returns text without a trailing newline; none of them prints. Columns are
+aligned, numbers right-aligned, missing values shown as ``-``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Iterable, Mapping, Optional, Sequence
+
+from twisted_iop.client.models import (
+    CommandCatalog,
+    EdgeDetail,
+    EdgeStatus,
+    EdgeSummary,
+    Event,
+    EventPage,
+    FleetStatus,
+    Operation,
+    OperationPage,
+    ProviderCounters,
+    StatusTotals,
+)
+
+#: Shown for a value that is absent.
+NONE = "-"
+
+
+def render_table(headers: Sequence[str], rows: Iterable[Sequence[object]], numeric: Iterable[int] = ()) -> str:
+    """Align ``rows`` under ``headers``; columns listed in ``numeric`` are right-aligned.
+
+    Trailing spaces are stripped so the output diffs cleanly.
+    """
+    text_rows = [[str(cell) for cell in row] for row in rows]
+    right = set(numeric)
+    widths = [len(h) for h in headers]
+    for row in text_rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+
+    def line(cells: Sequence[str]) -> str:
+        parts = []
+        for i, cell in enumerate(cells):
+            parts.append(cell.rjust(widths[i]) if i in right else cell.ljust(widths[i]))
+        return "  ".join(parts).rstrip()
+
+    return "\n".join([line(list(headers))] + [line(row) for row in text_rows])
+
+
+def time_text(value: Optional[datetime]) -> str:
+    """A UTC time as ``2026-11-29 20:00:00``, or ``-``."""
+    if value is None:
+        return NONE
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def yes_no(value: bool) -> str:
+    """``yes`` or ``no``."""
+    return "yes" if value else "no"
+
+
+def labels_text(labels: Mapping[str, str]) -> str:
+    """``k=v,k2=v2`` sorted by key, or ``-``."""
+    if not labels:
+        return NONE
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def counters_text(counters: ProviderCounters) -> str:
+    """``in-flight/capacity in flight, N queued``."""
+    return f"{counters.in_flight}/{counters.capacity} in flight, {counters.queued} queued"
+
+
+def _counts_text(counts: Mapping[str, int]) -> str:
+    shown = [f"{k} {v}" for k, v in counts.items() if v]
+    return ", ".join(shown) if shown else "none"
+
+
+def render_edges(edges: Sequence[EdgeSummary]) -> str:
+    """The ``iopctl edges`` table."""
+    if not edges:
+        return "no edges are known"
+    rows = [
+        (
+            e.edge_id,
+            yes_no(e.connected),
+            e.software_version or NONE,
+            e.protocol_version or NONE,
+            time_text(e.connected_at if e.connected else e.disconnected_at),
+            time_text(e.last_seen),
+            e.enrollments,
+            len(e.commands),
+            labels_text(e.labels),
+        )
+        for e in edges
+    ]
+    headers = ("EDGE", "CONNECTED", "VERSION", "PROTOCOL", "SINCE", "LAST SEEN", "ENROLLMENTS", "COMMANDS", "LABELS")
+    return render_table(headers, rows, numeric=(6, 7))
+
+
+def render_edge(edge: EdgeDetail) -> str:
+    """The ``iopctl edge ID`` key/value view."""
+    pairs: list[tuple[str, str]] = [
+        ("edge", edge.edge_id),
+        ("connected", yes_no(edge.connected)),
+        ("software version", edge.software_version or NONE),
+        ("protocol version", edge.protocol_version or NONE),
+        ("connected at", time_text(edge.connected_at)),
+        ("last seen", time_text(edge.last_seen)),
+        ("disconnected at", time_text(edge.disconnected_at)),
+        ("enrollments", str(edge.enrollments)),
+        ("labels", labels_text(edge.labels)),
+        ("commands", ", ".join(edge.commands) or NONE),
+    ]
+    if edge.status is not None:
+        snapshot = "none" if not edge.status.available else ("stale" if edge.status.stale else "fresh")
+        pairs.append(("last snapshot", f"{snapshot}, received {time_text(edge.status.received_at)}"))
+    if edge.events is not None:
+        b = edge.events
+        last = NONE if b.last_sequence is None else str(b.last_sequence)
+        pairs.append(("events", f"{b.kept} kept of {b.capacity}, {b.dropped} dropped, last sequence {last}"))
+    if edge.operations is not None:
+        b = edge.operations
+        pairs.append(("operations", f"{b.kept} kept of {b.capacity}, {b.dropped} dropped"))
+    width = max(len(k) for k, _ in pairs)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in pairs)
+
+
+def render_totals(totals: StatusTotals) -> str:
+    """Totals as two short lines."""
+    lines = []
+    if totals.edges_known is not None:
+        lines.append(f"edges      {totals.edges_connected or 0}/{totals.edges_known} connected")
+    lines.append(
+        f"nodes      {totals.nodes_connected}/{totals.nodes_configured} connected; "
+        f"providers {totals.providers} ({_counts_text(totals.providers_by_status)}; "
+        f"{_counts_text(totals.providers_by_health)})"
+    )
+    lines.append(f"general    {counters_text(totals.general)}")
+    lines.append(f"long ctx   {counters_text(totals.long_context)}")
+    return "\n".join(lines)
+
+
+def render_status(status: EdgeStatus) -> str:
+    """The ``iopctl status ID`` view: a header, node rows, provider rows."""
+    freshness = "STALE" if status.stale else "fresh"
+    header = (
+        f"edge {status.edge_id}: {'connected' if status.connected else 'not connected'}, "
+        f"{freshness} snapshot generated {time_text(status.generated_at)}, "
+        f"received {time_text(status.received_at)}"
+    )
+    parts = [header]
+    if status.totals is not None:
+        parts.append(render_totals(status.totals))
+    if not status.nodes:
+        parts.append("no nodes are configured")
+        return "\n\n".join(parts)
+    node_rows = [
+        (
+            n.node_id,
+            yes_no(n.connected),
+            yes_no(n.drained),
+            len(n.providers),
+            time_text(n.connected_since),
+            time_text(n.last_seen),
+            labels_text(n.labels),
+        )
+        for n in status.nodes
+    ]
+    parts.append(
+        render_table(
+            ("NODE", "CONNECTED", "DRAINED", "PROVIDERS", "CONNECTED SINCE", "LAST SEEN", "LABELS"),
+            node_rows,
+            numeric=(3,),
+        )
+    )
+    provider_rows = []
+    for n in status.nodes:
+        for p in n.providers:
+            provider_rows.append(
+                (
+                    n.node_id,
+                    p.provider_id,
+                    p.kind or NONE,
+                    p.status,
+                    p.health,
+                    p.general.capacity,
+                    p.general.in_flight,
+                    p.general.queued,
+                    p.long_context.capacity,
+                    p.long_context.in_flight,
+                    p.long_context.queued,
+                    ",".join(p.models) or NONE,
+                    p.health_reason,
+                )
+            )
+    if provider_rows:
+        parts.append(
+            render_table(
+                (
+                    "NODE",
+                    "PROVIDER",
+                    "KIND",
+                    "STATUS",
+                    "HEALTH",
+                    "CAP",
+                    "IN-FLIGHT",
+                    "QUEUED",
+                    "LC-CAP",
+                    "LC-IN-FLIGHT",
+                    "LC-QUEUED",
+                    "MODELS",
+                    "REASON",
+                ),
+                provider_rows,
+                numeric=range(5, 11),
+            )
+        )
+    return "\n\n".join(parts)
+
+
+def render_fleet(fleet: FleetStatus) -> str:
+    """The ``iopctl fleet`` view: totals, then one row per edge."""
+    parts = [f"fleet status generated {time_text(fleet.generated_at)}", render_totals(fleet.totals)]
+    if not fleet.items:
+        parts.append("no edges are known")
+        return "\n\n".join(parts)
+    rows = [
+        (
+            r.edge_id,
+            r.state + (" (stale)" if r.stale and r.state == "ok" else ""),
+            yes_no(r.connected),
+            f"{r.nodes_connected}/{r.nodes_configured}",
+            r.providers,
+            r.general.capacity,
+            r.general.in_flight,
+            r.general.queued,
+            r.long_context.capacity,
+            r.long_context.in_flight,
+            r.long_context.queued,
+            r.error or "",
+        )
+        for r in fleet.items
+    ]
+    parts.append(
+        render_table(
+            (
+                "EDGE",
+                "STATE",
+                "CONNECTED",
+                "NODES",
+                "PROVIDERS",
+                "CAP",
+                "IN-FLIGHT",
+                "QUEUED",
+                "LC-CAP",
+                "LC-IN-FLIGHT",
+                "LC-QUEUED",
+                "ERROR",
+            ),
+            rows,
+            numeric=range(3, 11),
+        )
+    )
+    return "\n\n".join(parts)
+
+
+def event_line(event: Event, fleet: bool = False) -> str:
+    """One event on one line, for ``--follow``."""
+    sequence = event.fleet_sequence if fleet else event.sequence
+    when = event.occurred_at or event.recorded_at
+    stamp = NONE if when is None else when.astimezone(timezone.utc).strftime("%H:%M:%S.%f")[:-3]
+    where = " ".join(
+        x
+        for x in (
+            f"edge={event.edge_id}" if fleet else "",
+            f"node={event.node_id}" if event.node_id else "",
+            f"provider={event.provider_id}" if event.provider_id else "",
+            f"command={event.command_id}" if event.command_id else "",
+        )
+        if x
+    )
+    text = f"{sequence:>6}  {stamp}  {event.kind:<26}"
+    if where:
+        text += f"  {where}"
+    if event.message:
+        text += f"  {event.message}"
+    return text.rstrip()
+
+
+def render_events(page: EventPage) -> str:
+    """The ``iopctl events ID`` table and a line about the buffer."""
+    fleet = page.edge_id is None
+    footer = (
+        f"{len(page.items)} shown; buffer keeps {page.kept} of {page.capacity}, "
+        f"{page.dropped} dropped; next --since {page.next_since if page.next_since is not None else NONE}"
+    )
+    if not page.items:
+        return "no events\n" + footer
+    rows = [
+        (
+            e.fleet_sequence if fleet else e.sequence,
+            time_text(e.occurred_at or e.recorded_at),
+            e.kind,
+            e.edge_id if fleet else (e.node_id or NONE),
+            e.provider_id or NONE,
+            e.message,
+        )
+        for e in page.items
+    ]
+    headers = ("SEQ", "TIME", "KIND", "EDGE" if fleet else "NODE", "PROVIDER", "MESSAGE")
+    return render_table(headers, rows, numeric=(0,)) + "\n" + footer
+
+
+def render_operations(page: OperationPage) -> str:
+    """The ``iopctl operations ID`` table, newest first."""
+    if not page.items:
+        return "no operations"
+    rows = [
+        (
+            o.operation_id,
+            o.name,
+            o.target or NONE,
+            o.state,
+            time_text(o.created_at),
+            time_text(o.finished_at),
+            o.reason,
+        )
+        for o in page.items
+    ]
+    text = render_table(("OPERATION", "NAME", "TARGET", "STATE", "CREATED", "FINISHED", "REASON"), rows)
+    footer = f"{len(page.items)} shown of {page.total}"
+    if page.kept is not None:
+        footer += f"; buffer keeps {page.kept} of {page.capacity}, {page.dropped} dropped"
+    return text + "\n" + footer
+
+
+def render_commands(catalog: CommandCatalog) -> str:
+    """The ``iopctl commands ID`` table."""
+    if not catalog.commands:
+        return f"edge {catalog.edge_id} announced no commands"
+    rows = []
+    for c in catalog.commands:
+        args = " ".join(f"{a.name}{'' if a.required else '?'}" for a in c.arguments)
+        rows.append((c.name, c.target_kind or NONE, args or NONE, c.description))
+    return render_table(("COMMAND", "TARGET", "ARGUMENTS", "DESCRIPTION"), rows) + "\n(? = optional argument)"
+
+
+def render_operation(operation: Operation) -> str:
+    """One operation with its result and history."""
+    pairs: list[tuple[str, str]] = [
+        ("operation", operation.operation_id),
+        ("edge", operation.edge_id),
+        ("command", operation.name),
+        ("target", operation.target or NONE),
+        ("arguments", labels_text(operation.arguments)),
+        ("state", operation.state),
+    ]
+    if operation.reason:
+        pairs.append(("reason", operation.reason))
+    if operation.idempotency_key:
+        pairs.append(("idempotency key", operation.idempotency_key))
+    pairs.append(("created", time_text(operation.created_at)))
+    pairs.append(("finished", time_text(operation.finished_at)))
+    width = max(len(k) for k, _ in pairs)
+    lines = [f"{k.ljust(width)}  {v}" for k, v in pairs]
+    if operation.result:
+        lines.append("result:")
+        rw = max(len(k) for k in operation.result)
+        lines.extend(f"  {k.ljust(rw)}  {v}" for k, v in sorted(operation.result.items()))
+    if operation.history:
+        lines.append("history:")
+        lines.extend(
+            f"  {time_text(h.at)}  {h.state}" + (f"  {h.reason}" if h.reason else "") for h in operation.history
+        )
+    return "\n".join(lines)

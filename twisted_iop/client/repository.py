@@ -1,0 +1,370 @@
+"""The Control Plane status repository: one async method per HTTP view.
+
+:class:`ControlPlaneStatusRepository` speaks the JSON API of
+docs/http-api.md through treq and returns the frozen models of
+:mod:`twisted_iop.client.models`. Error answers raise the
+:class:`~twisted_iop.client.errors.ControlPlaneError` subclass of their
+code; a Control Plane that cannot be reached raises
+:class:`~twisted_iop.client.errors.ControlPlaneUnreachable`.
+
+The treq client is injectable: tests pass a ``treq.testing.StubTreq``, and a
+long-running program can share one ``treq.client.HTTPClient``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable, Mapping, Optional, TypeVar
+from urllib.parse import quote, urlencode
+
+from twisted.internet.defer import CancelledError
+from twisted.internet.error import (
+    ConnectError,
+    ConnectingCancelledError,
+    ConnectionRefusedError,
+    DNSLookupError,
+    TimeoutError as ConnectTimeoutError,
+)
+from twisted.logger import Logger
+from twisted.web.client import ResponseFailed, ResponseNeverReceived
+
+from twisted_iop.client.errors import (
+    ERRORS_BY_CODE,
+    ControlPlaneError,
+    ControlPlaneUnreachable,
+    EdgeDisconnected,
+    EdgeNotConnected,
+    EdgeTimeout,
+    InvalidResponse,
+)
+from twisted_iop.client.models import (
+    CommandCatalog,
+    EdgeDetail,
+    EdgeStatus,
+    EdgeSummary,
+    EventPage,
+    FleetStatus,
+    FleetStatusRow,
+    Health,
+    Operation,
+    OperationPage,
+    Page,
+    Readiness,
+)
+
+T = TypeVar("T")
+
+#: Environment variable naming the Control Plane's HTTP base URL.
+HTTP_URL_ENV = "IOP_CONTROL_PLANE_HTTP_URL"
+#: Environment variable holding the API token, when the CLI is not given one.
+API_TOKEN_ENV = "IOP_CONTROL_PLANE_API_TOKEN"
+#: Where the Control Plane listens by default.
+DEFAULT_HTTP_URL = "http://127.0.0.1:8080"
+#: How long one HTTP request may take before the Control Plane counts as unreachable.
+DEFAULT_TIMEOUT_SECONDS = 30.0
+#: Extra time allowed on top of a command's own timeout for the HTTP answer.
+COMMAND_TIMEOUT_MARGIN_SECONDS = 5.0
+#: The largest page the list views hand out.
+MAX_PAGE_LIMIT = 1000
+
+
+def http_url_from_environment(url: Optional[str] = None) -> str:
+    """The Control Plane base URL: ``url``, else the environment, else the default."""
+    chosen = url or os.environ.get(HTTP_URL_ENV) or DEFAULT_HTTP_URL
+    return chosen.rstrip("/")
+
+
+def describe_connection_error(error: BaseException, timeout: float) -> Optional[str]:
+    """A short human reason for a failure to talk to the server, or ``None``.
+
+    ``None`` means the error is not a connection problem (a bug, say) and
+    should not be reported as "unreachable".
+    """
+    if isinstance(error, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(error, DNSLookupError):
+        return "host name lookup failed"
+    if isinstance(error, (CancelledError, ConnectingCancelledError, ConnectTimeoutError)):
+        return f"no answer within {timeout:g} s"
+    if isinstance(error, (ResponseNeverReceived, ResponseFailed)):
+        reasons = getattr(error, "reasons", None) or []
+        for reason in reasons:
+            inner = getattr(reason, "value", None)
+            if isinstance(inner, CancelledError):
+                return f"no answer within {timeout:g} s"
+        return "the connection closed before an answer arrived"
+    if isinstance(error, ConnectError):
+        text = str(error.osError or "") if getattr(error, "osError", None) else ""
+        return text or error.__class__.__name__
+    if isinstance(error, OSError):
+        return error.strerror or str(error)
+    return None
+
+
+def _default_http_client() -> Any:
+    """A treq client on the global reactor with non-persistent connections.
+
+    Non-persistent, so that a short-lived program (iopctl) leaves no idle
+    connection behind when it exits.
+    """
+    from twisted.internet import reactor
+    from twisted.web.client import Agent, HTTPConnectionPool
+    from treq.client import HTTPClient
+
+    pool = HTTPConnectionPool(reactor, persistent=False)
+    agent: Any = Agent(reactor, pool=pool)
+    return HTTPClient(agent)
+
+
+def error_from_response(status: int, body: bytes) -> ControlPlaneError:
+    """Build the typed exception for an error answer of the Control Plane."""
+    document: Mapping[str, Any] = {}
+    try:
+        decoded = json.loads(body.decode("utf-8")) if body else {}
+        if isinstance(decoded, Mapping):
+            document = decoded
+    except (UnicodeDecodeError, ValueError):
+        pass
+    error = document.get("error")
+    if isinstance(error, Mapping) and isinstance(error.get("code"), str):
+        code = str(error["code"])
+        message = str(error.get("message") or "")
+        given = error.get("status")
+        if isinstance(given, int) and not isinstance(given, bool):
+            status = given
+    else:
+        code = f"http_{status}"
+        text = body.decode("utf-8", "replace").strip().splitlines()
+        message = text[0][:200] if text else "the Control Plane answered without an error document"
+    cls = ERRORS_BY_CODE.get(code, ControlPlaneError)
+    exc = cls(code, message, status, document)
+    try:
+        if isinstance(exc, EdgeNotConnected) and document.get("snapshot") is not None:
+            exc.snapshot = EdgeStatus.from_json(document["snapshot"], "snapshot")
+        if isinstance(exc, (EdgeTimeout, EdgeDisconnected)) and document.get("operation") is not None:
+            exc.operation = Operation.from_json(document["operation"], "operation")
+    except InvalidResponse:
+        # The error itself is what matters; context that does not parse is dropped.
+        pass
+    return exc
+
+
+class ControlPlaneStatusRepository:
+    """Typed access to every HTTP view of one Control Plane.
+
+    ``base_url`` defaults to ``$IOP_CONTROL_PLANE_HTTP_URL`` and then to
+    ``http://127.0.0.1:8080``; ``api_token`` is sent as a Bearer token;
+    ``http_client`` is any treq ``HTTPClient``-like object (``StubTreq`` in
+    tests); ``timeout`` bounds each request, in seconds.
+    """
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        base_url: Optional[str] = None,
+        api_token: Optional[str] = None,
+        http_client: Any = None,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+    ) -> None:
+        self.base_url = http_url_from_environment(base_url)
+        self._api_token = api_token or None
+        self._http = http_client if http_client is not None else _default_http_client()
+        self.timeout = timeout
+
+    # -- plumbing -----------------------------------------------------------
+
+    def _url(self, path: str, query: Optional[Mapping[str, Any]] = None) -> str:
+        url = self.base_url + path
+        if query:
+            pairs = [(k, str(v)) for k, v in query.items() if v is not None]
+            if pairs:
+                url += "?" + urlencode(pairs)
+        return url
+
+    def _headers(self, extra: Optional[Mapping[str, str]] = None) -> dict[bytes, list[bytes]]:
+        headers: dict[bytes, list[bytes]] = {b"Accept": [b"application/json"]}
+        if self._api_token:
+            headers[b"Authorization"] = [b"Bearer " + self._api_token.encode("utf-8")]
+        for k, v in (extra or {}).items():
+            headers[k.encode("ascii")] = [v.encode("utf-8")]
+        return headers
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        query: Optional[Mapping[str, Any]] = None,
+        body: Optional[Mapping[str, Any]] = None,
+        timeout: Optional[float] = None,
+        accept_statuses: frozenset[int] = frozenset(),
+        headers: Optional[Mapping[str, str]] = None,
+    ) -> Any:
+        """Send one request and return the decoded JSON of a 2xx answer."""
+        seconds = timeout if timeout is not None else self.timeout
+        all_headers = self._headers(headers)
+        data = None
+        if body is not None:
+            all_headers[b"Content-Type"] = [b"application/json"]
+            data = json.dumps(body).encode("utf-8")
+        url = self._url(path, query)
+        try:
+            response = await self._http.request(method, url, headers=all_headers, data=data, timeout=seconds)
+            content = await response.content()
+        except Exception as e:
+            reason = describe_connection_error(e, seconds)
+            if reason is None:
+                raise
+            raise ControlPlaneUnreachable(self.base_url, reason) from None
+        status = int(response.code)
+        if not (200 <= status < 300) and status not in accept_statuses:
+            raise error_from_response(status, content)
+        try:
+            return json.loads(content.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            raise InvalidResponse(f"{method} {path}: the answer is not JSON (status {status})") from None
+
+    @staticmethod
+    def _edge_path(edge_id: str, *rest: str) -> str:
+        parts = ["edges", quote(edge_id, safe="")] + [quote(p, safe="") for p in rest]
+        return "/" + "/".join(parts)
+
+    # -- health ---------------------------------------------------------------
+
+    async def healthz(self) -> Health:
+        """``GET /healthz``."""
+        return Health.from_json(await self._request("GET", "/healthz"))
+
+    async def readyz(self) -> Readiness:
+        """``GET /readyz``; a not-ready server (503) answers ``ready=False``."""
+        return Readiness.from_json(await self._request("GET", "/readyz", accept_statuses=frozenset({503})))
+
+    # -- edges ----------------------------------------------------------------
+
+    async def edges(self, limit: Optional[int] = None, cursor: Optional[str] = None) -> Page[EdgeSummary]:
+        """``GET /edges``: one page of edge summaries, sorted by id."""
+        data = await self._request("GET", "/edges", {"limit": limit, "cursor": cursor})
+        return Page.from_json(data, EdgeSummary.from_json)
+
+    async def all_edges(self) -> list[EdgeSummary]:
+        """Every known edge, following ``next_cursor`` across pages."""
+        return await self._all_pages(lambda cursor: self.edges(limit=MAX_PAGE_LIMIT, cursor=cursor))
+
+    async def edge(self, edge_id: str) -> EdgeDetail:
+        """``GET /edges/{id}``: the summary and buffer figures of one edge."""
+        return EdgeDetail.from_json(await self._request("GET", self._edge_path(edge_id)))
+
+    async def edge_status(self, edge_id: str) -> EdgeStatus:
+        """``GET /edges/{id}/status``: a fresh snapshot of the edge's nodes.
+
+        Raises :class:`EdgeNotConnected` (with ``.snapshot``) when the edge
+        is known but not connected, :class:`EdgeTimeout` when it did not
+        answer in time.
+        """
+        return EdgeStatus.from_json(await self._request("GET", self._edge_path(edge_id, "status")))
+
+    async def events(self, edge_id: str, since: int = 0, limit: Optional[int] = None) -> EventPage:
+        """``GET /edges/{id}/events``: events with a sequence above ``since``."""
+        data = await self._request("GET", self._edge_path(edge_id, "events"), {"since": since, "limit": limit})
+        return EventPage.from_json(data)
+
+    async def operations(
+        self, edge_id: str, limit: Optional[int] = None, cursor: Optional[str] = None
+    ) -> OperationPage:
+        """``GET /edges/{id}/operations``: one page of operations, newest first."""
+        data = await self._request(
+            "GET", self._edge_path(edge_id, "operations"), {"limit": limit, "cursor": cursor}
+        )
+        return OperationPage.from_json(data)
+
+    async def operation(self, edge_id: str, operation_id: str) -> Operation:
+        """``GET /edges/{id}/operations/{operation_id}``."""
+        return Operation.from_json(await self._request("GET", self._edge_path(edge_id, "operations", operation_id)))
+
+    async def commands(self, edge_id: str) -> CommandCatalog:
+        """``GET /edges/{id}/commands``: the edge's command catalog."""
+        return CommandCatalog.from_json(await self._request("GET", self._edge_path(edge_id, "commands")))
+
+    async def send_command(
+        self,
+        edge_id: str,
+        name: str,
+        target: Optional[str] = None,
+        arguments: Optional[Mapping[str, str]] = None,
+        timeout_seconds: Optional[float] = None,
+        idempotency_key: Optional[str] = None,
+    ) -> Operation:
+        """``POST /edges/{id}/commands``: run a command and wait for its outcome.
+
+        Returns the operation when it ended ``succeeded``, ``failed`` or
+        ``rejected``. Raises :class:`EdgeTimeout` or
+        :class:`EdgeDisconnected` (each with ``.operation``) when the edge
+        did not finish it, :class:`EdgeNotConnected` when nothing was sent.
+        """
+        body: dict[str, Any] = {"name": name, "arguments": dict(arguments or {})}
+        if target is not None:
+            body["target"] = target
+        if timeout_seconds is not None:
+            body["timeout_seconds"] = timeout_seconds
+        if idempotency_key is not None:
+            body["idempotency_key"] = idempotency_key
+        wait = max(self.timeout, (timeout_seconds or 10.0) + COMMAND_TIMEOUT_MARGIN_SECONDS)
+        data = await self._request("POST", self._edge_path(edge_id, "commands"), body=body, timeout=wait)
+        return Operation.from_json(data)
+
+    # -- fleet ----------------------------------------------------------------
+
+    async def fleet_status(self, limit: Optional[int] = None, cursor: Optional[str] = None) -> FleetStatus:
+        """``GET /fleet/status``: one page of per-edge rows and the fleet totals."""
+        return FleetStatus.from_json(await self._request("GET", "/fleet/status", {"limit": limit, "cursor": cursor}))
+
+    async def full_fleet_status(self) -> FleetStatus:
+        """The fleet status with the rows of every page (totals of the first)."""
+        first = await self.fleet_status(limit=MAX_PAGE_LIMIT)
+        rows: list[FleetStatusRow] = list(first.items)
+        cursor = first.next_cursor
+        seen: set[str] = set()
+        while cursor:
+            _check_cursor(cursor, seen)
+            page = await self.fleet_status(limit=MAX_PAGE_LIMIT, cursor=cursor)
+            rows.extend(page.items)
+            cursor = page.next_cursor
+        return FleetStatus(
+            generated_at=first.generated_at,
+            items=tuple(rows),
+            total=first.total,
+            next_cursor=None,
+            totals=first.totals,
+        )
+
+    async def fleet_events(self, since: int = 0, limit: Optional[int] = None) -> EventPage:
+        """``GET /fleet/events``: events of all edges above fleet sequence ``since``."""
+        return EventPage.from_json(await self._request("GET", "/fleet/events", {"since": since, "limit": limit}))
+
+    async def fleet_operations(self, limit: Optional[int] = None, cursor: Optional[str] = None) -> OperationPage:
+        """``GET /fleet/operations``: one page of operations of all edges."""
+        data = await self._request("GET", "/fleet/operations", {"limit": limit, "cursor": cursor})
+        return OperationPage.from_json(data)
+
+    # -- helpers --------------------------------------------------------------
+
+    @staticmethod
+    async def _all_pages(fetch: Callable[[Optional[str]], Any]) -> list[Any]:
+        items: list[Any] = []
+        cursor: Optional[str] = None
+        seen: set[str] = set()
+        while True:
+            page = await fetch(cursor)
+            items.extend(page.items)
+            cursor = page.next_cursor
+            if not cursor:
+                return items
+            _check_cursor(cursor, seen)
+
+
+def _check_cursor(cursor: str, seen: set[str]) -> None:
+    """Refuse a cursor seen before: a server bug must not loop us forever."""
+    if cursor in seen:
+        raise InvalidResponse(f"the Control Plane repeated the page cursor {cursor!r}")
+    seen.add(cursor)

@@ -1,0 +1,660 @@
+"""The WebSocket ``/client`` wire client (Autobahn on Twisted).
+
+Every binary message is one ``ClientEnvelope``. A client sends
+``ClientHelloRequest`` first; then it may subscribe to live events of one
+edge or of the whole fleet.
+
+:class:`ClientWireClient` offers two things:
+
+* :meth:`ClientWireClient.hello` -- connect and say hello, answer the
+  ``ClientHelloResponse`` (useful to check reachability and the protocol);
+* :meth:`ClientWireClient.subscribe` -- an :class:`EventSubscription` on a
+  connection of its own that, when the connection drops, reconnects with
+  bounded exponential backoff and resumes after the last sequence it saw
+  (edge sequences for one edge, fleet sequences for the fleet). Events the
+  server could not deliver are reported to ``on_lost`` with the server's
+  ``EventsLost`` (``resume_gap`` or ``slow_consumer``), never hidden.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from datetime import datetime, timezone
+from typing import Any, Callable, Optional, Protocol
+from urllib.parse import urlsplit
+
+from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientProtocol
+from google.protobuf.message import DecodeError
+from twisted.internet.defer import Deferred, ensureDeferred, gatherResults, succeed
+from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from twisted_iop import __version__
+from twisted_iop.client.errors import (
+    ControlPlaneUnreachable,
+    HelloRejected,
+    WireConnectionLost,
+    WireError,
+    WireRequestError,
+)
+from twisted_iop.client.models import Event
+from twisted_iop.client.repository import describe_connection_error
+from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
+from twisted_iop.wire import control_pb2 as pb
+
+#: Environment variable naming the Control Plane's client WebSocket URL.
+WIRE_URL_ENV = "IOP_CONTROL_PLANE_WIRE_URL"
+#: Where the Control Plane's client WebSocket listens by default.
+DEFAULT_WIRE_URL = "ws://127.0.0.1:8081/client"
+
+#: Largest WebSocket message (and frame) accepted from the server, in bytes.
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+#: Autobahn sends a ping this often ...
+AUTO_PING_INTERVAL_SECONDS = 15.0
+#: ... and drops a server that does not answer it within this.
+AUTO_PING_TIMEOUT_SECONDS = 10.0
+#: TCP connect and WebSocket opening handshake deadlines.
+CONNECT_TIMEOUT_SECONDS = 10.0
+#: Closing handshake deadline.
+CLOSE_TIMEOUT_SECONDS = 3.0
+#: How long a request (hello, subscribe) may wait for its answer.
+REQUEST_TIMEOUT_SECONDS = 10.0
+
+#: Reconnect backoff: first delay, growth factor, ceiling and jitter fraction.
+BACKOFF_INITIAL_SECONDS = 0.5
+BACKOFF_FACTOR = 2.0
+BACKOFF_MAX_SECONDS = 15.0
+BACKOFF_JITTER = 0.2
+
+#: Bodies that answer a request of ours; everything else is unsolicited.
+RESPONSE_BODIES = frozenset({"error", "client_hello_response", "subscribe_response"})
+
+
+
+class DelayedCall(Protocol):
+    """The part of ``DelayedCall`` we use (a structural type mypy understands)."""
+
+    def active(self) -> bool:
+        """Whether the call is still scheduled."""
+
+    def cancel(self) -> None:
+        """Unschedule the call."""
+
+
+class Clock(Protocol):
+    """The part of ``Clock`` we use: a reactor or ``task.Clock``."""
+
+    def callLater(self, delay: float, callable: Callable[..., Any], *args: Any, **kw: Any) -> DelayedCall:
+        """Call ``callable`` after ``delay`` seconds."""
+
+    def seconds(self) -> float:
+        """The current time."""
+
+
+EventCallback = Callable[[pb.FleetEvent], Any]
+LostCallback = Callable[[pb.EventsLost], Any]
+StateCallback = Callable[[str, str], Any]
+
+
+def wire_url_from_environment(url: Optional[str] = None) -> str:
+    """The client WebSocket URL: ``url``, else the environment, else the default."""
+    return url or os.environ.get(WIRE_URL_ENV) or DEFAULT_WIRE_URL
+
+
+def make_client_envelope(body: str, message: Any, request_id: int = 0) -> pb.ClientEnvelope:
+    """Wrap ``message`` as the ``body`` field of a ``ClientEnvelope``."""
+    envelope = pb.ClientEnvelope(request_id=request_id)
+    getattr(envelope, body).CopyFrom(message)
+    return envelope
+
+
+def decode_client_envelope(payload: bytes) -> tuple[pb.ClientEnvelope, Optional[str]]:
+    """Parse one binary message; returns the envelope and the name of its body.
+
+    Raises :class:`google.protobuf.message.DecodeError` for bytes that do
+    not parse.
+    """
+    envelope = pb.ClientEnvelope()
+    envelope.ParseFromString(payload)
+    return envelope, envelope.WhichOneof("body")
+
+
+def error_code_name(code: int) -> str:
+    """``ERROR_CODE_UNKNOWN_COMMAND`` -> ``unknown_command`` (stable and readable)."""
+    try:
+        name = pb.ErrorCode.Name(code)
+    except ValueError:
+        return f"error_{code}"
+    return name.removeprefix("ERROR_CODE_").lower()
+
+
+class ClientWireProtocol(WebSocketClientProtocol):
+    """One WebSocket connection: request/response pairing by ``request_id``.
+
+    Answers to our requests fire the Deferred of :meth:`request`;
+    everything else (events, lost-event notices, unsolicited errors) goes to
+    ``envelope_received``. ``opened`` fires when the WebSocket is open (or
+    fails when it never opens); ``lost`` fires when the TCP connection is
+    gone.
+    """
+
+    _log = Logger()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened: Deferred[ClientWireProtocol] = Deferred()
+        self.lost: Deferred[None] = Deferred()
+        self.close_reason = ""
+        self.envelope_received: Optional[Callable[[pb.ClientEnvelope, str], None]] = None
+        self._pending: dict[int, Deferred[pb.ClientEnvelope]] = {}
+        self._timers: dict[int, DelayedCall] = {}
+        self._next_request_id = 1
+        self._is_open = False
+        self._closed = False
+
+    # -- Autobahn hooks ---------------------------------------------------------
+
+    def onOpen(self) -> None:
+        """The opening handshake completed."""
+        self._is_open = True
+        self.opened.callback(self)
+
+    def onMessage(self, payload: bytes, isBinary: bool) -> None:
+        """Decode one envelope and route it to its request or the listener."""
+        try:
+            self._message_received(payload, isBinary)
+        except Exception:
+            # Autobahn would swallow it; a bug in a listener must be seen.
+            self._log.failure("handling a message from the Control Plane failed")
+
+    def onClose(self, wasClean: bool, code: Optional[int], reason: Optional[str]) -> None:
+        """The WebSocket closed: fail what is pending."""
+        self.close_reason = reason or ("closed cleanly" if wasClean else "connection lost")
+        self._finish()
+
+    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # type: ignore[assignment]
+        """The TCP connection is gone."""
+        try:
+            super().connectionLost(reason)
+        finally:
+            if not self.close_reason:
+                self.close_reason = reason.getErrorMessage()
+            self._finish()
+            if not self.lost.called:
+                self.lost.callback(None)
+
+    # -- our API ------------------------------------------------------------------
+
+    @property
+    def usable(self) -> bool:
+        """Whether messages can be sent now."""
+        return self._is_open and not self._closed
+
+    def send_envelope(self, envelope: pb.ClientEnvelope) -> None:
+        """Send one envelope as a binary message."""
+        self.sendMessage(envelope.SerializeToString(), isBinary=True)
+
+    def request(
+        self, body: str, message: Any, clock: Clock, timeout: float = REQUEST_TIMEOUT_SECONDS
+    ) -> Deferred[pb.ClientEnvelope]:
+        """Send a request and wait for the envelope that answers it.
+
+        Fails with :class:`WireRequestError` when the answer is an
+        ``Error``, :class:`WireError` after ``timeout`` and
+        :class:`WireConnectionLost` when the connection drops first.
+        """
+        if not self.usable:
+            raise WireConnectionLost("the connection is not open")
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        d: Deferred[pb.ClientEnvelope] = Deferred()
+        self._pending[request_id] = d
+        self._timers[request_id] = clock.callLater(timeout, self._request_timed_out, request_id, body, timeout)
+        self.send_envelope(make_client_envelope(body, message, request_id))
+        return d
+
+    def close(self) -> Deferred[None]:
+        """Close the WebSocket; the Deferred fires when the TCP connection is gone."""
+        if self.lost.called:
+            return succeed(None)
+        if self._is_open and not self._closed:
+            self.sendClose(code=1000, reason="client closing")
+        elif self.transport is not None:
+            transport: Any = self.transport
+            transport.abortConnection()
+        d: Deferred[None] = Deferred()
+        self.lost.addBoth(lambda _: d.callback(None))
+        return d
+
+    def abort(self) -> None:
+        """Drop the TCP connection at once (tests use it to simulate a failure)."""
+        if self.transport is not None:
+            transport: Any = self.transport
+            transport.abortConnection()
+
+    # -- internals ----------------------------------------------------------------
+
+    def _message_received(self, payload: bytes, is_binary: bool) -> None:
+        if not is_binary:
+            self._log.warn("ignoring a text message on the client wire")
+            return
+        try:
+            envelope, body = decode_client_envelope(payload)
+        except DecodeError:
+            self._log.warn("ignoring a message that is not a ClientEnvelope ({size} bytes)", size=len(payload))
+            return
+        if body is None:
+            return
+        if body in RESPONSE_BODIES and envelope.request_id in self._pending:
+            d = self._pending.pop(envelope.request_id)
+            timer = self._timers.pop(envelope.request_id, None)
+            if timer is not None and timer.active():
+                timer.cancel()
+            if body == "error":
+                d.errback(WireRequestError(error_code_name(envelope.error.code), envelope.error.message))
+            else:
+                d.callback(envelope)
+            return
+        if self.envelope_received is not None:
+            self.envelope_received(envelope, body)
+
+    def _request_timed_out(self, request_id: int, body: str, timeout: float) -> None:
+        self._timers.pop(request_id, None)
+        d = self._pending.pop(request_id, None)
+        if d is not None:
+            d.errback(WireError(f"no answer to {body} within {timeout:g} s"))
+
+    def _finish(self) -> None:
+        if not self._closed:
+            self._closed = True
+        if not self.opened.called:
+            self.opened.errback(WireConnectionLost(self.close_reason or "the WebSocket did not open"))
+        pending, self._pending = self._pending, {}
+        for timer in self._timers.values():
+            if timer.active():
+                timer.cancel()
+        self._timers.clear()
+        for d in pending.values():
+            d.errback(WireConnectionLost(f"the connection closed: {self.close_reason}"))
+
+
+class ClientWireClient:
+    """A client of the Control Plane's WebSocket ``/client`` wire.
+
+    ``url`` defaults to ``$IOP_CONTROL_PLANE_WIRE_URL`` and then to
+    ``ws://127.0.0.1:8081/client``; ``api_token`` goes into the hello;
+    ``reactor`` is injected (the global one when ``None``).
+    """
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        url: Optional[str] = None,
+        reactor: Any = None,
+        api_token: Optional[str] = None,
+        client_name: str = f"twisted-iop/{__version__}",
+        connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
+        request_timeout: float = REQUEST_TIMEOUT_SECONDS,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+    ) -> None:
+        if reactor is None:
+            from twisted.internet import reactor as global_reactor
+
+            reactor = global_reactor
+        self.url = wire_url_from_environment(url)
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("ws", "wss") or not parts.hostname:
+            raise ValueError(f"not a ws:// or wss:// URL: {self.url!r}")
+        self._reactor = reactor
+        self._api_token = api_token or ""
+        self._client_name = client_name
+        self._connect_timeout = connect_timeout
+        self.request_timeout = request_timeout
+        self._max_message_bytes = max_message_bytes
+        self._hello_connection: Optional[ClientWireProtocol] = None
+        self._subscriptions: set[EventSubscription] = set()
+
+    # -- connections ----------------------------------------------------------------
+
+    def _factory(self) -> WebSocketClientFactory:
+        factory = WebSocketClientFactory(self.url, useragent=self._client_name)
+        factory.protocol = ClientWireProtocol
+        factory.setProtocolOptions(
+            maxFramePayloadSize=self._max_message_bytes,
+            maxMessagePayloadSize=self._max_message_bytes,
+            autoPingInterval=AUTO_PING_INTERVAL_SECONDS,
+            autoPingTimeout=AUTO_PING_TIMEOUT_SECONDS,
+            openHandshakeTimeout=self._connect_timeout,
+            closeHandshakeTimeout=CLOSE_TIMEOUT_SECONDS,
+        )
+        return factory
+
+    async def connect(self) -> ClientWireProtocol:
+        """Open one WebSocket connection (no hello yet).
+
+        Raises :class:`ControlPlaneUnreachable` when the server cannot be
+        reached or the WebSocket does not open.
+        """
+        factory = self._factory()
+        host = str(factory.host)
+        port = int(factory.port)
+        endpoint: Any = HostnameEndpoint(self._reactor, host, port, timeout=self._connect_timeout)
+        if factory.isSecure:
+            from twisted.internet.ssl import optionsForClientTLS
+
+            endpoint = wrapClientTLS(optionsForClientTLS(host), endpoint)
+        try:
+            protocol: ClientWireProtocol = await endpoint.connect(factory)
+        except Exception as e:
+            reason = describe_connection_error(e, self._connect_timeout)
+            if reason is None:
+                raise
+            raise ControlPlaneUnreachable(self.url, reason) from None
+        try:
+            await protocol.opened
+        except WireConnectionLost as e:
+            raise ControlPlaneUnreachable(self.url, f"the WebSocket did not open ({e})") from None
+        return protocol
+
+    async def say_hello(self, protocol: ClientWireProtocol) -> pb.ClientHelloResponse:
+        """Send the hello on ``protocol`` and answer the server's response."""
+        request = pb.ClientHelloRequest(
+            client_name=self._client_name,
+            protocol_major=PROTOCOL_MAJOR,
+            protocol_minor=PROTOCOL_MINOR,
+            api_token=self._api_token,
+        )
+        envelope = await protocol.request("client_hello_request", request, self._reactor, self.request_timeout)
+        return envelope.client_hello_response
+
+    async def hello(self) -> pb.ClientHelloResponse:
+        """Connect (once) and say hello; answer the server's ``ClientHelloResponse``.
+
+        A refused hello is returned (``accepted=False`` with its reason),
+        not raised; the server closes that connection.
+        """
+        if self._hello_connection is None or not self._hello_connection.usable:
+            self._hello_connection = await self.connect()
+        return await self.say_hello(self._hello_connection)
+
+    async def subscribe(
+        self,
+        edge_id: Optional[str] = None,
+        since: Optional[int] = None,
+        on_event: Optional[EventCallback] = None,
+        on_lost: Optional[LostCallback] = None,
+        on_state: Optional[StateCallback] = None,
+        backoff_initial: float = BACKOFF_INITIAL_SECONDS,
+        backoff_max: float = BACKOFF_MAX_SECONDS,
+    ) -> "EventSubscription":
+        """Subscribe to live events of one edge (or the fleet when ``edge_id`` is empty).
+
+        With ``since`` the server first replays the buffered events after
+        that sequence. Returns once the first subscription is confirmed; the
+        subscription then keeps itself alive until :meth:`EventSubscription.stop`.
+        Raises :class:`ControlPlaneUnreachable`, :class:`HelloRejected` or
+        :class:`WireRequestError` when that first subscription fails.
+        """
+        subscription = EventSubscription(
+            self,
+            edge_id=edge_id or "",
+            since=since,
+            on_event=on_event,
+            on_lost=on_lost,
+            on_state=on_state,
+            backoff_initial=backoff_initial,
+            backoff_max=backoff_max,
+        )
+        self._subscriptions.add(subscription)
+        subscription.done.addBoth(self._forget, subscription)
+        await subscription.start()
+        return subscription
+
+    def _forget(self, result: Any, subscription: "EventSubscription") -> Any:
+        self._subscriptions.discard(subscription)
+        return result
+
+    @property
+    def clock(self) -> Clock:
+        """The reactor's clock (for timers of subscriptions)."""
+        clock: Clock = self._reactor
+        return clock
+
+    async def close(self) -> None:
+        """Stop every subscription and close every connection of this client."""
+        waits: list[Deferred[Any]] = [s.stop() for s in list(self._subscriptions)]
+        if self._hello_connection is not None:
+            waits.append(self._hello_connection.close())
+            self._hello_connection = None
+        if waits:
+            await gatherResults(waits, consumeErrors=True)
+
+
+class EventSubscription:
+    """A live event subscription that survives reconnects.
+
+    ``last_sequence`` is the newest sequence seen (or announced by the
+    server at subscription time); a reconnect resumes after it and events
+    at or below it are never delivered twice. ``done`` fires with ``None``
+    after :meth:`stop`, or fails when the subscription cannot go on (the
+    server refused the hello or the subscription).
+    """
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        client: ClientWireClient,
+        edge_id: str,
+        since: Optional[int],
+        on_event: Optional[EventCallback],
+        on_lost: Optional[LostCallback],
+        on_state: Optional[StateCallback],
+        backoff_initial: float = BACKOFF_INITIAL_SECONDS,
+        backoff_max: float = BACKOFF_MAX_SECONDS,
+        rng: Optional[random.Random] = None,
+    ) -> None:
+        self._client = client
+        self.edge_id = edge_id
+        self.last_sequence: Optional[int] = since
+        self._on_event = on_event
+        self._on_lost = on_lost
+        self._on_state = on_state
+        self._backoff_initial = backoff_initial
+        self._backoff_max = backoff_max
+        self._rng = rng or random.Random()
+        self._protocol: Optional[ClientWireProtocol] = None
+        self._retry: Optional[DelayedCall] = None
+        self._attempts = 0
+        self._stopping = False
+        #: How many times the subscription was re-established after a drop.
+        self.reconnects = 0
+        #: The server's answer to the latest subscribe request.
+        self.response: Optional[pb.SubscribeResponse] = None
+        self.done: Deferred[None] = Deferred()
+
+    # -- public ------------------------------------------------------------------
+
+    async def start(self) -> pb.SubscribeResponse:
+        """Establish the first subscription; a failure here ends the subscription."""
+        try:
+            return await self._establish()
+        except BaseException as e:
+            self._stopping = True
+            if not self.done.called:
+                self.done.errback(Failure(e))
+                self.done.addErrback(lambda _: None)
+            raise
+
+    def stop(self) -> Deferred[None]:
+        """Unsubscribe and close; fires when the connection is gone."""
+        self._stopping = True
+        if self._retry is not None and self._retry.active():
+            self._retry.cancel()
+        self._retry = None
+        protocol, self._protocol = self._protocol, None
+        if protocol is not None and protocol.usable:
+            try:
+                protocol.send_envelope(make_client_envelope("unsubscribe_request", pb.UnsubscribeRequest()))
+            except Exception:
+                self._log.failure("sending the unsubscribe request failed")
+        closing = protocol.close() if protocol is not None else succeed(None)
+
+        def finished(_: Any) -> None:
+            if not self.done.called:
+                self.done.callback(None)
+
+        closing.addBoth(finished)
+        return closing
+
+    def abort_connection(self) -> None:
+        """Drop the current connection abruptly (for tests of reconnection)."""
+        if self._protocol is not None:
+            self._protocol.abort()
+
+    # -- internals ----------------------------------------------------------------
+
+    def _sequence_of(self, event: pb.FleetEvent) -> int:
+        return int(event.sequence if self.edge_id else event.fleet_sequence)
+
+    async def _establish(self) -> pb.SubscribeResponse:
+        protocol = await self._client.connect()
+        if self._stopping:
+            protocol.close()
+            raise WireConnectionLost("the subscription was stopped")
+        protocol.envelope_received = self._envelope_received
+        try:
+            hello = await self._client.say_hello(protocol)
+            if not hello.accepted:
+                raise HelloRejected(hello.reason or "no reason given")
+            resume = self.last_sequence is not None
+            request = pb.SubscribeRequest(
+                edge_id=self.edge_id, resume=resume, since_sequence=self.last_sequence or 0
+            )
+            envelope = await protocol.request(
+                "subscribe_request", request, self._client.clock, self._client.request_timeout
+            )
+        except BaseException:
+            protocol.close()
+            raise
+        response = envelope.subscribe_response
+        self.response = response
+        if self.last_sequence is None:
+            # Not resuming: later reconnects resume from what was newest now.
+            self.last_sequence = int(response.last_sequence)
+        self._protocol = protocol
+        self._attempts = 0
+        protocol.lost.addCallback(self._connection_lost, protocol)
+        return response
+
+    def _envelope_received(self, envelope: pb.ClientEnvelope, body: str) -> None:
+        if body == "event":
+            event = envelope.event
+            sequence = self._sequence_of(event)
+            if self.last_sequence is not None and sequence <= self.last_sequence:
+                return  # already delivered before a reconnect
+            self.last_sequence = sequence
+            self._call(self._on_event, event)
+        elif body == "events_lost":
+            lost = envelope.events_lost
+            if self.last_sequence is None or lost.last_sequence > self.last_sequence:
+                self.last_sequence = int(lost.last_sequence)
+            self._call(self._on_lost, lost)
+        elif body == "error":
+            self._log.warn(
+                "the Control Plane reported an error on the subscription: {code}: {message}",
+                code=error_code_name(envelope.error.code),
+                message=envelope.error.message,
+            )
+        else:
+            self._log.debug("ignoring an unexpected {body} message", body=body)
+
+    def _call(self, callback: Optional[Callable[[Any], Any]], value: Any) -> None:
+        if callback is None:
+            return
+        try:
+            result = callback(value)
+            if isinstance(result, Deferred):
+                result.addErrback(lambda f: self._log.failure("an event callback failed", f))
+        except Exception:
+            self._log.failure("an event callback failed")
+
+    def _state(self, state: str, detail: str) -> None:
+        if self._on_state is not None:
+            try:
+                self._on_state(state, detail)
+            except Exception:
+                self._log.failure("a state callback failed")
+
+    def _connection_lost(self, _: Any, protocol: ClientWireProtocol) -> None:
+        if protocol is not self._protocol and self._protocol is not None:
+            return
+        self._protocol = None
+        if self._stopping:
+            if not self.done.called:
+                self.done.callback(None)
+            return
+        self._state("disconnected", protocol.close_reason)
+        self._schedule_retry()
+
+    def _next_delay(self) -> float:
+        base = min(self._backoff_max, self._backoff_initial * (BACKOFF_FACTOR ** self._attempts))
+        jitter = 1.0 + BACKOFF_JITTER * (2.0 * self._rng.random() - 1.0)
+        return min(self._backoff_max, base * jitter)
+
+    def _schedule_retry(self) -> None:
+        delay = self._next_delay()
+        self._attempts += 1
+        self._log.info("reconnecting to {url} in {delay:.2f} s", url=self._client.url, delay=delay)
+        self._retry = self._client.clock.callLater(delay, self._reconnect)
+
+    def _reconnect(self) -> None:
+        self._retry = None
+        if self._stopping:
+            return
+        d = ensureDeferred(self._establish())
+
+        def subscribed(response: pb.SubscribeResponse) -> None:
+            self.reconnects += 1
+            self._state("resumed", f"after sequence {self.last_sequence}")
+
+        def failed(failure: Failure) -> None:
+            if self._stopping:
+                if not self.done.called:
+                    self.done.callback(None)
+                return
+            if failure.check(HelloRejected, WireRequestError):
+                # The server said no; asking again will not change its mind.
+                self._stopping = True
+                self._state("failed", failure.getErrorMessage())
+                if not self.done.called:
+                    self.done.errback(failure)
+                return
+            self._state("retrying", failure.getErrorMessage())
+            self._schedule_retry()
+
+        d.addCallbacks(subscribed, failed)
+
+
+def event_from_wire(event: pb.FleetEvent) -> Event:
+    """The wire ``FleetEvent`` as the same typed :class:`Event` the HTTP views give."""
+
+    def when(ms: int) -> Optional[datetime]:
+        return datetime.fromtimestamp(ms / 1000.0, tz=timezone.utc) if ms else None
+
+    return Event(
+        sequence=int(event.sequence),
+        fleet_sequence=int(event.fleet_sequence),
+        edge_id=event.edge_id,
+        kind=event.kind,
+        occurred_at=when(event.occurred_at_ms),
+        recorded_at=when(event.recorded_at_ms),
+        node_id=event.node_id or None,
+        provider_id=event.provider_id or None,
+        command_id=event.command_id or None,
+        message=event.message,
+        attributes=dict(event.attributes),
+    )

@@ -1,0 +1,132 @@
+// <iop-edge-detail edge-id="...">: one edge's nodes and providers (status,
+// health, general and long-context counters) from GET /edges/{id} and
+// GET /edges/{id}/status. When the edge is not connected it shows the last
+// snapshot, marked stale. Live: re-fetched on node.*, edge.*, provider.* and
+// operation.* events of that edge, and polled every `refresh-interval` s.
+//
+// Attributes: edge-id (required), api-base, wire-url, refresh-interval.
+// Events: iop-edge-loaded {edge, status}; iop-auth-required {code, message}.
+
+import { ApiError } from "../api.js";
+import { edgePath } from "../api.js";
+import { IopElement, ago, badge, counters, esc, formatTime } from "../base.js";
+
+const CSS = `
+.meta { display: flex; gap: 14px; flex-wrap: wrap; font-size: 12.5px; color: var(--_muted); margin-bottom: 6px; }
+.meta b { color: var(--_fg); font-weight: 600; }
+.stale { background: var(--_warn-bg); color: var(--_warn); border-radius: 8px; padding: 6px 10px; margin: 6px 0; }
+tr.node td { background: color-mix(in srgb, var(--_border) 30%, transparent); font-weight: 600; }
+tr.node td .muted { font-weight: 400; }
+.group { text-align: center; border-bottom: none; padding-bottom: 0; }
+.scroll { overflow-x: auto; }
+`;
+
+export class IopEdgeDetail extends IopElement {
+  static observedAttributes = ["edge-id", "api-base", "wire-url", "refresh-interval"];
+
+  constructor() {
+    super(CSS);
+    this.root.innerHTML = `
+      <section class="panel" aria-labelledby="edge-title">
+        <div class="head"><h2 id="edge-title">Edge</h2><span data-badge></span><span class="spacer"></span>
+          <span class="small muted" data-updated aria-live="polite"></span></div>
+        <div class="error" data-error hidden role="alert"></div>
+        <div data-body><p class="empty">Select an edge.</p></div>
+      </section>`;
+  }
+
+  get edgeId() {
+    return this.getAttribute("edge-id") || "";
+  }
+
+  liveEdgeId() {
+    return this.edgeId || null;
+  }
+
+  async load() {
+    const edgeId = this.edgeId;
+    if (!edgeId) return;
+    const [edge, status] = await Promise.all([
+      this.fetchJson(edgePath(edgeId)),
+      this.fetchJson(edgePath(edgeId, "status")).catch((error) => {
+        if (error instanceof ApiError && error.code === "edge_not_connected") {
+          return error.body?.snapshot ? { ...error.body.snapshot, stale: true, _not_connected: true } : { _not_connected: true, nodes: [] };
+        }
+        if (error instanceof ApiError && (error.code === "edge_timeout" || error.code === "edge_disconnected")) {
+          return { _error: error, nodes: [] };
+        }
+        throw error;
+      }),
+    ]);
+    if (edgeId !== this.edgeId) return;
+    this.clearError();
+    this.render(edge, status);
+    this.emit("iop-edge-loaded", { edge, status });
+  }
+
+  render(edge, status) {
+    this.root.querySelector("#edge-title").textContent = `Edge ${edge.edge_id}`;
+    this.root.querySelector("[data-badge]").innerHTML = badge(edge.connected ? "connected" : "disconnected");
+    this.root.querySelector("[data-updated]").textContent = `updated ${formatTime(new Date().toISOString())}`;
+    const labels = Object.entries(edge.labels || {}).map(([k, v]) => `${esc(k)}=${esc(v)}`).join(", ");
+    const nodes = status.nodes || [];
+    const totals = status.totals;
+    let notice = "";
+    if (status._not_connected) {
+      notice = `<div class="stale" role="status">Not connected since ${formatTime(edge.disconnected_at)}. ${
+        nodes.length ? `Showing the last snapshot, received ${formatTime(status.received_at)} (stale).` : "No snapshot was ever received."
+      }</div>`;
+    } else if (status._error) {
+      notice = `<div class="stale" role="status">${esc(status._error.code)}: ${esc(status._error.detail)}</div>`;
+    } else if (status.stale) {
+      notice = `<div class="stale" role="status">This snapshot is stale (received ${formatTime(status.received_at)}).</div>`;
+    }
+    const rows = nodes
+      .map((node) => {
+        const providers = (node.providers || [])
+          .map(
+            (p) => `<tr data-provider="${esc(p.provider_id)}" data-status="${esc(p.status)}" data-health="${esc(p.health)}">
+              <td>${esc(p.provider_id)} <span class="muted small">${esc(p.kind)}</span></td>
+              <td class="small">${esc((p.models || []).join(", ")) || "—"}</td>
+              <td>${badge(p.status)}</td>
+              <td title="${esc(p.health_reason || "")}">${badge(p.health)}${p.health_reason ? ` <span class="small muted">${esc(p.health_reason)}</span>` : ""}</td>
+              <td class="num">${counters(p.general)}</td><td class="num">${p.general?.queued ?? 0}</td>
+              <td class="num">${counters(p.long_context)}</td><td class="num">${p.long_context?.queued ?? 0}</td>
+            </tr>`,
+          )
+          .join("");
+        const since = node.connected ? `connected ${ago(node.connected_since)}` : `last seen ${formatTime(node.last_seen)}`;
+        return `<tr class="node" data-node="${esc(node.node_id)}" data-connected="${node.connected}">
+            <td colspan="2">${esc(node.node_id)} <span class="muted small">${esc(since)}</span></td>
+            <td colspan="6">${badge(node.connected ? "connected" : "disconnected")}${node.drained ? " " + badge("drained") : ""}</td>
+          </tr>${providers || `<tr><td colspan="8" class="empty">no providers</td></tr>`}`;
+      })
+      .join("");
+    const summary = totals
+      ? `<span>nodes <b>${totals.nodes_connected}/${totals.nodes_configured}</b> connected</span>
+         <span>providers <b>${totals.providers}</b></span>
+         <span>general <b>${totals.general?.in_flight ?? 0}/${totals.general?.capacity ?? 0}</b> in flight, <b>${totals.general?.queued ?? 0}</b> queued</span>
+         <span>long-context <b>${totals.long_context?.in_flight ?? 0}/${totals.long_context?.capacity ?? 0}</b> in flight, <b>${totals.long_context?.queued ?? 0}</b> queued</span>`
+      : "";
+    this.root.querySelector("[data-body]").innerHTML = `
+      <div class="meta">
+        <span>version <b>${esc(edge.software_version || "—")}</b></span>
+        <span>protocol <b>${esc(edge.protocol_version || "—")}</b></span>
+        <span>${edge.connected ? `connected <b>${esc(ago(edge.connected_at))}</b>` : `last seen <b>${esc(formatTime(edge.last_seen))}</b>`}</span>
+        ${labels ? `<span>labels <b>${labels}</b></span>` : ""}
+      </div>
+      <div class="meta">${summary}</div>
+      ${notice}
+      <div class="scroll">
+      <table aria-label="Nodes and providers of ${esc(edge.edge_id)}">
+        <thead>
+          <tr><th rowspan="2">Node / provider</th><th rowspan="2">Models</th><th rowspan="2">Status</th><th rowspan="2">Health</th>
+              <th colspan="2" class="group">General</th><th colspan="2" class="group">Long context</th></tr>
+          <tr><th class="num">in flight / cap</th><th class="num">queued</th><th class="num">in flight / cap</th><th class="num">queued</th></tr>
+        </thead>
+        <tbody>${rows || `<tr><td colspan="8" class="empty">No nodes are configured.</td></tr>`}</tbody>
+      </table></div>`;
+  }
+}
+
+customElements.define("iop-edge-detail", IopEdgeDetail);

@@ -1,4 +1,5 @@
-"""Shared pieces of config parsing: YAML loading and typed field readers.
+"""Shared pieces of config parsing: YAML loading, typed field readers and
+the sections every daemon that speaks a framed wire has in common.
 
 Each daemon's ``config.py`` turns one YAML document into frozen attrs
 classes with these readers, so that every bad value is reported with the
@@ -8,14 +9,20 @@ Nothing outside the ``config`` modules imports yaml.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Any, Mapping, Optional, TypeVar
+from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar, cast
 
+import attrs
 import yaml
 
 from twisted_iop.endpoints import EndpointError, connect_endpoint, listen_endpoint
+from twisted_iop.ids import id_problem
+from twisted_iop.wire import DEFAULT_MAX_FRAME_BYTES
+from twisted_iop.wire.peer import PeerSettings
 
 T = TypeVar("T")
+C = TypeVar("C")
 
 
 class ConfigError(ValueError):
@@ -31,6 +38,22 @@ def load_yaml_mapping(path: Optional[str]) -> dict[str, Any]:
     except OSError as e:
         raise ConfigError(f"cannot read config file {path}: {e.strerror or e}") from None
     return parse_yaml_mapping(text, source=path)
+
+
+def load_config(
+    path: Optional[str],
+    environ: Optional[Mapping[str, str]],
+    parse: Callable[[Mapping[str, Any], Mapping[str, str]], C],
+) -> C:
+    """Read the YAML file at ``path`` with ``parse``, remembering ``source_path``.
+
+    Environment overrides come from ``environ``, or from the process's
+    environment when it is ``None``.
+    """
+    data = load_yaml_mapping(path)
+    config = parse(data, environ if environ is not None else os.environ)
+    # mypy's attrs plugin cannot check evolve() on a type variable.
+    return attrs.evolve(cast(Any, config), source_path=path)
 
 
 def parse_yaml_mapping(text: str, source: str = "<config>") -> dict[str, Any]:
@@ -93,6 +116,14 @@ class Section:
             raise ConfigError(f"{self.field_path(key)}: must be a string")
         return str(value)
 
+    def identifier(self, key: str) -> str:
+        """A required id (``edge_id``, ``node_id``, ``provider_id``) that is valid on the wire."""
+        value = self.string(key, required=True)
+        problem = id_problem(key, value)
+        if problem:
+            raise ConfigError(f"{self.field_path(key)}: {problem}")
+        return value
+
     def boolean(self, key: str, default: bool) -> bool:
         """A true/false value."""
         value = self._data.get(key, default)
@@ -154,3 +185,141 @@ class Section:
             return connect_endpoint(value)
         except EndpointError as e:
             raise ConfigError(f"{self.field_path(key)}: {e}") from None
+
+
+# -- sections shared by edge.yaml and node.yaml -------------------------------
+
+
+@attrs.frozen
+class BackoffConfig:
+    """Reconnect delays: exponential with full jitter between the bounds."""
+
+    initial_seconds: float = 0.5
+    max_seconds: float = 30.0
+
+
+@attrs.frozen
+class KeepaliveConfig:
+    """Ping an idle peer after ``interval``; drop it after ``deadline``."""
+
+    interval_seconds: float = 15.0
+    deadline_seconds: float = 45.0
+
+
+@attrs.frozen(kw_only=True)
+class DialConfig:
+    """How a daemon dials its peer on a framed wire and keeps the link up.
+
+    The common part of ``control_plane`` in edge.yaml and ``edge`` in
+    node.yaml; each daemon's section class adds its own settings.
+    """
+
+    address: str
+    backoff: BackoffConfig = BackoffConfig()
+    keepalive: KeepaliveConfig = KeepaliveConfig()
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    request_timeout_seconds: float = 10.0
+
+    def peer_settings(self) -> PeerSettings:
+        """Framing limits and deadlines of the connection to the peer."""
+        return PeerSettings(
+            max_frame_bytes=self.max_frame_bytes,
+            keepalive_interval_seconds=self.keepalive.interval_seconds,
+            keepalive_deadline_seconds=self.keepalive.deadline_seconds,
+            request_timeout_seconds=self.request_timeout_seconds,
+        )
+
+
+def parse_backoff(section: Section) -> BackoffConfig:
+    """Read a ``backoff`` section."""
+    section.reject_unknown({"initial_seconds", "max_seconds"})
+    initial = section.number("initial_seconds", 0.5)
+    maximum = section.number("max_seconds", max(30.0, initial))
+    if maximum < initial:
+        raise ConfigError(
+            f"{section.field_path('max_seconds')}: must be at least initial_seconds ({initial:g})"
+        )
+    return BackoffConfig(initial_seconds=initial, max_seconds=maximum)
+
+
+def parse_keepalive(section: Section) -> KeepaliveConfig:
+    """Read a ``keepalive`` section."""
+    section.reject_unknown({"interval_seconds", "deadline_seconds"})
+    interval = section.number("interval_seconds", 15.0)
+    deadline = section.number("deadline_seconds", max(45.0, interval * 3))
+    if deadline <= interval:
+        raise ConfigError(
+            f"{section.field_path('deadline_seconds')}: must be greater than interval_seconds ({interval:g})"
+        )
+    return KeepaliveConfig(interval_seconds=interval, deadline_seconds=deadline)
+
+
+def parse_max_frame_bytes(section: Section) -> int:
+    """Read the ``max_frame_bytes`` of a framed-wire section (1 KiB to 256 MiB)."""
+    return section.integer("max_frame_bytes", DEFAULT_MAX_FRAME_BYTES, minimum=1024, maximum=256 * 1024 * 1024)
+
+
+def parse_connect_setting(
+    section: Section, key: str, default: str, environ: Mapping[str, str], variable: str
+) -> str:
+    """A client endpoint: ``variable`` in ``environ`` if set, else ``key``."""
+    override = _endpoint_override(environ, variable, connect_endpoint)
+    return override if override is not None else section.connect(key, default)
+
+
+def parse_listen_setting(
+    section: Section, key: str, default: str, environ: Mapping[str, str], variable: str
+) -> str:
+    """A listen endpoint: ``variable`` in ``environ`` if set, else ``key``."""
+    override = _endpoint_override(environ, variable, listen_endpoint)
+    return override if override is not None else section.listen(key, default)
+
+
+def _endpoint_override(
+    environ: Mapping[str, str], variable: str, parse: Callable[[str], str]
+) -> Optional[str]:
+    value = environ.get(variable, "").strip()
+    if not value:
+        return None
+    try:
+        return parse(value)
+    except EndpointError as e:
+        # The environment wins over the file, so its errors name the variable.
+        raise ConfigError(f"{variable}: {e}") from None
+
+
+# -- lists and providers (edge.yaml and node.yaml) ------------------------------
+
+
+def parse_unique_list(raw: Any, path: str, noun: str, id_key: str, parse: Callable[[Section], T]) -> tuple[T, ...]:
+    """Read the list ``raw`` at ``path`` (``None`` is empty), each entry with ``parse``.
+
+    No two entries may share the attribute ``id_key``; ``noun`` names the
+    entries when ``raw`` is not a list.
+    """
+    if raw is None:
+        raw = []
+    if not isinstance(raw, list):
+        raise ConfigError(f"{path}: must be a list of {noun}")
+    items: list[T] = []
+    seen: set[str] = set()
+    for index, entry in enumerate(raw):
+        item = parse(Section(entry, f"{path}[{index}]"))
+        item_id = getattr(item, id_key)
+        if item_id in seen:
+            raise ConfigError(f"{path}[{index}].{id_key}: {item_id!r} is listed twice")
+        seen.add(item_id)
+        items.append(item)
+    return tuple(items)
+
+
+def parse_provider_basics(section: Section, kinds: Sequence[str]) -> tuple[str, str, tuple[str, ...]]:
+    """Read what every provider entry has: ``provider_id``, ``kind`` (one of ``kinds``), ``models``."""
+    provider_id = section.identifier("provider_id")
+    kind = section.string("kind", required=True)
+    if kind not in kinds:
+        raise ConfigError(f"{section.field_path('kind')}: must be one of {', '.join(kinds)}, not {kind!r}")
+    models = section.string_list("models")
+    if not models:
+        raise ConfigError(f"{section.field_path('models')}: list at least one model")
+    return provider_id, kind, tuple(models)

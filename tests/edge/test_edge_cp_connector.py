@@ -9,13 +9,13 @@ from twisted.internet.task import Clock
 from twisted.test import iosim
 
 import twisted_iop
-from twisted_iop.edge.backoff import backoff_delay
 from twisted_iop.edge.commands import CommandRunner
 from twisted_iop.edge.cp_connector import ControlPlaneLink, ControlPlaneProtocol
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.edge.status import StatusProvider
 from twisted_iop.wire import PROTOCOL_MAJOR
 from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.dialer import backoff_delay
 
 
 class Edge:

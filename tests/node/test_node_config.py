@@ -9,10 +9,14 @@ import pytest
 from twisted.python import usage
 
 from twisted_iop.configuration import ConfigError
+from twisted_iop.edge.config import load_edge_config
 from twisted_iop.node.config import load_node_config, parse_node_config
 from twisted_iop.node.tap import Options
 
 REPO = Path(__file__).resolve().parents[2]
+
+#: The sample node config of every node in configs/edge.yaml.
+SAMPLE_NODE_CONFIGS = {"node-1": "node.yaml", "node-2": "node-2.yaml"}
 
 
 def mapping(**extra: Any) -> dict[str, Any]:
@@ -35,6 +39,30 @@ def test_sample_config_parses() -> None:
     assert config.node_id == "node-1"
     assert config.edge.address == "tcp:host=127.0.0.1:port=7444"
     assert [p.provider_id for p in config.providers] == ["mock-a"]
+
+
+def test_second_sample_config_parses() -> None:
+    """configs/node-2.yaml is valid: node-2 of the sample fleet, dialling the same Edge."""
+    config = load_node_config(str(REPO / "configs" / "node-2.yaml"), environ={})
+    assert config.node_id == "node-2"
+    assert config.edge.address == "tcp:host=127.0.0.1:port=7444"
+    assert [p.provider_id for p in config.providers] == ["mock-b"]
+
+
+def test_every_sample_edge_node_has_a_sample_node_config() -> None:
+    """Each node of configs/edge.yaml has a sample node config the Edge would accept as is.
+
+    Same node id and credential, and the providers the Edge configures for
+    that node (id, kind and models) are the ones the sample Node hosts.
+    """
+    edge = load_edge_config(str(REPO / "configs" / "edge.yaml"), environ={})
+    assert {node.node_id for node in edge.nodes} == set(SAMPLE_NODE_CONFIGS)
+    for node in edge.nodes:
+        config = load_node_config(str(REPO / "configs" / SAMPLE_NODE_CONFIGS[node.node_id]), environ={})
+        assert config.node_id == node.node_id
+        assert config.credential == node.credential
+        hosted = {(p.provider_id, p.kind, p.models) for p in config.providers}
+        assert hosted == {(p.provider_id, p.kind, p.models) for p in node.providers}
 
 
 def test_values_and_defaults() -> None:

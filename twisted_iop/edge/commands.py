@@ -187,7 +187,6 @@ class CommandRunner:
         return Deferred.fromCoroutine(self._run(request))
 
     async def _run(self, request: pb.EdgeCommandRequest) -> pb.EdgeCommandResponse:
-        relay = self._registry.relay
         command_id = request.command_id
         try:
             self.validate(request)
@@ -201,21 +200,8 @@ class CommandRunner:
             return pb.EdgeCommandResponse(
                 command_id=command_id, outcome=pb.COMMAND_OUTCOME_REJECTED, reason=str(e)
             )
-        attributes = {"name": request.name, "target": request.target}
-        relay.emit(
-            "command.accepted",
-            command_id=command_id,
-            node_id=self._node_of(request),
-            message=f"{request.name} accepted",
-            attributes=attributes,
-        )
-        relay.emit(
-            "command.started",
-            command_id=command_id,
-            node_id=self._node_of(request),
-            message=f"{request.name} started",
-            attributes=attributes,
-        )
+        self._emit(request, "command.accepted", f"{request.name} accepted")
+        self._emit(request, "command.started", f"{request.name} started")
         self._log.info(
             "command {command_id} {name} target={target!r} started",
             command_id=command_id,
@@ -229,25 +215,23 @@ class CommandRunner:
             reason = str(e) if isinstance(e, CommandFailed) else f"internal error: {type(e).__name__}: {e}"
             if not isinstance(e, CommandFailed):
                 self._log.failure("command {command_id} {name} crashed", command_id=command_id, name=request.name)
-            relay.emit(
-                "command.failed",
-                command_id=command_id,
-                node_id=self._node_of(request),
-                message=f"{request.name} failed: {reason}",
-                attributes=attributes,
-            )
+            self._emit(request, "command.failed", f"{request.name} failed: {reason}")
             return pb.EdgeCommandResponse(command_id=command_id, outcome=pb.COMMAND_OUTCOME_FAILED, reason=reason)
         finally:
             self.running -= 1
-        relay.emit(
-            "command.succeeded",
-            command_id=command_id,
-            node_id=self._node_of(request),
-            message=f"{request.name} succeeded",
-            attributes=attributes,
-        )
+        self._emit(request, "command.succeeded", f"{request.name} succeeded")
         self._log.info("command {command_id} {name} succeeded", command_id=command_id, name=request.name)
         return pb.EdgeCommandResponse(command_id=command_id, outcome=pb.COMMAND_OUTCOME_SUCCEEDED, result=result)
+
+    def _emit(self, request: pb.EdgeCommandRequest, kind: str, message: str) -> None:
+        """Relay one lifecycle event (``command.*``) of ``request``."""
+        self._registry.relay.emit(
+            kind,
+            command_id=request.command_id,
+            node_id=self._node_of(request),
+            message=message,
+            attributes={"name": request.name, "target": request.target},
+        )
 
     def _node_of(self, request: pb.EdgeCommandRequest) -> str:
         return request.target if self._definitions[request.name].target_kind == "node" else ""
@@ -259,16 +243,16 @@ class CommandRunner:
     # -- the commands --------------------------------------------------------
 
     async def _drain(self, request: pb.EdgeCommandRequest) -> dict[str, str]:
-        changed = self._registry.set_drained(
-            request.target, True, request.arguments.get("reason", ""), request.command_id
-        )
-        return {"node_id": request.target, "drained": "true", "changed": _flag(changed)}
+        return self._set_drained(request, True)
 
     async def _undrain(self, request: pb.EdgeCommandRequest) -> dict[str, str]:
+        return self._set_drained(request, False)
+
+    def _set_drained(self, request: pb.EdgeCommandRequest, drained: bool) -> dict[str, str]:
         changed = self._registry.set_drained(
-            request.target, False, request.arguments.get("reason", ""), request.command_id
+            request.target, drained, request.arguments.get("reason", ""), request.command_id
         )
-        return {"node_id": request.target, "drained": "false", "changed": _flag(changed)}
+        return {"node_id": request.target, "drained": _flag(drained), "changed": _flag(changed)}
 
     async def _disconnect(self, request: pb.EdgeCommandRequest) -> dict[str, str]:
         closed = self._registry.disconnect_node(request.target)

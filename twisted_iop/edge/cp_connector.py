@@ -7,106 +7,63 @@ the queued events are flushed in order and from then on events go straight
 out, status requests are answered from the status provider and commands are
 run by the command runner.
 
-A rejected hello closes the connection. A *permanent* rejection (bad id,
-bad credential, unsupported version) is logged once as an error and retried
-only at the maximum backoff delay, since retrying sooner cannot help.
+Hello, the retry policy and rejections (a permanent one is logged once and
+retried only at the maximum backoff delay) are handled by
+:mod:`twisted_iop.wire.dialer`, which the Node's link to its Edge shares.
 """
 
 from __future__ import annotations
 
 import random
-from typing import Callable, Optional
+from typing import Callable
 
-import attrs
-from twisted.internet.interfaces import IAddress, IReactorTime
-from twisted.internet.protocol import Factory
-from twisted.logger import Logger
-from twisted.python.failure import Failure
+from twisted.internet.interfaces import IReactorTime
 
 import twisted_iop
-from twisted_iop.edge.backoff import backoff_delay
 from twisted_iop.edge.commands import CommandRunner
 from twisted_iop.edge.config import ControlPlaneConfig
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.edge.status import StatusProvider
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
-from twisted_iop.wire.peer import FramedPeerProtocol, KeepaliveSweeper, WireError
+from twisted_iop.wire.dialer import DialerLink, HelloDialerProtocol, HelloResponse
 
 
-class ControlPlaneProtocol(FramedPeerProtocol):
+class ControlPlaneProtocol(HelloDialerProtocol["ControlPlaneLink"]):
     """The Edge's end of its connection to the Control Plane."""
 
-    _log = Logger()
-
-    def __init__(self, link: "ControlPlaneLink") -> None:
-        super().__init__(link.clock, link.config.peer_settings())
-        self._link = link
-        self.enrolled = False
+    hello_request_body = "edge_hello_request"
+    hello_response_body = "edge_hello_response"
+    wire_name = "edge wire"
 
     def describe_peer(self) -> str:
         return "control plane"
 
-    def peer_connected(self) -> None:
-        self._link.connection_made(self)
-        hello = self._link.hello()
-        d = self.request("edge_hello_request", hello)
-        d.addCallbacks(self._hello_answered, self._hello_failed)
+    @property
+    def enrolled(self) -> bool:
+        """Whether the Control Plane accepted this connection's hello."""
+        return self.accepted
 
-    def _hello_answered(self, envelope: pb.Envelope) -> None:
-        if envelope.WhichOneof("body") != "edge_hello_response":
-            self.fail_connection(pb.ERROR_CODE_UNEXPECTED_MESSAGE, "expected edge_hello_response")
-            return
-        response = envelope.edge_hello_response
-        if not response.accepted:
-            self._link.rejected(response)
-            self.close()
-            return
-        interval_ms, deadline_ms = response.keepalive_interval_ms, response.keepalive_deadline_ms
-        if interval_ms and deadline_ms > interval_ms:
-            # The Control Plane's keepalive wins: both ends then agree on it.
-            self._settings = attrs.evolve(
-                self._settings,
-                keepalive_interval_seconds=interval_ms / 1000.0,
-                keepalive_deadline_seconds=deadline_ms / 1000.0,
-            )
-        self.enrolled = True
-        self._link.enrolled(self, response)
-
-    def _hello_failed(self, failure: Failure) -> None:
-        failure.trap(WireError)
-        if not self.closing:
-            self._log.warn("control plane did not answer hello: {error}", error=failure.getErrorMessage())
-            self.close()
-
-    def envelope_received(self, envelope: pb.Envelope, body: str) -> None:
-        if not self.enrolled:
-            self.send_error(pb.ERROR_CODE_UNEXPECTED_MESSAGE, f"{body} before hello was accepted", envelope.request_id)
-            return
+    def accepted_envelope_received(self, envelope: pb.Envelope, body: str) -> None:
         if body == "edge_status_request":
             self.send("edge_status_response", self._link.status.snapshot(), envelope.request_id)
         elif body == "edge_command_request":
-            request_id = envelope.request_id
-            d = self._link.commands.run(envelope.edge_command_request)
-            d.addCallback(lambda response: self.send("edge_command_response", response, request_id))
-            d.addErrback(self._command_crashed, request_id)
-        elif envelope.request_id:
-            self.send_error(pb.ERROR_CODE_UNEXPECTED_MESSAGE, f"{body} is not valid on the edge wire", envelope.request_id)
+            self.reply_when_done(
+                self._link.commands.run(envelope.edge_command_request),
+                "edge_command_response",
+                envelope.request_id,
+                crash_log="command handling crashed",
+                crash_message="internal error running the command",
+            )
         else:
-            self._log.warn("ignoring unexpected {body} from the control plane", body=body)
-
-    def _command_crashed(self, failure: Failure, request_id: int) -> None:
-        self._log.failure("command handling crashed", failure)
-        self.send_error(pb.ERROR_CODE_INTERNAL, "internal error running the command", request_id)
-
-    def peer_disconnected(self, reason: Failure) -> None:
-        self._link.connection_lost(self)
+            self.unexpected_envelope(envelope, body)
 
 
-class ControlPlaneLink:
+class ControlPlaneLink(DialerLink[ControlPlaneProtocol]):
     """State of this Edge's link to the Control Plane (one connection at a time)."""
 
-    _log = Logger()
+    protocol_class = ControlPlaneProtocol
+    peer_name = "the control plane"
 
     def __init__(
         self,
@@ -117,26 +74,13 @@ class ControlPlaneLink:
         clock: IReactorTime,
         rand: Callable[[], float] = random.random,
     ) -> None:
+        super().__init__(config, clock, rand)
         self.config = config
         self.registry = registry
         self.status = status
         self.commands = commands
-        self.clock = clock
-        self._rand = rand
-        self.current: Optional[ControlPlaneProtocol] = None
-        self.enrollments = 0
-        self.permanent_rejection: Optional[str] = None
-        self._logged_rejection: Optional[str] = None
-        self._sessions_without_enrollment = 0
         self.enrolled_since = 0.0
-        self._sweeper = KeepaliveSweeper(
-            clock, config.peer_settings(), lambda: [self.current] if self.current is not None else []
-        )
         commands.add_diagnostics(self.diagnostics)
-
-    def factory(self) -> Factory:
-        """The protocol factory for the ``ClientService``."""
-        return _LinkFactory(self)
 
     def hello(self) -> pb.EdgeHelloRequest:
         """This Edge's hello."""
@@ -150,32 +94,15 @@ class ControlPlaneLink:
             commands=self.commands.catalog(),
         )
 
-    def retry_delay(self, attempt: int) -> float:
-        """The ``ClientService`` retry policy.
-
-        Counts connections that ended without enrollment too (the
-        ``ClientService`` resets its own count on every TCP connect).
-        """
-        backoff = self.config.backoff
-        if self.permanent_rejection is not None:
-            return backoff.max_seconds
-        attempts = max(attempt, self._sessions_without_enrollment)
-        return backoff_delay(attempts, backoff.initial_seconds, backoff.max_seconds, self._rand)
-
-    # -- protocol callbacks ---------------------------------------------------
+    def own_name(self) -> str:
+        return f"edge {self.config.edge_id}"
 
     def connection_made(self, protocol: ControlPlaneProtocol) -> None:
-        """A TCP connection is up; hello is on its way."""
-        self.current = protocol
-        self._sweeper.start()
+        super().connection_made(protocol)
         self._log.info("connected to the control plane; enrolling as edge {edge_id}", edge_id=self.config.edge_id)
 
-    def enrolled(self, protocol: ControlPlaneProtocol, response: pb.EdgeHelloResponse) -> None:
+    def session_accepted(self, protocol: ControlPlaneProtocol, response: HelloResponse) -> None:
         """The Control Plane accepted hello: flush the outbox, go live."""
-        self.enrollments += 1
-        self._sessions_without_enrollment = 0
-        self.permanent_rejection = None
-        self._logged_rejection = None
         self.enrolled_since = self.registry.now()
         flushed = self.registry.relay.attach(lambda event: protocol.send("edge_event", event))
         self._log.info(
@@ -185,45 +112,16 @@ class ControlPlaneLink:
             flushed=flushed,
         )
 
-    def rejected(self, response: pb.EdgeHelloResponse) -> None:
-        """The Control Plane refused hello."""
-        code = response.reason_code or "rejected"
-        if response.permanent:
-            self.permanent_rejection = f"{code}: {response.reason}"
-            if self._logged_rejection != self.permanent_rejection:
-                self._logged_rejection = self.permanent_rejection
-                self._log.error(
-                    "the control plane rejected edge {edge_id} permanently ({code}): {reason}; "
-                    "fix the configuration; retrying every {delay:g}s",
-                    edge_id=self.config.edge_id,
-                    code=code,
-                    reason=response.reason,
-                    delay=self.config.backoff.max_seconds,
-                )
-        else:
-            self.permanent_rejection = None
-            self._log.warn(
-                "the control plane rejected edge {edge_id} for now ({code}): {reason}",
-                edge_id=self.config.edge_id,
-                code=code,
-                reason=response.reason,
-            )
-
-    def connection_lost(self, protocol: ControlPlaneProtocol) -> None:
+    def session_ended(self, protocol: ControlPlaneProtocol) -> None:
         """The connection is gone: queue events until the next enrollment."""
-        if self.current is not protocol:
-            return
-        self.current = None
-        self._sweeper.stop()
         if protocol.enrolled:
             self.registry.relay.detach()
             self._log.info("lost the control plane connection; queueing events until it is back")
-        elif self.permanent_rejection is None:
-            self._sessions_without_enrollment += 1
 
-    def stop(self) -> None:
-        """Stop the keepalive timer (service shutdown)."""
-        self._sweeper.stop()
+    @property
+    def enrollments(self) -> int:
+        """How many times the Control Plane accepted this Edge."""
+        return self.acceptances
 
     @property
     def is_enrolled(self) -> bool:
@@ -236,14 +134,3 @@ class ControlPlaneLink:
             "control_plane_enrolled": "true" if self.is_enrolled else "false",
             "control_plane_enrollments": str(self.enrollments),
         }
-
-
-class _LinkFactory(Factory):
-    # The ClientService restarts the factory on every attempt; keep logs quiet.
-    noisy = False
-
-    def __init__(self, link: ControlPlaneLink) -> None:
-        self._link = link
-
-    def buildProtocol(self, addr: Optional[IAddress]) -> ControlPlaneProtocol:
-        return ControlPlaneProtocol(self._link)

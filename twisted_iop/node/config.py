@@ -7,18 +7,23 @@ its id, kind and models are ever sent to the Edge.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Mapping, Optional
 from urllib.parse import urlsplit
 
 import attrs
 
-from twisted_iop.configuration import ConfigError, Section, load_yaml_mapping
-from twisted_iop.edge.config import BackoffConfig, KeepaliveConfig, parse_backoff, parse_keepalive
-from twisted_iop.endpoints import EndpointError, connect_endpoint
-from twisted_iop.ids import id_problem
-from twisted_iop.wire import DEFAULT_MAX_FRAME_BYTES
-from twisted_iop.wire.peer import PeerSettings
+from twisted_iop.configuration import (
+    ConfigError,
+    DialConfig,
+    Section,
+    load_config,
+    parse_backoff,
+    parse_connect_setting,
+    parse_keepalive,
+    parse_max_frame_bytes,
+    parse_provider_basics,
+    parse_unique_list,
+)
 
 #: Where a Node dials its Edge unless configured otherwise.
 DEFAULT_EDGE_ADDRESS = "127.0.0.1:7444"
@@ -33,24 +38,11 @@ PROVIDER_KINDS = HTTP_KINDS + ("mock",)
 MOCK_HEALTH_VALUES = ("healthy", "degraded", "unhealthy", "offline")
 
 
-@attrs.frozen
-class EdgeLinkConfig:
-    """Section ``edge``: how this Node reaches its Edge."""
+@attrs.frozen(kw_only=True)
+class EdgeLinkConfig(DialConfig):
+    """Section ``edge``: how this Node reaches its Edge (dialling settings only)."""
 
     address: str = "tcp:host=127.0.0.1:port=7444"
-    backoff: BackoffConfig = BackoffConfig()
-    keepalive: KeepaliveConfig = KeepaliveConfig()
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
-    request_timeout_seconds: float = 10.0
-
-    def peer_settings(self) -> PeerSettings:
-        """Framing limits and deadlines of the connection to the Edge."""
-        return PeerSettings(
-            max_frame_bytes=self.max_frame_bytes,
-            keepalive_interval_seconds=self.keepalive.interval_seconds,
-            keepalive_deadline_seconds=self.keepalive.deadline_seconds,
-            request_timeout_seconds=self.request_timeout_seconds,
-        )
 
 
 @attrs.frozen
@@ -97,21 +89,15 @@ class NodeRuntimeConfig:
 
 def load_node_config(path: Optional[str], environ: Optional[Mapping[str, str]] = None) -> NodeRuntimeConfig:
     """Read and validate node.yaml at ``path`` (environment overrides applied)."""
-    data = load_yaml_mapping(path)
-    config = parse_node_config(data, environ if environ is not None else os.environ)
-    return attrs.evolve(config, source_path=path)
+    return load_config(path, environ, parse_node_config)
 
 
 def parse_node_config(data: Mapping[str, Any], environ: Mapping[str, str] = {}) -> NodeRuntimeConfig:
     """Validate a parsed node.yaml mapping."""
     top = Section(data, "")
     top.reject_unknown({"node_id", "credential", "labels", "edge", "probes", "providers"})
-    node_id = top.string("node_id", required=True)
-    problem = id_problem("node_id", node_id)
-    if problem:
-        raise ConfigError(f"node_id: {problem}")
     return NodeRuntimeConfig(
-        node_id=node_id,
+        node_id=top.identifier("node_id"),
         credential=top.string("credential"),
         labels=top.string_map("labels"),
         edge=_edge(top.section("edge"), environ),
@@ -122,21 +108,11 @@ def parse_node_config(data: Mapping[str, Any], environ: Mapping[str, str] = {}) 
 
 def _edge(section: Section, environ: Mapping[str, str]) -> EdgeLinkConfig:
     section.reject_unknown({"address", "backoff", "keepalive", "max_frame_bytes", "request_timeout_seconds"})
-    override = environ.get(ENV_EDGE_NODE_WIRE, "").strip()
-    if override:
-        try:
-            address = connect_endpoint(override)
-        except EndpointError as e:
-            raise ConfigError(f"{ENV_EDGE_NODE_WIRE}: {e}") from None
-    else:
-        address = section.connect("address", DEFAULT_EDGE_ADDRESS)
     return EdgeLinkConfig(
-        address=address,
+        address=parse_connect_setting(section, "address", DEFAULT_EDGE_ADDRESS, environ, ENV_EDGE_NODE_WIRE),
         backoff=parse_backoff(section.section("backoff")),
         keepalive=parse_keepalive(section.section("keepalive")),
-        max_frame_bytes=section.integer(
-            "max_frame_bytes", DEFAULT_MAX_FRAME_BYTES, minimum=1024, maximum=256 * 1024 * 1024
-        ),
+        max_frame_bytes=parse_max_frame_bytes(section),
         request_timeout_seconds=section.number("request_timeout_seconds", 10.0),
     )
 
@@ -151,33 +127,12 @@ def _probes(section: Section) -> ProbeConfig:
 
 def parse_node_providers(raw: Any) -> tuple[NodeProviderConfig, ...]:
     """Read the ``providers`` list (also used when the Edge asks for a re-probe)."""
-    if raw is None:
-        raw = []
-    if not isinstance(raw, list):
-        raise ConfigError("providers: must be a list of providers")
-    providers: list[NodeProviderConfig] = []
-    seen: set[str] = set()
-    for index, item in enumerate(raw):
-        provider = _provider(Section(item, f"providers[{index}]"))
-        if provider.provider_id in seen:
-            raise ConfigError(f"providers[{index}].provider_id: {provider.provider_id!r} is listed twice")
-        seen.add(provider.provider_id)
-        providers.append(provider)
-    return tuple(providers)
+    return parse_unique_list(raw, "providers", "providers", "provider_id", _provider)
 
 
 def _provider(section: Section) -> NodeProviderConfig:
     section.reject_unknown({"provider_id", "kind", "models", "base_url", "mock"})
-    provider_id = section.string("provider_id", required=True)
-    problem = id_problem("provider_id", provider_id)
-    if problem:
-        raise ConfigError(f"{section.field_path('provider_id')}: {problem}")
-    kind = section.string("kind", required=True)
-    if kind not in PROVIDER_KINDS:
-        raise ConfigError(f"{section.field_path('kind')}: must be one of {', '.join(PROVIDER_KINDS)}, not {kind!r}")
-    models = section.string_list("models")
-    if not models:
-        raise ConfigError(f"{section.field_path('models')}: list at least one model")
+    provider_id, kind, models = parse_provider_basics(section, PROVIDER_KINDS)
     base_url = section.string("base_url")
     if kind in HTTP_KINDS:
         if not base_url:
@@ -193,7 +148,7 @@ def _provider(section: Section) -> NodeProviderConfig:
             raise ConfigError(f"{section.field_path('mock')}: only for kind mock")
         mock = _mock(section.section("mock"))
     return NodeProviderConfig(
-        provider_id=provider_id, kind=kind, models=tuple(models), base_url=base_url.rstrip("/"), mock=mock
+        provider_id=provider_id, kind=kind, models=models, base_url=base_url.rstrip("/"), mock=mock
     )
 
 

@@ -18,7 +18,7 @@ import yaml
 from twisted.internet import reactor
 from twisted.internet.utils import getProcessOutputAndValue
 
-from iop_console_browser import SCREENSHOT, Browser, browser  # noqa: F401  (fixture)
+from iop_console_browser import DOCS_SCREENSHOT, Browser, browser  # noqa: F401  (fixture)
 from support import IOPCTL, Daemon, start_daemon, wait_for_ports
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
@@ -97,6 +97,7 @@ def write(path: Path, data: dict[str, Any]) -> str:
 @pytest_twisted.ensureDeferred
 async def test_console_on_a_fleet_of_daemons(browser: Browser, tmp_path: Path) -> None:
     """Real daemons: the console shows the nodes, a killed Node live, a drain from the form; iopctl agrees."""
+    screenshot = DOCS_SCREENSHOT if os.environ.get("IOP_UPDATE_SCREENSHOT") else tmp_path / "console.png"
     daemons: list[Daemon] = []
     try:
         cp = start_daemon(["iop-control-plane"], tmp_path, env=CP_ENV, name="cp")
@@ -152,10 +153,11 @@ async def test_console_on_a_fleet_of_daemons(browser: Browser, tmp_path: Path) -
             page.wait_for_selector('iop-edge-detail tr[data-provider="mock-b"][data-status="drained"]', timeout=6000)
             page.wait_for_selector('iop-operations tr[data-state="succeeded"]')
             # animations="disabled" finishes the new-event highlight before the shot.
-            page.screenshot(path=str(SCREENSHOT), full_page=True, animations="disabled")
+            page.screenshot(path=str(screenshot), full_page=True, animations="disabled")
 
         await browser.call(drain_from_the_form)
-        assert SCREENSHOT.stat().st_size > 10_000
+        assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert screenshot.stat().st_size > 10_000
         out, err, code = await getProcessOutputAndValue(
             IOPCTL, ["--url", http, "--json", "operations", "edge-lab"], env=env, reactor=reactor
         )

@@ -16,6 +16,7 @@ from typing import Optional
 
 import attrs
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
+from autobahn.websocket.protocol import WebSocketProtocol
 from google.protobuf.message import DecodeError, Message
 from twisted.logger import Logger
 from zope.interface import implementer
@@ -127,6 +128,10 @@ class ClientWireProtocol(WebSocketServerProtocol):
     # -- messages ----------------------------------------------------------------
 
     def _send_envelope(self, body: str, message: Message, request_id: int = 0) -> None:
+        if self.state != WebSocketProtocol.STATE_OPEN:
+            # Closing: Autobahn refuses data frames now, and a message that
+            # arrived just before our close needs no answer.
+            return
         envelope = pb.ClientEnvelope(request_id=request_id)
         getattr(envelope, body).CopyFrom(message)
         self.sendMessage(envelope.SerializeToString(), isBinary=True)

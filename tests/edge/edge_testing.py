@@ -83,6 +83,10 @@ class FakeNodePeer:
         """Record the close."""
         self.closed += 1
 
+    def supersede(self) -> None:
+        """Record the close (a supersede is a close with a reason)."""
+        self.closed += 1
+
     def probe(self, timeout: float) -> "Deferred[pb.NodeProbeResponse]":
         """Answer at once with ``answer`` if set, else wait for the test."""
         d: Deferred[pb.NodeProbeResponse] = Deferred()

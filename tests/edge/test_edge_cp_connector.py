@@ -176,3 +176,33 @@ def test_backoff_bounds() -> None:
     assert backoff_delay(4, 0.5, 30, lambda: 1.0) == 4.0
     assert backoff_delay(100, 0.5, 30, lambda: 1.0) == 30
     assert backoff_delay(100, 0.5, 30, lambda: 0.0) == 0.5
+
+
+def test_superseded_connection_backs_off_to_the_maximum() -> None:
+    """Closed as SUPERSEDED, the Edge waits the maximum delay; an accepted hello resets it."""
+    edge = Edge()
+    cp = FakeControlPlane(edge.clock)
+    client, pump = edge.connect(cp)
+    pump.flush()
+    assert edge.link.retry_delay(1) < edge.link.dial.backoff.max_seconds
+    cp.fail_connection(pb.ERROR_CODE_SUPERSEDED, "a newer connection of this edge took over")
+    pump.flush()
+    assert edge.link.superseded
+    assert edge.link.retry_delay(1) == edge.link.dial.backoff.max_seconds
+    cp2 = FakeControlPlane(edge.clock)
+    _, pump2 = edge.connect(cp2)
+    pump2.flush()
+    assert not edge.link.superseded
+    assert edge.link.retry_delay(1) < edge.link.dial.backoff.max_seconds
+
+
+def test_shutting_down_keeps_the_normal_backoff() -> None:
+    """A Control Plane that is stopping does not push the Edge to the maximum delay."""
+    edge = Edge()
+    cp = FakeControlPlane(edge.clock)
+    _, pump = edge.connect(cp)
+    pump.flush()
+    cp.fail_connection(pb.ERROR_CODE_SHUTTING_DOWN, "the Control Plane is shutting down")
+    pump.flush()
+    assert not edge.link.superseded
+    assert edge.link.retry_delay(1) < edge.link.dial.backoff.max_seconds

@@ -104,6 +104,10 @@ class NodeServerProtocol(FramedPeerProtocol):
 
     # -- NodePeer -------------------------------------------------------------
 
+    def supersede(self) -> None:
+        """Close with ``Error{SUPERSEDED}`` so the Node backs off instead of racing back."""
+        self.fail_connection(pb.ERROR_CODE_SUPERSEDED, "a newer connection of this node took over")
+
     def probe(self, timeout: float) -> "Deferred[pb.NodeProbeResponse]":
         """Send ``NodeProbeRequest``; fire with the Node's answer."""
         d = self.request("node_probe_request", pb.NodeProbeRequest(), timeout=timeout)

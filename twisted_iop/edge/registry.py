@@ -37,6 +37,9 @@ class NodePeer(Protocol):
     def close(self) -> None:
         """Close the connection (its close comes back as ``node_closed``)."""
 
+    def supersede(self) -> None:
+        """Close the connection, telling the Node a newer one took over."""
+
     def probe(self, timeout: float) -> "Deferred[pb.NodeProbeResponse]":
         """Ask the Node to re-read its providers and probe them now."""
 
@@ -191,7 +194,7 @@ class NodeRegistry(Service):
             elif transition.kind is TransitionKind.SUPERSEDED:
                 old = self._peers.pop(transition.token, None)
                 if old is not None:
-                    old.close()
+                    old.supersede()
                 self._log.info(
                     "node {node_id}: connection {old} superseded by {new}",
                     node_id=node_id,

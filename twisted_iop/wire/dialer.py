@@ -115,6 +115,10 @@ class HelloDialerProtocol(FramedPeerProtocol, Generic[LinkT]):
             self.close()
 
     def envelope_received(self, envelope: pb.Envelope, body: str) -> None:
+        if body == "error":
+            # The peer says why it is about to close this connection.
+            self._link.closing_because(envelope.error)
+            return
         if not self.accepted:
             self.send_error(pb.ERROR_CODE_UNEXPECTED_MESSAGE, f"{body} before hello was accepted", envelope.request_id)
             return
@@ -178,6 +182,8 @@ class DialerLink(Generic[ProtocolT]):
         #: ``"code: reason"`` of the last rejection while it was permanent.
         self.permanent_rejection: Optional[str] = None
         self._logged_rejection: Optional[str] = None
+        #: Whether the peer closed the last connection as superseded.
+        self.superseded = False
         self._sessions_without_acceptance = 0
         self._sweeper = KeepaliveSweeper(
             clock, dial.peer_settings(), lambda: [self.current] if self.current is not None else []
@@ -194,7 +200,7 @@ class DialerLink(Generic[ProtocolT]):
         ``ClientService`` resets its own count on every TCP connect).
         """
         backoff = self.dial.backoff
-        if self.permanent_rejection is not None:
+        if self.permanent_rejection is not None or self.superseded:
             return backoff.max_seconds
         attempts = max(attempt, self._sessions_without_acceptance)
         return backoff_delay(attempts, backoff.initial_seconds, backoff.max_seconds, self._rand)
@@ -232,6 +238,7 @@ class DialerLink(Generic[ProtocolT]):
         self._sessions_without_acceptance = 0
         self.permanent_rejection = None
         self._logged_rejection = None
+        self.superseded = False
         self.session_accepted(protocol, response)
 
     def rejected(self, response: HelloResponse) -> None:
@@ -258,6 +265,32 @@ class DialerLink(Generic[ProtocolT]):
                 own=self.own_name(),
                 code=code,
                 reason=response.reason,
+            )
+
+    def closing_because(self, error: pb.Error) -> None:
+        """The peer is closing the connection and said why.
+
+        ``SUPERSEDED`` means another process with this identity took over:
+        racing back at once would only push it out again, so this end
+        waits the maximum delay (and says so once).
+        """
+        if error.code == pb.ERROR_CODE_SUPERSEDED:
+            self.superseded = True
+            self._log.warn(
+                "{peer} closed {own}: {message}; another process with this id is running? "
+                "retrying in {delay:g}s",
+                peer=self.peer_name,
+                own=self.own_name(),
+                message=error.message,
+                delay=self.dial.backoff.max_seconds,
+            )
+        else:
+            self._log.info(
+                "{peer} is closing the connection of {own}: {code}: {message}",
+                peer=self.peer_name,
+                own=self.own_name(),
+                code=pb.ErrorCode.Name(error.code),
+                message=error.message,
             )
 
     def connection_lost(self, protocol: ProtocolT) -> None:

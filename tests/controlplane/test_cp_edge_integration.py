@@ -11,7 +11,7 @@ from twisted.internet import reactor
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol
 
-from scripted_edge import connect_edge
+from scripted_edge import connect_edge, snapshot
 from support import eventually, start_control_plane
 from wire_frames import decode
 from twisted_iop.wire import control_pb2 as pb
@@ -319,5 +319,27 @@ async def test_no_view_leaks_credentials_addresses_or_transport_internals() -> N
             assert f":{local_port}" not in text and f'"{local_port}"' not in text, path
             for word in ("token", "credential", "request_id", "peer", "address", "host"):
                 assert f'"{word}' not in text, (path, word)
+    finally:
+        await cp.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_absurd_edge_timestamps_do_not_break_views() -> None:
+    """Events and snapshots with impossible times still render (time shown as null)."""
+    cp = await start_control_plane()
+    try:
+        absurd = snapshot("edge-a")
+        absurd.generated_at_ms = 2**62
+        absurd.nodes[0].connected_since_ms = 2**62
+        edge, _ = await connect_edge(cp.edge_wire_port, "edge-a", status=lambda: absurd)
+        edge.send("edge_event", pb.EdgeEvent(kind="node.ready", occurred_at_ms=2**62))
+        await eventually(lambda: cp.registry.get("edge-a").events.last_sequence >= 2, message="event")
+        code, events = await cp.get_json("/edges/edge-a/events")
+        event = events["items"][-1]
+        assert code == 200 and event["occurred_at"] == event["recorded_at"] is not None
+        code, status = await cp.get_json("/edges/edge-a/status")
+        assert code == 200 and status["generated_at"] is None
+        assert status["nodes"][0]["connected_since"] is None
+        edge.transport.loseConnection()
     finally:
         await cp.stop()

@@ -36,7 +36,11 @@ def iso(seconds: Optional[float]) -> Optional[str]:
     """``seconds`` since the epoch as ISO 8601 UTC with milliseconds."""
     if seconds is None or seconds <= 0:
         return None
-    moment = datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc)
+    try:
+        moment = datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        # An Edge clock (or a hostile Edge) sent a time no calendar holds.
+        return None
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 

@@ -25,6 +25,10 @@ from twisted_iop.controlplane.records import Event, EventBuffer, Operation, Oper
 from twisted_iop.wire import control_pb2 as pb
 
 
+#: 9999-12-31T23:59:59.999Z, the last instant ISO 8601 views can show.
+MAX_TIME_MS = 253_402_300_799_999
+
+
 class EdgePeer(Protocol):
     """What the registry needs of a connection: identity and a way to close it."""
 
@@ -324,7 +328,9 @@ class EdgeRegistry(Service):
         if record is None or record.token != token:
             return None
         record.last_seen = self._clock.seconds()
-        occurred = event.occurred_at_ms / 1000.0 if event.occurred_at_ms > 0 else None
+        # An Edge's clock is its own: a time outside the calendar (or none)
+        # is recorded as the time the event arrived.
+        occurred = event.occurred_at_ms / 1000.0 if 0 < event.occurred_at_ms < MAX_TIME_MS else None
         recorded = self.record(
             edge_id,
             event.kind,

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
 from twisted_iop.controlplane.edge_server import EdgeCredentials, EdgeWireFactory, EdgeWireProtocol
 from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.ids import id_problem
 from twisted_iop.wire import PROTOCOL_MAJOR
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import PeerSettings, frame, make_envelope
@@ -123,3 +126,30 @@ def test_connection_loss_marks_edge_disconnected() -> None:
     record = registry.get("edge-a")
     assert not record.connected
     assert record.events.since(0, 10)[-1].kind == "edge.disconnected"
+
+
+@given(chunks=st.lists(st.binary(max_size=64), max_size=12), with_hello=st.booleans())
+def test_arbitrary_bytes_never_escape_as_exceptions(chunks: list[bytes], with_hello: bool) -> None:
+    """Any byte stream, after a hello or not, is handled: nothing raises, a close comes with an error frame."""
+    protocol, transport, registry, _ = connect()
+    if with_hello:
+        protocol.dataReceived(hello_frame("edge-a"))
+        transport.clear()
+    for chunk in chunks:
+        protocol.dataReceived(chunk)
+    if transport.disconnecting and transport.value():
+        frames = decode(transport.value())
+        assert frames and frames[-1].WhichOneof("body") == "error"
+    if with_hello and not transport.disconnecting:
+        assert registry.get("edge-a").connected
+
+
+@given(edge_id=st.text(max_size=80), major=st.integers(min_value=0, max_value=5), credential=st.text(max_size=20))
+def test_any_hello_gets_an_answer(edge_id: str, major: int, credential: str) -> None:
+    """Every well-framed hello is answered: accepted with a valid id and version, rejected with a reason otherwise."""
+    protocol, transport, registry, _ = connect()
+    protocol.dataReceived(hello_frame(edge_id, major, credential))
+    answer = decode(transport.value())[0].edge_hello_response
+    valid = major == PROTOCOL_MAJOR and id_problem("edge_id", edge_id) is None
+    assert answer.accepted == valid
+    assert answer.accepted or (answer.reason and answer.reason_code and transport.disconnecting)

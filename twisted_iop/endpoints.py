@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import re
 
-_ENDPOINT_KINDS = ("tcp:", "tcp6:", "ssl:", "unix:", "systemd:")
+_LISTEN_KINDS = ("tcp:", "tcp6:", "ssl:", "unix:", "systemd:")
+#: ``tls:HOST:PORT:trustRoots=DIR`` verifies the server's name; ``ssl:``
+#: alone does not.
+_CONNECT_KINDS = ("tcp:", "tcp6:", "ssl:", "tls:", "unix:")
 _HOST_PORT = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[^:\[\]]*):(?P<port>\d+)$")
 
 
@@ -22,7 +25,7 @@ def listen_endpoint(value: str) -> str:
     text = value.strip()
     if not text:
         raise EndpointError("listen address is empty")
-    if text.startswith(_ENDPOINT_KINDS):
+    if text.startswith(_LISTEN_KINDS):
         return text
     match = _HOST_PORT.match(text)
     if match is None:
@@ -38,13 +41,13 @@ def listen_endpoint(value: str) -> str:
 def connect_endpoint(value: str) -> str:
     """Return a Twisted client endpoint string for ``value``.
 
-    ``tcp:host=...:port=...``, ``ssl:...``, ``unix:...`` pass through;
+    ``tcp:host=...:port=...``, ``ssl:...``, ``tls:...``, ``unix:...`` pass through;
     ``host:port`` becomes ``tcp:host=host:port=port``.
     """
     text = value.strip()
     if not text:
         raise EndpointError("address is empty")
-    if text.startswith(_ENDPOINT_KINDS):
+    if text.startswith(_CONNECT_KINDS):
         return text
     match = _HOST_PORT.match(text)
     if match is None or not match.group("host"):

@@ -32,9 +32,20 @@ class Options(usage.Options):
 
     def postOptions(self) -> None:
         try:
-            self["parsed_config"] = load_config(self["config"], os.environ)
+            config = load_config(self["config"], os.environ)
         except ConfigError as e:
             raise usage.UsageError(f"bad configuration: {e}") from None
+        from twisted.internet import reactor
+
+        for field, description in (
+            ("http.listen", config.http_listen),
+            ("client_wire.listen", config.wire_listen),
+            ("edge_wire.listen", config.edge_wire_listen),
+        ):
+            problem = listen_problem(reactor, description)
+            if problem is not None:
+                raise usage.UsageError(f"bad configuration: {field}: {problem}")
+        self["parsed_config"] = config
 
 
 class BindError(RuntimeError):
@@ -58,6 +69,20 @@ def with_backlog(description: str) -> str:
     if kind in ("tcp", "tcp6", "ssl") and "backlog=" not in description:
         return f"{description}:backlog={DEFAULT_BACKLOG}"
     return description
+
+
+def listen_problem(reactor: Any, description: str) -> Optional[str]:
+    """Why Twisted cannot build a server endpoint from ``description``, or None.
+
+    Building the endpoint binds nothing, but it parses every parameter and,
+    for ``ssl:``, loads the key and certificate, so a typo or a missing file
+    is reported before start-up instead of as a traceback.
+    """
+    try:
+        serverFromString(reactor, with_backlog(description))
+    except Exception as e:  # Twisted raises ValueError, KeyError, OSError, SSL errors ...
+        return f"cannot use {description!r}: {e}"
+    return None
 
 
 def tune_garbage_collector() -> None:

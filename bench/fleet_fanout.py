@@ -36,7 +36,6 @@ import gc
 import json
 import os
 import random
-import re
 import resource
 import shutil
 import signal
@@ -62,6 +61,9 @@ from twisted.python.failure import Failure  # noqa: E402
 from twisted.web.client import Agent, HTTPConnectionPool  # noqa: E402
 from treq.client import HTTPClient  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from support import Daemon  # noqa: E402
+
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR  # noqa: E402
 from twisted_iop.wire import control_pb2 as pb  # noqa: E402
 from twisted_iop.wire.peer import FramedPeerProtocol, PeerSettings, make_envelope  # noqa: E402
@@ -69,7 +71,6 @@ from twisted_iop.wire.peer import FramedPeerProtocol, PeerSettings, make_envelop
 BENCH_DIR = Path(__file__).resolve().parent
 TWISTD = str(Path(sys.executable).parent / "twistd")
 LOOPBACK = "127.0.0.1"
-LISTENING = re.compile(r"(\w+) listening on \S+ \(port (\d+)\)")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 #: File descriptors this process and the Control Plane need beyond one per edge.
 SPARE_FDS = 200
@@ -239,21 +240,11 @@ class ControlPlaneProcess:
                 command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=str(workdir)
             )
         self.pid = self.process.pid
-
-    def log(self) -> str:
-        """Everything the Control Plane logged so far."""
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def ports(self) -> dict[str, int]:
-        """Listener ports announced in the log (``label -> port``)."""
-        return {m.group(1): int(m.group(2)) for m in LISTENING.finditer(self.log())}
-
-    def running(self) -> bool:
-        """Whether the process is alive."""
-        return self.process.poll() is None
+        # The test harness's view of a daemon: its log and announced ports.
+        self.daemon = Daemon(self.process, self.log_path)
+        self.log = self.daemon.log
+        self.ports = self.daemon.ports
+        self.running = self.daemon.running
 
     def rss_bytes(self) -> int:
         """Resident set size (VmRSS) of the Control Plane."""

@@ -159,6 +159,9 @@ async def test_command_succeeds_and_idempotency_key_does_not_dispatch_twice() ->
         code, ops = await cp.get_json("/edges/edge-a/operations")
         assert [o["operation_id"] for o in ops["items"]] == [op["operation_id"]]
         assert ops["items"][0]["state"] == "succeeded"
+        code, events = await cp.get_json("/edges/edge-a/events")
+        operation_events = [e for e in events["items"] if e["kind"].startswith("operation.")]
+        assert {e["node_id"] for e in operation_events} == {"node-1"}  # node.drain targets a node
         code, fleet_ops = await cp.get_json("/fleet/operations")
         assert fleet_ops["items"][0]["operation_id"] == op["operation_id"]
         edge.transport.loseConnection()

@@ -393,9 +393,16 @@ class EdgeRegistry(Service):
         return True
 
     def _operation_event(self, operation: Operation) -> None:
+        record = self._edges[operation.edge_id]
+        # A command aimed at a node is filed under that node too, so views
+        # and subscribers filtering by node see what was done to it.
+        targets_node = any(
+            spec.name == operation.name and spec.target_kind == "node" for spec in record.hello.commands
+        )
         self.record(
             operation.edge_id,
             "operation." + operation.state,
+            node_id=operation.target if targets_node else "",
             command_id=operation.operation_id,
             message=f"{operation.name} {operation.state}" + (f": {operation.reason}" if operation.reason else ""),
             attributes={"name": operation.name, "target": operation.target, "state": operation.state},

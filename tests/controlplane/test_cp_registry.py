@@ -96,6 +96,20 @@ def test_event_buffer_bounds_and_counts_drops() -> None:
     assert buffer.since(0, 10) == []
 
 
+def test_gaps_in_the_edge_sequence_are_recorded() -> None:
+    """A skip in the edge's own numbering, even across reconnects, becomes edge.events_lost."""
+    registry, _ = make_registry()
+    token = registry.connect("edge-a", FakePeer(), HELLO)
+    for sequence in (1, 2):
+        registry.record_edge_event("edge-a", token, pb.EdgeEvent(kind="node.ready", edge_sequence=sequence))
+    token = registry.connect("edge-a", FakePeer(), HELLO)  # the edge reconnects
+    registry.record_edge_event("edge-a", token, pb.EdgeEvent(kind="node.ready", edge_sequence=5))
+    registry.record_edge_event("edge-a", token, pb.EdgeEvent(kind="node.ready", edge_sequence=1))  # edge restarted
+    registry.record_edge_event("edge-a", token, pb.EdgeEvent(kind="node.ready", edge_sequence=2))
+    lost = [e for e in registry.get("edge-a").events.since(0, 100) if e.kind == "edge.events_lost"]
+    assert [(e.attributes["count"], e.attributes["first_edge_sequence"]) for e in lost] == [("2", "3")]
+
+
 def test_operation_lifecycle_and_command_events() -> None:
     """Relayed command events move an operation forward; terminal states are final."""
     registry, clock = make_registry()

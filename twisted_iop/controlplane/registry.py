@@ -111,6 +111,8 @@ class EdgeRecord:
     status_request: Optional[Deferred[pb.EdgeStatusResponse]] = None
     #: Operation id -> the token of the connection it was sent on.
     operation_tokens: dict[str, int] = attrs.field(factory=dict)
+    #: The newest ``edge_sequence`` relayed by this edge (0: none yet).
+    last_edge_sequence: int = 0
 
     @property
     def connected(self) -> bool:
@@ -328,6 +330,7 @@ class EdgeRegistry(Service):
         if record is None or record.token != token:
             return None
         record.last_seen = self._clock.seconds()
+        self._check_edge_sequence(record, event.edge_sequence)
         # An Edge's clock is its own: a time outside the calendar (or none)
         # is recorded as the time the event arrived.
         occurred = event.occurred_at_ms / 1000.0 if 0 < event.occurred_at_ms < MAX_TIME_MS else None
@@ -346,6 +349,30 @@ class EdgeRegistry(Service):
             if state is not None:
                 self.advance_operation(edge_id, token, event.command_id, state)
         return recorded
+
+    def _check_edge_sequence(self, record: EdgeRecord, sequence: int) -> None:
+        """Record ``edge.events_lost`` when the edge's own sequence skips.
+
+        Events written to a connection that dies before they are read are
+        lost on the wire; the Edge numbers its events, so the gap shows here
+        (also across reconnects). A lower number means the Edge restarted.
+        """
+        last = record.last_edge_sequence
+        if sequence <= 0:
+            return
+        record.last_edge_sequence = sequence
+        if last and sequence > last + 1:
+            missing = sequence - last - 1
+            self.record(
+                record.edge_id,
+                "edge.events_lost",
+                message=f"{missing} events from the edge never arrived (edge sequences {last + 1}-{sequence - 1})",
+                attributes={
+                    "count": str(missing),
+                    "first_edge_sequence": str(last + 1),
+                    "last_edge_sequence": str(sequence - 1),
+                },
+            )
 
     # -- operations -----------------------------------------------------------
 

@@ -3,6 +3,7 @@ processes, and small polling helpers with bounds (no bare sleeps)."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -15,6 +16,10 @@ from typing import Any, Callable, Optional
 
 import attrs
 import treq
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 from twisted.internet import reactor as global_reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
@@ -118,18 +123,20 @@ async def start_control_plane(
     http_port: int = 0,
     wire_port: int = 0,
     config_text: str = "",
+    edge_wire_listen: str = "",
 ) -> ControlPlaneHarness:
     """Start a Control Plane in this reactor; ports default to free ones.
 
     ``config_text`` is extra control-plane.yaml; the listen addresses here
-    win over it.
+    win over it. ``edge_wire_listen`` replaces the edge wire's endpoint
+    (for example an ``ssl:`` one).
     """
     config = config_from_text(config_text)
     config = attrs.evolve(
         config,
         http_listen=_listen(http_port),
         wire_listen=_listen(wire_port),
-        edge_wire_listen=_listen(edge_wire_port),
+        edge_wire_listen=edge_wire_listen or _listen(edge_wire_port),
     )
     service = ControlPlaneService(config, reactor)
     service.privilegedStartService()
@@ -137,6 +144,36 @@ async def start_control_plane(
     harness = ControlPlaneHarness(service)
     await eventually(lambda: service.readiness.ready, timeout=5, message="listeners bound", reactor=reactor)
     return harness
+
+
+# -- TLS ------------------------------------------------------------------------
+
+
+def self_signed(directory: Path) -> tuple[Path, Path]:
+    """A key and a self-signed certificate for ``localhost``; return their paths."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    key_path = directory / "key.pem"
+    cert_path = directory / "trust" / "cert.pem"
+    cert_path.parent.mkdir()
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return key_path, cert_path
 
 
 # -- real daemons as processes ------------------------------------------------

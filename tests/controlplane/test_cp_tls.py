@@ -2,52 +2,20 @@
 
 from __future__ import annotations
 
-import datetime
 from pathlib import Path
 
 import attrs
 import pytest
 import pytest_twisted
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from twisted.internet import reactor
 from twisted.internet.endpoints import clientFromString, connectProtocol
 from twisted.python import usage
 
 from scripted_edge import ScriptedEdge
-from support import ControlPlaneHarness, eventually
+from support import ControlPlaneHarness, eventually, self_signed
 from twisted_iop.controlplane import tap
 from twisted_iop.controlplane.config import config_from_text
 from twisted_iop.controlplane.tap import ControlPlaneService
-
-
-def self_signed(directory: Path) -> tuple[Path, Path]:
-    """A key and a self-signed certificate for ``localhost``; return their paths."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    key_path = directory / "key.pem"
-    cert_path = directory / "trust" / "cert.pem"
-    cert_path.parent.mkdir()
-    key_path.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    return key_path, cert_path
 
 
 @pytest_twisted.ensureDeferred

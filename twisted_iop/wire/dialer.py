@@ -189,6 +189,11 @@ class DialerLink(Generic[ProtocolT]):
             clock, dial.peer_settings(), lambda: [self.current] if self.current is not None else []
         )
 
+    @property
+    def sessions_without_acceptance(self) -> int:
+        """Connections that ended before hello was accepted, since the last acceptance."""
+        return self._sessions_without_acceptance
+
     def factory(self) -> Factory:
         """The protocol factory for the ``ClientService``."""
         return _DialerFactory(self)

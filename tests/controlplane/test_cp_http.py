@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import attrs
 import pytest_twisted
 from treq.testing import StubTreq
 from twisted.internet.defer import Deferred, succeed
@@ -39,17 +40,28 @@ class AnsweringPeer:
         pass
 
 
-def make_api(edges: int = 0, **settings: Any) -> tuple[StubTreq, EdgeRegistry, Readiness]:
+@attrs.define
+class FakeListener:
+    """A listener the test binds by hand."""
+
+    label: str
+    is_bound: bool = False
+    port_number: int = 0
+
+    def bind(self, port: int) -> None:
+        self.is_bound, self.port_number = True, port
+
+
+def make_api(edges: int = 0, **settings: Any) -> tuple[StubTreq, EdgeRegistry, dict[str, FakeListener]]:
     """A StubTreq over the Klein app with ``edges`` answering edges."""
     clock = Clock()
     clock.advance(1_700_000_000)
     registry = EdgeRegistry(clock)
     for i in range(edges):
         registry.connect(f"edge-{i:02d}", AnsweringPeer(f"edge-{i:02d}"), HELLO)
-    readiness = Readiness()
-    readiness.expect("http")
-    api = ControlPlaneHttp(registry, EdgeGateway(registry, clock), clock, readiness, HttpSettings(**settings))
-    return StubTreq(api.app.resource()), registry, readiness
+    listeners = [FakeListener("http"), FakeListener("client_wire")]
+    api = ControlPlaneHttp(registry, EdgeGateway(registry, clock), clock, Readiness(listeners), HttpSettings(**settings))
+    return StubTreq(api.app.resource()), registry, {listener.label: listener for listener in listeners}
 
 
 async def get(treq: StubTreq, path: str, **kwargs: Any) -> tuple[int, Any]:
@@ -68,10 +80,13 @@ async def post(treq: StubTreq, path: str, body: bytes, **kwargs: Any) -> tuple[i
 @pytest_twisted.ensureDeferred
 async def test_readyz_follows_listeners() -> None:
     """/readyz is 503 until every expected listener is bound, then 200."""
-    treq, _, readiness = make_api()
+    treq, _, listeners = make_api()
     code, body = await get(treq, "/readyz")
     assert code == 503 and body["ready"] is False
-    readiness.bound("http", 8080)
+    listeners["http"].bind(8080)
+    code, body = await get(treq, "/readyz")
+    assert code == 503 and body["listeners"] == {"http": True, "client_wire": False}
+    listeners["client_wire"].bind(8081)
     code, body = await get(treq, "/readyz")
     assert code == 200 and body["ready"] is True
 
@@ -200,8 +215,8 @@ async def test_fleet_status_totals_and_paging() -> None:
 @pytest_twisted.ensureDeferred
 async def test_console_config_names_the_wire() -> None:
     """/console/config.json gives the WebSocket URL from the request host and bound port."""
-    treq, _, readiness = make_api()
-    readiness.bound("client_wire", 18081)
+    treq, _, listeners = make_api()
+    listeners["client_wire"].bind(18081)
     code, body = await get(treq, "/console/config.json", headers={b"Host": [b"example.test:8080"]})
     assert code == 200
     assert body == {"wire_url": "ws://example.test:18081/client", "api_token_required": False}

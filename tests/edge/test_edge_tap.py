@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
 import yaml
 from edge_testing import edge_mapping
+from support import start_daemon
 from twisted.internet.testing import MemoryReactorClock
 from twisted.python import usage
 
@@ -25,7 +27,7 @@ def test_make_service_listens_and_dials(tmp_path: Path) -> None:
     options.parseOptions(["--config", str(path)])
     reactor = MemoryReactorClock()
     service = makeService(options, reactor=reactor)
-    assert [s.name for s in service] == ["registry", "node-server", "control-plane"]
+    assert [s.name for s in service] == ["registry", "node_server", "control-plane"]
     service.privilegedStartService()
     service.startService()
     assert [(port, interface) for port, _, _, interface in reactor.tcpServers] == [(7555, "127.0.0.1")]
@@ -66,3 +68,20 @@ def test_node_make_service_dials_edge(tmp_path: Path) -> None:
     service.startService()
     assert [(host, port) for host, port, *_ in reactor.tcpClients] == [("127.0.0.1", 7556)]
     service.stopService()
+
+
+def test_busy_node_port_fails_startup_cleanly(tmp_path: Path) -> None:
+    """`twistd -n iop-edge` with its Node port taken exits 1 with one clear line, no traceback."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        data = edge_mapping(address="127.0.0.1:1")
+        data["node_server"]["listen"] = f"tcp:{port}:interface=127.0.0.1"
+        path = tmp_path / "edge.yaml"
+        path.write_text(yaml.safe_dump(data))
+        daemon = start_daemon(["iop-edge", "--config", str(path)], tmp_path, name="edge")
+        assert daemon.process.wait(30) == 1
+    log = daemon.log()
+    assert f"iop-edge: cannot listen for node_server on tcp:{port}:interface=127.0.0.1" in log
+    assert "Traceback" not in log

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hmac
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Protocol, Sequence
 from urllib.parse import urlsplit
 
 import attrs
@@ -91,33 +91,38 @@ DOMAIN_ERRORS: dict[type[Exception], tuple[int, str]] = {
 }
 
 
-@attrs.define
+class Listener(Protocol):
+    """What readiness needs to know of a listener (see twisted_iop.listeners)."""
+
+    label: str
+    is_bound: bool
+    port_number: int
+
+
 class Readiness:
-    """Which listeners are bound; ready when all are."""
+    """A live view of the listeners: ready when every one is bound.
 
-    listeners: dict[str, bool] = attrs.field(factory=dict)
-    #: Bound TCP port of each listener (for port 0 and the console's wire URL).
-    ports: dict[str, int] = attrs.field(factory=dict)
+    It keeps the sequence it is given (not a copy), so listeners added to
+    it later are seen.
+    """
 
-    def expect(self, name: str) -> None:
-        """Register a listener that must bind before the service is ready."""
-        self.listeners.setdefault(name, False)
+    def __init__(self, listeners: Sequence[Listener] = ()) -> None:
+        self._listeners = listeners
 
-    def bound(self, name: str, port: int = 0) -> None:
-        """Mark ``name`` as bound (on TCP ``port``)."""
-        self.listeners[name] = True
-        if port:
-            self.ports[name] = port
+    @property
+    def listeners(self) -> dict[str, bool]:
+        """Whether each listener is bound, by label."""
+        return {listener.label: listener.is_bound for listener in self._listeners}
 
-    def unbound(self, name: str) -> None:
-        """Mark ``name`` as no longer listening."""
-        if name in self.listeners:
-            self.listeners[name] = False
+    @property
+    def ports(self) -> dict[str, int]:
+        """The bound TCP port of each bound listener, by label."""
+        return {l.label: l.port_number for l in self._listeners if l.is_bound and l.port_number}
 
     @property
     def ready(self) -> bool:
-        """Whether every expected listener is bound."""
-        return bool(self.listeners) and all(self.listeners.values())
+        """Whether there are listeners and every one is bound."""
+        return bool(self._listeners) and all(l.is_bound for l in self._listeners)
 
 
 @attrs.frozen

@@ -21,7 +21,7 @@ import twisted
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.logger import Logger
 
-from twisted_iop.edge.clock import Clock
+from twisted.internet.interfaces import IReactorTime
 import twisted_iop
 from twisted_iop.configuration import ConfigError
 from twisted_iop.edge.config import NodeConfig, load_edge_config
@@ -128,7 +128,7 @@ class CommandRunner:
     def __init__(
         self,
         registry: NodeRegistry,
-        clock: Clock,
+        clock: IReactorTime,
         load_nodes: Optional[NodesLoader] = None,
         probe_timeout_seconds: float = 10.0,
     ) -> None:

@@ -14,7 +14,7 @@ from typing import Callable, Mapping, Optional
 
 from twisted.logger import Logger
 
-from twisted_iop.edge.clock import Clock
+from twisted.internet.interfaces import IReactorTime
 from twisted_iop.wire import control_pb2 as pb
 
 #: Something that sends one event to the Control Plane.
@@ -26,7 +26,7 @@ class EventRelay:
 
     _log = Logger()
 
-    def __init__(self, clock: Clock, outbox_size: int) -> None:
+    def __init__(self, clock: IReactorTime, outbox_size: int) -> None:
         self._clock = clock
         self._outbox: deque[pb.EdgeEvent] = deque()
         self._outbox_size = outbox_size

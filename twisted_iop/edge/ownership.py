@@ -24,7 +24,7 @@ import itertools
 from typing import Iterator, Optional
 
 import attrs
-from twisted_iop.edge.clock import Clock
+from twisted.internet.interfaces import IReactorTime
 
 
 class TransitionKind(enum.Enum):
@@ -58,7 +58,7 @@ class _NodeState:
 class NodeOwnership:
     """Pending/ready/owner bookkeeping for every Node, keyed by token."""
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: IReactorTime) -> None:
         self._clock = clock
         self._tokens = itertools.count(1)
         self._nodes: dict[str, _NodeState] = {}

@@ -18,7 +18,7 @@ from twisted.application.service import Service
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
-from twisted_iop.edge.clock import Clock
+from twisted.internet.interfaces import IReactorTime
 from twisted_iop.edge.config import EdgeConfig, NodeConfig, ProviderConfig
 from twisted_iop.edge.events import EventRelay
 from twisted_iop.edge.ownership import NodeOwnership, Transition, TransitionKind
@@ -82,7 +82,7 @@ class NodeRegistry(Service):
     _log = Logger()
     name = "registry"
 
-    def __init__(self, config: EdgeConfig, clock: Clock, relay: Optional[EventRelay] = None) -> None:
+    def __init__(self, config: EdgeConfig, clock: IReactorTime, relay: Optional[EventRelay] = None) -> None:
         self._config = config
         self._clock = clock
         self.relay = relay if relay is not None else EventRelay(clock, config.control_plane.outbox_size)

@@ -14,7 +14,7 @@ Rules (see docs/edge-and-node.md):
 from __future__ import annotations
 
 
-from twisted_iop.edge.clock import Clock
+from twisted.internet.interfaces import IReactorTime
 from twisted_iop.edge.config import NodeConfig, ProviderConfig
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.wire import control_pb2 as pb
@@ -23,7 +23,7 @@ from twisted_iop.wire import control_pb2 as pb
 class StatusProvider:
     """Builds snapshots from the registry, stamped with the Edge's clock."""
 
-    def __init__(self, registry: NodeRegistry, clock: Clock) -> None:
+    def __init__(self, registry: NodeRegistry, clock: IReactorTime) -> None:
         self._registry = registry
         self._clock = clock
 

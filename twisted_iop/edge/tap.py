@@ -5,13 +5,10 @@ from __future__ import annotations
 import os
 from typing import Any, Optional, cast
 
-from twisted.application import strports
-from twisted.application.internet import ClientService, StreamServerEndpointService
-from twisted.application.service import MultiService
-from twisted.internet.defer import Deferred, succeed
+from twisted.application.internet import ClientService
+from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import clientFromString
-from twisted.internet.interfaces import IListeningPort, IProtocolFactory
-from twisted.logger import Logger
+from twisted.internet.interfaces import IProtocolFactory
 from twisted.python import usage
 
 from twisted_iop.configuration import ConfigError
@@ -21,6 +18,7 @@ from twisted_iop.edge.cp_connector import ControlPlaneLink
 from twisted_iop.edge.node_server import NodeServerFactory
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.edge.status import StatusProvider
+from twisted_iop.listeners import DaemonService, ListenerService, listen_problem
 
 
 class Options(usage.Options):
@@ -35,19 +33,21 @@ class Options(usage.Options):
         if not self["config"]:
             raise usage.UsageError("--config PATH is required (see configs/edge.yaml)")
         try:
-            self["edge_config"] = load_edge_config(self["config"], os.environ)
+            config = load_edge_config(self["config"], os.environ)
         except ConfigError as e:
             raise usage.UsageError(f"bad edge config: {e}") from None
+        from twisted.internet import reactor
+
+        problem = listen_problem(reactor, config.node_server.listen)
+        if problem is not None:
+            raise usage.UsageError(f"bad edge config: node_server.listen: {problem}")
+        self["edge_config"] = config
 
 
-class BindError(RuntimeError):
-    """The Node listener could not bind its address."""
-
-
-class EdgeService(MultiService):
+class EdgeService(DaemonService):
     """The Edge's services, with handles on the parts tests and tools need."""
 
-    _log = Logger()
+    daemon_name = "iop-edge"
 
     def __init__(
         self,
@@ -56,7 +56,7 @@ class EdgeService(MultiService):
         status: StatusProvider,
         commands: CommandRunner,
         link: ControlPlaneLink,
-        node_server: StreamServerEndpointService,
+        node_server: ListenerService,
         node_factory: NodeServerFactory,
         control_plane: ClientService,
     ) -> None:
@@ -69,37 +69,15 @@ class EdgeService(MultiService):
         self.node_server = node_server
         self.node_factory = node_factory
         self.control_plane = control_plane
-        self.node_port = 0
-        self._port_waiters: list[Deferred[int]] = []
 
-    def privilegedStartService(self) -> None:
-        try:
-            super().privilegedStartService()
-        except Exception as e:
-            raise BindError(f"cannot listen for nodes on {self.config.node_server.listen}: {e}") from None
-        waiting = cast(Optional["Deferred[IListeningPort]"], getattr(self.node_server, "_waitingForPort", None))
-        if waiting is not None:
-            waiting.addCallback(self._node_server_bound)
-
-    def _node_server_bound(self, port: IListeningPort) -> IListeningPort:
-        self.node_port = int(getattr(port.getHost(), "port", 0))
-        self._log.info(
-            "node_server listening on {description} (port {port})",
-            description=self.config.node_server.listen,
-            port=self.node_port,
-        )
-        for waiter in self._port_waiters:
-            waiter.callback(self.node_port)
-        self._port_waiters = []
-        return port
+    @property
+    def node_port(self) -> int:
+        """The Node listener's TCP port (0 until bound)."""
+        return self.node_server.port_number
 
     def node_listening_port(self) -> "Deferred[int]":
         """Fires with the Node listener's TCP port once it is bound."""
-        if self.node_port:
-            return succeed(self.node_port)
-        waiter: Deferred[int] = Deferred()
-        self._port_waiters.append(waiter)
-        return waiter
+        return self.node_server.bound()
 
     def stopService(self) -> "Deferred[None] | None":
         self.link.stop()
@@ -120,14 +98,14 @@ def makeService(options: Any, reactor: Any = None) -> EdgeService:
     link = ControlPlaneLink(config.control_plane, registry, status, commands, clock)
 
     node_factory = NodeServerFactory(registry, clock, config.node_server.peer_settings())
-    node_server = strports.service(config.node_server.listen, cast(IProtocolFactory, node_factory), reactor=reactor)
-    node_server.setName("node-server")
+    node_server = ListenerService("node_server", config.node_server.listen, cast(IProtocolFactory, node_factory), reactor)
 
     endpoint = clientFromString(reactor, config.control_plane.address)
     control_plane = ClientService(endpoint, cast(IProtocolFactory, link.factory()), retryPolicy=link.retry_delay, clock=clock)
     control_plane.setName("control-plane")
 
     service = EdgeService(config, registry, status, commands, link, node_server, node_factory, control_plane)
+    service.exit_on_bind_failure = True
     registry.setServiceParent(service)
     node_server.setServiceParent(service)
     control_plane.setServiceParent(service)

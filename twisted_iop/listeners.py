@@ -1,0 +1,124 @@
+"""Listeners shared by the daemons: bind or fail start-up clearly, report the port.
+
+Both the Control Plane (three listeners) and the Edge (its Node listener)
+use :class:`ListenerService`; their top-level services derive from
+:class:`DaemonService`, which turns a bind failure under ``twistd`` into one
+clear line and exit code 1 instead of a traceback.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from twisted.application.internet import StreamServerEndpointService
+from twisted.application.service import MultiService
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.endpoints import serverFromString
+from twisted.internet.interfaces import IListeningPort, IProtocolFactory
+from twisted.logger import Logger
+
+#: Listen backlog used when a TCP endpoint does not name one. Twisted's
+#: default (50) drops SYNs when thousands of peers reconnect at once after a
+#: restart, and each dropped SYN costs the peer a one-second retry.
+DEFAULT_BACKLOG = 1024
+
+
+class BindError(RuntimeError):
+    """A listener could not bind its address."""
+
+
+def with_backlog(description: str) -> str:
+    """Add ``backlog=DEFAULT_BACKLOG`` to a TCP/SSL endpoint that has none."""
+    kind = description.split(":", 1)[0]
+    if kind in ("tcp", "tcp6", "ssl") and "backlog=" not in description:
+        return f"{description}:backlog={DEFAULT_BACKLOG}"
+    return description
+
+
+def listen_problem(reactor: Any, description: str) -> Optional[str]:
+    """Why Twisted cannot build a server endpoint from ``description``, or None.
+
+    Building the endpoint binds nothing, but it parses every parameter and,
+    for ``ssl:``, loads the key and certificate, so a typo or a missing file
+    is reported before start-up instead of as a traceback.
+    """
+    try:
+        serverFromString(reactor, with_backlog(description))
+    except Exception as e:  # Twisted raises ValueError, KeyError, OSError, SSL errors ...
+        return f"cannot use {description!r}: {e}"
+    return None
+
+
+class ListenerService(StreamServerEndpointService):
+    """A listener that fails start-up if it cannot bind and reports its port.
+
+    It logs ``<label> listening on <description> (port N)`` once bound; tests
+    and benchmarks read the port of a ``:0`` listener from that line.
+    """
+
+    _log = Logger()
+
+    def __init__(self, label: str, description: str, factory: IProtocolFactory, reactor: Any) -> None:
+        super().__init__(serverFromString(reactor, with_backlog(description)), factory)
+        self.setName(label)
+        self.label = label
+        self.description = description
+        #: The bound TCP port (0 until bound, or for non-TCP endpoints).
+        self.port_number = 0
+        self.is_bound = False
+        self._waiters: list[Deferred[int]] = []
+        self._raiseSynchronously = True
+
+    def privilegedStartService(self) -> None:
+        try:
+            super().privilegedStartService()
+        except Exception as e:
+            raise BindError(f"cannot listen for {self.label} on {self.description}: {e}") from None
+        if self._waitingForPort is not None:
+            self._waitingForPort.addCallback(self._bound)
+
+    def _bound(self, port: IListeningPort) -> IListeningPort:
+        self.port_number = int(getattr(port.getHost(), "port", 0))
+        self.is_bound = True
+        self._log.info(
+            "{label} listening on {description} (port {port})",
+            label=self.label,
+            description=self.description,
+            port=self.port_number,
+        )
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            waiter.callback(self.port_number)
+        return port
+
+    def bound(self) -> Deferred[int]:
+        """Fires with the TCP port once the listener is bound."""
+        if self.is_bound:
+            return succeed(self.port_number)
+        waiter: Deferred[int] = Deferred()
+        self._waiters.append(waiter)
+        return waiter
+
+    def stopService(self) -> Any:
+        self.is_bound = False
+        return super().stopService()
+
+
+class DaemonService(MultiService):
+    """A daemon's top-level service: a bind failure can end the process cleanly."""
+
+    _log = Logger()
+    #: The daemon's name in the exit line ("iop-control-plane").
+    daemon_name = "twisted-iop"
+    #: Set by makeService: under twistd a bind failure ends the process
+    #: with one clear line and exit code 1 instead of a traceback.
+    exit_on_bind_failure = False
+
+    def privilegedStartService(self) -> None:
+        try:
+            super().privilegedStartService()
+        except BindError as e:
+            if not self.exit_on_bind_failure:
+                raise
+            self._log.error("start-up failed: {error}", error=str(e))
+            raise SystemExit(f"{self.daemon_name}: {e}") from None

@@ -72,7 +72,7 @@ def parse_yaml_mapping(text: str, source: str = "<config>") -> dict[str, Any]:
 class Section:
     """A mapping being read, with the dotted path used in error messages."""
 
-    def __init__(self, data: Any, path: str, known: Optional[set[str]] = None) -> None:
+    def __init__(self, data: Any, path: str) -> None:
         if data is None:
             data = {}
         if not isinstance(data, Mapping):

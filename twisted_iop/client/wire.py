@@ -21,13 +21,14 @@ from __future__ import annotations
 import os
 import random
 from datetime import datetime, timezone
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Optional
 from urllib.parse import urlsplit
 
 from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientProtocol
 from google.protobuf.message import DecodeError
 from twisted.internet.defer import Deferred, ensureDeferred, gatherResults, succeed
 from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -43,6 +44,8 @@ from twisted_iop.client.models import Event
 from twisted_iop.client.repository import describe_connection_error
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.dialer import backoff_delay
+from twisted_iop.wire.pending import PendingRequests
 
 #: Environment variable naming the Control Plane's client WebSocket URL.
 WIRE_URL_ENV = "IOP_CONTROL_PLANE_WIRE_URL"
@@ -62,35 +65,14 @@ CLOSE_TIMEOUT_SECONDS = 3.0
 #: How long a request (hello, subscribe) may wait for its answer.
 REQUEST_TIMEOUT_SECONDS = 10.0
 
-#: Reconnect backoff: first delay, growth factor, ceiling and jitter fraction.
+#: Reconnect backoff (exponential with full jitter, as the daemons dial).
 BACKOFF_INITIAL_SECONDS = 0.5
-BACKOFF_FACTOR = 2.0
 BACKOFF_MAX_SECONDS = 15.0
-BACKOFF_JITTER = 0.2
 
 #: Bodies that answer a request of ours; everything else is unsolicited.
 RESPONSE_BODIES = frozenset({"error", "client_hello_response", "subscribe_response"})
 
 
-
-class DelayedCall(Protocol):
-    """The part of ``DelayedCall`` we use (a structural type mypy understands)."""
-
-    def active(self) -> bool:
-        """Whether the call is still scheduled."""
-
-    def cancel(self) -> None:
-        """Unschedule the call."""
-
-
-class Clock(Protocol):
-    """The part of ``Clock`` we use: a reactor or ``task.Clock``."""
-
-    def callLater(self, delay: float, callable: Callable[..., Any], *args: Any, **kw: Any) -> DelayedCall:
-        """Call ``callable`` after ``delay`` seconds."""
-
-    def seconds(self) -> float:
-        """The current time."""
 
 
 EventCallback = Callable[[pb.FleetEvent], Any]
@@ -148,9 +130,7 @@ class ClientWireProtocol(WebSocketClientProtocol):
         self.lost: Deferred[None] = Deferred()
         self.close_reason = ""
         self.envelope_received: Optional[Callable[[pb.ClientEnvelope, str], None]] = None
-        self._pending: dict[int, Deferred[pb.ClientEnvelope]] = {}
-        self._timers: dict[int, DelayedCall] = {}
-        self._next_request_id = 1
+        self._pending: PendingRequests[pb.ClientEnvelope] = PendingRequests()
         self._is_open = False
         self._closed = False
 
@@ -197,7 +177,7 @@ class ClientWireProtocol(WebSocketClientProtocol):
         self.sendMessage(envelope.SerializeToString(), isBinary=True)
 
     def request(
-        self, body: str, message: Any, clock: Clock, timeout: float = REQUEST_TIMEOUT_SECONDS
+        self, body: str, message: Any, clock: IReactorTime, timeout: float = REQUEST_TIMEOUT_SECONDS
     ) -> Deferred[pb.ClientEnvelope]:
         """Send a request and wait for the envelope that answers it.
 
@@ -207,11 +187,9 @@ class ClientWireProtocol(WebSocketClientProtocol):
         """
         if not self.usable:
             raise WireConnectionLost("the connection is not open")
-        request_id = self._next_request_id
-        self._next_request_id += 1
-        d: Deferred[pb.ClientEnvelope] = Deferred()
-        self._pending[request_id] = d
-        self._timers[request_id] = clock.callLater(timeout, self._request_timed_out, request_id, body, timeout)
+        request_id, d = self._pending.add(
+            clock, timeout, lambda: WireError(f"no answer to {body} within {timeout:g} s")
+        )
         self.send_envelope(make_client_envelope(body, message, request_id))
         return d
 
@@ -248,36 +226,21 @@ class ClientWireProtocol(WebSocketClientProtocol):
         if body is None:
             return
         if body in RESPONSE_BODIES and envelope.request_id in self._pending:
-            d = self._pending.pop(envelope.request_id)
-            timer = self._timers.pop(envelope.request_id, None)
-            if timer is not None and timer.active():
-                timer.cancel()
             if body == "error":
-                d.errback(WireRequestError(error_code_name(envelope.error.code), envelope.error.message))
+                error = WireRequestError(error_code_name(envelope.error.code), envelope.error.message)
+                self._pending.fail(envelope.request_id, error)
             else:
-                d.callback(envelope)
+                self._pending.answer(envelope.request_id, envelope)
             return
         if self.envelope_received is not None:
             self.envelope_received(envelope, body)
-
-    def _request_timed_out(self, request_id: int, body: str, timeout: float) -> None:
-        self._timers.pop(request_id, None)
-        d = self._pending.pop(request_id, None)
-        if d is not None:
-            d.errback(WireError(f"no answer to {body} within {timeout:g} s"))
 
     def _finish(self) -> None:
         if not self._closed:
             self._closed = True
         if not self.opened.called:
             self.opened.errback(WireConnectionLost(self.close_reason or "the WebSocket did not open"))
-        pending, self._pending = self._pending, {}
-        for timer in self._timers.values():
-            if timer.active():
-                timer.cancel()
-        self._timers.clear()
-        for d in pending.values():
-            d.errback(WireConnectionLost(f"the connection closed: {self.close_reason}"))
+        self._pending.fail_all(lambda: WireConnectionLost(f"the connection closed: {self.close_reason}"))
 
 
 class ClientWireClient:
@@ -418,9 +381,9 @@ class ClientWireClient:
         return result
 
     @property
-    def clock(self) -> Clock:
+    def clock(self) -> IReactorTime:
         """The reactor's clock (for timers of subscriptions)."""
-        clock: Clock = self._reactor
+        clock: IReactorTime = self._reactor
         return clock
 
     async def close(self) -> None:
@@ -467,7 +430,7 @@ class EventSubscription:
         self._backoff_max = backoff_max
         self._rng = rng or random.Random()
         self._protocol: Optional[ClientWireProtocol] = None
-        self._retry: Optional[DelayedCall] = None
+        self._retry: Optional[IDelayedCall] = None
         self._attempts = 0
         self._stopping = False
         #: How many times the subscription was re-established after a drop.
@@ -600,14 +563,9 @@ class EventSubscription:
         self._state("disconnected", protocol.close_reason)
         self._schedule_retry()
 
-    def _next_delay(self) -> float:
-        base = min(self._backoff_max, self._backoff_initial * (BACKOFF_FACTOR ** self._attempts))
-        jitter = 1.0 + BACKOFF_JITTER * (2.0 * self._rng.random() - 1.0)
-        return min(self._backoff_max, base * jitter)
-
     def _schedule_retry(self) -> None:
-        delay = self._next_delay()
         self._attempts += 1
+        delay = backoff_delay(self._attempts, self._backoff_initial, self._backoff_max, self._rng.random)
         self._log.info("reconnecting to {url} in {delay:.2f} s", url=self._client.url, delay=delay)
         self._retry = self._client.clock.callLater(delay, self._reconnect)
 

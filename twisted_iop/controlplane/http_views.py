@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import hmac
 import json
 from pathlib import Path
@@ -183,8 +184,6 @@ def _page(request: IRequest, keys: list[str]) -> tuple[list[str], str | None]:
     start = 0
     if cursor:
         # keys are sorted: start after the cursor even if it has gone away.
-        import bisect
-
         start = bisect.bisect_right(keys, cursor)
     chosen = keys[start : start + limit]
     next_cursor = chosen[-1] if start + limit < len(keys) and chosen else None
@@ -532,9 +531,4 @@ class ControlPlaneHttp:
     def not_found(self, request: IRequest, rest: str) -> bytes:
         """Anything else: a JSON 404."""
         return error_body(request, 404, "not_found", "no such resource")
-
-
-def make_resource(http: ControlPlaneHttp) -> Any:
-    """The twisted.web resource serving ``http``."""
-    return http.app.resource()
 

@@ -172,15 +172,6 @@ class EdgeRegistry(Service):
         """Every known edge id, sorted."""
         return sorted(self._edges)
 
-    def connected_edges(self) -> list[EdgeRecord]:
-        """Edges with a current connection."""
-        return [r for r in self._edges.values() if r.token is not None]
-
-    def is_current(self, edge_id: str, token: int) -> bool:
-        """Whether ``token`` is the current connection of ``edge_id``."""
-        record = self._edges.get(edge_id)
-        return record is not None and record.token == token
-
     # -- connections --------------------------------------------------------
 
     def connect(self, edge_id: str, peer: EdgePeer, hello: EdgeHello) -> int:
@@ -375,10 +366,6 @@ class EdgeRegistry(Service):
             )
 
     # -- operations -----------------------------------------------------------
-
-    def find_operation(self, edge_id: str, key: str) -> Optional[Operation]:
-        """The operation of ``edge_id`` with idempotency key ``key``."""
-        return self.get(edge_id).operations.by_key(key)
 
     def start_operation(self, operation: Operation, token: int) -> None:
         """Keep a just-dispatched operation (state ``sent``)."""

@@ -25,7 +25,7 @@ from typing import Callable, Iterable, Optional
 
 import attrs
 from google.protobuf.message import DecodeError, Message
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, fail
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
@@ -34,6 +34,7 @@ from twisted.python.failure import Failure
 
 from twisted_iop.wire import DEFAULT_MAX_FRAME_BYTES
 from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.pending import PendingRequests
 
 #: Bodies that answer a request; only these are matched against pending
 #: requests, so a peer's own request can never be mistaken for a reply.
@@ -99,6 +100,10 @@ def frame(envelope: pb.Envelope) -> bytes:
     return len(data).to_bytes(4, "big") + data
 
 
+def _disconnected() -> Exception:
+    return PeerDisconnected("connection closed before the answer")
+
+
 class FramedPeerProtocol(Int32StringReceiver):
     """One end of a framed protobuf connection (either side, either wire)."""
 
@@ -108,8 +113,7 @@ class FramedPeerProtocol(Int32StringReceiver):
         self.MAX_LENGTH = settings.max_frame_bytes
         self._clock = clock
         self._settings = settings
-        self._pending: dict[int, tuple[Deferred[pb.Envelope], Optional[IDelayedCall]]] = {}
-        self._next_request_id = 1
+        self._pending: PendingRequests[pb.Envelope] = PendingRequests()
         self._hello_timer: Optional[IDelayedCall] = None
         self._abort_timer: Optional[IDelayedCall] = None
         self.closing = False
@@ -198,11 +202,7 @@ class FramedPeerProtocol(Int32StringReceiver):
             if timer is not None and timer.active():
                 timer.cancel()
         self._hello_timer = self._abort_timer = None
-        pending, self._pending = self._pending, {}
-        for d, timer in pending.values():
-            if timer is not None and timer.active():
-                timer.cancel()
-            d.errback(PeerDisconnected("connection closed before the answer"))
+        self._pending.fail_all(_disconnected)
         self.peer_disconnected(reason)
 
     # -- sending ------------------------------------------------------------
@@ -229,23 +229,12 @@ class FramedPeerProtocol(Int32StringReceiver):
         Deferred itself when it stops waiting.
         """
         if self.closing or self.transport is None:
-            from twisted.internet.defer import fail
-
             return fail(PeerDisconnected("connection is closed"))
-        request_id = self._next_request_id
-        self._next_request_id += 1
-
-        def cancel(d: Deferred[pb.Envelope]) -> None:
-            entry = self._pending.pop(request_id, None)
-            if entry is not None and entry[1] is not None and entry[1].active():
-                entry[1].cancel()
-
-        d: Deferred[pb.Envelope] = Deferred(cancel)
-        timer: Optional[IDelayedCall] = None
         if deadline:
             seconds = self._settings.request_timeout_seconds if timeout is None else timeout
-            timer = self._clock.callLater(seconds, self._request_timed_out, request_id, seconds)
-        self._pending[request_id] = (d, timer)
+            request_id, d = self._pending.add(self._clock, seconds, lambda: RequestTimeout(f"no answer within {seconds:g}s"))
+        else:
+            request_id, d = self._pending.add(None, 0.0, _disconnected)
         self.sendString(make_envelope(body, message, request_id).SerializeToString())
         return d
 
@@ -255,18 +244,10 @@ class FramedPeerProtocol(Int32StringReceiver):
         return len(self._pending)
 
     def _resolve(self, request_id: int, envelope: pb.Envelope, body: str) -> None:
-        d, timer = self._pending.pop(request_id)
-        if timer is not None and timer.active():
-            timer.cancel()
         if body == "error":
-            d.errback(RemoteError(envelope.error.code, envelope.error.message))
+            self._pending.fail(request_id, RemoteError(envelope.error.code, envelope.error.message))
         else:
-            d.callback(envelope)
-
-    def _request_timed_out(self, request_id: int, seconds: float) -> None:
-        entry = self._pending.pop(request_id, None)
-        if entry is not None:
-            entry[0].errback(RequestTimeout(f"no answer within {seconds:g}s"))
+            self._pending.answer(request_id, envelope)
 
     # -- closing, hello and keepalive ---------------------------------------------
 

@@ -1,0 +1,50 @@
+"""PendingRequests: answers, errors, deadlines, cancellation, fail-all."""
+
+from __future__ import annotations
+
+from twisted.internet.defer import CancelledError
+from twisted.internet.task import Clock
+from twisted.python.failure import Failure
+
+from twisted_iop.wire.pending import PendingRequests
+
+
+def outcomes(d: object) -> list[object]:
+    """Whatever the Deferred fired with (errors kept as Failures)."""
+    out: list[object] = []
+    d.addBoth(out.append)  # type: ignore[attr-defined]
+    return out
+
+
+def test_answer_error_timeout_and_fail_all() -> None:
+    """Each request ends exactly once, in the way that came first; timers never outlive it."""
+    clock = Clock()
+    pending: PendingRequests[str] = PendingRequests()
+    ids_and_results = [pending.add(clock, 5, lambda: TimeoutError("late")) for _ in range(4)]
+    (a, da), (b, db), (c, dc), (d_, dd) = ids_and_results
+    assert [a, b, c, d_] == [1, 2, 3, 4] and len(pending) == 4
+    ra, rb, rc, rd = (outcomes(x) for x in (da, db, dc, dd))
+    pending.answer(a, "ok")
+    pending.fail(b, ValueError("refused"))
+    pending.answer(a, "again")  # a late duplicate answer changes nothing
+    clock.advance(5)
+    assert ra == ["ok"] and isinstance(rb[0], Failure) and rb[0].check(ValueError)
+    assert rc[0].check(TimeoutError) and rd[0].check(TimeoutError)  # type: ignore[union-attr]
+    assert len(pending) == 0 and clock.getDelayedCalls() == []
+    _, de = pending.add(None, 0, lambda: TimeoutError())
+    re_ = outcomes(de)
+    pending.fail_all(lambda: ConnectionError("gone"))
+    assert re_[0].check(ConnectionError)  # type: ignore[union-attr]
+
+
+def test_cancel_forgets_the_request_and_its_timer() -> None:
+    """Cancelling a request removes it and its deadline; a later answer is ignored."""
+    clock = Clock()
+    pending: PendingRequests[str] = PendingRequests()
+    request_id, d = pending.add(clock, 5, lambda: TimeoutError())
+    result = outcomes(d)
+    d.cancel()
+    assert result[0].check(CancelledError)  # type: ignore[union-attr]
+    assert request_id not in pending and clock.getDelayedCalls() == []
+    pending.answer(request_id, "late")
+    assert len(result) == 1

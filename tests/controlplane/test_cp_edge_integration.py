@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import struct
 
 import pytest_twisted

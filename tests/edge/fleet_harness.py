@@ -102,6 +102,12 @@ class RawNode(FramedPeerProtocol):
     def __init__(self) -> None:
         super().__init__(global_reactor, PeerSettings())
         self.lost: Deferred[None] = Deferred()
+        self.errors: list[pb.Error] = []
+
+    def envelope_received(self, envelope: pb.Envelope, body: str) -> None:
+        """Keep the error frames the Edge sends before closing."""
+        if body == "error":
+            self.errors.append(envelope.error)
 
     def peer_disconnected(self, reason: Any) -> None:
         """Fire ``lost``."""

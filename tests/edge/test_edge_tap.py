@@ -6,13 +6,16 @@ import socket
 from pathlib import Path
 
 import pytest
+import pytest_twisted
 import yaml
 from edge_testing import edge_mapping
+from fleet_harness import edge_yaml, raw_node, start_edge, stop, write_yaml
 from support import start_daemon
 from twisted.internet.testing import MemoryReactorClock
 from twisted.python import usage
 
 from twisted_iop.edge.tap import Options, makeService
+from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.node.tap import Options as NodeOptions
 from twisted_iop.node.tap import makeService as make_node_service
 
@@ -85,3 +88,14 @@ def test_busy_node_port_fails_startup_cleanly(tmp_path: Path) -> None:
     log = daemon.log()
     assert f"iop-edge: cannot listen for node_server on tcp:{port}:interface=127.0.0.1" in log
     assert "Traceback" not in log
+
+
+@pytest_twisted.ensureDeferred
+async def test_stopping_the_edge_closes_node_connections(tmp_path: Path) -> None:
+    """Stopping the Edge closes its Node connections with SHUTTING_DOWN, so Nodes keep their normal backoff."""
+    edge = await start_edge(write_yaml(tmp_path / "edge.yaml", edge_yaml("127.0.0.1:1")))
+    node = await raw_node(edge.node_port)
+    assert (await node.hello("node-1")).accepted
+    await stop(edge)
+    await node.lost
+    assert [e.code for e in node.errors] == [pb.ERROR_CODE_SHUTTING_DOWN]

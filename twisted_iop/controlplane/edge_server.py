@@ -12,8 +12,7 @@ from typing import Mapping, Optional
 import attrs
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ConnectionDone
-from twisted.internet.interfaces import IAddress, IReactorTime
-from twisted.internet.protocol import Factory
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -22,7 +21,7 @@ from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry
 from twisted_iop.ids import id_problem
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
-from twisted_iop.wire.peer import FramedPeerProtocol, KeepaliveSweeper, PeerSettings, RemoteError
+from twisted_iop.wire.peer import AcceptedPeerProtocol, PeerServerFactory, PeerSettings, RemoteError
 
 #: Bounds on what an edge may announce in hello.
 MAX_COMMANDS = 256
@@ -53,27 +52,21 @@ class EdgeCredentials:
         return hmac.compare_digest(expected.encode(), given.encode())
 
 
-class EdgeWireProtocol(FramedPeerProtocol):
+class EdgeWireProtocol(AcceptedPeerProtocol):
     """The Control Plane's end of one Edge connection."""
 
     _log = Logger()
     factory: "EdgeWireFactory"
 
     def __init__(self, factory: "EdgeWireFactory") -> None:
-        super().__init__(factory.clock, factory.settings)
-        self.factory = factory
+        super().__init__(factory)
         self.edge_id: Optional[str] = None
         self.token: Optional[int] = None
 
     def describe_peer(self) -> str:
         return f"edge {self.edge_id}" if self.edge_id else "an edge connection before hello"
 
-    def peer_connected(self) -> None:
-        self.factory.connections.add(self)
-        self.start_hello_timer()
-
-    def peer_disconnected(self, reason: Failure) -> None:
-        self.factory.connections.discard(self)
+    def connection_closed(self, reason: Failure) -> None:
         if self.edge_id is not None and self.token is not None:
             if self.close_reason:
                 text = self.close_reason
@@ -200,8 +193,10 @@ def _expect(envelope: pb.Envelope, body: str) -> pb.Envelope:
     return envelope
 
 
-class EdgeWireFactory(Factory):
-    """Builds :class:`EdgeWireProtocol`s over one registry; owns keepalive."""
+class EdgeWireFactory(PeerServerFactory):
+    """Builds :class:`EdgeWireProtocol`s over one registry."""
+
+    protocol_class = EdgeWireProtocol
 
     def __init__(
         self,
@@ -210,23 +205,6 @@ class EdgeWireFactory(Factory):
         settings: PeerSettings,
         credentials: EdgeCredentials = EdgeCredentials(),
     ) -> None:
+        super().__init__(clock, settings)
         self.registry = registry
-        self.clock = clock
-        self.settings = settings
         self.credentials = credentials
-        self.connections: set[EdgeWireProtocol] = set()
-        self.keepalive = KeepaliveSweeper(clock, settings, lambda: self.connections)
-
-    def buildProtocol(self, addr: Optional[IAddress]) -> EdgeWireProtocol:  # type: ignore[override]
-        return EdgeWireProtocol(self)
-
-    def close_all(self, reason: str) -> None:
-        """Close every connection (the Control Plane is stopping)."""
-        for connection in list(self.connections):
-            connection.fail_connection(pb.ERROR_CODE_SHUTTING_DOWN, reason)
-
-    def startFactory(self) -> None:
-        self.keepalive.start()
-
-    def stopFactory(self) -> None:
-        self.keepalive.stop()

@@ -18,8 +18,7 @@ from __future__ import annotations
 from typing import Optional
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IAddress, IReactorTime
-from twisted.internet.protocol import Factory
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -27,27 +26,23 @@ import twisted_iop
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
-from twisted_iop.wire.peer import FramedPeerProtocol, KeepaliveSweeper, PeerSettings
+from twisted_iop.wire.peer import AcceptedPeerProtocol, PeerServerFactory, PeerSettings
 
 
-class NodeServerProtocol(FramedPeerProtocol):
+class NodeServerProtocol(AcceptedPeerProtocol):
     """The Edge's end of one Node connection."""
 
     _log = Logger()
 
+    factory: "NodeServerFactory"
+
     def __init__(self, factory: "NodeServerFactory") -> None:
-        super().__init__(factory.clock, factory.settings)
-        self._factory = factory
+        super().__init__(factory)
         self._registry = factory.registry
         self.node_id: Optional[str] = None
         self.token: Optional[int] = None
 
-    def peer_connected(self) -> None:
-        self._factory.connections.add(self)
-        self.start_hello_timer()
-
-    def peer_disconnected(self, reason: Failure) -> None:
-        self._factory.connections.discard(self)
+    def connection_closed(self, reason: Failure) -> None:
         if self.token is not None:
             self._registry.node_closed(self.token)
 
@@ -114,21 +109,11 @@ class NodeServerProtocol(FramedPeerProtocol):
         return d.addCallback(lambda envelope: envelope.node_probe_response)
 
 
-class NodeServerFactory(Factory):
-    """Builds Node connections; one keepalive sweeper covers all of them."""
+class NodeServerFactory(PeerServerFactory):
+    """Builds Node connections over the Edge's registry."""
+
+    protocol_class = NodeServerProtocol
 
     def __init__(self, registry: NodeRegistry, clock: IReactorTime, settings: PeerSettings) -> None:
+        super().__init__(clock, settings)
         self.registry = registry
-        self.clock = clock
-        self.settings = settings
-        self.connections: set[NodeServerProtocol] = set()
-        self._sweeper = KeepaliveSweeper(clock, settings, lambda: self.connections)
-
-    def buildProtocol(self, addr: Optional[IAddress]) -> NodeServerProtocol:
-        return NodeServerProtocol(self)
-
-    def startFactory(self) -> None:
-        self._sweeper.start()
-
-    def stopFactory(self) -> None:
-        self._sweeper.stop()

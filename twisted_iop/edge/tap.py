@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Optional, cast
+from typing import Any, cast
 
 from twisted.application.internet import ClientService
 from twisted.internet.defer import Deferred
@@ -80,8 +80,11 @@ class EdgeService(DaemonService):
         return self.node_server.bound()
 
     def stopService(self) -> "Deferred[None] | None":
+        """Stop listening and dialing, then close every Node connection."""
         self.link.stop()
-        return cast("Deferred[None] | None", super().stopService())
+        d = cast("Deferred[None] | None", super().stopService())
+        self.node_factory.close_all("the Edge is shutting down")
+        return d
 
 
 def makeService(options: Any, reactor: Any = None) -> EdgeService:

@@ -26,7 +26,8 @@ from typing import Callable, Iterable, Optional
 import attrs
 from google.protobuf.message import DecodeError, Message
 from twisted.internet.defer import Deferred, fail
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime
+from twisted.internet.protocol import Factory
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.protocols.basic import Int32StringReceiver
@@ -358,3 +359,49 @@ class KeepaliveSweeper:
             if connection.last_received > quiet_since:
                 continue
             connection.check_keepalive(now)
+
+
+class AcceptedPeerProtocol(FramedPeerProtocol):
+    """The accepting end of a connection: tracked by its factory, hello on a deadline."""
+
+    def __init__(self, factory: "PeerServerFactory") -> None:
+        super().__init__(factory.clock, factory.settings)
+        self.factory = factory
+
+    def peer_connected(self) -> None:
+        self.factory.connections.add(self)
+        self.start_hello_timer()
+
+    def peer_disconnected(self, reason: Failure) -> None:
+        self.factory.connections.discard(self)
+        self.connection_closed(reason)
+
+    def connection_closed(self, reason: Failure) -> None:
+        """The connection is gone and no longer tracked (for subclasses)."""
+
+
+class PeerServerFactory(Factory):
+    """Builds accepted connections; one keepalive sweeper covers all of them."""
+
+    #: The protocol class built for each accepted connection.
+    protocol_class: type[AcceptedPeerProtocol]
+
+    def __init__(self, clock: IReactorTime, settings: PeerSettings) -> None:
+        self.clock = clock
+        self.settings = settings
+        self.connections: set[AcceptedPeerProtocol] = set()
+        self.keepalive = KeepaliveSweeper(clock, settings, lambda: self.connections)
+
+    def buildProtocol(self, addr: Optional[IAddress]) -> AcceptedPeerProtocol:  # type: ignore[override]
+        return self.protocol_class(self)
+
+    def close_all(self, reason: str) -> None:
+        """Close every connection, saying the server is shutting down."""
+        for connection in list(self.connections):
+            connection.fail_connection(pb.ERROR_CODE_SHUTTING_DOWN, reason)
+
+    def startFactory(self) -> None:
+        self.keepalive.start()
+
+    def stopFactory(self) -> None:
+        self.keepalive.stop()

@@ -214,9 +214,14 @@ export class IopElement extends HTMLElement {
     this._unsubscribe = null;
   }
 
+  /** The edge this panel shows (its `edge-id` attribute; "" when none). */
+  get edgeId() {
+    return this.getAttribute("edge-id") || "";
+  }
+
   /** The edge id to follow live ("" = fleet), or null for no live subscription. */
   liveEdgeId() {
-    return null;
+    return this.edgeId || null;
   }
 
   async subscribe(edgeId) {

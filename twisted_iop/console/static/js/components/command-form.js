@@ -39,17 +39,9 @@ export class IopCommandForm extends IopElement {
       </section>`;
   }
 
-  get edgeId() {
-    return this.getAttribute("edge-id") || "";
-  }
-
   /** The catalog is re-read when the edge (re)connects, not on a timer. */
   get refreshIntervalMs() {
     return 0;
-  }
-
-  liveEdgeId() {
-    return this.edgeId || null;
   }
 
   onLiveEvent(event) {

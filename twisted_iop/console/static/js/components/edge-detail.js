@@ -35,14 +35,6 @@ export class IopEdgeDetail extends IopElement {
       </section>`;
   }
 
-  get edgeId() {
-    return this.getAttribute("edge-id") || "";
-  }
-
-  liveEdgeId() {
-    return this.edgeId || null;
-  }
-
   async load() {
     const edgeId = this.edgeId;
     if (!edgeId) return;

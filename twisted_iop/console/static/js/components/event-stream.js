@@ -46,10 +46,6 @@ export class IopEventStream extends IopElement {
       </section>`;
   }
 
-  get edgeId() {
-    return this.getAttribute("edge-id") || "";
-  }
-
   get maxEvents() {
     const n = Number(this.getAttribute("max-events"));
     return Number.isFinite(n) && n > 0 ? n : 200;

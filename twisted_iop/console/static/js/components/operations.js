@@ -27,14 +27,6 @@ export class IopOperations extends IopElement {
       </section>`;
   }
 
-  get edgeId() {
-    return this.getAttribute("edge-id") || "";
-  }
-
-  liveEdgeId() {
-    return this.edgeId || null;
-  }
-
   onLiveEvent(event) {
     if (/^(operation|command)\./.test(event.kind)) this.refreshSoon();
   }

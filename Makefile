@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 PYTEST_ARGS ?=
 
-.PHONY: setup run run-edge run-node test browser proto mypy bench clean
+.PHONY: setup run run-edge run-node test lint browser proto mypy bench clean
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,12 @@ browser:
 	  echo "installing chromium (Debian package) for the console tests"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
-test: setup browser
+# The linter and formatter (a small rule set, see pyproject.toml).
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: setup browser lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 proto: setup

@@ -44,8 +44,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from twisted.internet import epollreactor
 
@@ -54,12 +55,12 @@ if "twisted.internet.reactor" not in sys.modules:
     # this module after a reactor exists).
     epollreactor.install()
 
+from treq.client import HTTPClient  # noqa: E402
 from twisted.internet import defer, reactor, task  # noqa: E402
 from twisted.internet.defer import Deferred  # noqa: E402
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol  # noqa: E402
 from twisted.python.failure import Failure  # noqa: E402
 from twisted.web.client import Agent, HTTPConnectionPool  # noqa: E402
-from treq.client import HTTPClient  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from support import Daemon  # noqa: E402
@@ -77,7 +78,7 @@ SPARE_FDS = 200
 
 EDGE_SETTINGS = PeerSettings(request_timeout_seconds=120.0)
 #: Every Control Plane started, so a deadline can kill them all.
-CONTROL_PLANES: list["ControlPlaneProcess"] = []
+CONTROL_PLANES: list[ControlPlaneProcess] = []
 
 
 # -- the fake edge -----------------------------------------------------------
@@ -126,7 +127,7 @@ class FakeEdge(FramedPeerProtocol):
     generator spends as little CPU per request as it can.
     """
 
-    def __init__(self, fleet: "FakeFleet", edge_id: str) -> None:
+    def __init__(self, fleet: FakeFleet, edge_id: str) -> None:
         super().__init__(reactor, EDGE_SETTINGS)
         self.fleet = fleet
         self.edge_id = edge_id
@@ -216,7 +217,12 @@ class ControlPlaneProcess:
     """``twistd -n --pidfile= iop-control-plane`` on loopback port 0."""
 
     def __init__(
-        self, workdir: Path, edge_listen: str, instrument: Optional[Path] = None, cprofile: bool = False, gc_mode: str = ""
+        self,
+        workdir: Path,
+        edge_listen: str,
+        instrument: Optional[Path] = None,
+        cprofile: bool = False,
+        gc_mode: str = "",
     ) -> None:
         self.log_path = workdir / "control-plane.log"
         #: Output prefix of bench/cp_instrumented.py (None: plain twistd).
@@ -294,9 +300,9 @@ def listen_overflows() -> int:
         lines = Path("/proc/net/netstat").read_text().splitlines()
     except OSError:
         return -1
-    for names, values in zip(lines[::2], lines[1::2]):
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
         if names.startswith("TcpExt:"):
-            table = dict(zip(names.split()[1:], values.split()[1:]))
+            table = dict(zip(names.split()[1:], values.split()[1:], strict=False))
             return int(table.get("ListenOverflows", -1))
     return -1
 
@@ -524,14 +530,27 @@ async def run(args: argparse.Namespace, workdir: Path, figures: Figures) -> None
         enrolled = time.perf_counter() - started
         enroll_cpu = cp.cpu_seconds() - cp_cpu
         overflows = listen_overflows() - overflows
-        figures.add("enroll_seconds", f"enroll {n} edges (until /edges total == N)", enrolled,
-                    f"{enrolled:.2f} s  ({n / enrolled:.0f} edges/s, batches of {args.batch})")
-        figures.add("enroll_hello_seconds", "  of which until every hello was accepted", all_accepted,
-                    f"{all_accepted:.2f} s")
-        figures.add("enroll_cp_cpu", "  CP CPU during enrollment", enroll_cpu,
-                    f"{enroll_cpu:.2f} s  ({enroll_cpu / n * 1e6:.0f} us/edge)")
-        figures.add("listen_overflows", "  kernel listen-queue overflows", overflows,
-                    f"{overflows}  (machine-wide counter; a dropped SYN is retried after 1 s)")
+        figures.add(
+            "enroll_seconds",
+            f"enroll {n} edges (until /edges total == N)",
+            enrolled,
+            f"{enrolled:.2f} s  ({n / enrolled:.0f} edges/s, batches of {args.batch})",
+        )
+        figures.add(
+            "enroll_hello_seconds", "  of which until every hello was accepted", all_accepted, f"{all_accepted:.2f} s"
+        )
+        figures.add(
+            "enroll_cp_cpu",
+            "  CP CPU during enrollment",
+            enroll_cpu,
+            f"{enroll_cpu:.2f} s  ({enroll_cpu / n * 1e6:.0f} us/edge)",
+        )
+        figures.add(
+            "listen_overflows",
+            "  kernel listen-queue overflows",
+            overflows,
+            f"{overflows}  (machine-wide counter; a dropped SYN is retried after 1 s)",
+        )
 
         # Keep the load generator's own garbage collector out of the figures.
         gc.collect()
@@ -575,30 +594,54 @@ async def run(args: argparse.Namespace, workdir: Path, figures: Figures) -> None
             figures.add(key, f"GET /fleet/status ({title})", spread(walls), spread_text(walls))
             first = statistics.median(r["first_request"] for r in rounds)
             last_request = statistics.median(r["last_request"] for r in rounds)
-            figures.add(key + "_phases", "  status requests reached the edges (median)", [first, last_request],
-                        f"first after {ms(first)}, last after {ms(last_request)}")
+            figures.add(
+                key + "_phases",
+                "  status requests reached the edges (median)",
+                [first, last_request],
+                f"first after {ms(first)}, last after {ms(last_request)}",
+            )
             cpu = [r["cp_cpu"] for r in rounds]
-            figures.add(key + "_cp_cpu", "  CP CPU per round (median)", statistics.median(cpu),
-                        f"{statistics.median(cpu):.2f} s  ({statistics.median(cpu) / n * 1e6:.0f} us/edge)")
+            figures.add(
+                key + "_cp_cpu",
+                "  CP CPU per round (median)",
+                statistics.median(cpu),
+                f"{statistics.median(cpu):.2f} s  ({statistics.median(cpu) / n * 1e6:.0f} us/edge)",
+            )
             lg = [r["loadgen_cpu"] for r in rounds]
-            figures.add(key + "_loadgen_cpu", "  load-generator CPU per round (median)", statistics.median(lg),
-                        f"{statistics.median(lg):.2f} s")
+            figures.add(
+                key + "_loadgen_cpu",
+                "  load-generator CPU per round (median)",
+                statistics.median(lg),
+                f"{statistics.median(lg):.2f} s",
+            )
             others = statistics.median(r["others_cores"] for r in rounds)
-            figures.add(key + "_others", "  other processes on the machine (median)", others,
-                        f"{others:.2f} of {os.cpu_count()} cores busy with work outside this benchmark")
+            figures.add(
+                key + "_others",
+                "  other processes on the machine (median)",
+                others,
+                f"{others:.2f} of {os.cpu_count()} cores busy with work outside this benchmark",
+            )
             figures.add(key + "_bytes", "  response size", rounds[0]["bytes"], f"{rounds[0]['bytes'] / 1024:.0f} KiB")
             last = rounds[-1]
-            figures.add(key + "_healthz", "  GET /healthz worst wait during a round", last["healthz_max"],
-                        ms(last["healthz_max"]) + f"  ({last['healthz_n']} probes)" if last["healthz_max"] else "n/a")
+            figures.add(
+                key + "_healthz",
+                "  GET /healthz worst wait during a round",
+                last["healthz_max"],
+                ms(last["healthz_max"]) + f"  ({last['healthz_n']} probes)" if last["healthz_max"] else "n/a",
+            )
         if instrument is not None:
             cp.signal(signal.SIGUSR2)
             gc_stats = await eventually(lambda: _read_json(Path(str(instrument) + ".gc.json")), 30, "GC figures")
             collections, seconds = gc_stats["collections"], gc_stats["seconds"]
             per_round = 2 * args.rounds
-            figures.add("cp_gc", "CP garbage collector in those rounds (per round)", gc_stats,
-                        f"{collections[2] / per_round:.1f} full collections, {seconds[2] / per_round * 1000:.0f} ms full"
-                        f" + {(seconds[0] + seconds[1]) / per_round * 1000:.0f} ms young; longest pause"
-                        f" {gc_stats['max_pause'] * 1000:.0f} ms; {gc_stats['tracked_objects']} tracked objects")
+            figures.add(
+                "cp_gc",
+                "CP garbage collector in those rounds (per round)",
+                gc_stats,
+                f"{collections[2] / per_round:.1f} full collections, {seconds[2] / per_round * 1000:.0f} ms full"
+                f" + {(seconds[0] + seconds[1]) / per_round * 1000:.0f} ms young; longest pause"
+                f" {gc_stats['max_pause'] * 1000:.0f} ms; {gc_stats['tracked_objects']} tracked objects",
+            )
 
         # -- per-edge status
         sample = random.Random(7).sample(ids, min(args.samples, n))
@@ -613,8 +656,12 @@ async def run(args: argparse.Namespace, workdir: Path, figures: Figures) -> None
         await sleep(1.0)
         rss_after = cp.rss_bytes()
         figures.add("rss_after", "RSS after fleet rounds", rss_after, mib(rss_after))
-        figures.add("bytes_per_edge_after", "  bytes per edge (with its snapshot kept)",
-                    (rss_after - rss_idle) / n, f"{(rss_after - rss_idle) / n / 1024:.1f} KiB")
+        figures.add(
+            "bytes_per_edge_after",
+            "  bytes per edge (with its snapshot kept)",
+            (rss_after - rss_idle) / n,
+            f"{(rss_after - rss_idle) / n / 1024:.1f} KiB",
+        )
 
         # -- 1% silent
         silent = fleet.edges[:: max(1, int(round(100 / args.silent_percent)))] if args.silent_percent > 0 else []
@@ -626,13 +673,25 @@ async def run(args: argparse.Namespace, workdir: Path, figures: Figures) -> None
         states = result["states"]
         expected_timeouts = sorted(e.edge_id for e in silent)
         exact = result["timeout_rows"] == expected_timeouts
-        figures.add("silent_seconds", f"GET /fleet/status with {len(silent)} edges silent ({args.silent_percent:g}%)",
-                    result["seconds"], f"{result['seconds']:.2f} s")
-        figures.add("silent_states", "  rows by state", states,
-                    ", ".join(f"{k} {v}" for k, v in sorted(states.items()))
-                    + ("  (timeouts are exactly the silent edges)" if exact else "  (TIMEOUT ROWS DIFFER!)"))
-        figures.add("silent_healthz", "  GET /healthz worst wait during the round", result["healthz_max"],
-                    ms(result["healthz_max"]) if result["healthz_max"] else "n/a")
+        figures.add(
+            "silent_seconds",
+            f"GET /fleet/status with {len(silent)} edges silent ({args.silent_percent:g}%)",
+            result["seconds"],
+            f"{result['seconds']:.2f} s",
+        )
+        figures.add(
+            "silent_states",
+            "  rows by state",
+            states,
+            ", ".join(f"{k} {v}" for k, v in sorted(states.items()))
+            + ("  (timeouts are exactly the silent edges)" if exact else "  (TIMEOUT ROWS DIFFER!)"),
+        )
+        figures.add(
+            "silent_healthz",
+            "  GET /healthz worst wait during the round",
+            result["healthz_max"],
+            ms(result["healthz_max"]) if result["healthz_max"] else "n/a",
+        )
         if states.get("ok", 0) != n - len(silent) or not exact:
             raise RuntimeError(f"unexpected rows with {len(silent)} silent edges: {states}")
 
@@ -713,8 +772,12 @@ def main() -> None:
         help="IOP_EDGE_WIRE_LISTEN for the Control Plane (loopback only; e.g. add :backlog=1024)",
     )
     parser.add_argument("--gc-stats", action="store_true", help="report the CP's garbage collector in the fleet rounds")
-    parser.add_argument("--cp-gc", default="", metavar="MODE",
-                        help="what-if on the CP's collector: threshold:A,B,C or freeze (see cp_instrumented.py)")
+    parser.add_argument(
+        "--cp-gc",
+        default="",
+        metavar="MODE",
+        help="what-if on the CP's collector: threshold:A,B,C or freeze (see cp_instrumented.py)",
+    )
     parser.add_argument("--profile", metavar="OUT.prof", help="cProfile the CP during the fleet rounds")
     parser.add_argument("--profile-top", type=int, default=30, help="profile lines to print")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
@@ -724,8 +787,11 @@ def main() -> None:
         parser.error("--edge-listen must bind interface=127.0.0.1")
 
     limit = raise_open_file_limit(args.edges + SPARE_FDS)
-    print(f"open-file limit {limit}; python {sys.version.split()[0]}; {os.cpu_count()} cores; "
-          f"load average {Path('/proc/loadavg').read_text().split()[0]}", flush=True)
+    print(
+        f"open-file limit {limit}; python {sys.version.split()[0]}; {os.cpu_count()} cores; "
+        f"load average {Path('/proc/loadavg').read_text().split()[0]}",
+        flush=True,
+    )
     figures = Figures()
     workdir = Path(tempfile.mkdtemp(prefix="iop-bench-"))
 
@@ -755,9 +821,21 @@ def main() -> None:
         print("\n== fleet_fanout figures" + (" (INCOMPLETE)" if failed else ""))
         print(figures.table(), flush=True)
         if args.json:
-            Path(args.json).write_text(json.dumps(
-                {"edges": args.edges, "batch": args.batch, "profiled": bool(args.profile), "cp_gc": args.cp_gc, "complete": not failed,
-                 "figures": figures.data}, indent=2, default=str) + "\n")
+            Path(args.json).write_text(
+                json.dumps(
+                    {
+                        "edges": args.edges,
+                        "batch": args.batch,
+                        "profiled": bool(args.profile),
+                        "cp_gc": args.cp_gc,
+                        "complete": not failed,
+                        "figures": figures.data,
+                    },
+                    indent=2,
+                    default=str,
+                )
+                + "\n"
+            )
         if failed or args.keep_logs:
             print(f"Control Plane log kept in {workdir}", flush=True)
         else:

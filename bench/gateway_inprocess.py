@@ -31,11 +31,13 @@ import gc
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, cast
+from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from fleet_fanout import edge_snapshot, request_id_field  # noqa: E402
 from twisted.internet.base import DelayedCall  # noqa: E402
 from twisted.internet.defer import ensureDeferred  # noqa: E402
 from twisted.internet.interfaces import IReactorTime  # noqa: E402
@@ -43,10 +45,9 @@ from twisted.internet.testing import StringTransport  # noqa: E402
 from twisted.web.iweb import IRequest  # noqa: E402
 from twisted.web.test.requesthelper import DummyRequest  # noqa: E402
 
-from fleet_fanout import edge_snapshot, request_id_field  # noqa: E402
-from twisted_iop.controlplane.edge_server import EdgeWireFactory, EdgeWireProtocol  # noqa: E402
+from twisted_iop.controlplane.edge_wire import EdgeWireFactory, EdgeWireProtocol  # noqa: E402
 from twisted_iop.controlplane.gateway import EdgeGateway  # noqa: E402
-from twisted_iop.controlplane.http_views import ControlPlaneHttp, Readiness  # noqa: E402
+from twisted_iop.controlplane.http_routes import ControlPlaneHttp, ListenerReadiness  # noqa: E402
 from twisted_iop.controlplane.registry import EdgeRegistry  # noqa: E402
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR  # noqa: E402
 from twisted_iop.wire import control_pb2 as pb  # noqa: E402
@@ -113,7 +114,7 @@ class Rig:
         clock = cast(IReactorTime, self.list_clock)
         self.registry = EdgeRegistry(clock)
         self.gateway = EdgeGateway(self.registry, clock, 5.0)
-        self.http = ControlPlaneHttp(self.registry, self.gateway, clock, Readiness())
+        self.http = ControlPlaneHttp(self.registry, self.gateway, clock, ListenerReadiness())
         self.factory = EdgeWireFactory(self.registry, clock, PeerSettings())
         self.protocols: list[EdgeWireProtocol] = []
         self.tails: list[bytes] = []
@@ -153,7 +154,7 @@ class Rig:
             body = request_id_field(ids[0]) + self.tails[len(answers)]
             answers.append(len(body).to_bytes(4, "big") + body)
         t2 = time.process_time()
-        for proto, data in zip(self.protocols[:-1], answers[:-1]):
+        for proto, data in zip(self.protocols[:-1], answers[:-1], strict=True):
             proto.dataReceived(data)
         t3 = time.process_time()
         self.protocols[-1].dataReceived(answers[-1])
@@ -176,8 +177,11 @@ def main() -> None:
     default_threshold = gc.get_threshold()
     started = time.process_time()
     rig = Rig(args.edges)
-    print(f"enrolled {args.edges} edge protocols in {time.process_time() - started:.2f} s CPU; "
-          f"{len(gc.get_objects())} objects tracked by the collector", flush=True)
+    print(
+        f"enrolled {args.edges} edge protocols in {time.process_time() - started:.2f} s CPU; "
+        f"{len(gc.get_objects())} objects tracked by the collector",
+        flush=True,
+    )
     full = {"n": 0, "seconds": 0.0, "t": 0.0}
 
     def on_gc(phase: str, info: dict[str, int]) -> None:
@@ -195,8 +199,10 @@ def main() -> None:
         ("gc threshold 50000,20,100", lambda: gc.set_threshold(50000, 20, 100)),
         ("gc disabled", gc.disable),
     ]
-    print(f"\n== gateway_inprocess: GET /fleet/status?limit={args.limit}, {args.edges} edges, "
-          f"CPU per edge per round (median of {args.rounds})")
+    print(
+        f"\n== gateway_inprocess: GET /fleet/status?limit={args.limit}, {args.edges} edges, "
+        f"CPU per edge per round (median of {args.rounds})"
+    )
     print(f"{'collector':<28} {'issue':>8} {'answers':>8} {'render':>8} {'total':>8} {'round':>9} {'full GCs':>9}")
     for name, apply in settings:
         gc.enable()

@@ -3,7 +3,8 @@ and commands as told, relays events, reconnects and misbehaves on purpose."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 from twisted.internet import reactor as global_reactor
 from twisted.internet.defer import Deferred
@@ -81,7 +82,9 @@ class ScriptedEdge(FramedPeerProtocol):
         """Relay one event."""
         self.send(
             "edge_event",
-            pb.EdgeEvent(kind=kind, node_id=node_id, command_id=command_id, message=message, occurred_at_ms=1_700_000_000_000),
+            pb.EdgeEvent(
+                kind=kind, node_id=node_id, command_id=command_id, message=message, occurred_at_ms=1_700_000_000_000
+            ),
         )
 
     def release_status(self) -> None:

@@ -11,8 +11,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import attrs
 import treq
@@ -153,7 +154,7 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
     """A key and a self-signed certificate for ``localhost``; return their paths."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(name)
@@ -248,4 +249,3 @@ async def wait_for_ports(daemon: Daemon, labels: set[str], timeout: float = 20.0
         return ports if labels <= set(ports) else None
 
     return await eventually(check, timeout=timeout, interval=0.05, message=f"ports {sorted(labels)}")
-

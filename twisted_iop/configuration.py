@@ -10,8 +10,9 @@ Nothing outside the ``config`` modules imports yaml.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar, cast
+from typing import Any, Optional, TypeVar, cast
 
 import attrs
 import yaml
@@ -88,10 +89,7 @@ class Section:
         """Fail on keys that are not in ``known`` (typos must not pass)."""
         unknown = sorted(str(k) for k in self._data if k not in known)
         if unknown:
-            raise ConfigError(
-                f"{self.field_path(unknown[0])}: unknown setting "
-                f"(known: {', '.join(sorted(known))})"
-            )
+            raise ConfigError(f"{self.field_path(unknown[0])}: unknown setting (known: {', '.join(sorted(known))})")
 
     def has(self, key: str) -> bool:
         """Whether ``key`` is present."""
@@ -101,7 +99,7 @@ class Section:
         """The raw value of ``key``."""
         return self._data.get(key, default)
 
-    def section(self, key: str) -> "Section":
+    def section(self, key: str) -> Section:
         """A nested section (absent means empty)."""
         return Section(self._data.get(key), self.field_path(key))
 
@@ -236,9 +234,7 @@ def parse_backoff(section: Section) -> BackoffConfig:
     initial = section.number("initial_seconds", 0.5)
     maximum = section.number("max_seconds", max(30.0, initial))
     if maximum < initial:
-        raise ConfigError(
-            f"{section.field_path('max_seconds')}: must be at least initial_seconds ({initial:g})"
-        )
+        raise ConfigError(f"{section.field_path('max_seconds')}: must be at least initial_seconds ({initial:g})")
     return BackoffConfig(initial_seconds=initial, max_seconds=maximum)
 
 
@@ -259,25 +255,19 @@ def parse_max_frame_bytes(section: Section) -> int:
     return section.integer("max_frame_bytes", DEFAULT_MAX_FRAME_BYTES, minimum=1024, maximum=256 * 1024 * 1024)
 
 
-def parse_connect_setting(
-    section: Section, key: str, default: str, environ: Mapping[str, str], variable: str
-) -> str:
+def parse_connect_setting(section: Section, key: str, default: str, environ: Mapping[str, str], variable: str) -> str:
     """A client endpoint: ``variable`` in ``environ`` if set, else ``key``."""
     override = _endpoint_override(environ, variable, connect_endpoint)
     return override if override is not None else section.connect(key, default)
 
 
-def parse_listen_setting(
-    section: Section, key: str, default: str, environ: Mapping[str, str], variable: str
-) -> str:
+def parse_listen_setting(section: Section, key: str, default: str, environ: Mapping[str, str], variable: str) -> str:
     """A listen endpoint: ``variable`` in ``environ`` if set, else ``key``."""
     override = _endpoint_override(environ, variable, listen_endpoint)
     return override if override is not None else section.listen(key, default)
 
 
-def _endpoint_override(
-    environ: Mapping[str, str], variable: str, parse: Callable[[str], str]
-) -> Optional[str]:
+def _endpoint_override(environ: Mapping[str, str], variable: str, parse: Callable[[str], str]) -> Optional[str]:
     value = environ.get(variable, "").strip()
     if not value:
         return None

@@ -17,7 +17,6 @@ def id_problem(kind: str, value: str) -> Optional[str]:
     if ID_PATTERN.match(value) is None:
         shown = value if len(value) <= 80 else value[:80] + "..."
         return (
-            f"{kind} {shown!r} is malformed: use 1-64 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit"
+            f"{kind} {shown!r} is malformed: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
         )
     return None

@@ -260,7 +260,10 @@ class FakeControlPlaneResource(Resource):
         """The canned documents of docs/http-api.md for edge-a."""
         r = self.routes
         r[("GET", "/healthz")] = (200, {"status": "ok"})
-        r[("GET", "/readyz")] = (200, {"ready": True, "listeners": {"http": True, "edge_wire": True, "client_wire": True}})
+        r[("GET", "/readyz")] = (
+            200,
+            {"ready": True, "listeners": {"http": True, "edge_wire": True, "client_wire": True}},
+        )
         r[("GET", "/edges")] = (200, {"items": [EDGE_SUMMARY, EDGE_B_SUMMARY], "total": 2, "next_cursor": None})
         r[("GET", "/edges/edge-a")] = (200, EDGE_DETAIL)
         r[("GET", "/edges/edge-a/status")] = (200, EDGE_STATUS)
@@ -340,7 +343,7 @@ def fleet_event(edge_id: str, sequence: int, fleet_sequence: int, kind: str = "n
 class FakeWireProtocol(WebSocketServerProtocol):
     """The server side of one client connection of :class:`FakeWireServer`."""
 
-    factory: "FakeWireServer"
+    factory: FakeWireServer
 
     def onOpen(self) -> None:
         self.said_hello = False
@@ -410,7 +413,10 @@ class FakeWireProtocol(WebSocketServerProtocol):
                     self.send_envelope(
                         "events_lost",
                         pb.EventsLost(
-                            count=first - since - 1, first_sequence=since + 1, last_sequence=first - 1, reason="resume_gap"
+                            count=first - since - 1,
+                            first_sequence=since + 1,
+                            last_sequence=first - 1,
+                            reason="resume_gap",
                         ),
                     )
                 for event in buffered:

@@ -12,12 +12,12 @@ from typing import Any, Optional
 
 import pytest
 import pytest_twisted
+from iop_client_fakes import EDGE_STATUS, OPERATION, FakeControlPlaneResource, FakeWireServer, error_body, fleet_event
+from support import eventually
 from treq.testing import StubTreq
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 
-from iop_client_fakes import EDGE_STATUS, OPERATION, FakeControlPlaneResource, FakeWireServer, error_body, fleet_event
-from support import eventually
 from twisted_iop.client.cli import (
     EXIT_ERROR,
     EXIT_OK,
@@ -85,8 +85,21 @@ def test_global_options_before_or_after_the_command() -> None:
 def test_command_arguments_are_parsed() -> None:
     """command takes --target, repeated --arg k=v, --timeout and --idempotency-key."""
     args = parse_arguments(
-        ["command", "edge-a", "node.drain", "--target", "node-1", "--arg", "reason=maint", "--arg", "x=a=b",
-         "--timeout", "2.5", "--idempotency-key", "k1"]
+        [
+            "command",
+            "edge-a",
+            "node.drain",
+            "--target",
+            "node-1",
+            "--arg",
+            "reason=maint",
+            "--arg",
+            "x=a=b",
+            "--timeout",
+            "2.5",
+            "--idempotency-key",
+            "k1",
+        ]
     )
     assert args.arguments == [("reason", "maint"), ("x", "a=b")]
     assert (args.target, args.timeout, args.idempotency_key) == ("node-1", 2.5, "k1")
@@ -154,8 +167,19 @@ async def test_status_shows_node_and_provider_rows() -> None:
     assert [line.split()[:3] for line in node_lines[1:]] == [["node-1", "yes", "no"], ["node-2", "no", "no"]]
     provider_lines = providers.splitlines()
     assert provider_lines[0].split() == [
-        "NODE", "PROVIDER", "KIND", "STATUS", "HEALTH", "CAP", "IN-FLIGHT", "QUEUED",
-        "LC-CAP", "LC-IN-FLIGHT", "LC-QUEUED", "MODELS", "REASON",
+        "NODE",
+        "PROVIDER",
+        "KIND",
+        "STATUS",
+        "HEALTH",
+        "CAP",
+        "IN-FLIGHT",
+        "QUEUED",
+        "LC-CAP",
+        "LC-IN-FLIGHT",
+        "LC-QUEUED",
+        "MODELS",
+        "REASON",
     ]
     first, second = (line.split() for line in provider_lines[1:])
     assert first == ["node-1", "mock-a", "mock", "available", "healthy", "4", "1", "0", "1", "0", "2", "llama-3-8b"]
@@ -217,13 +241,25 @@ async def test_command_sends_and_prints_the_operation() -> None:
     """command posts the request and prints the operation's result; exit 0 on success."""
     fake = FakeControlPlaneResource()
     result = await iopctl(
-        ["command", "edge-a", "node.drain", "--target", "node-1", "--arg", "reason=maintenance",
-         "--idempotency-key", "drain-1"],
+        [
+            "command",
+            "edge-a",
+            "node.drain",
+            "--target",
+            "node-1",
+            "--arg",
+            "reason=maintenance",
+            "--idempotency-key",
+            "drain-1",
+        ],
         fake,
     )
     assert result.code == EXIT_OK
     assert json.loads(fake.requests[-1]["body"]) == {
-        "name": "node.drain", "target": "node-1", "arguments": {"reason": "maintenance"}, "idempotency_key": "drain-1",
+        "name": "node.drain",
+        "target": "node-1",
+        "arguments": {"reason": "maintenance"},
+        "idempotency_key": "drain-1",
     }
     assert "state" in result.out and "succeeded" in result.out and "drained" in result.out
 
@@ -303,7 +339,9 @@ async def test_events_follow_prints_live_until_interrupted() -> None:
         running = Deferred.fromCoroutine(
             iopctl(["events", "edge-a", "--follow", "--wire-url", url], interrupted=interrupted, out=out)
         )
-        await eventually(lambda: any(c.subscribed == "edge-a" for c in server.connections), timeout=5, message="subscribed")
+        await eventually(
+            lambda: any(c.subscribed == "edge-a" for c in server.connections), timeout=5, message="subscribed"
+        )
         server.publish(fleet_event("edge-a", 1, 1, kind="node.ready"))
         server.send_lost(2, 2, 3)
         server.publish(fleet_event("edge-a", 4, 4, kind="node.disconnected"))
@@ -331,7 +369,9 @@ async def test_events_follow_json_lines() -> None:
         running = Deferred.fromCoroutine(
             iopctl(["events", "edge-a", "-f", "--json", "--wire-url", url], interrupted=interrupted, out=out)
         )
-        await eventually(lambda: any(c.subscribed == "edge-a" for c in server.connections), timeout=5, message="subscribed")
+        await eventually(
+            lambda: any(c.subscribed == "edge-a" for c in server.connections), timeout=5, message="subscribed"
+        )
         server.publish(fleet_event("edge-a", 1, 1))
         await eventually(lambda: out.getvalue().count("\n") == 1, timeout=5, message="one line")
         interrupted.callback(None)

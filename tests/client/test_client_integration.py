@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 import pytest_twisted
+from scripted_edge import connect_edge
+from support import IOPCTL, eventually, start_control_plane
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import ProcessProtocol
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.python.failure import Failure
 
-from scripted_edge import connect_edge
-from support import IOPCTL, eventually, start_control_plane
 from twisted_iop.client import (
     ClientWireClient,
     ControlPlaneStatusRepository,

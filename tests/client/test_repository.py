@@ -5,12 +5,10 @@ from __future__ import annotations
 import copy
 import json
 import socket
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 import pytest_twisted
-from treq.testing import StubTreq
-
 from iop_client_fakes import (
     EDGE_STATUS,
     EVENTS,
@@ -19,6 +17,8 @@ from iop_client_fakes import (
     FakeControlPlaneResource,
     error_body,
 )
+from treq.testing import StubTreq
+
 from twisted_iop.client import (
     ControlPlaneError,
     ControlPlaneStatusRepository,
@@ -66,7 +66,7 @@ async def test_edges_page_is_typed(fake: FakeControlPlaneResource) -> None:
     assert a.edge_id == "edge-a" and a.connected is True
     assert a.labels == {"site": "lab", "region": "eu"}
     assert a.commands == ("node.drain", "node.undrain")
-    assert a.connected_at == datetime(2026, 11, 29, 20, 0, 0, 123000, tzinfo=timezone.utc)
+    assert a.connected_at == datetime(2026, 11, 29, 20, 0, 0, 123000, tzinfo=UTC)
     assert b.connected is False and b.disconnected_at is not None and b.connected_at is None
 
 
@@ -127,7 +127,11 @@ async def test_events_operations_commands(fake: FakeControlPlaneResource) -> Non
 async def test_send_command_posts_the_documented_body(fake: FakeControlPlaneResource) -> None:
     """POST /edges/{id}/commands carries name, target, arguments, timeout and key as JSON."""
     operation = await make(fake).send_command(
-        "edge-a", "node.drain", target="node-1", arguments={"reason": "maintenance"}, timeout_seconds=3,
+        "edge-a",
+        "node.drain",
+        target="node-1",
+        arguments={"reason": "maintenance"},
+        timeout_seconds=3,
         idempotency_key="drain-1",
     )
     request = fake.requests[-1]

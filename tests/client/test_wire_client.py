@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from twisted.internet import reactor
-
 from iop_client_fakes import FakeWireServer, fleet_event
 from support import eventually
+from twisted.internet import reactor
+
 from twisted_iop.client import ClientWireClient, ControlPlaneUnreachable, HelloRejected, WireRequestError
 from twisted_iop.client.wire import (
     DEFAULT_WIRE_URL,
@@ -183,7 +183,9 @@ async def test_resume_gap_is_reported_before_the_rest() -> None:
     client = ClientWireClient(url, reactor=reactor)
     seen = Recorder()
     try:
-        subscription = await client.subscribe("edge-a", on_event=seen.on_event, on_lost=seen.on_lost, backoff_initial=0.05)
+        subscription = await client.subscribe(
+            "edge-a", on_event=seen.on_event, on_lost=seen.on_lost, backoff_initial=0.05
+        )
         server.publish(fleet_event("edge-a", 1, 1))
         await eventually(lambda: seen.sequences() == [1], timeout=5, message="event 1")
         server.drop_all()

@@ -9,8 +9,9 @@ the browser is bounded by ``WAIT_MS``.
 from __future__ import annotations
 
 import concurrent.futures
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 import pytest
 import pytest_twisted
@@ -98,5 +99,3 @@ def browser() -> Iterator[Browser]:
     pytest_twisted.blockon(b.start())
     yield b
     pytest_twisted.blockon(Deferred.fromCoroutine(b.stop()))
-
-

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import pytest
 import pytest_twisted
-
-from iop_console_browser import Browser, browser  # noqa: F401  (fixture)
+from iop_console_browser import Browser
 from scripted_edge import connect_edge, snapshot
 from support import start_control_plane
+
 from twisted_iop.wire import control_pb2 as pb
+
 
 def subscribe_envelope_bytes() -> list[int]:
     """What Python's protobuf makes of a subscribe request envelope."""
@@ -91,7 +92,9 @@ async def test_console_end_to_end(browser: Browser) -> None:
             page.click('iop-fleet-overview button[data-edge="edge-a"]')
             page.wait_for_selector('iop-edge-detail tr[data-node="node-1"][data-connected="true"]')
             page.wait_for_selector('iop-edge-detail tr[data-node="node-2"][data-connected="true"]')
-            page.wait_for_selector('iop-edge-detail tr[data-provider="mock-1"][data-status="available"][data-health="healthy"]')
+            page.wait_for_selector(
+                'iop-edge-detail tr[data-provider="mock-1"][data-status="available"][data-health="healthy"]'
+            )
             page.wait_for_selector('iop-event-stream [data-state="live"]')
 
         await browser.call(load)
@@ -99,13 +102,20 @@ async def test_console_end_to_end(browser: Browser) -> None:
         detail_text = await browser.call(lambda: page.inner_text("iop-edge-detail section"))
         assert "Long context" in detail_text and "1/4" in detail_text
 
-        proto = await browser.call(lambda: page.evaluate(PROTO_CHECK, [subscribe_envelope_bytes(), event_envelope_bytes()]))
+        proto = await browser.call(
+            lambda: page.evaluate(PROTO_CHECK, [subscribe_envelope_bytes(), event_envelope_bytes()])
+        )
         assert proto["sameAsPython"], proto
         assert proto["helloBody"] is None  # a request body is not one the console decodes
         decoded = proto["decoded"]
         assert decoded["body"] == "event" and decoded["request_id"] == 0
         event = decoded["message"]
-        assert (event["sequence"], event["fleet_sequence"], event["kind"], event["message"]) == (7, 2**33, "node.ready", "ready ✓")
+        assert (event["sequence"], event["fleet_sequence"], event["kind"], event["message"]) == (
+            7,
+            2**33,
+            "node.ready",
+            "ready ✓",
+        )
         assert event["attributes"] == {"a": "1", "b": "2"} and event["occurred_at_ms"] == 1_764_446_400_123
         assert proto["truncated"] == "ProtoDecodeError"
 
@@ -116,7 +126,9 @@ async def test_console_end_to_end(browser: Browser) -> None:
         def node_gone() -> None:
             page.wait_for_selector('iop-event-stream li[data-kind="node.disconnected"]', timeout=4000)
             page.wait_for_selector('iop-edge-detail tr[data-node="node-1"][data-connected="false"]', timeout=4000)
-            page.wait_for_selector('iop-edge-detail tr[data-provider="mock-1"][data-status="unavailable"][data-health="offline"]')
+            page.wait_for_selector(
+                'iop-edge-detail tr[data-provider="mock-1"][data-status="unavailable"][data-health="offline"]'
+            )
             page.wait_for_selector('iop-edge-detail tr[data-node="node-2"][data-connected="true"]')
 
         await browser.call(node_gone)

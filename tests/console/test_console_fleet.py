@@ -15,11 +15,10 @@ from typing import Any
 import pytest
 import pytest_twisted
 import yaml
+from iop_console_browser import DOCS_SCREENSHOT, Browser
+from support import IOPCTL, Daemon, start_daemon, wait_for_ports
 from twisted.internet import reactor
 from twisted.internet.utils import getProcessOutputAndValue
-
-from iop_console_browser import DOCS_SCREENSHOT, Browser, browser  # noqa: F401  (fixture)
-from support import IOPCTL, Daemon, start_daemon, wait_for_ports
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
@@ -42,7 +41,13 @@ def edge_config(cp_edge_wire: str) -> dict[str, Any]:
             {
                 "node_id": "gpu-01",
                 "providers": [
-                    {"provider_id": "mock-a", "kind": "mock", "models": ["llama-3-8b"], "capacity": 4, "long_context_capacity": 1}
+                    {
+                        "provider_id": "mock-a",
+                        "kind": "mock",
+                        "models": ["llama-3-8b"],
+                        "capacity": 4,
+                        "long_context_capacity": 1,
+                    }
                 ],
             },
             {
@@ -60,7 +65,13 @@ def edge_config(cp_edge_wire: str) -> dict[str, Any]:
             {
                 "node_id": "gpu-03",
                 "providers": [
-                    {"provider_id": "vllm-c", "kind": "vllm", "models": ["llama-3-70b"], "capacity": 16, "long_context_capacity": 4}
+                    {
+                        "provider_id": "vllm-c",
+                        "kind": "vllm",
+                        "models": ["llama-3-70b"],
+                        "capacity": 16,
+                        "long_context_capacity": 4,
+                    }
                 ],
             },
         ],
@@ -120,18 +131,24 @@ async def test_console_on_a_fleet_of_daemons(browser: Browser, tmp_path: Path) -
 
         def shows_the_fleet() -> None:
             page.goto(http + "/console/")
-            page.wait_for_selector('iop-fleet-overview button[data-edge="edge-lab"][data-connected="true"]', timeout=20_000)
+            page.wait_for_selector(
+                'iop-fleet-overview button[data-edge="edge-lab"][data-connected="true"]', timeout=20_000
+            )
             page.wait_for_selector('iop-edge-detail tr[data-node="gpu-01"][data-connected="true"]', timeout=20_000)
             page.wait_for_selector('iop-edge-detail tr[data-node="gpu-02"][data-connected="true"]', timeout=20_000)
             page.wait_for_selector('iop-edge-detail tr[data-provider="mock-b"][data-health="degraded"]')
             page.wait_for_selector('iop-edge-detail tr[data-node="gpu-03"][data-connected="false"]')
-            page.wait_for_selector('iop-edge-detail tr[data-provider="vllm-c"][data-status="unavailable"][data-health="offline"]')
+            page.wait_for_selector(
+                'iop-edge-detail tr[data-provider="vllm-c"][data-status="unavailable"][data-health="offline"]'
+            )
             page.wait_for_selector('iop-event-stream [data-state="live"]')
 
         await browser.call(shows_the_fleet)
 
         env = {k: v for k, v in os.environ.items() if not k.startswith("IOP_")}
-        out, err, code = await getProcessOutputAndValue(IOPCTL, ["--url", http, "status", "edge-lab"], env=env, reactor=reactor)
+        out, err, code = await getProcessOutputAndValue(
+            IOPCTL, ["--url", http, "status", "edge-lab"], env=env, reactor=reactor
+        )
         assert code == 0, err
         text = out.decode()
         assert "gpu-01" in text and "degraded" in text and "p95 latency above 2 s" in text
@@ -141,7 +158,9 @@ async def test_console_on_a_fleet_of_daemons(browser: Browser, tmp_path: Path) -
         def node_gone_live() -> None:
             page.wait_for_selector('iop-event-stream li[data-kind="node.disconnected"]', timeout=5000)
             page.wait_for_selector('iop-edge-detail tr[data-node="gpu-01"][data-connected="false"]', timeout=5000)
-            page.wait_for_selector('iop-edge-detail tr[data-provider="mock-a"][data-status="unavailable"][data-health="offline"]')
+            page.wait_for_selector(
+                'iop-edge-detail tr[data-provider="mock-a"][data-status="unavailable"][data-health="offline"]'
+            )
 
         await browser.call(node_gone_live)
 

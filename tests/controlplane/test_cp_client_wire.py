@@ -6,14 +6,14 @@ from typing import Any, Optional
 
 import pytest_twisted
 from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientProtocol
+from scripted_edge import connect_edge
+from support import eventually, start_control_plane
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.internet.task import Clock
 
-from scripted_edge import connect_edge
-from support import eventually, start_control_plane
-from twisted_iop.controlplane.client_wire import ClientWireFactory, ClientWireProtocol, ClientWireSettings
+from twisted_iop.controlplane.client_wire import ClientWireFactory, ClientWireServerProtocol, ClientWireSettings
 from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry
 from twisted_iop.wire import PROTOCOL_MAJOR
 from twisted_iop.wire import control_pb2 as pb
@@ -140,7 +140,7 @@ async def test_live_subscription_and_resume_with_gap() -> None:
         await cp.stop()
 
 
-class RecordingWire(ClientWireProtocol):
+class RecordingWire(ClientWireServerProtocol):
     """A client-wire protocol whose sends are recorded instead of framed."""
 
     def __init__(self) -> None:
@@ -159,7 +159,7 @@ def test_slow_consumer_is_told_how_many_events_it_lost() -> None:
     factory = ClientWireFactory(registry, ClientWireSettings(subscriber_queue=5))
     protocol = RecordingWire()
     protocol.factory = factory
-    protocol.state = ClientWireProtocol.STATE_OPEN
+    protocol.state = ClientWireServerProtocol.STATE_OPEN
     protocol._on_message(pb.ClientEnvelope(client_hello_request=hello()).SerializeToString(), True)
     protocol._on_message(pb.ClientEnvelope(subscribe_request=pb.SubscribeRequest()).SerializeToString(), True)
     protocol.sent.clear()
@@ -222,6 +222,6 @@ def test_messages_arriving_while_closing_are_not_answered() -> None:
     registry = EdgeRegistry(Clock())
     protocol = RecordingWire()
     protocol.factory = ClientWireFactory(registry)
-    protocol.state = ClientWireProtocol.STATE_CLOSING
+    protocol.state = ClientWireServerProtocol.STATE_CLOSING
     protocol._on_message(pb.ClientEnvelope(client_hello_request=hello()).SerializeToString(), True)
     assert protocol.sent == []

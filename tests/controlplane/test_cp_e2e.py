@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
-
 from scripted_edge import connect_edge
 from support import ControlPlaneHarness, Daemon, eventually, start_daemon, wait_for_ports
 

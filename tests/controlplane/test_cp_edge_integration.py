@@ -6,13 +6,13 @@ import json
 import struct
 
 import pytest_twisted
+from scripted_edge import connect_edge, snapshot
+from support import eventually, start_control_plane
 from twisted.internet import reactor
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol
-
-from scripted_edge import connect_edge, snapshot
-from support import eventually, start_control_plane
 from wire_frames import decode
+
 from twisted_iop.wire import control_pb2 as pb
 
 
@@ -181,7 +181,9 @@ async def test_command_timeout_and_disconnect_states() -> None:
         assert body["operation"]["state"] == "timed_out"
 
         edge.command_behaviour = "disconnect"
-        code, body = await cp.post_json("/edges/edge-a/commands", {"name": "node.drain", "target": "node-1", "timeout_seconds": 30})
+        code, body = await cp.post_json(
+            "/edges/edge-a/commands", {"name": "node.drain", "target": "node-1", "timeout_seconds": 30}
+        )
         assert code == 503 and body["error"]["code"] == "edge_disconnected"
         assert body["operation"]["state"] == "edge_disconnected"
         code, ops = await cp.get_json("/edges/edge-a/operations")
@@ -290,8 +292,6 @@ async def test_relayed_events_are_recorded_with_sequences() -> None:
         await cp.stop()
 
 
-
-
 @pytest_twisted.ensureDeferred
 async def test_no_view_leaks_credentials_addresses_or_transport_internals() -> None:
     """Every HTTP view, after real traffic, is free of credentials, peer addresses and tokens."""
@@ -306,9 +306,18 @@ async def test_no_view_leaks_credentials_addresses_or_transport_internals() -> N
         await eventually(lambda: cp.registry.get("edge-a").events.last_sequence >= 6, message="events")
         operation_id = cp.registry.get("edge-a").operations.newest_first()[0].operation_id
         views = [
-            "/healthz", "/readyz", "/edges", "/edges/edge-a", "/edges/edge-a/status", "/edges/edge-a/events",
-            "/edges/edge-a/operations", f"/edges/edge-a/operations/{operation_id}", "/edges/edge-a/commands",
-            "/fleet/status", "/fleet/events", "/fleet/operations",
+            "/healthz",
+            "/readyz",
+            "/edges",
+            "/edges/edge-a",
+            "/edges/edge-a/status",
+            "/edges/edge-a/events",
+            "/edges/edge-a/operations",
+            f"/edges/edge-a/operations/{operation_id}",
+            "/edges/edge-a/commands",
+            "/fleet/status",
+            "/fleet/events",
+            "/fleet/operations",
         ]
         edge.transport.loseConnection()
         await eventually(lambda: not cp.registry.get("edge-a").connected, message="disconnect")

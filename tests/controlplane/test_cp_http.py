@@ -7,16 +7,15 @@ from typing import Any
 
 import attrs
 import pytest_twisted
+from scripted_edge import CATALOG, snapshot
 from treq.testing import StubTreq
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 
 from twisted_iop.controlplane.gateway import EdgeGateway
-from twisted_iop.controlplane.http_views import ControlPlaneHttp, HttpSettings, Readiness
+from twisted_iop.controlplane.http_routes import ControlPlaneHttp, HttpSettings, ListenerReadiness
 from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry
 from twisted_iop.wire import control_pb2 as pb
-
-from scripted_edge import CATALOG, snapshot
 
 HELLO = EdgeHello(labels={"site": "lab"}, software_version="t", protocol_version="1.0", commands=tuple(CATALOG))
 
@@ -60,7 +59,9 @@ def make_api(edges: int = 0, **settings: Any) -> tuple[StubTreq, EdgeRegistry, d
     for i in range(edges):
         registry.connect(f"edge-{i:02d}", AnsweringPeer(f"edge-{i:02d}"), HELLO)
     listeners = [FakeListener("http"), FakeListener("client_wire")]
-    api = ControlPlaneHttp(registry, EdgeGateway(registry, clock), clock, Readiness(listeners), HttpSettings(**settings))
+    api = ControlPlaneHttp(
+        registry, EdgeGateway(registry, clock), clock, ListenerReadiness(listeners), HttpSettings(**settings)
+    )
     return StubTreq(api.app.resource()), registry, {listener.label: listener for listener in listeners}
 
 
@@ -153,8 +154,12 @@ async def test_idempotency_key_header_returns_same_operation() -> None:
     """The Idempotency-Key header dedupes like the body field."""
     treq, registry, _ = make_api(edges=1)
     headers = {b"Idempotency-Key": [b"k-1"]}
-    code, first = await post(treq, "/edges/edge-00/commands", b'{"name": "node.drain", "target": "n1"}', headers=headers)
-    code2, second = await post(treq, "/edges/edge-00/commands", b'{"name": "node.drain", "target": "n1"}', headers=headers)
+    code, first = await post(
+        treq, "/edges/edge-00/commands", b'{"name": "node.drain", "target": "n1"}', headers=headers
+    )
+    code2, second = await post(
+        treq, "/edges/edge-00/commands", b'{"name": "node.drain", "target": "n1"}', headers=headers
+    )
     assert code == code2 == 200
     assert first["operation_id"] == second["operation_id"] and first["idempotency_key"] == "k-1"
     assert len(registry.get("edge-00").peer.commands) == 1

@@ -9,7 +9,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from twisted.internet.task import Clock
 
 from twisted_iop.controlplane import records
-from twisted_iop.controlplane.records import EventBuffer, Operation, OperationBuffer
+from twisted_iop.controlplane.records import EventBuffer, OperationBuffer, OperationRecord
 from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry, RegistryLimits
 from twisted_iop.wire import control_pb2 as pb
 
@@ -114,7 +114,7 @@ def test_operation_lifecycle_and_command_events() -> None:
     """Relayed command events move an operation forward; terminal states are final."""
     registry, clock = make_registry()
     token = registry.connect("edge-a", FakePeer(), HELLO)
-    op = Operation("op1", "edge-a", "x", "", {}, "", created_at=clock.seconds(), deadline_at=clock.seconds() + 10)
+    op = OperationRecord("op1", "edge-a", "x", "", {}, "", created_at=clock.seconds(), deadline_at=clock.seconds() + 10)
     registry.start_operation(op, token)
     registry.record_edge_event("edge-a", token, pb.EdgeEvent(kind="command.started", command_id="op1"))
     # A late "accepted" after "running" does not move it back.
@@ -130,7 +130,7 @@ def test_operation_reply_from_other_connection_is_ignored() -> None:
     """Only the connection an operation was sent on may finish it."""
     registry, clock = make_registry()
     first = registry.connect("edge-a", FakePeer(), HELLO)
-    op = Operation("op1", "edge-a", "x", "", {}, "", created_at=clock.seconds(), deadline_at=clock.seconds() + 10)
+    op = OperationRecord("op1", "edge-a", "x", "", {}, "", created_at=clock.seconds(), deadline_at=clock.seconds() + 10)
     registry.start_operation(op, first)
     second = registry.connect("edge-a", FakePeer(), HELLO)
     assert not registry.advance_operation("edge-a", second, "op1", records.SUCCEEDED)
@@ -141,7 +141,7 @@ def test_operation_reply_from_other_connection_is_ignored() -> None:
 def test_operation_buffer_evicts_only_finished() -> None:
     """A full operation buffer evicts the oldest finished operation and its key."""
     buffer = OperationBuffer(2)
-    ops = [Operation(f"op{i}", "e", "x", "", {}, f"key{i}", created_at=i, deadline_at=i + 1) for i in range(3)]
+    ops = [OperationRecord(f"op{i}", "e", "x", "", {}, f"key{i}", created_at=i, deadline_at=i + 1) for i in range(3)]
     buffer.add(ops[0])
     buffer.add(ops[1])
     buffer.add(ops[2])

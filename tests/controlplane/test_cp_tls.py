@@ -7,12 +7,12 @@ from pathlib import Path
 import attrs
 import pytest
 import pytest_twisted
+from scripted_edge import ScriptedEdge
+from support import ControlPlaneHarness, eventually, self_signed
 from twisted.internet import reactor
 from twisted.internet.endpoints import clientFromString, connectProtocol
 from twisted.python import usage
 
-from scripted_edge import ScriptedEdge
-from support import ControlPlaneHarness, eventually, self_signed
 from twisted_iop.controlplane import tap
 from twisted_iop.controlplane.config import config_from_text
 from twisted_iop.controlplane.tap import ControlPlaneService
@@ -35,9 +35,7 @@ async def test_edge_enrolls_over_tls(tmp_path: Path) -> None:
     try:
         await eventually(lambda: service.readiness.ready, message="listeners bound")
         port = service.port("edge_wire")
-        endpoint = clientFromString(
-            reactor, f"tls:localhost:{port}:trustRoots={cert.parent}"
-        )
+        endpoint = clientFromString(reactor, f"tls:localhost:{port}:trustRoots={cert.parent}")
         edge = ScriptedEdge("edge-tls")
         await connectProtocol(endpoint, edge)
         response = await edge.hello()

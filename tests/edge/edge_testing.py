@@ -87,7 +87,7 @@ class FakeNodePeer:
         """Record the close (a supersede is a close with a reason)."""
         self.closed += 1
 
-    def probe(self, timeout: float) -> "Deferred[pb.NodeProbeResponse]":
+    def probe(self, timeout: float) -> Deferred[pb.NodeProbeResponse]:
         """Answer at once with ``answer`` if set, else wait for the test."""
         d: Deferred[pb.NodeProbeResponse] = Deferred()
         if self.answer is not None:
@@ -143,12 +143,14 @@ class FakeControlPlane(FramedPeerProtocol):
         """Every relayed event so far, in arrival order."""
         return [e.edge_event for e in self.received if e.WhichOneof("body") == "edge_event"]
 
-    def status(self) -> "Deferred[pb.EdgeStatusResponse]":
+    def status(self) -> Deferred[pb.EdgeStatusResponse]:
         """Ask the Edge for a snapshot."""
         d = self.request("edge_status_request", pb.EdgeStatusRequest(), timeout=5)
         return d.addCallback(lambda envelope: envelope.edge_status_response)
 
-    def command(self, name: str, target: str = "", command_id: str = "op-1", **arguments: str) -> "Deferred[pb.EdgeCommandResponse]":
+    def command(
+        self, name: str, target: str = "", command_id: str = "op-1", **arguments: str
+    ) -> Deferred[pb.EdgeCommandResponse]:
         """Send a command; fire with the Edge's answer."""
         request = pb.EdgeCommandRequest(
             command_id=command_id, name=name, target=target, arguments=arguments, timeout_ms=5000

@@ -40,14 +40,26 @@ def edge_yaml(cp_address: str, edge_id: str = "edge-a", outbox_size: int = 100) 
             {
                 "node_id": "node-1",
                 "providers": [
-                    {"provider_id": "mock-a", "kind": "mock", "models": ["llama-3-8b"], "capacity": 4, "long_context_capacity": 1}
+                    {
+                        "provider_id": "mock-a",
+                        "kind": "mock",
+                        "models": ["llama-3-8b"],
+                        "capacity": 4,
+                        "long_context_capacity": 1,
+                    }
                 ],
             },
             {
                 "node_id": "node-2",
                 "credential": "n2-secret",
                 "providers": [
-                    {"provider_id": "mock-b", "kind": "mock", "models": ["llama-3-8b", "qwen-2-7b"], "capacity": 8, "long_context_capacity": 2}
+                    {
+                        "provider_id": "mock-b",
+                        "kind": "mock",
+                        "models": ["llama-3-8b", "qwen-2-7b"],
+                        "capacity": 8,
+                        "long_context_capacity": 2,
+                    }
                 ],
             },
         ],
@@ -113,7 +125,7 @@ class RawNode(FramedPeerProtocol):
         """Fire ``lost``."""
         self.lost.callback(None)
 
-    def hello(self, node_id: str, credential: str = "") -> "Deferred[pb.NodeHelloResponse]":
+    def hello(self, node_id: str, credential: str = "") -> Deferred[pb.NodeHelloResponse]:
         """Say hello; fire with the Edge's answer."""
         hello = pb.NodeHelloRequest(node_id=node_id, protocol_major=PROTOCOL_MAJOR, credential=credential)
         return self.request("node_hello_request", hello, timeout=5).addCallback(

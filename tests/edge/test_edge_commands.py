@@ -124,9 +124,7 @@ def test_refresh_picks_up_added_provider(tmp_path: Path) -> None:
     peer = FakeNodePeer()
     token = registry.node_accepted(node_hello("node-1"), peer)
     registry.node_ready(token, healthy("mock-a"))
-    data["nodes"][0]["providers"].append(
-        {"provider_id": "mock-c", "kind": "mock", "models": ["phi-3"], "capacity": 2}
-    )
+    data["nodes"][0]["providers"].append({"provider_id": "mock-c", "kind": "mock", "models": ["phi-3"], "capacity": 2})
     path.write_text(yaml.safe_dump(data))
     peer.answer = pb.NodeProbeResponse(health=healthy("mock-a", "mock-c"))
     runner = CommandRunner(registry, clock)

@@ -72,7 +72,11 @@ def _with(path: list[Any], value: Any) -> dict[str, Any]:
         (["control_plane", "address"], "nowhere", "control_plane.address"),
         (["control_plane", "outbox_size"], 0, "control_plane.outbox_size"),
         (["control_plane", "backoff"], {"initial_seconds": 5, "max_seconds": 1}, "control_plane.backoff.max_seconds"),
-        (["control_plane", "keepalive"], {"interval_seconds": 5, "deadline_seconds": 5}, "control_plane.keepalive.deadline_seconds"),
+        (
+            ["control_plane", "keepalive"],
+            {"interval_seconds": 5, "deadline_seconds": 5},
+            "control_plane.keepalive.deadline_seconds",
+        ),
         (["control_plane", "typo"], 1, "control_plane.typo: unknown setting"),
         (["node_server", "listen"], "what", "node_server.listen"),
         (["nodes", 0, "node_id"], "", "nodes[0].node_id"),

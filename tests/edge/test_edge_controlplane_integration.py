@@ -26,7 +26,7 @@ class Fleet:
         self.edge_config = tmp_path / "edge.yaml"
         self.edge_data: dict[str, Any] = {}
 
-    async def start(self) -> "Fleet":
+    async def start(self) -> Fleet:
         """Start everything and wait until both nodes show connected over HTTP."""
         self.cp = await start_control_plane()
         self.edge_data = edge_yaml(self.cp.edge_wire_address)
@@ -78,6 +78,7 @@ async def test_status_view_follows_node_loss_and_return(tmp_path: Path) -> None:
         assert provider["general"]["capacity"] == 4 and provider["long_context"]["capacity"] == 1
         assert provider["status"] == "available" and provider["health"] == "healthy"
         await stop(fleet.nodes["node-1"])
+
         async def node1_offline() -> bool:
             return offline((await fleet.nodes_by_id())["node-1"])
 

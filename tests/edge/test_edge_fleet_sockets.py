@@ -65,7 +65,7 @@ class Fleet:
         self.nodes: dict[str, NodeService] = {}
         self.node_configs: dict[str, str] = {}
 
-    async def start(self) -> "Fleet":
+    async def start(self) -> Fleet:
         """CP, Edge, then both Nodes; wait until both are ready and the Edge enrolled."""
         address = await self.cp.start()
         self.edge = await start_edge(write_yaml(self.tmp_path / "edge.yaml", edge_yaml(address)))
@@ -106,7 +106,14 @@ def assert_offline(node: pb.EdgeNodeSnapshot) -> None:
         assert p.provider_id and p.kind == "mock" and list(p.models)
         assert p.status == pb.PROVIDER_STATUS_UNAVAILABLE
         assert p.health == pb.PROVIDER_HEALTH_OFFLINE
-        assert [p.capacity, p.in_flight, p.queued, p.long_context_capacity, p.long_context_in_flight, p.long_context_queued] == [0] * 6
+        assert [
+            p.capacity,
+            p.in_flight,
+            p.queued,
+            p.long_context_capacity,
+            p.long_context_in_flight,
+            p.long_context_queued,
+        ] == [0] * 6
 
 
 @pytest_twisted.ensureDeferred
@@ -244,7 +251,9 @@ async def test_events_queued_while_cp_away_are_flushed_in_order(tmp_path: Path) 
         await eventually(lambda: not fleet.edge.link.is_enrolled, timeout=5, message="edge noticed")  # type: ignore[union-attr]
         await stop(fleet.nodes["node-2"])
         await eventually(lambda: "node-2" not in fleet.ready_nodes(), timeout=5, message="node-2 gone")
-        await eventually(lambda: fleet.cp.current is not first and fleet.cp.current.hellos, timeout=5, message="re-enrolled")
+        await eventually(
+            lambda: fleet.cp.current is not first and fleet.cp.current.hellos, timeout=5, message="re-enrolled"
+        )
         await eventually(
             lambda: any(e.kind == "node.disconnected" for e in fleet.cp.current.events()), timeout=5, message="flush"
         )

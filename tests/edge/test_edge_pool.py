@@ -231,9 +231,7 @@ class PoolMachine(RuleBasedStateMachine):
         """Nobody waits while a provider could serve the head of their queue."""
         for model in ("m", "x"):
             for long_context in (False, True):
-                if self.pool.queued_total(long_context) and any(
-                    not d.called for d in self.waiting
-                ):
+                if self.pool.queued_total(long_context) and any(not d.called for d in self.waiting):
                     waiting_here = self.pool._queues.get((model, long_context))
                     if waiting_here:
                         assert self.pool._pick(model, long_context) is None

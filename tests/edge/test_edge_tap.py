@@ -15,9 +15,9 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.python import usage
 
 from twisted_iop.edge.tap import Options, makeService
-from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.node.tap import Options as NodeOptions
 from twisted_iop.node.tap import makeService as make_node_service
+from twisted_iop.wire import control_pb2 as pb
 
 
 def test_make_service_listens_and_dials(tmp_path: Path) -> None:

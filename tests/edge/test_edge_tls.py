@@ -13,9 +13,7 @@ from support import eventually, self_signed, start_control_plane
 async def test_edge_enrolls_over_tls_and_refuses_an_untrusted_server(tmp_path: Path) -> None:
     """With control_plane.address = tls:..., the Edge verifies the certificate and enrolls."""
     key, cert = self_signed(tmp_path)
-    cp = await start_control_plane(
-        edge_wire_listen=f"ssl:0:interface=127.0.0.1:privateKey={key}:certKey={cert}"
-    )
+    cp = await start_control_plane(edge_wire_listen=f"ssl:0:interface=127.0.0.1:privateKey={key}:certKey={cert}")
     edge = None
     untrusting = None
     try:
@@ -23,8 +21,11 @@ async def test_edge_enrolls_over_tls_and_refuses_an_untrusted_server(tmp_path: P
         edge = await start_edge(
             write_yaml(tmp_path / "edge.yaml", edge_yaml(f"tls:localhost:{port}:trustRoots={cert.parent}"))
         )
-        await eventually(lambda: cp.registry.find("edge-a") is not None and cp.registry.get("edge-a").connected,
-                         timeout=10, message="edge-a enrolled over TLS")
+        await eventually(
+            lambda: cp.registry.find("edge-a") is not None and cp.registry.get("edge-a").connected,
+            timeout=10,
+            message="edge-a enrolled over TLS",
+        )
         code, status = await cp.get_json("/edges/edge-a/status")
         assert code == 200 and status["connected"]
 

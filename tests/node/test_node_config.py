@@ -87,10 +87,19 @@ def test_environment_overrides_edge_address() -> None:
         ({"edge": {"address": "??"}}, "edge.address"),
         ({"probes": {"interval_seconds": 0}}, "probes.interval_seconds"),
         ({"providers": [{"provider_id": "v", "kind": "vllm", "models": ["m"]}]}, "providers[0].base_url: required"),
-        ({"providers": [{"provider_id": "v", "kind": "vllm", "models": ["m"], "base_url": "ftp://x"}]}, "providers[0].base_url"),
+        (
+            {"providers": [{"provider_id": "v", "kind": "vllm", "models": ["m"], "base_url": "ftp://x"}]},
+            "providers[0].base_url",
+        ),
         ({"providers": [{"provider_id": "v", "kind": "tgi", "models": ["m"]}]}, "providers[0].kind"),
-        ({"providers": [{"provider_id": "m", "kind": "mock", "models": ["m"], "mock": {"health": "sad"}}]}, "providers[0].mock.health"),
-        ({"providers": [{"provider_id": "m", "kind": "mock", "models": ["m"], "base_url": "http://x"}]}, "providers[0].base_url"),
+        (
+            {"providers": [{"provider_id": "m", "kind": "mock", "models": ["m"], "mock": {"health": "sad"}}]},
+            "providers[0].mock.health",
+        ),
+        (
+            {"providers": [{"provider_id": "m", "kind": "mock", "models": ["m"], "base_url": "http://x"}]},
+            "providers[0].base_url",
+        ),
         ({"typo": 1}, "typo: unknown setting"),
     ],
 )

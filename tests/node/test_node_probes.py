@@ -108,12 +108,12 @@ def test_refused_connection_is_offline_without_address() -> None:
     """A refused connection is offline; the reason never contains the base URL."""
 
     class Refusing:
-        def get(self, url: str, **kwargs: Any) -> "Deferred[Any]":
+        def get(self, url: str, **kwargs: Any) -> Deferred[Any]:
             d: Deferred[Any] = Deferred()
             d.errback(ConnectionRefusedError("gpu-box.internal:8000"))
             return d
 
-        def json_content(self, response: Any) -> "Deferred[Any]":
+        def json_content(self, response: Any) -> Deferred[Any]:
             raise AssertionError("not reached")
 
     out: list[ProbeResult] = []

@@ -10,10 +10,10 @@ from twisted.internet.task import Clock
 from twisted.test import iosim
 
 from twisted_iop.edge.config import parse_edge_config
-from twisted_iop.edge.node_server import NodeServerFactory, NodeServerProtocol
+from twisted_iop.edge.node_wire import NodeServerFactory, NodeServerProtocol
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.node.config import load_node_config, parse_node_config
-from twisted_iop.node.edge_connector import EdgeLink, EdgeLinkProtocol
+from twisted_iop.node.edge_link import EdgeLink, EdgeLinkProtocol
 from twisted_iop.node.runtime import NodeRuntime
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import PeerSettings
@@ -151,4 +151,10 @@ def test_reconnect_after_loss_reaches_ready_again() -> None:
     assert pair.runtime.session is None
     pair.connect()
     assert pair.registry.is_ready("node-1")
-    assert [e.kind for e in pair.events] == ["node.pending", "node.ready", "node.disconnected", "node.pending", "node.ready"]
+    assert [e.kind for e in pair.events] == [
+        "node.pending",
+        "node.ready",
+        "node.disconnected",
+        "node.pending",
+        "node.ready",
+    ]

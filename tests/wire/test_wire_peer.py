@@ -8,9 +8,9 @@ import pytest
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
+from wire_frames import decode
 
 from twisted_iop.wire import control_pb2 as pb
-from wire_frames import decode
 from twisted_iop.wire.peer import (
     FramedPeerProtocol,
     KeepaliveSweeper,

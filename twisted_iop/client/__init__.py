@@ -25,8 +25,8 @@ from twisted_iop.client.errors import (
     Unauthorized,
     UnknownCommand,
     UnknownEdge,
+    WireClientError,
     WireConnectionLost,
-    WireError,
     WireRequestError,
 )
 from twisted_iop.client.repository import ControlPlaneStatusRepository
@@ -53,6 +53,6 @@ __all__ = [
     "UnknownCommand",
     "UnknownEdge",
     "WireConnectionLost",
-    "WireError",
+    "WireClientError",
     "WireRequestError",
 ]

@@ -25,7 +25,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Callable, Optional, Sequence, TextIO
+from collections.abc import Callable, Sequence
+from typing import Any, Optional, TextIO
 
 from twisted.internet.defer import Deferred
 from twisted.internet.task import react
@@ -40,7 +41,7 @@ from twisted_iop.client.errors import (
     EdgeTimeout,
     HelloRejected,
     InvalidResponse,
-    WireError,
+    WireClientError,
     WireRequestError,
 )
 from twisted_iop.client.models import to_json
@@ -94,8 +95,7 @@ def _global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
         "--wire-url",
         metavar="URL",
         default=default,
-        help="Control Plane client WebSocket URL (default: $IOP_CONTROL_PLANE_WIRE_URL "
-        "or ws://127.0.0.1:8081/client)",
+        help="Control Plane client WebSocket URL (default: $IOP_CONTROL_PLANE_WIRE_URL or ws://127.0.0.1:8081/client)",
     )
     parser.add_argument(
         "--token",
@@ -226,7 +226,9 @@ def default_wire_client(reactor: Any) -> WireFactory:
 
     def make(args: argparse.Namespace) -> ClientWireClient:
         token = args.token or os.environ.get(API_TOKEN_ENV) or None
-        return ClientWireClient(url=args.wire_url, reactor=reactor, api_token=token, client_name=f"iopctl/{__version__}")
+        return ClientWireClient(
+            url=args.wire_url, reactor=reactor, api_token=token, client_name=f"iopctl/{__version__}"
+        )
 
     return make
 
@@ -317,7 +319,7 @@ async def run(
     except WireRequestError as e:
         console.error(e.code, e.message)
         return EXIT_ERROR
-    except WireError as e:
+    except WireClientError as e:
         console.error("wire_error", str(e))
         return EXIT_ERROR
     except Exception as e:
@@ -394,7 +396,11 @@ async def _hello(args: argparse.Namespace, wire_factory: WireFactory, console: C
         for key, value in document.items():
             if key == "reason" and not value:
                 continue
-            shown = ", ".join(value) if isinstance(value, list) else ("yes" if value is True else "no" if value is False else value)
+            shown = (
+                ", ".join(value)
+                if isinstance(value, list)
+                else ("yes" if value is True else "no" if value is False else value)
+            )
             console.line(f"{key.replace('_', ' ').ljust(width)}  {shown or '-'}")
     if not response.accepted:
         console.error("hello_rejected", response.reason or "no reason given")

@@ -10,7 +10,8 @@ thing and raises :class:`ControlPlaneUnreachable`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
     from twisted_iop.client.models import EdgeStatus, Operation
@@ -115,7 +116,7 @@ class EdgeNotConnected(ControlPlaneError):
     """
 
     CODE = "edge_not_connected"
-    snapshot: Optional["EdgeStatus"] = None
+    snapshot: Optional[EdgeStatus] = None
 
 
 class EdgeError(ControlPlaneError):
@@ -132,7 +133,7 @@ class EdgeDisconnected(ControlPlaneError):
     """
 
     CODE = "edge_disconnected"
-    operation: Optional["Operation"] = None
+    operation: Optional[Operation] = None
 
 
 class EdgeTimeout(ControlPlaneError):
@@ -143,7 +144,7 @@ class EdgeTimeout(ControlPlaneError):
     """
 
     CODE = "edge_timeout"
-    operation: Optional["Operation"] = None
+    operation: Optional[Operation] = None
 
 
 #: Error classes by their server code.
@@ -165,11 +166,11 @@ ERRORS_BY_CODE: Mapping[str, type[ControlPlaneError]] = {
 }
 
 
-class WireError(ClientError):
+class WireClientError(ClientError):
     """Base class of failures on the WebSocket ``/client`` wire."""
 
 
-class HelloRejected(WireError):
+class HelloRejected(WireClientError):
     """The Control Plane refused the client hello."""
 
     def __init__(self, reason: str) -> None:
@@ -177,7 +178,7 @@ class HelloRejected(WireError):
         self.reason = reason
 
 
-class WireRequestError(WireError):
+class WireRequestError(WireClientError):
     """The Control Plane answered a wire request with an ``Error`` message."""
 
     def __init__(self, code: str, message: str) -> None:
@@ -186,5 +187,5 @@ class WireRequestError(WireError):
         self.message = message
 
 
-class WireConnectionLost(WireError):
+class WireConnectionLost(WireClientError):
     """The WebSocket closed before a request was answered."""

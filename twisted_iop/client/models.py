@@ -12,8 +12,9 @@ Times are timezone-aware :class:`datetime.datetime` in UTC, or ``None``.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from typing import Any, Callable, Generic, Mapping, Optional, TypeVar
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any, Generic, Optional, TypeVar
 
 import attrs
 
@@ -161,15 +162,15 @@ def parse_time(text: str) -> datetime:
     """Parse an ISO 8601 time (``2026-11-29T20:00:00.123Z``) into aware UTC."""
     value = datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
     if value.tzinfo is None:
-        value = value.replace(tzinfo=timezone.utc)
-    return value.astimezone(timezone.utc)
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
 
 
 def format_time(value: Optional[datetime]) -> Optional[str]:
     """Format a time the way the Control Plane does (UTC, milliseconds, ``Z``)."""
     if value is None:
         return None
-    utc = value.astimezone(timezone.utc)
+    utc = value.astimezone(UTC)
     return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
 
 
@@ -183,7 +184,7 @@ class Health:
     status: str
 
     @classmethod
-    def from_json(cls, data: Any, path: str = "") -> "Health":
+    def from_json(cls, data: Any, path: str = "") -> Health:
         """Read the health document."""
         r = _Reader(data, path)
         return cls(status=r.string("status"))
@@ -197,7 +198,7 @@ class Readiness:
     listeners: dict[str, bool] = attrs.field(factory=dict)
 
     @classmethod
-    def from_json(cls, data: Any, path: str = "") -> "Readiness":
+    def from_json(cls, data: Any, path: str = "") -> Readiness:
         """Read the readiness document."""
         r = _Reader(data, path)
         listeners = r.raw("listeners") or {}
@@ -225,7 +226,7 @@ class EdgeSummary:
     commands: tuple[str, ...] = ()
 
     @classmethod
-    def from_json(cls, data: Any, path: str = "") -> "EdgeSummary":
+    def from_json(cls, data: Any, path: str = "") -> EdgeSummary:
         """Read an edge summary."""
         r = _Reader(data, path)
         return cls(**_summary_fields(r))
@@ -255,7 +256,7 @@ class SnapshotInfo:
     received_at: Optional[datetime] = None
 
     @classmethod
-    def from_json(cls, data: Any, path: str = "") -> "SnapshotInfo":
+    def from_json(cls, data: Any, path: str = "") -> SnapshotInfo:
         """Read the ``status`` block of an edge detail."""
         r = _Reader(data, path)
         return cls(available=r.boolean("available"), stale=r.boolean("stale"), received_at=r.time("received_at"))
@@ -271,7 +272,7 @@ class BufferInfo:
     last_sequence: Optional[int] = _optional_field()
 
     @classmethod
-    def from_json(cls, data: Any, path: str = "") -> "BufferInfo":
+    def from_json(cls, data: Any, path: str = "") -> BufferInfo:
         """Read an ``events`` or ``operations`` buffer block."""
         r = _Reader(data, path)
         return cls(
@@ -301,7 +302,7 @@ class EdgeDetail:
     operations: Optional[BufferInfo] = None
 
     @classmethod
-    def from_json(cls, data: Any, path: str = "") -> "EdgeDetail":
+    def from_json(cls, data: Any, path: str = "") -> EdgeDetail:
         """Read an edge detail."""
         r = _Reader(data, path)
         return cls(
@@ -321,7 +322,7 @@ class Page(Generic[T]):
     next_cursor: Optional[str] = None
 
     @classmethod
-    def from_json(cls, data: Any, parse: Callable[[Any, str], T], path: str = "") -> "Page[T]":
+    def from_json(cls, data: Any, parse: Callable[[Any, str], T], path: str = "") -> Page[T]:
         """Read a page whose items are parsed with ``parse``."""
         r = _Reader(data, path)
         items = r.objects("items", parse)
@@ -340,7 +341,7 @@ class ProviderCounters:
     queued: int = 0
 
     @classmethod
-    def from_json(cls, data: Any, path: str = "") -> "ProviderCounters":
+    def from_json(cls, data: Any, path: str = "") -> ProviderCounters:
         """Read a ``general`` or ``long_context`` counters block."""
         r = _Reader(data, path)
         return cls(capacity=r.integer("capacity"), in_flight=r.integer("in_flight"), queued=r.integer("queued"))
@@ -360,7 +361,7 @@ class ProviderStatus:
     long_context: ProviderCounters = ProviderCounters()
 
     @classmethod
-    def from_json(cls, data: Any, path: str = "") -> "ProviderStatus":
+    def from_json(cls, data: Any, path: str = "") -> ProviderStatus:
         """Read a provider of a node snapshot."""
         r = _Reader(data, path)
         return cls(
@@ -388,7 +389,7 @@ class NodeStatus:
     providers: tuple[ProviderStatus, ...] = ()
 
     @classmethod
-    def from_json(cls, data: Any, path: str = "") -> "NodeStatus":
+    def from_json(cls, data: Any, path: str = "") -> NodeStatus:
         """Read a node snapshot."""
         r = _Reader(data, path)
         return cls(
@@ -420,7 +421,7 @@ class StatusTotals:
     edges_connected: Optional[int] = _optional_field()
 
     @classmethod
-    def from_json(cls, data: Any, path: str = "") -> "StatusTotals":
+    def from_json(cls, data: Any, path: str = "") -> StatusTotals:
         """Read a ``totals`` block."""
         r = _Reader(data, path)
         return cls(
@@ -449,7 +450,7 @@ class EdgeStatus:
     totals: Optional[StatusTotals] = None
 
     @classmethod
-    def from_json(cls, data: Any, path: str = "") -> "EdgeStatus":
+    def from_json(cls, data: Any, path: str = "") -> EdgeStatus:
         """Read an edge status document."""
         r = _Reader(data, path)
         return cls(
@@ -480,7 +481,7 @@ class FleetStatusRow:
     long_context: ProviderCounters = ProviderCounters()
 
     @classmethod
-    def from_json(cls, data: Any, path: str = "") -> "FleetStatusRow":
+    def from_json(cls, data: Any, path: str = "") -> FleetStatusRow:
         """Read a fleet status row."""
         r = _Reader(data, path)
         return cls(
@@ -509,7 +510,7 @@ class FleetStatus:
     totals: StatusTotals
 
     @classmethod
-    def from_json(cls, data: Any, path: str = "") -> "FleetStatus":
+    def from_json(cls, data: Any, path: str = "") -> FleetStatus:
         """Read a fleet status document."""
         r = _Reader(data, path)
         items = r.objects("items", FleetStatusRow.from_json)
@@ -542,7 +543,7 @@ class Event:
     attributes: dict[str, str] = attrs.field(factory=dict)
 
     @classmethod
-    def from_json(cls, data: Any, path: str = "") -> "Event":
+    def from_json(cls, data: Any, path: str = "") -> Event:
         """Read an event."""
         r = _Reader(data, path)
         return cls(
@@ -578,7 +579,7 @@ class EventPage:
     edge_id: Optional[str] = _optional_field()
 
     @classmethod
-    def from_json(cls, data: Any, path: str = "") -> "EventPage":
+    def from_json(cls, data: Any, path: str = "") -> EventPage:
         """Read an event page."""
         r = _Reader(data, path)
         return cls(
@@ -605,7 +606,7 @@ class OperationTransition:
     reason: str = ""
 
     @classmethod
-    def from_json(cls, data: Any, path: str = "") -> "OperationTransition":
+    def from_json(cls, data: Any, path: str = "") -> OperationTransition:
         """Read a history entry."""
         r = _Reader(data, path)
         return cls(state=r.string("state"), at=r.time("at"), reason=r.string("reason"))
@@ -640,7 +641,7 @@ class Operation:
         return self.state in TERMINAL_STATES
 
     @classmethod
-    def from_json(cls, data: Any, path: str = "") -> "Operation":
+    def from_json(cls, data: Any, path: str = "") -> Operation:
         """Read an operation."""
         r = _Reader(data, path)
         return cls(
@@ -673,7 +674,7 @@ class OperationPage:
     dropped: Optional[int] = _optional_field()
 
     @classmethod
-    def from_json(cls, data: Any, path: str = "") -> "OperationPage":
+    def from_json(cls, data: Any, path: str = "") -> OperationPage:
         """Read an operations page."""
         r = _Reader(data, path)
         items = r.objects("items", Operation.from_json)
@@ -699,7 +700,7 @@ class CommandArgument:
     required: bool = False
 
     @classmethod
-    def from_json(cls, data: Any, path: str = "") -> "CommandArgument":
+    def from_json(cls, data: Any, path: str = "") -> CommandArgument:
         """Read an argument spec."""
         r = _Reader(data, path)
         return cls(name=r.string("name"), description=r.string("description"), required=r.boolean("required"))
@@ -715,7 +716,7 @@ class CommandSpec:
     arguments: tuple[CommandArgument, ...] = ()
 
     @classmethod
-    def from_json(cls, data: Any, path: str = "") -> "CommandSpec":
+    def from_json(cls, data: Any, path: str = "") -> CommandSpec:
         """Read a command spec."""
         r = _Reader(data, path)
         return cls(
@@ -734,7 +735,7 @@ class CommandCatalog:
     commands: tuple[CommandSpec, ...]
 
     @classmethod
-    def from_json(cls, data: Any, path: str = "") -> "CommandCatalog":
+    def from_json(cls, data: Any, path: str = "") -> CommandCatalog:
         """Read a command catalog."""
         r = _Reader(data, path)
         return cls(edge_id=r.string("edge_id"), commands=r.objects("commands", CommandSpec.from_json))

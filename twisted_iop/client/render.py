@@ -7,8 +7,9 @@ aligned, numbers right-aligned, missing values shown as ``-``.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from typing import Iterable, Mapping, Optional, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Optional
 
 from twisted_iop.client.models import (
     CommandCatalog,
@@ -53,7 +54,7 @@ def time_text(value: Optional[datetime]) -> str:
     """A UTC time as ``2026-11-29 20:00:00``, or ``-``."""
     if value is None:
         return NONE
-    return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def yes_no(value: bool) -> str:
@@ -271,7 +272,7 @@ def event_line(event: Event, fleet: bool = False) -> str:
     """One event on one line, for ``--follow``."""
     sequence = event.fleet_sequence if fleet else event.sequence
     when = event.occurred_at or event.recorded_at
-    stamp = NONE if when is None else when.astimezone(timezone.utc).strftime("%H:%M:%S.%f")[:-3]
+    stamp = NONE if when is None else when.astimezone(UTC).strftime("%H:%M:%S.%f")[:-3]
     where = " ".join(
         x
         for x in (

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable, Mapping, Optional, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, Optional, TypeVar
 from urllib.parse import quote, urlencode
 
 from twisted.internet.defer import CancelledError
@@ -24,6 +25,8 @@ from twisted.internet.error import (
     ConnectingCancelledError,
     ConnectionRefusedError,
     DNSLookupError,
+)
+from twisted.internet.error import (
     TimeoutError as ConnectTimeoutError,
 )
 from twisted.logger import Logger
@@ -108,9 +111,9 @@ def _default_http_client() -> Any:
     Non-persistent, so that a short-lived program (iopctl) leaves no idle
     connection behind when it exits.
     """
+    from treq.client import HTTPClient
     from twisted.internet import reactor
     from twisted.web.client import Agent, HTTPConnectionPool
-    from treq.client import HTTPClient
 
     pool = HTTPConnectionPool(reactor, persistent=False)
     agent: Any = Agent(reactor, pool=pool)
@@ -273,9 +276,7 @@ class ControlPlaneStatusRepository:
         self, edge_id: str, limit: Optional[int] = None, cursor: Optional[str] = None
     ) -> OperationPage:
         """``GET /edges/{id}/operations``: one page of operations, newest first."""
-        data = await self._request(
-            "GET", self._edge_path(edge_id, "operations"), {"limit": limit, "cursor": cursor}
-        )
+        data = await self._request("GET", self._edge_path(edge_id, "operations"), {"limit": limit, "cursor": cursor})
         return OperationPage.from_json(data)
 
     async def operation(self, edge_id: str, operation_id: str) -> Operation:

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import os
 import random
-from datetime import datetime, timezone
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, Optional
 from urllib.parse import urlsplit
 
 from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientProtocol
@@ -36,8 +37,8 @@ from twisted_iop import __version__
 from twisted_iop.client.errors import (
     ControlPlaneUnreachable,
     HelloRejected,
+    WireClientError,
     WireConnectionLost,
-    WireError,
     WireRequestError,
 )
 from twisted_iop.client.models import Event
@@ -71,8 +72,6 @@ BACKOFF_MAX_SECONDS = 15.0
 
 #: Bodies that answer a request of ours; everything else is unsolicited.
 RESPONSE_BODIES = frozenset({"error", "client_hello_response", "subscribe_response"})
-
-
 
 
 EventCallback = Callable[[pb.FleetEvent], Any]
@@ -112,7 +111,7 @@ def error_code_name(code: int) -> str:
     return name.removeprefix("ERROR_CODE_").lower()
 
 
-class ClientWireProtocol(WebSocketClientProtocol):
+class ClientWireClientProtocol(WebSocketClientProtocol):
     """One WebSocket connection: request/response pairing by ``request_id``.
 
     Answers to our requests fire the Deferred of :meth:`request`;
@@ -126,7 +125,7 @@ class ClientWireProtocol(WebSocketClientProtocol):
 
     def __init__(self) -> None:
         super().__init__()
-        self.opened: Deferred[ClientWireProtocol] = Deferred()
+        self.opened: Deferred[ClientWireClientProtocol] = Deferred()
         self.lost: Deferred[None] = Deferred()
         self.close_reason = ""
         self.envelope_received: Optional[Callable[[pb.ClientEnvelope, str], None]] = None
@@ -182,13 +181,13 @@ class ClientWireProtocol(WebSocketClientProtocol):
         """Send a request and wait for the envelope that answers it.
 
         Fails with :class:`WireRequestError` when the answer is an
-        ``Error``, :class:`WireError` after ``timeout`` and
+        ``Error``, :class:`WireClientError` after ``timeout`` and
         :class:`WireConnectionLost` when the connection drops first.
         """
         if not self.usable:
             raise WireConnectionLost("the connection is not open")
         request_id, d = self._pending.add(
-            clock, timeout, lambda: WireError(f"no answer to {body} within {timeout:g} s")
+            clock, timeout, lambda: WireClientError(f"no answer to {body} within {timeout:g} s")
         )
         self.send_envelope(make_client_envelope(body, message, request_id))
         return d
@@ -277,14 +276,14 @@ class ClientWireClient:
         self._connect_timeout = connect_timeout
         self.request_timeout = request_timeout
         self._max_message_bytes = max_message_bytes
-        self._hello_connection: Optional[ClientWireProtocol] = None
+        self._hello_connection: Optional[ClientWireClientProtocol] = None
         self._subscriptions: set[EventSubscription] = set()
 
     # -- connections ----------------------------------------------------------------
 
     def _factory(self) -> WebSocketClientFactory:
         factory = WebSocketClientFactory(self.url, useragent=self._client_name)
-        factory.protocol = ClientWireProtocol
+        factory.protocol = ClientWireClientProtocol
         factory.setProtocolOptions(
             maxFramePayloadSize=self._max_message_bytes,
             maxMessagePayloadSize=self._max_message_bytes,
@@ -295,7 +294,7 @@ class ClientWireClient:
         )
         return factory
 
-    async def connect(self) -> ClientWireProtocol:
+    async def connect(self) -> ClientWireClientProtocol:
         """Open one WebSocket connection (no hello yet).
 
         Raises :class:`ControlPlaneUnreachable` when the server cannot be
@@ -310,7 +309,7 @@ class ClientWireClient:
 
             endpoint = wrapClientTLS(optionsForClientTLS(host), endpoint)
         try:
-            protocol: ClientWireProtocol = await endpoint.connect(factory)
+            protocol: ClientWireClientProtocol = await endpoint.connect(factory)
         except Exception as e:
             reason = describe_connection_error(e, self._connect_timeout)
             if reason is None:
@@ -322,7 +321,7 @@ class ClientWireClient:
             raise ControlPlaneUnreachable(self.url, f"the WebSocket did not open ({e})") from None
         return protocol
 
-    async def say_hello(self, protocol: ClientWireProtocol) -> pb.ClientHelloResponse:
+    async def say_hello(self, protocol: ClientWireClientProtocol) -> pb.ClientHelloResponse:
         """Send the hello on ``protocol`` and answer the server's response."""
         request = pb.ClientHelloRequest(
             client_name=self._client_name,
@@ -352,7 +351,7 @@ class ClientWireClient:
         on_state: Optional[StateCallback] = None,
         backoff_initial: float = BACKOFF_INITIAL_SECONDS,
         backoff_max: float = BACKOFF_MAX_SECONDS,
-    ) -> "EventSubscription":
+    ) -> EventSubscription:
         """Subscribe to live events of one edge (or the fleet when ``edge_id`` is empty).
 
         With ``since`` the server first replays the buffered events after
@@ -376,7 +375,7 @@ class ClientWireClient:
         await subscription.start()
         return subscription
 
-    def _forget(self, result: Any, subscription: "EventSubscription") -> Any:
+    def _forget(self, result: Any, subscription: EventSubscription) -> Any:
         self._subscriptions.discard(subscription)
         return result
 
@@ -429,7 +428,7 @@ class EventSubscription:
         self._backoff_initial = backoff_initial
         self._backoff_max = backoff_max
         self._rng = rng or random.Random()
-        self._protocol: Optional[ClientWireProtocol] = None
+        self._protocol: Optional[ClientWireClientProtocol] = None
         self._retry: Optional[IDelayedCall] = None
         self._attempts = 0
         self._stopping = False
@@ -494,9 +493,7 @@ class EventSubscription:
             if not hello.accepted:
                 raise HelloRejected(hello.reason or "no reason given")
             resume = self.last_sequence is not None
-            request = pb.SubscribeRequest(
-                edge_id=self.edge_id, resume=resume, since_sequence=self.last_sequence or 0
-            )
+            request = pb.SubscribeRequest(edge_id=self.edge_id, resume=resume, since_sequence=self.last_sequence or 0)
             envelope = await protocol.request(
                 "subscribe_request", request, self._client.clock, self._client.request_timeout
             )
@@ -552,7 +549,7 @@ class EventSubscription:
             except Exception:
                 self._log.failure("a state callback failed")
 
-    def _connection_lost(self, _: Any, protocol: ClientWireProtocol) -> None:
+    def _connection_lost(self, _: Any, protocol: ClientWireClientProtocol) -> None:
         if protocol is not self._protocol and self._protocol is not None:
             return
         self._protocol = None
@@ -601,7 +598,7 @@ def event_from_wire(event: pb.FleetEvent) -> Event:
     """The wire ``FleetEvent`` as the same typed :class:`Event` the HTTP views give."""
 
     def when(ms: int) -> Optional[datetime]:
-        return datetime.fromtimestamp(ms / 1000.0, tz=timezone.utc) if ms else None
+        return datetime.fromtimestamp(ms / 1000.0, tz=UTC) if ms else None
 
     return Event(
         sequence=int(event.sequence),

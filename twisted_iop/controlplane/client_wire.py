@@ -18,12 +18,12 @@ import attrs
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
 from autobahn.websocket.protocol import WebSocketProtocol
 from google.protobuf.message import DecodeError, Message
+from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from zope.interface import implementer
-from twisted.internet.interfaces import IPushProducer
 
 import twisted_iop
-from twisted_iop.controlplane.records import Event, EventBuffer
+from twisted_iop.controlplane.records import EventBuffer, EventRecord
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.ids import id_problem
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
@@ -46,7 +46,7 @@ class ClientWireSettings:
     path: str = "/client"
 
 
-def fleet_event_message(event: Event) -> pb.FleetEvent:
+def fleet_event_message(event: EventRecord) -> pb.FleetEvent:
     """The wire form of a recorded event."""
     return pb.FleetEvent(
         sequence=event.sequence,
@@ -67,7 +67,7 @@ def fleet_event_message(event: Event) -> pb.FleetEvent:
 class _FlowControl:
     """Tells a subscriber when its socket is full (pause) or drained (resume)."""
 
-    def __init__(self, protocol: "ClientWireProtocol") -> None:
+    def __init__(self, protocol: ClientWireServerProtocol) -> None:
         self._protocol = protocol
 
     def pauseProducing(self) -> None:
@@ -81,11 +81,11 @@ class _FlowControl:
         self._protocol.paused = True
 
 
-class ClientWireProtocol(WebSocketServerProtocol):
+class ClientWireServerProtocol(WebSocketServerProtocol):
     """One client WebSocket connection."""
 
     _log = Logger()
-    factory: "ClientWireFactory"
+    factory: ClientWireFactory
 
     def __init__(self) -> None:
         super().__init__()
@@ -93,7 +93,7 @@ class ClientWireProtocol(WebSocketServerProtocol):
         self.paused = False
         self._subscribed_edge: Optional[str] = None
         self._subscribed = False
-        self._queue: deque[Event] = deque()
+        self._queue: deque[EventRecord] = deque()
         self._lost = 0
         self._lost_first = 0
         self._lost_last = 0
@@ -231,7 +231,7 @@ class ClientWireProtocol(WebSocketServerProtocol):
         self._subscribed = False
         self._queue.clear()
 
-    def _event_recorded(self, event: Event) -> None:
+    def _event_recorded(self, event: EventRecord) -> None:
         if self._subscribed_edge is not None and event.edge_id != self._subscribed_edge:
             return
         if len(self._queue) >= self.factory.settings.subscriber_queue:
@@ -241,10 +241,10 @@ class ClientWireProtocol(WebSocketServerProtocol):
         if not self.paused:
             self.flush()
 
-    def _sequence(self, event: Event) -> int:
+    def _sequence(self, event: EventRecord) -> int:
         return event.sequence if self._subscribed_edge is not None else event.fleet_sequence
 
-    def _note_lost(self, event: Event) -> None:
+    def _note_lost(self, event: EventRecord) -> None:
         seq = self._sequence(event)
         if self._lost == 0:
             self._lost_first = seq
@@ -269,13 +269,13 @@ class ClientWireProtocol(WebSocketServerProtocol):
 class ClientWireFactory(WebSocketServerFactory):
     """Serves ``/client`` over one registry, with explicit Autobahn limits."""
 
-    protocol = ClientWireProtocol  # type: ignore[assignment]
+    protocol = ClientWireServerProtocol  # type: ignore[assignment]
 
     def __init__(self, registry: EdgeRegistry, settings: ClientWireSettings = ClientWireSettings()) -> None:
         super().__init__()
         self.registry = registry
         self.settings = settings
-        self.connections: set[ClientWireProtocol] = set()
+        self.connections: set[ClientWireServerProtocol] = set()
         self.setProtocolOptions(
             maxFramePayloadSize=settings.max_message_bytes,
             maxMessagePayloadSize=settings.max_message_bytes,

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import os
-from typing import Mapping, Optional
+from collections.abc import Mapping
+from typing import Optional
 
 import attrs
 
 from twisted_iop.configuration import ConfigError, Section, load_yaml_mapping, parse_yaml_mapping
 from twisted_iop.controlplane.client_wire import ClientWireSettings
-from twisted_iop.controlplane.edge_server import EdgeCredentials
-from twisted_iop.controlplane.http_views import HttpSettings
+from twisted_iop.controlplane.edge_wire import EdgeCredentials
+from twisted_iop.controlplane.http_routes import HttpSettings
 from twisted_iop.controlplane.registry import RegistryLimits
 from twisted_iop.endpoints import EndpointError, listen_endpoint
 from twisted_iop.ids import id_problem
@@ -70,7 +71,14 @@ def config_from_mapping(data: dict, environ: Mapping[str, str] = {}) -> ControlP
     )
     wire = root.section("client_wire")
     wire.reject_unknown(
-        {"listen", "public_url", "max_message_bytes", "auto_ping_interval_seconds", "auto_ping_timeout_seconds", "subscriber_queue"}
+        {
+            "listen",
+            "public_url",
+            "max_message_bytes",
+            "auto_ping_interval_seconds",
+            "auto_ping_timeout_seconds",
+            "subscriber_queue",
+        }
     )
     edge = root.section("edge_wire")
     edge.reject_unknown(

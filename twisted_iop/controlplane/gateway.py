@@ -18,7 +18,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from twisted_iop.controlplane import records
-from twisted_iop.controlplane.records import Operation
+from twisted_iop.controlplane.records import OperationRecord
 from twisted_iop.controlplane.registry import (
     EdgeNotConnected,
     EdgeRecord,
@@ -121,10 +121,10 @@ class EdgeGateway:
         self._registry = registry
         self._clock = clock
         self.status_timeout_seconds = status_timeout_seconds
-        self._operation_waiters: dict[str, tuple[Operation, list[Deferred[Operation]]]] = {}
+        self._operation_waiters: dict[str, tuple[OperationRecord, list[Deferred[OperationRecord]]]] = {}
         registry.add_listener(self._operation_changed)
 
-    def _operation_changed(self, event: records.Event) -> None:
+    def _operation_changed(self, event: records.EventRecord) -> None:
         if not event.kind.startswith("operation.") or event.command_id not in self._operation_waiters:
             return
         if event.attributes.get("state") not in records.TERMINAL_STATES:
@@ -215,7 +215,7 @@ class EdgeGateway:
         self._issue_slice(fanout, 0)
         return fanout.result
 
-    def _issue_slice(self, fanout: "_FanOut", start: int) -> None:
+    def _issue_slice(self, fanout: _FanOut, start: int) -> None:
         indices = fanout.pending[start : start + FANOUT_SLICE]
         for index in indices:
             if fanout.done:
@@ -228,11 +228,11 @@ class EdgeGateway:
         else:
             fanout.issued = len(fanout.pending)
 
-    def _row_ok(self, snapshot: StatusSnapshot, fanout: "_FanOut", index: int) -> None:
+    def _row_ok(self, snapshot: StatusSnapshot, fanout: _FanOut, index: int) -> None:
         fanout.rows[index] = StatusRow(fanout.records[index], "ok", snapshot)
         self._row_done(fanout)
 
-    def _row_failed(self, failure: Failure, fanout: "_FanOut", index: int) -> None:
+    def _row_failed(self, failure: Failure, fanout: _FanOut, index: int) -> None:
         record = fanout.records[index]
         if failure.check(EdgeDisconnected, EdgeNotConnected):
             fanout.rows[index] = StatusRow(record, "disconnected", record.snapshot)
@@ -242,7 +242,7 @@ class EdgeGateway:
             fanout.rows[index] = StatusRow(record, "error", record.snapshot, "edge_error", str(failure.value))
         self._row_done(fanout)
 
-    def _row_done(self, fanout: "_FanOut") -> None:
+    def _row_done(self, fanout: _FanOut) -> None:
         fanout.remaining -= 1
         if fanout.remaining == 0 and not fanout.done:
             fanout.done = True
@@ -250,7 +250,7 @@ class EdgeGateway:
                 fanout.deadline.cancel()
             fanout.result.callback(fanout.finished_rows())
 
-    def _fanout_deadline(self, fanout: "_FanOut") -> None:
+    def _fanout_deadline(self, fanout: _FanOut) -> None:
         fanout.deadline = None
         for index in fanout.pending[: fanout.issued]:
             if fanout.done:
@@ -279,7 +279,7 @@ class EdgeGateway:
         arguments: dict[str, str],
         timeout_seconds: float,
         idempotency_key: str = "",
-    ) -> tuple[Operation, Deferred[Operation]]:
+    ) -> tuple[OperationRecord, Deferred[OperationRecord]]:
         """Send a command; return its operation and a Deferred of its end.
 
         The same idempotency key for the same edge returns the existing
@@ -297,7 +297,7 @@ class EdgeGateway:
         if name not in record.command_names:
             raise UnknownCommand(edge_id, name, record.command_names)
         now = self._clock.seconds()
-        operation = Operation(
+        operation = OperationRecord(
             operation_id=uuid.uuid4().hex,
             edge_id=edge_id,
             name=name,
@@ -344,10 +344,10 @@ class EdgeGateway:
         d.addCallbacks(answered, failed)
         return operation, self.wait_for(operation)
 
-    def wait_for(self, operation: Operation) -> Deferred[Operation]:
+    def wait_for(self, operation: OperationRecord) -> Deferred[OperationRecord]:
         """Fire with ``operation`` once it is finished."""
         if operation.finished:
             return succeed(operation)
-        d: Deferred[Operation] = Deferred()
+        d: Deferred[OperationRecord] = Deferred()
         self._operation_waiters.setdefault(operation.operation_id, (operation, []))[1].append(d)
         return d

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime
 from typing import Any, Optional
 
-from twisted_iop.controlplane.records import Event, Operation
+from twisted_iop.controlplane.records import EventRecord, OperationRecord
 from twisted_iop.controlplane.registry import EdgeRecord, StatusSnapshot
 from twisted_iop.wire import control_pb2 as pb
 
@@ -37,7 +37,7 @@ def iso(seconds: Optional[float]) -> Optional[str]:
     if seconds is None or seconds <= 0:
         return None
     try:
-        moment = datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc)
+        moment = datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC)
     except (OverflowError, OSError, ValueError):
         # An Edge clock (or a hostile Edge) sent a time no calendar holds.
         return None
@@ -214,7 +214,7 @@ def snapshot_json(record: EdgeRecord, snapshot: StatusSnapshot, stale: bool) -> 
     return out
 
 
-def event_json(event: Event) -> dict[str, Any]:
+def event_json(event: EventRecord) -> dict[str, Any]:
     """One event."""
     return {
         "sequence": event.sequence,
@@ -231,7 +231,7 @@ def event_json(event: Event) -> dict[str, Any]:
     }
 
 
-def operation_json(operation: Operation) -> dict[str, Any]:
+def operation_json(operation: OperationRecord) -> dict[str, Any]:
     """One operation with its history."""
     return {
         "operation_id": operation.operation_id,
@@ -257,7 +257,5 @@ def command_spec_json(spec: pb.CommandSpec) -> dict[str, Any]:
         "name": spec.name,
         "description": spec.description,
         "target_kind": spec.target_kind,
-        "arguments": [
-            {"name": a.name, "description": a.description, "required": a.required} for a in spec.arguments
-        ],
+        "arguments": [{"name": a.name, "description": a.description, "required": a.required} for a in spec.arguments],
     }

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from typing import Iterator, Optional
+from collections.abc import Iterator
+from typing import Optional
 
 import attrs
 
@@ -23,7 +24,7 @@ _ORDER = {SENT: 0, ACCEPTED: 1, RUNNING: 2}
 
 
 @attrs.frozen
-class Event:
+class EventRecord:
     """One recorded event of one edge."""
 
     sequence: int
@@ -48,7 +49,7 @@ class EventBuffer:
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._events: deque[Event] = deque(maxlen=capacity)
+        self._events: deque[EventRecord] = deque(maxlen=capacity)
         self.last_sequence = 0
         self.dropped = 0
 
@@ -59,7 +60,7 @@ class EventBuffer:
         """The sequence the next appended event must carry."""
         return self.last_sequence + 1
 
-    def append(self, event: Event, sequence: int) -> None:
+    def append(self, event: EventRecord, sequence: int) -> None:
         """Add ``event`` whose sequence (edge or fleet) is ``sequence``."""
         if len(self._events) == self.capacity:
             self.dropped += 1
@@ -71,7 +72,7 @@ class EventBuffer:
         """The oldest sequence still kept (``last_sequence + 1`` when empty)."""
         return self.last_sequence - len(self._events) + 1
 
-    def since(self, sequence: int, limit: int) -> list[Event]:
+    def since(self, sequence: int, limit: int) -> list[EventRecord]:
         """Up to ``limit`` events with a sequence greater than ``sequence``."""
         first = self.first_sequence
         start = max(sequence + 1, first) - first
@@ -84,7 +85,7 @@ class EventBuffer:
 
 
 @attrs.define(eq=False)
-class Operation:
+class OperationRecord:
     """One command dispatch and everything that happened to it."""
 
     operation_id: str
@@ -139,30 +140,30 @@ class OperationBuffer:
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._operations: OrderedDict[str, Operation] = OrderedDict()
+        self._operations: OrderedDict[str, OperationRecord] = OrderedDict()
         self._by_key: dict[str, str] = {}
         self.dropped = 0
 
     def __len__(self) -> int:
         return len(self._operations)
 
-    def __iter__(self) -> Iterator[Operation]:
+    def __iter__(self) -> Iterator[OperationRecord]:
         return iter(self._operations.values())
 
-    def newest_first(self) -> list[Operation]:
+    def newest_first(self) -> list[OperationRecord]:
         """All kept operations, newest first."""
         return list(reversed(self._operations.values()))
 
-    def get(self, operation_id: str) -> Optional[Operation]:
+    def get(self, operation_id: str) -> Optional[OperationRecord]:
         """The operation with ``operation_id``, if kept."""
         return self._operations.get(operation_id)
 
-    def by_key(self, key: str) -> Optional[Operation]:
+    def by_key(self, key: str) -> Optional[OperationRecord]:
         """The operation dispatched with idempotency key ``key``, if kept."""
         operation_id = self._by_key.get(key)
         return None if operation_id is None else self._operations.get(operation_id)
 
-    def add(self, operation: Operation) -> None:
+    def add(self, operation: OperationRecord) -> None:
         """Keep ``operation``, evicting the oldest finished ones if full."""
         self._operations[operation.operation_id] = operation
         if operation.idempotency_key:

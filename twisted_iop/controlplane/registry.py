@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from typing import Any, Callable, Iterable, Optional, Protocol
+from collections.abc import Callable, Iterable
+from typing import Any, Optional, Protocol
 
 import attrs
 from twisted.application.service import Service
@@ -21,9 +22,8 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from twisted_iop.controlplane import records
-from twisted_iop.controlplane.records import Event, EventBuffer, Operation, OperationBuffer
+from twisted_iop.controlplane.records import EventBuffer, EventRecord, OperationBuffer, OperationRecord
 from twisted_iop.wire import control_pb2 as pb
-
 
 #: 9999-12-31T23:59:59.999Z, the last instant ISO 8601 views can show.
 MAX_TIME_MS = 253_402_300_799_999
@@ -34,10 +34,10 @@ class EdgePeer(Protocol):
 
     last_received: float
 
-    def request_status(self, timeout: float, own_deadline: bool = True) -> "Deferred[pb.EdgeStatusResponse]":
+    def request_status(self, timeout: float, own_deadline: bool = True) -> Deferred[pb.EdgeStatusResponse]:
         """Ask the edge for a status snapshot (without a timer if not ``own_deadline``)."""
 
-    def request_command(self, request: pb.EdgeCommandRequest, timeout: float) -> "Deferred[pb.EdgeCommandResponse]":
+    def request_command(self, request: pb.EdgeCommandRequest, timeout: float) -> Deferred[pb.EdgeCommandResponse]:
         """Send a command to the edge."""
 
     def disconnect(self, code: pb.ErrorCode, message: str) -> None:
@@ -131,7 +131,7 @@ class EdgeRecord:
         return [c.name for c in self.hello.commands]
 
 
-EventListener = Callable[[Event], None]
+EventListener = Callable[[EventRecord], None]
 
 
 class EdgeRegistry(Service):
@@ -243,9 +243,7 @@ class EdgeRegistry(Service):
         while len(self._disconnected) > self.limits.disconnected_edges:
             edge_id, _ = self._disconnected.popitem(last=False)
             record = self._edges.get(edge_id)
-            if record is not None and record.token is None and not any(
-                not op.finished for op in record.operations
-            ):
+            if record is not None and record.token is None and not any(not op.finished for op in record.operations):
                 del self._edges[edge_id]
 
     # -- status -------------------------------------------------------------
@@ -284,13 +282,13 @@ class EdgeRegistry(Service):
         command_id: str = "",
         message: str = "",
         attributes: Optional[dict[str, str]] = None,
-    ) -> Event:
+    ) -> EventRecord:
         """Append an event to the edge's buffer and the fleet buffer."""
         record = self._edges[edge_id]
         now = self._clock.seconds()
         sequence = record.events.next_sequence()
         fleet_sequence = self.fleet_events.next_sequence()
-        event = Event(
+        event = EventRecord(
             sequence=sequence,
             fleet_sequence=fleet_sequence,
             edge_id=edge_id,
@@ -312,7 +310,7 @@ class EdgeRegistry(Service):
                 self._log.failure("event listener failed")
         return event
 
-    def record_edge_event(self, edge_id: str, token: int, event: pb.EdgeEvent) -> Optional[Event]:
+    def record_edge_event(self, edge_id: str, token: int, event: pb.EdgeEvent) -> Optional[EventRecord]:
         """Record an event relayed by connection ``token``; None if stale.
 
         ``command.*`` events also move the matching operation forward.
@@ -367,7 +365,7 @@ class EdgeRegistry(Service):
 
     # -- operations -----------------------------------------------------------
 
-    def start_operation(self, operation: Operation, token: int) -> None:
+    def start_operation(self, operation: OperationRecord, token: int) -> None:
         """Keep a just-dispatched operation (state ``sent``)."""
         record = self.get(operation.edge_id)
         operation.updated_at = operation.created_at
@@ -406,13 +404,11 @@ class EdgeRegistry(Service):
             record.operations.operation_finished()
         return True
 
-    def _operation_event(self, operation: Operation) -> None:
+    def _operation_event(self, operation: OperationRecord) -> None:
         record = self._edges[operation.edge_id]
         # A command aimed at a node is filed under that node too, so views
         # and subscribers filtering by node see what was done to it.
-        targets_node = any(
-            spec.name == operation.name and spec.target_kind == "node" for spec in record.hello.commands
-        )
+        targets_node = any(spec.name == operation.name and spec.target_kind == "node" for spec in record.hello.commands)
         self.record(
             operation.edge_id,
             "operation." + operation.state,
@@ -422,7 +418,7 @@ class EdgeRegistry(Service):
             attributes={"name": operation.name, "target": operation.target, "state": operation.state},
         )
 
-    def fleet_operations(self) -> list[Operation]:
+    def fleet_operations(self) -> list[OperationRecord]:
         """Every kept operation of every edge, newest first."""
         ops = [op for record in self._edges.values() for op in record.operations]
         ops.sort(key=lambda op: (op.created_at, op.operation_id), reverse=True)

@@ -12,9 +12,9 @@ from twisted.web.server import Site
 from twisted_iop.configuration import ConfigError
 from twisted_iop.controlplane.client_wire import ClientWireFactory
 from twisted_iop.controlplane.config import ControlPlaneConfig, load_config
-from twisted_iop.controlplane.edge_server import EdgeWireFactory
+from twisted_iop.controlplane.edge_wire import EdgeWireFactory
 from twisted_iop.controlplane.gateway import EdgeGateway
-from twisted_iop.controlplane.http_views import ControlPlaneHttp, Readiness
+from twisted_iop.controlplane.http_routes import ControlPlaneHttp, ListenerReadiness
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.listeners import DaemonService, ListenerService, listen_problem
 
@@ -69,7 +69,7 @@ class ControlPlaneService(DaemonService):
         self.registry.setServiceParent(self)
         self.gateway = EdgeGateway(self.registry, reactor, config.status_timeout_seconds)
         self.listeners: list[ListenerService] = []
-        self.readiness = Readiness(self.listeners)
+        self.readiness = ListenerReadiness(self.listeners)
         self.http = ControlPlaneHttp(self.registry, self.gateway, reactor, self.readiness, config.http)
         site = Site(self.http.app.resource())
         site.displayTracebacks = False

@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import platform
 import sys
-from typing import Awaitable, Callable, Mapping, Optional
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Optional
 
 import attrs
 import google.protobuf
-import twisted
 from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from twisted.internet.interfaces import IReactorTime
+import twisted
 import twisted_iop
 from twisted_iop.configuration import ConfigError
 from twisted_iop.edge.config import NodeConfig, load_edge_config
@@ -182,7 +183,7 @@ class CommandRunner:
                     f"{request.name} targets this edge; target must be empty or {self._registry.edge_id!r}"
                 )
 
-    def run(self, request: pb.EdgeCommandRequest) -> "Deferred[pb.EdgeCommandResponse]":
+    def run(self, request: pb.EdgeCommandRequest) -> Deferred[pb.EdgeCommandResponse]:
         """Validate, run and answer ``request``, relaying its lifecycle events."""
         return Deferred.fromCoroutine(self._run(request))
 
@@ -197,9 +198,7 @@ class CommandRunner:
                 name=request.name,
                 reason=str(e),
             )
-            return pb.EdgeCommandResponse(
-                command_id=command_id, outcome=pb.COMMAND_OUTCOME_REJECTED, reason=str(e)
-            )
+            return pb.EdgeCommandResponse(command_id=command_id, outcome=pb.COMMAND_OUTCOME_REJECTED, reason=str(e))
         self._emit(request, "command.accepted", f"{request.name} accepted")
         self._emit(request, "command.started", f"{request.name} started")
         self._log.info(
@@ -266,7 +265,7 @@ class CommandRunner:
         ready = self._registry.ready_nodes()
         probes = [self._registry.probe_node(node_id, timeout) for node_id in ready]
         outcomes = await DeferredList(probes, consumeErrors=True) if probes else []
-        failed = [node_id for node_id, (ok, _) in zip(ready, outcomes) if not ok]
+        failed = [node_id for node_id, (ok, _) in zip(ready, outcomes, strict=True) if not ok]
         changed_health = sum(len(value) for ok, value in outcomes if ok)
         providers = sum(len(n.providers) for n in self._registry.nodes())
         return {

@@ -7,7 +7,8 @@ else in the Edge reads YAML or passes raw mappings around.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any, Optional
 
 import attrs
 
@@ -43,7 +44,7 @@ PROVIDER_KINDS = ("openai", "vllm", "ollama", "mock")
 
 
 @attrs.frozen(kw_only=True)
-class ControlPlaneConfig(DialConfig):
+class ControlPlaneLinkConfig(DialConfig):
     """Section ``control_plane``: how this Edge enrolls with the Control Plane.
 
     The dialling settings (address, backoff, keepalive, frame size, request
@@ -102,7 +103,7 @@ class NodeConfig:
 class EdgeConfig:
     """The whole of edge.yaml, plus the file it came from (for refresh)."""
 
-    control_plane: ControlPlaneConfig
+    control_plane: ControlPlaneLinkConfig
     node_server: NodeServerConfig
     nodes: tuple[NodeConfig, ...]
     source_path: Optional[str] = None
@@ -131,7 +132,7 @@ def parse_edge_config(data: Mapping[str, Any], environ: Mapping[str, str] = {}) 
     return EdgeConfig(control_plane=control_plane, node_server=node_server, nodes=nodes)
 
 
-def _control_plane(section: Section, environ: Mapping[str, str]) -> ControlPlaneConfig:
+def _control_plane(section: Section, environ: Mapping[str, str]) -> ControlPlaneLinkConfig:
     section.reject_unknown(
         {
             "address",
@@ -149,7 +150,7 @@ def _control_plane(section: Section, environ: Mapping[str, str]) -> ControlPlane
         section, "address", DEFAULT_CONTROL_PLANE_ADDRESS, environ, ENV_CONTROL_PLANE_EDGE_WIRE
     )
     edge_id = section.identifier("edge_id")
-    return ControlPlaneConfig(
+    return ControlPlaneLinkConfig(
         address=address,
         edge_id=edge_id,
         credential=section.string("credential"),
@@ -195,9 +196,7 @@ def _node(section: Section, credentials: Mapping[str, str]) -> NodeConfig:
     credential = section.string("credential")
     shared = credentials.get(node_id, "")
     if credential and shared and credential != shared:
-        raise ConfigError(
-            f"{section.field_path('credential')}: differs from node_server.credentials.{node_id}"
-        )
+        raise ConfigError(f"{section.field_path('credential')}: differs from node_server.credentials.{node_id}")
     providers = parse_unique_list(
         section.raw("providers"), section.field_path("providers"), "providers", "provider_id", parse_provider
     )

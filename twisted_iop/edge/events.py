@@ -10,11 +10,12 @@ the count, so a loss is never silent.
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable, Mapping, Optional
-
-from twisted.logger import Logger
+from collections.abc import Callable, Mapping
+from typing import Optional
 
 from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+
 from twisted_iop.wire import control_pb2 as pb
 
 #: Something that sends one event to the Control Plane.

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import enum
 import itertools
-from typing import Iterator, Optional
+from collections.abc import Iterator
+from typing import Optional
 
 import attrs
 from twisted.internet.interfaces import IReactorTime
@@ -30,9 +31,9 @@ from twisted.internet.interfaces import IReactorTime
 class TransitionKind(enum.Enum):
     """What happened to a Node's ownership."""
 
-    PENDING = "node.pending"          # first connection of an owner-less node
-    READY = "node.ready"              # a connection became the owner
-    SUPERSEDED = "node.superseded"    # the previous owner lost to a newer one
+    PENDING = "node.pending"  # first connection of an owner-less node
+    READY = "node.ready"  # a connection became the owner
+    SUPERSEDED = "node.superseded"  # the previous owner lost to a newer one
     DISCONNECTED = "node.disconnected"  # the owner's connection closed
 
 

@@ -17,7 +17,8 @@ that could serve them.
 from __future__ import annotations
 
 from collections import deque
-from typing import Iterable, Optional
+from collections.abc import Iterable
+from typing import Optional
 
 import attrs
 from twisted.internet.defer import Deferred
@@ -47,7 +48,7 @@ class Lease:
 
 
 @attrs.frozen
-class ProviderCounters:
+class LeaseCounters:
     """The pool's counters for one provider, as the snapshot shows them."""
 
     capacity: int
@@ -78,7 +79,7 @@ class _Provider:
 class _Waiter:
     model: str
     long_context: bool
-    deferred: "Deferred[Lease]"
+    deferred: Deferred[Lease]
 
 
 _QueueKey = tuple[str, bool]
@@ -161,7 +162,7 @@ class ProviderPool:
             return None
         return self._grant(provider, model, long_context)
 
-    def admit(self, model: str, long_context: bool = False) -> "Deferred[Lease]":
+    def admit(self, model: str, long_context: bool = False) -> Deferred[Lease]:
         """A Deferred lease: at once if possible, else after waiting in queue.
 
         Fails with :class:`NoSuchModel` when no configured provider could
@@ -212,12 +213,12 @@ class ProviderPool:
 
     # -- counters ------------------------------------------------------------
 
-    def counters(self, node_id: str, provider_id: str) -> ProviderCounters:
+    def counters(self, node_id: str, provider_id: str) -> LeaseCounters:
         """The counters of one provider (zeros when it is not configured)."""
         provider = self._providers.get((node_id, provider_id))
         if provider is None:
-            return ProviderCounters(0, 0, 0, 0, 0, 0)
-        return ProviderCounters(
+            return LeaseCounters(0, 0, 0, 0, 0, 0)
+        return LeaseCounters(
             capacity=provider.config.capacity,
             in_flight=provider.in_flight,
             queued=self._pressure(provider, False),
@@ -228,9 +229,7 @@ class ProviderPool:
 
     def queued_total(self, long_context: Optional[bool] = None) -> int:
         """Requests waiting in admission queues (one class, or both)."""
-        return sum(
-            len(q) for (model, lc), q in self._queues.items() if long_context is None or lc == long_context
-        )
+        return sum(len(q) for (model, lc), q in self._queues.items() if long_context is None or lc == long_context)
 
     def in_flight_total(self) -> int:
         """Leases held over the whole pool (both classes)."""

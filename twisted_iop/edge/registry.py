@@ -11,14 +11,15 @@ only the current owner's transitions become events and snapshot changes.
 from __future__ import annotations
 
 import hmac
-from typing import Iterable, Mapping, Optional, Protocol
+from collections.abc import Iterable, Mapping
+from typing import Optional, Protocol
 
 import attrs
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from twisted.internet.interfaces import IReactorTime
 from twisted_iop.edge.config import EdgeConfig, NodeConfig, ProviderConfig
 from twisted_iop.edge.events import EventRelay
 from twisted_iop.edge.ownership import NodeOwnership, Transition, TransitionKind
@@ -40,7 +41,7 @@ class NodePeer(Protocol):
     def supersede(self) -> None:
         """Close the connection, telling the Node a newer one took over."""
 
-    def probe(self, timeout: float) -> "Deferred[pb.NodeProbeResponse]":
+    def probe(self, timeout: float) -> Deferred[pb.NodeProbeResponse]:
         """Ask the Node to re-read its providers and probe them now."""
 
 
@@ -229,9 +230,7 @@ class NodeRegistry(Service):
                 self._log.info("node {node_id} disconnected", node_id=node_id)
                 self.relay.emit("node.disconnected", node_id=node_id, message=f"node {node_id} disconnected")
 
-    def _update_health(
-        self, node_id: str, reports: Iterable[pb.ProviderHealthReport], announce: bool
-    ) -> list[str]:
+    def _update_health(self, node_id: str, reports: Iterable[pb.ProviderHealthReport], announce: bool) -> list[str]:
         node = self._nodes.get(node_id)
         if node is None:
             return []
@@ -268,9 +267,7 @@ class NodeRegistry(Service):
         # Configured providers the Node does not report cannot take work.
         for provider in node.providers:
             if provider.provider_id not in current:
-                current[provider.provider_id] = ProviderHealth(
-                    pb.PROVIDER_HEALTH_UNKNOWN, "not reported by the node"
-                )
+                current[provider.provider_id] = ProviderHealth(pb.PROVIDER_HEALTH_UNKNOWN, "not reported by the node")
                 self.pool.set_provider_usable(node_id, provider.provider_id, False)
         return changed
 
@@ -353,9 +350,7 @@ class NodeRegistry(Service):
             added += [f"{node_id}/{p}" for p in new_providers if p not in old_providers]
             removed += [f"{node_id}/{p}" for p in old_providers if p not in new_providers]
             changed += [
-                f"{node_id}/{p}"
-                for p in new_providers
-                if p in old_providers and old_providers[p] != new_providers[p]
+                f"{node_id}/{p}" for p in new_providers if p in old_providers and old_providers[p] != new_providers[p]
             ]
             self._nodes[node_id] = attrs.evolve(node, providers=new.providers)
             self.pool.configure_node(node_id, new.providers)
@@ -375,7 +370,7 @@ class NodeRegistry(Service):
         """Ids of dispatch-ready Nodes, in configuration order."""
         return [node_id for node_id in self._nodes if self.is_ready(node_id)]
 
-    def probe_node(self, node_id: str, timeout: float) -> "Deferred[list[str]]":
+    def probe_node(self, node_id: str, timeout: float) -> Deferred[list[str]]:
         """Ask the owner of ``node_id`` to probe again; apply its answer.
 
         Fires with the ids of providers whose health changed. The answer
@@ -396,5 +391,6 @@ class NodeRegistry(Service):
 
         return peer.probe(timeout).addCallback(answered)
 
-def _health_name(value: "pb.ProviderHealth") -> str:
+
+def _health_name(value: pb.ProviderHealth) -> str:
     return pb.ProviderHealth.Name(value).removeprefix("PROVIDER_HEALTH_").lower()

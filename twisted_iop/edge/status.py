@@ -13,8 +13,8 @@ Rules (see docs/edge-and-node.md):
 
 from __future__ import annotations
 
-
 from twisted.internet.interfaces import IReactorTime
+
 from twisted_iop.edge.config import NodeConfig, ProviderConfig
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.wire import control_pb2 as pb

@@ -14,8 +14,8 @@ from twisted.python import usage
 from twisted_iop.configuration import ConfigError
 from twisted_iop.edge.commands import CommandRunner
 from twisted_iop.edge.config import EdgeConfig, load_edge_config
-from twisted_iop.edge.cp_connector import ControlPlaneLink
-from twisted_iop.edge.node_server import NodeServerFactory
+from twisted_iop.edge.control_plane_link import ControlPlaneLink
+from twisted_iop.edge.node_wire import NodeServerFactory
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.edge.status import StatusProvider
 from twisted_iop.listeners import DaemonService, ListenerService, listen_problem
@@ -75,11 +75,11 @@ class EdgeService(DaemonService):
         """The Node listener's TCP port (0 until bound)."""
         return self.node_server.port_number
 
-    def node_listening_port(self) -> "Deferred[int]":
+    def node_listening_port(self) -> Deferred[int]:
         """Fires with the Node listener's TCP port once it is bound."""
         return self.node_server.bound()
 
-    def stopService(self) -> "Deferred[None] | None":
+    def stopService(self) -> Deferred[None] | None:
         """Stop listening and dialing, then close every Node connection."""
         self.link.stop()
         d = cast("Deferred[None] | None", super().stopService())
@@ -101,10 +101,14 @@ def makeService(options: Any, reactor: Any = None) -> EdgeService:
     link = ControlPlaneLink(config.control_plane, registry, status, commands, clock)
 
     node_factory = NodeServerFactory(registry, clock, config.node_server.peer_settings())
-    node_server = ListenerService("node_server", config.node_server.listen, cast(IProtocolFactory, node_factory), reactor)
+    node_server = ListenerService(
+        "node_server", config.node_server.listen, cast(IProtocolFactory, node_factory), reactor
+    )
 
     endpoint = clientFromString(reactor, config.control_plane.address)
-    control_plane = ClientService(endpoint, cast(IProtocolFactory, link.factory()), retryPolicy=link.retry_delay, clock=clock)
+    control_plane = ClientService(
+        endpoint, cast(IProtocolFactory, link.factory()), retryPolicy=link.retry_delay, clock=clock
+    )
     control_plane.setName("control-plane")
 
     service = EdgeService(config, registry, status, commands, link, node_server, node_factory, control_plane)

@@ -7,7 +7,8 @@ its id, kind and models are ever sent to the Edge.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any, Optional
 from urllib.parse import urlsplit
 
 import attrs

@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any, Optional, Protocol, cast
 
 import attrs
-from twisted.internet.defer import CancelledError, Deferred, TimeoutError as DeferredTimeoutError, succeed
+from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.defer import TimeoutError as DeferredTimeoutError
 from twisted.internet.error import ConnectError, ConnectionRefusedError, DNSLookupError
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
-from twisted.web.client import ResponseFailed, ResponseNeverReceived
 from twisted.python.failure import Failure
+from twisted.web.client import ResponseFailed, ResponseNeverReceived
 
 from twisted_iop.node.config import MOCK_HEALTH_VALUES, NodeProviderConfig
 from twisted_iop.wire import control_pb2 as pb
@@ -42,10 +43,10 @@ _HEALTH_BY_NAME = {
 class HTTPClient(Protocol):
     """The part of treq (or ``treq.testing.StubTreq``) the probes use."""
 
-    def get(self, url: str, **kwargs: Any) -> "Deferred[Any]":
+    def get(self, url: str, **kwargs: Any) -> Deferred[Any]:
         """Issue a GET request."""
 
-    def json_content(self, response: Any) -> "Deferred[Any]":
+    def json_content(self, response: Any) -> Deferred[Any]:
         """Read a response body as JSON."""
 
 
@@ -78,7 +79,7 @@ class ProviderProber:
             http = cast(HTTPClient, treq)
         self._http: HTTPClient = http
 
-    def probe(self, provider: NodeProviderConfig, timeout: float) -> "Deferred[ProbeResult]":
+    def probe(self, provider: NodeProviderConfig, timeout: float) -> Deferred[ProbeResult]:
         """Probe ``provider``; never fails (a failure is a health value)."""
         if provider.kind == "mock":
             return succeed(self._probe_mock(provider))
@@ -97,7 +98,9 @@ class ProviderProber:
                 reason = " ".join(words[1:])
         if health != "healthy" and not reason:
             reason = f"mock provider configured {health}"
-        return ProbeResult(provider.provider_id, _HEALTH_BY_NAME[health], reason if health != "healthy" else "", provider.models)
+        return ProbeResult(
+            provider.provider_id, _HEALTH_BY_NAME[health], reason if health != "healthy" else "", provider.models
+        )
 
     async def _probe_http(self, provider: NodeProviderConfig, timeout: float) -> ProbeResult:
         pid = provider.provider_id
@@ -126,9 +129,7 @@ class ProviderProber:
         except ValueError:
             return ProbeResult(pid, pb.PROVIDER_HEALTH_UNHEALTHY, "GET /v1/models: body is not JSON")
         except Exception as e:
-            self._log.failure(
-                "probe of provider {provider_id} failed unexpectedly", Failure(), provider_id=pid
-            )
+            self._log.failure("probe of provider {provider_id} failed unexpectedly", Failure(), provider_id=pid)
             return ProbeResult(pid, pb.PROVIDER_HEALTH_OFFLINE, f"probe failed ({type(e).__name__})")
         served = _served_models(body)
         if served is None:

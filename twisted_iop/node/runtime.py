@@ -8,7 +8,8 @@ health changes through the small :class:`EdgeSession` interface.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Protocol
+from collections.abc import Callable
+from typing import Optional, Protocol
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList
@@ -76,14 +77,14 @@ class NodeRuntime(Service):
         super().startService()
         self._loop.start(self.config.probes.interval_seconds, now=False)
 
-    def stopService(self) -> "Deferred[None] | None":
+    def stopService(self) -> Deferred[None] | None:
         if self._loop.running:
             self._loop.stop()
         return super().stopService()
 
     # -- the Edge connection --------------------------------------------------
 
-    def session_accepted(self, session: EdgeSession) -> "Deferred[None]":
+    def session_accepted(self, session: EdgeSession) -> Deferred[None]:
         """The Edge accepted hello: probe every provider, then send ``NodeReady``."""
         self.session = session
         self.ready_sent = False
@@ -112,11 +113,10 @@ class NodeRuntime(Service):
     def provider_specs(self) -> list[pb.NodeProviderSpec]:
         """What the Edge may know of the providers: id, kind and models only."""
         return [
-            pb.NodeProviderSpec(provider_id=p.provider_id, kind=p.kind, models=list(p.models))
-            for p in self.providers
+            pb.NodeProviderSpec(provider_id=p.provider_id, kind=p.kind, models=list(p.models)) for p in self.providers
         ]
 
-    def answer_probe_request(self) -> "Deferred[pb.NodeProbeResponse]":
+    def answer_probe_request(self) -> Deferred[pb.NodeProbeResponse]:
         """Re-read the providers (if there is a config file), probe, answer."""
         if self._load_providers is not None:
             try:
@@ -125,15 +125,13 @@ class NodeRuntime(Service):
                 self._log.warn("keeping the current providers; node.yaml not re-read: {error}", error=str(e))
 
         def answer(results: list[ProbeResult]) -> pb.NodeProbeResponse:
-            return pb.NodeProbeResponse(
-                providers=self.provider_specs(), health=[r.to_report() for r in results]
-            )
+            return pb.NodeProbeResponse(providers=self.provider_specs(), health=[r.to_report() for r in results])
 
         return self.probe_round(report_changes=False).addCallback(answer)
 
     # -- probing --------------------------------------------------------------
 
-    def probe_round(self, report_changes: bool = True) -> "Deferred[list[ProbeResult]]":
+    def probe_round(self, report_changes: bool = True) -> Deferred[list[ProbeResult]]:
         """Probe every provider at once; record health; report changes if ready."""
         providers = self.providers
         timeout = self.config.probes.timeout_seconds

@@ -14,7 +14,7 @@ from twisted.python import usage
 
 from twisted_iop.configuration import ConfigError
 from twisted_iop.node.config import NodeRuntimeConfig, load_node_config
-from twisted_iop.node.edge_connector import EdgeLink
+from twisted_iop.node.edge_link import EdgeLink
 from twisted_iop.node.probes import HTTPClient, ProviderProber
 from twisted_iop.node.runtime import NodeRuntime
 
@@ -46,7 +46,7 @@ class NodeService(MultiService):
         self.link = link
         self.edge = edge
 
-    def stopService(self) -> "Deferred[None] | None":
+    def stopService(self) -> Deferred[None] | None:
         self.link.stop()
         return cast("Deferred[None] | None", super().stopService())
 

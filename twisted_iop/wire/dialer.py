@@ -21,7 +21,8 @@ hello bodies and the requests it serves once accepted).
 from __future__ import annotations
 
 import random
-from typing import Any, Callable, ClassVar, Generic, Optional, Protocol, TypeVar
+from collections.abc import Callable
+from typing import Any, ClassVar, Generic, Optional, Protocol, TypeVar
 
 import attrs
 from google.protobuf.message import Message
@@ -39,9 +40,7 @@ LinkT = TypeVar("LinkT", bound="DialerLink[Any]")
 ProtocolT = TypeVar("ProtocolT", bound="HelloDialerProtocol[Any]")
 
 
-def backoff_delay(
-    attempt: int, initial: float, maximum: float, rand: Callable[[], float] = random.random
-) -> float:
+def backoff_delay(attempt: int, initial: float, maximum: float, rand: Callable[[], float] = random.random) -> float:
     """Exponential backoff with full jitter, bounded by ``initial`` and ``maximum``.
 
     The ceiling doubles per attempt from ``initial`` up to ``maximum``; the
@@ -142,7 +141,7 @@ class HelloDialerProtocol(FramedPeerProtocol, Generic[LinkT]):
             self._log.warn("ignoring unexpected {body} from the {peer}", body=body, peer=self.describe_peer())
 
     def reply_when_done(
-        self, d: "Deferred[Any]", body: str, request_id: int, *, crash_log: str, crash_message: str
+        self, d: Deferred[Any], body: str, request_id: int, *, crash_log: str, crash_message: str
     ) -> None:
         """Send the result of ``d`` as ``body``; if it fails, log and answer an internal error."""
         d.addCallback(lambda response: self.send(body, response, request_id))
@@ -282,8 +281,7 @@ class DialerLink(Generic[ProtocolT]):
         if error.code == pb.ERROR_CODE_SUPERSEDED:
             self.superseded = True
             self._log.warn(
-                "{peer} closed {own}: {message}; another process with this id is running? "
-                "retrying in {delay:g}s",
+                "{peer} closed {own}: {message}; another process with this id is running? retrying in {delay:g}s",
                 peer=self.peer_name,
                 own=self.own_name(),
                 message=error.message,

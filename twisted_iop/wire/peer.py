@@ -21,7 +21,8 @@ requests.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
+from typing import Optional
 
 import attrs
 from google.protobuf.message import DecodeError, Message
@@ -233,7 +234,9 @@ class FramedPeerProtocol(Int32StringReceiver):
             return fail(PeerDisconnected("connection is closed"))
         if deadline:
             seconds = self._settings.request_timeout_seconds if timeout is None else timeout
-            request_id, d = self._pending.add(self._clock, seconds, lambda: RequestTimeout(f"no answer within {seconds:g}s"))
+            request_id, d = self._pending.add(
+                self._clock, seconds, lambda: RequestTimeout(f"no answer within {seconds:g}s")
+            )
         else:
             request_id, d = self._pending.add(None, 0.0, _disconnected)
         self.sendString(make_envelope(body, message, request_id).SerializeToString())
@@ -364,7 +367,7 @@ class KeepaliveSweeper:
 class AcceptedPeerProtocol(FramedPeerProtocol):
     """The accepting end of a connection: tracked by its factory, hello on a deadline."""
 
-    def __init__(self, factory: "PeerServerFactory") -> None:
+    def __init__(self, factory: PeerServerFactory) -> None:
         super().__init__(factory.clock, factory.settings)
         self.factory = factory
 

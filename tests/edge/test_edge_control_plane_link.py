@@ -10,7 +10,7 @@ from twisted.test import iosim
 
 import twisted_iop
 from twisted_iop.edge.commands import CommandRunner
-from twisted_iop.edge.cp_connector import ControlPlaneLink, ControlPlaneProtocol
+from twisted_iop.edge.control_plane_link import ControlPlaneLink, ControlPlaneProtocol
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.edge.status import StatusProvider
 from twisted_iop.wire import PROTOCOL_MAJOR

@@ -34,9 +34,9 @@ class NodeServerProtocol(AcceptedPeerProtocol):
 
     _log = Logger()
 
-    factory: "NodeServerFactory"
+    factory: NodeServerFactory
 
-    def __init__(self, factory: "NodeServerFactory") -> None:
+    def __init__(self, factory: NodeServerFactory) -> None:
         super().__init__(factory)
         self._registry = factory.registry
         self.node_id: Optional[str] = None
@@ -61,7 +61,9 @@ class NodeServerProtocol(AcceptedPeerProtocol):
         elif body == "node_health_report":
             self._registry.node_health(self.token, envelope.node_health_report.providers)
         elif envelope.request_id:
-            self.send_error(pb.ERROR_CODE_UNEXPECTED_MESSAGE, f"{body} is not valid on the node wire", envelope.request_id)
+            self.send_error(
+                pb.ERROR_CODE_UNEXPECTED_MESSAGE, f"{body} is not valid on the node wire", envelope.request_id
+            )
         else:
             self._log.warn("ignoring unexpected {body} from {peer}", body=body, peer=self.describe_peer())
 
@@ -103,7 +105,7 @@ class NodeServerProtocol(AcceptedPeerProtocol):
         """Close with ``Error{SUPERSEDED}`` so the Node backs off instead of racing back."""
         self.fail_connection(pb.ERROR_CODE_SUPERSEDED, "a newer connection of this node took over")
 
-    def probe(self, timeout: float) -> "Deferred[pb.NodeProbeResponse]":
+    def probe(self, timeout: float) -> Deferred[pb.NodeProbeResponse]:
         """Send ``NodeProbeRequest``; fire with the Node's answer."""
         d = self.request("node_probe_request", pb.NodeProbeRequest(), timeout=timeout)
         return d.addCallback(lambda envelope: envelope.node_probe_response)

@@ -6,7 +6,7 @@ from edge_testing import decode_frames, edge_config, healthy, node_hello
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from twisted_iop.edge.node_server import NodeServerFactory, NodeServerProtocol
+from twisted_iop.edge.node_wire import NodeServerFactory, NodeServerProtocol
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import PeerSettings, frame, make_envelope

@@ -15,13 +15,13 @@ retried only at the maximum backoff delay) are handled by
 from __future__ import annotations
 
 import random
-from typing import Callable
+from collections.abc import Callable
 
 from twisted.internet.interfaces import IReactorTime
 
 import twisted_iop
 from twisted_iop.edge.commands import CommandRunner
-from twisted_iop.edge.config import ControlPlaneConfig
+from twisted_iop.edge.config import ControlPlaneLinkConfig
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.edge.status import StatusProvider
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
@@ -67,7 +67,7 @@ class ControlPlaneLink(DialerLink[ControlPlaneProtocol]):
 
     def __init__(
         self,
-        config: ControlPlaneConfig,
+        config: ControlPlaneLinkConfig,
         registry: NodeRegistry,
         status: StatusProvider,
         commands: CommandRunner,

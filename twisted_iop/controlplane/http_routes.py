@@ -1,12 +1,12 @@
-"""HTTP JSON views of the Control Plane (Klein). See docs/http-api.md."""
+"""HTTP JSON routes of the Control Plane (Klein). See docs/http-api.md."""
 
 from __future__ import annotations
 
 import bisect
 import hmac
 import json
-from pathlib import Path
-from typing import Any, Optional, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Optional, Protocol
 from urllib.parse import urlsplit
 
 import attrs
@@ -15,81 +15,27 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
-from twisted.web.resource import NoResource
 from twisted.web.static import File
 
 from twisted_iop.controlplane import json_views as views
-from twisted_iop.controlplane.gateway import (
-    EdgeDisconnected,
-    EdgeErrorAnswer,
-    EdgeGateway,
-    EdgeTimeout,
-    UnknownCommand,
+from twisted_iop.controlplane.console_files import CONSOLE_DIR, ConsoleFiles
+from twisted_iop.controlplane.gateway import EdgeGateway
+from twisted_iop.controlplane.http_errors import (
+    DOMAIN_ERRORS,
+    BadRequest,
+    BodyTooLarge,
+    Forbidden,
+    NotFound,
+    Unauthorized,
+    error_body,
+    json_body,
 )
-from twisted_iop.controlplane.records import EDGE_DISCONNECTED, TIMED_OUT, Operation
-from twisted_iop.controlplane.registry import EdgeNotConnected, EdgeRegistry, UnknownEdge
+from twisted_iop.controlplane.records import EDGE_DISCONNECTED, TIMED_OUT, OperationRecord
+from twisted_iop.controlplane.registry import EdgeRegistry, UnknownEdge
 from twisted_iop.ids import id_problem
 
-CONSOLE_DIR = Path(__file__).resolve().parent.parent / "console" / "static"
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
-
-
-class ConsoleFiles(File):
-    """Static console files; never a directory listing."""
-
-    indexNames = ["index.html"]
-
-    def directoryListing(self) -> Any:
-        return NoResource("no such console page")
-
-    def createSimilarFile(self, path: str) -> "ConsoleFiles":
-        return ConsoleFiles(path, self.defaultType, self.ignoredExts, self.registry)
-
-
-class BadRequest(Exception):
-    """The request had a bad parameter or body; the message names it."""
-
-    def __init__(self, message: str, code: str = "bad_request") -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class NotFound(Exception):
-    """No such route or object."""
-
-
-class Unauthorized(Exception):
-    """An API token is needed."""
-
-    def __str__(self) -> str:
-        return "an API token is required (Authorization: Bearer ...)"
-
-
-class Forbidden(Exception):
-    """The API token is wrong."""
-
-    def __str__(self) -> str:
-        return "the API token is not valid"
-
-
-class BodyTooLarge(Exception):
-    """The request body is larger than the limit."""
-
-
-#: Domain errors and the HTTP status and stable code each maps to.
-DOMAIN_ERRORS: dict[type[Exception], tuple[int, str]] = {
-    UnknownCommand: (400, "unknown_command"),
-    Unauthorized: (401, "unauthorized"),
-    Forbidden: (403, "forbidden"),
-    UnknownEdge: (404, "unknown_edge"),
-    NotFound: (404, "not_found"),
-    EdgeNotConnected: (409, "edge_not_connected"),
-    BodyTooLarge: (413, "body_too_large"),
-    EdgeErrorAnswer: (502, "edge_error"),
-    EdgeDisconnected: (503, "edge_disconnected"),
-    EdgeTimeout: (504, "edge_timeout"),
-}
 
 
 class Listener(Protocol):
@@ -100,7 +46,7 @@ class Listener(Protocol):
     port_number: int
 
 
-class Readiness:
+class ListenerReadiness:
     """A live view of the listeners: ready when every one is bound.
 
     It keeps the sequence it is given (not a copy), so listeners added to
@@ -137,20 +83,6 @@ class HttpSettings:
     wire_public_url: str = ""
     wire_port: int = 0
     wire_path: str = "/client"
-
-
-def _json(request: IRequest, status: int, payload: Any) -> bytes:
-    request.setResponseCode(status)
-    request.setHeader(b"Content-Type", b"application/json")
-    request.setHeader(b"Cache-Control", b"no-store")
-    return json.dumps(payload, separators=(",", ":")).encode("utf-8")
-
-
-def error_body(request: IRequest, status: int, code: str, message: str, **extra: Any) -> bytes:
-    """The JSON error shape: ``{"error": {"code", "message", "status"}}``."""
-    payload: dict[str, Any] = {"error": {"code": code, "message": message, "status": status}}
-    payload.update(extra)
-    return _json(request, status, payload)
 
 
 def _arg(request: IRequest, name: str) -> Optional[str]:
@@ -201,7 +133,7 @@ class ControlPlaneHttp:
         registry: EdgeRegistry,
         gateway: EdgeGateway,
         clock: IReactorTime,
-        readiness: Readiness,
+        readiness: ListenerReadiness,
         settings: HttpSettings = HttpSettings(),
     ) -> None:
         self._registry = registry
@@ -278,13 +210,13 @@ class ControlPlaneHttp:
     @app.route("/healthz", methods=["GET"])
     def healthz(self, request: IRequest) -> bytes:
         """Liveness: the process answers."""
-        return _json(request, 200, {"status": "ok"})
+        return json_body(request, 200, {"status": "ok"})
 
     @app.route("/readyz", methods=["GET"])
     def readyz(self, request: IRequest) -> bytes:
         """Readiness: every listener is bound."""
         ready = self._readiness.ready
-        return _json(request, 200 if ready else 503, {"ready": ready, "listeners": dict(self._readiness.listeners)})
+        return json_body(request, 200 if ready else 503, {"ready": ready, "listeners": dict(self._readiness.listeners)})
 
     # -- edges -----------------------------------------------------------------
 
@@ -295,12 +227,12 @@ class ControlPlaneHttp:
         ids = self._registry.edge_ids()
         chosen, next_cursor = _page(request, ids)
         items = [views.edge_summary(self._registry.get(i)) for i in chosen]
-        return _json(request, 200, {"items": items, "total": len(ids), "next_cursor": next_cursor})
+        return json_body(request, 200, {"items": items, "total": len(ids), "next_cursor": next_cursor})
 
     @app.route("/edges/<edge_id>", methods=["GET"])
     def edge(self, request: IRequest, edge_id: str) -> bytes:
         """One edge."""
-        return _json(request, 200, views.edge_detail(self._edge(request, edge_id)))
+        return json_body(request, 200, views.edge_detail(self._edge(request, edge_id)))
 
     @app.route("/edges/<edge_id>/status", methods=["GET"])
     async def edge_status(self, request: IRequest, edge_id: str) -> bytes:
@@ -308,17 +240,15 @@ class ControlPlaneHttp:
         record = self._edge(request, edge_id)
         if not record.connected:
             stale = views.snapshot_json(record, record.snapshot, True) if record.snapshot else None
-            return error_body(
-                request, 409, "edge_not_connected", f"edge {edge_id!r} is not connected", snapshot=stale
-            )
+            return error_body(request, 409, "edge_not_connected", f"edge {edge_id!r} is not connected", snapshot=stale)
         snapshot = await self._gateway.status(edge_id)
-        return _json(request, 200, views.snapshot_json(record, snapshot, False))
+        return json_body(request, 200, views.snapshot_json(record, snapshot, False))
 
     @app.route("/edges/<edge_id>/events", methods=["GET"])
     def edge_events(self, request: IRequest, edge_id: str) -> bytes:
         """Events of one edge after ``since``."""
         record = self._edge(request, edge_id)
-        return _json(request, 200, dict(edge_id=edge_id, **self._events_page(request, record.events, "sequence")))
+        return json_body(request, 200, dict(edge_id=edge_id, **self._events_page(request, record.events, "sequence")))
 
     def _events_page(self, request: IRequest, buffer: Any, key: str) -> dict[str, Any]:
         since = _int_arg(request, "since", 0, 0)
@@ -346,9 +276,9 @@ class ControlPlaneHttp:
             kept=len(record.operations),
             dropped=record.operations.dropped,
         )
-        return _json(request, 200, page)
+        return json_body(request, 200, page)
 
-    def _operations_page(self, request: IRequest, operations: list[Operation]) -> dict[str, Any]:
+    def _operations_page(self, request: IRequest, operations: list[OperationRecord]) -> dict[str, Any]:
         limit = _int_arg(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
         cursor = _arg(request, "cursor")
         start = 0
@@ -374,14 +304,14 @@ class ControlPlaneHttp:
         operation = record.operations.get(operation_id)
         if operation is None:
             raise NotFound(f"no operation {operation_id[:80]!r} is kept for edge {edge_id!r}")
-        return _json(request, 200, views.operation_json(operation))
+        return json_body(request, 200, views.operation_json(operation))
 
     @app.route("/edges/<edge_id>/commands", methods=["GET"])
     def edge_commands(self, request: IRequest, edge_id: str) -> bytes:
         """The command catalog the edge announced."""
         record = self._edge(request, edge_id)
         commands = [views.command_spec_json(c) for c in record.hello.commands]
-        return _json(request, 200, {"edge_id": edge_id, "connected": record.connected, "commands": commands})
+        return json_body(request, 200, {"edge_id": edge_id, "connected": record.connected, "commands": commands})
 
     @app.route("/edges/<edge_id>/commands", methods=["POST"])
     async def send_command(self, request: IRequest, edge_id: str) -> bytes:
@@ -419,13 +349,13 @@ class ControlPlaneHttp:
         operation = await ended
         return self._operation_answer(request, operation)
 
-    def _operation_answer(self, request: IRequest, operation: Operation) -> bytes:
+    def _operation_answer(self, request: IRequest, operation: OperationRecord) -> bytes:
         rendered = views.operation_json(operation)
         if operation.state == TIMED_OUT:
             return error_body(request, 504, "edge_timeout", operation.reason, operation=rendered)
         if operation.state == EDGE_DISCONNECTED:
             return error_body(request, 503, "edge_disconnected", operation.reason, operation=rendered)
-        return _json(request, 200, rendered)
+        return json_body(request, 200, rendered)
 
     # -- fleet --------------------------------------------------------------
 
@@ -465,7 +395,7 @@ class ControlPlaneHttp:
         summary["edges_connected"] = edges_connected
         remaining = [r for r in rows if r.record.edge_id > cursor]
         next_cursor = items[-1]["edge_id"] if len(remaining) > len(items) and items else None
-        return _json(
+        return json_body(
             request,
             200,
             {
@@ -481,13 +411,13 @@ class ControlPlaneHttp:
     def fleet_events(self, request: IRequest) -> bytes:
         """Events of every edge after fleet sequence ``since``."""
         self._authorize(request)
-        return _json(request, 200, self._events_page(request, self._registry.fleet_events, "fleet_sequence"))
+        return json_body(request, 200, self._events_page(request, self._registry.fleet_events, "fleet_sequence"))
 
     @app.route("/fleet/operations", methods=["GET"])
     def fleet_operations(self, request: IRequest) -> bytes:
         """Operations of every edge, newest first."""
         self._authorize(request)
-        return _json(request, 200, self._operations_page(request, self._registry.fleet_operations()))
+        return json_body(request, 200, self._operations_page(request, self._registry.fleet_operations()))
 
     # -- console ------------------------------------------------------------
 
@@ -506,7 +436,7 @@ class ControlPlaneHttp:
     @app.route("/console/config.json", methods=["GET"])
     def console_config(self, request: IRequest) -> bytes:
         """Where the console finds the client WebSocket."""
-        return _json(
+        return json_body(
             request,
             200,
             {"wire_url": self._wire_url(request), "api_token_required": bool(self._settings.api_token)},
@@ -531,4 +461,3 @@ class ControlPlaneHttp:
     def not_found(self, request: IRequest, rest: str) -> bytes:
         """Anything else: a JSON 404."""
         return error_body(request, 404, "not_found", "no such resource")
-

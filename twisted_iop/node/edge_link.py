@@ -12,7 +12,7 @@ is logged once and retried only at the maximum delay; that part is
 from __future__ import annotations
 
 import random
-from typing import Callable
+from collections.abc import Callable
 
 from twisted.internet.interfaces import IReactorTime
 
@@ -96,9 +96,7 @@ class EdgeLink(DialerLink[EdgeLinkProtocol]):
     def session_accepted(self, protocol: EdgeLinkProtocol, response: HelloResponse) -> None:
         """The Edge accepted hello (pending); probe and report ready."""
         self._log.info("edge accepted node {node_id}; probing providers", node_id=self.config.node_id)
-        self.runtime.session_accepted(protocol).addErrback(
-            lambda f: self._log.failure("first probe round failed", f)
-        )
+        self.runtime.session_accepted(protocol).addErrback(lambda f: self._log.failure("first probe round failed", f))
 
     def session_ended(self, protocol: EdgeLinkProtocol) -> None:
         """Tell the runtime the session is gone; the ``ClientService`` dials again."""

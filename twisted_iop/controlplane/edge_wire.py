@@ -7,7 +7,8 @@ token once hello is accepted) and translates frames into registry calls.
 from __future__ import annotations
 
 import hmac
-from typing import Mapping, Optional
+from collections.abc import Mapping
+from typing import Optional
 
 import attrs
 from twisted.internet.defer import Deferred
@@ -56,9 +57,9 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
     """The Control Plane's end of one Edge connection."""
 
     _log = Logger()
-    factory: "EdgeWireFactory"
+    factory: EdgeWireFactory
 
-    def __init__(self, factory: "EdgeWireFactory") -> None:
+    def __init__(self, factory: EdgeWireFactory) -> None:
         super().__init__(factory)
         self.edge_id: Optional[str] = None
         self.token: Optional[int] = None

@@ -7,18 +7,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
+from wire_frames import decode
 
-from twisted_iop.controlplane.edge_server import EdgeCredentials, EdgeWireFactory, EdgeWireProtocol
+from twisted_iop.controlplane.edge_wire import EdgeCredentials, EdgeWireFactory, EdgeWireProtocol
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.ids import id_problem
 from twisted_iop.wire import PROTOCOL_MAJOR
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import PeerSettings, frame, make_envelope
 
-from wire_frames import decode
 
-
-def connect(credentials: EdgeCredentials = EdgeCredentials()) -> tuple[EdgeWireProtocol, StringTransport, EdgeRegistry, Clock]:
+def connect(
+    credentials: EdgeCredentials = EdgeCredentials(),
+) -> tuple[EdgeWireProtocol, StringTransport, EdgeRegistry, Clock]:
     """One edge-wire protocol on a StringTransport."""
     clock = Clock()
     registry = EdgeRegistry(clock)

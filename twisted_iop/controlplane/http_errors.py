@@ -1,0 +1,76 @@
+"""HTTP errors of the Control Plane: exceptions, the JSON error shape, and
+the one table that maps domain errors to a status and a stable code."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from twisted.web.iweb import IRequest
+
+from twisted_iop.controlplane.gateway import (
+    EdgeDisconnected,
+    EdgeErrorAnswer,
+    EdgeTimeout,
+    UnknownCommand,
+)
+from twisted_iop.controlplane.registry import EdgeNotConnected, UnknownEdge
+
+
+class BadRequest(Exception):
+    """The request had a bad parameter or body; the message names it."""
+
+    def __init__(self, message: str, code: str = "bad_request") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class NotFound(Exception):
+    """No such route or object."""
+
+
+class Unauthorized(Exception):
+    """An API token is needed."""
+
+    def __str__(self) -> str:
+        return "an API token is required (Authorization: Bearer ...)"
+
+
+class Forbidden(Exception):
+    """The API token is wrong."""
+
+    def __str__(self) -> str:
+        return "the API token is not valid"
+
+
+class BodyTooLarge(Exception):
+    """The request body is larger than the limit."""
+
+
+#: Domain errors and the HTTP status and stable code each maps to.
+DOMAIN_ERRORS: dict[type[Exception], tuple[int, str]] = {
+    UnknownCommand: (400, "unknown_command"),
+    Unauthorized: (401, "unauthorized"),
+    Forbidden: (403, "forbidden"),
+    UnknownEdge: (404, "unknown_edge"),
+    NotFound: (404, "not_found"),
+    EdgeNotConnected: (409, "edge_not_connected"),
+    BodyTooLarge: (413, "body_too_large"),
+    EdgeErrorAnswer: (502, "edge_error"),
+    EdgeDisconnected: (503, "edge_disconnected"),
+    EdgeTimeout: (504, "edge_timeout"),
+}
+
+
+def json_body(request: IRequest, status: int, payload: Any) -> bytes:
+    request.setResponseCode(status)
+    request.setHeader(b"Content-Type", b"application/json")
+    request.setHeader(b"Cache-Control", b"no-store")
+    return json.dumps(payload, separators=(",", ":")).encode("utf-8")
+
+
+def error_body(request: IRequest, status: int, code: str, message: str, **extra: Any) -> bytes:
+    """The JSON error shape: ``{"error": {"code", "message", "status"}}``."""
+    payload: dict[str, Any] = {"error": {"code": code, "message": message, "status": status}}
+    payload.update(extra)
+    return json_body(request, status, payload)

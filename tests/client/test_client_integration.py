@@ -24,9 +24,9 @@ from twisted.python.failure import Failure
 from twisted_iop.client import (
     ClientWireClient,
     ControlPlaneStatusRepository,
-    EdgeNotConnected,
+    EdgeNotConnectedError,
     HelloRejected,
-    UnknownEdge,
+    UnknownEdgeError,
     WireRequestError,
 )
 from twisted_iop.wire import control_pb2 as pb
@@ -92,7 +92,7 @@ async def test_repository_against_the_real_control_plane() -> None:
         assert fleet.totals.edges_connected == 1 and fleet.items[0].edge_id == "edge-a"
         assert (await repo.fleet_events()).items and (await repo.fleet_operations()).total == 1
         assert (await repo.healthz()).status == "ok" and (await repo.readyz()).ready
-        with pytest.raises(UnknownEdge):
+        with pytest.raises(UnknownEdgeError):
             await repo.edge_status("nope")
         assert edge.transport is not None
         edge.transport.loseConnection()
@@ -101,7 +101,7 @@ async def test_repository_against_the_real_control_plane() -> None:
         async def not_connected() -> Any:
             try:
                 await repo.edge_status("edge-a")
-            except EdgeNotConnected as e:
+            except EdgeNotConnectedError as e:
                 return e
             return None
 

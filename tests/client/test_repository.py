@@ -23,15 +23,15 @@ from twisted_iop.client import (
     ControlPlaneError,
     ControlPlaneStatusRepository,
     ControlPlaneUnreachable,
-    EdgeDisconnected,
-    EdgeNotConnected,
-    EdgeTimeout,
-    Forbidden,
+    EdgeDisconnectedError,
+    EdgeNotConnectedError,
+    EdgeTimeoutError,
+    ForbiddenError,
     InvalidResponse,
-    NotFound,
-    Unauthorized,
-    UnknownCommand,
-    UnknownEdge,
+    NotFoundError,
+    UnauthorizedError,
+    UnknownCommandError,
+    UnknownEdgeError,
 )
 from twisted_iop.client.models import EdgeStatus, ProviderCounters, format_time, parse_time, to_json
 from twisted_iop.client.repository import DEFAULT_HTTP_URL, HTTP_URL_ENV
@@ -175,8 +175,8 @@ async def test_health_and_readiness(fake: FakeControlPlaneResource) -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_unknown_edge_error_carries_code_status_message(fake: FakeControlPlaneResource) -> None:
-    """A 404 unknown_edge becomes UnknownEdge with the server's code, status and message."""
-    with pytest.raises(UnknownEdge) as caught:
+    """A 404 unknown_edge becomes UnknownEdgeError with the server's code, status and message."""
+    with pytest.raises(UnknownEdgeError) as caught:
         await make(fake).edge_status("nope")
     assert caught.value.code == "unknown_edge" and caught.value.status == 404
     assert caught.value.message == "no edge named 'nope' is known"
@@ -185,8 +185,8 @@ async def test_unknown_edge_error_carries_code_status_message(fake: FakeControlP
 
 @pytest_twisted.ensureDeferred
 async def test_not_connected_carries_the_stale_snapshot(fake: FakeControlPlaneResource) -> None:
-    """409 edge_not_connected raises EdgeNotConnected with the last snapshot, marked stale."""
-    with pytest.raises(EdgeNotConnected) as caught:
+    """409 edge_not_connected raises EdgeNotConnectedError with the last snapshot, marked stale."""
+    with pytest.raises(EdgeNotConnectedError) as caught:
         await make(fake).edge_status("edge-b")
     snapshot = caught.value.snapshot
     assert snapshot is not None and snapshot.stale and snapshot.edge_id == "edge-b"
@@ -201,7 +201,7 @@ async def test_command_timeout_and_disconnect_carry_the_operation(fake: FakeCont
         504,
         error_body("edge_timeout", "edge 'edge-a' did not answer in time", 504, operation=timed_out),
     )
-    with pytest.raises(EdgeTimeout) as caught:
+    with pytest.raises(EdgeTimeoutError) as caught:
         await make(fake).send_command("edge-a", "node.drain", target="node-1")
     assert caught.value.operation is not None and caught.value.operation.state == "timed_out"
     gone = dict(OPERATION, state="edge_disconnected")
@@ -209,7 +209,7 @@ async def test_command_timeout_and_disconnect_carry_the_operation(fake: FakeCont
         503,
         error_body("edge_disconnected", "edge went away", 503, operation=gone),
     )
-    with pytest.raises(EdgeDisconnected) as caught2:
+    with pytest.raises(EdgeDisconnectedError) as caught2:
         await make(fake).send_command("edge-a", "node.drain")
     assert caught2.value.operation is not None and caught2.value.operation.state == "edge_disconnected"
 
@@ -217,8 +217,8 @@ async def test_command_timeout_and_disconnect_carry_the_operation(fake: FakeCont
 @pytest.mark.parametrize(
     "status, code, cls",
     [
-        (400, "unknown_command", UnknownCommand),
-        (404, "not_found", NotFound),
+        (400, "unknown_command", UnknownCommandError),
+        (404, "not_found", NotFoundError),
         (418, "brand_new_code", ControlPlaneError),
     ],
 )
@@ -247,16 +247,16 @@ async def test_bearer_token_is_sent(fake: FakeControlPlaneResource) -> None:
     fake.api_token = "s3cret"
     assert (await make(fake, token="s3cret").edges()).total == 2
     assert fake.requests[-1]["headers"]["authorization"] == "Bearer s3cret"
-    with pytest.raises(Unauthorized):
+    with pytest.raises(UnauthorizedError):
         await make(fake).edges()
-    with pytest.raises(Forbidden):
+    with pytest.raises(ForbiddenError):
         await make(fake, token="wrong").edges()
 
 
 @pytest_twisted.ensureDeferred
 async def test_edge_ids_are_quoted_in_paths(fake: FakeControlPlaneResource) -> None:
     """An edge id with reserved characters cannot escape its path segment."""
-    with pytest.raises(NotFound):
+    with pytest.raises(NotFoundError):
         await make(fake).edge("a/b?c")
     assert fake.requests[-1]["uri"] == "/edges/a%2Fb%3Fc"
 

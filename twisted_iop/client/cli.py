@@ -36,9 +36,9 @@ from twisted_iop.client import render
 from twisted_iop.client.errors import (
     ControlPlaneError,
     ControlPlaneUnreachable,
-    EdgeDisconnected,
-    EdgeNotConnected,
-    EdgeTimeout,
+    EdgeDisconnectedError,
+    EdgeNotConnectedError,
+    EdgeTimeoutError,
     HelloRejected,
     InvalidResponse,
     WireClientError,
@@ -291,14 +291,14 @@ async def run(
     except ControlPlaneUnreachable as e:
         console.note(str(e))
         return EXIT_UNREACHABLE
-    except EdgeNotConnected as e:
+    except EdgeNotConnectedError as e:
         if e.snapshot is not None:
             console.result(e.snapshot, render.render_status)
         elif console.as_json:
             console.json(dict(e.body))
         console.error(e.code, e.message)
         return EXIT_ERROR
-    except (EdgeTimeout, EdgeDisconnected) as e:
+    except (EdgeTimeoutError, EdgeDisconnectedError) as e:
         if e.operation is not None:
             console.result(e.operation, render.render_operation)
         elif console.as_json:

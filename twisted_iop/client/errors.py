@@ -3,7 +3,7 @@
 Every HTTP error answer of the Control Plane has the shape
 ``{"error": {"code", "message", "status"}}`` (docs/http-api.md); it becomes
 one :class:`ControlPlaneError` subclass chosen by its stable ``code``, so
-callers catch what they mean (``except UnknownEdge``) and still see the
+callers catch what they mean (``except UnknownEdgeError``) and still see the
 server's words. Failing to reach the Control Plane at all is a different
 thing and raises :class:`ControlPlaneUnreachable`.
 """
@@ -65,7 +65,7 @@ class ControlPlaneError(ClientError):
         self.body: Mapping[str, Any] = body if body is not None else {}
 
 
-class BadRequest(ControlPlaneError):
+class BadRequestError(ControlPlaneError):
     """A query parameter or body field was invalid (400 ``bad_request``)."""
 
     CODE = "bad_request"
@@ -77,37 +77,37 @@ class InvalidJSON(ControlPlaneError):
     CODE = "invalid_json"
 
 
-class UnknownCommand(ControlPlaneError):
+class UnknownCommandError(ControlPlaneError):
     """The command is not in the edge's catalog (400 ``unknown_command``)."""
 
     CODE = "unknown_command"
 
 
-class Unauthorized(ControlPlaneError):
+class UnauthorizedError(ControlPlaneError):
     """An API token is required and was not given (401 ``unauthorized``)."""
 
     CODE = "unauthorized"
 
 
-class Forbidden(ControlPlaneError):
+class ForbiddenError(ControlPlaneError):
     """The API token is wrong (403 ``forbidden``)."""
 
     CODE = "forbidden"
 
 
-class UnknownEdge(ControlPlaneError):
+class UnknownEdgeError(ControlPlaneError):
     """No edge with that id is known (404 ``unknown_edge``)."""
 
     CODE = "unknown_edge"
 
 
-class NotFound(ControlPlaneError):
+class NotFoundError(ControlPlaneError):
     """No such route or operation (404 ``not_found``)."""
 
     CODE = "not_found"
 
 
-class EdgeNotConnected(ControlPlaneError):
+class EdgeNotConnectedError(ControlPlaneError):
     """The edge is known but not connected (409 ``edge_not_connected``).
 
     ``snapshot`` is the last status the Control Plane received from it
@@ -125,7 +125,7 @@ class EdgeError(ControlPlaneError):
     CODE = "edge_error"
 
 
-class EdgeDisconnected(ControlPlaneError):
+class EdgeDisconnectedError(ControlPlaneError):
     """The edge went away while the request was in flight (503 ``edge_disconnected``).
 
     ``operation`` is the command's operation record when the request was a
@@ -136,7 +136,7 @@ class EdgeDisconnected(ControlPlaneError):
     operation: Optional[Operation] = None
 
 
-class EdgeTimeout(ControlPlaneError):
+class EdgeTimeoutError(ControlPlaneError):
     """The edge did not answer in time (504 ``edge_timeout``).
 
     ``operation`` is the command's operation record (state ``timed_out``)
@@ -151,17 +151,17 @@ class EdgeTimeout(ControlPlaneError):
 ERRORS_BY_CODE: Mapping[str, type[ControlPlaneError]] = {
     cls.CODE: cls
     for cls in (
-        BadRequest,
+        BadRequestError,
         InvalidJSON,
-        UnknownCommand,
-        Unauthorized,
-        Forbidden,
-        UnknownEdge,
-        NotFound,
-        EdgeNotConnected,
+        UnknownCommandError,
+        UnauthorizedError,
+        ForbiddenError,
+        UnknownEdgeError,
+        NotFoundError,
+        EdgeNotConnectedError,
         EdgeError,
-        EdgeDisconnected,
-        EdgeTimeout,
+        EdgeDisconnectedError,
+        EdgeTimeoutError,
     )
 }
 

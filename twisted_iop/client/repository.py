@@ -36,9 +36,9 @@ from twisted_iop.client.errors import (
     ERRORS_BY_CODE,
     ControlPlaneError,
     ControlPlaneUnreachable,
-    EdgeDisconnected,
-    EdgeNotConnected,
-    EdgeTimeout,
+    EdgeDisconnectedError,
+    EdgeNotConnectedError,
+    EdgeTimeoutError,
     InvalidResponse,
 )
 from twisted_iop.client.models import (
@@ -143,9 +143,9 @@ def error_from_response(status: int, body: bytes) -> ControlPlaneError:
     cls = ERRORS_BY_CODE.get(code, ControlPlaneError)
     exc = cls(code, message, status, document)
     try:
-        if isinstance(exc, EdgeNotConnected) and document.get("snapshot") is not None:
+        if isinstance(exc, EdgeNotConnectedError) and document.get("snapshot") is not None:
             exc.snapshot = EdgeStatus.from_json(document["snapshot"], "snapshot")
-        if isinstance(exc, (EdgeTimeout, EdgeDisconnected)) and document.get("operation") is not None:
+        if isinstance(exc, (EdgeTimeoutError, EdgeDisconnectedError)) and document.get("operation") is not None:
             exc.operation = Operation.from_json(document["operation"], "operation")
     except InvalidResponse:
         # The error itself is what matters; context that does not parse is dropped.
@@ -261,8 +261,8 @@ class ControlPlaneStatusRepository:
     async def edge_status(self, edge_id: str) -> EdgeStatus:
         """``GET /edges/{id}/status``: a fresh snapshot of the edge's nodes.
 
-        Raises :class:`EdgeNotConnected` (with ``.snapshot``) when the edge
-        is known but not connected, :class:`EdgeTimeout` when it did not
+        Raises :class:`EdgeNotConnectedError` (with ``.snapshot``) when the edge
+        is known but not connected, :class:`EdgeTimeoutError` when it did not
         answer in time.
         """
         return EdgeStatus.from_json(await self._request("GET", self._edge_path(edge_id, "status")))
@@ -299,9 +299,9 @@ class ControlPlaneStatusRepository:
         """``POST /edges/{id}/commands``: run a command and wait for its outcome.
 
         Returns the operation when it ended ``succeeded``, ``failed`` or
-        ``rejected``. Raises :class:`EdgeTimeout` or
-        :class:`EdgeDisconnected` (each with ``.operation``) when the edge
-        did not finish it, :class:`EdgeNotConnected` when nothing was sent.
+        ``rejected``. Raises :class:`EdgeTimeoutError` or
+        :class:`EdgeDisconnectedError` (each with ``.operation``) when the edge
+        did not finish it, :class:`EdgeNotConnectedError` when nothing was sent.
         """
         body: dict[str, Any] = {"name": name, "arguments": dict(arguments or {})}
         if target is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 
 _LISTEN_KINDS = ("tcp:", "tcp6:", "ssl:", "unix:", "systemd:")
@@ -69,3 +70,36 @@ def _port(text: str, value: str) -> int:
 
 def _escape(host: str) -> str:
     return host.replace("\\", "\\\\").replace(":", "\\:")
+
+
+def listen_interface(description: str) -> str:
+    """The interface a ``tcp:``/``ssl:`` listen endpoint binds ("" = every interface).
+
+    Other kinds (``unix:``, ``systemd:``) answer ``"local"``: they are not
+    reachable over a network by themselves.
+    """
+    kind = description.split(":", 1)[0]
+    if kind not in ("tcp", "tcp6", "ssl"):
+        return "local"
+    for part in re.split(r"(?<!\\):", description)[1:]:
+        if part.startswith("interface="):
+            return part[len("interface=") :].replace("\\:", ":")
+    return ""
+
+
+def is_loopback_listen(description: str) -> bool:
+    """Whether a listen endpoint is reachable from this machine only."""
+    interface = listen_interface(description)
+    if interface == "local":
+        return True
+    if interface == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(interface).is_loopback
+    except ValueError:
+        return False
+
+
+def is_tls_listen(description: str) -> bool:
+    """Whether a listen endpoint speaks TLS."""
+    return description.startswith("ssl:")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import hashlib
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from twisted.python import usage
 
 from twisted_iop.configuration import ConfigError
 from twisted_iop.controlplane import tap
-from twisted_iop.controlplane.config import config_from_text, load_config
+from twisted_iop.controlplane.config import config_from_text, load_config, unauthenticated_exposures
 from twisted_iop.endpoints import EndpointError, connect_endpoint, listen_endpoint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,3 +112,86 @@ def test_make_service_listens_where_configured(monkeypatch: pytest.MonkeyPatch) 
     # makeService tunes the collector for the daemon; undo it for this process.
     gc.unfreeze()
     gc.set_threshold(*threshold)
+
+
+def test_tokens_with_roles_and_digests() -> None:
+    """http.tokens takes named tokens with roles, as secrets or SHA-256 digests; api_token is an operator."""
+    digest = hashlib.sha256(b"viewer-secret-0123").hexdigest()
+    config = config_from_text(
+        "http:\n"
+        "  api_token: legacy-secret\n"
+        "  tokens:\n"
+        "    - {name: ops, role: operator, token: operator-secret-01}\n"
+        f"    - {{name: dash, role: viewer, sha256: {digest}}}\n"
+    )
+    tokens = config.http.tokens
+    assert config.client_wire.tokens == tokens
+    assert [(t.name, t.role) for t in tokens.tokens] == [
+        ("api_token", "operator"),
+        ("ops", "operator"),
+        ("dash", "viewer"),
+    ]
+    dash = tokens.identify(b"viewer-secret-0123")
+    assert dash is not None and dash.name == "dash" and not dash.may("operator") and dash.may("viewer")
+    assert tokens.identify(b"operator-secret-01") is not None
+    assert tokens.identify(b"legacy-secret") is not None
+    assert tokens.identify(b"nope") is None
+    assert "operator-secret" not in repr(config)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "message"),
+    [
+        (
+            "[{name: a, role: admin, token: 0123456789abcdef}]",
+            r"http.tokens\[0\].role: must be one of viewer, operator",
+        ),
+        ("[{name: a, role: viewer}]", r"http.tokens\[0\].token: give exactly one of token and sha256"),
+        ("[{name: a, role: viewer, token: short}]", r"http.tokens\[0\].token: must be at least 16 characters"),
+        ("[{name: a, role: viewer, sha256: abc}]", r"http.tokens\[0\].sha256: must be 64 hex digits"),
+        (
+            "[{name: a, role: viewer, token: 0123456789abcdef}, {name: a, role: viewer, token: 0123456789abcdeg}]",
+            r"http.tokens\[1\].name: token name 'a' is used twice",
+        ),
+        ("{name: a}", r"http.tokens: must be a list"),
+    ],
+)
+def test_bad_tokens_name_the_field(tokens: str, message: str) -> None:
+    """Every bad token entry is reported with its dotted field."""
+    with pytest.raises(ConfigError, match=message):
+        config_from_text(f"http:\n  tokens: {tokens}\n")
+
+
+def test_http_site_limits_are_configurable() -> None:
+    """The HTTP listener's deadlines, caps and allowed host names come from http.*."""
+    config = config_from_text(
+        "http:\n  header_timeout_seconds: 3\n  max_connections: 10\n  max_connections_per_address: 2\n"
+        "  allowed_hosts: [iop.example.org]\n  max_body_bytes: 2048\n"
+    )
+    limits = config.http_site
+    assert (limits.header_timeout_seconds, limits.max_connections, limits.max_connections_per_address) == (3, 10, 2)
+    assert limits.allowed_hosts == ("iop.example.org",)
+    assert limits.max_body_bytes == config.http.max_body_bytes == 2048
+
+
+def test_exposed_listeners_without_authentication_are_named() -> None:
+    """Listeners bound beyond loopback without tokens or edge credentials are reported for a loud warning."""
+    assert unauthenticated_exposures(load_config(None, {})) == []
+    exposed = load_config(None, {"IOP_HTTP_LISTEN": "0.0.0.0:8080", "IOP_EDGE_WIRE_LISTEN": "tcp:7443"})
+    found = unauthenticated_exposures(exposed)
+    assert len(found) == 2
+    assert found[0].startswith("http.listen") and found[1].startswith("edge_wire.listen")
+    guarded = config_from_text(
+        "http: {api_token: a-long-operator-secret}\nedge_wire: {shared_credential: s}\n",
+        {"IOP_HTTP_LISTEN": "0.0.0.0:8080", "IOP_EDGE_WIRE_LISTEN": "tcp:7443"},
+    )
+    assert unauthenticated_exposures(guarded) == []
+
+
+def test_console_uses_wss_when_the_client_wire_is_tls(tmp_path: Path) -> None:
+    """A TLS client-wire listener makes the console's wire URL wss://."""
+    assert not load_config(None, {}).http.wire_tls
+    key = tmp_path / "k.pem"
+    key.write_text("x")
+    config = load_config(None, {"IOP_WIRE_LISTEN": f"ssl:8443:privateKey={key}:interface=127.0.0.1"})
+    assert config.http.wire_tls

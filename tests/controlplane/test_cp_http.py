@@ -12,10 +12,17 @@ from treq.testing import StubTreq
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 
+from twisted_iop.controlplane.auth import ApiToken, ApiTokens, token_digest
 from twisted_iop.controlplane.gateway import EdgeGateway
 from twisted_iop.controlplane.http_routes import ControlPlaneHttp, HttpSettings, ListenerReadiness
 from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry
 from twisted_iop.wire import control_pb2 as pb
+
+
+def tokens(*entries: tuple[str, str, str]) -> ApiTokens:
+    """Configured API tokens from (name, role, secret) triples."""
+    return ApiTokens(tuple(ApiToken(name, role, token_digest(secret.encode())) for name, role, secret in entries))
+
 
 HELLO = EdgeHello(labels={"site": "lab"}, software_version="t", protocol_version="1.0", commands=tuple(CATALOG))
 
@@ -181,8 +188,8 @@ async def test_not_connected_command_is_409() -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_api_token_is_enforced() -> None:
-    """With api_token set: no header 401, wrong 403, right 200; health stays open."""
-    treq, _, _ = make_api(edges=1, api_token="s3cret")
+    """With a token set: no header 401, wrong 403, right 200; health stays open."""
+    treq, _, _ = make_api(edges=1, tokens=tokens(("ops", "operator", "s3cret")))
     code, body = await get(treq, "/edges")
     assert code == 401 and body["error"]["code"] == "unauthorized"
     code, body = await get(treq, "/edges", headers={b"Authorization": [b"Bearer nope"]})
@@ -191,6 +198,21 @@ async def test_api_token_is_enforced() -> None:
     assert code == 200 and body["total"] == 1
     code, body = await get(treq, "/healthz")
     assert code == 200
+
+
+@pytest_twisted.ensureDeferred
+async def test_viewer_tokens_read_but_do_not_command() -> None:
+    """A viewer token reads views and is refused commands (403); an operator token commands."""
+    treq, _, _ = make_api(edges=1, tokens=tokens(("dash", "viewer", "v-secret"), ("ops", "operator", "o-secret")))
+    viewer = {b"Authorization": [b"Bearer v-secret"]}
+    operator = {b"Authorization": [b"Bearer o-secret"]}
+    code, body = await get(treq, "/edges/edge-00", headers=viewer)
+    assert code == 200 and body["edge_id"] == "edge-00"
+    code, body = await post(treq, "/edges/edge-00/commands", b'{"name": "node.drain", "target": "n"}', headers=viewer)
+    assert code == 403 and body["error"]["code"] == "forbidden"
+    assert "viewer" in body["error"]["message"]
+    code, body = await post(treq, "/edges/edge-00/commands", b'{"name": "node.drain", "target": "n"}', headers=operator)
+    assert code == 200 and body["state"] == "succeeded"
 
 
 @pytest_twisted.ensureDeferred
@@ -225,3 +247,15 @@ async def test_console_config_names_the_wire() -> None:
     code, body = await get(treq, "/console/config.json", headers={b"Host": [b"example.test:8080"]})
     assert code == 200
     assert body == {"wire_url": "ws://example.test:18081/client", "api_token_required": False}
+
+
+@pytest_twisted.ensureDeferred
+async def test_deeply_nested_json_and_nul_paths_are_client_errors() -> None:
+    """30,000 nested brackets answer 400 invalid_json; a NUL in a console path answers 404, never 500."""
+    treq, _, _ = make_api(edges=1)
+    code, body = await post(treq, "/edges/edge-00/commands", b"[" * 30000)
+    assert code == 400 and body["error"]["code"] == "invalid_json"
+    response = await treq.get("http://cp/console/%00")
+    assert response.code == 404
+    response = await treq.get("http://cp/console/js/%00app.js")
+    assert response.code == 404

@@ -10,7 +10,6 @@ the server never buffers without bound and the client always knows.
 
 from __future__ import annotations
 
-import hmac
 from collections import deque
 from typing import Optional
 
@@ -23,6 +22,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 import twisted_iop
+from twisted_iop.controlplane.auth import ApiTokens
 from twisted_iop.controlplane.records import EventBuffer, EventRecord
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.ids import id_problem
@@ -42,7 +42,7 @@ class ClientWireSettings:
     auto_ping_interval_seconds: float = 20.0
     auto_ping_timeout_seconds: float = 10.0
     subscriber_queue: int = 1000
-    api_token: str = ""
+    tokens: ApiTokens = ApiTokens()
     path: str = "/client"
 
 
@@ -165,10 +165,10 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
 
     def _hello(self, hello: pb.ClientHelloRequest, rid: int) -> None:
         reason = ""
-        token = self.factory.settings.api_token
+        tokens = self.factory.settings.tokens
         if hello.protocol_major != PROTOCOL_MAJOR:
             reason = f"protocol version {hello.protocol_major} is not supported (this server speaks {PROTOCOL_MAJOR}.x)"
-        elif token and not hmac.compare_digest(hello.api_token.encode(), token.encode()):
+        elif tokens.required and tokens.identify(hello.api_token.encode()) is None:
             reason = "the API token is missing or wrong"
         response = pb.ClientHelloResponse(
             accepted=not reason,

@@ -9,11 +9,13 @@ from typing import Optional
 import attrs
 
 from twisted_iop.configuration import ConfigError, Section, load_yaml_mapping, parse_yaml_mapping
+from twisted_iop.controlplane.auth import ROLES, ApiToken, ApiTokens, token_digest
 from twisted_iop.controlplane.client_wire import ClientWireSettings
 from twisted_iop.controlplane.edge_wire import EdgeCredentials
 from twisted_iop.controlplane.http_routes import HttpSettings
 from twisted_iop.controlplane.registry import RegistryLimits
-from twisted_iop.endpoints import EndpointError, listen_endpoint
+from twisted_iop.endpoints import EndpointError, is_loopback_listen, is_tls_listen, listen_endpoint
+from twisted_iop.http_site import SiteLimits
 from twisted_iop.ids import id_problem
 from twisted_iop.wire.peer import PeerSettings
 
@@ -37,6 +39,7 @@ class ControlPlaneConfig:
     wire_listen: str = DEFAULT_WIRE_LISTEN
     edge_wire_listen: str = DEFAULT_EDGE_WIRE_LISTEN
     http: HttpSettings = HttpSettings()
+    http_site: SiteLimits = SiteLimits()
     client_wire: ClientWireSettings = ClientWireSettings()
     edge_wire: PeerSettings = PeerSettings()
     credentials: EdgeCredentials = EdgeCredentials()
@@ -67,6 +70,13 @@ def config_from_mapping(data: dict, environ: Mapping[str, str] = {}) -> ControlP
             "default_command_timeout_seconds",
             "max_command_timeout_seconds",
             "max_body_bytes",
+            "tokens",
+            "allowed_hosts",
+            "header_timeout_seconds",
+            "request_timeout_seconds",
+            "idle_timeout_seconds",
+            "max_connections",
+            "max_connections_per_address",
         }
     )
     wire = root.section("client_wire")
@@ -109,26 +119,37 @@ def config_from_mapping(data: dict, environ: Mapping[str, str] = {}) -> ControlP
             except EndpointError as e:
                 raise ConfigError(f"{variable}: {e}") from None
 
-    api_token = http.string("api_token")
+    tokens = parse_tokens(http)
     max_timeout = http.number("max_command_timeout_seconds", 300.0)
     default_timeout = http.number("default_command_timeout_seconds", 10.0)
     if default_timeout > max_timeout:
         raise ConfigError("http.default_command_timeout_seconds: must not exceed max_command_timeout_seconds")
     wire_listen = listens[("client_wire", "listen")]
+    max_body_bytes = http.integer("max_body_bytes", 65536, minimum=1024)
+    site_limits = SiteLimits(
+        max_body_bytes=max_body_bytes,
+        header_timeout_seconds=http.number("header_timeout_seconds", 10.0),
+        request_timeout_seconds=http.number("request_timeout_seconds", 30.0),
+        idle_timeout_seconds=http.number("idle_timeout_seconds", 60.0),
+        max_connections=http.integer("max_connections", 1024, minimum=1),
+        max_connections_per_address=http.integer("max_connections_per_address", 128, minimum=1),
+        allowed_hosts=tuple(http.string_list("allowed_hosts")),
+    )
     http_settings = HttpSettings(
-        api_token=api_token,
+        tokens=tokens,
         default_command_timeout_seconds=default_timeout,
         max_command_timeout_seconds=max_timeout,
-        max_body_bytes=http.integer("max_body_bytes", 65536, minimum=1024),
+        max_body_bytes=max_body_bytes,
         wire_public_url=wire.string("public_url"),
         wire_port=_port_of(wire_listen),
+        wire_tls=is_tls_listen(wire_listen),
     )
     client_wire = ClientWireSettings(
         max_message_bytes=wire.integer("max_message_bytes", 1024 * 1024, minimum=1024),
         auto_ping_interval_seconds=wire.number("auto_ping_interval_seconds", 20.0),
         auto_ping_timeout_seconds=wire.number("auto_ping_timeout_seconds", 10.0),
         subscriber_queue=wire.integer("subscriber_queue", 1000, minimum=1),
-        api_token=api_token,
+        tokens=tokens,
     )
     interval = edge.number("keepalive_interval_seconds", 15.0)
     deadline = edge.number("keepalive_deadline_seconds", 45.0)
@@ -158,6 +179,7 @@ def config_from_mapping(data: dict, environ: Mapping[str, str] = {}) -> ControlP
         wire_listen=wire_listen,
         edge_wire_listen=listens[("edge_wire", "listen")],
         http=http_settings,
+        http_site=site_limits,
         client_wire=client_wire,
         edge_wire=edge_settings,
         credentials=credentials,
@@ -176,3 +198,67 @@ def _port_of(endpoint: str) -> int:
             if part.startswith("port="):
                 return int(part[5:]) if part[5:].isdigit() else 0
     return 0
+
+
+def parse_tokens(http: Section) -> ApiTokens:
+    """``http.api_token`` (one operator token) and ``http.tokens`` (named, with roles).
+
+    Each entry of ``http.tokens`` is ``{name, role, token}`` or
+    ``{name, role, sha256}`` (the hex SHA-256 digest of the token, so the
+    file need not hold the secret).
+    """
+    tokens: list[ApiToken] = []
+    legacy = http.string("api_token")
+    if legacy:
+        tokens.append(ApiToken("api_token", "operator", token_digest(legacy.encode())))
+    raw = http.raw("tokens", [])
+    if not isinstance(raw, list):
+        raise ConfigError(f"{http.field_path('tokens')}: must be a list of {{name, role, token or sha256}}")
+    names = {t.name for t in tokens}
+    for index, item in enumerate(raw):
+        entry = Section(item, f"{http.field_path('tokens')}[{index}]")
+        entry.reject_unknown({"name", "role", "token", "sha256"})
+        name = entry.string("name", required=True)
+        if name in names:
+            raise ConfigError(f"{entry.field_path('name')}: token name {name!r} is used twice")
+        names.add(name)
+        role = entry.string("role", required=True)
+        if role not in ROLES:
+            raise ConfigError(f"{entry.field_path('role')}: must be one of {', '.join(ROLES)}, not {role!r}")
+        secret = entry.string("token")
+        digest_hex = entry.string("sha256")
+        if bool(secret) == bool(digest_hex):
+            raise ConfigError(f"{entry.field_path('token')}: give exactly one of token and sha256")
+        if secret:
+            if len(secret) < 16:
+                raise ConfigError(f"{entry.field_path('token')}: must be at least 16 characters")
+            digest = token_digest(secret.encode())
+        else:
+            try:
+                digest = bytes.fromhex(digest_hex)
+            except ValueError:
+                digest = b""
+            if len(digest) != 32:
+                raise ConfigError(f"{entry.field_path('sha256')}: must be 64 hex digits (a SHA-256 digest)")
+        tokens.append(ApiToken(name, role, digest))
+    return ApiTokens(tuple(tokens))
+
+
+def unauthenticated_exposures(config: ControlPlaneConfig) -> list[str]:
+    """Listeners reachable from other machines with no authentication, in words.
+
+    The daemon logs each of these loudly at start: anyone who can reach
+    such a port can read the fleet (HTTP, client wire) or enroll as any
+    edge (edge wire).
+    """
+    found = []
+    if not config.http.tokens.required:
+        for field, description in (("http.listen", config.http_listen), ("client_wire.listen", config.wire_listen)):
+            if not is_loopback_listen(description):
+                found.append(f"{field} ({description}) is reachable from other machines and no API token is set")
+    if not config.credentials.required and not is_loopback_listen(config.edge_wire_listen):
+        found.append(
+            f"edge_wire.listen ({config.edge_wire_listen}) is reachable from other machines "
+            "and no edge credential is set: anyone can enroll as any edge"
+        )
+    return found

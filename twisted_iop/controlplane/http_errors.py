@@ -37,10 +37,10 @@ class Unauthorized(Exception):
 
 
 class Forbidden(Exception):
-    """The API token is wrong."""
+    """The API token is wrong, or its role may not do this."""
 
-    def __str__(self) -> str:
-        return "the API token is not valid"
+    def __init__(self, message: str = "the API token is not valid") -> None:
+        super().__init__(message)
 
 
 class BodyTooLarge(Exception):

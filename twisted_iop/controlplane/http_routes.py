@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import bisect
-import hmac
 import json
 from collections.abc import Sequence
 from typing import Any, Optional, Protocol
@@ -18,6 +17,7 @@ from twisted.web.iweb import IRequest
 from twisted.web.static import File
 
 from twisted_iop.controlplane import json_views as views
+from twisted_iop.controlplane.auth import OPERATOR, VIEWER, ApiToken, ApiTokens
 from twisted_iop.controlplane.console_files import CONSOLE_DIR, ConsoleFiles
 from twisted_iop.controlplane.gateway import EdgeGateway
 from twisted_iop.controlplane.http_errors import (
@@ -32,6 +32,7 @@ from twisted_iop.controlplane.http_errors import (
 )
 from twisted_iop.controlplane.records import EDGE_DISCONNECTED, TIMED_OUT, OperationRecord
 from twisted_iop.controlplane.registry import EdgeRegistry, UnknownEdge
+from twisted_iop.http_site import WRITE_METHODS, Refusal
 from twisted_iop.ids import id_problem
 
 DEFAULT_PAGE = 100
@@ -76,13 +77,15 @@ class ListenerReadiness:
 class HttpSettings:
     """Limits and options of the HTTP views."""
 
-    api_token: str = ""
+    tokens: ApiTokens = ApiTokens()
     default_command_timeout_seconds: float = 10.0
     max_command_timeout_seconds: float = 300.0
     max_body_bytes: int = 65536
     wire_public_url: str = ""
     wire_port: int = 0
     wire_path: str = "/client"
+    #: Whether the client-wire listener speaks TLS (the console then uses wss://).
+    wire_tls: bool = False
 
 
 def _arg(request: IRequest, name: str) -> Optional[str]:
@@ -168,18 +171,40 @@ class ControlPlaneHttp:
 
     # -- helpers ----------------------------------------------------------------
 
-    def _authorize(self, request: IRequest) -> None:
-        token = self._settings.api_token
-        if not token:
-            return
+    def _authorize(self, request: IRequest) -> Optional[ApiToken]:
+        """The caller's token, checked for the role the method needs.
+
+        Reads need a ``viewer`` token and writes an ``operator`` one (when
+        tokens are configured at all); returns None when access is open.
+        """
+        tokens = self._settings.tokens
+        if not tokens.required:
+            return None
         header = request.getHeader(b"authorization")
         if not header:
             raise Unauthorized()
         scheme, _, given = header.partition(b" ")
-        if scheme.lower() != b"bearer" or not given:
+        if scheme.lower() != b"bearer" or not given.strip():
             raise Unauthorized()
-        if not hmac.compare_digest(given.strip(), token.encode()):
+        token = tokens.identify(given.strip())
+        if token is None:
             raise Forbidden()
+        role = OPERATOR if request.method in WRITE_METHODS else VIEWER
+        if not token.may(role):
+            raise Forbidden(f"token {token.name!r} is a {token.role} token; this needs the {role} role")
+        return token
+
+    def check_headers(self, request: IRequest) -> Optional[Refusal]:
+        """The HTTP site's check before a write's body is read: a token that may write."""
+        if request.method not in WRITE_METHODS:
+            return None
+        try:
+            self._authorize(request)
+        except Unauthorized as e:
+            return Refusal(401, "unauthorized", str(e))
+        except Forbidden as e:
+            return Refusal(403, "forbidden", str(e))
+        return None
 
     def _edge(self, request: IRequest, edge_id: str) -> Any:
         self._authorize(request)
@@ -201,6 +226,8 @@ class ControlPlaneHttp:
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
             raise BadRequest(f"the request body is not valid JSON: {e}", "invalid_json") from None
+        except RecursionError:
+            raise BadRequest("the request body is nested too deeply", "invalid_json") from None
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object", "invalid_json")
         return body
@@ -439,7 +466,7 @@ class ControlPlaneHttp:
         return json_body(
             request,
             200,
-            {"wire_url": self._wire_url(request), "api_token_required": bool(self._settings.api_token)},
+            {"wire_url": self._wire_url(request), "api_token_required": self._settings.tokens.required},
         )
 
     def _wire_url(self, request: IRequest) -> str:
@@ -450,7 +477,8 @@ class ControlPlaneHttp:
         if ":" in host:
             host = f"[{host}]"
         port = self._readiness.ports.get("client_wire") or self._settings.wire_port
-        return f"ws://{host}:{port}{self._settings.wire_path}"
+        scheme = "wss" if self._settings.wire_tls else "ws"
+        return f"{scheme}://{host}:{port}{self._settings.wire_path}"
 
     @app.route("/console/", branch=True, methods=["GET"])
     def console(self, request: IRequest) -> File:

@@ -7,15 +7,15 @@ import os
 from typing import Any, Optional
 
 from twisted.python import usage
-from twisted.web.server import Site
 
 from twisted_iop.configuration import ConfigError
 from twisted_iop.controlplane.client_wire import ClientWireFactory
-from twisted_iop.controlplane.config import ControlPlaneConfig, load_config
+from twisted_iop.controlplane.config import ControlPlaneConfig, load_config, unauthenticated_exposures
 from twisted_iop.controlplane.edge_wire import EdgeWireFactory
 from twisted_iop.controlplane.gateway import EdgeGateway
 from twisted_iop.controlplane.http_routes import ControlPlaneHttp, ListenerReadiness
 from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.http_site import GuardedSite
 from twisted_iop.listeners import DaemonService, ListenerService, listen_problem
 
 
@@ -71,9 +71,7 @@ class ControlPlaneService(DaemonService):
         self.listeners: list[ListenerService] = []
         self.readiness = ListenerReadiness(self.listeners)
         self.http = ControlPlaneHttp(self.registry, self.gateway, reactor, self.readiness, config.http)
-        site = Site(self.http.app.resource())
-        site.displayTracebacks = False
-        site.noisy = False
+        site = GuardedSite(self.http.app.resource(), config.http_site, self.http.check_headers, reactor)
         self.edge_factory = EdgeWireFactory(self.registry, reactor, config.edge_wire, config.credentials)
         self.edge_factory.noisy = False
         self.client_factory = ClientWireFactory(self.registry, config.client_wire)
@@ -92,6 +90,8 @@ class ControlPlaneService(DaemonService):
     def startService(self) -> None:
         if self.tune_gc:
             tune_garbage_collector()
+        for exposure in unauthenticated_exposures(self.config):
+            self._log.warn("SECURITY WARNING: {exposure}", exposure=exposure)
         super().startService()
 
     def stopService(self) -> Any:

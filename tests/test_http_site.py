@@ -1,0 +1,279 @@
+"""The guarded HTTP site against hostile clients, over real sockets on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+import pytest_twisted
+from raw_http import connect, request_head
+from support import eventually
+from twisted.internet import reactor
+from twisted.internet.endpoints import TCP4ServerEndpoint
+from twisted.web.resource import Resource
+
+from twisted_iop.http_site import GuardedRequest, GuardedSite, Refusal, SiteLimits, host_allowed
+
+
+class Echo(Resource):
+    """Answers with the size of the body it read."""
+
+    isLeaf = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bodies: list[int] = []
+
+    def render_GET(self, request: Any) -> bytes:
+        request.setHeader(b"content-type", b"application/json")
+        return b'{"ok": true}'
+
+    def render_POST(self, request: Any) -> bytes:
+        size = len(request.content.read())
+        self.bodies.append(size)
+        request.setHeader(b"content-type", b"application/json")
+        return json.dumps({"read": size}).encode()
+
+
+async def serve(limits: SiteLimits = SiteLimits(), authorize: Any = None) -> tuple[Any, int, Echo, GuardedSite]:
+    """A guarded site on 127.0.0.1:0."""
+    echo = Echo()
+    site = GuardedSite(echo, limits, authorize=authorize, reactor=reactor)
+    port = await TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(site)
+    return port, port.getHost().port, echo, site
+
+
+@pytest_twisted.ensureDeferred
+async def test_huge_content_length_is_refused_before_the_body() -> None:
+    """A 1 GiB Content-Length gets 413 at once; the body is never read or stored."""
+    port, number, echo, _ = await serve()
+    try:
+        client = await connect(number)
+        client.transport.write(
+            request_head("POST", number, "Content-Type: application/json\r\nContent-Length: 1073741824\r\n")
+        )
+        await client.closed
+        assert client.status == 413
+        assert client.body["error"]["code"] == "body_too_large"
+        assert echo.bodies == []
+    finally:
+        await port.stopListening()
+
+
+@pytest_twisted.ensureDeferred
+async def test_chunked_body_is_cut_at_the_limit() -> None:
+    """A chunked body that grows past the limit is answered 413 and the connection closed."""
+    port, number, echo, _ = await serve(SiteLimits(max_body_bytes=1000))
+    try:
+        client = await connect(number)
+        client.transport.write(
+            request_head("POST", number, "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n")
+        )
+        for _ in range(5):
+            client.transport.write(b"1f4\r\n" + b"x" * 500 + b"\r\n")
+        await client.closed
+        assert client.status == 413
+        assert echo.bodies == []
+    finally:
+        await port.stopListening()
+
+
+@pytest_twisted.ensureDeferred
+async def test_authorization_is_checked_before_the_body() -> None:
+    """The site's header check answers 401 before a body within the limit is read."""
+
+    def authorize(request: GuardedRequest) -> Optional[Refusal]:
+        if request.getHeader(b"authorization") != b"Bearer good":
+            return Refusal(401, "unauthorized", "an API token is required")
+        return None
+
+    port, number, echo, _ = await serve(authorize=authorize)
+    try:
+        client = await connect(number)
+        client.transport.write(
+            request_head("POST", number, "Content-Type: application/json\r\nContent-Length: 60000\r\n")
+        )
+        await client.closed
+        assert client.status == 401
+        assert b"WWW-Authenticate: Bearer" in client.received
+        good = await connect(number)
+        good.transport.write(
+            request_head(
+                "POST",
+                number,
+                "Content-Type: application/json\r\nAuthorization: Bearer good\r\nContent-Length: 2\r\nConnection: close\r\n",
+            )
+            + b"{}"
+        )
+        await good.closed
+        assert good.status == 200
+        assert echo.bodies == [2]
+    finally:
+        await port.stopListening()
+
+
+@pytest_twisted.ensureDeferred
+async def test_trickled_headers_meet_the_header_deadline() -> None:
+    """A client that sends its headers a byte at a time is cut off at the header deadline (408)."""
+    port, number, _, site = await serve(SiteLimits(header_timeout_seconds=0.3, request_timeout_seconds=5))
+    try:
+        client = await connect(number)
+        head = request_head("GET", number)
+        sent = 0
+
+        def trickle() -> None:
+            nonlocal sent
+            if client.is_closed or sent >= len(head) - 2:
+                return
+            client.transport.write(head[sent : sent + 1])
+            sent += 1
+            reactor.callLater(0.05, trickle)
+
+        trickle()
+        await client.closed
+        assert client.status == 408
+        assert client.body["error"]["code"] == "request_timeout"
+        assert site.timed_out_requests == 1
+    finally:
+        await port.stopListening()
+
+
+@pytest_twisted.ensureDeferred
+async def test_slow_body_meets_the_request_deadline() -> None:
+    """Headers in time but a body that never ends: 408 at the request deadline."""
+    port, number, echo, _ = await serve(SiteLimits(request_timeout_seconds=0.3))
+    try:
+        client = await connect(number)
+        client.transport.write(
+            request_head("POST", number, "Content-Type: application/json\r\nContent-Length: 100\r\n")
+        )
+        client.transport.write(b"{")
+        await client.closed
+        assert client.status == 408
+        assert echo.bodies == []
+    finally:
+        await port.stopListening()
+
+
+@pytest_twisted.ensureDeferred
+async def test_connections_per_address_are_capped() -> None:
+    """Past the per-address cap a new connection is closed at once; closing one frees a place."""
+    port, number, _, site = await serve(SiteLimits(max_connections_per_address=2))
+    try:
+        first, second = await connect(number), await connect(number)
+        await eventually(lambda: site.connections == 2, message="two connections counted")
+        third = await connect(number)
+        await third.closed
+        assert third.received == b""
+        assert site.refused_connections == 1
+        first.transport.loseConnection()
+        await first.closed
+        await eventually(lambda: site.connections == 1, message="closed connection forgotten")
+        fourth = await connect(number)
+        fourth.transport.write(request_head("GET", number, "Connection: close\r\n"))
+        await fourth.closed
+        assert fourth.status == 200
+        second.transport.loseConnection()
+        await second.closed
+        await eventually(lambda: site.connections == 0 and site.by_address == {}, message="all forgotten")
+    finally:
+        await port.stopListening()
+
+
+@pytest_twisted.ensureDeferred
+async def test_host_header_must_name_this_server() -> None:
+    """DNS rebinding: a foreign name in Host is refused; IP literals, localhost and configured names pass."""
+    port, number, _, _ = await serve(SiteLimits(allowed_hosts=("iop.example.org",)))
+    try:
+        for host, status in (
+            ("attacker.example", 421),
+            (f"127.0.0.1:{number}", 200),
+            (f"localhost:{number}", 200),
+            ("iop.example.org", 200),
+            ("[::1]:80", 200),
+        ):
+            client = await connect(number)
+            client.transport.write(request_head("GET", number, "Connection: close\r\n", host=host))
+            await client.closed
+            assert client.status == status, host
+    finally:
+        await port.stopListening()
+
+
+@pytest_twisted.ensureDeferred
+async def test_browser_writes_need_json_and_the_same_origin() -> None:
+    """A cross-site form POST (text/plain, foreign Origin) never reaches the route."""
+    port, number, echo, _ = await serve()
+    try:
+        cases = [
+            ("Content-Type: text/plain\r\n", 415, "unsupported_media_type"),
+            ("Content-Type: application/json\r\nOrigin: http://evil.example\r\n", 403, "cross_origin"),
+            ("Content-Type: application/json\r\nOrigin: null\r\n", 403, "cross_origin"),
+        ]
+        for headers, status, code in cases:
+            client = await connect(number)
+            client.transport.write(request_head("POST", number, headers + "Content-Length: 2\r\n") + b"{}")
+            await client.closed
+            assert (client.status, client.body["error"]["code"]) == (status, code)
+        same = await connect(number)
+        same.transport.write(
+            request_head(
+                "POST",
+                number,
+                f"Content-Type: application/json; charset=utf-8\r\nOrigin: http://127.0.0.1:{number}\r\n"
+                "Content-Length: 2\r\nConnection: close\r\n",
+            )
+            + b"{}"
+        )
+        await same.closed
+        assert same.status == 200
+        assert echo.bodies == [2]
+    finally:
+        await port.stopListening()
+
+
+@pytest_twisted.ensureDeferred
+async def test_unknown_methods_get_json_405() -> None:
+    """OPTIONS and TRACE are answered 405 in JSON with an Allow header, not a 500."""
+    port, number, _, _ = await serve()
+    try:
+        for method in ("OPTIONS", "TRACE", "PROPFIND"):
+            client = await connect(number)
+            client.transport.write(request_head(method, number))
+            await client.closed
+            assert client.status == 405
+            assert client.body["error"]["code"] == "method_not_allowed"
+            assert b"Allow: GET, HEAD, POST" in client.received
+    finally:
+        await port.stopListening()
+
+
+@pytest_twisted.ensureDeferred
+async def test_answers_carry_security_headers_and_no_version() -> None:
+    """Every answer has the security headers and a Server header without a version."""
+    port, number, _, _ = await serve()
+    try:
+        client = await connect(number)
+        client.transport.write(request_head("GET", number, "Connection: close\r\n"))
+        await client.closed
+        head = client.received.split(b"\r\n\r\n", 1)[0]
+        assert client.status == 200
+        for header in (b"X-Content-Type-Options: nosniff", b"X-Frame-Options: DENY", b"Content-Security-Policy: "):
+            assert header in head
+        assert b"Server: twisted-iop\r\n" in head + b"\r\n"
+        assert b"TwistedWeb" not in head
+    finally:
+        await port.stopListening()
+
+
+def test_host_allowed_rules() -> None:
+    """Host rules: IP literals and localhost always; names only when configured; junk never."""
+    assert host_allowed(b"10.1.2.3:8080", ())
+    assert host_allowed(b"[fe80::1]", ())
+    assert host_allowed(b"LOCALHOST", ())
+    assert not host_allowed(b"localhost.attacker.example", ())
+    assert not host_allowed(b"example.org", ())
+    assert host_allowed(b"Example.ORG.", ("example.org",))
+    assert not host_allowed(b"", ())
+    assert not host_allowed(None, ())
+    assert not host_allowed(b"\xff\xfe", ())

@@ -1,0 +1,429 @@
+"""A ``twisted.web`` Site that holds against hostile HTTP clients.
+
+Every HTTP listener of the daemons is a :class:`GuardedSite`. It adds to
+Twisted's Site what a public-facing server needs and Twisted leaves to the
+application, checked before a request reaches a route:
+
+* **deadlines**: a request's headers must arrive within
+  ``header_timeout_seconds`` of its first byte and the whole request within
+  ``request_timeout_seconds`` (Twisted's idle timeout alone restarts on every
+  byte, so a trickling client held a socket forever);
+* **connection caps**: at most ``max_connections`` per listener and
+  ``max_connections_per_address`` per peer address, refused by closing the
+  socket at once;
+* **bodies**: a ``Content-Length`` above ``max_body_bytes`` is refused with
+  413 before a byte of the body is read, a chunked body is cut off at the
+  limit, and the site's ``authorize`` check runs on the headers before the
+  body is read (no temporary file is ever written for an unauthenticated
+  client);
+* **browsers**: the ``Host`` header must name this server (IP literals,
+  ``localhost`` or a configured name: DNS rebinding), a cross-origin write is
+  refused, writes must say ``Content-Type: application/json``, and every
+  answer carries ``X-Content-Type-Options``, ``X-Frame-Options``, a
+  Content-Security-Policy and a ``Server`` header without versions;
+* methods other than the ones served get a JSON 405.
+
+Refusals are the same JSON error shape as the views'
+(``{"error": {"code", "message", "status"}}``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from collections.abc import Callable, Iterable
+from typing import Any, Optional
+from urllib.parse import urlsplit
+
+import attrs
+from twisted.internet.interfaces import IAddress, IDelayedCall
+from twisted.logger import Logger
+from twisted.protocols.policies import ProtocolWrapper
+from twisted.web.http import HTTPChannel
+from twisted.web.server import Request, Site
+
+#: What the ``Server`` header says (never a version).
+SERVER_NAME = b"twisted-iop"
+
+#: Headers on every answer.
+SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
+    (b"X-Content-Type-Options", b"nosniff"),
+    (b"X-Frame-Options", b"DENY"),
+    (b"Referrer-Policy", b"no-referrer"),
+    (
+        b"Content-Security-Policy",
+        b"default-src 'self'; script-src 'self'; connect-src 'self' ws: wss:; "
+        b"img-src 'self' data:; style-src 'self' 'unsafe-inline'; object-src 'none'; "
+        b"base-uri 'none'; frame-ancestors 'none'; form-action 'self'",
+    ),
+)
+
+#: Methods that change state: they need a JSON body and a same-origin caller.
+WRITE_METHODS = frozenset({b"POST", b"PUT", b"PATCH", b"DELETE"})
+
+#: Reason phrases of the refusals this module answers itself.
+_PHRASES = {
+    400: b"Bad Request",
+    401: b"Unauthorized",
+    403: b"Forbidden",
+    405: b"Method Not Allowed",
+    408: b"Request Timeout",
+    413: b"Content Too Large",
+    415: b"Unsupported Media Type",
+    421: b"Misdirected Request",
+}
+
+
+@attrs.frozen
+class SiteLimits:
+    """Limits and browser rules of one HTTP listener."""
+
+    max_body_bytes: int = 65536
+    header_timeout_seconds: float = 10.0
+    request_timeout_seconds: float = 30.0
+    idle_timeout_seconds: float = 60.0
+    max_connections: int = 1024
+    max_connections_per_address: int = 128
+    #: Host names (besides IP literals and ``localhost``) this server answers to.
+    allowed_hosts: tuple[str, ...] = ()
+    #: Methods served; anything else is a 405.
+    methods: frozenset[bytes] = frozenset({b"GET", b"HEAD", b"POST"})
+
+
+@attrs.frozen
+class Refusal:
+    """Why a request is answered without reaching a route."""
+
+    status: int
+    code: str
+    message: str
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+
+
+#: Checks a request's headers before its body is read; None lets it pass.
+HeaderCheck = Callable[["GuardedRequest"], Optional[Refusal]]
+
+
+def error_json(status: int, code: str, message: str) -> bytes:
+    """The JSON error shape shared with the views."""
+    return json.dumps({"error": {"code": code, "message": message, "status": status}}).encode("utf-8")
+
+
+def host_allowed(host_header: Optional[bytes], allowed: Iterable[str]) -> bool:
+    """Whether a ``Host`` header names this server.
+
+    IP literals are always allowed: DNS rebinding needs a name the attacker
+    controls, never an address. Names must be ``localhost`` or configured.
+    """
+    if not host_header:
+        return False
+    try:
+        host = urlsplit("//" + host_header.decode("ascii")).hostname
+    except (UnicodeDecodeError, ValueError):
+        return False
+    if not host:
+        return False
+    host = host.lower().rstrip(".")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    else:
+        return True
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    return host in {name.lower().rstrip(".") for name in allowed}
+
+
+def _origin_host(origin: bytes) -> Optional[str]:
+    try:
+        parts = urlsplit(origin.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        return None
+    return parts.netloc.lower()
+
+
+class _Discard:
+    """A request body sink that keeps nothing (a refused request's body)."""
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return 0
+
+    def tell(self) -> int:
+        return 0
+
+    def read(self, size: int = -1) -> bytes:
+        return b""
+
+    def close(self) -> None:
+        pass
+
+
+class GuardedRequest(Request):
+    """A request checked on its headers before its body is read."""
+
+    _log = Logger()
+    site: GuardedSite
+    channel: GuardedChannel
+
+    def __init__(self, channel: Any, queued: Any = None) -> None:
+        super().__init__(channel, queued)
+        self.body_bytes = 0
+        self.refused: Optional[Refusal] = None
+
+    # -- header-time checks -------------------------------------------------
+
+    def gotLength(self, length: Optional[int]) -> None:
+        site: GuardedSite = self.channel.site
+        # The method is known from the request line; checks need it now.
+        self.method = self.channel.request_method
+        refusal = self._check_headers(site, length)
+        if refusal is not None:
+            self.refuse(refusal)
+            return
+        super().gotLength(length)
+
+    def _check_headers(self, site: GuardedSite, length: Optional[int]) -> Optional[Refusal]:
+        limits = site.limits
+        method = self.channel.request_method
+        headers = self.requestHeaders
+        if method not in limits.methods:
+            allowed = b", ".join(sorted(limits.methods))
+            return Refusal(
+                405,
+                "method_not_allowed",
+                f"method {method.decode('ascii', 'replace')[:20]} is not served here",
+                ((b"Allow", allowed),),
+            )
+        host = headers.getRawHeaders(b"host", [b""])[0]
+        if not host_allowed(host, limits.allowed_hosts):
+            return Refusal(421, "unknown_host", "the Host header does not name this server")
+        if site.authorize is not None:
+            refusal = site.authorize(self)
+            if refusal is not None:
+                return refusal
+        if length is not None and length > limits.max_body_bytes:
+            return Refusal(
+                413, "body_too_large", f"request body of {length} bytes exceeds {limits.max_body_bytes} bytes"
+            )
+        if method in WRITE_METHODS:
+            origin = headers.getRawHeaders(b"origin", [None])[0]
+            if origin is not None and origin != b"null":
+                if _origin_host(origin) != host.decode("ascii", "replace").lower():
+                    return Refusal(403, "cross_origin", "cross-origin writes are not allowed")
+            elif origin == b"null":
+                return Refusal(403, "cross_origin", "cross-origin writes are not allowed")
+            content_type = headers.getRawHeaders(b"content-type", [b""])[0]
+            media = content_type.split(b";", 1)[0].strip().lower()
+            if media != b"application/json":
+                return Refusal(415, "unsupported_media_type", "the request body must be sent as application/json")
+        return None
+
+    def handleContentChunk(self, data: bytes) -> None:
+        if self.refused is not None:
+            return
+        self.body_bytes += len(data)
+        limit = self.channel.site.limits.max_body_bytes
+        if self.body_bytes > limit:
+            self.refuse(Refusal(413, "body_too_large", f"request body exceeds {limit} bytes"))
+            return
+        super().handleContentChunk(data)
+
+    def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
+        self.channel.request_complete()
+        if self.refused is not None:
+            return
+        super().requestReceived(command, path, version)
+
+    def refuse(self, refusal: Refusal) -> None:
+        """Answer ``refusal`` now, before the body is read, and close."""
+        if self.refused is not None:
+            return
+        self.refused = refusal
+        self.content = _Discard()  # type: ignore[assignment]
+        self.channel.refuse(refusal)
+
+    # -- answers --------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        if not self.startedWriting:
+            self.responseHeaders.setRawHeaders(b"Server", [SERVER_NAME])
+            for name, value in SECURITY_HEADERS:
+                if not self.responseHeaders.hasHeader(name):
+                    self.responseHeaders.setRawHeaders(name, [value])
+        super().write(data)
+
+
+class GuardedChannel(HTTPChannel):
+    """An HTTP connection with request deadlines, counted by its site."""
+
+    _log = Logger()
+    site: GuardedSite
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.peer_host = ""
+        self.request_method = b""
+        self._header_timer: Optional[IDelayedCall] = None
+        self._request_timer: Optional[IDelayedCall] = None
+        self._refused = False
+
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        self._start_deadlines()
+
+    def lineReceived(self, line: bytes) -> None:
+        if self._refused:
+            return
+        if self._header_timer is None and self._request_timer is None and line:
+            # The first line of a new request on a kept-alive connection.
+            self._start_deadlines()
+        if self._request_timer is not None and not self.request_method and line:
+            self.request_method = line.split(b" ", 1)[0].upper()
+        super().lineReceived(line)
+
+    def rawDataReceived(self, data: bytes) -> None:
+        if self._refused:
+            return
+        super().rawDataReceived(data)
+
+    def allHeadersReceived(self) -> None:
+        self._cancel("_header_timer")
+        super().allHeadersReceived()
+
+    def request_complete(self) -> None:
+        """The whole request arrived: its deadlines no longer apply."""
+        self._cancel("_header_timer")
+        self._cancel("_request_timer")
+        self.request_method = b""
+
+    def refuse(self, refusal: Refusal) -> None:
+        """Write ``refusal`` as the whole answer and close the connection."""
+        if self._refused or self.transport is None:
+            return
+        self._refused = True
+        self._cancel("_header_timer")
+        self._cancel("_request_timer")
+        body = error_json(refusal.status, refusal.code, refusal.message)
+        lines = [
+            b"HTTP/1.1 %d %s" % (refusal.status, _PHRASES.get(refusal.status, b"Error")),
+            b"Server: " + SERVER_NAME,
+            b"Content-Type: application/json",
+            b"Cache-Control: no-store",
+            b"Content-Length: %d" % len(body),
+            b"Connection: close",
+        ]
+        lines += [name + b": " + value for name, value in SECURITY_HEADERS + refusal.headers]
+        if refusal.status == 401:
+            lines.append(b'WWW-Authenticate: Bearer realm="iop"')
+        self.transport.write(b"\r\n".join(lines) + b"\r\n\r\n" + body)
+        self.transport.loseConnection()
+
+    def _start_deadlines(self) -> None:
+        limits = self.site.limits
+        clock = self.site.reactor
+        self._header_timer = clock.callLater(limits.header_timeout_seconds, self._expired, "headers")
+        self._request_timer = clock.callLater(limits.request_timeout_seconds, self._expired, "request")
+
+    def _expired(self, what: str) -> None:
+        setattr(self, "_header_timer" if what == "headers" else "_request_timer", None)
+        self._cancel("_header_timer")
+        self._cancel("_request_timer")
+        seconds = (
+            self.site.limits.header_timeout_seconds if what == "headers" else self.site.limits.request_timeout_seconds
+        )
+        self.site.count_timeout()
+        self.refuse(Refusal(408, "request_timeout", f"the {what} did not arrive within {seconds:g}s"))
+        abort = getattr(self.transport, "abortConnection", None)
+        if abort is not None:
+            # A client that does not read must not keep the socket either.
+            self.site.reactor.callLater(5.0, abort)
+
+    def _cancel(self, name: str) -> None:
+        timer = getattr(self, name)
+        setattr(self, name, None)
+        if timer is not None and timer.active():
+            timer.cancel()
+
+    def connectionLost(self, reason: Any = None) -> None:
+        self._cancel("_header_timer")
+        self._cancel("_request_timer")
+        super().connectionLost(reason)
+
+
+class GuardedSite(Site):
+    """A Site with per-listener and per-address connection caps and guarded requests."""
+
+    _log = Logger()
+    requestFactory = GuardedRequest  # type: ignore[assignment]
+    displayTracebacks = False
+    noisy = False
+
+    def __init__(
+        self,
+        resource: Any,
+        limits: SiteLimits = SiteLimits(),
+        authorize: Optional[HeaderCheck] = None,
+        reactor: Any = None,
+    ) -> None:
+        super().__init__(resource, timeout=limits.idle_timeout_seconds, reactor=reactor)
+        self.limits = limits
+        self.authorize = authorize
+        self.connections = 0
+        self.by_address: dict[str, int] = {}
+        #: Connections refused at the caps, and requests cut at a deadline.
+        self.refused_connections = 0
+        self.timed_out_requests = 0
+        self._last_refusal_log = -1e9
+
+    def buildProtocol(self, addr: Optional[IAddress]) -> Any:
+        host = str(getattr(addr, "host", ""))
+        limits = self.limits
+        if self.connections >= limits.max_connections or self.by_address.get(host, 0) >= (
+            limits.max_connections_per_address
+        ):
+            self.refused_connections += 1
+            now = self.reactor.seconds()
+            if now - self._last_refusal_log >= 10.0:
+                self._last_refusal_log = now
+                self._log.warn(
+                    "HTTP connection limit reached; {count} connections refused so far",
+                    count=self.refused_connections,
+                )
+            return None
+        channel = GuardedChannel()
+        channel.site = self
+        channel.factory = self
+        channel.requestFactory = self.requestFactory  # type: ignore[assignment]
+        channel.peer_host = host
+        channel.callLater = self.reactor.callLater  # type: ignore[method-assign, assignment]
+        channel.timeOut = self.timeOut  # type: ignore[assignment]
+        self.connections += 1
+        self.by_address[host] = self.by_address.get(host, 0) + 1
+        # The wrapper sees the socket close even after a WebSocket upgrade
+        # has taken the connection away from the HTTP channel.
+        counted = ProtocolWrapper(self, channel)  # type: ignore[arg-type]
+        counted.peer_host = host  # type: ignore[attr-defined]
+        return counted
+
+    def registerProtocol(self, protocol: Any) -> None:
+        """Called by the wrapper when its connection is made (counted already)."""
+
+    def unregisterProtocol(self, protocol: Any) -> None:
+        """Forget a closed connection in the counts."""
+        host = getattr(protocol, "peer_host", "")
+        self.connections -= 1
+        left = self.by_address.get(host, 0) - 1
+        if left > 0:
+            self.by_address[host] = left
+        else:
+            self.by_address.pop(host, None)
+
+    def count_timeout(self) -> None:
+        """Count a request cut at its deadline."""
+        self.timed_out_requests += 1

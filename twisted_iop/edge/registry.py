@@ -33,8 +33,6 @@ from twisted_iop.edge.pool import ProviderPool
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.hello import MAX_TEXT, Rejection, check_node_hello
 
-__all__ = ["USABLE_HEALTH", "NodePeer", "NodeRegistry", "ProviderHealth", "RefreshSummary", "Rejection", "UnknownNode"]
-
 #: Health values under which a provider takes new leases.
 USABLE_HEALTH = frozenset({pb.PROVIDER_HEALTH_HEALTHY, pb.PROVIDER_HEALTH_DEGRADED})
 

@@ -44,7 +44,7 @@ async def test_empty_edge_id_is_rejected_and_closed() -> None:
     try:
         edge, response = await connect_edge(cp.edge_wire_port, "")
         assert response is not None and not response.accepted
-        assert response.reason_code == "invalid_edge_id"
+        assert response.reason_code == "invalid_id"
         assert "empty" in response.reason
         await edge.lost
         code, body = await cp.get_json("/edges")

@@ -14,6 +14,7 @@ from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.ids import id_problem
 from twisted_iop.wire import PROTOCOL_MAJOR
 from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.hello import MAX_COMMANDS, MAX_LABELS, MAX_TEXT, RejectionCode
 from twisted_iop.wire.peer import PeerSettings, frame, make_envelope
 
 
@@ -57,9 +58,9 @@ def test_valid_hello_byte_by_byte_enrolls() -> None:
 @pytest.mark.parametrize(
     "edge_id, major, code",
     [
-        ("", PROTOCOL_MAJOR, "invalid_edge_id"),
-        ("has space", PROTOCOL_MAJOR, "invalid_edge_id"),
-        ("x" * 65, PROTOCOL_MAJOR, "invalid_edge_id"),
+        ("", PROTOCOL_MAJOR, "invalid_id"),
+        ("has space", PROTOCOL_MAJOR, "invalid_id"),
+        ("x" * 65, PROTOCOL_MAJOR, "invalid_id"),
         ("edge-a", PROTOCOL_MAJOR + 1, "unsupported_version"),
         ("edge-a", 0, "unsupported_version"),
     ],
@@ -73,6 +74,48 @@ def test_bad_hello_is_rejected_and_closed(edge_id: str, major: int, code: str) -
     assert answer.permanent
     assert transport.disconnecting
     assert list(registry.edges()) == []
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"labels": {f"k{i}": "v" for i in range(MAX_LABELS + 1)}},
+        {"labels": {"site": "x" * (MAX_TEXT + 1)}},
+        {"commands": [pb.CommandSpec(name=f"c{i}") for i in range(MAX_COMMANDS + 1)]},
+        {"commands": [pb.CommandSpec(name="")]},
+    ],
+)
+def test_oversized_hello_is_rejected_as_invalid_hello(extra: dict[str, object]) -> None:
+    """Labels or a catalog over the bounds get the invalid_hello code, permanent, and a close."""
+    protocol, transport, registry, _ = connect()
+    protocol.dataReceived(hello_frame("edge-a", **extra))
+    answer = decode(transport.value())[0].edge_hello_response
+    assert not answer.accepted and answer.reason_code == RejectionCode.INVALID_HELLO.value == "invalid_hello"
+    assert answer.permanent and transport.disconnecting
+    assert list(registry.edges()) == []
+
+
+def test_every_edge_rejection_code_is_a_shared_code() -> None:
+    """The edge wire's codes are values of the one RejectionCode enum, all permanent."""
+    cases = [
+        hello_frame("", PROTOCOL_MAJOR),
+        hello_frame("edge-a", PROTOCOL_MAJOR + 1),
+        hello_frame("edge-a", credential="guess"),
+        hello_frame("edge-a", credential="s3cret", labels={"k": "x" * (MAX_TEXT + 1)}),
+    ]
+    codes = set()
+    for data in cases:
+        protocol, transport, _, _ = connect(EdgeCredentials(shared="s3cret"))
+        protocol.dataReceived(data)
+        answer = decode(transport.value())[0].edge_hello_response
+        assert answer.permanent
+        codes.add(RejectionCode(answer.reason_code))
+    assert codes == {
+        RejectionCode.INVALID_ID,
+        RejectionCode.UNSUPPORTED_VERSION,
+        RejectionCode.BAD_CREDENTIAL,
+        RejectionCode.INVALID_HELLO,
+    }
 
 
 def test_wrong_credential_is_rejected() -> None:

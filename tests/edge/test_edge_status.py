@@ -8,6 +8,7 @@ from twisted.internet.task import Clock
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.edge.status import StatusProvider
 from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.hello import RejectionCode
 
 
 def make() -> tuple[Clock, NodeRegistry, StatusProvider, list[pb.EdgeEvent]]:
@@ -173,12 +174,12 @@ def test_drained_node_reports_drained() -> None:
 
 
 def test_hello_checks() -> None:
-    """Unknown node, wrong credential, bad version and bad ids are rejected with codes."""
+    """Unknown node, wrong credential, bad version and bad ids are rejected with shared codes."""
     _, registry, _, events = make()
     assert registry.check_hello(node_hello("node-1")) is None
     assert registry.check_hello(node_hello("node-2", credential="s3cret")) is None
-    codes = [
-        registry.check_hello(h).reason_code  # type: ignore[union-attr]
+    rejections = [
+        registry.check_hello(h)
         for h in (
             node_hello("node-9"),
             node_hello("node-2", credential="wrong"),
@@ -187,5 +188,27 @@ def test_hello_checks() -> None:
             node_hello("bad id"),
         )
     ]
-    assert codes == ["unknown_node", "bad_credential", "bad_credential", "unsupported_version", "malformed_node_id"]
-    assert events == []
+    assert [r.code if r is not None else None for r in rejections] == [
+        RejectionCode.UNKNOWN_NODE,
+        RejectionCode.BAD_CREDENTIAL,
+        RejectionCode.BAD_CREDENTIAL,
+        RejectionCode.UNSUPPORTED_VERSION,
+        RejectionCode.INVALID_ID,
+    ]
+    assert all(r is not None and r.permanent and r.reason for r in rejections)
+    assert events == [] and registry.connection_count() == 0
+
+
+def test_undrain_is_seen_by_the_pool_without_telling_it_the_state() -> None:
+    """Drain lives only in the registry: the pool's placement and pressure follow it."""
+    _, registry, status, _ = make()
+    token = registry.node_accepted(node_hello("node-1"), FakeNodePeer())
+    registry.node_ready(token, healthy("mock-a"))
+    registry.set_drained("node-1", True)
+    assert not registry.node_takes_work("node-1") and not registry.pool.eligible("node-1", "mock-a")
+    waiting = registry.pool.admit("llama-3-8b")
+    assert node(status.snapshot(), "node-1").providers[0].queued == 0
+    registry.set_drained("node-1", False)
+    assert waiting.called
+    p = node(status.snapshot(), "node-1").providers[0]
+    assert (p.status, p.in_flight, p.queued) == (pb.PROVIDER_STATUS_AVAILABLE, 1, 0)

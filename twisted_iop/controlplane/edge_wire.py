@@ -19,15 +19,10 @@ from twisted.python.failure import Failure
 
 import twisted_iop
 from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry
-from twisted_iop.ids import id_problem
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.hello import MAX_TEXT, check_edge_hello
 from twisted_iop.wire.peer import AcceptedPeerProtocol, PeerServerFactory, PeerSettings, RemoteError
-
-#: Bounds on what an edge may announce in hello.
-MAX_COMMANDS = 256
-MAX_LABELS = 64
-MAX_TEXT = 256
 
 
 @attrs.frozen
@@ -101,15 +96,14 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
     def _hello(self, envelope: pb.Envelope) -> None:
         self.hello_done()
         hello = envelope.edge_hello_request
-        problem = self._hello_problem(hello)
-        if problem is not None:
-            code, reason = problem
-            self._log.warn("edge hello rejected: {reason}", reason=reason)
+        rejection = check_edge_hello(hello, self.factory.credentials)
+        if rejection is not None:
+            self._log.warn("edge hello rejected: {reason}", reason=rejection.reason)
             response = pb.EdgeHelloResponse(
                 accepted=False,
-                reason=reason,
-                reason_code=code,
-                permanent=True,
+                reason=rejection.reason,
+                reason_code=rejection.code.value,
+                permanent=rejection.permanent,
                 protocol_major=PROTOCOL_MAJOR,
                 protocol_minor=PROTOCOL_MINOR,
                 server_version=twisted_iop.__version__,
@@ -137,30 +131,6 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
         )
         self.send("edge_hello_response", response, envelope.request_id)
         self.token = self.factory.registry.connect(hello.edge_id, self, info)
-
-    def _hello_problem(self, hello: pb.EdgeHelloRequest) -> Optional[tuple[str, str]]:
-        if hello.protocol_major != PROTOCOL_MAJOR:
-            return (
-                "unsupported_version",
-                f"protocol version {hello.protocol_major}.{hello.protocol_minor} is not supported "
-                f"(this Control Plane speaks {PROTOCOL_MAJOR}.x)",
-            )
-        problem = id_problem("edge_id", hello.edge_id)
-        if problem is not None:
-            return ("invalid_edge_id", problem)
-        if not self.factory.credentials.check(hello.edge_id, hello.credential):
-            return ("bad_credential", f"wrong or missing credential for edge {hello.edge_id!r}")
-        if len(hello.commands) > MAX_COMMANDS:
-            return ("invalid_hello", f"too many commands announced ({len(hello.commands)} > {MAX_COMMANDS})")
-        if len(hello.labels) > MAX_LABELS:
-            return ("invalid_hello", f"too many labels ({len(hello.labels)} > {MAX_LABELS})")
-        for key, value in hello.labels.items():
-            if len(key) > MAX_TEXT or len(value) > MAX_TEXT:
-                return ("invalid_hello", f"label {key[:40]!r} is longer than {MAX_TEXT} characters")
-        for spec in hello.commands:
-            if not spec.name or len(spec.name) > MAX_TEXT:
-                return ("invalid_hello", "a command in the catalog has an empty or overlong name")
-        return None
 
     # -- the EdgePeer interface ------------------------------------------------
 

@@ -9,6 +9,10 @@ token once hello is accepted) and turns wire messages into calls on the
 * ``NodeHealthReport`` -> provider health (counts only for the owner);
 * connection lost -> the registry decides whether anything changed.
 
+Every frame of an accepted connection, keepalive pings and pongs and
+answers to the Edge's own requests included, refreshes the Node's
+``last_seen`` (it counts only while the connection owns the Node).
+
 It also provides the registry's ``NodePeer`` interface (``close``,
 ``probe``).
 """
@@ -49,9 +53,14 @@ class NodeServerProtocol(AcceptedPeerProtocol):
     def describe_peer(self) -> str:
         return f"node {self.node_id}" if self.node_id else "unidentified node connection"
 
-    def envelope_received(self, envelope: pb.Envelope, body: str) -> None:
-        if self.token is not None:
+    def stringReceived(self, data: bytes) -> None:
+        # Here, not in envelope_received: pings, pongs and probe answers
+        # never reach envelope_received, and they are what a quiet Node sends.
+        if self.token is not None and not self.closing:
             self._registry.node_seen(self.token)
+        super().stringReceived(data)
+
+    def envelope_received(self, envelope: pb.Envelope, body: str) -> None:
         if body == "node_hello_request":
             self._hello(envelope.request_id, envelope.node_hello_request)
         elif self.token is None:
@@ -89,7 +98,7 @@ class NodeServerProtocol(AcceptedPeerProtocol):
             )
             response.accepted = False
             response.reason = rejection.reason
-            response.reason_code = rejection.reason_code
+            response.reason_code = rejection.code.value
             response.permanent = rejection.permanent
             self.send("node_hello_response", response, request_id)
             self.close()

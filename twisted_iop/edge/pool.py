@@ -8,22 +8,50 @@ queue), and gives it back with :meth:`ProviderPool.release`.
 Two lease classes share the pool: *general* leases count against a
 provider's ``capacity``, *long-context* leases against its separate
 ``long_context_capacity`` and wait in their own queue, so long prompts never
-starve short ones. A provider takes new leases only while its Node is
-dispatch-ready, not drained and the provider is usable (healthy or
-degraded). Waiting requests show as ``queued`` pressure on every provider
-that could serve them.
+starve short ones. Waiting requests show as ``queued`` pressure on every
+provider that could serve them.
+
+The pool holds only leases and queues. Whether a provider may take new work
+(its Node dispatch-ready and not drained, the provider healthy or degraded)
+is owned by the :class:`~twisted_iop.edge.registry.NodeRegistry`; the pool
+asks it through the read-only :class:`Availability` interface whenever it
+places work, and the registry calls :meth:`ProviderPool.reconsider` (or
+:meth:`ProviderPool.node_lost`) when the answer may have changed, so
+waiting requests are admitted as soon as capacity appears.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from typing import Optional
+from typing import Optional, Protocol
 
 import attrs
 from twisted.internet.defer import Deferred
 
 from twisted_iop.edge.config import ProviderConfig
+
+
+class Availability(Protocol):
+    """What the pool asks before it places work (answered by the node registry)."""
+
+    def node_takes_work(self, node_id: str) -> bool:
+        """Whether ``node_id`` is dispatch-ready and not drained."""
+
+    def provider_healthy(self, node_id: str, provider_id: str) -> bool:
+        """Whether the provider's health lets it take new work."""
+
+
+class EverythingAvailable:
+    """The :class:`Availability` of a pool with no registry: every provider takes work."""
+
+    def node_takes_work(self, node_id: str) -> bool:
+        """Always true."""
+        return True
+
+    def provider_healthy(self, node_id: str, provider_id: str) -> bool:
+        """Always true."""
+        return True
 
 
 class LeaseError(Exception):
@@ -65,7 +93,6 @@ class _Provider:
     config: ProviderConfig
     in_flight: int = 0
     long_context_in_flight: int = 0
-    usable: bool = True
     leases: set[Lease] = attrs.field(factory=set)
 
     def capacity_of(self, long_context: bool) -> int:
@@ -86,12 +113,15 @@ _QueueKey = tuple[str, bool]
 
 
 class ProviderPool:
-    """Leases and admission queues over every configured provider."""
+    """Leases and admission queues over every configured provider.
 
-    def __init__(self) -> None:
+    ``availability`` answers whether a provider may take new work; without
+    one (a pool used on its own) every configured provider may.
+    """
+
+    def __init__(self, availability: Optional[Availability] = None) -> None:
+        self._availability: Availability = availability if availability is not None else EverythingAvailable()
         self._providers: dict[tuple[str, str], _Provider] = {}
-        self._node_ready: dict[str, bool] = {}
-        self._node_drained: dict[str, bool] = {}
         self._queues: dict[_QueueKey, deque[_Waiter]] = {}
         self._by_model: dict[str, list[_Provider]] = {}
 
@@ -111,8 +141,6 @@ class ProviderPool:
                 self._providers[(node_id, provider_id)] = _Provider(node_id, config)
             else:
                 existing.config = config
-        self._node_ready.setdefault(node_id, False)
-        self._node_drained.setdefault(node_id, False)
         self._by_model = {}
         for provider in self._providers.values():
             for model in dict.fromkeys(provider.config.models):
@@ -120,38 +148,26 @@ class ProviderPool:
         self._pump()
 
     def remove_node(self, node_id: str) -> None:
-        """Forget ``node_id`` and its providers."""
+        """Forget ``node_id`` and its providers (their leases are lost)."""
         self.configure_node(node_id, ())
-        self._node_ready.pop(node_id, None)
-        self._node_drained.pop(node_id, None)
 
-    def set_node_ready(self, node_id: str, ready: bool) -> None:
-        """The Node became dispatch-ready, or stopped being so.
+    def reconsider(self) -> None:
+        """Availability may have changed: admit waiting requests that now fit.
 
-        Leases held on a Node that stops being ready are lost: the work went
-        with the connection.
+        The registry calls this whenever a Node becomes ready, is drained or
+        undrained, or a provider's health changes.
         """
-        self._node_ready[node_id] = ready
-        if not ready:
-            for provider in self._node_providers(node_id):
-                self._drop_leases(provider)
         self._pump()
 
-    def set_node_drained(self, node_id: str, drained: bool) -> None:
-        """Drain (no new leases; held ones finish) or undrain ``node_id``."""
-        self._node_drained[node_id] = drained
+    def node_lost(self, node_id: str) -> None:
+        """The Node stopped being dispatch-ready: its held leases are lost.
+
+        The work went with the connection; releasing a lost lease later is
+        harmless. Waiting requests are then reconsidered.
+        """
+        for provider in self._node_providers(node_id):
+            self._drop_leases(provider)
         self._pump()
-
-    def set_provider_usable(self, node_id: str, provider_id: str, usable: bool) -> None:
-        """Health decides whether a provider takes new leases."""
-        provider = self._providers.get((node_id, provider_id))
-        if provider is not None:
-            provider.usable = usable
-            self._pump()
-
-    def is_drained(self, node_id: str) -> bool:
-        """Whether ``node_id`` is drained."""
-        return self._node_drained.get(node_id, False)
 
     # -- leases --------------------------------------------------------------
 
@@ -235,6 +251,14 @@ class ProviderPool:
         """Leases held over the whole pool (both classes)."""
         return sum(p.in_flight + p.long_context_in_flight for p in self._providers.values())
 
+    def queued(self, model: str, long_context: bool = False) -> int:
+        """Requests waiting in the admission queue of ``model`` in one class."""
+        return len(self._queues.get((model, long_context), ()))
+
+    def could_grant(self, model: str, long_context: bool = False) -> bool:
+        """Whether a lease on ``model`` in that class is free right now."""
+        return self._pick(model, long_context) is not None
+
     def eligible(self, node_id: str, provider_id: str) -> bool:
         """Whether the provider would take a new lease of some class now."""
         provider = self._providers.get((node_id, provider_id))
@@ -246,10 +270,9 @@ class ProviderPool:
         return [p for (n, _), p in self._providers.items() if n == node_id]
 
     def _available(self, provider: _Provider) -> bool:
-        return (
-            self._node_ready.get(provider.node_id, False)
-            and not self._node_drained.get(provider.node_id, False)
-            and provider.usable
+        availability = self._availability
+        return availability.node_takes_work(provider.node_id) and availability.provider_healthy(
+            provider.node_id, provider.config.provider_id
         )
 
     @staticmethod
@@ -289,7 +312,7 @@ class ProviderPool:
         provider.long_context_in_flight = 0
 
     def _pressure(self, provider: _Provider, long_context: bool) -> int:
-        if not self._node_ready.get(provider.node_id, False) or self._node_drained.get(provider.node_id, False):
+        if not self._availability.node_takes_work(provider.node_id):
             return 0
         if provider.capacity_of(long_context) == 0:
             return 0

@@ -1,6 +1,13 @@
 """The Edge's shared state and rules: configured Nodes, their connections,
 health, drain state and the provider pool (no I/O).
 
+The registry is the one owner of what decides whether a Node takes work:
+dispatch-ready ownership, drain and provider health. The
+:class:`~twisted_iop.edge.pool.ProviderPool` holds only leases and queues
+and asks the registry (its :class:`~twisted_iop.edge.pool.Availability`)
+when it places work; every change of those facts tells the pool to
+reconsider its waiting requests.
+
 Node connections reach this service through the small :class:`NodePeer`
 interface (close, probe), so the TCP protocol and test fakes are
 interchangeable. Every state change a connection causes is checked against
@@ -10,7 +17,6 @@ only the current owner's transitions become events and snapshot changes.
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Iterable, Mapping
 from typing import Optional, Protocol
 
@@ -24,12 +30,18 @@ from twisted_iop.edge.config import EdgeConfig, NodeConfig, ProviderConfig
 from twisted_iop.edge.events import EventRelay
 from twisted_iop.edge.ownership import NodeOwnership, Transition, TransitionKind
 from twisted_iop.edge.pool import ProviderPool
-from twisted_iop.ids import id_problem
-from twisted_iop.wire import PROTOCOL_MAJOR
 from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.hello import MAX_TEXT, Rejection, check_node_hello
 
 #: Health values under which a provider takes new leases.
 USABLE_HEALTH = frozenset({pb.PROVIDER_HEALTH_HEALTHY, pb.PROVIDER_HEALTH_DEGRADED})
+
+#: Health values a Node may report; anything else (a newer Node's value,
+#: or garbage) is recorded as UNKNOWN with a reason.
+KNOWN_HEALTH = frozenset(pb.ProviderHealth.values()) - {pb.PROVIDER_HEALTH_UNSPECIFIED}
+
+#: At most this many models of one provider's health report are kept.
+MAX_MODELS = 256
 
 
 class NodePeer(Protocol):
@@ -47,15 +59,6 @@ class NodePeer(Protocol):
 
 class UnknownNode(Exception):
     """No Node with that id is configured on this Edge."""
-
-
-@attrs.frozen
-class Rejection:
-    """Why a Node's hello is refused."""
-
-    reason: str
-    reason_code: str
-    permanent: bool = True
 
 
 @attrs.frozen
@@ -88,7 +91,7 @@ class NodeRegistry(Service):
         self._clock = clock
         self.relay = relay if relay is not None else EventRelay(clock, config.control_plane.outbox_size)
         self.ownership = NodeOwnership(clock)
-        self.pool = ProviderPool()
+        self.pool = ProviderPool(self)
         self._nodes: dict[str, NodeConfig] = {node.node_id: node for node in config.nodes}
         self._peers: dict[int, NodePeer] = {}
         self._health: dict[str, dict[str, ProviderHealth]] = {}
@@ -127,21 +130,8 @@ class NodeRegistry(Service):
     # -- node connections ----------------------------------------------------
 
     def check_hello(self, hello: pb.NodeHelloRequest) -> Optional[Rejection]:
-        """Why this hello must be rejected, or ``None`` to accept it."""
-        if hello.protocol_major != PROTOCOL_MAJOR:
-            return Rejection(
-                f"protocol major version {hello.protocol_major} is not supported (this edge speaks {PROTOCOL_MAJOR})",
-                "unsupported_version",
-            )
-        problem = id_problem("node_id", hello.node_id)
-        if problem:
-            return Rejection(problem, "malformed_node_id")
-        node = self._nodes.get(hello.node_id)
-        if node is None:
-            return Rejection(f"node {hello.node_id!r} is not configured on this edge", "unknown_node")
-        if node.credential and not hmac.compare_digest(node.credential.encode(), hello.credential.encode()):
-            return Rejection(f"wrong or missing credential for node {hello.node_id!r}", "bad_credential")
-        return None
+        """Why this hello must be rejected, or ``None`` to accept it (no state change)."""
+        return check_node_hello(hello, {node.node_id: node.credential for node in self._nodes.values()})
 
     def node_accepted(self, hello: pb.NodeHelloRequest, peer: NodePeer) -> int:
         """Record an accepted (pending) connection; return its token."""
@@ -176,10 +166,12 @@ class NodeRegistry(Service):
         node_id = self.ownership.node_of(token)
         assert node_id is not None
         self.ownership.seen(token)
-        return self._update_health(node_id, reports, announce=True)
+        changed = self._update_health(node_id, reports, announce=True)
+        self.pool.reconsider()
+        return changed
 
     def node_seen(self, token: int) -> None:
-        """``token`` sent something (keeps the owner's last_seen fresh)."""
+        """``token`` sent a frame, keepalive included (keeps the owner's last_seen fresh)."""
         self.ownership.seen(token)
 
     def node_closed(self, token: int) -> None:
@@ -210,7 +202,6 @@ class NodeRegistry(Service):
             elif transition.kind is TransitionKind.READY:
                 self._health[node_id] = {}
                 self._update_health(node_id, reports.get(transition.token, []), announce=False)
-                self.pool.set_node_ready(node_id, True)
                 healthy = sum(1 for h in self._health[node_id].values() if h.health in USABLE_HEALTH)
                 self._log.info(
                     "node {node_id} is ready ({healthy}/{total} providers usable)",
@@ -224,9 +215,10 @@ class NodeRegistry(Service):
                     message=f"node {node_id} is ready",
                     attributes={"providers": str(len(self.node(node_id).providers)), "usable": str(healthy)},
                 )
+                self.pool.reconsider()
             elif transition.kind is TransitionKind.DISCONNECTED:
                 self._health.pop(node_id, None)
-                self.pool.set_node_ready(node_id, False)
+                self.pool.node_lost(node_id)
                 self._log.info("node {node_id} disconnected", node_id=node_id)
                 self.relay.emit("node.disconnected", node_id=node_id, message=f"node {node_id} disconnected")
 
@@ -240,10 +232,9 @@ class NodeRegistry(Service):
         for report in reports:
             if report.provider_id not in known:
                 continue
-            new = ProviderHealth(report.health, report.reason, tuple(report.models))
+            new = self._checked_health(node_id, report)
             old = current.get(report.provider_id)
             current[report.provider_id] = new
-            self.pool.set_provider_usable(node_id, report.provider_id, new.health in USABLE_HEALTH)
             if old is not None and (old.health, old.reason) == (new.health, new.reason):
                 continue
             changed.append(report.provider_id)
@@ -268,8 +259,33 @@ class NodeRegistry(Service):
         for provider in node.providers:
             if provider.provider_id not in current:
                 current[provider.provider_id] = ProviderHealth(pb.PROVIDER_HEALTH_UNKNOWN, "not reported by the node")
-                self.pool.set_provider_usable(node_id, provider.provider_id, False)
         return changed
+
+    def _checked_health(self, node_id: str, report: pb.ProviderHealthReport) -> ProviderHealth:
+        """``report`` as a :class:`ProviderHealth`, every wire value checked.
+
+        A health value this Edge does not know (a newer Node, or garbage)
+        becomes UNKNOWN, which takes no work, with a reason saying so; the
+        connection stays up. Texts and model lists are bounded.
+        """
+        reason = report.reason[:MAX_TEXT]
+        health = report.health
+        if health not in KNOWN_HEALTH:
+            self._log.warn(
+                "node {node_id} reported unknown health value {value} for provider {provider_id}; "
+                "treating it as unknown",
+                node_id=node_id,
+                value=health,
+                provider_id=report.provider_id,
+            )
+            if health == pb.PROVIDER_HEALTH_UNSPECIFIED:
+                detail = "node reported no health value"
+            else:
+                detail = f"node reported unknown health value {health}"
+            reason = f"{detail}: {reason}" if reason else detail
+            health = pb.PROVIDER_HEALTH_UNKNOWN
+        models = tuple(model[:MAX_TEXT] for model in report.models[:MAX_MODELS])
+        return ProviderHealth(health, reason, models)
 
     # -- queries for the status provider and commands ------------------------
 
@@ -284,6 +300,17 @@ class NodeRegistry(Service):
     def health(self, node_id: str, provider_id: str) -> Optional[ProviderHealth]:
         """The owner's last health report for a provider, if ready."""
         return self._health.get(node_id, {}).get(provider_id)
+
+    # -- the pool's Availability ----------------------------------------------
+
+    def node_takes_work(self, node_id: str) -> bool:
+        """Whether ``node_id`` is dispatch-ready and not drained."""
+        return node_id not in self._drained and self.is_ready(node_id)
+
+    def provider_healthy(self, node_id: str, provider_id: str) -> bool:
+        """Whether the owner's last report lets the provider take new work."""
+        health = self.health(node_id, provider_id)
+        return health is not None and health.health in USABLE_HEALTH
 
     def connection_count(self) -> int:
         """Live Node connections (owners and pending)."""
@@ -305,7 +332,6 @@ class NodeRegistry(Service):
             self._drained.add(node_id)
         else:
             self._drained.discard(node_id)
-        self.pool.set_node_drained(node_id, drained)
         kind = "node.drained" if drained else "node.undrained"
         self._log.info("node {node_id} {what}", node_id=node_id, what="drained" if drained else "undrained")
         attributes = {"reason": reason} if reason else {}
@@ -316,6 +342,8 @@ class NodeRegistry(Service):
             message=f"node {node_id} {'drained' if drained else 'undrained'}",
             attributes=attributes,
         )
+        # Undrained: queued requests may now fit (a drain only stops new work).
+        self.pool.reconsider()
         return True
 
     def disconnect_node(self, node_id: str) -> int:
@@ -362,8 +390,8 @@ class NodeRegistry(Service):
                 for provider_id in new_providers:
                     if provider_id not in health:
                         health[provider_id] = ProviderHealth(pb.PROVIDER_HEALTH_UNKNOWN, "not yet probed")
-                        self.pool.set_provider_usable(node_id, provider_id, False)
         self._config = attrs.evolve(self._config, nodes=tuple(self._nodes.values()))
+        self.pool.reconsider()
         return RefreshSummary(tuple(added), tuple(removed), tuple(changed), tuple(ignored))
 
     def ready_nodes(self) -> list[str]:
@@ -387,7 +415,9 @@ class NodeRegistry(Service):
             if not self.ownership.is_owner(token):
                 return []
             self.ownership.seen(token)
-            return self._update_health(node_id, response.health, announce=True)
+            changed = self._update_health(node_id, response.health, announce=True)
+            self.pool.reconsider()
+            return changed
 
         return peer.probe(timeout).addCallback(answered)
 

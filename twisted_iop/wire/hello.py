@@ -1,0 +1,157 @@
+"""Hello checks of both TCP wires: pure functions and one rejection-code enum.
+
+The Control Plane checks an Edge's ``EdgeHelloRequest`` with
+:func:`check_edge_hello`; the Edge checks a Node's ``NodeHelloRequest`` with
+:func:`check_node_hello`. Both return ``None`` (accept) or a
+:class:`Rejection` whose :class:`RejectionCode` the wire sends as
+``reason_code`` (``rejection.code.value``), so the two wires speak one
+vocabulary of machine codes. Neither function does I/O or touches state.
+
+Every code is *permanent*: the same hello will be refused again until
+someone changes a configuration, so dialers retry only at their maximum
+backoff delay.
+"""
+
+from __future__ import annotations
+
+import enum
+import hmac
+from collections.abc import Mapping
+from typing import Optional, Protocol
+
+import attrs
+
+from twisted_iop.ids import id_problem
+from twisted_iop.wire import PROTOCOL_MAJOR
+from twisted_iop.wire import control_pb2 as pb
+
+#: Bounds on what a peer may announce in hello.
+MAX_COMMANDS = 256
+MAX_LABELS = 64
+MAX_PROVIDERS = 256
+MAX_TEXT = 256
+
+
+class RejectionCode(enum.Enum):
+    """Why a hello is refused; the value is the wire's ``reason_code``."""
+
+    #: The peer's protocol major version differs from ours.
+    UNSUPPORTED_VERSION = "unsupported_version"
+    #: The edge or node id is empty or malformed (see :mod:`twisted_iop.ids`).
+    INVALID_ID = "invalid_id"
+    #: No Node with that id is configured on this Edge.
+    UNKNOWN_NODE = "unknown_node"
+    #: The credential is wrong or missing.
+    BAD_CREDENTIAL = "bad_credential"
+    #: The hello is well-formed but over a bound (too many labels, commands,
+    #: providers, or an overlong text).
+    INVALID_HELLO = "invalid_hello"
+
+    @property
+    def permanent(self) -> bool:
+        """Whether retrying the same hello soon is pointless (every code is)."""
+        return self in PERMANENT_CODES
+
+
+#: Codes that need a configuration change before the same hello can pass.
+PERMANENT_CODES = frozenset(RejectionCode)
+
+
+@attrs.frozen
+class Rejection:
+    """A refused hello: a machine code and a reason for people."""
+
+    code: RejectionCode
+    reason: str
+
+    @property
+    def permanent(self) -> bool:
+        """Whether the dialer should stop retrying at its normal pace."""
+        return self.code.permanent
+
+
+class CredentialCheck(Protocol):
+    """How the Control Plane decides whether an edge's credential is right."""
+
+    def check(self, edge_id: str, given: str) -> bool:
+        """Whether ``given`` is the right credential for ``edge_id``."""
+
+
+def check_version(major: int, minor: int, speaker: str) -> Optional[Rejection]:
+    """A rejection unless ``major`` is the protocol major version we speak."""
+    if major == PROTOCOL_MAJOR:
+        return None
+    return Rejection(
+        RejectionCode.UNSUPPORTED_VERSION,
+        f"protocol version {major}.{minor} is not supported ({speaker} speaks {PROTOCOL_MAJOR}.x)",
+    )
+
+
+def check_id(kind: str, value: str) -> Optional[Rejection]:
+    """A rejection unless ``value`` is a well-formed ``kind`` id."""
+    problem = id_problem(kind, value)
+    return Rejection(RejectionCode.INVALID_ID, problem) if problem is not None else None
+
+
+def check_labels(labels: Mapping[str, str]) -> Optional[Rejection]:
+    """A rejection when there are too many labels or one is too long."""
+    if len(labels) > MAX_LABELS:
+        return Rejection(RejectionCode.INVALID_HELLO, f"too many labels ({len(labels)} > {MAX_LABELS})")
+    for key, value in labels.items():
+        if len(key) > MAX_TEXT or len(value) > MAX_TEXT:
+            return Rejection(RejectionCode.INVALID_HELLO, f"label {key[:40]!r} is longer than {MAX_TEXT} characters")
+    return None
+
+
+def check_edge_hello(hello: pb.EdgeHelloRequest, credentials: CredentialCheck) -> Optional[Rejection]:
+    """Why the Control Plane must refuse this Edge hello, or ``None``.
+
+    Checked in order: protocol version, edge id, credential, then the bounds
+    on the announced labels and command catalog.
+    """
+    rejection = check_version(hello.protocol_major, hello.protocol_minor, "this Control Plane")
+    if rejection is None:
+        rejection = check_id("edge_id", hello.edge_id)
+    if rejection is not None:
+        return rejection
+    if not credentials.check(hello.edge_id, hello.credential):
+        return Rejection(RejectionCode.BAD_CREDENTIAL, f"wrong or missing credential for edge {hello.edge_id!r}")
+    if len(hello.commands) > MAX_COMMANDS:
+        return Rejection(
+            RejectionCode.INVALID_HELLO, f"too many commands announced ({len(hello.commands)} > {MAX_COMMANDS})"
+        )
+    rejection = check_labels(hello.labels)
+    if rejection is not None:
+        return rejection
+    for spec in hello.commands:
+        if not spec.name or len(spec.name) > MAX_TEXT:
+            return Rejection(RejectionCode.INVALID_HELLO, "a command in the catalog has an empty or overlong name")
+    return None
+
+
+def check_node_hello(hello: pb.NodeHelloRequest, credentials: Mapping[str, str]) -> Optional[Rejection]:
+    """Why the Edge must refuse this Node hello, or ``None``.
+
+    ``credentials`` maps every configured node id to its credential (``""``
+    when the node needs none); a node id not in it is unknown. Checked in
+    order: protocol version, node id, configured, credential, then the
+    bounds on announced providers and labels.
+    """
+    rejection = check_version(hello.protocol_major, hello.protocol_minor, "this edge")
+    if rejection is None:
+        rejection = check_id("node_id", hello.node_id)
+    if rejection is not None:
+        return rejection
+    expected = credentials.get(hello.node_id)
+    if expected is None:
+        return Rejection(RejectionCode.UNKNOWN_NODE, f"node {hello.node_id!r} is not configured on this edge")
+    if expected and not hmac.compare_digest(expected.encode(), hello.credential.encode()):
+        return Rejection(RejectionCode.BAD_CREDENTIAL, f"wrong or missing credential for node {hello.node_id!r}")
+    if len(hello.providers) > MAX_PROVIDERS:
+        return Rejection(
+            RejectionCode.INVALID_HELLO, f"too many providers announced ({len(hello.providers)} > {MAX_PROVIDERS})"
+        )
+    for spec in hello.providers:
+        if len(spec.provider_id) > MAX_TEXT:
+            return Rejection(RejectionCode.INVALID_HELLO, f"a provider id is longer than {MAX_TEXT} characters")
+    return check_labels(hello.labels)

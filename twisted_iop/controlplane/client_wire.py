@@ -98,6 +98,11 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
         self._lost_first = 0
         self._lost_last = 0
 
+    @property
+    def queued_events(self) -> int:
+        """Events waiting for this subscriber's socket to drain."""
+        return len(self._queue)
+
     # -- Autobahn hooks (it swallows exceptions here, so log them) ------------
 
     def onConnect(self, request: object) -> None:

@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 import attrs
 from klein import Klein
+from prometheus_client import CollectorRegistry
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -34,6 +35,7 @@ from twisted_iop.controlplane.records import EDGE_DISCONNECTED, TIMED_OUT, Opera
 from twisted_iop.controlplane.registry import EdgeRegistry, UnknownEdge
 from twisted_iop.http_site import WRITE_METHODS, Refusal
 from twisted_iop.ids import id_problem
+from twisted_iop.metrics import render as render_metrics
 
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
@@ -138,12 +140,14 @@ class ControlPlaneHttp:
         clock: IReactorTime,
         readiness: ListenerReadiness,
         settings: HttpSettings = HttpSettings(),
+        metrics: Optional[CollectorRegistry] = None,
     ) -> None:
         self._registry = registry
         self._gateway = gateway
         self._clock = clock
         self._readiness = readiness
         self._settings = settings
+        self._metrics = metrics
 
     # -- errors --------------------------------------------------------------
 
@@ -244,6 +248,17 @@ class ControlPlaneHttp:
         """Readiness: every listener is bound."""
         ready = self._readiness.ready
         return json_body(request, 200 if ready else 503, {"ready": ready, "listeners": dict(self._readiness.listeners)})
+
+    @app.route("/metrics", methods=["GET"])
+    def metrics(self, request: IRequest) -> bytes:
+        """Prometheus metrics (text exposition format)."""
+        self._authorize(request)
+        if self._metrics is None:
+            raise NotFound("metrics are not enabled")
+        body, content_type = render_metrics(self._metrics)
+        request.setHeader(b"Content-Type", content_type.encode("ascii"))
+        request.setHeader(b"Cache-Control", b"no-store")
+        return body
 
     # -- edges -----------------------------------------------------------------
 

@@ -150,6 +150,8 @@ class EdgeRegistry(Service):
         self.fleet_events = EventBuffer(limits.fleet_events)
         self._listeners: list[EventListener] = []
         self.connected_count = 0
+        #: Accepted hellos since start (for metrics).
+        self.enrollments_total = 0
 
     # -- lookups ------------------------------------------------------------
 
@@ -167,6 +169,11 @@ class EdgeRegistry(Service):
     def edges(self) -> Iterable[EdgeRecord]:
         """Every known edge (in no particular order)."""
         return self._edges.values()
+
+    @property
+    def known_count(self) -> int:
+        """How many edges are known, connected or not."""
+        return len(self._edges)
 
     def edge_ids(self) -> list[str]:
         """Every known edge id, sorted."""
@@ -204,6 +211,7 @@ class EdgeRegistry(Service):
         record.disconnected_at = None
         record.last_seen = now
         record.enrollments += 1
+        self.enrollments_total += 1
         self.connected_count += 1
         if old_peer is not None:
             self._log.info("edge {edge_id} superseded by a newer connection", edge_id=edge_id)

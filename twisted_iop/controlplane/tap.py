@@ -14,6 +14,7 @@ from twisted_iop.controlplane.config import ControlPlaneConfig, load_config, una
 from twisted_iop.controlplane.edge_wire import EdgeWireFactory
 from twisted_iop.controlplane.gateway import EdgeGateway
 from twisted_iop.controlplane.http_routes import ControlPlaneHttp, ListenerReadiness
+from twisted_iop.controlplane.metrics import control_plane_registry
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.http_site import GuardedSite
 from twisted_iop.listeners import DaemonService, ListenerService, listen_problem
@@ -70,8 +71,12 @@ class ControlPlaneService(DaemonService):
         self.gateway = EdgeGateway(self.registry, reactor, config.status_timeout_seconds)
         self.listeners: list[ListenerService] = []
         self.readiness = ListenerReadiness(self.listeners)
-        self.http = ControlPlaneHttp(self.registry, self.gateway, reactor, self.readiness, config.http)
-        site = GuardedSite(self.http.app.resource(), config.http_site, self.http.check_headers, reactor)
+        self.http = ControlPlaneHttp(
+            self.registry, self.gateway, reactor, self.readiness, config.http, metrics=control_plane_registry(self)
+        )
+        site = self.http_site = GuardedSite(
+            self.http.app.resource(), config.http_site, self.http.check_headers, reactor
+        )
         self.edge_factory = EdgeWireFactory(self.registry, reactor, config.edge_wire, config.credentials)
         self.edge_factory.noisy = False
         self.client_factory = ClientWireFactory(self.registry, config.client_wire)

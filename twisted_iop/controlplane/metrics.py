@@ -1,0 +1,54 @@
+"""The Control Plane's Prometheus metrics, read from its state when scraped."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from twisted_iop.metrics import counter, gauge, labelled, new_registry
+
+if TYPE_CHECKING:
+    from twisted_iop.controlplane.tap import ControlPlaneService
+
+
+def control_plane_registry(service: ControlPlaneService) -> CollectorRegistry:
+    """The registry behind the Control Plane's ``GET /metrics``."""
+    return new_registry(lambda: control_plane_metrics(service))
+
+
+def control_plane_metrics(service: ControlPlaneService) -> Iterator[Metric]:
+    """Every figure of the Control Plane, from its registry, wires and HTTP site."""
+    registry = service.registry
+    yield gauge("iop_edges_connected", "Edges with a current connection", registry.connected_count)
+    yield gauge("iop_edges_known", "Edges known, connected or not", registry.known_count)
+    yield counter("iop_enrollments", "Accepted edge hellos", registry.enrollments_total)
+    fleet = registry.fleet_events
+    yield counter("iop_events_recorded", "Events recorded", fleet.last_sequence)
+    edge_dropped = sum(record.events.dropped for record in registry.edges())
+    yield labelled(
+        CounterMetricFamily,
+        "iop_events_dropped",
+        "Events that left a bounded buffer before anyone read them",
+        ["buffer"],
+        [(["fleet"], fleet.dropped), (["edge"], edge_dropped)],
+    )
+    yield gauge("iop_events_kept", "Events kept in the fleet buffer", len(fleet))
+    yield gauge(
+        "iop_edge_wire_connections", "Open edge-wire connections (hello or not)", len(service.edge_factory.connections)
+    )
+    subscribers = list(service.client_factory.connections)
+    yield gauge("iop_client_connections", "Open /client WebSocket connections", len(subscribers))
+    depth = GaugeMetricFamily(
+        "iop_subscriber_queue_depth", "Events queued for slow /client subscribers", labels=["aggregate"]
+    )
+    depths = [connection.queued_events for connection in subscribers]
+    depth.add_metric(["sum"], sum(depths))
+    depth.add_metric(["max"], max(depths, default=0))
+    yield depth
+    site = service.http_site
+    yield gauge("iop_http_connections", "Open HTTP connections", site.connections)
+    yield counter("iop_http_refused_connections", "HTTP connections refused at a cap", site.refused_connections)
+    yield counter("iop_http_timed_out_requests", "HTTP requests cut at a deadline", site.timed_out_requests)

@@ -6,6 +6,7 @@ import bisect
 import hmac
 import json
 from collections.abc import Sequence
+from importlib import resources
 from typing import Any, Optional, Protocol
 from urllib.parse import urlsplit
 
@@ -36,6 +37,8 @@ from twisted_iop.ids import id_problem
 
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
+#: The OpenAPI 3.1 document of these routes, packaged next to this module.
+OPENAPI_RESOURCE = "openapi.json"
 
 
 class Listener(Protocol):
@@ -141,6 +144,7 @@ class ControlPlaneHttp:
         self._clock = clock
         self._readiness = readiness
         self._settings = settings
+        self._openapi: Optional[bytes] = None
 
     # -- errors --------------------------------------------------------------
 
@@ -217,6 +221,14 @@ class ControlPlaneHttp:
         """Readiness: every listener is bound."""
         ready = self._readiness.ready
         return json_body(request, 200 if ready else 503, {"ready": ready, "listeners": dict(self._readiness.listeners)})
+
+    @app.route("/openapi.json", methods=["GET"])
+    def openapi(self, request: IRequest) -> bytes:
+        """The OpenAPI document of this API: the contract every view is tested against."""
+        if self._openapi is None:
+            self._openapi = resources.files(__package__).joinpath(OPENAPI_RESOURCE).read_bytes()
+        request.setHeader(b"Content-Type", b"application/json")
+        return self._openapi
 
     # -- edges -----------------------------------------------------------------
 

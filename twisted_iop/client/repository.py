@@ -365,6 +365,7 @@ class ControlPlaneStatusRepository:
         data = await self._request("GET", "/fleet/operations", {"limit": limit, "cursor": cursor})
         return read(OperationPage, data)
 
+
 def _check_cursor(cursor: str, seen: set[str]) -> None:
     """Refuse a cursor seen before: a server bug must not loop us forever."""
     if cursor in seen:

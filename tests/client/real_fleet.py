@@ -24,8 +24,9 @@ from treq.testing import StubTreq
 from twisted.internet.task import Clock
 
 from twisted_iop.client.repository import ControlPlaneStatusRepository
+from twisted_iop.controlplane.config import config_from_text
 from twisted_iop.controlplane.gateway import EdgeGateway
-from twisted_iop.controlplane.http_routes import ControlPlaneHttp, HttpSettings, ListenerReadiness
+from twisted_iop.controlplane.http_routes import ControlPlaneHttp, ListenerReadiness
 from twisted_iop.controlplane.registry import EdgeRegistry
 
 #: How long the Control Plane waits for a status answer in these tests.
@@ -92,9 +93,9 @@ def stub_repository(
     clock = Clock()
     clock.advance(1_700_000_000)
     registry = EdgeRegistry(clock)
-    api = ControlPlaneHttp(
-        registry, EdgeGateway(registry, clock), clock, ListenerReadiness([]), HttpSettings(api_token=api_token)
-    )
+    # Settings come through the config parser, as the daemon's do.
+    settings = config_from_text(f"http:\n  api_token: {api_token}\n" if api_token else "").http
+    api = ControlPlaneHttp(registry, EdgeGateway(registry, clock), clock, ListenerReadiness([]), settings)
     return ControlPlaneStatusRepository(base_url, api_token=token, http_client=StubTreq(api.app.resource()))
 
 

@@ -1,9 +1,16 @@
-"""iopctl: argument parsing, tables, --json, exit codes (injected repository)."""
+"""iopctl: argument parsing, tables, --json and exit codes, against the real Control Plane.
+
+Every view runs ``cli.run`` with a repository on a real Control Plane fed by
+scripted edges (tests/client/real_fleet.py); ``--json`` output is compared
+with what the server itself answers and validated against its OpenAPI
+document.
+"""
 
 from __future__ import annotations
 
 import io
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -12,9 +19,8 @@ from typing import Any, Optional
 
 import pytest
 import pytest_twisted
-from iop_client_fakes import EDGE_STATUS, OPERATION, FakeControlPlaneResource, FakeWireServer, error_body, fleet_event
+from real_fleet import Fleet, contract_validator, start_fleet
 from support import eventually
-from treq.testing import StubTreq
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 
@@ -28,7 +34,8 @@ from twisted_iop.client.cli import (
     parse_arguments,
     run,
 )
-from twisted_iop.client.render import render_table
+from twisted_iop.client.models import Operation, OperationPage, parse_time, read
+from twisted_iop.client.render import render_operation, render_operations, render_table
 from twisted_iop.client.repository import ControlPlaneStatusRepository
 from twisted_iop.client.wire import ClientWireClient
 
@@ -50,20 +57,18 @@ class Result:
 
 async def iopctl(
     argv: list[str],
-    fake: Optional[FakeControlPlaneResource] = None,
-    wire_url: str = "ws://127.0.0.1:1/client",
+    fleet: Fleet,
     interrupted: Optional[Deferred[None]] = None,
     out: Optional[io.StringIO] = None,
 ) -> Result:
-    """Run iopctl's ``run`` with a StubTreq repository on ``fake``."""
-    fake = fake or FakeControlPlaneResource()
+    """Run iopctl's ``run`` against ``fleet``'s real Control Plane (HTTP and wire)."""
     args = parse_arguments(argv)
-    repository = ControlPlaneStatusRepository("http://cp.test", http_client=StubTreq(fake))
+    repository = ControlPlaneStatusRepository(args.url or fleet.cp.http_url, api_token=args.token, timeout=10)
     out = out or io.StringIO()
     err = io.StringIO()
 
     def wire_factory(a: Any) -> ClientWireClient:
-        return ClientWireClient(a.wire_url or wire_url, reactor=reactor, api_token=a.token)
+        return ClientWireClient(a.wire_url or fleet.cp.wire_url, reactor=reactor, api_token=a.token)
 
     code = await run(reactor, args, repository, wire_factory, out, err, interrupted)
     return Result(code, out.getvalue(), err.getvalue())
@@ -141,107 +146,183 @@ def test_render_table_aligns_columns() -> None:
 
 # -- views -----------------------------------------------------------------------
 
-
-@pytest_twisted.ensureDeferred
-async def test_edges_table() -> None:
-    """iopctl edges prints one aligned row per edge."""
-    result = await iopctl(["edges"])
-    assert result.code == EXIT_OK and result.err == ""
-    lines = result.out.splitlines()
-    assert lines[0].split()[:3] == ["EDGE", "CONNECTED", "VERSION"]
-    assert lines[1].split()[:2] == ["edge-a", "yes"] and lines[2].split()[:2] == ["edge-b", "no"]
-    assert lines[0].index("CONNECTED") == lines[1].index("yes") == lines[2].index("no")
+#: Keys whose values change from one request to the next (fresh snapshots, clocks).
+VOLATILE = {"generated_at", "received_at", "round_at", "last_seen", "connected_since"}
 
 
-@pytest_twisted.ensureDeferred
-async def test_status_shows_node_and_provider_rows() -> None:
-    """iopctl status shows node rows and provider rows with status, health and both counter sets."""
-    result = await iopctl(["status", "edge-a"])
-    assert result.code == EXIT_OK
-    out = result.out
-    assert "edge edge-a: connected, fresh snapshot" in out
-    header, totals, nodes, providers = out.strip("\n").split("\n\n")
-    assert "nodes      1/2 connected" in totals and "long ctx   0/1 in flight, 2 queued" in totals
-    node_lines = nodes.splitlines()
-    assert node_lines[0].split()[:4] == ["NODE", "CONNECTED", "DRAINED", "PROVIDERS"]
-    assert [line.split()[:3] for line in node_lines[1:]] == [["node-1", "yes", "no"], ["node-2", "no", "no"]]
-    provider_lines = providers.splitlines()
-    assert provider_lines[0].split() == [
-        "NODE",
-        "PROVIDER",
-        "KIND",
-        "STATUS",
-        "HEALTH",
-        "CAP",
-        "IN-FLIGHT",
-        "QUEUED",
-        "LC-CAP",
-        "LC-IN-FLIGHT",
-        "LC-QUEUED",
-        "MODELS",
-        "REASON",
-    ]
-    first, second = (line.split() for line in provider_lines[1:])
-    assert first == ["node-1", "mock-a", "mock", "available", "healthy", "4", "1", "0", "1", "0", "2", "llama-3-8b"]
-    assert second[:5] == ["node-2", "vllm-b", "vllm", "unavailable", "offline"]
-    assert provider_lines[2].endswith("node not connected")
-    # Right-aligned numbers end under the end of their header.
-    cap_end = provider_lines[0].index("CAP ") + 3
-    assert provider_lines[1][cap_end - 1] == "4"
+def without_volatile(document: Any) -> Any:
+    """``document`` with the per-request times removed, for comparing two answers."""
+    if isinstance(document, dict):
+        return {k: without_volatile(v) for k, v in document.items() if k not in VOLATILE}
+    if isinstance(document, list):
+        return [without_volatile(v) for v in document]
+    return document
 
 
 @pytest_twisted.ensureDeferred
-async def test_json_output_parses_and_mirrors_the_api() -> None:
-    """--json prints the documented JSON shape."""
-    result = await iopctl(["--json", "status", "edge-a"])
-    assert result.code == EXIT_OK and result.json() == EDGE_STATUS
-    fleet = (await iopctl(["fleet", "--json"])).json()
-    assert [row["edge_id"] for row in fleet["items"]] == ["edge-a", "edge-b"]
-    assert fleet["totals"]["edges_known"] == 2
+async def test_tables_of_every_view() -> None:
+    """edges, edge, status, fleet, events, operations, operation and commands print tables and exit 0."""
+    fleet = await start_fleet("edge-a", "edge-b")
+    try:
+        await fleet.disconnect("edge-b")
+        operation = await fleet.repository().send_command("edge-a", "node.drain", target="node-1")
+        edges = await iopctl(["edges"], fleet)
+        assert edges.code == EXIT_OK and edges.err == ""
+        lines = edges.out.splitlines()
+        assert lines[0].split()[:3] == ["EDGE", "CONNECTED", "VERSION"]
+        assert lines[1].split()[:3] == ["edge-a", "yes", "test-edge"] and lines[2].split()[:2] == ["edge-b", "no"]
+        assert lines[0].index("CONNECTED") == lines[1].index("yes") == lines[2].index("no")
+
+        status = await iopctl(["status", "edge-a"], fleet)
+        assert status.code == EXIT_OK
+        header, totals, nodes, providers = status.out.strip("\n").split("\n\n")
+        assert header.startswith("edge edge-a: connected, fresh snapshot")
+        assert "nodes      2/2 connected" in totals and "long ctx   0/2 in flight, 2 queued" in totals
+        assert [line.split()[:3] for line in nodes.splitlines()[1:]] == [
+            ["node-1", "yes", "no"],
+            ["node-2", "yes", "no"],
+        ]
+        provider_lines = providers.splitlines()
+        assert provider_lines[0].split()[:5] == ["NODE", "PROVIDER", "KIND", "STATUS", "HEALTH"]
+        assert provider_lines[1].split() == [
+            "node-1",
+            "mock-1",
+            "mock",
+            "available",
+            "healthy",
+            "4",
+            "1",
+            "2",
+            "1",
+            "0",
+            "1",
+            "llama-3-8b",
+        ]
+        cap_end = provider_lines[0].index("CAP ") + 3
+        assert provider_lines[1][cap_end - 1] == "4"  # right-aligned under its header
+
+        expectations = {
+            ("edge", "edge-a"): "last snapshot     fresh",
+            ("fleet",): "edges      1/2 connected",
+            ("events", "edge-a", "--since", "0"): "edge.connected",
+            ("operations", "edge-a"): operation.operation_id,
+            ("operation", "edge-a", operation.operation_id): "succeeded",
+            ("commands", "edge-a"): "edge.diagnostics",
+        }
+        for argv, needle in expectations.items():
+            result = await iopctl(list(argv), fleet)
+            assert result.code == EXIT_OK, (argv, result.err)
+            assert needle in result.out, (argv, result.out)
+    finally:
+        await fleet.stop()
 
 
 @pytest_twisted.ensureDeferred
-async def test_every_view_renders() -> None:
-    """edge, fleet, events, operations, operation and commands all print and exit 0."""
-    expectations = {
-        ("edge", "edge-a"): "1000",
-        ("fleet",): "edges      1/2 connected",
-        ("events", "edge-a", "--since", "6"): "node.disconnected",
-        ("operations", "edge-a"): "0f3c9a",
-        ("operation", "edge-a", "0f3c9a"): "drained",
-        ("commands", "edge-a"): "edge.diagnostics",
-    }
-    for argv, needle in expectations.items():
-        result = await iopctl(list(argv))
-        assert result.code == EXIT_OK, (argv, result.err)
-        assert needle in result.out, (argv, result.out)
+async def test_fleet_with_a_frozen_edge() -> None:
+    """iopctl fleet: the frozen edge's row says timeout and why; the other rows are normal; --json too."""
+    fleet = await start_fleet("edge-a", "edge-b", "edge-c")
+    try:
+        fleet.freeze("edge-b")
+        result = await iopctl(["fleet"], fleet)
+        assert result.code == EXIT_OK and result.err == ""
+        table = result.out.strip("\n").split("\n\n")[-1].splitlines()
+        assert table[0].split()[:2] == ["EDGE", "STATE"] and table[0].rstrip().endswith("ERROR")
+        rows = {line.split()[0]: line for line in table[1:]}
+        assert rows["edge-b"].split()[1:3] == ["timeout", "yes"]
+        assert rows["edge-b"].endswith("edge_timeout: edge 'edge-b' did not answer within 0.5s")
+        for edge_id in ("edge-a", "edge-c"):
+            # state, connected, nodes, providers, the six counters, and no error text
+            assert rows[edge_id].split()[1:] == ["ok", "yes", "2/2", "2", "8", "2", "4", "2", "0", "2"]
+        as_json = (await iopctl(["--json", "fleet"], fleet)).json()
+        contract_validator("FleetStatus").validate(as_json)
+        json_rows = {row["edge_id"]: row for row in as_json["items"]}
+        assert json_rows["edge-b"]["state"] == "timeout" and json_rows["edge-b"]["stale"] is True
+        assert json_rows["edge-b"]["error"] == {
+            "code": "edge_timeout",
+            "message": "edge 'edge-b' did not answer within 0.5s",
+        }
+        assert [json_rows[e]["error"] for e in ("edge-a", "edge-c")] == [None, None]
+        assert as_json["totals"]["edges_connected"] == 3 and as_json["totals"]["nodes_configured"] == 4
+    finally:
+        await fleet.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_every_json_command_prints_the_server_shape() -> None:
+    """--json prints what the server answers for the view (edges: all pages as one GET /edges page)."""
+    fleet = await start_fleet("edge-a", "edge-b")
+    try:
+        operation = await fleet.repository().send_command("edge-a", "node.drain", target="node-1")
+        views = [
+            (["edges"], "/edges?limit=1000", "EdgesPage"),
+            (["edge", "edge-a"], "/edges/edge-a", "EdgeDetail"),
+            (["status", "edge-a"], "/edges/edge-a/status", "EdgeStatus"),
+            (["fleet"], "/fleet/status", "FleetStatus"),
+            (["events", "edge-a"], "/edges/edge-a/events", "EdgeEventPage"),
+            (["operations", "edge-a"], "/edges/edge-a/operations", "EdgeOperationPage"),
+            (
+                ["operation", "edge-a", operation.operation_id],
+                f"/edges/edge-a/operations/{operation.operation_id}",
+                "Operation",
+            ),
+            (["commands", "edge-a"], "/edges/edge-a/commands", "CommandCatalog"),
+        ]
+        for argv, path, schema in views:
+            printed = (await iopctl(["--json", *argv], fleet)).json()
+            code, served = await fleet.cp.get_json(path)
+            assert code == 200
+            contract_validator(schema).validate(printed)
+            assert without_volatile(printed) == without_volatile(served), argv
+        printed = (await iopctl(["--json", "command", "edge-a", "node.undrain", "--target", "node-2"], fleet)).json()
+        contract_validator("CommandAnswer").validate(printed)
+        assert printed["state"] == "succeeded" and printed["result"] == {"target": "node-2"}
+    finally:
+        await fleet.stop()
 
 
 @pytest_twisted.ensureDeferred
 async def test_server_error_is_one_line_and_exit_1() -> None:
-    """An error answer prints 'iopctl: <code>: <message>' on stderr and exits 1."""
-    result = await iopctl(["status", "nope"])
-    assert result.code == EXIT_ERROR and result.out == ""
-    assert result.err == "iopctl: unknown_edge: no edge named 'nope' is known\n"
-    as_json = await iopctl(["status", "nope", "--json"])
-    assert as_json.json()["error"]["code"] == "unknown_edge"
+    """An error answer prints 'iopctl: <code>: <message>' on stderr and exits 1; --json prints the document."""
+    fleet = await start_fleet()
+    try:
+        result = await iopctl(["status", "nope"], fleet)
+        assert result.code == EXIT_ERROR and result.out == ""
+        assert result.err == "iopctl: unknown_edge: no edge named 'nope' is known\n"
+        as_json = await iopctl(["status", "nope", "--json"], fleet)
+        contract_validator("Error").validate(as_json.json())
+        assert as_json.json()["error"] == {
+            "code": "unknown_edge",
+            "message": "no edge named 'nope' is known",
+            "status": 404,
+        }
+    finally:
+        await fleet.stop()
 
 
 @pytest_twisted.ensureDeferred
 async def test_not_connected_status_shows_the_stale_snapshot() -> None:
-    """A disconnected edge: the last snapshot, marked STALE, then the error line; exit 1."""
-    result = await iopctl(["status", "edge-b"])
-    assert result.code == EXIT_ERROR
-    assert "edge edge-b: not connected, STALE snapshot" in result.out
-    assert result.err == "iopctl: edge_not_connected: edge 'edge-b' is not connected\n"
+    """A disconnected edge: the last snapshot marked STALE, then the error line; exit 1; --json the 409 body."""
+    fleet = await start_fleet("edge-b")
+    try:
+        await fleet.repository().edge_status("edge-b")
+        await fleet.disconnect("edge-b")
+        result = await iopctl(["status", "edge-b"], fleet)
+        assert result.code == EXIT_ERROR
+        assert "edge edge-b: not connected, STALE snapshot" in result.out and "mock-2" in result.out
+        assert result.err == "iopctl: edge_not_connected: edge 'edge-b' is not connected\n"
+        document = (await iopctl(["--json", "status", "edge-b"], fleet)).json()
+        contract_validator("StatusNotConnectedError").validate(document)
+        assert document["error"]["code"] == "edge_not_connected" and document["snapshot"]["stale"] is True
+    finally:
+        await fleet.stop()
 
 
 @pytest_twisted.ensureDeferred
 async def test_command_sends_and_prints_the_operation() -> None:
-    """command posts the request and prints the operation's result; exit 0 on success."""
-    fake = FakeControlPlaneResource()
-    result = await iopctl(
-        [
+    """command sends name, target, arguments and key; prints the operation; exit 0 on success."""
+    fleet = await start_fleet("edge-a")
+    try:
+        argv = [
             "command",
             "edge-a",
             "node.drain",
@@ -251,33 +332,91 @@ async def test_command_sends_and_prints_the_operation() -> None:
             "reason=maintenance",
             "--idempotency-key",
             "drain-1",
-        ],
-        fake,
-    )
-    assert result.code == EXIT_OK
-    assert json.loads(fake.requests[-1]["body"]) == {
-        "name": "node.drain",
-        "target": "node-1",
-        "arguments": {"reason": "maintenance"},
-        "idempotency_key": "drain-1",
-    }
-    assert "state" in result.out and "succeeded" in result.out and "drained" in result.out
+            "--timeout",
+            "4",
+        ]
+        result = await iopctl(argv, fleet)
+        assert result.code == EXIT_OK, result.err
+        (sent,) = fleet.edges["edge-a"].commands_seen
+        assert (sent.name, sent.target, dict(sent.arguments)) == ("node.drain", "node-1", {"reason": "maintenance"})
+        pairs = dict(line.split(None, 1) for line in result.out.splitlines() if len(line.split(None, 1)) == 2)
+        assert pairs["state"] == "succeeded" and pairs["target"] == "node-1" and "replayed" not in result.out
+        again = await iopctl(argv, fleet)
+        assert again.code == EXIT_OK and len(fleet.edges["edge-a"].commands_seen) == 1
+    finally:
+        await fleet.stop()
 
 
 @pytest_twisted.ensureDeferred
-async def test_failed_and_timed_out_commands_exit_1() -> None:
-    """A failed command exits 1 with its reason; a timeout prints the operation and the error."""
-    fake = FakeControlPlaneResource()
-    fake.routes[("POST", "/edges/edge-a/commands")] = (200, dict(OPERATION, state="failed", reason="node busy"))
-    failed = await iopctl(["command", "edge-a", "node.drain"], fake)
-    assert failed.code == EXIT_ERROR and failed.err == "iopctl: failed: node busy\n"
-    fake.routes[("POST", "/edges/edge-a/commands")] = (
-        504,
-        error_body("edge_timeout", "no answer within 2 s", 504, operation=dict(OPERATION, state="timed_out")),
+async def test_failed_rejected_and_timed_out_commands_exit_1() -> None:
+    """A failed or rejected command exits 1 with its reason; a timeout prints the operation and the error."""
+    fleet = await start_fleet("edge-a")
+    edge = fleet.edges["edge-a"]
+    try:
+        edge.command_behaviour = "fail"
+        failed = await iopctl(["command", "edge-a", "node.drain"], fleet)
+        assert failed.code == EXIT_ERROR and failed.err == "iopctl: failed: told to fail\n"
+        edge.command_behaviour = "reject"
+        rejected = await iopctl(["command", "edge-a", "node.drain"], fleet)
+        assert rejected.code == EXIT_ERROR and rejected.err == "iopctl: rejected: told to reject\n"
+        edge.command_behaviour = "silent"
+        timed_out = await iopctl(["command", "edge-a", "node.drain", "--timeout", "0.2"], fleet)
+        assert timed_out.code == EXIT_ERROR and "timed_out" in timed_out.out
+        assert timed_out.err.startswith("iopctl: edge_timeout: ") and len(timed_out.err.splitlines()) == 1
+        as_json = await iopctl(["--json", "command", "edge-a", "node.drain", "--timeout", "0.2"], fleet)
+        contract_validator("CommandError").validate(as_json.json())
+        assert as_json.json()["operation"]["state"] == "timed_out"
+    finally:
+        await fleet.stop()
+
+
+async def real_operation(fleet: Fleet) -> dict[str, Any]:
+    """The JSON of a real succeeded command answer."""
+    code, answer = await fleet.cp.post_json("/edges/edge-a/commands", {"name": "node.drain", "target": "node-1"})
+    assert code == 200
+    return dict(answer)
+
+
+@pytest_twisted.ensureDeferred
+async def test_replayed_answer_and_late_outcome_are_shown() -> None:
+    """A replayed answer says so; an operation with a late outcome shows it (contract additions).
+
+    The documents are real answers extended as the OpenAPI document says,
+    and validated against it first.
+    """
+    fleet = await start_fleet("edge-a")
+    try:
+        answer = await real_operation(fleet)
+    finally:
+        await fleet.stop()
+    replayed = dict(answer, replayed=True)
+    contract_validator("CommandAnswer").validate(replayed)
+    text = render_operation(read(Operation, replayed))
+    assert re.search(
+        r"^replayed +yes: the key matched an earlier identical command; it was not sent again$", text, re.M
     )
-    timed_out = await iopctl(["command", "edge-a", "node.drain", "--timeout", "2"], fake)
-    assert timed_out.code == EXIT_ERROR and "timed_out" in timed_out.out
-    assert timed_out.err == "iopctl: edge_timeout: no answer within 2 s\n"
+    late = dict(
+        answer,
+        state="timed_out",
+        reason="no answer within 0.2 s",
+        late_outcome={
+            "state": "succeeded",
+            "reason": "drained late",
+            "result": {"drained": "true"},
+            "received_at": "2026-11-29T20:00:07.250Z",
+        },
+    )
+    contract_validator("Operation").validate(late)
+    operation = read(Operation, late)
+    text = render_operation(operation)
+    assert re.search(r"^late outcome +succeeded at 2026-11-29 20:00:07: drained late$", text, re.M)
+    assert "late result:\n  drained  true\n" in text
+    page = read(OperationPage, {"items": [late, answer], "total": 2, "next_cursor": None})
+    table = render_operations(page).splitlines()
+    assert table[0].split()[:5] == ["OPERATION", "NAME", "TARGET", "STATE", "LATE"]
+    assert table[1].split()[3:5] == ["timed_out", "succeeded"] and table[2].split()[3:5] == ["succeeded", "-"]
+    plain = render_operations(read(OperationPage, {"items": [answer], "total": 1, "next_cursor": None}))
+    assert "LATE" not in plain and parse_time(late["late_outcome"]["received_at"]).year == 2026
 
 
 def closed_port() -> int:
@@ -303,84 +442,72 @@ async def test_unreachable_is_one_line_and_exit_3() -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_hello_over_the_wire() -> None:
-    """iopctl hello prints the server's answer; --json parses."""
-    server = FakeWireServer()
-    url = await server.listen(reactor)
+    """iopctl hello prints the real server's answer; --json parses; a wrong token exits 1 with the reason."""
+    fleet = await start_fleet(api_token="s3cret")
     try:
-        result = await iopctl(["hello", "--wire-url", url])
-        assert result.code == EXIT_OK and "fake-1" in result.out and "events.subscribe" in result.out
-        as_json = (await iopctl(["hello", "--wire-url", url, "--json"])).json()
-        assert as_json["accepted"] is True and as_json["protocol"] == "1.0"
+        result = await iopctl(["hello", "--token", "s3cret"], fleet)
+        assert result.code == EXIT_OK and "events.subscribe" in result.out
+        as_json = (await iopctl(["hello", "--json", "--token", "s3cret"], fleet)).json()
+        assert as_json["accepted"] is True and as_json["url"] == fleet.cp.wire_url
+        refused = await iopctl(["hello", "--token", "wrong"], fleet)
+        assert refused.code == EXIT_ERROR and refused.err.startswith("iopctl: hello_rejected: ")
     finally:
-        await server.stop()
+        await fleet.stop()
 
 
 @pytest_twisted.ensureDeferred
-async def test_hello_rejected_exits_1() -> None:
-    """A refused hello prints the reason as one error line and exits 1."""
-    server = FakeWireServer(token="right")
-    url = await server.listen(reactor)
-    try:
-        result = await iopctl(["hello", "--wire-url", url, "--token", "wrong"])
-        assert result.code == EXIT_ERROR
-        assert result.err == "iopctl: hello_rejected: the API token is missing or wrong\n"
-    finally:
-        await server.stop()
-
-
-@pytest_twisted.ensureDeferred
-async def test_events_follow_prints_live_until_interrupted() -> None:
-    """events --follow prints each event as it arrives and lost-event notices; Ctrl-C ends it with 0."""
-    server = FakeWireServer()
-    url = await server.listen(reactor)
+async def test_events_follow_prints_live_and_lost_events_until_interrupted() -> None:
+    """events --follow --since 0: a resume_gap notice for events the buffer dropped, then events live."""
+    fleet = await start_fleet("edge-a", config_text="registry:\n  events_per_edge: 3\n")
+    edge = fleet.edges["edge-a"]
     interrupted: Deferred[None] = Deferred()
     out = io.StringIO()
     try:
-        running = Deferred.fromCoroutine(
-            iopctl(["events", "edge-a", "--follow", "--wire-url", url], interrupted=interrupted, out=out)
-        )
+        for i in range(5):
+            edge.event("provider.health_changed", node_id="node-1", message=f"change {i}")
         await eventually(
-            lambda: any(c.subscribed == "edge-a" for c in server.connections), timeout=5, message="subscribed"
+            lambda: fleet.cp.registry.get("edge-a").events.last_sequence == 6, timeout=5, message="6 events"
         )
-        server.publish(fleet_event("edge-a", 1, 1, kind="node.ready"))
-        server.send_lost(2, 2, 3)
-        server.publish(fleet_event("edge-a", 4, 4, kind="node.disconnected"))
-        await eventually(lambda: "node.disconnected" in out.getvalue(), timeout=5, message="second event printed")
+        running = Deferred.fromCoroutine(
+            iopctl(["events", "edge-a", "--follow", "--since", "0"], fleet, interrupted=interrupted, out=out)
+        )
+        await eventually(lambda: out.getvalue().count("\n") == 4, timeout=5, message="notice and kept events")
+        edge.event("node.ready", node_id="node-1", message="node node-1 is ready")
+        await eventually(lambda: "node.ready" in out.getvalue(), timeout=5, message="the live event")
         interrupted.callback(None)
         result = await running
         assert result.code == EXIT_OK
         lines = result.out.splitlines()
-        assert lines[0].split()[0] == "1" and "node.ready" in lines[0] and "node=node-1" in lines[0]
-        assert lines[1] == "-- 2 events lost (sequences 2..3, slow_consumer) --"
-        assert "node.disconnected" in lines[2]
-        await eventually(lambda: not server.connections, timeout=5, message="connection closed")
+        assert lines[0] == "-- 3 events lost (sequences 1..3, resume_gap) --"
+        assert [line.split()[0] for line in lines[1:]] == ["4", "5", "6", "7"]
+        assert "node.ready" in lines[4] and "node=node-1" in lines[4] and "node node-1 is ready" in lines[4]
     finally:
-        await server.stop()
+        await fleet.stop()
 
 
 @pytest_twisted.ensureDeferred
 async def test_events_follow_json_lines() -> None:
     """events --follow --json prints one JSON object per line, in the HTTP event shape."""
-    server = FakeWireServer()
-    url = await server.listen(reactor)
+    fleet = await start_fleet("edge-a")
     interrupted: Deferred[None] = Deferred()
     out = io.StringIO()
     try:
-        running = Deferred.fromCoroutine(
-            iopctl(["events", "edge-a", "-f", "--json", "--wire-url", url], interrupted=interrupted, out=out)
-        )
-        await eventually(
-            lambda: any(c.subscribed == "edge-a" for c in server.connections), timeout=5, message="subscribed"
-        )
-        server.publish(fleet_event("edge-a", 1, 1))
+        # --since the current end: the event below arrives whether it is
+        # relayed before or after the subscription is in place.
+        since = str(fleet.cp.registry.get("edge-a").events.last_sequence)
+        argv = ["events", "edge-a", "-f", "--json", "--since", since]
+        running = Deferred.fromCoroutine(iopctl(argv, fleet, interrupted=interrupted, out=out))
+        fleet.edges["edge-a"].event("node.ready", node_id="node-1")
         await eventually(lambda: out.getvalue().count("\n") == 1, timeout=5, message="one line")
         interrupted.callback(None)
         result = await running
         event = json.loads(result.out.splitlines()[0])
-        assert (event["sequence"], event["edge_id"], event["kind"]) == (1, "edge-a", "node.ready")
-        assert event["occurred_at"].endswith("Z")
+        contract_validator("Event").validate(event)
+        assert (event["edge_id"], event["kind"], event["node_id"]) == ("edge-a", "node.ready", "node-1")
+        code, served = await fleet.cp.get_json(f"/edges/edge-a/events?since={event['sequence'] - 1}&limit=1")
+        assert without_volatile(served["items"][0]) == without_volatile(event)
     finally:
-        await server.stop()
+        await fleet.stop()
 
 
 # -- the installed console script --------------------------------------------------

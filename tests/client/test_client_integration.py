@@ -69,7 +69,7 @@ async def test_repository_against_the_real_control_plane() -> None:
         edge, hello = await connect_edge(cp.edge_wire_port, "edge-a")
         assert hello is not None and hello.accepted
         edges = await repo.all_edges()
-        assert [(e.edge_id, e.connected) for e in edges] == [("edge-a", True)]
+        assert [(e.edge_id, e.connected) for e in edges.items] == [("edge-a", True)]
         detail = await repo.edge("edge-a")
         assert detail.events is not None and detail.events.capacity > 0
         status = await repo.edge_status("edge-a")

@@ -1,23 +1,22 @@
-"""The status repository against canned JSON (StubTreq), and its error mapping."""
+"""The status repository against the real Control Plane, and the one model reader.
+
+Every view is read from a real Control Plane fed by scripted edges (or the
+real Klein app through StubTreq where no edge is needed). The reader's own
+rules (types, JSON paths in errors, optional keys) are unit tests on real
+answers, changed one value at a time.
+"""
 
 from __future__ import annotations
 
 import copy
 import json
 import socket
-from datetime import UTC, datetime
+from typing import Any
 
+import attrs
 import pytest
 import pytest_twisted
-from iop_client_fakes import (
-    EDGE_STATUS,
-    EVENTS,
-    FLEET_STATUS,
-    OPERATION,
-    FakeControlPlaneResource,
-    error_body,
-)
-from treq.testing import StubTreq
+from real_fleet import Fleet, contract_validator, start_fleet, stub_repository
 
 from twisted_iop.client import (
     ControlPlaneError,
@@ -27,25 +26,31 @@ from twisted_iop.client import (
     EdgeNotConnectedError,
     EdgeTimeoutError,
     ForbiddenError,
+    InvalidJSON,
     InvalidResponse,
     NotFoundError,
     UnauthorizedError,
     UnknownCommandError,
     UnknownEdgeError,
 )
-from twisted_iop.client.models import EdgeStatus, ProviderCounters, format_time, parse_time, to_json
-from twisted_iop.client.repository import DEFAULT_HTTP_URL, HTTP_URL_ENV
-
-
-def make(resource: FakeControlPlaneResource, token: str | None = None) -> ControlPlaneStatusRepository:
-    """A repository speaking to ``resource`` through StubTreq."""
-    return ControlPlaneStatusRepository("http://cp.test:8080/", api_token=token, http_client=StubTreq(resource))
-
-
-@pytest.fixture
-def fake() -> FakeControlPlaneResource:
-    """A fresh fake Control Plane."""
-    return FakeControlPlaneResource()
+from twisted_iop.client.models import (
+    CommandCatalog,
+    EdgeDetail,
+    EdgePage,
+    EdgeStatus,
+    EventPage,
+    FleetStatus,
+    LateOutcome,
+    Operation,
+    OperationPage,
+    ProviderCounters,
+    RowError,
+    format_time,
+    parse_time,
+    read,
+    to_json,
+)
+from twisted_iop.client.repository import DEFAULT_HTTP_URL, HTTP_URL_ENV, error_from_response
 
 
 def test_base_url_from_argument_environment_and_default(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -57,231 +62,175 @@ def test_base_url_from_argument_environment_and_default(monkeypatch: pytest.Monk
     assert ControlPlaneStatusRepository("http://x:1", http_client=object()).base_url == "http://x:1"
 
 
-@pytest_twisted.ensureDeferred
-async def test_edges_page_is_typed(fake: FakeControlPlaneResource) -> None:
-    """GET /edges gives typed summaries with parsed times, labels and commands."""
-    page = await make(fake).edges()
-    assert page.total == 2 and page.next_cursor is None
-    a, b = page.items
-    assert a.edge_id == "edge-a" and a.connected is True
-    assert a.labels == {"site": "lab", "region": "eu"}
-    assert a.commands == ("node.drain", "node.undrain")
-    assert a.connected_at == datetime(2026, 11, 29, 20, 0, 0, 123000, tzinfo=UTC)
-    assert b.connected is False and b.disconnected_at is not None and b.connected_at is None
+# -- the real Control Plane ------------------------------------------------------------
 
 
 @pytest_twisted.ensureDeferred
-async def test_limit_and_cursor_go_into_the_query(fake: FakeControlPlaneResource) -> None:
-    """Paging parameters are sent as query arguments, absent ones are not sent."""
-    repo = make(fake)
-    await repo.edges(limit=5, cursor="edge-a")
-    assert fake.requests[-1]["args"] == {"limit": ["5"], "cursor": ["edge-a"]}
-    await repo.edges()
-    assert fake.requests[-1]["args"] == {}
-    await repo.events("edge-a", since=7, limit=10)
-    assert fake.requests[-1]["args"] == {"since": ["7"], "limit": ["10"]}
+async def test_every_view_reads_the_real_answers() -> None:
+    """Edges, detail, status, events, operations, catalog and the fleet views give typed models."""
+    fleet = await start_fleet("edge-a", "edge-b")
+    repo = fleet.repository()
+    try:
+        page = await repo.edges(limit=1)
+        assert [e.edge_id for e in page.items] == ["edge-a"] and page.total == 2 and page.next_cursor == "edge-a"
+        everything = await repo.all_edges()
+        assert [e.edge_id for e in everything.items] == ["edge-a", "edge-b"] and everything.next_cursor is None
+        a = everything.items[0]
+        assert a.connected and a.labels == {"site": "test"} and a.software_version == "test-edge"
+        assert a.commands == ("node.drain", "node.undrain", "edge.diagnostics") and a.connected_at is not None
+
+        status = await repo.edge_status("edge-a")
+        assert [n.node_id for n in status.nodes] == ["node-1", "node-2"] and not status.stale
+        provider = status.nodes[0].providers[0]
+        assert (provider.provider_id, provider.status, provider.health) == ("mock-1", "available", "healthy")
+        assert provider.general == ProviderCounters(capacity=4, in_flight=1, queued=2)
+        assert provider.long_context == ProviderCounters(capacity=1, in_flight=0, queued=1)
+        assert status.totals.providers_by_health["healthy"] == 2 and status.totals.edges_known is None
+
+        detail = await repo.edge("edge-a")
+        assert detail.summary == a.__class__(
+            **{**attrs.asdict(a, recurse=False), "last_seen": detail.summary.last_seen}
+        )
+        assert detail.status.available and not detail.status.stale and detail.events.last_sequence is not None
+        assert detail.operations.last_sequence is None
+
+        catalog = await repo.commands("edge-a")
+        assert catalog.connected and [c.name for c in catalog.commands][0] == "node.drain"
+
+        events = await repo.events("edge-a")
+        assert events.edge_id == "edge-a" and "edge.connected" in [e.kind for e in events.items]
+        assert events.next_since == events.items[-1].sequence
+
+        operation = await repo.send_command("edge-a", "node.drain", target="node-1", idempotency_key="k-1")
+        assert operation.state == "succeeded" and operation.result == {"target": "node-1"}
+        assert operation.finished and operation.late_outcome is None
+        again = await repo.send_command("edge-a", "node.drain", target="node-1", idempotency_key="k-1")
+        assert again.operation_id == operation.operation_id and len(fleet.edges["edge-a"].commands_seen) == 1
+        operations = await repo.operations("edge-a")
+        assert operations.edge_id == "edge-a" and operations.capacity == 500 and operations.total == 1
+        one = await repo.operation("edge-a", operation.operation_id)
+        assert [h.state for h in one.history][-1] == "succeeded" and one.replayed is None
+
+        fleet_status = await repo.full_fleet_status()
+        assert [r.edge_id for r in fleet_status.items] == ["edge-a", "edge-b"]
+        assert all(r.state == "ok" and r.error is None for r in fleet_status.items)
+        assert fleet_status.totals.edges_connected == 2 and fleet_status.totals.general.capacity == 16
+        fleet_events = await repo.fleet_events(since=1)
+        assert fleet_events.edge_id is None and all(e.fleet_sequence > 1 for e in fleet_events.items)
+        fleet_operations = await repo.fleet_operations()
+        assert fleet_operations.total == 1 and fleet_operations.capacity is None
+        assert (await repo.healthz()).status == "ok" and (await repo.readyz()).ready
+    finally:
+        await fleet.stop()
 
 
 @pytest_twisted.ensureDeferred
-async def test_edge_detail_has_buffer_figures(fake: FakeControlPlaneResource) -> None:
-    """GET /edges/{id} carries the snapshot and buffer blocks."""
-    edge = await make(fake).edge("edge-a")
-    assert edge.status is not None and edge.status.available and not edge.status.stale
-    assert edge.events is not None and (edge.events.capacity, edge.events.kept, edge.events.dropped) == (1000, 120, 3)
-    assert edge.events.last_sequence == 123
-    assert edge.operations is not None and edge.operations.last_sequence is None
+async def test_frozen_edge_row_carries_a_typed_error() -> None:
+    """A frozen edge's fleet row is ``timeout`` with a RowError; the other rows stay fresh."""
+    fleet = await start_fleet("edge-a", "edge-b", "edge-c")
+    repo = fleet.repository()
+    try:
+        await repo.edge_status("edge-b")  # so the frozen edge has a last snapshot
+        fleet.freeze("edge-b")
+        status = await repo.full_fleet_status()
+        rows = {r.edge_id: r for r in status.items}
+        frozen = rows["edge-b"]
+        assert frozen.state == "timeout" and frozen.stale and frozen.connected
+        assert isinstance(frozen.error, RowError) and frozen.error.code == "edge_timeout"
+        assert "edge-b" in frozen.error.message and "did not answer" in frozen.error.message
+        assert frozen.nodes_configured == 2 and frozen.received_at is not None  # its last snapshot
+        assert [(r.state, r.error) for r in (rows["edge-a"], rows["edge-c"])] == [("ok", None), ("ok", None)]
+        assert status.totals.nodes_configured == 4  # only fresh rows count
+        with pytest.raises(EdgeTimeoutError) as caught:
+            await repo.edge_status("edge-b")
+        assert caught.value.status == 504 and caught.value.operation is None
+    finally:
+        await fleet.stop()
 
 
 @pytest_twisted.ensureDeferred
-async def test_edge_status_has_nodes_providers_and_counters(fake: FakeControlPlaneResource) -> None:
-    """The status view parses nodes, providers and both counter classes."""
-    status = await make(fake).edge_status("edge-a")
-    assert [n.node_id for n in status.nodes] == ["node-1", "node-2"]
-    provider = status.nodes[0].providers[0]
-    assert provider.status == "available" and provider.health == "healthy"
-    assert provider.general == ProviderCounters(capacity=4, in_flight=1, queued=0)
-    assert provider.long_context == ProviderCounters(capacity=1, in_flight=0, queued=2)
-    offline = status.nodes[1].providers[0]
-    assert (offline.status, offline.health, offline.general.capacity) == ("unavailable", "offline", 0)
-    assert status.totals is not None and status.totals.providers_by_health["offline"] == 1
-    assert status.totals.edges_known is None
-
-
-@pytest_twisted.ensureDeferred
-async def test_events_operations_commands(fake: FakeControlPlaneResource) -> None:
-    """Events, operations, one operation and the command catalog parse."""
-    repo = make(fake)
-    events = await repo.events("edge-a")
-    assert [e.sequence for e in events.items] == [7, 8] and events.next_since == 8
-    assert events.items[0].provider_id is None and events.edge_id == "edge-a"
-    operations = await repo.operations("edge-a")
-    assert operations.items[0].state == "succeeded" and operations.capacity == 500
-    operation = await repo.operation("edge-a", "0f3c9a")
-    assert operation.finished and [h.state for h in operation.history] == ["sent", "accepted", "succeeded"]
-    catalog = await repo.commands("edge-a")
-    assert [c.name for c in catalog.commands] == ["node.drain", "edge.diagnostics"]
-    assert catalog.commands[0].arguments[0].name == "reason" and not catalog.commands[0].arguments[0].required
-
-
-@pytest_twisted.ensureDeferred
-async def test_send_command_posts_the_documented_body(fake: FakeControlPlaneResource) -> None:
-    """POST /edges/{id}/commands carries name, target, arguments, timeout and key as JSON."""
-    operation = await make(fake).send_command(
-        "edge-a",
-        "node.drain",
-        target="node-1",
-        arguments={"reason": "maintenance"},
-        timeout_seconds=3,
-        idempotency_key="drain-1",
-    )
-    request = fake.requests[-1]
-    assert request["method"] == "POST" and request["headers"]["content-type"] == "application/json"
-    assert json.loads(request["body"]) == {
-        "name": "node.drain",
-        "target": "node-1",
-        "arguments": {"reason": "maintenance"},
-        "timeout_seconds": 3,
-        "idempotency_key": "drain-1",
-    }
-    assert operation.result == {"drained": "true"}
-
-
-@pytest_twisted.ensureDeferred
-async def test_fleet_views(fake: FakeControlPlaneResource) -> None:
-    """Fleet status, all pages of it, fleet events and fleet operations parse."""
-    repo = make(fake)
-    first = await repo.fleet_status()
-    assert first.next_cursor == "edge-a" and first.totals.edges_known == 2
-    full = await repo.full_fleet_status()
-    assert [r.edge_id for r in full.items] == ["edge-a", "edge-b"]
-    assert full.items[1].state == "disconnected" and full.items[1].stale
-    assert full.next_cursor is None and full.totals.general.capacity == 12
-    events = await repo.fleet_events(since=41)
-    assert events.edge_id is None and fake.requests[-1]["args"] == {"since": ["41"]}
-    operations = await repo.fleet_operations()
-    assert operations.total == 1 and operations.capacity is None
-
-
-@pytest_twisted.ensureDeferred
-async def test_health_and_readiness(fake: FakeControlPlaneResource) -> None:
-    """healthz answers ok; a 503 readyz is a result (ready=False), not an error."""
-    repo = make(fake)
-    assert (await repo.healthz()).status == "ok"
-    assert (await repo.readyz()).ready is True
-    fake.routes[("GET", "/readyz")] = (503, {"ready": False, "listeners": {"http": True, "edge_wire": False}})
-    readiness = await repo.readyz()
-    assert readiness.ready is False and readiness.listeners["edge_wire"] is False
-
-
-@pytest_twisted.ensureDeferred
-async def test_unknown_edge_error_carries_code_status_message(fake: FakeControlPlaneResource) -> None:
-    """A 404 unknown_edge becomes UnknownEdgeError with the server's code, status and message."""
-    with pytest.raises(UnknownEdgeError) as caught:
-        await make(fake).edge_status("nope")
-    assert caught.value.code == "unknown_edge" and caught.value.status == 404
-    assert caught.value.message == "no edge named 'nope' is known"
-    assert isinstance(caught.value, ControlPlaneError)
-
-
-@pytest_twisted.ensureDeferred
-async def test_not_connected_carries_the_stale_snapshot(fake: FakeControlPlaneResource) -> None:
+async def test_disconnected_edge_gives_the_stale_snapshot() -> None:
     """409 edge_not_connected raises EdgeNotConnectedError with the last snapshot, marked stale."""
-    with pytest.raises(EdgeNotConnectedError) as caught:
-        await make(fake).edge_status("edge-b")
-    snapshot = caught.value.snapshot
-    assert snapshot is not None and snapshot.stale and snapshot.edge_id == "edge-b"
-    assert len(snapshot.nodes) == 2
+    fleet = await start_fleet("edge-a")
+    repo = fleet.repository()
+    try:
+        await repo.edge_status("edge-a")
+        await fleet.disconnect("edge-a")
+        with pytest.raises(EdgeNotConnectedError) as caught:
+            await repo.edge_status("edge-a")
+        snapshot = caught.value.snapshot
+        assert snapshot is not None and snapshot.stale and not snapshot.connected and len(snapshot.nodes) == 2
+        row = (await repo.fleet_status()).items[0]
+        assert (row.state, row.error, row.stale) == ("disconnected", None, True)
+        with pytest.raises(EdgeNotConnectedError) as refused:
+            await repo.send_command("edge-a", "node.drain")
+        assert refused.value.snapshot is None
+    finally:
+        await fleet.stop()
 
 
 @pytest_twisted.ensureDeferred
-async def test_command_timeout_and_disconnect_carry_the_operation(fake: FakeControlPlaneResource) -> None:
-    """504 edge_timeout / 503 edge_disconnected raise with the operation record attached."""
-    timed_out = dict(OPERATION, state="timed_out", reason="no answer in 3 s")
-    fake.routes[("POST", "/edges/edge-a/commands")] = (
-        504,
-        error_body("edge_timeout", "edge 'edge-a' did not answer in time", 504, operation=timed_out),
-    )
-    with pytest.raises(EdgeTimeoutError) as caught:
-        await make(fake).send_command("edge-a", "node.drain", target="node-1")
-    assert caught.value.operation is not None and caught.value.operation.state == "timed_out"
-    gone = dict(OPERATION, state="edge_disconnected")
-    fake.routes[("POST", "/edges/edge-a/commands")] = (
-        503,
-        error_body("edge_disconnected", "edge went away", 503, operation=gone),
-    )
-    with pytest.raises(EdgeDisconnectedError) as caught2:
-        await make(fake).send_command("edge-a", "node.drain")
-    assert caught2.value.operation is not None and caught2.value.operation.state == "edge_disconnected"
+async def test_commands_rejected_timed_out_and_disconnected() -> None:
+    """A rejected command is a result; a timeout or a lost edge raises with the operation attached."""
+    fleet = await start_fleet("edge-a")
+    repo = fleet.repository()
+    edge = fleet.edges["edge-a"]
+    try:
+        edge.command_behaviour = "reject"
+        rejected = await repo.send_command("edge-a", "node.drain", target="node-1", arguments={"reason": "x"})
+        assert (rejected.state, rejected.reason, rejected.arguments) == ("rejected", "told to reject", {"reason": "x"})
+        edge.command_behaviour = "silent"
+        with pytest.raises(EdgeTimeoutError) as caught:
+            await repo.send_command("edge-a", "node.drain", timeout_seconds=0.2)
+        assert caught.value.operation is not None and caught.value.operation.state == "timed_out"
+        with pytest.raises(UnknownCommandError):
+            await repo.send_command("edge-a", "gpu.melt")
+        edge.command_behaviour = "disconnect"
+        with pytest.raises(EdgeDisconnectedError) as gone:
+            await repo.send_command("edge-a", "node.drain")
+        assert gone.value.operation is not None and gone.value.operation.state == "edge_disconnected"
+    finally:
+        await fleet.stop()
 
 
-@pytest.mark.parametrize(
-    "status, code, cls",
-    [
-        (400, "unknown_command", UnknownCommandError),
-        (404, "not_found", NotFoundError),
-        (418, "brand_new_code", ControlPlaneError),
-    ],
-)
-@pytest_twisted.ensureDeferred
-async def test_error_codes_map_to_classes(fake: FakeControlPlaneResource, status: int, code: str, cls: type) -> None:
-    """Each documented code maps to its class; an unknown code to the base class."""
-    fake.routes[("POST", "/edges/edge-a/commands")] = (status, error_body(code, "words", status))
-    with pytest.raises(ControlPlaneError) as caught:
-        await make(fake).send_command("edge-a", "x")
-    assert type(caught.value) is cls and caught.value.code == code and caught.value.status == status
+# -- the real Klein app, no edges --------------------------------------------------------
 
 
 @pytest_twisted.ensureDeferred
-async def test_error_without_error_document(fake: FakeControlPlaneResource) -> None:
-    """A non-JSON error (a proxy's HTML page) still raises ControlPlaneError with the status."""
-    fake.routes[("GET", "/fleet/status")] = (502, b"<html>Bad Gateway</html>")
-    with pytest.raises(ControlPlaneError) as caught:
-        await make(fake).fleet_status()
-    assert caught.value.code == "http_502" and caught.value.status == 502
-    assert "Bad Gateway" in caught.value.message
+async def test_errors_of_the_real_app_map_to_their_classes() -> None:
+    """unknown_edge, not_found, bad_request and readiness come typed from the real app."""
+    repo = stub_repository()
+    with pytest.raises(UnknownEdgeError) as caught:
+        await repo.edge_status("nope")
+    assert (caught.value.code, caught.value.status) == ("unknown_edge", 404)
+    assert caught.value.message == "no edge named 'nope' is known" and isinstance(caught.value, ControlPlaneError)
+    with pytest.raises(ControlPlaneError) as bad:
+        await repo.edges(limit=0)
+    assert bad.value.code == "bad_request" and "limit" in bad.value.message
+    readiness = await repo.readyz()  # no listener is bound: 503 is a result, not an error
+    assert readiness.ready is False and readiness.listeners == {}
+    fleet = await repo.fleet_status()
+    assert fleet.items == () and fleet.totals.edges_known == 0
 
 
 @pytest_twisted.ensureDeferred
-async def test_bearer_token_is_sent(fake: FakeControlPlaneResource) -> None:
-    """The API token goes out as a Bearer header; without it 401, wrong 403."""
-    fake.api_token = "s3cret"
-    assert (await make(fake, token="s3cret").edges()).total == 2
-    assert fake.requests[-1]["headers"]["authorization"] == "Bearer s3cret"
+async def test_bearer_token_is_sent() -> None:
+    """The API token goes out as a Bearer header; without it 401, a wrong one 403."""
+    assert (await stub_repository(token="s3cret", api_token="s3cret").edges()).total == 0
     with pytest.raises(UnauthorizedError):
-        await make(fake).edges()
+        await stub_repository(api_token="s3cret").edges()
     with pytest.raises(ForbiddenError):
-        await make(fake, token="wrong").edges()
+        await stub_repository(token="wrong", api_token="s3cret").edges()
 
 
 @pytest_twisted.ensureDeferred
-async def test_edge_ids_are_quoted_in_paths(fake: FakeControlPlaneResource) -> None:
-    """An edge id with reserved characters cannot escape its path segment."""
-    with pytest.raises(NotFoundError):
-        await make(fake).edge("a/b?c")
-    assert fake.requests[-1]["uri"] == "/edges/a%2Fb%3Fc"
-
-
-@pytest_twisted.ensureDeferred
-async def test_answers_that_are_not_the_documented_json(fake: FakeControlPlaneResource) -> None:
-    """A body that is not JSON, or has a wrongly typed field, raises InvalidResponse naming it."""
-    fake.routes[("GET", "/edges")] = (200, b"not json")
-    with pytest.raises(InvalidResponse):
-        await make(fake).edges()
-    broken = copy.deepcopy(EDGE_STATUS)
-    broken["nodes"][0]["providers"][0]["general"]["capacity"] = "four"
-    fake.routes[("GET", "/edges/edge-a/status")] = (200, broken)
-    with pytest.raises(InvalidResponse) as caught:
-        await make(fake).edge_status("edge-a")
-    assert "nodes[0].providers[0].general.capacity" in caught.value.message
-
-
-@pytest_twisted.ensureDeferred
-async def test_unknown_fields_are_ignored(fake: FakeControlPlaneResource) -> None:
-    """A newer server's extra fields do not break parsing."""
-    newer = dict(copy.deepcopy(EDGE_STATUS), brand_new={"x": 1})
-    newer["nodes"][0]["gpu_temperature"] = 71
-    fake.routes[("GET", "/edges/edge-a/status")] = (200, newer)
-    assert (await make(fake).edge_status("edge-a")).nodes[0].node_id == "node-1"
+async def test_edge_ids_are_quoted_in_paths() -> None:
+    """An edge id with reserved characters stays in its path segment: the server sees the whole id."""
+    with pytest.raises(UnknownEdgeError) as caught:
+        await stub_repository().edge("a?b#c")
+    assert caught.value.message == "no edge named 'a?b#c' is known"
+    with pytest.raises(NotFoundError):  # "/" is quoted too: no route has a segment with one
+        await stub_repository().operation("edge-a", "../../fleet/status")
 
 
 def free_port() -> int:
@@ -301,14 +250,167 @@ async def test_unreachable_control_plane() -> None:
     assert str(caught.value) == f"cannot reach the Control Plane at {url}: connection refused"
 
 
-def test_models_round_trip_to_the_documented_json() -> None:
-    """to_json gives back the documented shapes (times, nested counters, lists)."""
-    assert to_json(EdgeStatus.from_json(EDGE_STATUS)) == EDGE_STATUS
-    from twisted_iop.client.models import EventPage, FleetStatus, Operation
+def test_error_answers_that_are_not_error_documents() -> None:
+    """A proxy's HTML page still becomes ControlPlaneError with its status; unknown codes the base class."""
+    html = error_from_response(502, b"<html>Bad Gateway</html>")
+    assert (type(html), html.code, html.status) == (ControlPlaneError, "http_502", 502)
+    assert "Bad Gateway" in html.message
+    newer = error_from_response(
+        418, json.dumps({"error": {"code": "brand_new", "message": "m", "status": 418}}).encode()
+    )
+    assert type(newer) is ControlPlaneError and newer.code == "brand_new"
+    assert type(error_from_response(400, b'{"error":{"code":"invalid_json","message":"","status":400}}')) is InvalidJSON
+    assert type(error_from_response(404, b'{"error":{"code":"not_found","message":"","status":404}}')) is NotFoundError
 
-    assert to_json(Operation.from_json(OPERATION)) == OPERATION
-    assert to_json(EventPage.from_json(EVENTS)) == EVENTS
-    assert to_json(FleetStatus.from_json(FLEET_STATUS)) == FLEET_STATUS
+
+# -- the reader, on real answers -------------------------------------------------------
+
+
+async def real_documents(fleet: Fleet) -> dict[str, Any]:
+    """Raw JSON of every view of ``fleet``, keyed by model name."""
+    cp = fleet.cp
+    await fleet.repository().send_command("edge-a", "node.drain", target="node-1")
+    docs: dict[str, Any] = {}
+    for name, path in (
+        ("EdgePage", "/edges"),
+        ("EdgeDetail", "/edges/edge-a"),
+        ("EdgeStatus", "/edges/edge-a/status"),
+        ("EventPage", "/edges/edge-a/events"),
+        ("OperationPage", "/edges/edge-a/operations"),
+        ("CommandCatalog", "/edges/edge-a/commands"),
+        ("FleetStatus", "/fleet/status"),
+        ("FleetEventPage", "/fleet/events"),
+        ("FleetOperationPage", "/fleet/operations"),
+    ):
+        code, docs[name] = await cp.get_json(path)
+        assert code == 200, (path, docs[name])
+    return docs
+
+
+MODELS: dict[str, type] = {
+    "EdgePage": EdgePage,
+    "EdgeDetail": EdgeDetail,
+    "EdgeStatus": EdgeStatus,
+    "EventPage": EventPage,
+    "OperationPage": OperationPage,
+    "CommandCatalog": CommandCatalog,
+    "FleetStatus": FleetStatus,
+    "FleetEventPage": EventPage,
+    "FleetOperationPage": OperationPage,
+}
+
+
+@pytest_twisted.ensureDeferred
+async def test_models_read_and_write_back_every_real_answer() -> None:
+    """read() then to_json() gives back exactly what the server sent, for every view."""
+    fleet = await start_fleet("edge-a")
+    try:
+        docs = await real_documents(fleet)
+    finally:
+        await fleet.stop()
+    for name, document in docs.items():
+        assert to_json(read(MODELS[name], document)) == document, name
+
+
+@pytest_twisted.ensureDeferred
+async def test_reader_names_the_json_path_of_a_bad_value() -> None:
+    """A wrongly typed, missing or unknown value raises InvalidResponse naming its JSON path."""
+    fleet = await start_fleet("edge-a")
+    try:
+        docs = await real_documents(fleet)
+    finally:
+        await fleet.stop()
+    cases = [
+        (
+            "EdgeStatus",
+            ["nodes", 0, "providers", 0, "general", "capacity"],
+            "four",
+            "nodes[0].providers[0].general.capacity: expected a whole number",
+        ),
+        (
+            "EdgeStatus",
+            ["nodes", 0, "providers", 0, "status"],
+            "on fire",
+            "nodes[0].providers[0].status: expected one of 'available', 'drained', 'unavailable'",
+        ),
+        ("EdgeStatus", ["nodes", 0, "connected"], 1, "nodes[0].connected: expected true or false"),
+        ("EdgeStatus", ["received_at"], "yesterday", "received_at: not an ISO 8601 time: 'yesterday'"),
+        ("FleetStatus", ["items", 0, "error"], "boom", "items[0].error: expected an object or null"),
+        ("FleetStatus", ["items", 0, "state"], "melted", "items[0].state: expected one of 'ok'"),
+        ("FleetStatus", ["items", 0, "labels", "site"], 3, "items[0].labels.site: expected a string"),
+        ("EdgeDetail", ["events", "kept"], None, "events.kept: expected a whole number, not null"),
+        ("EdgeDetail", ["commands"], "node.drain", "commands: expected a list"),
+        (
+            "OperationPage",
+            ["items", 0, "history", 0, "state"],
+            "exploded",
+            "items[0].history[0].state: expected one of",
+        ),
+        ("EventPage", ["items", 0, "node_id"], 7, "items[0].node_id: expected a string or null"),
+    ]
+    for name, where, value, message in cases:
+        broken = copy.deepcopy(docs[name])
+        holder = broken
+        for key in where[:-1]:
+            holder = holder[key]
+        holder[where[-1]] = value
+        with pytest.raises(InvalidResponse) as caught:
+            read(MODELS[name], broken)
+        assert caught.value.message.startswith(message), (where, caught.value.message)
+    missing = copy.deepcopy(docs["EdgeDetail"])
+    del missing["edge_id"]
+    with pytest.raises(InvalidResponse, match=r"^edge_id: missing$"):
+        read(EdgeDetail, missing)
+    with pytest.raises(InvalidResponse, match=r"^snapshot: expected an object$"):
+        read(EdgeStatus, [], "snapshot")
+
+
+@pytest_twisted.ensureDeferred
+async def test_unknown_keys_are_ignored() -> None:
+    """A newer server's extra keys do not break reading."""
+    fleet = await start_fleet("edge-a")
+    try:
+        docs = await real_documents(fleet)
+    finally:
+        await fleet.stop()
+    newer = dict(copy.deepcopy(docs["EdgeStatus"]), brand_new={"x": 1})
+    newer["nodes"][0]["gpu_temperature"] = 71
+    assert read(EdgeStatus, newer).nodes[0].node_id == "node-1"
+
+
+@pytest_twisted.ensureDeferred
+async def test_contract_additions_late_outcome_and_replayed_are_read() -> None:
+    """A real command answer extended with the contract's late_outcome and replayed reads typed.
+
+    The extended document is first validated against the OpenAPI schema, so
+    it is the contract's shape, not one made up here.
+    """
+    fleet = await start_fleet("edge-a")
+    try:
+        code, answer = await fleet.cp.post_json("/edges/edge-a/commands", {"name": "node.drain", "target": "node-1"})
+    finally:
+        await fleet.stop()
+    assert code == 200
+    answer["replayed"] = True
+    answer["state"] = "timed_out"
+    answer["late_outcome"] = {
+        "state": "succeeded",
+        "reason": "",
+        "result": {"drained": "true"},
+        "received_at": "2026-11-29T20:00:07.250Z",
+    }
+    contract_validator("CommandAnswer").validate(answer)
+    operation = read(Operation, answer)
+    assert operation.replayed is True and operation.state == "timed_out"
+    assert operation.late_outcome == LateOutcome(
+        state="succeeded", reason="", result={"drained": "true"}, received_at=parse_time("2026-11-29T20:00:07.250Z")
+    )
+    assert to_json(operation) == answer
+    answer["late_outcome"] = None
+    assert read(Operation, answer).late_outcome is None
+    answer["late_outcome"] = {"state": "maybe", "reason": "", "result": {}, "received_at": "2026-11-29T20:00:07.250Z"}
+    with pytest.raises(InvalidResponse, match=r"^late_outcome\.state: expected one of"):
+        read(Operation, answer)
 
 
 def test_time_format_round_trip() -> None:

@@ -28,6 +28,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Optional, TextIO
 
+import attrs
 from twisted.internet.defer import Deferred
 from twisted.internet.task import react
 
@@ -36,11 +37,10 @@ from twisted_iop.client import render
 from twisted_iop.client.errors import (
     ControlPlaneError,
     ControlPlaneUnreachable,
-    EdgeDisconnectedError,
     EdgeNotConnectedError,
-    EdgeTimeoutError,
     HelloRejected,
     InvalidResponse,
+    OperationError,
     WireClientError,
     WireRequestError,
 )
@@ -292,17 +292,17 @@ async def run(
         console.note(str(e))
         return EXIT_UNREACHABLE
     except EdgeNotConnectedError as e:
-        if e.snapshot is not None:
-            console.result(e.snapshot, render.render_status)
-        elif console.as_json:
+        if console.as_json:
             console.json(dict(e.body))
+        elif e.snapshot is not None:
+            console.line(render.render_status(e.snapshot))
         console.error(e.code, e.message)
         return EXIT_ERROR
-    except (EdgeTimeoutError, EdgeDisconnectedError) as e:
-        if e.operation is not None:
-            console.result(e.operation, render.render_operation)
-        elif console.as_json:
+    except OperationError as e:
+        if console.as_json:
             console.json(dict(e.body))
+        elif e.operation is not None:
+            console.line(render.render_operation(attrs.evolve(e.operation, replayed=e.replayed)))
         console.error(e.code, e.message)
         return EXIT_ERROR
     except ControlPlaneError as e:

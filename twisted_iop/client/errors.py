@@ -125,18 +125,47 @@ class EdgeError(ControlPlaneError):
     CODE = "edge_error"
 
 
-class EdgeDisconnectedError(ControlPlaneError):
-    """The edge went away while the request was in flight (503 ``edge_disconnected``).
+class OperationError(ControlPlaneError):
+    """A command error answer that carries the command's operation.
 
-    ``operation`` is the command's operation record when the request was a
-    command.
+    ``operation`` is the operation record (``None`` when the answer did not
+    carry one, e.g. a status request); ``replayed`` is ``True`` when an
+    idempotency key matched an identical earlier command, so the record is
+    that command's (``None`` when the server did not say).
     """
 
-    CODE = "edge_disconnected"
     operation: Optional[Operation] = None
+    replayed: Optional[bool] = None
 
 
-class EdgeTimeoutError(ControlPlaneError):
+class BodyTooLargeError(ControlPlaneError):
+    """The request body exceeds the server's limit (413 ``body_too_large``)."""
+
+    CODE = "body_too_large"
+
+
+class IdempotencyConflictError(OperationError):
+    """The idempotency key names an earlier command with a different name,
+    target or arguments (409 ``idempotency_conflict``); ``operation`` is that
+    earlier command's record."""
+
+    CODE = "idempotency_conflict"
+
+
+class EdgeDisconnectedError(OperationError):
+    """The edge went away while the request was in flight (503 ``edge_disconnected``)."""
+
+    CODE = "edge_disconnected"
+
+
+class EdgeSupersededError(OperationError):
+    """A newer connection of the edge took over while the command was in
+    flight (503 ``edge_superseded``); ``operation`` is in state ``superseded``."""
+
+    CODE = "edge_superseded"
+
+
+class EdgeTimeoutError(OperationError):
     """The edge did not answer in time (504 ``edge_timeout``).
 
     ``operation`` is the command's operation record (state ``timed_out``)
@@ -144,7 +173,6 @@ class EdgeTimeoutError(ControlPlaneError):
     """
 
     CODE = "edge_timeout"
-    operation: Optional[Operation] = None
 
 
 #: Error classes by their server code.
@@ -159,8 +187,11 @@ ERRORS_BY_CODE: Mapping[str, type[ControlPlaneError]] = {
         UnknownEdgeError,
         NotFoundError,
         EdgeNotConnectedError,
+        IdempotencyConflictError,
+        BodyTooLargeError,
         EdgeError,
         EdgeDisconnectedError,
+        EdgeSupersededError,
         EdgeTimeoutError,
     )
 }

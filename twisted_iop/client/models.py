@@ -1,20 +1,33 @@
 """Typed, frozen views of the Control Plane's JSON documents.
 
-Each class mirrors one document of docs/http-api.md field for field; the
-``from_json`` class methods read a decoded document, ignore fields they do
-not know (a newer server may add some), fill documented defaults for
-missing ones, and raise :class:`~twisted_iop.client.errors.InvalidResponse`
-naming the field when a value has the wrong type. :func:`to_json` turns any
-of them back into the documented JSON shape.
+Each class mirrors one schema of the OpenAPI document the Control Plane
+serves at ``GET /openapi.json`` (``twisted_iop/controlplane/openapi.json``,
+explained in docs/http-api.md), field for field and with the same names.
+One generic reader, :func:`read`, turns a decoded document into a model,
+driven by the attrs field types: ``str``, ``int``, ``float``, ``bool``,
+``Optional[...]``, :class:`~datetime.datetime`, nested attrs classes,
+``tuple[X, ...]``/``list[X]``, ``dict[str, X]`` and ``Literal[...]``. It
+ignores keys it does not know (a newer server may add some), requires every
+key the document requires, and raises
+:class:`~twisted_iop.client.errors.InvalidResponse` naming the JSON path of
+a value that does not fit (``items[0].error: expected an object or null``).
+:func:`to_json` turns a model back into the same JSON shape.
+
+Field metadata says what the types cannot: :data:`OPTIONAL` marks a key the
+document does not require (absent or ``null`` read as ``None``, and ``None``
+is left out when written back); :data:`FLATTEN` marks a nested model whose
+keys sit in the same JSON object (an edge detail *is* a summary plus more).
 
 Times are timezone-aware :class:`datetime.datetime` in UTC, or ``None``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import functools
+import types
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any, Generic, Optional, TypeVar
+from typing import Any, Literal, Optional, TypeVar, Union, get_args, get_origin, get_type_hints
 
 import attrs
 
@@ -22,140 +35,17 @@ from twisted_iop.client.errors import InvalidResponse
 
 T = TypeVar("T")
 
-#: Field metadata: leave the field out of :func:`to_json` when it is ``None``
-#: (the server only sends it in some views).
-_OPTIONAL = {"omit_if_none": True}
+#: Metadata of a field whose key the server may leave out (see the module doc).
+OPTIONAL = {"optional": True}
+#: Metadata of a nested model read from (and written into) the enclosing object.
+FLATTEN = {"flatten": True}
 
 
 def _optional_field() -> Any:
-    return attrs.field(default=None, metadata=_OPTIONAL)
+    return attrs.field(default=None, metadata=OPTIONAL)
 
 
-# ---------------------------------------------------------------- reading
-
-
-class _Reader:
-    """A JSON object being read, with its dotted path for error messages."""
-
-    def __init__(self, data: Any, path: str) -> None:
-        if not isinstance(data, Mapping):
-            raise InvalidResponse(f"{path or 'response'}: expected a JSON object")
-        self._data = data
-        self._path = path
-
-    def _where(self, key: str) -> str:
-        return f"{self._path}.{key}" if self._path else key
-
-    def _get(self, key: str) -> Any:
-        return self._data.get(key)
-
-    def string(self, key: str, default: str = "") -> str:
-        value = self._get(key)
-        if value is None:
-            return default
-        if not isinstance(value, str):
-            raise InvalidResponse(f"{self._where(key)}: expected a string")
-        return value
-
-    def optional_string(self, key: str) -> Optional[str]:
-        value = self._get(key)
-        if value is None:
-            return None
-        if not isinstance(value, str):
-            raise InvalidResponse(f"{self._where(key)}: expected a string or null")
-        return value
-
-    def integer(self, key: str, default: int = 0) -> int:
-        value = self._get(key)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise InvalidResponse(f"{self._where(key)}: expected a whole number")
-        return value
-
-    def optional_integer(self, key: str) -> Optional[int]:
-        if self._get(key) is None:
-            return None
-        return self.integer(key)
-
-    def number(self, key: str, default: float = 0.0) -> float:
-        value = self._get(key)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise InvalidResponse(f"{self._where(key)}: expected a number")
-        return float(value)
-
-    def boolean(self, key: str, default: bool = False) -> bool:
-        value = self._get(key)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise InvalidResponse(f"{self._where(key)}: expected true or false")
-        return value
-
-    def time(self, key: str) -> Optional[datetime]:
-        value = self.optional_string(key)
-        if value is None or value == "":
-            return None
-        try:
-            return parse_time(value)
-        except ValueError:
-            raise InvalidResponse(f"{self._where(key)}: not an ISO 8601 time: {value!r}") from None
-
-    def string_map(self, key: str) -> dict[str, str]:
-        value = self._get(key)
-        if value is None:
-            return {}
-        if not isinstance(value, Mapping):
-            raise InvalidResponse(f"{self._where(key)}: expected an object")
-        out: dict[str, str] = {}
-        for k, v in value.items():
-            if v is None or isinstance(v, (Mapping, list)):
-                raise InvalidResponse(f"{self._where(key)}.{k}: expected a string")
-            out[str(k)] = v if isinstance(v, str) else str(v)
-        return out
-
-    def int_map(self, key: str) -> dict[str, int]:
-        value = self._get(key)
-        if value is None:
-            return {}
-        if not isinstance(value, Mapping):
-            raise InvalidResponse(f"{self._where(key)}: expected an object")
-        out: dict[str, int] = {}
-        for k, v in value.items():
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise InvalidResponse(f"{self._where(key)}.{k}: expected a whole number")
-            out[str(k)] = v
-        return out
-
-    def strings(self, key: str) -> tuple[str, ...]:
-        value = self._get(key)
-        if value is None:
-            return ()
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise InvalidResponse(f"{self._where(key)}: expected a list of strings")
-        return tuple(value)
-
-    def objects(self, key: str, parse: Callable[[Any, str], T]) -> tuple[T, ...]:
-        value = self._get(key)
-        if value is None:
-            return ()
-        if not isinstance(value, list):
-            raise InvalidResponse(f"{self._where(key)}: expected a list")
-        return tuple(parse(item, f"{self._where(key)}[{i}]") for i, item in enumerate(value))
-
-    def object(self, key: str, parse: Callable[[Any, str], T]) -> T:
-        return parse(self._get(key) or {}, self._where(key))
-
-    def optional_object(self, key: str, parse: Callable[[Any, str], T]) -> Optional[T]:
-        value = self._get(key)
-        if value is None:
-            return None
-        return parse(value, self._where(key))
-
-    def raw(self, key: str) -> Any:
-        return self._get(key)
+# ---------------------------------------------------------------- times
 
 
 def parse_time(text: str) -> datetime:
@@ -174,6 +64,152 @@ def format_time(value: Optional[datetime]) -> Optional[str]:
     return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
 
 
+# ---------------------------------------------------------------- the reader
+
+
+def read(model: type[T], data: Any, path: str = "") -> T:
+    """Read the decoded JSON ``data`` as an instance of the attrs class ``model``.
+
+    ``path`` prefixes the JSON paths named in errors (``"snapshot"`` for a
+    document nested in an error answer, say).
+    """
+    result: T = _read_object(model, data, path)
+    return result
+
+
+@functools.cache
+def _field_types(model: type) -> dict[str, Any]:
+    return get_type_hints(model)
+
+
+def _at(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _describe(kind: Any) -> str:
+    origin = get_origin(kind)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(v) for v in get_args(kind))
+    if kind is str:
+        return "a string"
+    if kind is bool:
+        return "true or false"
+    if kind is int:
+        return "a whole number"
+    if kind is float:
+        return "a number"
+    if kind is datetime:
+        return "an ISO 8601 time"
+    if origin in (tuple, list):
+        return "a list"
+    return "an object"
+
+
+def _read_object(model: Any, data: Any, path: str) -> Any:
+    if not isinstance(data, Mapping):
+        raise InvalidResponse(f"{path or 'response'}: expected an object")
+    kinds = _field_types(model)
+    values: dict[str, Any] = {}
+    for field in attrs.fields(model):
+        kind = kinds[field.name]
+        if field.metadata.get("flatten"):
+            values[field.alias] = _read_object(kind, data, path)
+            continue
+        where = _at(path, field.name)
+        if field.name not in data:
+            if field.metadata.get("optional"):
+                continue
+            raise InvalidResponse(f"{where}: missing")
+        values[field.alias] = _read_value(kind, data[field.name], where, bool(field.metadata.get("optional")))
+    return model(**values)
+
+
+def _read_value(kind: Any, value: Any, path: str, nullable: bool = False) -> Any:
+    origin = get_origin(kind)
+    if origin is Union or origin is types.UnionType:
+        choices = [a for a in get_args(kind) if a is not type(None)]
+        if len(choices) != 1:
+            raise TypeError(f"{path}: unions other than Optional[X] are not supported: {kind!r}")
+        return _read_value(choices[0], value, path, nullable=nullable or len(choices) < len(get_args(kind)))
+    if value is None:
+        if nullable:
+            return None
+        raise InvalidResponse(f"{path}: expected {_describe(kind)}, not null")
+    try:
+        return _read_present(kind, origin, value, path)
+    except _Mismatch:
+        raise InvalidResponse(f"{path}: expected {_describe(kind)}{' or null' if nullable else ''}") from None
+
+
+class _Mismatch(Exception):
+    """The value does not have the type the field wants."""
+
+
+def _read_present(kind: Any, origin: Any, value: Any, path: str) -> Any:
+    if origin is Literal:
+        if isinstance(value, bool) or value not in get_args(kind):
+            raise _Mismatch()
+        return value
+    if kind is str or kind is bool:
+        if not isinstance(value, kind):
+            raise _Mismatch()
+        return value
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _Mismatch()
+        return value
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _Mismatch()
+        return float(value)
+    if kind is datetime:
+        if not isinstance(value, str):
+            raise _Mismatch()
+        try:
+            return parse_time(value)
+        except ValueError:
+            raise InvalidResponse(f"{path}: not an ISO 8601 time: {value[:40]!r}") from None
+    if origin in (tuple, list):
+        if not isinstance(value, list):
+            raise _Mismatch()
+        item = get_args(kind)[0]
+        items = [_read_value(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise _Mismatch()
+        item = get_args(kind)[1]
+        return {str(k): _read_value(item, v, _at(path, str(k))) for k, v in value.items()}
+    if attrs.has(kind):
+        if not isinstance(value, Mapping):
+            raise _Mismatch()
+        return _read_object(kind, value, path)
+    raise TypeError(f"{path}: no reader for {kind!r}")
+
+
+# ---------------------------------------------------------------- writing
+
+
+def to_json(model: Any) -> Any:
+    """Turn a model (or a list of models) back into its JSON shape."""
+    if isinstance(model, (list, tuple)):
+        return [to_json(m) for m in model]
+    if isinstance(model, datetime):
+        return format_time(model)
+    if isinstance(model, Mapping):
+        return {k: to_json(v) for k, v in model.items()}
+    if attrs.has(type(model)):
+        out: dict[str, Any] = {}
+        for field in attrs.fields(type(model)):
+            value = getattr(model, field.name)
+            if field.metadata.get("flatten"):
+                out.update(to_json(value))
+            elif value is not None or not field.metadata.get("optional"):
+                out[field.name] = to_json(value)
+        return out
+    return model
+
+
 # ---------------------------------------------------------------- health
 
 
@@ -183,12 +219,6 @@ class Health:
 
     status: str
 
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> Health:
-        """Read the health document."""
-        r = _Reader(data, path)
-        return cls(status=r.string("status"))
-
 
 @attrs.frozen
 class Readiness:
@@ -196,15 +226,6 @@ class Readiness:
 
     ready: bool
     listeners: dict[str, bool] = attrs.field(factory=dict)
-
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> Readiness:
-        """Read the readiness document."""
-        r = _Reader(data, path)
-        listeners = r.raw("listeners") or {}
-        if not isinstance(listeners, Mapping) or not all(isinstance(v, bool) for v in listeners.values()):
-            raise InvalidResponse(f"{path + '.' if path else ''}listeners: expected an object of booleans")
-        return cls(ready=r.boolean("ready"), listeners={str(k): v for k, v in listeners.items()})
 
 
 # ---------------------------------------------------------------- edges
@@ -225,27 +246,6 @@ class EdgeSummary:
     enrollments: int = 0
     commands: tuple[str, ...] = ()
 
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> EdgeSummary:
-        """Read an edge summary."""
-        r = _Reader(data, path)
-        return cls(**_summary_fields(r))
-
-
-def _summary_fields(r: _Reader) -> dict[str, Any]:
-    return dict(
-        edge_id=r.string("edge_id"),
-        connected=r.boolean("connected"),
-        labels=r.string_map("labels"),
-        software_version=r.string("software_version"),
-        protocol_version=r.string("protocol_version"),
-        connected_at=r.time("connected_at"),
-        last_seen=r.time("last_seen"),
-        disconnected_at=r.time("disconnected_at"),
-        enrollments=r.integer("enrollments"),
-        commands=r.strings("commands"),
-    )
-
 
 @attrs.frozen
 class SnapshotInfo:
@@ -254,12 +254,6 @@ class SnapshotInfo:
     available: bool
     stale: bool
     received_at: Optional[datetime] = None
-
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> SnapshotInfo:
-        """Read the ``status`` block of an edge detail."""
-        r = _Reader(data, path)
-        return cls(available=r.boolean("available"), stale=r.boolean("stale"), received_at=r.time("received_at"))
 
 
 @attrs.frozen
@@ -271,65 +265,30 @@ class BufferInfo:
     dropped: int
     last_sequence: Optional[int] = _optional_field()
 
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> BufferInfo:
-        """Read an ``events`` or ``operations`` buffer block."""
-        r = _Reader(data, path)
-        return cls(
-            capacity=r.integer("capacity"),
-            kept=r.integer("kept"),
-            dropped=r.integer("dropped"),
-            last_sequence=r.optional_integer("last_sequence"),
-        )
-
 
 @attrs.frozen
 class EdgeDetail:
-    """``GET /edges/{id}``: the summary plus the state of its buffers."""
+    """``GET /edges/{id}``: the summary plus its last snapshot and buffers."""
 
-    edge_id: str
-    connected: bool
-    labels: dict[str, str] = attrs.field(factory=dict)
-    software_version: str = ""
-    protocol_version: str = ""
-    connected_at: Optional[datetime] = None
-    last_seen: Optional[datetime] = None
-    disconnected_at: Optional[datetime] = None
-    enrollments: int = 0
-    commands: tuple[str, ...] = ()
-    status: Optional[SnapshotInfo] = None
-    events: Optional[BufferInfo] = None
-    operations: Optional[BufferInfo] = None
-
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> EdgeDetail:
-        """Read an edge detail."""
-        r = _Reader(data, path)
-        return cls(
-            **_summary_fields(r),
-            status=r.optional_object("status", SnapshotInfo.from_json),
-            events=r.optional_object("events", BufferInfo.from_json),
-            operations=r.optional_object("operations", BufferInfo.from_json),
-        )
+    summary: EdgeSummary = attrs.field(metadata=FLATTEN)
+    status: SnapshotInfo
+    events: BufferInfo
+    operations: BufferInfo
 
 
 @attrs.frozen
-class Page(Generic[T]):
-    """One page of a cursor-paged list view."""
+class EdgePage:
+    """``GET /edges``: one page of edge summaries (or every page, joined)."""
 
-    items: tuple[T, ...]
+    items: tuple[EdgeSummary, ...]
     total: int
     next_cursor: Optional[str] = None
 
-    @classmethod
-    def from_json(cls, data: Any, parse: Callable[[Any, str], T], path: str = "") -> Page[T]:
-        """Read a page whose items are parsed with ``parse``."""
-        r = _Reader(data, path)
-        items = r.objects("items", parse)
-        return cls(items=items, total=r.integer("total", len(items)), next_cursor=r.optional_string("next_cursor"))
-
 
 # ---------------------------------------------------------------- status
+
+ProviderStatusName = Literal["available", "drained", "unavailable"]
+ProviderHealthName = Literal["healthy", "degraded", "unhealthy", "offline", "unknown"]
 
 
 @attrs.frozen
@@ -340,12 +299,6 @@ class ProviderCounters:
     in_flight: int = 0
     queued: int = 0
 
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> ProviderCounters:
-        """Read a ``general`` or ``long_context`` counters block."""
-        r = _Reader(data, path)
-        return cls(capacity=r.integer("capacity"), in_flight=r.integer("in_flight"), queued=r.integer("queued"))
-
 
 @attrs.frozen
 class ProviderStatus:
@@ -354,26 +307,11 @@ class ProviderStatus:
     provider_id: str
     kind: str = ""
     models: tuple[str, ...] = ()
-    status: str = "unavailable"
-    health: str = "unknown"
+    status: ProviderStatusName = "unavailable"
+    health: ProviderHealthName = "unknown"
     health_reason: str = ""
     general: ProviderCounters = ProviderCounters()
     long_context: ProviderCounters = ProviderCounters()
-
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> ProviderStatus:
-        """Read a provider of a node snapshot."""
-        r = _Reader(data, path)
-        return cls(
-            provider_id=r.string("provider_id"),
-            kind=r.string("kind"),
-            models=r.strings("models"),
-            status=r.string("status", "unavailable"),
-            health=r.string("health", "unknown"),
-            health_reason=r.string("health_reason"),
-            general=r.object("general", ProviderCounters.from_json),
-            long_context=r.object("long_context", ProviderCounters.from_json),
-        )
 
 
 @attrs.frozen
@@ -387,20 +325,6 @@ class NodeStatus:
     last_seen: Optional[datetime] = None
     labels: dict[str, str] = attrs.field(factory=dict)
     providers: tuple[ProviderStatus, ...] = ()
-
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> NodeStatus:
-        """Read a node snapshot."""
-        r = _Reader(data, path)
-        return cls(
-            node_id=r.string("node_id"),
-            connected=r.boolean("connected"),
-            drained=r.boolean("drained"),
-            connected_since=r.time("connected_since"),
-            last_seen=r.time("last_seen"),
-            labels=r.string_map("labels"),
-            providers=r.objects("providers", ProviderStatus.from_json),
-        )
 
 
 @attrs.frozen
@@ -420,22 +344,6 @@ class StatusTotals:
     edges_known: Optional[int] = _optional_field()
     edges_connected: Optional[int] = _optional_field()
 
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> StatusTotals:
-        """Read a ``totals`` block."""
-        r = _Reader(data, path)
-        return cls(
-            nodes_connected=r.integer("nodes_connected"),
-            nodes_configured=r.integer("nodes_configured"),
-            providers=r.integer("providers"),
-            providers_by_status=r.int_map("providers_by_status"),
-            providers_by_health=r.int_map("providers_by_health"),
-            general=r.object("general", ProviderCounters.from_json),
-            long_context=r.object("long_context", ProviderCounters.from_json),
-            edges_known=r.optional_integer("edges_known"),
-            edges_connected=r.optional_integer("edges_connected"),
-        )
-
 
 @attrs.frozen
 class EdgeStatus:
@@ -447,80 +355,52 @@ class EdgeStatus:
     generated_at: Optional[datetime] = None
     received_at: Optional[datetime] = None
     nodes: tuple[NodeStatus, ...] = ()
-    totals: Optional[StatusTotals] = None
+    totals: StatusTotals = StatusTotals()
 
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> EdgeStatus:
-        """Read an edge status document."""
-        r = _Reader(data, path)
-        return cls(
-            edge_id=r.string("edge_id"),
-            connected=r.boolean("connected"),
-            stale=r.boolean("stale"),
-            generated_at=r.time("generated_at"),
-            received_at=r.time("received_at"),
-            nodes=r.objects("nodes", NodeStatus.from_json),
-            totals=r.optional_object("totals", StatusTotals.from_json),
-        )
+
+FleetRowState = Literal["ok", "timeout", "error", "disconnected"]
+
+
+@attrs.frozen
+class RowError:
+    """Why a fleet row has no fresh snapshot: ``edge_timeout`` or ``edge_error`` and the words."""
+
+    code: str
+    message: str
 
 
 @attrs.frozen
 class FleetStatusRow:
-    """One edge's row of ``GET /fleet/status``."""
+    """One edge's row of ``GET /fleet/status``; counts are of its last snapshot."""
 
     edge_id: str
     connected: bool = False
-    state: str = "ok"
-    error: Optional[str] = None
+    state: FleetRowState = "ok"
+    error: Optional[RowError] = None
     received_at: Optional[datetime] = None
     stale: bool = False
+    labels: dict[str, str] = attrs.field(factory=dict)
     nodes_connected: int = 0
     nodes_configured: int = 0
     providers: int = 0
     general: ProviderCounters = ProviderCounters()
     long_context: ProviderCounters = ProviderCounters()
 
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> FleetStatusRow:
-        """Read a fleet status row."""
-        r = _Reader(data, path)
-        return cls(
-            edge_id=r.string("edge_id"),
-            connected=r.boolean("connected"),
-            state=r.string("state", "ok"),
-            error=r.optional_string("error"),
-            received_at=r.time("received_at"),
-            stale=r.boolean("stale"),
-            nodes_connected=r.integer("nodes_connected"),
-            nodes_configured=r.integer("nodes_configured"),
-            providers=r.integer("providers"),
-            general=r.object("general", ProviderCounters.from_json),
-            long_context=r.object("long_context", ProviderCounters.from_json),
-        )
-
 
 @attrs.frozen
 class FleetStatus:
-    """``GET /fleet/status``: one row per edge and the fleet totals."""
+    """``GET /fleet/status``: one row per edge and the fleet totals.
+
+    ``round_at`` is when the status round these rows come from began (a
+    server that does not say leaves it ``None``).
+    """
 
     generated_at: Optional[datetime]
     items: tuple[FleetStatusRow, ...]
     total: int
     next_cursor: Optional[str]
     totals: StatusTotals
-
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> FleetStatus:
-        """Read a fleet status document."""
-        r = _Reader(data, path)
-        items = r.objects("items", FleetStatusRow.from_json)
-        return cls(
-            generated_at=r.time("generated_at"),
-            items=items,
-            total=r.integer("total", len(items)),
-            next_cursor=r.optional_string("next_cursor"),
-            totals=r.object("totals", StatusTotals.from_json),
-        )
+    round_at: Optional[datetime] = _optional_field()
 
 
 # ---------------------------------------------------------------- events
@@ -542,24 +422,6 @@ class Event:
     message: str = ""
     attributes: dict[str, str] = attrs.field(factory=dict)
 
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> Event:
-        """Read an event."""
-        r = _Reader(data, path)
-        return cls(
-            sequence=r.integer("sequence"),
-            fleet_sequence=r.integer("fleet_sequence"),
-            edge_id=r.string("edge_id"),
-            kind=r.string("kind"),
-            occurred_at=r.time("occurred_at"),
-            recorded_at=r.time("recorded_at"),
-            node_id=r.optional_string("node_id") or None,
-            provider_id=r.optional_string("provider_id") or None,
-            command_id=r.optional_string("command_id") or None,
-            message=r.string("message"),
-            attributes=r.string_map("attributes"),
-        )
-
 
 @attrs.frozen
 class EventPage:
@@ -573,58 +435,63 @@ class EventPage:
     capacity: int = 0
     kept: int = 0
     dropped: int = 0
-    first_sequence: Optional[int] = None
-    last_sequence: Optional[int] = None
-    next_since: Optional[int] = None
+    first_sequence: int = 0
+    last_sequence: int = 0
+    next_since: int = 0
     edge_id: Optional[str] = _optional_field()
-
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> EventPage:
-        """Read an event page."""
-        r = _Reader(data, path)
-        return cls(
-            items=r.objects("items", Event.from_json),
-            capacity=r.integer("capacity"),
-            kept=r.integer("kept"),
-            dropped=r.integer("dropped"),
-            first_sequence=r.optional_integer("first_sequence"),
-            last_sequence=r.optional_integer("last_sequence"),
-            next_since=r.optional_integer("next_since"),
-            edge_id=r.optional_string("edge_id"),
-        )
 
 
 # ---------------------------------------------------------------- operations
+
+OperationState = Literal[
+    "sent",
+    "accepted",
+    "running",
+    "succeeded",
+    "failed",
+    "rejected",
+    "timed_out",
+    "edge_disconnected",
+    "superseded",
+]
+
+#: Operation states after which nothing changes any more.
+TERMINAL_STATES = frozenset({"succeeded", "failed", "rejected", "timed_out", "edge_disconnected", "superseded"})
 
 
 @attrs.frozen
 class OperationTransition:
     """One step of an operation's history."""
 
-    state: str
+    state: OperationState
     at: Optional[datetime] = None
     reason: str = ""
 
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> OperationTransition:
-        """Read a history entry."""
-        r = _Reader(data, path)
-        return cls(state=r.string("state"), at=r.time("at"), reason=r.string("reason"))
 
+@attrs.frozen
+class LateOutcome:
+    """The edge's answer that arrived after its operation had already ended (e.g. timed out)."""
 
-#: Operation states after which nothing changes any more.
-TERMINAL_STATES = frozenset({"succeeded", "failed", "rejected", "timed_out", "edge_disconnected"})
+    state: Literal["succeeded", "failed", "rejected"]
+    reason: str
+    result: dict[str, str]
+    received_at: datetime
 
 
 @attrs.frozen
 class Operation:
-    """The audit record of one command dispatched to an edge."""
+    """The audit record of one command dispatched to an edge.
+
+    ``replayed`` is only set on the answer to ``POST /edges/{id}/commands``:
+    ``True`` when an idempotency key matched an identical earlier command,
+    so nothing was dispatched again.
+    """
 
     operation_id: str
     edge_id: str
     name: str
-    state: str
-    target: Optional[str] = None
+    state: OperationState
+    target: str = ""
     arguments: dict[str, str] = attrs.field(factory=dict)
     idempotency_key: Optional[str] = None
     reason: str = ""
@@ -634,58 +501,26 @@ class Operation:
     finished_at: Optional[datetime] = None
     deadline_at: Optional[datetime] = None
     history: tuple[OperationTransition, ...] = ()
+    late_outcome: Optional[LateOutcome] = _optional_field()
+    replayed: Optional[bool] = _optional_field()
 
     @property
     def finished(self) -> bool:
         """Whether the operation is in a terminal state."""
         return self.state in TERMINAL_STATES
 
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> Operation:
-        """Read an operation."""
-        r = _Reader(data, path)
-        return cls(
-            operation_id=r.string("operation_id"),
-            edge_id=r.string("edge_id"),
-            name=r.string("name"),
-            state=r.string("state"),
-            target=r.optional_string("target") or None,
-            arguments=r.string_map("arguments"),
-            idempotency_key=r.optional_string("idempotency_key") or None,
-            reason=r.string("reason"),
-            result=r.string_map("result"),
-            created_at=r.time("created_at"),
-            updated_at=r.time("updated_at"),
-            finished_at=r.time("finished_at"),
-            deadline_at=r.time("deadline_at"),
-            history=r.objects("history", OperationTransition.from_json),
-        )
-
 
 @attrs.frozen
 class OperationPage:
-    """A page of operations, newest first; edge views add buffer figures."""
+    """A page of operations, newest first; edge views add the edge and buffer figures."""
 
     items: tuple[Operation, ...]
     total: int
     next_cursor: Optional[str] = None
+    edge_id: Optional[str] = _optional_field()
     capacity: Optional[int] = _optional_field()
     kept: Optional[int] = _optional_field()
     dropped: Optional[int] = _optional_field()
-
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> OperationPage:
-        """Read an operations page."""
-        r = _Reader(data, path)
-        items = r.objects("items", Operation.from_json)
-        return cls(
-            items=items,
-            total=r.integer("total", len(items)),
-            next_cursor=r.optional_string("next_cursor"),
-            capacity=r.optional_integer("capacity"),
-            kept=r.optional_integer("kept"),
-            dropped=r.optional_integer("dropped"),
-        )
 
 
 # ---------------------------------------------------------------- commands
@@ -699,12 +534,6 @@ class CommandArgument:
     description: str = ""
     required: bool = False
 
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> CommandArgument:
-        """Read an argument spec."""
-        r = _Reader(data, path)
-        return cls(name=r.string("name"), description=r.string("description"), required=r.boolean("required"))
-
 
 @attrs.frozen
 class CommandSpec:
@@ -715,51 +544,11 @@ class CommandSpec:
     target_kind: str = ""
     arguments: tuple[CommandArgument, ...] = ()
 
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> CommandSpec:
-        """Read a command spec."""
-        r = _Reader(data, path)
-        return cls(
-            name=r.string("name"),
-            description=r.string("description"),
-            target_kind=r.string("target_kind"),
-            arguments=r.objects("arguments", CommandArgument.from_json),
-        )
-
 
 @attrs.frozen
 class CommandCatalog:
     """``GET /edges/{id}/commands``: the catalog the edge announced."""
 
     edge_id: str
+    connected: bool
     commands: tuple[CommandSpec, ...]
-
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> CommandCatalog:
-        """Read a command catalog."""
-        r = _Reader(data, path)
-        return cls(edge_id=r.string("edge_id"), commands=r.objects("commands", CommandSpec.from_json))
-
-
-# ---------------------------------------------------------------- writing
-
-
-def _serialize(inst: Any, field: Any, value: Any) -> Any:
-    if isinstance(value, datetime):
-        return format_time(value)
-    if isinstance(value, tuple):
-        return list(value)
-    return value
-
-
-def _keep(field: Any, value: Any) -> bool:
-    return not (value is None and field.metadata.get("omit_if_none"))
-
-
-def to_json(model: Any) -> Any:
-    """Turn a model (or a list of models) back into its documented JSON shape."""
-    if isinstance(model, (list, tuple)):
-        return [to_json(m) for m in model]
-    if attrs.has(type(model)):
-        return attrs.asdict(model, value_serializer=_serialize, filter=_keep)
-    return model

@@ -14,11 +14,13 @@ from typing import Optional
 from twisted_iop.client.models import (
     CommandCatalog,
     EdgeDetail,
+    EdgePage,
     EdgeStatus,
-    EdgeSummary,
     Event,
     EventPage,
     FleetStatus,
+    FleetStatusRow,
+    LateOutcome,
     Operation,
     OperationPage,
     ProviderCounters,
@@ -79,8 +81,9 @@ def _counts_text(counts: Mapping[str, int]) -> str:
     return ", ".join(shown) if shown else "none"
 
 
-def render_edges(edges: Sequence[EdgeSummary]) -> str:
+def render_edges(page: EdgePage) -> str:
     """The ``iopctl edges`` table."""
+    edges = page.items
     if not edges:
         return "no edges are known"
     rows = [
@@ -101,8 +104,9 @@ def render_edges(edges: Sequence[EdgeSummary]) -> str:
     return render_table(headers, rows, numeric=(6, 7))
 
 
-def render_edge(edge: EdgeDetail) -> str:
+def render_edge(detail: EdgeDetail) -> str:
     """The ``iopctl edge ID`` key/value view."""
+    edge = detail.summary
     pairs: list[tuple[str, str]] = [
         ("edge", edge.edge_id),
         ("connected", yes_no(edge.connected)),
@@ -115,16 +119,14 @@ def render_edge(edge: EdgeDetail) -> str:
         ("labels", labels_text(edge.labels)),
         ("commands", ", ".join(edge.commands) or NONE),
     ]
-    if edge.status is not None:
-        snapshot = "none" if not edge.status.available else ("stale" if edge.status.stale else "fresh")
-        pairs.append(("last snapshot", f"{snapshot}, received {time_text(edge.status.received_at)}"))
-    if edge.events is not None:
-        b = edge.events
-        last = NONE if b.last_sequence is None else str(b.last_sequence)
-        pairs.append(("events", f"{b.kept} kept of {b.capacity}, {b.dropped} dropped, last sequence {last}"))
-    if edge.operations is not None:
-        b = edge.operations
-        pairs.append(("operations", f"{b.kept} kept of {b.capacity}, {b.dropped} dropped"))
+    status = detail.status
+    snapshot = "none" if not status.available else ("stale" if status.stale else "fresh")
+    pairs.append(("last snapshot", f"{snapshot}, received {time_text(status.received_at)}"))
+    b = detail.events
+    last = NONE if b.last_sequence is None else str(b.last_sequence)
+    pairs.append(("events", f"{b.kept} kept of {b.capacity}, {b.dropped} dropped, last sequence {last}"))
+    b = detail.operations
+    pairs.append(("operations", f"{b.kept} kept of {b.capacity}, {b.dropped} dropped"))
     width = max(len(k) for k, _ in pairs)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in pairs)
 
@@ -222,9 +224,19 @@ def render_status(status: EdgeStatus) -> str:
     return "\n\n".join(parts)
 
 
+def row_error_text(row: FleetStatusRow) -> str:
+    """Why a fleet row is not fresh (``edge_timeout: edge 'x' did not answer ...``), or ``""``."""
+    if row.error is None:
+        return ""
+    return f"{row.error.code}: {row.error.message}" if row.error.message else row.error.code
+
+
 def render_fleet(fleet: FleetStatus) -> str:
     """The ``iopctl fleet`` view: totals, then one row per edge."""
-    parts = [f"fleet status generated {time_text(fleet.generated_at)}", render_totals(fleet.totals)]
+    header = f"fleet status generated {time_text(fleet.generated_at)}"
+    if fleet.round_at is not None:
+        header += f" (status round began {time_text(fleet.round_at)})"
+    parts = [header, render_totals(fleet.totals)]
     if not fleet.items:
         parts.append("no edges are known")
         return "\n\n".join(parts)
@@ -241,7 +253,7 @@ def render_fleet(fleet: FleetStatus) -> str:
             r.long_context.capacity,
             r.long_context.in_flight,
             r.long_context.queued,
-            r.error or "",
+            row_error_text(r),
         )
         for r in fleet.items
     ]
@@ -315,23 +327,30 @@ def render_events(page: EventPage) -> str:
     return render_table(headers, rows, numeric=(0,)) + "\n" + footer
 
 
+def late_outcome_text(late: LateOutcome) -> str:
+    """A late answer in a few words: ``succeeded at 2026-11-29 20:00:07: reason``."""
+    text = f"{late.state} at {time_text(late.received_at)}"
+    return f"{text}: {late.reason}" if late.reason else text
+
+
 def render_operations(page: OperationPage) -> str:
-    """The ``iopctl operations ID`` table, newest first."""
+    """The ``iopctl operations ID`` table, newest first.
+
+    A LATE column (the edge's answer that came after the operation ended)
+    appears when some operation of the page has one.
+    """
     if not page.items:
         return "no operations"
-    rows = [
-        (
-            o.operation_id,
-            o.name,
-            o.target or NONE,
-            o.state,
-            time_text(o.created_at),
-            time_text(o.finished_at),
-            o.reason,
-        )
-        for o in page.items
-    ]
-    text = render_table(("OPERATION", "NAME", "TARGET", "STATE", "CREATED", "FINISHED", "REASON"), rows)
+    late = any(o.late_outcome is not None for o in page.items)
+    rows = []
+    for o in page.items:
+        row = [o.operation_id, o.name, o.target or NONE, o.state]
+        if late:
+            row.append(o.late_outcome.state if o.late_outcome is not None else NONE)
+        row += [time_text(o.created_at), time_text(o.finished_at), o.reason]
+        rows.append(row)
+    headers = ["OPERATION", "NAME", "TARGET", "STATE"] + (["LATE"] if late else []) + ["CREATED", "FINISHED", "REASON"]
+    text = render_table(headers, rows)
     footer = f"{len(page.items)} shown of {page.total}"
     if page.kept is not None:
         footer += f"; buffer keeps {page.kept} of {page.capacity}, {page.dropped} dropped"
@@ -361,8 +380,12 @@ def render_operation(operation: Operation) -> str:
     ]
     if operation.reason:
         pairs.append(("reason", operation.reason))
+    if operation.late_outcome is not None:
+        pairs.append(("late outcome", late_outcome_text(operation.late_outcome)))
     if operation.idempotency_key:
         pairs.append(("idempotency key", operation.idempotency_key))
+    if operation.replayed:
+        pairs.append(("replayed", "yes: the key matched an earlier identical command; it was not sent again"))
     pairs.append(("created", time_text(operation.created_at)))
     pairs.append(("finished", time_text(operation.finished_at)))
     width = max(len(k) for k, _ in pairs)
@@ -371,6 +394,11 @@ def render_operation(operation: Operation) -> str:
         lines.append("result:")
         rw = max(len(k) for k in operation.result)
         lines.extend(f"  {k.ljust(rw)}  {v}" for k, v in sorted(operation.result.items()))
+    if operation.late_outcome is not None and operation.late_outcome.result:
+        late_result = operation.late_outcome.result
+        lines.append("late result:")
+        lw = max(len(k) for k in late_result)
+        lines.extend(f"  {k.ljust(lw)}  {v}" for k, v in sorted(late_result.items()))
     if operation.history:
         lines.append("history:")
         lines.extend(

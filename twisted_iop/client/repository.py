@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping
-from typing import Any, Optional, TypeVar
+from collections.abc import Mapping
+from typing import Any, Optional
 from urllib.parse import quote, urlencode
 
 from twisted.internet.defer import CancelledError
@@ -36,14 +36,14 @@ from twisted_iop.client.errors import (
     ERRORS_BY_CODE,
     ControlPlaneError,
     ControlPlaneUnreachable,
-    EdgeDisconnectedError,
     EdgeNotConnectedError,
-    EdgeTimeoutError,
     InvalidResponse,
+    OperationError,
 )
 from twisted_iop.client.models import (
     CommandCatalog,
     EdgeDetail,
+    EdgePage,
     EdgeStatus,
     EdgeSummary,
     EventPage,
@@ -52,11 +52,9 @@ from twisted_iop.client.models import (
     Health,
     Operation,
     OperationPage,
-    Page,
     Readiness,
+    read,
 )
-
-T = TypeVar("T")
 
 #: Environment variable naming the Control Plane's HTTP base URL.
 HTTP_URL_ENV = "IOP_CONTROL_PLANE_HTTP_URL"
@@ -144,9 +142,11 @@ def error_from_response(status: int, body: bytes) -> ControlPlaneError:
     exc = cls(code, message, status, document)
     try:
         if isinstance(exc, EdgeNotConnectedError) and document.get("snapshot") is not None:
-            exc.snapshot = EdgeStatus.from_json(document["snapshot"], "snapshot")
-        if isinstance(exc, (EdgeTimeoutError, EdgeDisconnectedError)) and document.get("operation") is not None:
-            exc.operation = Operation.from_json(document["operation"], "operation")
+            exc.snapshot = read(EdgeStatus, document["snapshot"], "snapshot")
+        if isinstance(exc, OperationError) and document.get("operation") is not None:
+            exc.operation = read(Operation, document["operation"], "operation")
+            replayed = document.get("replayed")
+            exc.replayed = replayed if isinstance(replayed, bool) else None
     except InvalidResponse:
         # The error itself is what matters; context that does not parse is dropped.
         pass
@@ -237,26 +237,37 @@ class ControlPlaneStatusRepository:
 
     async def healthz(self) -> Health:
         """``GET /healthz``."""
-        return Health.from_json(await self._request("GET", "/healthz"))
+        return read(Health, await self._request("GET", "/healthz"))
 
     async def readyz(self) -> Readiness:
         """``GET /readyz``; a not-ready server (503) answers ``ready=False``."""
-        return Readiness.from_json(await self._request("GET", "/readyz", accept_statuses=frozenset({503})))
+        return read(Readiness, await self._request("GET", "/readyz", accept_statuses=frozenset({503})))
 
     # -- edges ----------------------------------------------------------------
 
-    async def edges(self, limit: Optional[int] = None, cursor: Optional[str] = None) -> Page[EdgeSummary]:
+    async def edges(self, limit: Optional[int] = None, cursor: Optional[str] = None) -> EdgePage:
         """``GET /edges``: one page of edge summaries, sorted by id."""
-        data = await self._request("GET", "/edges", {"limit": limit, "cursor": cursor})
-        return Page.from_json(data, EdgeSummary.from_json)
+        return read(EdgePage, await self._request("GET", "/edges", {"limit": limit, "cursor": cursor}))
 
-    async def all_edges(self) -> list[EdgeSummary]:
-        """Every known edge, following ``next_cursor`` across pages."""
-        return await self._all_pages(lambda cursor: self.edges(limit=MAX_PAGE_LIMIT, cursor=cursor))
+    async def all_edges(self) -> EdgePage:
+        """Every known edge, following ``next_cursor`` across pages, as one page.
+
+        ``total`` is the first page's; ``next_cursor`` is ``None``.
+        """
+        first = await self.edges(limit=MAX_PAGE_LIMIT)
+        items: list[EdgeSummary] = list(first.items)
+        cursor = first.next_cursor
+        seen: set[str] = set()
+        while cursor:
+            _check_cursor(cursor, seen)
+            page = await self.edges(limit=MAX_PAGE_LIMIT, cursor=cursor)
+            items.extend(page.items)
+            cursor = page.next_cursor
+        return EdgePage(items=tuple(items), total=first.total, next_cursor=None)
 
     async def edge(self, edge_id: str) -> EdgeDetail:
         """``GET /edges/{id}``: the summary and buffer figures of one edge."""
-        return EdgeDetail.from_json(await self._request("GET", self._edge_path(edge_id)))
+        return read(EdgeDetail, await self._request("GET", self._edge_path(edge_id)))
 
     async def edge_status(self, edge_id: str) -> EdgeStatus:
         """``GET /edges/{id}/status``: a fresh snapshot of the edge's nodes.
@@ -265,27 +276,27 @@ class ControlPlaneStatusRepository:
         is known but not connected, :class:`EdgeTimeoutError` when it did not
         answer in time.
         """
-        return EdgeStatus.from_json(await self._request("GET", self._edge_path(edge_id, "status")))
+        return read(EdgeStatus, await self._request("GET", self._edge_path(edge_id, "status")))
 
     async def events(self, edge_id: str, since: int = 0, limit: Optional[int] = None) -> EventPage:
         """``GET /edges/{id}/events``: events with a sequence above ``since``."""
         data = await self._request("GET", self._edge_path(edge_id, "events"), {"since": since, "limit": limit})
-        return EventPage.from_json(data)
+        return read(EventPage, data)
 
     async def operations(
         self, edge_id: str, limit: Optional[int] = None, cursor: Optional[str] = None
     ) -> OperationPage:
         """``GET /edges/{id}/operations``: one page of operations, newest first."""
         data = await self._request("GET", self._edge_path(edge_id, "operations"), {"limit": limit, "cursor": cursor})
-        return OperationPage.from_json(data)
+        return read(OperationPage, data)
 
     async def operation(self, edge_id: str, operation_id: str) -> Operation:
         """``GET /edges/{id}/operations/{operation_id}``."""
-        return Operation.from_json(await self._request("GET", self._edge_path(edge_id, "operations", operation_id)))
+        return read(Operation, await self._request("GET", self._edge_path(edge_id, "operations", operation_id)))
 
     async def commands(self, edge_id: str) -> CommandCatalog:
         """``GET /edges/{id}/commands``: the edge's command catalog."""
-        return CommandCatalog.from_json(await self._request("GET", self._edge_path(edge_id, "commands")))
+        return read(CommandCatalog, await self._request("GET", self._edge_path(edge_id, "commands")))
 
     async def send_command(
         self,
@@ -299,9 +310,14 @@ class ControlPlaneStatusRepository:
         """``POST /edges/{id}/commands``: run a command and wait for its outcome.
 
         Returns the operation when it ended ``succeeded``, ``failed`` or
-        ``rejected``. Raises :class:`EdgeTimeoutError` or
-        :class:`EdgeDisconnectedError` (each with ``.operation``) when the edge
-        did not finish it, :class:`EdgeNotConnectedError` when nothing was sent.
+        ``rejected``; its ``replayed`` says whether the idempotency key matched
+        an identical earlier command (nothing was sent again). Raises
+        :class:`EdgeTimeoutError`, :class:`EdgeDisconnectedError` or
+        :class:`EdgeSupersededError` (each with ``.operation`` and
+        ``.replayed``) when the edge did not finish it,
+        :class:`IdempotencyConflictError` (with the earlier ``.operation``)
+        when the key names a different command, :class:`EdgeNotConnectedError`
+        when nothing was sent.
         """
         body: dict[str, Any] = {"name": name, "arguments": dict(arguments or {})}
         if target is not None:
@@ -312,13 +328,13 @@ class ControlPlaneStatusRepository:
             body["idempotency_key"] = idempotency_key
         wait = max(self.timeout, (timeout_seconds or 10.0) + COMMAND_TIMEOUT_MARGIN_SECONDS)
         data = await self._request("POST", self._edge_path(edge_id, "commands"), body=body, timeout=wait)
-        return Operation.from_json(data)
+        return read(Operation, data)
 
     # -- fleet ----------------------------------------------------------------
 
     async def fleet_status(self, limit: Optional[int] = None, cursor: Optional[str] = None) -> FleetStatus:
         """``GET /fleet/status``: one page of per-edge rows and the fleet totals."""
-        return FleetStatus.from_json(await self._request("GET", "/fleet/status", {"limit": limit, "cursor": cursor}))
+        return read(FleetStatus, await self._request("GET", "/fleet/status", {"limit": limit, "cursor": cursor}))
 
     async def full_fleet_status(self) -> FleetStatus:
         """The fleet status with the rows of every page (totals of the first)."""
@@ -337,31 +353,17 @@ class ControlPlaneStatusRepository:
             total=first.total,
             next_cursor=None,
             totals=first.totals,
+            round_at=first.round_at,
         )
 
     async def fleet_events(self, since: int = 0, limit: Optional[int] = None) -> EventPage:
         """``GET /fleet/events``: events of all edges above fleet sequence ``since``."""
-        return EventPage.from_json(await self._request("GET", "/fleet/events", {"since": since, "limit": limit}))
+        return read(EventPage, await self._request("GET", "/fleet/events", {"since": since, "limit": limit}))
 
     async def fleet_operations(self, limit: Optional[int] = None, cursor: Optional[str] = None) -> OperationPage:
         """``GET /fleet/operations``: one page of operations of all edges."""
         data = await self._request("GET", "/fleet/operations", {"limit": limit, "cursor": cursor})
-        return OperationPage.from_json(data)
-
-    # -- helpers --------------------------------------------------------------
-
-    @staticmethod
-    async def _all_pages(fetch: Callable[[Optional[str]], Any]) -> list[Any]:
-        items: list[Any] = []
-        cursor: Optional[str] = None
-        seen: set[str] = set()
-        while True:
-            page = await fetch(cursor)
-            items.extend(page.items)
-            cursor = page.next_cursor
-            if not cursor:
-                return items
-            _check_cursor(cursor, seen)
+        return read(OperationPage, data)
 
 
 def _check_cursor(cursor: str, seen: set[str]) -> None:

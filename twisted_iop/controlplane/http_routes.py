@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import json
 from collections.abc import Sequence
+from importlib import resources
 from typing import Any, Optional, Protocol
 from urllib.parse import urlsplit
 
@@ -39,6 +40,8 @@ from twisted_iop.metrics import render as render_metrics
 
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
+#: The OpenAPI 3.1 document of these routes, packaged next to this module.
+OPENAPI_RESOURCE = "openapi.json"
 
 
 class Listener(Protocol):
@@ -148,6 +151,7 @@ class ControlPlaneHttp:
         self._readiness = readiness
         self._settings = settings
         self._metrics = metrics
+        self._openapi: Optional[bytes] = None
 
     # -- errors --------------------------------------------------------------
 
@@ -259,6 +263,14 @@ class ControlPlaneHttp:
         request.setHeader(b"Content-Type", content_type.encode("ascii"))
         request.setHeader(b"Cache-Control", b"no-store")
         return body
+
+    @app.route("/openapi.json", methods=["GET"])
+    def openapi(self, request: IRequest) -> bytes:
+        """The OpenAPI document of this API: the contract every view is tested against."""
+        if self._openapi is None:
+            self._openapi = resources.files(__package__).joinpath(OPENAPI_RESOURCE).read_bytes()
+        request.setHeader(b"Content-Type", b"application/json")
+        return self._openapi
 
     # -- edges -----------------------------------------------------------------
 

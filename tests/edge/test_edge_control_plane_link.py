@@ -78,7 +78,7 @@ class Edge:
 
     def retry_scheduled_in(self) -> float:
         """The delay of the one pending reconnect."""
-        [call] = [c for c in self.reactor.getDelayedCalls() if "reconnect" in repr(c.func)]
+        [call] = [c for c in self.reactor.getDelayedCalls() if "reconnect" in repr(c)]
         return call.getTime() - self.reactor.seconds()
 
 

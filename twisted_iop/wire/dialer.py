@@ -446,6 +446,8 @@ class DialerLink(Generic[ProtocolT]):
         self._logged_rejection: Optional[str] = None
         #: Whether the peer closed the last connection as superseded.
         self.superseded = False
+        #: Failed attempts in a row, as the ``ClientService`` last counted them.
+        self.failed_attempts = 0
         self._sweeper = KeepaliveSweeper(
             clock, dial.peer_settings(), lambda: [self.current] if self.current is not None else []
         )
@@ -471,6 +473,7 @@ class DialerLink(Generic[ProtocolT]):
         permanent rejection or a supersede the delay is a hold-off near the
         maximum.
         """
+        self.failed_attempts = attempt
         backoff = self.dial.backoff
         if self.permanent_rejection is not None or self.superseded:
             return hold_off_delay(backoff.max_seconds, self._rand)
@@ -506,6 +509,7 @@ class DialerLink(Generic[ProtocolT]):
     def accepted(self, protocol: ProtocolT, response: HelloResponse) -> None:
         """The peer accepted hello: reset the hold-offs, then go live."""
         self.acceptances += 1
+        self.failed_attempts = 0
         self.permanent_rejection = None
         self._logged_rejection = None
         self.superseded = False

@@ -20,7 +20,8 @@ import yaml
 from twisted_iop.endpoints import EndpointError, connect_endpoint, listen_endpoint
 from twisted_iop.ids import id_problem
 from twisted_iop.wire import DEFAULT_MAX_FRAME_BYTES
-from twisted_iop.wire.peer import PeerSettings
+from twisted_iop.wire.settings import BackoffConfig, KeepaliveConfig
+from twisted_iop.wire.settings import DialConfig as DialConfig  # re-exported for the daemons' config modules
 
 T = TypeVar("T")
 C = TypeVar("C")
@@ -186,46 +187,6 @@ class Section:
 
 
 # -- sections shared by edge.yaml and node.yaml -------------------------------
-
-
-@attrs.frozen
-class BackoffConfig:
-    """Reconnect delays: exponential with full jitter between the bounds."""
-
-    initial_seconds: float = 0.5
-    max_seconds: float = 30.0
-
-
-@attrs.frozen
-class KeepaliveConfig:
-    """Ping an idle peer after ``interval``; drop it after ``deadline``."""
-
-    interval_seconds: float = 15.0
-    deadline_seconds: float = 45.0
-
-
-@attrs.frozen(kw_only=True)
-class DialConfig:
-    """How a daemon dials its peer on a framed wire and keeps the link up.
-
-    The common part of ``control_plane`` in edge.yaml and ``edge`` in
-    node.yaml; each daemon's section class adds its own settings.
-    """
-
-    address: str
-    backoff: BackoffConfig = BackoffConfig()
-    keepalive: KeepaliveConfig = KeepaliveConfig()
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
-    request_timeout_seconds: float = 10.0
-
-    def peer_settings(self) -> PeerSettings:
-        """Framing limits and deadlines of the connection to the peer."""
-        return PeerSettings(
-            max_frame_bytes=self.max_frame_bytes,
-            keepalive_interval_seconds=self.keepalive.interval_seconds,
-            keepalive_deadline_seconds=self.keepalive.deadline_seconds,
-            request_timeout_seconds=self.request_timeout_seconds,
-        )
 
 
 def parse_backoff(section: Section) -> BackoffConfig:

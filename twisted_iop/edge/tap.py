@@ -106,9 +106,7 @@ def makeService(options: Any, reactor: Any = None) -> EdgeService:
     )
 
     endpoint = clientFromString(reactor, config.control_plane.address)
-    control_plane = ClientService(
-        endpoint, cast(IProtocolFactory, link.factory()), retryPolicy=link.retry_delay, clock=clock
-    )
+    control_plane = link.client_service(endpoint)
     control_plane.setName("control-plane")
 
     service = EdgeService(config, registry, status, commands, link, node_server, node_factory, control_plane)

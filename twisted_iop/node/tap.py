@@ -9,7 +9,6 @@ from twisted.application.internet import ClientService
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import clientFromString
-from twisted.internet.interfaces import IProtocolFactory
 from twisted.python import usage
 
 from twisted_iop.configuration import ConfigError
@@ -64,7 +63,7 @@ def makeService(options: Any, reactor: Any = None, http: Optional[HTTPClient] = 
     runtime = NodeRuntime(config, clock, ProviderProber(clock, http))
     link = EdgeLink(config, runtime, clock)
     endpoint = clientFromString(reactor, config.edge.address)
-    edge = ClientService(endpoint, cast(IProtocolFactory, link.factory()), retryPolicy=link.retry_delay, clock=clock)
+    edge = link.client_service(endpoint)
     edge.setName("edge-link")
     service = NodeService(config, runtime, link, edge)
     runtime.setServiceParent(service)

@@ -246,6 +246,15 @@ def test_make_lines_name_targets(command: DocCommand) -> None:
             assert word in targets, f"{command.where}: no Makefile target {word}"
 
 
+def test_makefile_daemons_pass_check() -> None:
+    """The daemons ``make run``, ``make run-edge`` and ``make run-node`` start have valid configs."""
+    lines = [line.split("twistd", 1)[1] for line in (ROOT / "Makefile").read_text().splitlines() if "/twistd " in line]
+    assert len(lines) == 3
+    for line in lines:
+        done = _twistd_check((*shlex.split(line), "--check"))
+        assert done.returncode == 0 and "configuration OK" in done.stdout, line
+
+
 def test_screenshot_claims_name_the_switch() -> None:
     """Where a doc says a test writes docs/console.png, it names IOP_UPDATE_SCREENSHOT, as the test needs it."""
     test = (ROOT / "tests" / "console" / "test_console_fleet.py").read_text()

@@ -9,6 +9,7 @@ Nothing outside the ``config`` modules imports yaml.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -260,6 +261,14 @@ def _port_problem(port: Optional[str]) -> Optional[str]:
     return None
 
 
+def _is_ip_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _twisted_problem(build: Callable[[Any, str], Any], description: str) -> Optional[str]:
     # Building an endpoint binds and dials nothing, but parses every
     # parameter and loads an ssl: key and certificate or tls: trust roots.
@@ -280,12 +289,21 @@ def check_listen_endpoint(value: str) -> tuple[Optional[str], str]:
     except EndpointError as e:
         return str(e), value
     kind = description.split(":", 1)[0]
+    positional, keywords = _endpoint_arguments(description)
+    problem = None
     if kind in _PORT_FIRST:
-        positional, keywords = _endpoint_arguments(description)
-        port = keywords.get("port", positional[0] if positional and positional[0] else None)
-        problem = _port_problem(port)
-        if problem is not None:
-            return f"cannot use {value!r}: {problem}", description
+        problem = _port_problem(keywords.get("port", positional[0] if positional and positional[0] else None))
+        interface = keywords.get("interface")
+        if problem is None and interface is not None and not _is_ip_address(interface):
+            problem = f"interface must be an IP address such as 127.0.0.1 or ::1, not {interface!r}"
+    elif kind == "unix":
+        socket_path = keywords.get("address", positional[0] if positional else "")
+        if not socket_path:
+            problem = "no socket path given"
+        elif not Path(socket_path).parent.is_dir():
+            problem = f"the directory of the socket, {str(Path(socket_path).parent)!r}, does not exist"
+    if problem is not None:
+        return f"cannot use {value!r}: {problem}", description
     from twisted.internet.endpoints import serverFromString
 
     problem = _twisted_problem(serverFromString, description)

@@ -67,6 +67,11 @@ def test_environment_overrides_listeners() -> None:
         ),
         ("http: {listen: 'tcp:http'}", "http.listen: cannot use 'tcp:http': the port must be a number"),
         ("http: {listen: 'tcp:99999'}", "http.listen: cannot use 'tcp:99999'"),
+        (
+            "http: {listen: 'tcp:80:interface=cp.example'}",
+            "http.listen: cannot use 'tcp:80:interface=cp.example': interface",
+        ),
+        ("client_wire: {listen: 'unix:/nonexistent-iop/x.sock'}", "client_wire.listen: cannot use 'unix:/nonexist"),
         ("edge_wire: {credentials: {'bad id': 'x'}}", "edge_wire.credentials"),
         ("registry: {events_per_edge: 0}", "registry.events_per_edge"),
         ("http: {status_timeout_seconds: 0}", "http.status_timeout_seconds"),
@@ -116,6 +121,17 @@ def test_older_keepalive_spelling_is_read_with_a_notice() -> None:
         "client_wire.auto_ping_interval_seconds",
         "edge_wire.keepalive_interval_seconds",
     ]
+
+
+def test_service_logs_the_notices_of_its_config(tmp_path: Path) -> None:
+    """A config with an older spelling starts, and its service carries the notice to log at start-up."""
+    path = tmp_path / "cp.yaml"
+    path.write_text("client_wire: {auto_ping_interval_seconds: 4}\n")
+    options = tap.Options()
+    options.parseOptions(["--config", str(path)])
+    service = tap.makeService(options, reactor=MemoryReactor())
+    assert len(service.notices) == 1 and "client_wire.keepalive: {interval_seconds: 4" in service.notices[0]
+    assert service.config.client_wire.auto_ping_interval_seconds == 4
 
 
 def test_missing_config_file_exits_with_one_line(tmp_path: Path) -> None:

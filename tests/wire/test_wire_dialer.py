@@ -18,7 +18,7 @@ from twisted.logger import LogEvent, globalLogPublisher
 from twisted.test import iosim
 
 from twisted_iop.edge.config import parse_edge_config
-from twisted_iop.edge.tap import makeService as make_edge
+from twisted_iop.edge.tap import EdgeService
 from twisted_iop.wire.dialer import DialingService, backoff_delay, hold_off_delay
 
 PORT = 7443
@@ -180,7 +180,7 @@ async def test_edge_reenrolls_after_the_control_plane_restarts(tmp_path: Path) -
         },
         {},
     )
-    edge = make_edge({"edge_config": config}, reactor=global_reactor)
+    edge = EdgeService(config, global_reactor)
     edge.privilegedStartService()
     edge.startService()
     try:

@@ -374,6 +374,8 @@ class AcceptedPeerProtocol(FramedPeerProtocol):
 class PeerServerFactory(Factory):
     """Builds accepted connections; one keepalive sweeper covers all of them."""
 
+    # Factory's "Starting factory <... object at 0x...>" lines tell a person nothing.
+    noisy = False
     #: The protocol class built for each accepted connection.
     protocol_class: type[AcceptedPeerProtocol]
 

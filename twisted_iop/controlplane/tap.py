@@ -76,7 +76,7 @@ class ControlPlaneService(DaemonService):
         site.noisy = False
         self.edge_factory = EdgeWireFactory(self.registry, reactor, config.edge_wire, config.credentials)
         self.edge_factory.noisy = False
-        self.client_factory = ClientWireFactory(self.registry, config.client_wire)
+        self.client_factory = ClientWireFactory(self.registry, config.client_wire, reactor)
         self.client_factory.noisy = False
         self.listeners += [
             ListenerService("edge_wire", config.edge_wire_listen, self.edge_factory, reactor),

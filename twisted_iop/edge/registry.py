@@ -27,6 +27,7 @@ from twisted_iop.edge.pool import ProviderPool
 from twisted_iop.ids import id_problem
 from twisted_iop.wire import PROTOCOL_MAJOR
 from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.enums import enum_label
 
 #: Health values under which a provider takes new leases.
 USABLE_HEALTH = frozenset({pb.PROVIDER_HEALTH_HEALTHY, pb.PROVIDER_HEALTH_DEGRADED})
@@ -393,4 +394,4 @@ class NodeRegistry(Service):
 
 
 def _health_name(value: pb.ProviderHealth) -> str:
-    return pb.ProviderHealth.Name(value).removeprefix("PROVIDER_HEALTH_").lower()
+    return enum_label(pb.ProviderHealth, value)

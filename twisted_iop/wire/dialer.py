@@ -34,6 +34,7 @@ from twisted.python.failure import Failure
 
 from twisted_iop.configuration import DialConfig
 from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.enums import enum_name
 from twisted_iop.wire.peer import FramedPeerProtocol, KeepaliveSweeper, WireError
 
 LinkT = TypeVar("LinkT", bound="DialerLink[Any]")
@@ -292,7 +293,7 @@ class DialerLink(Generic[ProtocolT]):
                 "{peer} is closing the connection of {own}: {code}: {message}",
                 peer=self.peer_name,
                 own=self.own_name(),
-                code=pb.ErrorCode.Name(error.code),
+                code=enum_name(pb.ErrorCode, error.code),
                 message=error.message,
             )
 

@@ -120,7 +120,9 @@ class HelloDialerProtocol(FramedPeerProtocol, Generic[LinkT]):
             self._link.closing_because(envelope.error)
             return
         if not self.accepted:
-            self.send_error(pb.ERROR_CODE_UNEXPECTED_MESSAGE, f"{body} before hello was accepted", envelope.request_id)
+            self.protocol_violation(
+                pb.ERROR_CODE_UNEXPECTED_MESSAGE, f"{body} before hello was accepted", envelope.request_id
+            )
             return
         self.accepted_envelope_received(envelope, body)
 
@@ -135,11 +137,11 @@ class HelloDialerProtocol(FramedPeerProtocol, Generic[LinkT]):
     def unexpected_envelope(self, envelope: pb.Envelope, body: str) -> None:
         """Answer a request this end does not serve with an error; ignore anything else."""
         if envelope.request_id:
-            self.send_error(
+            self.protocol_violation(
                 pb.ERROR_CODE_UNEXPECTED_MESSAGE, f"{body} is not valid on the {self.wire_name}", envelope.request_id
             )
         else:
-            self._log.warn("ignoring unexpected {body} from the {peer}", body=body, peer=self.describe_peer())
+            self.protocol_violation(pb.ERROR_CODE_UNEXPECTED_MESSAGE, f"unexpected {body} ignored")
 
     def reply_when_done(
         self, d: Deferred[Any], body: str, request_id: int, *, crash_log: str, crash_message: str

@@ -87,7 +87,7 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
         if body == "edge_event":
             self.factory.registry.record_edge_event(self.edge_id, self.token, envelope.edge_event)
         elif envelope.request_id:
-            self.send_error(
+            self.protocol_violation(
                 pb.ERROR_CODE_UNEXPECTED_MESSAGE,
                 f"{body} is not expected from an edge after hello",
                 envelope.request_id,

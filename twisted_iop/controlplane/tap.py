@@ -99,7 +99,7 @@ class ControlPlaneService(DaemonService):
             self.registry, self.gateway, reactor, self.readiness, config.http, metrics=control_plane_registry(self)
         )
         self.edge_factory = EdgeWireFactory(self.registry, reactor, config.edge_wire, config.credentials)
-        self.client_factory = ClientWireFactory(self.registry, config.client_wire)
+        self.client_factory = ClientWireFactory(self.registry, config.client_wire, reactor)
         root = HttpRoot(self.http.app.resource(), WebSocketResource(self.client_factory))
         site = self.http_site = GuardedSite(root, config.http_site, self.http.check_headers, reactor)
         self.add_listener("edge_wire", config.edge_wire_listen, self.edge_factory, reactor)

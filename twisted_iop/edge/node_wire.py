@@ -53,12 +53,12 @@ class NodeServerProtocol(AcceptedPeerProtocol):
     def describe_peer(self) -> str:
         return f"node {self.node_id}" if self.node_id else "unidentified node connection"
 
-    def stringReceived(self, data: bytes) -> None:
+    def frame_received(self, data: bytes) -> None:
         # Here, not in envelope_received: pings, pongs and probe answers
         # never reach envelope_received, and they are what a quiet Node sends.
         if self.token is not None and not self.closing:
             self._registry.node_seen(self.token)
-        super().stringReceived(data)
+        super().frame_received(data)
 
     def envelope_received(self, envelope: pb.Envelope, body: str) -> None:
         if body == "node_hello_request":
@@ -70,15 +70,15 @@ class NodeServerProtocol(AcceptedPeerProtocol):
         elif body == "node_health_report":
             self._registry.node_health(self.token, envelope.node_health_report.providers)
         elif envelope.request_id:
-            self.send_error(
+            self.protocol_violation(
                 pb.ERROR_CODE_UNEXPECTED_MESSAGE, f"{body} is not valid on the node wire", envelope.request_id
             )
         else:
-            self._log.warn("ignoring unexpected {body} from {peer}", body=body, peer=self.describe_peer())
+            self.protocol_violation(pb.ERROR_CODE_UNEXPECTED_MESSAGE, f"unexpected {body} ignored")
 
     def _hello(self, request_id: int, hello: pb.NodeHelloRequest) -> None:
         if self.token is not None:
-            self.fail_connection(pb.ERROR_CODE_UNEXPECTED_MESSAGE, "hello was already accepted", request_id)
+            self.protocol_violation(pb.ERROR_CODE_UNEXPECTED_MESSAGE, "hello was already accepted", request_id)
             return
         self.hello_done()
         response = pb.NodeHelloResponse(

@@ -15,6 +15,8 @@ from twisted_iop.configuration import ConfigError
 from twisted_iop.edge.commands import CommandRunner
 from twisted_iop.edge.config import EdgeConfig, load_edge_config
 from twisted_iop.edge.control_plane_link import ControlPlaneLink
+from twisted_iop.edge.inference import InferenceGateway
+from twisted_iop.edge.inference_api import InferenceAPI, inference_site
 from twisted_iop.edge.node_wire import NodeServerFactory
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.edge.status import StatusProvider
@@ -41,6 +43,9 @@ class Options(usage.Options):
         problem = listen_problem(reactor, config.node_server.listen)
         if problem is not None:
             raise usage.UsageError(f"bad edge config: node_server.listen: {problem}")
+        problem = listen_problem(reactor, config.inference.listen)
+        if problem is not None:
+            raise usage.UsageError(f"bad edge config: inference.listen: {problem}")
         self["edge_config"] = config
 
 
@@ -79,8 +84,18 @@ class EdgeService(DaemonService):
         """Fires with the Node listener's TCP port once it is bound."""
         return self.node_server.bound()
 
+    #: The inference gateway and its HTTP listener (set by makeService).
+    inference: InferenceGateway
+    inference_server: ListenerService
+
+    @property
+    def inference_port(self) -> int:
+        """The inference API's TCP port (0 until bound)."""
+        return self.inference_server.port_number
+
     def stopService(self) -> Deferred[None] | None:
-        """Stop listening and dialing, then close every Node connection."""
+        """End every inference request, stop listening and dialing, close Node connections."""
+        self.inference.stop()
         self.link.stop()
         d = cast("Deferred[None] | None", super().stopService())
         self.node_factory.close_all("the Edge is shutting down")
@@ -115,5 +130,10 @@ def makeService(options: Any, reactor: Any = None) -> EdgeService:
     service.exit_on_bind_failure = True
     registry.setServiceParent(service)
     node_server.setServiceParent(service)
+    # The inference gateway: its own listener, Node messages from the node server.
+    service.inference = node_factory.inference = InferenceGateway(registry, config.inference, clock)
+    site = inference_site(InferenceAPI(service.inference), config.inference.max_request_bytes)
+    service.inference_server = ListenerService("inference", config.inference.listen, site, reactor)
+    service.inference_server.setServiceParent(service)
     control_plane.setServiceParent(service)
     return service

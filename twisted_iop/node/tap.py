@@ -15,6 +15,7 @@ from twisted.python import usage
 from twisted_iop.configuration import ConfigError
 from twisted_iop.node.config import NodeRuntimeConfig, load_node_config
 from twisted_iop.node.edge_link import EdgeLink
+from twisted_iop.node.inference import InferenceHTTPClient, InferenceRunner
 from twisted_iop.node.probes import HTTPClient, ProviderProber
 from twisted_iop.node.runtime import NodeRuntime
 
@@ -62,6 +63,7 @@ def makeService(options: Any, reactor: Any = None, http: Optional[HTTPClient] = 
     )
     clock: Any = reactor
     runtime = NodeRuntime(config, clock, ProviderProber(clock, http))
+    runtime.inference = InferenceRunner(lambda: runtime.providers, clock, cast(Optional[InferenceHTTPClient], http))
     link = EdgeLink(config, runtime, clock)
     endpoint = clientFromString(reactor, config.edge.address)
     edge = ClientService(endpoint, cast(IProtocolFactory, link.factory()), retryPolicy=link.retry_delay, clock=clock)

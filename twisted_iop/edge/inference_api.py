@@ -100,7 +100,7 @@ class _Exchange:
                 self._log.warn("closing a client that reads too slowly (inference {id})", id=self.inference_id)
                 self._gateway.client_gone(self.inference_id, Outcome.CLIENT_TOO_SLOW)
                 self._over = True
-                self._request.unregisterProducer()
+                self._unregister()
                 transport = self._request.channel.transport if self._request.channel else None
                 if transport is not None:
                     transport.abortConnection()
@@ -112,7 +112,7 @@ class _Exchange:
         if self._stream:
             self._start_stream()
             self._request.write(b"data: [DONE]\n\n")
-            self._request.unregisterProducer()
+            self._unregister()
             self.result.callback(b"")
         else:
             self._request.setHeader(b"Content-Type", b"application/json")
@@ -126,7 +126,7 @@ class _Exchange:
             # Mid-stream: the status is sent already; an error event tells
             # OpenAI clients (they raise on it), and no [DONE] follows.
             self._request.write(b"data: " + error.to_json() + b"\n\n")
-            self._request.unregisterProducer()
+            self._unregister()
             self.result.callback(b"")
         else:
             self.result.errback(error)
@@ -145,9 +145,12 @@ class _Exchange:
     def _client_gone(self, _: Deferred[bytes]) -> None:
         if not self._over:
             self._over = True
-            if self._headers_sent:
-                self._request.unregisterProducer()
             self._gateway.client_gone(self.inference_id)
+            self._unregister()
+
+    def _unregister(self) -> None:
+        if self._headers_sent and self._request.channel is not None:
+            self._request.unregisterProducer()
 
     # -- IPushProducer (the client's socket) ---------------------------------------
 

@@ -25,10 +25,10 @@ from typing import Any, Optional
 
 import attrs
 from klein import Klein
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.web.iweb import IRequest
-from twisted.web.server import NOT_DONE_YET
 
 from twisted_iop.openai_api import (
     CHAT_COMPLETIONS,
@@ -371,33 +371,26 @@ class MockProviderServer:
 
         def on_done(status: int, payload: bytes, usage: dict[str, int]) -> None:
             finish_once(status >= 400)
-            if stream:
-                if status >= 400 and not state["headers"]:
-                    request.setResponseCode(status)
-                    request.write(payload)
-                elif status >= 400:
-                    request.write(b"data: " + payload + b"\n\n")
-                else:
-                    if not state["headers"]:
-                        on_chunk(b"")  # pragma: no cover - a stream always has a chunk
-                    request.write(b"data: [DONE]\n\n")
-            else:
-                request.setResponseCode(status)
-                request.write(payload)
-            request.finish()
+            if stream and state["headers"]:
+                # Mid-stream: the status is sent; an error event, or [DONE].
+                request.write(b"data: " + payload + b"\n\n" if status >= 400 else b"data: [DONE]\n\n")
+                answer.callback(b"")
+                return
+            request.setResponseCode(status)
+            answer.callback(payload)
 
-        run = MockRun(self._clock, self.behaviour, endpoint, body, on_chunk, on_done, self._rand)
-
-        def gone(_: Any) -> None:
+        def gone(_: Deferred[bytes]) -> None:
+            # Klein cancels the answer when the client hangs up.
             if not state["over"]:
                 state["over"] = True
                 stats.active -= 1
                 stats.aborted += 1
                 run.cancel()
 
-        request.notifyFinish().addErrback(gone)
+        answer: Deferred[bytes] = Deferred(gone)
+        run = MockRun(self._clock, self.behaviour, endpoint, body, on_chunk, on_done, self._rand)
         run.start()
-        return NOT_DONE_YET
+        return answer
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

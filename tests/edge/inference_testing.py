@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -148,12 +149,16 @@ async def post(base: str, path: str, body: bytes, headers: Optional[dict[bytes, 
     return Answer(response.code, response.headers, content, events)
 
 
-async def open_stream(base: str, body: bytes, hang_up_after: Optional[int] = None) -> tuple[Any, SSEReader]:
+async def open_stream(
+    base: str, body: bytes, hang_up_after: Optional[int] = None, headers: Optional[dict[bytes, list[bytes]]] = None
+) -> tuple[Any, SSEReader]:
     """POST a streaming request; return the response and a reader fed with its body."""
+    all_headers = {b"Content-Type": [b"application/json"]}
+    all_headers.update(headers or {})
     response = await treq.post(
         base + "/v1/chat/completions",
         data=body,
-        headers={b"Content-Type": [b"application/json"]},
+        headers=all_headers,
         unbuffered=True,
         timeout=30,
     )
@@ -198,6 +203,7 @@ def start_mock_provider(log_dir: Path, *args: str) -> MockProviderProcess:
         stdout=handle,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     handle.close()
     mock = MockProviderProcess(process, log_path)

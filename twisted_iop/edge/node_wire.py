@@ -27,6 +27,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 import twisted_iop
+from twisted_iop.edge.inference import INFERENCE_BODIES, InferenceGateway
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
@@ -49,6 +50,8 @@ class NodeServerProtocol(AcceptedPeerProtocol):
     def connection_closed(self, reason: Failure) -> None:
         if self.token is not None:
             self._registry.node_closed(self.token)
+        if self.factory.inference is not None:  # after node_closed: its leases are lost, not freed
+            self.factory.inference.connection_lost(self)
 
     def describe_peer(self) -> str:
         return f"node {self.node_id}" if self.node_id else "unidentified node connection"
@@ -69,6 +72,8 @@ class NodeServerProtocol(AcceptedPeerProtocol):
             self._registry.node_ready(self.token, envelope.node_ready.providers)
         elif body == "node_health_report":
             self._registry.node_health(self.token, envelope.node_health_report.providers)
+        elif body in INFERENCE_BODIES and self.factory.inference is not None:
+            self.factory.inference.node_message(self, envelope, body)
         elif envelope.request_id:
             self.protocol_violation(
                 pb.ERROR_CODE_UNEXPECTED_MESSAGE, f"{body} is not valid on the node wire", envelope.request_id
@@ -128,3 +133,5 @@ class NodeServerFactory(PeerServerFactory):
     def __init__(self, registry: NodeRegistry, clock: IReactorTime, settings: PeerSettings) -> None:
         super().__init__(clock, settings)
         self.registry = registry
+        #: The inference gateway, once the tap has built it.
+        self.inference: Optional[InferenceGateway] = None

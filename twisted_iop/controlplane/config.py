@@ -42,6 +42,8 @@ class ControlPlaneConfig:
     credentials: EdgeCredentials = EdgeCredentials()
     registry: RegistryLimits = RegistryLimits()
     status_timeout_seconds: float = 5.0
+    #: How long a finished fleet round serves later views and pages.
+    fleet_max_age_seconds: float = 1.0
 
 
 def load_config(path: Optional[str], environ: Mapping[str, str] = os.environ) -> ControlPlaneConfig:
@@ -57,7 +59,7 @@ def config_from_text(text: str, environ: Mapping[str, str] = {}) -> ControlPlane
 def config_from_mapping(data: dict, environ: Mapping[str, str] = {}) -> ControlPlaneConfig:
     """Build the config from parsed YAML plus environment overrides."""
     root = Section(data, "")
-    root.reject_unknown({"http", "client_wire", "edge_wire", "registry"})
+    root.reject_unknown({"http", "client_wire", "edge_wire", "registry", "status"})
     http = root.section("http")
     http.reject_unknown(
         {
@@ -93,6 +95,8 @@ def config_from_mapping(data: dict, environ: Mapping[str, str] = {}) -> ControlP
             "shared_credential",
         }
     )
+    status = root.section("status")
+    status.reject_unknown({"fleet_max_age_seconds"})
     reg = root.section("registry")
     reg.reject_unknown({"events_per_edge", "fleet_events", "operations_per_edge", "disconnected_edges"})
 
@@ -163,6 +167,7 @@ def config_from_mapping(data: dict, environ: Mapping[str, str] = {}) -> ControlP
         credentials=credentials,
         registry=limits,
         status_timeout_seconds=http.number("status_timeout_seconds", 5.0),
+        fleet_max_age_seconds=status.number("fleet_max_age_seconds", 1.0, minimum=0.0, exclusive_minimum=False),
     )
 
 

@@ -67,7 +67,7 @@ class ControlPlaneService(DaemonService):
         self.config = config
         self.registry = EdgeRegistry(reactor, config.registry)
         self.registry.setServiceParent(self)
-        self.gateway = EdgeGateway(self.registry, reactor, config.status_timeout_seconds)
+        self.gateway = EdgeGateway(self.registry, reactor, config.status_timeout_seconds, config.fleet_max_age_seconds)
         self.listeners: list[ListenerService] = []
         self.readiness = ListenerReadiness(self.listeners)
         self.http = ControlPlaneHttp(self.registry, self.gateway, reactor, self.readiness, config.http)

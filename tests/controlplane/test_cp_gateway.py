@@ -7,6 +7,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
@@ -15,13 +17,12 @@ from twisted_iop.controlplane import records
 from twisted_iop.controlplane.gateway import (
     FANOUT_SLICE,
     LATE_ANSWERS_PER_CONNECTION,
-    EdgeDisconnected,
     EdgeGateway,
     FleetRound,
     IdempotencyConflict,
 )
 from twisted_iop.controlplane.records import OperationRecord
-from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry, StatusSnapshot
+from twisted_iop.controlplane.registry import EdgeHello, EdgeNotConnected, EdgeRegistry, StatusSnapshot
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import PeerDisconnected
 
@@ -282,6 +283,18 @@ def test_disconnect_ends_the_command_edge_disconnected() -> None:
     assert operation.state == records.EDGE_DISCONNECTED and ended == [operation]
 
 
+def test_a_forged_answer_then_a_disconnect_ends_the_command_edge_disconnected() -> None:
+    """A command whose request was consumed by a wrong answer still ends when its connection closes."""
+    gateway, clock, peers = fleet(1)
+    operation, ended, _ = dispatch(gateway)
+    peers[0].answer(command_id="someone-else")
+    token = gateway._registry.get("e00000").token
+    assert token is not None and operation.state == records.SENT
+    gateway._registry.disconnect("e00000", token, "gone")
+    assert operation.state == records.EDGE_DISCONNECTED and ended == [operation]
+    assert clock.getDelayedCalls() == []
+
+
 def test_idempotent_replay_and_conflict() -> None:
     """The same key and command replays (no second dispatch); a different command conflicts."""
     gateway, clock, peers = fleet(1)
@@ -359,12 +372,155 @@ def test_command_events_advance_only_on_the_connection_the_command_went_out_on()
     assert other.state == records.RUNNING
 
 
-def test_status_of_a_superseded_edge_with_no_current_connection_fails_at_once() -> None:
-    """An edge whose current connection is gone fails new status views with EdgeNotConnected."""
+def test_status_of_a_disconnected_edge_fails_at_once() -> None:
+    """An edge whose connection closed fails new status views with EdgeNotConnected."""
     gateway, clock, peers = fleet(1)
     token = gateway._registry.get("e00000").token
     assert token is not None
     gateway._registry.disconnect("e00000", token, "bye")
-    failed: list[Optional[Failure]] = []
+    failed: list[Failure] = []
     gateway.status("e00000").addErrback(failed.append)
-    assert failed and not failed[0].check(EdgeDisconnected)
+    assert len(failed) == 1 and failed[0].check(EdgeNotConnected)
+    assert peers[0].requests == []
+
+
+class GatewayMachine(RuleBasedStateMachine):
+    """Dispatch, answers (own, forged, late), deadlines, takeovers, disconnects,
+    spoofed events and status views in any order.
+
+    The model: an operation ends exactly once, its callers hear of it exactly
+    once, a terminal state other than the gateway's own verdicts comes only
+    from the answer on the connection the command went out on, and nothing
+    stays tracked for a connection that is gone.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = Clock()
+        self.registry = EdgeRegistry(self.clock)
+        self.gateway = EdgeGateway(self.registry, self.clock, status_timeout_seconds=5, fleet_max_age_seconds=0)
+        self.peers: dict[int, HeldPeer] = {}
+        self.ops: list[tuple[OperationRecord, int, list[OperationRecord]]] = []
+        self.answered_on: dict[str, int] = {}
+        self.views: list[list[Any]] = []
+
+    @initialize()
+    def enroll(self) -> None:
+        self.connect()
+
+    def connect(self) -> int:
+        peer = HeldPeer()
+        token = self.registry.connect("e", peer, HELLO)
+        self.peers[token] = peer
+        return token
+
+    @property
+    def token(self) -> Optional[int]:
+        return self.registry.get("e").token
+
+    @rule()
+    def takeover(self) -> None:
+        self.connect()
+
+    @precondition(lambda self: self.token is not None)
+    @rule(wire_first=st.booleans())
+    def disconnect(self, wire_first: bool = True) -> None:
+        """The wire fails pending requests, then tells the registry (or the other way round)."""
+        token = self.token
+        assert token is not None
+        peer = self.peers[token]
+
+        def fail_pending() -> None:
+            for d in peer.requests + [d for _, d in peer.commands]:
+                if not d.called:
+                    d.errback(PeerDisconnected("gone"))
+
+        if wire_first:
+            fail_pending()
+        self.registry.disconnect("e", token, "gone")
+        fail_pending()
+
+    @precondition(lambda self: self.token is not None)
+    @rule(timeout=st.sampled_from([1, 3]))
+    def dispatch(self, timeout: int) -> None:
+        token = self.token
+        assert token is not None
+        dispatched = self.gateway.dispatch("e", "node.drain", "n", {}, timeout)
+        ended: list[OperationRecord] = []
+        dispatched.ended.addCallback(ended.append)
+        self.ops.append((dispatched.operation, token, ended))
+
+    def pending_commands(self) -> list[tuple[int, int]]:
+        return [
+            (token, i) for token, peer in self.peers.items() for i, (_, d) in enumerate(peer.commands) if not d.called
+        ]
+
+    @precondition(lambda self: self.pending_commands())
+    @rule(data=st.data(), forged=st.booleans(), outcome=st.sampled_from([1, 2, 3, 7]))
+    def answer(self, data: st.DataObject, forged: bool, outcome: int) -> None:
+        token, index = data.draw(st.sampled_from(self.pending_commands()))
+        request, _ = self.peers[token].commands[index]
+        before = self.registry.operation("e", request.command_id)
+        was_finished = before is not None and before.finished
+        self.peers[token].answer(index, outcome=outcome, command_id="forged" if forged else "")
+        if not forged and not was_finished:
+            self.answered_on[request.command_id] = token
+
+    @precondition(lambda self: self.ops)
+    @rule(data=st.data(), kind=st.sampled_from(["operation.succeeded", "command.accepted", "command.started"]))
+    def spoof_event(self, data: st.DataObject, kind: str) -> None:
+        token = self.token
+        if token is None:
+            return
+        operation = data.draw(st.sampled_from(self.ops))[0]
+        self.registry.record_edge_event("e", token, pb.EdgeEvent(kind=kind, command_id=operation.operation_id))
+
+    @precondition(lambda self: self.token is not None)
+    @rule()
+    def status_view(self) -> None:
+        view: list[Any] = []
+        self.gateway.status("e").addBoth(view.append)
+        self.views.append(view)
+
+    @rule(data=st.data())
+    def answer_status(self, data: st.DataObject) -> None:
+        pending = [(t, d) for t, p in self.peers.items() for d in p.requests if not d.called]
+        if pending:
+            data.draw(st.sampled_from(pending))[1].callback(pb.EdgeStatusResponse(edge_id="e"))
+
+    @rule(seconds=st.sampled_from([0.5, 1, 5]))
+    def tick(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+
+    @invariant()
+    def operations_end_once_and_only_from_their_own_answer(self) -> None:
+        for operation, token, ended in self.ops:
+            assert len(ended) == (1 if operation.finished else 0)
+            terminal = [h[0] for h in operation.history if h[0] in records.TERMINAL_STATES]
+            assert len(terminal) <= 1
+            if operation.state in records.ANSWER_STATES:
+                assert self.answered_on.get(operation.operation_id) == token
+            if operation.late_outcome is not None:
+                assert operation.state in (records.TIMED_OUT,)
+
+    @invariant()
+    def nothing_is_tracked_for_a_gone_connection(self) -> None:
+        current = self.token
+        assert all(command.token == current for command in self.gateway._commands.values())
+        assert set(self.gateway._by_token) <= {current}
+        assert all(ask.token == current for ask in self.gateway._asks.values())
+        for view in self.views:
+            assert len(view) <= 1
+
+    def teardown(self) -> None:
+        # Every view and operation ends once its connection is gone and time passes.
+        token = self.token
+        if token is not None:
+            self.disconnect()
+        self.clock.advance(10)
+        assert all(len(view) == 1 for view in self.views)
+        assert all(operation.finished for operation, _, _ in self.ops)
+        assert self.gateway._commands == {} and self.gateway._asks == {}
+
+
+TestGatewayMachine = GatewayMachine.TestCase

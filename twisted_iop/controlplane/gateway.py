@@ -99,6 +99,7 @@ FANOUT_SLICE = 500
 LATE_ANSWERS_PER_CONNECTION = 64
 #: Why a command ended when a newer connection took over.
 SUPERSEDED_REASON = "a newer connection of this edge took over before the answer"
+DISCONNECTED_REASON = "edge disconnected before answering"
 
 #: A status waiter: ``fn(arg, snapshot, error)`` with exactly one of the two set.
 StatusWaiter = tuple[Callable[[Any, Optional[StatusSnapshot], Optional[Exception]], None], Any]
@@ -267,8 +268,21 @@ class EdgeGateway:
         The status ask moves to the new connection (its callers then get
         the new connection's answer); commands end ``superseded``.
         """
+        self._end_connection(edge_id, old_token, records.SUPERSEDED, SUPERSEDED_REASON)
+
+    def connection_closed(self, edge_id: str, token: int) -> None:
+        """Settle what is still tracked for a connection that closed.
+
+        The wire fails its pending requests as it closes, so this finds
+        only what no request carries any more (a command whose request was
+        answered with a foreign command id), or what a peer without that
+        courtesy left behind.
+        """
+        self._end_connection(edge_id, token, records.EDGE_DISCONNECTED, DISCONNECTED_REASON)
+
+    def _end_connection(self, edge_id: str, token: int, state: str, reason: str) -> None:
         ask = self._asks.get(edge_id)
-        if ask is not None and ask.token == old_token:
+        if ask is not None and ask.token == token:
             del self._asks[edge_id]
             ask.settled = True
             record = self._registry.find(edge_id)
@@ -278,15 +292,15 @@ class EdgeGateway:
                 self._deliver(ask.waiters, None, EdgeDisconnected(edge_id))
             if ask.request is not None:
                 ask.request.cancel()
-        for operation_id in list(self._by_token.pop(old_token, {})):
+        for operation_id in list(self._by_token.pop(token, {})):
             command = self._commands.pop(operation_id, None)
             if command is None:
                 continue
             self._stop_timer(command)
             if not command.operation.finished:
-                self._finish(command.operation, records.SUPERSEDED, SUPERSEDED_REASON)
+                self._finish(command.operation, state, reason)
             self._abandon(command)
-        self._late_by_token.pop(old_token, None)
+        self._late_by_token.pop(token, None)
 
     def command_event_relayed(self, edge_id: str, token: int, event: pb.EdgeEvent) -> None:
         """``command.accepted`` / ``command.started`` advance their own command.
@@ -570,7 +584,7 @@ class EdgeGateway:
         operation = command.operation
         if failure.check(PeerDisconnected):
             if not operation.finished:
-                self._finish(operation, records.EDGE_DISCONNECTED, "edge disconnected before answering")
+                self._finish(operation, records.EDGE_DISCONNECTED, DISCONNECTED_REASON)
         elif failure.check(RemoteError):
             self._settle(operation, records.FAILED, f"edge error: {failure.value}", {})
         else:

@@ -153,6 +153,9 @@ class ConnectionObserver(Protocol):
         """Connection ``old_token`` of ``edge_id`` was replaced by a newer one
         (already current when this is called)."""
 
+    def connection_closed(self, edge_id: str, token: int) -> None:
+        """The current connection ``token`` of ``edge_id`` closed."""
+
     def command_event_relayed(self, edge_id: str, token: int, event: pb.EdgeEvent) -> None:
         """Connection ``token`` (current) relayed an event naming a command."""
 
@@ -265,6 +268,8 @@ class EdgeRegistry(Service):
         self.connected_count -= 1
         self._log.info("edge {edge_id} disconnected: {reason}", edge_id=edge_id, reason=reason)
         self.record(edge_id, "edge.disconnected", message=reason)
+        for observer in list(self._observers):
+            observer.connection_closed(edge_id, token)
         self._disconnected[edge_id] = None
         self._forget_excess_disconnected()
         return True

@@ -7,6 +7,7 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from twisted.internet.task import Clock
+from twisted.logger import LogLevel, capturedLogs
 
 from twisted_iop.controlplane import records
 from twisted_iop.controlplane.records import EventBuffer, OperationBuffer, OperationRecord
@@ -152,8 +153,11 @@ def test_reserved_event_kinds_from_an_edge_are_dropped_and_reported_rate_limited
     op = OperationRecord("op1", "edge-a", "x", "", {}, "", created_at=clock.seconds(), deadline_at=clock.seconds() + 10)
     registry.start_operation(op)
     before = kinds(registry, "edge-a")
-    for kind in ("operation.succeeded", "edge.connected", "operation.failed"):
-        assert registry.record_edge_event("edge-a", token, pb.EdgeEvent(kind=kind, command_id="op1")) is None
+    with capturedLogs() as logged:
+        for kind in ("operation.succeeded", "edge.connected", "operation.failed"):
+            assert registry.record_edge_event("edge-a", token, pb.EdgeEvent(kind=kind, command_id="op1")) is None
+    warnings = [e for e in logged if e["log_level"] == LogLevel.warn]
+    assert len(warnings) == 1 and warnings[0]["kind"] == "operation.succeeded"  # one warning per connection
     assert op.state == records.SENT
     after = kinds(registry, "edge-a")[len(before) :]
     assert after == ["edge.protocol_violation"]

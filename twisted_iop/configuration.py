@@ -355,9 +355,46 @@ def parse_keepalive(section: Section) -> KeepaliveConfig:
     return KeepaliveConfig(interval_seconds=interval, deadline_seconds=deadline)
 
 
+#: Seconds a daemon lets work in flight finish after SIGTERM (``shutdown.grace_seconds``).
+DEFAULT_GRACE_SECONDS = 10.0
+#: The longest grace a config may ask for (systemd's stop timeout must exceed it).
+MAX_GRACE_SECONDS = 600.0
+
+
+@attrs.frozen
+class ShutdownConfig:
+    """Section ``shutdown`` of every daemon's YAML: how a stop drains."""
+
+    #: How long work in flight may take to finish before it is ended.
+    grace_seconds: float = DEFAULT_GRACE_SECONDS
+
+
+def parse_shutdown(section: Section) -> ShutdownConfig:
+    """Read a ``shutdown`` section (``grace_seconds``: 0 to 600, 0 ends work at once)."""
+    section.reject_unknown({"grace_seconds"})
+    grace = section.number("grace_seconds", DEFAULT_GRACE_SECONDS, minimum=0.0, exclusive_minimum=False)
+    if grace > MAX_GRACE_SECONDS:
+        raise ConfigError(
+            f"{section.field_path('grace_seconds')}: must be at most {MAX_GRACE_SECONDS:g}, not {grace:g}"
+        )
+    return ShutdownConfig(grace_seconds=grace)
+
+
 def parse_max_frame_bytes(section: Section) -> int:
     """Read the ``max_frame_bytes`` of a framed-wire section (1 KiB to 256 MiB)."""
     return section.integer("max_frame_bytes", DEFAULT_MAX_FRAME_BYTES, minimum=1024, maximum=256 * 1024 * 1024)
+
+
+def parse_max_hello_frame_bytes(section: Section, max_frame_bytes: int) -> int:
+    """Read ``max_hello_frame_bytes`` of an accepting wire (256 bytes up to ``max_frame_bytes``)."""
+    return section.integer(
+        "max_hello_frame_bytes", min(64 * 1024, max_frame_bytes), minimum=256, maximum=max_frame_bytes
+    )
+
+
+def parse_max_violations(section: Section) -> int:
+    """Read ``max_violations`` of a wire section: refused messages before a peer is closed."""
+    return section.integer("max_violations", 10, minimum=1, maximum=10_000)
 
 
 def parse_connect_setting(section: Section, key: str, default: str, environ: Mapping[str, str], variable: str) -> str:

@@ -10,6 +10,15 @@ code 1, and ``--check`` stops there with one ``configuration OK`` line.
 A :class:`DaemonService` adds its state service first (so it starts first
 and stops last), then its listeners (:mod:`twisted_iop.listeners`), then its
 outbound links (:meth:`DaemonService.add_dialer`).
+
+Every daemon stops the same way (SIGTERM: ``twistd`` waits for the Deferred
+:meth:`DaemonService.stopService` returns): it stops accepting (listeners
+closed, new work refused), lets the work in flight finish for up to
+``shutdown.grace_seconds``, ends what is left with a terminal answer, says
+``SHUTTING_DOWN`` to its peers and closes their connections, and only then
+stops its services. Each daemon fills in the four steps
+(:meth:`~DaemonService.stop_accepting`, :meth:`~DaemonService.in_flight`,
+:meth:`~DaemonService.end_in_flight`, :meth:`~DaemonService.close_connections`).
 """
 
 from __future__ import annotations
@@ -20,15 +29,22 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Generic, Optional, TypeVar
 
 from twisted.application.service import IService, MultiService
-from twisted.internet.interfaces import IProtocolFactory
+from twisted.internet.defer import Deferred, gatherResults, maybeDeferred, succeed
+from twisted.internet.interfaces import IProtocolFactory, IReactorTime
+from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python import usage
+from twisted.python.failure import Failure
 
 from twisted_iop.configuration import ConfigError
 from twisted_iop.listeners import BindError, ListenerService
 from twisted_iop.wire.dialer import DialingService
 
 ConfigT = TypeVar("ConfigT")
+#: How often a stop looks whether work in flight (or connections) are done.
+STOP_POLL_SECONDS = 0.05
+#: How long a stop waits for closed connections to be gone after their goodbye.
+CLOSE_WAIT_SECONDS = 3.0
 ServiceT = TypeVar("ServiceT", bound="DaemonService")
 
 
@@ -114,6 +130,29 @@ def compose(
     return service
 
 
+def wait_until(clock: IReactorTime, done: Callable[[], bool], seconds: float) -> Deferred[bool]:
+    """Fire with True once ``done()`` holds, or with False after ``seconds``.
+
+    ``done`` is checked now (an idle daemon stops without a reactor turn)
+    and then every :data:`STOP_POLL_SECONDS`.
+    """
+    if done():
+        return succeed(True)
+    result: Deferred[bool] = Deferred()
+    deadline = clock.seconds() + seconds
+
+    def check() -> None:
+        finished = done()
+        if finished or clock.seconds() >= deadline:
+            loop.stop()
+            result.callback(finished)
+
+    loop = LoopingCall(check)
+    loop.clock = clock
+    loop.start(STOP_POLL_SECONDS, now=False)
+    return result
+
+
 class DaemonService(MultiService):
     """A daemon's top-level service: state first, then listeners, then links.
 
@@ -128,11 +167,18 @@ class DaemonService(MultiService):
     #: Set by :func:`compose`: under twistd a bind failure ends the process.
     exit_on_bind_failure = False
 
-    def __init__(self) -> None:
+    def __init__(self, clock: IReactorTime, grace_seconds: float) -> None:
         super().__init__()
+        self.clock = clock
+        #: How long work in flight may take to finish once a stop began.
+        self.grace_seconds = grace_seconds
         self.listeners: list[ListenerService] = []
         #: Warnings about the config, logged once at start-up.
         self.notices: list[str] = []
+        #: Set from the first moment of a stop (readiness answers 503 then).
+        self.stopping = False
+        self._stopped: Optional[Deferred[Any]] = None
+        self._stop_waiters: list[Deferred[None]] = []
 
     def add_state(self, service: IService) -> None:
         """Add the service holding the daemon's state (first: starts first, stops last)."""
@@ -171,3 +217,69 @@ class DaemonService(MultiService):
         for notice in self.notices:
             self._log.warn("configuration: {notice}", notice=notice)
         super().startService()
+
+    # -- stopping ---------------------------------------------------------------
+
+    def stop_accepting(self) -> None:
+        """Refuse new work (the listeners are closed right after this)."""
+
+    def in_flight(self) -> int:
+        """How much work is still in flight (0: drained)."""
+        return 0
+
+    def end_in_flight(self) -> None:
+        """The grace period is over: give what is left a terminal answer now."""
+
+    def close_connections(self) -> Optional[Deferred[Any]]:
+        """Say ``SHUTTING_DOWN`` to the peers and close their connections."""
+        return None
+
+    def stopService(self) -> Deferred[None]:
+        """Stop accepting, drain for up to the grace period, end the rest, close, stop.
+
+        The Deferred fires once everything is closed (``twistd`` waits for
+        it before the reactor stops); a second call returns a Deferred of
+        the same end.
+        """
+        if self._stopped is not None:
+            if self._stopped.called:
+                return succeed(None)
+            done: Deferred[None] = Deferred()
+            self._stop_waiters.append(done)
+            return done
+        self.stopping = True
+        self._log.info(
+            "stopping: {count} in flight, up to {grace:g}s to finish",
+            count=self.in_flight(),
+            grace=self.grace_seconds,
+        )
+        self.stop_accepting()
+        closed = [maybeDeferred(listener.stopService) for listener in self.listeners if listener.running]
+        d: Deferred[Any] = wait_until(self.clock, lambda: self.in_flight() == 0, self.grace_seconds)
+        d.addCallback(self._grace_over)
+        d.addCallback(lambda _: self.close_connections())
+        d.addErrback(self._stop_step_failed)
+        d.addCallback(lambda _: gatherResults(closed))
+        d.addErrback(self._stop_step_failed)
+        d.addCallback(lambda _: MultiService.stopService(self))
+        d.addCallback(self._stop_done)
+        self._stopped = d
+        return d
+
+    def _stop_done(self, _: Any) -> None:
+        self._log.info("stopped")
+        waiters, self._stop_waiters = self._stop_waiters, []
+        for waiter in waiters:
+            waiter.callback(None)
+
+    def _grace_over(self, drained: bool) -> None:
+        if not drained:
+            self._log.warn(
+                "the grace period of {grace:g}s is over with {count} still in flight; ending them",
+                grace=self.grace_seconds,
+                count=self.in_flight(),
+            )
+        self.end_in_flight()
+
+    def _stop_step_failed(self, failure: Failure) -> None:
+        self._log.failure("a step of the graceful stop failed; stopping anyway", failure)

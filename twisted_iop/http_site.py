@@ -21,7 +21,11 @@ application, checked before a request reaches a route:
   refused, writes must say ``Content-Type: application/json``, and every
   answer carries ``X-Content-Type-Options``, ``X-Frame-Options``, a
   Content-Security-Policy and a ``Server`` header without versions;
-* methods other than the ones served get a JSON 405.
+* methods other than the ones served get a JSON 405;
+* **stopping**: once :meth:`GuardedSite.stop_accepting` ran, a new request
+  on a kept-alive connection gets a JSON 503 ``shutting_down`` (except the
+  health paths, so ``/readyz`` can say it is stopping), and
+  :meth:`GuardedSite.close_all` closes the connections after their answers.
 
 Refusals are the same JSON error shape as the views'
 (``{"error": {"code", "message", "status"}}``).
@@ -71,6 +75,7 @@ _PHRASES = {
     413: b"Content Too Large",
     415: b"Unsupported Media Type",
     421: b"Misdirected Request",
+    503: b"Service Unavailable",
 }
 
 
@@ -88,6 +93,8 @@ class SiteLimits:
     allowed_hosts: tuple[str, ...] = ()
     #: Methods served; anything else is a 405.
     methods: frozenset[bytes] = frozenset({b"GET", b"HEAD", b"POST"})
+    #: Paths still served while the site is stopping (health and readiness).
+    paths_while_stopping: frozenset[bytes] = frozenset({b"/healthz", b"/readyz"})
 
 
 @attrs.frozen
@@ -192,6 +199,8 @@ class GuardedRequest(Request):
         limits = site.limits
         method = self.channel.request_method
         headers = self.requestHeaders
+        if site.stopping and self.channel.request_path not in limits.paths_while_stopping:
+            return Refusal(503, "shutting_down", "the server is shutting down; retry after its restart")
         if method not in limits.methods:
             allowed = b", ".join(sorted(limits.methods))
             return Refusal(
@@ -276,6 +285,7 @@ class GuardedChannel(HTTPChannel):
         super().__init__()
         self.peer_host = ""
         self.request_method = b""
+        self.request_path = b""
         self._header_timer: Optional[IDelayedCall] = None
         self._request_timer: Optional[IDelayedCall] = None
         self._refused = False
@@ -291,7 +301,9 @@ class GuardedChannel(HTTPChannel):
             # The first line of a new request on a kept-alive connection.
             self._start_deadlines()
         if self._request_timer is not None and not self.request_method and line:
-            self.request_method = line.split(b" ", 1)[0].upper()
+            parts = line.split(b" ", 2)
+            self.request_method = parts[0].upper()
+            self.request_path = parts[1].split(b"?", 1)[0] if len(parts) > 1 else b""
         super().lineReceived(line)
 
     def rawDataReceived(self, data: bytes) -> None:
@@ -308,6 +320,7 @@ class GuardedChannel(HTTPChannel):
         self._cancel("_header_timer")
         self._cancel("_request_timer")
         self.request_method = b""
+        self.request_path = b""
 
     def refuse(self, refusal: Refusal) -> None:
         """Write ``refusal`` as the whole answer and close the connection."""
@@ -387,6 +400,9 @@ class GuardedSite(Site):
         self.refused_connections = 0
         self.timed_out_requests = 0
         self._last_refusal_log = -1e9
+        #: Set by :meth:`stop_accepting`: new requests get 503 ``shutting_down``.
+        self.stopping = False
+        self._open: set[Any] = set()
 
     def buildProtocol(self, addr: Optional[IAddress]) -> Any:
         host = str(getattr(addr, "host", ""))
@@ -416,6 +432,7 @@ class GuardedSite(Site):
         # has taken the connection away from the HTTP channel.
         counted = ProtocolWrapper(self, channel)  # type: ignore[arg-type]
         counted.peer_host = host  # type: ignore[attr-defined]
+        self._open.add(counted)
         return counted
 
     def registerProtocol(self, protocol: Any) -> None:
@@ -424,12 +441,24 @@ class GuardedSite(Site):
     def unregisterProtocol(self, protocol: Any) -> None:
         """Forget a closed connection in the counts."""
         host = getattr(protocol, "peer_host", "")
+        self._open.discard(protocol)
         self.connections -= 1
         left = self.by_address.get(host, 0) - 1
         if left > 0:
             self.by_address[host] = left
         else:
             self.by_address.pop(host, None)
+
+    def stop_accepting(self) -> None:
+        """Answer new requests with 503 ``shutting_down`` (health paths excepted)."""
+        self.stopping = True
+
+    def close_all(self) -> None:
+        """Close every connection once what was written to it is sent."""
+        for protocol in list(self._open):
+            transport = getattr(protocol, "transport", None)
+            if transport is not None:
+                transport.loseConnection()
 
     def count_timeout(self) -> None:
         """Count a request cut at its deadline."""

@@ -60,6 +60,7 @@ class ListenerService(StreamServerEndpointService):
         self.is_bound = False
         self._waiters: list[Deferred[int]] = []
         self._raiseSynchronously = True
+        self._stop_called = False
 
     def privilegedStartService(self) -> None:
         try:
@@ -92,5 +93,13 @@ class ListenerService(StreamServerEndpointService):
         return waiter
 
     def stopService(self) -> Any:
+        """Stop listening (once: a graceful stop closes listeners before the other services)."""
+        if self._stop_called:
+            return None
+        self._stop_called = True
         self.is_bound = False
         return super().stopService()
+
+    def startService(self) -> None:
+        self._stop_called = False
+        super().startService()

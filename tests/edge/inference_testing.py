@@ -20,6 +20,9 @@ from twisted.python.failure import Failure
 
 MOCK_PROVIDER = str(Path(sys.executable).parent / "iop-mock-provider")
 MODEL = "llama-3-8b"
+#: The grace period of the daemons these tests start: a stop with work in
+#: flight ends it after this long (the tests that stop mid-stream wait for it).
+TEST_GRACE = {"grace_seconds": 1}
 
 
 def gateway_edge_yaml(
@@ -58,6 +61,7 @@ def gateway_edge_yaml(
         "node_server": {"listen": "tcp:0:interface=127.0.0.1", "probe_timeout_seconds": 2},
         "inference": section,
         "nodes": nodes,
+        "shutdown": TEST_GRACE,
     }
 
 
@@ -73,6 +77,7 @@ def gateway_node_yaml(
         "edge": edge,
         "probes": {"interval_seconds": 0.2, "timeout_seconds": 1},
         "providers": [provider],
+        "shutdown": TEST_GRACE,
     }
 
 

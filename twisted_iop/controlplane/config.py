@@ -12,7 +12,11 @@ from twisted_iop.configuration import (
     ConfigError,
     KeepaliveConfig,
     Section,
+    ShutdownConfig,
     parse_listen_setting,
+    parse_max_hello_frame_bytes,
+    parse_max_violations,
+    parse_shutdown,
     parse_yaml_mapping,
 )
 from twisted_iop.configuration import load_config as load_config_file
@@ -62,6 +66,8 @@ class ControlPlaneConfig:
     source_path: Optional[str] = None
     #: How long a finished fleet round serves later views and pages.
     fleet_max_age_seconds: float = 1.0
+    #: How a stop drains (SIGTERM).
+    shutdown: ShutdownConfig = ShutdownConfig()
 
 
 def load_config(path: Optional[str], environ: Mapping[str, str] = os.environ) -> ControlPlaneConfig:
@@ -80,7 +86,7 @@ def config_from_text(text: str, environ: Mapping[str, str] = {}) -> ControlPlane
 def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}) -> ControlPlaneConfig:
     """Build the config from parsed YAML plus environment overrides."""
     root = Section(data, "")
-    root.reject_unknown({"http", "client_wire", "edge_wire", "registry", "status"})
+    root.reject_unknown({"http", "client_wire", "edge_wire", "registry", "status", "shutdown"})
     notices: list[str] = []
     http = root.section("http")
     http.reject_unknown(
@@ -110,6 +116,8 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
             "auto_ping_interval_seconds",
             "auto_ping_timeout_seconds",
             "subscriber_queue",
+            "hello_timeout_seconds",
+            "max_violations",
         }
     )
     edge = root.section("edge_wire")
@@ -117,6 +125,8 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
         {
             "listen",
             "max_frame_bytes",
+            "max_hello_frame_bytes",
+            "max_violations",
             "hello_timeout_seconds",
             "keepalive",
             "keepalive_interval_seconds",
@@ -168,12 +178,17 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
         auto_ping_timeout_seconds=client_keepalive.deadline_seconds - client_keepalive.interval_seconds,
         subscriber_queue=wire.integer("subscriber_queue", 1000, minimum=1),
         tokens=tokens,
+        hello_timeout_seconds=wire.number("hello_timeout_seconds", 10.0),
+        max_violations=wire.integer("max_violations", 10, minimum=1, maximum=10_000),
     )
     edge_keepalive = _keepalive(
         edge, EDGE_KEEPALIVE, ("keepalive_interval_seconds", "keepalive_deadline_seconds"), notices
     )
+    max_frame_bytes = edge.integer("max_frame_bytes", 4 * 1024 * 1024, minimum=1024, maximum=2**31 - 1)
     edge_settings = PeerSettings(
-        max_frame_bytes=edge.integer("max_frame_bytes", 4 * 1024 * 1024, minimum=1024, maximum=2**31 - 1),
+        max_frame_bytes=max_frame_bytes,
+        max_hello_frame_bytes=parse_max_hello_frame_bytes(edge, max_frame_bytes),
+        max_violations=parse_max_violations(edge),
         hello_timeout_seconds=edge.number("hello_timeout_seconds", 10.0),
         keepalive_interval_seconds=edge_keepalive.interval_seconds,
         keepalive_deadline_seconds=edge_keepalive.deadline_seconds,
@@ -204,6 +219,7 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
         status_timeout_seconds=http.number("status_timeout_seconds", 5.0),
         notices=tuple(notices),
         fleet_max_age_seconds=status.number("fleet_max_age_seconds", 1.0, minimum=0.0, exclusive_minimum=False),
+        shutdown=parse_shutdown(root.section("shutdown")),
     )
 
 

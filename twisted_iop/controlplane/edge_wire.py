@@ -66,6 +66,8 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
         if self.edge_id is not None and self.token is not None:
             if self.close_reason:
                 text = self.close_reason
+            elif self.peer_close_reason:
+                text = f"the edge closed the connection: {self.peer_close_reason}"
             elif reason.check(ConnectionDone):
                 text = "connection closed by the edge"
             else:
@@ -86,6 +88,8 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
         assert self.edge_id is not None
         if body == "edge_event":
             self.factory.registry.record_edge_event(self.edge_id, self.token, envelope.edge_event)
+        elif body == "error" and not envelope.request_id:
+            self.peer_goodbye(envelope.error)
         elif envelope.request_id:
             self.protocol_violation(
                 pb.ERROR_CODE_UNEXPECTED_MESSAGE,

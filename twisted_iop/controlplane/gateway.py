@@ -73,6 +73,13 @@ class EdgeErrorAnswer(Exception):
         self.edge_id = edge_id
 
 
+class ShuttingDown(Exception):
+    """The Control Plane is stopping: the request was refused or ended unanswered."""
+
+    def __init__(self) -> None:
+        super().__init__(SHUTTING_DOWN_REASON)
+
+
 class UnknownCommand(Exception):
     """The command is not in the edge's announced catalog."""
 
@@ -101,6 +108,8 @@ LATE_ANSWERS_PER_CONNECTION = 64
 #: Why a command ended when a newer connection took over.
 SUPERSEDED_REASON = "a newer connection of this edge took over before the answer"
 DISCONNECTED_REASON = "edge disconnected before answering"
+#: Why a command ended (``failed``) when the Control Plane stopped before its answer.
+SHUTTING_DOWN_REASON = "the Control Plane is shutting down"
 
 #: A status waiter: ``fn(arg, snapshot, error)`` with exactly one of the two set.
 StatusWaiter = tuple[Callable[[Any, Optional[StatusSnapshot], Optional[Exception]], None], Any]
@@ -259,7 +268,51 @@ class EdgeGateway:
         self._late_by_token: dict[int, dict[str, None]] = {}
         #: Operation id -> callers waiting for its end.
         self._waiters: dict[str, list[Deferred[OperationRecord]]] = {}
+        #: Set by :meth:`shut_down`: new requests fail with ShuttingDown.
+        self.stopping = False
         registry.add_observer(self)
+
+    # -- stopping ---------------------------------------------------------------
+
+    def in_flight(self) -> int:
+        """Callers still waiting: for commands, status asks and a fleet round."""
+        return len(self._waiters) + len(self._asks) + (0 if self._round is None else 1)
+
+    def refuse_new(self) -> None:
+        """From now on status, fleet and command requests fail with ShuttingDown."""
+        self.stopping = True
+
+    def shut_down(self) -> None:
+        """End everything in flight now; every waiting caller gets its answer.
+
+        Commands still waiting for their edge end ``failed`` with
+        :data:`SHUTTING_DOWN_REASON` (a late answer can no longer arrive);
+        status and fleet callers fail with :class:`ShuttingDown`.
+        """
+        self.stopping = True
+        round_, self._round = self._round, None
+        if round_ is not None:
+            round_.finished = True
+            if round_.deadline is not None and round_.deadline.active():
+                round_.deadline.cancel()
+            round_.deadline = None
+            for d in round_.waiters:
+                d.errback(ShuttingDown())
+        asks, self._asks = list(self._asks.values()), {}
+        for ask in asks:
+            ask.settled = True
+            self._deliver(ask.waiters, None, ShuttingDown())
+            if ask.request is not None:
+                ask.request.cancel()
+        for command in list(self._commands.values()):
+            self._forget(command)
+            if not command.operation.finished:
+                self._finish(command.operation, records.FAILED, SHUTTING_DOWN_REASON)
+            self._abandon(command)
+        for waiters in list(self._waiters.values()):
+            for waiter in waiters:
+                waiter.errback(ShuttingDown())
+        self._waiters.clear()
 
     # -- what the registry tells us ---------------------------------------------
 
@@ -327,6 +380,8 @@ class EdgeGateway:
         Fails with UnknownEdge, EdgeNotConnected, EdgeTimeout,
         EdgeDisconnected or EdgeErrorAnswer.
         """
+        if self.stopping:
+            return fail(ShuttingDown())
         try:
             record = self._registry.get(edge_id)
         except Exception:
@@ -411,6 +466,8 @@ class EdgeGateway:
         being sent. One deadline covers the round; one slow or failing edge
         marks only its own row.
         """
+        if self.stopping:
+            return fail(ShuttingDown())
         if self._round is not None:
             d: Deferred[FleetRound] = Deferred()
             self._round.waiters.append(d)
@@ -508,6 +565,8 @@ class EdgeGateway:
         raises IdempotencyConflict. Raises UnknownEdge, EdgeNotConnected or
         UnknownCommand before anything is sent.
         """
+        if self.stopping:
+            raise ShuttingDown()
         record = self._registry.get(edge_id)
         if idempotency_key:
             existing = record.operations.by_key(idempotency_key)

@@ -12,6 +12,7 @@ from twisted_iop.controlplane.gateway import (
     EdgeDisconnected,
     EdgeErrorAnswer,
     EdgeTimeout,
+    ShuttingDown,
     UnknownCommand,
 )
 from twisted_iop.controlplane.registry import EdgeNotConnected, UnknownEdge
@@ -59,6 +60,7 @@ DOMAIN_ERRORS: dict[type[Exception], tuple[int, str]] = {
     EdgeErrorAnswer: (502, "edge_error"),
     EdgeDisconnected: (503, "edge_disconnected"),
     EdgeTimeout: (504, "edge_timeout"),
+    ShuttingDown: (503, "shutting_down"),
 }
 
 

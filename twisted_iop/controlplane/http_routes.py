@@ -21,7 +21,7 @@ from twisted.web.static import File
 from twisted_iop.controlplane import json_views as views
 from twisted_iop.controlplane.auth import OPERATOR, VIEWER, ApiToken, ApiTokens
 from twisted_iop.controlplane.console_files import CONSOLE_DIR, ConsoleFiles
-from twisted_iop.controlplane.gateway import EdgeGateway, IdempotencyConflict
+from twisted_iop.controlplane.gateway import SHUTTING_DOWN_REASON, EdgeGateway, IdempotencyConflict
 from twisted_iop.controlplane.http_errors import (
     DOMAIN_ERRORS,
     BadRequest,
@@ -32,7 +32,7 @@ from twisted_iop.controlplane.http_errors import (
     error_body,
     json_body,
 )
-from twisted_iop.controlplane.records import EDGE_DISCONNECTED, SUPERSEDED, TIMED_OUT, OperationRecord
+from twisted_iop.controlplane.records import EDGE_DISCONNECTED, FAILED, SUPERSEDED, TIMED_OUT, OperationRecord
 from twisted_iop.controlplane.registry import EdgeRegistry, UnknownEdge
 from twisted_iop.http_site import WRITE_METHODS, Refusal
 from twisted_iop.ids import id_problem
@@ -61,6 +61,8 @@ class ListenerReadiness:
 
     def __init__(self, listeners: Sequence[Listener] = ()) -> None:
         self._listeners = listeners
+        #: Set from the first moment of a stop: never ready again.
+        self.stopping = False
 
     @property
     def listeners(self) -> dict[str, bool]:
@@ -74,8 +76,8 @@ class ListenerReadiness:
 
     @property
     def ready(self) -> bool:
-        """Whether there are listeners and every one is bound."""
-        return bool(self._listeners) and all(l.is_bound for l in self._listeners)
+        """Whether there are listeners, every one is bound, and no stop has begun."""
+        return not self.stopping and bool(self._listeners) and all(l.is_bound for l in self._listeners)
 
 
 @attrs.frozen
@@ -249,9 +251,10 @@ class ControlPlaneHttp:
 
     @app.route("/readyz", methods=["GET"])
     def readyz(self, request: IRequest) -> bytes:
-        """Readiness: every listener is bound."""
+        """Readiness: every listener is bound and the Control Plane is not stopping."""
         ready = self._readiness.ready
-        return json_body(request, 200 if ready else 503, {"ready": ready, "listeners": dict(self._readiness.listeners)})
+        body = {"ready": ready, "stopping": self._readiness.stopping, "listeners": dict(self._readiness.listeners)}
+        return json_body(request, 200 if ready else 503, body)
 
     @app.route("/metrics", methods=["GET"])
     def metrics(self, request: IRequest) -> bytes:
@@ -418,6 +421,8 @@ class ControlPlaneHttp:
             )
         if operation.state == SUPERSEDED:
             return error_body(request, 503, "edge_superseded", operation.reason, operation=rendered, replayed=replayed)
+        if operation.state == FAILED and operation.reason == SHUTTING_DOWN_REASON:
+            return error_body(request, 503, "shutting_down", operation.reason, operation=rendered, replayed=replayed)
         rendered["replayed"] = replayed
         return json_body(request, 200, rendered)
 

@@ -7,17 +7,18 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 from autobahn.twisted.resource import WebSocketResource
+from twisted.internet.defer import Deferred
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import Request
 
 from twisted_iop.controlplane.client_wire import ClientWireFactory
 from twisted_iop.controlplane.config import ControlPlaneConfig, load_config, unauthenticated_exposures
 from twisted_iop.controlplane.edge_wire import EdgeWireFactory
-from twisted_iop.controlplane.gateway import EdgeGateway
+from twisted_iop.controlplane.gateway import SHUTTING_DOWN_REASON, EdgeGateway
 from twisted_iop.controlplane.http_routes import ControlPlaneHttp, ListenerReadiness
 from twisted_iop.controlplane.metrics import control_plane_registry
 from twisted_iop.controlplane.registry import EdgeRegistry
-from twisted_iop.daemon import DaemonOptions, DaemonService, compose
+from twisted_iop.daemon import CLOSE_WAIT_SECONDS, DaemonOptions, DaemonService, compose, wait_until
 from twisted_iop.http_site import GuardedSite
 
 
@@ -89,7 +90,7 @@ class ControlPlaneService(DaemonService):
     tune_gc = False
 
     def __init__(self, config: ControlPlaneConfig, reactor: Any) -> None:
-        super().__init__()
+        super().__init__(reactor, config.shutdown.grace_seconds)
         self.config = config
         self.registry = EdgeRegistry(reactor, config.registry)
         self.add_state(self.registry)
@@ -113,12 +114,30 @@ class ControlPlaneService(DaemonService):
             self._log.warn("SECURITY WARNING: {exposure}", exposure=exposure)
         super().startService()
 
-    def stopService(self) -> Any:
-        """Stop listening, then close every Edge and client connection."""
-        d = super().stopService()
-        self.edge_factory.close_all("the Control Plane is shutting down")
+    # -- the graceful stop (see twisted_iop.daemon) ------------------------------
+
+    def stop_accepting(self) -> None:
+        """``/readyz`` says 503 from now; new requests and commands are refused."""
+        self.readiness.stopping = True
+        self.http_site.stop_accepting()
+        self.gateway.refuse_new()
+
+    def in_flight(self) -> int:
+        """HTTP callers waiting on the gateway (commands, status, fleet rounds)."""
+        return self.gateway.in_flight()
+
+    def end_in_flight(self) -> None:
+        """Pending commands end ``failed``; every waiting caller gets 503 ``shutting_down``."""
+        self.gateway.shut_down()
+
+    def close_connections(self) -> Deferred[bool]:
+        """Tell every Edge ``SHUTTING_DOWN``, close the clients, then the HTTP connections."""
+        self.edge_factory.close_all(SHUTTING_DOWN_REASON)
         self.client_factory.close_all()
-        return d
+        self.http_site.close_all()
+        return wait_until(
+            self.clock, lambda: not self.edge_factory.connections and not self.http_site.connections, CLOSE_WAIT_SECONDS
+        )
 
 
 def makeService(options: Options, reactor: Optional[Any] = None) -> ControlPlaneService:

@@ -17,13 +17,17 @@ from twisted_iop.configuration import (
     DialConfig,
     KeepaliveConfig,
     Section,
+    ShutdownConfig,
     load_config,
     parse_backoff,
     parse_connect_setting,
     parse_keepalive,
     parse_listen_setting,
     parse_max_frame_bytes,
+    parse_max_hello_frame_bytes,
+    parse_max_violations,
     parse_provider_basics,
+    parse_shutdown,
     parse_unique_list,
 )
 from twisted_iop.edge.inference_config import InferenceConfig, parse_inference_config
@@ -67,11 +71,15 @@ class NodeServerConfig:
     keepalive: KeepaliveConfig = KeepaliveConfig()
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     probe_timeout_seconds: float = 10.0
+    max_hello_frame_bytes: int = 64 * 1024
+    max_violations: int = 10
 
     def peer_settings(self) -> PeerSettings:
         """Framing limits and deadlines of each Node connection."""
         return PeerSettings(
             max_frame_bytes=self.max_frame_bytes,
+            max_hello_frame_bytes=self.max_hello_frame_bytes,
+            max_violations=self.max_violations,
             hello_timeout_seconds=self.hello_timeout_seconds,
             keepalive_interval_seconds=self.keepalive.interval_seconds,
             keepalive_deadline_seconds=self.keepalive.deadline_seconds,
@@ -109,6 +117,8 @@ class EdgeConfig:
     nodes: tuple[NodeConfig, ...]
     source_path: Optional[str] = None
     inference: InferenceConfig = InferenceConfig()
+    #: How a stop drains (SIGTERM).
+    shutdown: ShutdownConfig = ShutdownConfig()
 
     def node(self, node_id: str) -> Optional[NodeConfig]:
         """The configured Node ``node_id``, if any."""
@@ -126,13 +136,19 @@ def load_edge_config(path: Optional[str], environ: Optional[Mapping[str, str]] =
 def parse_edge_config(data: Mapping[str, Any], environ: Mapping[str, str] = {}) -> EdgeConfig:
     """Validate a parsed edge.yaml mapping into an :class:`EdgeConfig`."""
     top = Section(data, "")
-    top.reject_unknown({"control_plane", "node_server", "nodes", "inference"})
+    top.reject_unknown({"control_plane", "node_server", "nodes", "inference", "shutdown"})
     control_plane = _control_plane(top.section("control_plane"), environ)
     node_server = _node_server(top.section("node_server"), environ)
     credentials = _credential_map(top.section("node_server"))
     nodes = parse_nodes(top.raw("nodes"), credentials)
     inference = parse_inference_config(top.section("inference"), environ)
-    return EdgeConfig(control_plane=control_plane, node_server=node_server, nodes=nodes, inference=inference)
+    return EdgeConfig(
+        control_plane=control_plane,
+        node_server=node_server,
+        nodes=nodes,
+        inference=inference,
+        shutdown=parse_shutdown(top.section("shutdown")),
+    )
 
 
 def _control_plane(section: Section, environ: Mapping[str, str]) -> ControlPlaneLinkConfig:
@@ -168,14 +184,26 @@ def _control_plane(section: Section, environ: Mapping[str, str]) -> ControlPlane
 
 def _node_server(section: Section, environ: Mapping[str, str]) -> NodeServerConfig:
     section.reject_unknown(
-        {"listen", "hello_timeout_seconds", "keepalive", "max_frame_bytes", "probe_timeout_seconds", "credentials"}
+        {
+            "listen",
+            "hello_timeout_seconds",
+            "keepalive",
+            "max_frame_bytes",
+            "max_hello_frame_bytes",
+            "max_violations",
+            "probe_timeout_seconds",
+            "credentials",
+        }
     )
+    max_frame_bytes = parse_max_frame_bytes(section)
     return NodeServerConfig(
         listen=parse_listen_setting(section, "listen", DEFAULT_NODE_LISTEN, environ, ENV_NODE_LISTEN),
         hello_timeout_seconds=section.number("hello_timeout_seconds", 10.0),
         keepalive=parse_keepalive(section.section("keepalive")),
-        max_frame_bytes=parse_max_frame_bytes(section),
+        max_frame_bytes=max_frame_bytes,
         probe_timeout_seconds=section.number("probe_timeout_seconds", 10.0),
+        max_hello_frame_bytes=parse_max_hello_frame_bytes(section, max_frame_bytes),
+        max_violations=parse_max_violations(section),
     )
 
 

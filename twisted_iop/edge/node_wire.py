@@ -72,6 +72,8 @@ class NodeServerProtocol(AcceptedPeerProtocol):
             self._registry.node_ready(self.token, envelope.node_ready.providers)
         elif body == "node_health_report":
             self._registry.node_health(self.token, envelope.node_health_report.providers)
+        elif body == "error" and not envelope.request_id:
+            self.peer_goodbye(envelope.error)
         elif body in INFERENCE_BODIES and self.factory.inference is not None:
             self.factory.inference.node_message(self, envelope, body)
         elif envelope.request_id:

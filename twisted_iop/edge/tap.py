@@ -9,7 +9,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import clientFromString
 from twisted.internet.interfaces import IProtocolFactory
 
-from twisted_iop.daemon import DaemonOptions, DaemonService, compose
+from twisted_iop.daemon import CLOSE_WAIT_SECONDS, DaemonOptions, DaemonService, compose, wait_until
 from twisted_iop.edge.commands import CommandRunner
 from twisted_iop.edge.config import EdgeConfig, load_edge_config
 from twisted_iop.edge.control_plane_link import ControlPlaneLink
@@ -42,13 +42,17 @@ class Options(DaemonOptions[EdgeConfig]):
         )
 
 
+#: What the Edge tells its Nodes and the Control Plane when it stops.
+SHUTTING_DOWN_REASON = "the Edge is shutting down"
+
+
 class EdgeService(DaemonService):
     """The Edge: node registry first, then the Node listener, then the Control Plane link."""
 
     daemon_name = "iop-edge"
 
     def __init__(self, config: EdgeConfig, reactor: Any) -> None:
-        super().__init__()
+        super().__init__(reactor, config.shutdown.grace_seconds)
         self.config = config
         clock: Any = reactor
         self.registry = NodeRegistry(config, clock)
@@ -84,13 +88,34 @@ class EdgeService(DaemonService):
         """The inference API's TCP port (0 until bound)."""
         return self.inference_server.port_number
 
-    def stopService(self) -> Deferred[None] | None:
-        """End every inference request, stop listening and dialing, close Node connections."""
+    # -- the graceful stop (see twisted_iop.daemon) ------------------------------
+
+    def stop_accepting(self) -> None:
+        """New inference requests get 503 ``shutting_down`` (the listeners close next)."""
+        self.inference.stopping = True
+
+    def in_flight(self) -> int:
+        """Inference requests admitted and not ended, and commands still running."""
+        return self.inference.running() + self.commands.running
+
+    def end_in_flight(self) -> None:
+        """What is left ends with a 503 (or an error event mid-stream) to its client."""
         self.inference.stop()
-        self.link.stop()
-        d = cast("Deferred[None] | None", super().stopService())
-        self.node_factory.close_all("the Edge is shutting down")
-        return d
+
+    def close_connections(self) -> Deferred[Any]:
+        """Close the Nodes with ``SHUTTING_DOWN``, then say it to the Control Plane.
+
+        The Nodes' ``node.disconnected`` events go to the Control Plane
+        before the goodbye, on the link that is still open.
+        """
+        self.node_factory.close_all(SHUTTING_DOWN_REASON)
+        closed = wait_until(self.clock, lambda: not self.node_factory.connections, CLOSE_WAIT_SECONDS)
+
+        def goodbye(_: bool) -> None:
+            self.link.say_goodbye(SHUTTING_DOWN_REASON)
+            self.link.stop()
+
+        return closed.addCallback(goodbye)
 
 
 def makeService(options: Options, reactor: Optional[Any] = None) -> EdgeService:

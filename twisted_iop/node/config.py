@@ -17,12 +17,14 @@ from twisted_iop.configuration import (
     ConfigError,
     DialConfig,
     Section,
+    ShutdownConfig,
     load_config,
     parse_backoff,
     parse_connect_setting,
     parse_keepalive,
     parse_max_frame_bytes,
     parse_provider_basics,
+    parse_shutdown,
     parse_unique_list,
 )
 
@@ -91,6 +93,8 @@ class NodeRuntimeConfig:
     credential: str = attrs.field(default="", repr=False)
     labels: Mapping[str, str] = attrs.field(factory=dict)
     source_path: Optional[str] = None
+    #: How a stop drains (SIGTERM).
+    shutdown: ShutdownConfig = ShutdownConfig()
 
 
 def load_node_config(path: Optional[str], environ: Optional[Mapping[str, str]] = None) -> NodeRuntimeConfig:
@@ -101,7 +105,7 @@ def load_node_config(path: Optional[str], environ: Optional[Mapping[str, str]] =
 def parse_node_config(data: Mapping[str, Any], environ: Mapping[str, str] = {}) -> NodeRuntimeConfig:
     """Validate a parsed node.yaml mapping."""
     top = Section(data, "")
-    top.reject_unknown({"node_id", "credential", "labels", "edge", "probes", "providers"})
+    top.reject_unknown({"node_id", "credential", "labels", "edge", "probes", "providers", "shutdown"})
     return NodeRuntimeConfig(
         node_id=top.identifier("node_id"),
         credential=top.string("credential"),
@@ -109,6 +113,7 @@ def parse_node_config(data: Mapping[str, Any], environ: Mapping[str, str] = {}) 
         edge=_edge(top.section("edge"), environ),
         probes=_probes(top.section("probes")),
         providers=parse_node_providers(top.raw("providers")),
+        shutdown=parse_shutdown(top.section("shutdown")),
     )
 
 

@@ -136,6 +136,25 @@ class InferenceRunner:
         self.completed = 0
         self.failed = 0
         self.cancelled = 0
+        #: Set when the Node stops: why new requests are refused.
+        self.refusing = ""
+
+    def refuse_new(self, reason: str) -> None:
+        """The Node is stopping: refuse new requests (``UNAVAILABLE``), let running ones finish."""
+        self.refusing = reason
+
+    def end_all(self, reason: str) -> None:
+        """End every running request now: abort it and answer the Edge ``UNAVAILABLE``."""
+        for session, state in list(self._sessions.items()):
+            jobs = list(state.jobs.items())
+            state.jobs.clear()
+            for inference_id, job in jobs:
+                self.cancelled += 1
+                job.cancel()
+                session.send(
+                    "inference_done",
+                    pb.InferenceDone(inference_id=inference_id, status=pb.INFERENCE_STATUS_UNAVAILABLE, error=reason),
+                )
 
     def running(self) -> int:
         """Requests running over every connection."""
@@ -176,6 +195,14 @@ class InferenceRunner:
 
         if inference_id == 0:
             refuse("inference_id must not be 0")
+            return
+        if self.refusing:
+            session.send(
+                "inference_done",
+                pb.InferenceDone(
+                    inference_id=inference_id, status=pb.INFERENCE_STATUS_UNAVAILABLE, error=self.refusing
+                ),
+            )
             return
         if inference_id in state.jobs:
             refuse(f"inference {inference_id} is already running")

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Optional, cast
 
-from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import clientFromString
 
 from twisted_iop.daemon import DaemonOptions, DaemonService, compose
@@ -34,28 +33,48 @@ class Options(DaemonOptions[NodeRuntimeConfig]):
         return f"node {config.node_id}, providers: {len(config.providers)}, edge at {config.edge.address}"
 
 
+#: What the Node tells its Edge when it stops.
+SHUTTING_DOWN_REASON = "the Node is shutting down"
+
+
 class NodeService(DaemonService):
     """The Node: its runtime (state) first, then the link to its Edge (no listener)."""
 
     daemon_name = "iop-node"
 
     def __init__(self, config: NodeRuntimeConfig, reactor: Any, http: Optional[HTTPClient] = None) -> None:
-        super().__init__()
+        super().__init__(reactor, config.shutdown.grace_seconds)
         self.config = config
         clock: Any = reactor
         self.runtime = NodeRuntime(config, clock, ProviderProber(clock, http))
         runtime = self.runtime
-        runtime.inference = InferenceRunner(lambda: runtime.providers, clock, cast(Optional[InferenceHTTPClient], http))
+        self.inference = runtime.inference = InferenceRunner(
+            lambda: runtime.providers, clock, cast(Optional[InferenceHTTPClient], http)
+        )
         self.add_state(self.runtime)
         self.link = EdgeLink(config, self.runtime, clock)
         self.edge = self.add_dialer(
             "edge-link", self.link.client_service(clientFromString(reactor, config.edge.address))
         )
 
-    def stopService(self) -> Deferred[None] | None:
-        """Stop dialing and the keepalive timer."""
+    # -- the graceful stop (see twisted_iop.daemon) ------------------------------
+
+    def stop_accepting(self) -> None:
+        """New inference requests from the Edge are refused."""
+        self.inference.refuse_new(SHUTTING_DOWN_REASON)
+
+    def in_flight(self) -> int:
+        """Inference requests still running."""
+        return self.inference.running()
+
+    def end_in_flight(self) -> None:
+        """What is left ends with an error answer to the Edge (its client sees an error)."""
+        self.inference.end_all(SHUTTING_DOWN_REASON)
+
+    def close_connections(self) -> None:
+        """Tell the Edge ``SHUTTING_DOWN``; the link closes when its service stops."""
+        self.link.say_goodbye(SHUTTING_DOWN_REASON)
         self.link.stop()
-        return cast("Deferred[None] | None", super().stopService())
 
 
 def makeService(options: Options, reactor: Optional[Any] = None, http: Optional[HTTPClient] = None) -> NodeService:

@@ -486,6 +486,17 @@ class DialerLink(Generic[ProtocolT]):
         """Stop the keepalive timer (service shutdown)."""
         self._sweeper.stop()
 
+    def say_goodbye(self, message: str) -> None:
+        """This end is stopping: tell the peer ``SHUTTING_DOWN`` on the current connection.
+
+        The connection stays open: the dialing service closes it when it
+        stops, after what was written before (answers, events) and the
+        goodbye itself are sent.
+        """
+        current = self.current
+        if current is not None and not current.closing and current.transport is not None:
+            current.send_error(pb.ERROR_CODE_SHUTTING_DOWN, message)
+
     # -- for subclasses -------------------------------------------------------
 
     def hello(self) -> Message:

@@ -137,6 +137,8 @@ class FramedPeerProtocol(Protocol):
         self.closing = False
         #: Why this side closed the connection ("" if the peer closed it).
         self.close_reason = ""
+        #: Why the peer said it closes (its unsolicited error frame), if it said so.
+        self.peer_close_reason = ""
         self.connected_at = 0.0
         self.last_received = 0.0
         self.last_ping_sent = 0.0
@@ -431,6 +433,18 @@ class FramedPeerProtocol(Protocol):
     def describe_peer(self) -> str:
         """A short peer description for logs of this side's own process."""
         return type(self).__name__
+
+    def peer_goodbye(self, error: pb.Error) -> None:
+        """The peer says why it is about to close (``SHUTTING_DOWN`` ...): keep it, bounded."""
+        code = enum_name(pb.ErrorCode, error.code).removeprefix("ERROR_CODE_")
+        self.peer_close_reason = f"{code}: {error.message[:GOODBYE_TEXT_CHARS]}"
+        self._log.info(
+            "{peer} is closing the connection: {reason}", peer=self.describe_peer(), reason=self.peer_close_reason
+        )
+
+
+#: How much of a peer's stated close reason is kept (it reaches logs and events).
+GOODBYE_TEXT_CHARS = 200
 
 
 class KeepaliveSweeper:

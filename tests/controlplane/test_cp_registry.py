@@ -88,6 +88,24 @@ def test_disconnected_edges_are_bounded() -> None:
     assert registry.edge_ids() == ["e2", "e3"]
 
 
+def test_no_disconnected_edge_is_kept_with_a_limit_of_zero() -> None:
+    """disconnected_edges: 0 forgets an edge as it disconnects, plain or with a command still open."""
+    registry, clock = make_registry(disconnected_edges=0)
+    token = registry.connect("plain", FakePeer(), HELLO)
+    registry.disconnect("plain", token, "gone")
+    assert registry.edge_ids() == []
+    token = registry.connect("busy", FakePeer(), HELLO)
+    op = OperationRecord("op1", "busy", "x", "", {}, "", created_at=clock.seconds(), deadline_at=clock.seconds() + 10)
+    registry.start_operation(op)
+    registry.disconnect("busy", token, "gone")
+    # Its record holds an operation still open: kept while it is open ...
+    assert registry.edge_ids() == ["busy"]
+    registry.advance_operation("busy", "op1", records.EDGE_DISCONNECTED, "gone")
+    # ... and forgotten as soon as it ends, not listed for ever.
+    assert registry.edge_ids() == []
+    assert registry.known_count == 0
+
+
 def test_event_buffer_bounds_and_counts_drops() -> None:
     """A full event buffer drops the oldest, counts them and keeps sequences."""
     buffer = EventBuffer(3)

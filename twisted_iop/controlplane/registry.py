@@ -283,11 +283,25 @@ class EdgeRegistry(Service):
         return True
 
     def _forget_excess_disconnected(self) -> None:
-        while len(self._disconnected) > self.limits.disconnected_edges:
-            edge_id, _ = self._disconnected.popitem(last=False)
+        """Forget the oldest disconnected edges beyond the limit.
+
+        An edge whose record still holds an open operation stays (in the
+        order it disconnected) until that operation ends: then
+        :meth:`advance_operation` runs this again, so it is never kept
+        past the limit for good.
+        """
+        excess = len(self._disconnected) - self.limits.disconnected_edges
+        if excess <= 0:
+            return
+        for edge_id in list(self._disconnected):
+            if excess <= 0:
+                break
             record = self._edges.get(edge_id)
-            if record is not None and record.token is None and not any(not op.finished for op in record.operations):
-                del self._edges[edge_id]
+            if record is not None and (record.token is not None or any(not op.finished for op in record.operations)):
+                continue
+            del self._disconnected[edge_id]
+            self._edges.pop(edge_id, None)
+            excess -= 1
 
     # -- status -------------------------------------------------------------
 
@@ -481,6 +495,8 @@ class EdgeRegistry(Service):
         self._operation_event(operation)
         if operation.finished:
             record.operations.operation_finished()
+            if record.token is None and edge_id in self._disconnected:
+                self._forget_excess_disconnected()
         return True
 
     def record_late_outcome(

@@ -125,6 +125,7 @@ def compose(
         reactor = default_reactor
     service = build(options.config, reactor)
     service.exit_on_bind_failure = True
+    service.exit_zero_after_stop = True
     for notice in options.notices(options.config):
         service.notices.append(notice)
     return service
@@ -166,6 +167,9 @@ class DaemonService(MultiService):
     daemon_name = "twisted-iop"
     #: Set by :func:`compose`: under twistd a bind failure ends the process.
     exit_on_bind_failure = False
+    #: Set by :func:`compose`: a stop that kept its promises exits 0, even on
+    #: SIGTERM (``twistd`` otherwise ends by re-raising the signal).
+    exit_zero_after_stop = False
 
     def __init__(self, clock: IReactorTime, grace_seconds: float) -> None:
         super().__init__()
@@ -179,6 +183,7 @@ class DaemonService(MultiService):
         self.stopping = False
         self._stopped: Optional[Deferred[Any]] = None
         self._stop_waiters: list[Deferred[None]] = []
+        self._stop_clean = True
 
     def add_state(self, service: IService) -> None:
         """Add the service holding the daemon's state (first: starts first, stops last)."""
@@ -268,6 +273,10 @@ class DaemonService(MultiService):
 
     def _stop_done(self, _: Any) -> None:
         self._log.info("stopped")
+        if self.exit_zero_after_stop and self._stop_clean and hasattr(self.clock, "_exitSignal"):
+            # twistd reads this after the reactor stops and kills itself with
+            # the signal; a completed graceful stop is a clean exit instead.
+            self.clock._exitSignal = None
         waiters, self._stop_waiters = self._stop_waiters, []
         for waiter in waiters:
             waiter.callback(None)
@@ -282,4 +291,5 @@ class DaemonService(MultiService):
         self.end_in_flight()
 
     def _stop_step_failed(self, failure: Failure) -> None:
+        self._stop_clean = False
         self._log.failure("a step of the graceful stop failed; stopping anyway", failure)

@@ -80,6 +80,13 @@ def test_environment_overrides_listeners() -> None:
         ("status: {fleet_max_age_seconds: -1}", "status.fleet_max_age_seconds"),
         ("status: {fleet_max_age_seconds: soon}", "status.fleet_max_age_seconds"),
         ("status: {max_age: 1}", "status.max_age"),
+        ("shutdown: {grace_seconds: -1}", "shutdown.grace_seconds"),
+        ("shutdown: {grace_seconds: 601}", "shutdown.grace_seconds: must be at most 600"),
+        ("shutdown: {grace: 5}", "shutdown.grace: unknown setting"),
+        ("edge_wire: {max_violations: 0}", "edge_wire.max_violations"),
+        ("edge_wire: {max_frame_bytes: 2048, max_hello_frame_bytes: 4096}", "edge_wire.max_hello_frame_bytes"),
+        ("client_wire: {hello_timeout_seconds: 0}", "client_wire.hello_timeout_seconds"),
+        ("client_wire: {max_violations: many}", "client_wire.max_violations"),
         ("- just a list", "top level"),
         ("http: {listen: [", "not valid YAML"),
     ],
@@ -271,3 +278,18 @@ def test_console_uses_wss_when_the_client_wire_is_tls(tmp_path: Path) -> None:
     key, cert = self_signed(tmp_path)
     config = load_config(None, {"IOP_WIRE_LISTEN": f"ssl:8443:privateKey={key}:certKey={cert}:interface=127.0.0.1"})
     assert config.http.wire_tls
+
+
+def test_stop_and_wire_limits_reach_the_services() -> None:
+    """shutdown.grace_seconds and the wire limits are read and used by the service they configure."""
+    assert config_from_text("").shutdown.grace_seconds == 10.0
+    config = config_from_text(
+        "shutdown: {grace_seconds: 3}\n"
+        "edge_wire: {max_hello_frame_bytes: 4096, max_violations: 3}\n"
+        "client_wire: {hello_timeout_seconds: 2, max_violations: 4}"
+    )
+    service = tap.ControlPlaneService(config, MemoryReactor())
+    assert service.grace_seconds == 3.0
+    assert service.edge_factory.settings.max_hello_frame_bytes == 4096
+    assert service.edge_factory.settings.max_violations == 3
+    assert config.client_wire.hello_timeout_seconds == 2.0 and config.client_wire.max_violations == 4

@@ -17,9 +17,11 @@ from twisted_iop.controlplane import records
 from twisted_iop.controlplane.gateway import (
     FANOUT_SLICE,
     LATE_ANSWERS_PER_CONNECTION,
+    SHUTTING_DOWN_REASON,
     EdgeGateway,
     FleetRound,
     IdempotencyConflict,
+    ShuttingDown,
 )
 from twisted_iop.controlplane.records import OperationRecord
 from twisted_iop.controlplane.registry import EdgeHello, EdgeNotConnected, EdgeRegistry, StatusSnapshot
@@ -524,3 +526,31 @@ class GatewayMachine(RuleBasedStateMachine):
 
 
 TestGatewayMachine = GatewayMachine.TestCase
+
+
+def test_shut_down_gives_every_waiting_caller_its_answer() -> None:
+    """A stop ends held commands failed and fails status and fleet callers with ShuttingDown; new ones are refused."""
+    gateway, clock, peers = fleet(2)
+    dispatched = gateway.dispatch("e00000", "node.drain", "node-1", {}, 60.0)
+    status = gateway.status("e00001")
+    round_ = gateway.fleet_status()
+    # One command waiter, two status asks (the round shares e00001's), one round.
+    assert gateway.in_flight() == 4
+    outcomes: list[list[Any]] = [[], [], []]
+    for d, outcome in zip((dispatched.ended, status, round_), outcomes, strict=True):
+        d.addBoth(outcome.append)
+    gateway.shut_down()
+    assert gateway.in_flight() == 0
+    [operation], [status_failure], [round_failure] = outcomes
+    assert operation.state == records.FAILED and operation.reason == SHUTTING_DOWN_REASON
+    assert status_failure.check(ShuttingDown) and round_failure.check(ShuttingDown)
+    assert peers[0].commands_cancelled == 1
+    # New requests are refused at once.
+    with pytest.raises(ShuttingDown):
+        gateway.dispatch("e00000", "node.drain", "node-1", {}, 60.0)
+    refused: list[Any] = []
+    gateway.status("e00000").addErrback(refused.append)
+    gateway.fleet_status().addErrback(refused.append)
+    assert [f.check(ShuttingDown) for f in refused] == [ShuttingDown, ShuttingDown]
+    clock.advance(120)
+    assert operation.state == records.FAILED

@@ -115,3 +115,17 @@ def test_missing_file_is_config_error(tmp_path: Path) -> None:
     """A config path that does not exist is a ConfigError, not an OSError."""
     with pytest.raises(ConfigError, match="absent.yaml: cannot read the config file"):
         load_edge_config(str(tmp_path / "absent.yaml"), environ={})
+
+
+def test_stop_and_node_wire_limits_are_read() -> None:
+    """shutdown.grace_seconds and node_server's hello frame and violation limits reach the config."""
+    data = edge_mapping()
+    data["shutdown"] = {"grace_seconds": 0}
+    data["node_server"] = {"max_hello_frame_bytes": 2048, "max_violations": 2}
+    config = parse_edge_config(data)
+    assert config.shutdown.grace_seconds == 0.0
+    settings = config.node_server.peer_settings()
+    assert settings.max_hello_frame_bytes == 2048 and settings.max_violations == 2
+    data["node_server"] = {"max_violations": 0}
+    with pytest.raises(ConfigError, match="node_server.max_violations"):
+        parse_edge_config(data)

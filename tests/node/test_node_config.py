@@ -118,3 +118,12 @@ def test_options_end_on_a_bad_config(tmp_path: Path) -> None:
         Options().parseOptions(["--config", str(path)])
     with pytest.raises(ConfigurationExit, match="--config"):
         Options().parseOptions([])
+
+
+def test_shutdown_grace_is_read_and_checked() -> None:
+    """node.yaml's shutdown.grace_seconds defaults to 10 s; a bad one names its field."""
+    base: dict[str, Any] = {"node_id": "node-1", "edge": {"address": "127.0.0.1:7444"}}
+    assert parse_node_config(base).shutdown.grace_seconds == 10.0
+    assert parse_node_config({**base, "shutdown": {"grace_seconds": 2.5}}).shutdown.grace_seconds == 2.5
+    with pytest.raises(ConfigError, match="shutdown.grace_seconds"):
+        parse_node_config({**base, "shutdown": {"grace_seconds": "soon"}})

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest_twisted
 import treq
 from prometheus_client.parser import text_string_to_metric_families
-from twisted.internet.defer import ensureDeferred
 from scripted_edge import connect_edge
 from support import eventually, start_control_plane
+from twisted.internet.defer import ensureDeferred
 
 
 async def scrape(url: str, **kwargs: object) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -131,7 +131,10 @@ def test_options_end_on_a_bad_config(tmp_path: Path) -> None:
 def test_metrics_listen_default_override_and_off() -> None:
     """metrics.listen defaults to 127.0.0.1:9102, IOP_NODE_METRICS_LISTEN wins, "" turns it off."""
     assert parse_node_config(mapping(), {}).metrics_listen == "tcp:9102:interface=127.0.0.1"
-    assert parse_node_config(mapping(), {"IOP_NODE_METRICS_LISTEN": ":9300"}).metrics_listen == "tcp:9300:interface=127.0.0.1"
+    assert (
+        parse_node_config(mapping(), {"IOP_NODE_METRICS_LISTEN": ":9300"}).metrics_listen
+        == "tcp:9300:interface=127.0.0.1"
+    )
     assert parse_node_config(mapping(metrics={"listen": ""}), {}).metrics_listen == ""
     with pytest.raises(ConfigError, match=r"IOP_NODE_METRICS_LISTEN \(overrides metrics.listen\)"):
         parse_node_config(mapping(), {"IOP_NODE_METRICS_LISTEN": "nowhere"})

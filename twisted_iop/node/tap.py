@@ -8,9 +8,12 @@ from typing import Any, Optional, cast
 from twisted.internet.endpoints import clientFromString
 
 from twisted_iop.daemon import DaemonOptions, DaemonService, compose
+from twisted_iop.listeners import ListenerService
+from twisted_iop.metrics import metrics_site
 from twisted_iop.node.config import NodeRuntimeConfig, load_node_config
 from twisted_iop.node.edge_link import EdgeLink
 from twisted_iop.node.inference import InferenceHTTPClient, InferenceRunner
+from twisted_iop.node.metrics import node_registry
 from twisted_iop.node.probes import HTTPClient, ProviderProber
 from twisted_iop.node.runtime import NodeRuntime
 
@@ -30,7 +33,11 @@ class Options(DaemonOptions[NodeRuntimeConfig]):
 
     def summary(self, config: NodeRuntimeConfig) -> str:
         """Who it is and where it dials."""
-        return f"node {config.node_id}, providers: {len(config.providers)}, edge at {config.edge.address}"
+        metrics = config.metrics_listen or "nothing (disabled)"
+        return (
+            f"node {config.node_id}, providers: {len(config.providers)}, edge at {config.edge.address}, "
+            f"metrics on {metrics}"
+        )
 
 
 #: What the Node tells its Edge when it stops.
@@ -38,7 +45,7 @@ SHUTTING_DOWN_REASON = "the Node is shutting down"
 
 
 class NodeService(DaemonService):
-    """The Node: its runtime (state) first, then the link to its Edge (no listener)."""
+    """The Node: its runtime (state) first, its metrics listener (if any), then the link to its Edge."""
 
     daemon_name = "iop-node"
 
@@ -53,6 +60,11 @@ class NodeService(DaemonService):
         )
         self.add_state(self.runtime)
         self.link = EdgeLink(config, self.runtime, clock)
+        self.metrics_server: Optional[ListenerService] = None
+        if config.metrics_listen:
+            self.metrics_server = self.add_listener(
+                "metrics", config.metrics_listen, metrics_site(node_registry(self), reactor), reactor
+            )
         self.edge = self.add_dialer(
             "edge-link", self.link.client_service(clientFromString(reactor, config.edge.address))
         )

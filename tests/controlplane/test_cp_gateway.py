@@ -535,12 +535,12 @@ def test_shut_down_gives_every_waiting_caller_its_answer() -> None:
     status = gateway.status("e00001")
     round_ = gateway.fleet_status()
     # One command waiter, two status asks (the round shares e00001's), one round.
-    assert gateway.in_flight() == 4
+    assert gateway.waiting_callers() == 4
     outcomes: list[list[Any]] = [[], [], []]
     for d, outcome in zip((dispatched.ended, status, round_), outcomes, strict=True):
         d.addBoth(outcome.append)
     gateway.shut_down()
-    assert gateway.in_flight() == 0
+    assert gateway.waiting_callers() == 0
     [operation], [status_failure], [round_failure] = outcomes
     assert operation.state == records.FAILED and operation.reason == SHUTTING_DOWN_REASON
     assert status_failure.check(ShuttingDown) and round_failure.check(ShuttingDown)

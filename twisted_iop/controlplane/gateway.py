@@ -281,8 +281,8 @@ class EdgeGateway:
 
     # -- stopping ---------------------------------------------------------------
 
-    def in_flight(self) -> int:
-        """Callers still waiting: for commands, status asks and a fleet round."""
+    def waiting_callers(self) -> int:
+        """Callers still waiting: for commands, status asks and a fleet round (a stop drains these)."""
         return len(self._waiters) + len(self._asks) + (0 if self._round is None else 1)
 
     def refuse_new(self) -> None:

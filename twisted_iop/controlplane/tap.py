@@ -124,7 +124,7 @@ class ControlPlaneService(DaemonService):
 
     def in_flight(self) -> int:
         """HTTP callers waiting on the gateway (commands, status, fleet rounds)."""
-        return self.gateway.in_flight()
+        return self.gateway.waiting_callers()
 
     def end_in_flight(self) -> None:
         """Pending commands end ``failed``; every waiting caller gets 503 ``shutting_down``."""

@@ -36,6 +36,7 @@ from twisted_iop.controlplane.registry import (
 )
 from twisted_iop.wire import control_pb2 as pb
 
+
 def iso(seconds: Optional[float]) -> Optional[str]:
     """``seconds`` since the epoch as ISO 8601 UTC with milliseconds."""
     if seconds is None or seconds <= 0:

@@ -93,6 +93,8 @@ def response_counts(response: pb.EdgeStatusResponse) -> tuple[int, ...]:
             counts[LONG_AT + 1] += p.long_context_in_flight
             counts[LONG_AT + 2] += p.long_context_queued
     return tuple(counts)
+
+
 #: How much of an offending event kind is quoted in events and logs.
 QUOTED_KIND_CHARS = 80
 

@@ -28,11 +28,13 @@ from urllib.parse import urlsplit
 
 import attrs
 import pytest
-from support import ROOT, TWISTD
 
 from twisted_iop.client.cli import UsageError, build_parser, parse_arguments
 from twisted_iop.controlplane.http_routes import ControlPlaneHttp
 from twisted_iop.edge.inference_api import InferenceAPI
+from twisted_iop.testing.harness import TWISTD
+
+ROOT = Path(__file__).resolve().parents[1]
 
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PROGRAMS = ("twistd", "iopctl", "curl", "make")

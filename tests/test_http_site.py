@@ -6,13 +6,13 @@ import json
 from typing import Any, Optional
 
 import pytest_twisted
-from raw_http import connect, request_head
-from support import eventually
 from twisted.internet import reactor
 from twisted.internet.endpoints import TCP4ServerEndpoint
 from twisted.web.resource import Resource
 
 from twisted_iop.http_site import GuardedRequest, GuardedSite, Refusal, SiteLimits, host_allowed
+from twisted_iop.testing.harness import eventually
+from twisted_iop.testing.http import connect, request_head
 
 
 class Echo(Resource):

@@ -13,8 +13,6 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from scripted_edge import connect_edge
-from support import IOPCTL, eventually, start_control_plane
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import ProcessProtocol
@@ -29,6 +27,8 @@ from twisted_iop.client import (
     UnknownEdgeError,
     WireRequestError,
 )
+from twisted_iop.testing.harness import IOPCTL, eventually, start_control_plane
+from twisted_iop.testing.peers import connect_edge
 from twisted_iop.wire import control_pb2 as pb
 
 

@@ -16,7 +16,6 @@ from typing import Any
 import attrs
 import pytest
 import pytest_twisted
-from real_fleet import Fleet, contract_validator, start_fleet, stub_repository
 
 from twisted_iop.client import (
     ControlPlaneError,
@@ -51,6 +50,7 @@ from twisted_iop.client.models import (
     to_json,
 )
 from twisted_iop.client.repository import DEFAULT_HTTP_URL, HTTP_URL_ENV, error_from_response
+from twisted_iop.testing.harness import Fleet, contract_validator, start_fleet, stub_repository
 
 
 def test_base_url_from_argument_environment_and_default(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import pytest_twisted
 from iop_console_browser import Browser
-from scripted_edge import CATALOG, connect_edge, snapshot
-from support import eventually, start_control_plane
 from twisted.internet import reactor, task
 
+from twisted_iop.testing.harness import eventually, start_control_plane
+from twisted_iop.testing.peers import CATALOG, connect_edge, snapshot
 from twisted_iop.wire import control_pb2 as pb
 
 pytestmark = pytest.mark.browser

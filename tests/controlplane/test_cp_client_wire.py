@@ -7,8 +7,6 @@ from typing import Any, Optional
 import attrs
 import pytest_twisted
 from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientProtocol
-from scripted_edge import connect_edge
-from support import eventually, start_control_plane
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint
@@ -16,6 +14,8 @@ from twisted.internet.task import Clock
 
 from twisted_iop.controlplane.client_wire import ClientWireFactory, ClientWireServerProtocol, ClientWireSettings
 from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry
+from twisted_iop.testing.harness import eventually, start_control_plane
+from twisted_iop.testing.peers import HeldEdgePeer, connect_edge
 from twisted_iop.wire import PROTOCOL_MAJOR
 from twisted_iop.wire import control_pb2 as pb
 
@@ -166,13 +166,7 @@ def test_slow_consumer_is_told_how_many_events_it_lost() -> None:
     protocol.sent.clear()
     hello_info = EdgeHello(labels={}, software_version="t", protocol_version="1.0", commands=())
 
-    class Peer:
-        last_received = 0.0
-
-        def disconnect(self, code: int, message: str) -> None:
-            pass
-
-    registry.connect("edge-a", Peer(), hello_info)  # type: ignore[arg-type]
+    registry.connect("edge-a", HeldEdgePeer(), hello_info)
     assert [m.event.fleet_sequence for m in protocol.sent] == [1]
     protocol.paused = True
     for i in range(20):

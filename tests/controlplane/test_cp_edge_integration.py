@@ -6,13 +6,13 @@ import json
 import struct
 
 import pytest_twisted
-from scripted_edge import connect_edge, snapshot
-from support import eventually, start_control_plane
 from twisted.internet import reactor
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol
-from wire_frames import decode
 
+from twisted_iop.testing.frames import decode_frames
+from twisted_iop.testing.harness import eventually, start_control_plane
+from twisted_iop.testing.peers import connect_edge, snapshot
 from twisted_iop.wire import control_pb2 as pb
 
 
@@ -218,9 +218,9 @@ async def test_hostile_connections_are_closed_and_others_keep_working() -> None:
         garbage.transport.write(struct.pack(">I", 12) + b"\xff" * 12)
         silent = await raw_connect(cp.edge_wire_port)
         await eventually(lambda: huge.closed and garbage.closed and silent.closed, timeout=5, message="closes")
-        assert decode(huge.received)[0].error.code == pb.ERROR_CODE_FRAME_TOO_LARGE
-        assert decode(garbage.received)[0].error.code == pb.ERROR_CODE_MALFORMED_FRAME
-        assert decode(silent.received)[0].error.code == pb.ERROR_CODE_HELLO_TIMEOUT
+        assert decode_frames(huge.received)[0].error.code == pb.ERROR_CODE_FRAME_TOO_LARGE
+        assert decode_frames(garbage.received)[0].error.code == pb.ERROR_CODE_MALFORMED_FRAME
+        assert decode_frames(silent.received)[0].error.code == pb.ERROR_CODE_HELLO_TIMEOUT
         code, status = await cp.get_json("/edges/edge-good/status")
         assert code == 200 and status["connected"]
         good.transport.loseConnection()

@@ -7,16 +7,14 @@ from typing import Any, Optional
 
 import attrs
 import pytest_twisted
-from scripted_edge import CATALOG, snapshot
 from treq.testing import StubTreq
-from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 
 from twisted_iop.controlplane.auth import ApiToken, ApiTokens, token_digest
 from twisted_iop.controlplane.gateway import EdgeGateway
 from twisted_iop.controlplane.http_routes import ControlPlaneHttp, HttpSettings, ListenerReadiness
 from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry
-from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.testing.peers import CATALOG, AnsweringEdgePeer
 
 
 def tokens(*entries: tuple[str, str, str]) -> ApiTokens:
@@ -25,27 +23,6 @@ def tokens(*entries: tuple[str, str, str]) -> ApiTokens:
 
 
 HELLO = EdgeHello(labels={"site": "lab"}, software_version="t", protocol_version="1.0", commands=tuple(CATALOG))
-
-
-class AnsweringPeer:
-    """A peer that answers status and commands at once."""
-
-    def __init__(self, edge_id: str) -> None:
-        self.edge_id = edge_id
-        self.last_received = 0.0
-        self.commands: list[pb.EdgeCommandRequest] = []
-        self.status_requests = 0
-
-    def request_status(self, timeout: float, own_deadline: bool = True) -> Deferred[pb.EdgeStatusResponse]:
-        self.status_requests += 1
-        return succeed(snapshot(self.edge_id))
-
-    def request_command(self, request: pb.EdgeCommandRequest) -> Deferred[pb.EdgeCommandResponse]:
-        self.commands.append(request)
-        return succeed(pb.EdgeCommandResponse(command_id=request.command_id, outcome=pb.COMMAND_OUTCOME_SUCCEEDED))
-
-    def disconnect(self, code: int, message: str) -> None:
-        pass
 
 
 @attrs.define
@@ -69,7 +46,7 @@ def make_api(
         clock.advance(1_700_000_000)
     registry = EdgeRegistry(clock)
     for i in range(edges):
-        registry.connect(f"edge-{i:02d}", AnsweringPeer(f"edge-{i:02d}"), HELLO)
+        registry.connect(f"edge-{i:02d}", AnsweringEdgePeer(f"edge-{i:02d}"), HELLO)
     listeners = [FakeListener("http"), FakeListener("client_wire")]
     api = ControlPlaneHttp(
         registry, EdgeGateway(registry, clock), clock, ListenerReadiness(listeners), HttpSettings(**settings)

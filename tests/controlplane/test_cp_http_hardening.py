@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import pytest_twisted
 import treq
-from raw_http import connect, request_head
-from scripted_edge import connect_edge
-from support import start_daemon, wait_for_ports
+
+from twisted_iop.testing.harness import start_daemon, wait_for_ports
+from twisted_iop.testing.http import connect, request_head
+from twisted_iop.testing.peers import connect_edge
 
 pytestmark = pytest.mark.e2e
 

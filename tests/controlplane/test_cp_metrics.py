@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest_twisted
 import treq
 from prometheus_client.parser import text_string_to_metric_families
-from scripted_edge import connect_edge
-from support import eventually, start_control_plane
+
+from twisted_iop.testing.harness import eventually, start_control_plane
+from twisted_iop.testing.peers import connect_edge
 
 
 async def scrape(url: str, **kwargs: object) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

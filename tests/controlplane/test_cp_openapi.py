@@ -18,11 +18,11 @@ import treq
 from jsonschema import Draft202012Validator
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
-from scripted_edge import connect_edge
-from support import ControlPlaneHarness, eventually, start_control_plane
 
 from twisted_iop.controlplane.http_errors import DOMAIN_ERRORS
 from twisted_iop.controlplane.http_routes import ControlPlaneHttp
+from twisted_iop.testing.harness import ControlPlaneHarness, eventually, start_control_plane
+from twisted_iop.testing.peers import connect_edge
 
 SPEC_URI = "urn:iop:openapi"
 

@@ -11,7 +11,6 @@ from typing import Optional
 
 import attrs
 import pytest
-from edge_testing import FakeNodePeer, edge_config
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
@@ -21,6 +20,8 @@ from twisted.internet.task import Clock
 from twisted_iop.edge.config import NodeConfig, ProviderConfig
 from twisted_iop.edge.pool import Lease, LeaseError, NoSuchModel, ProviderPool
 from twisted_iop.edge.registry import USABLE_HEALTH, NodeRegistry
+from twisted_iop.testing.configs import edge_config
+from twisted_iop.testing.peers import FakeNodePeer
 from twisted_iop.wire import control_pb2 as pb
 
 P1 = ProviderConfig("p1", "mock", ("m",), capacity=2, long_context_capacity=1)

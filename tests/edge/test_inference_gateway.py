@@ -12,21 +12,13 @@ import attrs
 import pytest
 import pytest_twisted
 import treq
-from fleet_harness import start_edge, start_node, stop, write_yaml
-from inference_testing import (
-    MODEL,
-    chat,
-    gateway_edge_yaml,
-    gateway_node_yaml,
-    mock_provider,
-    open_stream,
-    post,
-)
-from support import eventually
 from twisted.internet.defer import ensureDeferred
 
 from twisted_iop.edge.tap import EdgeService
 from twisted_iop.node.tap import NodeService
+from twisted_iop.testing.configs import MODEL, gateway_edge_yaml, gateway_node_yaml, mock_provider, write_yaml
+from twisted_iop.testing.harness import eventually, start_edge, start_node, stop
+from twisted_iop.testing.http import chat, open_stream, post
 
 
 @attrs.define

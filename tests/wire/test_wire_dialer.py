@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest_twisted
-from support import eventually, start_control_plane
 from twisted.internet import reactor as global_reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint
@@ -19,6 +18,7 @@ from twisted.test import iosim
 
 from twisted_iop.edge.config import parse_edge_config
 from twisted_iop.edge.tap import EdgeService
+from twisted_iop.testing.harness import eventually, start_control_plane
 from twisted_iop.wire.dialer import DialingService, backoff_delay, hold_off_delay
 
 PORT = 7443

@@ -17,6 +17,8 @@ from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
 from twisted_iop.controlplane import records
+from twisted_iop.testing.frames import field_bytes, field_varint, length_prefixed
+from twisted_iop.testing.wire import EdgeWireDriver, FramedConnection, LogCapture, NodeWireDriver
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.enums import enum_label, enum_name
 from twisted_iop.wire.peer import (
@@ -26,15 +28,6 @@ from twisted_iop.wire.peer import (
     RemoteError,
     frame,
     make_envelope,
-)
-from twisted_iop.wire.testing import (
-    EdgeWireDriver,
-    FramedConnection,
-    LogCapture,
-    NodeWireDriver,
-    field_bytes,
-    field_varint,
-    length_prefixed,
 )
 
 Driver = Union[EdgeWireDriver, NodeWireDriver]

@@ -8,8 +8,8 @@ import pytest
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
-from wire_frames import decode
 
+from twisted_iop.testing.frames import decode_frames
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import (
     FramedPeerProtocol,
@@ -49,7 +49,7 @@ def connected(settings: PeerSettings = PeerSettings()) -> tuple[Recorder, String
 
 def sent(transport: StringTransport) -> list[pb.Envelope]:
     """Decode everything written to ``transport``."""
-    return decode(transport.value())
+    return decode_frames(transport.value())
 
 
 def event_frame(kind: str) -> bytes:

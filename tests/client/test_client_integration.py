@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 import pytest_twisted
@@ -95,7 +95,7 @@ async def test_repository_against_the_real_control_plane() -> None:
         with pytest.raises(UnknownEdgeError):
             await repo.edge_status("nope")
         assert edge.transport is not None
-        edge.transport.loseConnection()
+        edge.tcp.loseConnection()
         await edge.lost
 
         async def not_connected() -> Any:
@@ -251,7 +251,7 @@ class FollowProcess(ProcessProtocol):
     def __init__(self) -> None:
         self.out = b""
         self.err = b""
-        self.ended: Deferred[int] = Deferred()
+        self.ended: Deferred[Optional[int]] = Deferred()
 
     def outReceived(self, data: bytes) -> None:
         """Keep stdout."""

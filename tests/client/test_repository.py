@@ -320,7 +320,7 @@ async def test_reader_names_the_json_path_of_a_bad_value() -> None:
         docs = await real_documents(fleet)
     finally:
         await fleet.stop()
-    cases = [
+    cases: list[tuple[str, list[Any], Any, str]] = [
         (
             "EdgeStatus",
             ["nodes", 0, "providers", 0, "general", "capacity"],
@@ -350,7 +350,7 @@ async def test_reader_names_the_json_path_of_a_bad_value() -> None:
     ]
     for name, where, value, message in cases:
         broken = copy.deepcopy(docs[name])
-        holder = broken
+        holder: Any = broken
         for key in where[:-1]:
             holder = holder[key]
         holder[where[-1]] = value

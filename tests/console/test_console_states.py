@@ -124,7 +124,7 @@ async def test_edge_gone_shows_reason_and_last_snapshot(browser: Browser) -> Non
         await eventually(lambda: edge.held, message="the status request reached the edge")
         assert edge.status_requests == before + 1
         assert edge.transport is not None
-        edge.transport.loseConnection()
+        edge.tcp.loseConnection()
 
         def gone() -> list[dict[str, Any]]:
             page.wait_for_function("() => window.__edgeLoads.some((l) => l.code === 'edge_disconnected')")

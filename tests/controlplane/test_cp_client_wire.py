@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import attrs
 import pytest_twisted
@@ -55,7 +55,7 @@ async def open_client(url: str, port: int) -> WireTestClient:
     """Connect a test WebSocket client to /client."""
     factory = WebSocketClientFactory(url)
     factory.protocol = WireTestClient
-    protocol = await TCP4ClientEndpoint(reactor, "127.0.0.1", port).connect(factory)
+    protocol = cast(WireTestClient, await TCP4ClientEndpoint(reactor, "127.0.0.1", port).connect(factory))
     await protocol.opened
     return protocol
 
@@ -131,7 +131,7 @@ async def test_live_subscription_and_resume_with_gap() -> None:
         assert (lost.count, lost.first_sequence, lost.last_sequence, lost.reason) == (1, 2, 2, "resume_gap")
         replayed = [m.event.sequence for m in late.messages if m.WhichOneof("body") == "event"]
         assert replayed == [3, 4, 5]
-        edge.transport.loseConnection()
+        edge.tcp.loseConnection()
         await eventually(lambda: late.bodies().count("event") >= 4, message="disconnect event")
         assert late.messages[-1].event.kind == "edge.disconnected"
         for c in (client, late):

@@ -50,7 +50,7 @@ async def test_daemon_serves_edges_over_tcp_and_http(tmp_path: Path) -> None:
         assert code == 200 and len(status["nodes"]) == 2
         code, op = await cp.post_json("/edges/edge-e2e/commands", {"name": "node.drain", "target": "node-1"})
         assert code == 200 and op["state"] == "succeeded"
-        edge.transport.loseConnection()
+        edge.tcp.loseConnection()
         await eventually(lambda: _disconnected(cp), message="edge shown disconnected")
         log = daemon.log()
         assert "edge edge-e2e connected" in log and "edge hello rejected" in log
@@ -83,7 +83,7 @@ async def test_client_wire_on_the_http_port(tmp_path: Path) -> None:
         assert events[0].edge_id == "edge-proxy"
         code, ready = await ProcessHarness(ports).get_json("/readyz")
         assert code == 200 and ready["ready"]
-        edge.transport.loseConnection()
+        edge.tcp.loseConnection()
     finally:
         if client is not None:
             await client.close()

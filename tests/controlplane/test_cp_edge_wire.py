@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -26,6 +28,7 @@ def connect(
     registry = EdgeRegistry(clock)
     factory = EdgeWireFactory(registry, clock, PeerSettings(hello_timeout_seconds=5), credentials)
     protocol = factory.buildProtocol(None)  # type: ignore[arg-type]
+    assert isinstance(protocol, EdgeWireProtocol)
     transport = StringTransport()
     protocol.makeConnection(transport)
     return protocol, transport, registry, clock
@@ -85,7 +88,7 @@ def test_bad_hello_is_rejected_and_closed(edge_id: str, major: int, code: str) -
         {"commands": [pb.CommandSpec(name="")]},
     ],
 )
-def test_oversized_hello_is_rejected_as_invalid_hello(extra: dict[str, object]) -> None:
+def test_oversized_hello_is_rejected_as_invalid_hello(extra: dict[str, Any]) -> None:
     """Labels or a catalog over the bounds get the invalid_hello code, permanent, and a close."""
     protocol, transport, registry, _ = connect()
     protocol.dataReceived(hello_frame("edge-a", **extra))

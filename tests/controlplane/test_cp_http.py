@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import attrs
 import pytest_twisted
@@ -54,14 +54,14 @@ def make_api(
     return StubTreq(api.app.resource()), registry, {listener.label: listener for listener in listeners}
 
 
-async def get(treq: StubTreq, path: str, **kwargs: Any) -> tuple[int, Any]:
+async def get(treq: Any, path: str, **kwargs: Any) -> tuple[int, Any]:
     """GET and decode JSON."""
     response = await treq.get("http://cp" + path, **kwargs)
     assert response.headers.getRawHeaders(b"content-type") == [b"application/json"]
     return response.code, json.loads(await response.content())
 
 
-async def post(treq: StubTreq, path: str, body: bytes, **kwargs: Any) -> tuple[int, Any]:
+async def post(treq: Any, path: str, body: bytes, **kwargs: Any) -> tuple[int, Any]:
     """POST raw bytes and decode JSON."""
     response = await treq.post("http://cp" + path, data=body, **kwargs)
     return response.code, json.loads(await response.content())
@@ -112,7 +112,7 @@ async def test_bad_query_parameters_are_400() -> None:
 async def test_command_body_validation() -> None:
     """Bad command bodies get 400 with a clear code; nothing is dispatched."""
     treq, registry, _ = make_api(edges=1)
-    peer = registry.get("edge-00").peer
+    peer = cast(AnsweringEdgePeer, registry.get("edge-00").peer)
     cases = [
         (b"", "invalid_json"),
         (b"{not json", "invalid_json"),
@@ -151,7 +151,7 @@ async def test_idempotency_key_header_returns_same_operation() -> None:
     )
     assert code == code2 == 200
     assert first["operation_id"] == second["operation_id"] and first["idempotency_key"] == "k-1"
-    assert len(registry.get("edge-00").peer.commands) == 1
+    assert len(cast(AnsweringEdgePeer, registry.get("edge-00").peer).commands) == 1
     code, one = await get(treq, f"/edges/edge-00/operations/{first['operation_id']}")
     assert code == 200 and one["state"] == "succeeded"
     code, missing = await get(treq, "/edges/edge-00/operations/nope")
@@ -163,6 +163,7 @@ async def test_not_connected_command_is_409() -> None:
     """A command to a known but disconnected edge is 409 and dispatches nothing."""
     treq, registry, _ = make_api(edges=1)
     record = registry.get("edge-00")
+    assert record.token is not None
     registry.disconnect("edge-00", record.token, "gone")
     code, body = await post(treq, "/edges/edge-00/commands", b'{"name": "node.drain"}')
     assert code == 409 and body["error"]["code"] == "edge_not_connected"
@@ -227,7 +228,7 @@ async def test_fleet_pages_within_the_max_age_share_one_round() -> None:
     clock = Clock()
     clock.advance(1_700_000_000)
     treq, registry, _ = make_api(edges=3, clock=clock)
-    peers = [record.peer for record in registry.edges()]
+    peers = [cast(AnsweringEdgePeer, record.peer) for record in registry.edges()]
     code, first = await get(treq, "/fleet/status?limit=2")
     assert first["round_at"] == "2023-11-14T22:13:20.000Z"
     clock.advance(0.5)
@@ -272,6 +273,7 @@ async def test_console_config_names_the_wire() -> None:
 @pytest_twisted.ensureDeferred
 async def test_deeply_nested_json_and_nul_paths_are_client_errors() -> None:
     """30,000 nested brackets answer 400 invalid_json; a NUL in a console path answers 404, never 500."""
+    treq: Any
     treq, _, _ = make_api(edges=1)
     code, body = await post(treq, "/edges/edge-00/commands", b"[" * 30000)
     assert code == 400 and body["error"]["code"] == "invalid_json"

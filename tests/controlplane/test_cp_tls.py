@@ -42,7 +42,7 @@ async def test_edge_enrolls_over_tls(tmp_path: Path) -> None:
         assert response.accepted
         code, status = await cp.get_json("/edges/edge-tls/status")
         assert code == 200 and status["connected"] and len(status["nodes"]) == 2
-        edge.transport.loseConnection()
+        edge.tcp.loseConnection()
         await edge.lost
     finally:
         await cp.stop()

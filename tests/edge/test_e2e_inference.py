@@ -37,6 +37,10 @@ from twisted_iop.testing.http import chat, open_stream
 pytestmark = pytest.mark.e2e
 
 CAPACITY = 2
+AUTHORIZED_JSON: dict[bytes | str, list[bytes | str]] = {
+    b"Content-Type": [b"application/json"],
+    b"Authorization": [b"Bearer k-test"],
+}
 
 
 @attrs.define
@@ -247,7 +251,7 @@ async def post_with_key(fleet: DaemonFleet, max_tokens: int) -> tuple[int, Any]:
     response = await treq.post(
         fleet.gateway + "/v1/chat/completions",
         data=chat(max_tokens=max_tokens),
-        headers={b"Content-Type": [b"application/json"], b"Authorization": [b"Bearer k-test"]},
+        headers=AUTHORIZED_JSON,
         timeout=30,
     )
     return response.code, json.loads(await response.content())

@@ -25,6 +25,7 @@ def connect(start: float = 0.0) -> tuple[Clock, NodeRegistry, NodeServerProtocol
     registry.relay.add_listener(events.append)
     factory = NodeServerFactory(registry, clock, PeerSettings(hello_timeout_seconds=5))
     proto = factory.buildProtocol(None)
+    assert isinstance(proto, NodeServerProtocol)
     transport = StringTransport()
     proto.makeConnection(transport)
     return clock, registry, proto, transport, events

@@ -3,6 +3,7 @@ clients over HTTP on loopback, mock providers paced by their options."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -61,7 +62,7 @@ async def start_fleet(
         config = gateway_node_yaml(node_id, edge.node_port, mock_provider(provider_id, **options))
         nodes[node_id] = start_node(write_yaml(tmp_path / f"{node_id}.yaml", config))
     for node_id in wanted:
-        await eventually(lambda n=node_id: edge.registry.is_ready(n), message=f"{node_id} ready")
+        await eventually(functools.partial(edge.registry.is_ready, node_id), message=f"{node_id} ready")
     return Fleet(edge, nodes, f"http://127.0.0.1:{edge.inference_port}")
 
 

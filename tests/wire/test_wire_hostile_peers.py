@@ -100,8 +100,9 @@ def test_error_with_unknown_code_fails_only_its_request() -> None:
             + frame(make_envelope("edge_event", pb.EdgeEvent(kind="after")))
         )
     assert log.errors() == [], log.describe(log.errors())
-    assert failures[0].check(RemoteError)
-    assert failures[0].value.code == 99 and "ERROR_CODE_99" in str(failures[0].value)
+    error = failures[0].value
+    assert isinstance(error, RemoteError)
+    assert error.code == 99 and "ERROR_CODE_99" in str(error)
     assert answered[0].edge_status_response.edge_id == "e"
     assert protocol.received == ["edge_event"]
     assert not connection.closed

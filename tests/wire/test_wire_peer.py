@@ -113,8 +113,9 @@ def test_error_answer_fails_the_request() -> None:
     protocol.dataReceived(frame(make_envelope("error", pb.Error(code=pb.ERROR_CODE_INTERNAL, message="boom"), rid)))
     failures: list[Failure] = []
     d.addErrback(failures.append)
-    assert failures[0].check(RemoteError)
-    assert failures[0].value.code == pb.ERROR_CODE_INTERNAL
+    error = failures[0].value
+    assert isinstance(error, RemoteError)
+    assert error.code == pb.ERROR_CODE_INTERNAL
 
 
 def test_request_times_out_and_late_answer_is_ignored() -> None:

@@ -359,8 +359,7 @@ class Fleet:
     async def disconnect(self, edge_id: str) -> None:
         """Close the edge's connection and wait until the Control Plane knows."""
         edge = self.edges[edge_id]
-        assert edge.transport is not None
-        edge.transport.loseConnection()
+        edge.tcp.loseConnection()
         await edge.lost
         await eventually(
             lambda: not self.cp.registry.get(edge_id).connected, timeout=5, message=f"{edge_id} disconnected"

@@ -15,8 +15,17 @@ from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 
 from twisted_iop.testing.configs import MODEL
+from twisted_iop.testing.peers import TransportAccess
 
-JSON_HEADERS = {b"Content-Type": [b"application/json"]}
+JSON_HEADERS: dict[bytes | str, list[bytes | str]] = {b"Content-Type": [b"application/json"]}
+
+
+def _with_json_type(headers: Optional[dict[bytes, list[bytes]]]) -> dict[bytes | str, list[bytes | str]]:
+    """``headers`` with a JSON content type, typed as treq takes them."""
+    merged = dict(JSON_HEADERS)
+    for name, values in (headers or {}).items():
+        merged[name] = [*values]
+    return merged
 
 
 async def get_json(url: str, **kwargs: Any) -> tuple[int, Any]:
@@ -35,7 +44,7 @@ async def post_json(url: str, payload: Any, **kwargs: Any) -> tuple[int, Any]:
 # -- raw HTTP/1.1 ------------------------------------------------------------------------
 
 
-class RawClient(Protocol):
+class RawClient(TransportAccess, Protocol):
     """Writes what it is told and keeps what it receives."""
 
     def __init__(self) -> None:
@@ -131,8 +140,7 @@ class Answer:
 
 async def post(base: str, path: str, body: bytes, headers: Optional[dict[bytes, list[bytes]]] = None) -> Answer:
     """POST and read the whole answer (events split out for event streams)."""
-    all_headers = {b"Content-Type": [b"application/json"]}
-    all_headers.update(headers or {})
+    all_headers = _with_json_type(headers)
     response = await treq.post(base + path, data=body, headers=all_headers, timeout=30)
     content = await response.content()
     events = []
@@ -145,8 +153,7 @@ async def open_stream(
     base: str, body: bytes, hang_up_after: Optional[int] = None, headers: Optional[dict[bytes, list[bytes]]] = None
 ) -> tuple[Any, SSEReader]:
     """POST a streaming request; return the response and a reader fed with its body."""
-    all_headers = {b"Content-Type": [b"application/json"]}
-    all_headers.update(headers or {})
+    all_headers = _with_json_type(headers)
     response = await treq.post(
         base + "/v1/chat/completions",
         data=body,

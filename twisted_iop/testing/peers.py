@@ -14,11 +14,12 @@ when a fake drifts from the interface it stands in for.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from twisted.internet import reactor as global_reactor
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.internet.interfaces import ITransport
 from twisted.python.failure import Failure
 
 from twisted_iop.controlplane.registry import EdgePeer
@@ -26,6 +27,21 @@ from twisted_iop.edge.registry import NodePeer
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import FramedPeerProtocol, PeerSettings
+
+
+class TransportAccess:
+    """For test protocols: :attr:`tcp`, the connection's transport once it is made."""
+
+    transport: Optional[ITransport]
+
+    @property
+    def tcp(self) -> Any:
+        """The transport (a test fails if there is none yet); ``Any``, as tests
+        call what the TCP or TLS transport has beyond ``ITransport``
+        (``getHandle``, ``pauseProducing``, ``abortConnection``)."""
+        assert self.transport is not None, "not connected"
+        return self.transport
+
 
 CATALOG = [
     pb.CommandSpec(name="node.drain", description="Stop new leases on a node", target_kind="node"),
@@ -55,7 +71,7 @@ def snapshot(edge_id: str, nodes: int = 2, capacity: int = 4) -> pb.EdgeStatusRe
     return response
 
 
-class ScriptedEdge(FramedPeerProtocol):
+class ScriptedEdge(TransportAccess, FramedPeerProtocol):
     """The edge side of one connection, behaving as its attributes say."""
 
     def __init__(self, edge_id: str, settings: PeerSettings = PeerSettings(), reactor: Any = global_reactor) -> None:
@@ -127,8 +143,7 @@ class ScriptedEdge(FramedPeerProtocol):
                 self.held_commands.append((rid, command))
                 return
             if behaviour == "disconnect":
-                assert self.transport is not None
-                self.transport.loseConnection()
+                self.tcp.loseConnection()
                 return
             self.event("command.accepted", command_id=command.command_id)
             self.event("command.started", command_id=command.command_id)
@@ -150,10 +165,19 @@ class ScriptedEdge(FramedPeerProtocol):
         elif body == "error":
             self.errors.append(envelope.error)
 
-    def answer_held(self, outcome: int = pb.COMMAND_OUTCOME_SUCCEEDED, reason: str = "", **result: str) -> None:
-        """Answer the oldest held command now (late, if its deadline has passed)."""
+    def answer_held(
+        self,
+        outcome: pb.CommandOutcome = pb.COMMAND_OUTCOME_SUCCEEDED,
+        reason: str = "",
+        command_id: str = "",
+        **result: str,
+    ) -> None:
+        """Answer the oldest held command now (late, if its deadline has passed),
+        naming ``command_id`` instead of its own if given."""
         rid, command = self.held_commands.pop(0)
-        response = pb.EdgeCommandResponse(command_id=command.command_id, outcome=outcome, reason=reason, result=result)  # type: ignore[arg-type]
+        response = pb.EdgeCommandResponse(
+            command_id=command_id or command.command_id, outcome=outcome, reason=reason, result=result
+        )
         self.send("edge_command_response", response, rid)
 
     def peer_disconnected(self, reason: Failure) -> None:
@@ -175,7 +199,7 @@ async def connect_edge(
 # -- the Control Plane and Node ends of the wires ---------------------------------
 
 
-class FakeControlPlane(FramedPeerProtocol):
+class FakeControlPlane(TransportAccess, FramedPeerProtocol):
     """A tiny Control Plane end of the Edge wire, driven by the test.
 
     It answers hello with ``hello_response`` and records every other
@@ -225,7 +249,7 @@ class FakeControlPlane(FramedPeerProtocol):
         return d.addCallback(lambda envelope: envelope.edge_command_response)
 
 
-class RawNode(FramedPeerProtocol):
+class RawNode(TransportAccess, FramedPeerProtocol):
     """A hand-driven Node connection (for duplicate and rejected connections)."""
 
     def __init__(self) -> None:
@@ -295,11 +319,15 @@ class HeldEdgePeer(EdgePeer):
         return d
 
     def answer(self, index: int = -1, outcome: int = pb.COMMAND_OUTCOME_SUCCEEDED, command_id: str = "") -> None:
-        """Answer command ``index`` (its own command_id unless one is given)."""
+        """Answer command ``index`` (its own command_id unless one is given; any
+        ``outcome`` number, unknown ones included)."""
         request, d = self.commands[index]
         d.callback(
             pb.EdgeCommandResponse(
-                command_id=command_id or request.command_id, outcome=outcome, reason="edge says", result={"k": "v"}
+                command_id=command_id or request.command_id,
+                outcome=cast(Any, outcome),
+                reason="edge says",
+                result={"k": "v"},
             )
         )
 

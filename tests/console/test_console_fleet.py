@@ -19,7 +19,7 @@ from iop_console_browser import DOCS_SCREENSHOT, Browser
 from twisted.internet import reactor
 from twisted.internet.utils import getProcessOutputAndValue
 
-from twisted_iop.testing.configs import CONTROL_PLANE_LOOPBACK_ENV, LOOPBACK_ZERO
+from twisted_iop.testing.configs import CONTROL_PLANE_LOOPBACK_ENV, LOOPBACK_ZERO, mock_provider_entry
 from twisted_iop.testing.harness import IOPCTL, Daemon, start_daemon, wait_for_ports
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
@@ -41,27 +41,11 @@ def edge_config(cp_edge_wire: str) -> dict[str, Any]:
         "nodes": [
             {
                 "node_id": "gpu-01",
-                "providers": [
-                    {
-                        "provider_id": "mock-a",
-                        "kind": "mock",
-                        "models": ["llama-3-8b"],
-                        "capacity": 4,
-                        "long_context_capacity": 1,
-                    }
-                ],
+                "providers": [mock_provider_entry("mock-a")],
             },
             {
                 "node_id": "gpu-02",
-                "providers": [
-                    {
-                        "provider_id": "mock-b",
-                        "kind": "mock",
-                        "models": ["llama-3-8b", "qwen-2-7b"],
-                        "capacity": 8,
-                        "long_context_capacity": 2,
-                    }
-                ],
+                "providers": [mock_provider_entry("mock-b")],
             },
             {
                 "node_id": "gpu-03",

@@ -8,6 +8,7 @@ The fleet every builder describes: Edge ``edge-a`` with ``node-1`` (provider
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any, Optional
 
@@ -42,6 +43,31 @@ def loopback_listen(port: int = 0) -> str:
     return f"tcp:{port}:interface=127.0.0.1"
 
 
+#: edge.yaml entries of the two mock providers the test fleets configure.
+_MOCK_PROVIDERS: dict[str, dict[str, Any]] = {
+    "mock-a": {
+        "provider_id": "mock-a",
+        "kind": "mock",
+        "models": ["llama-3-8b"],
+        "capacity": 4,
+        "long_context_capacity": 1,
+    },
+    "mock-b": {
+        "provider_id": "mock-b",
+        "kind": "mock",
+        "models": ["llama-3-8b", "qwen-2-7b"],
+        "capacity": 8,
+        "long_context_capacity": 2,
+    },
+}
+
+
+def mock_provider_entry(provider_id: str) -> dict[str, Any]:
+    """A fresh edge.yaml entry for ``mock-a`` (llama-3-8b, capacity 4) or ``mock-b``
+    (llama-3-8b and qwen-2-7b, capacity 8)."""
+    return copy.deepcopy(_MOCK_PROVIDERS[provider_id])
+
+
 def edge_mapping(**control_plane: Any) -> dict[str, Any]:
     """A valid edge.yaml mapping with two nodes (one with a credential), for unit tests.
 
@@ -56,28 +82,12 @@ def edge_mapping(**control_plane: Any) -> dict[str, Any]:
             {
                 "node_id": "node-1",
                 "labels": {"rack": "r1"},
-                "providers": [
-                    {
-                        "provider_id": "mock-a",
-                        "kind": "mock",
-                        "models": ["llama-3-8b"],
-                        "capacity": 4,
-                        "long_context_capacity": 1,
-                    }
-                ],
+                "providers": [mock_provider_entry("mock-a")],
             },
             {
                 "node_id": "node-2",
                 "credential": "s3cret",
-                "providers": [
-                    {
-                        "provider_id": "mock-b",
-                        "kind": "mock",
-                        "models": ["llama-3-8b", "qwen-2-7b"],
-                        "capacity": 8,
-                        "long_context_capacity": 2,
-                    }
-                ],
+                "providers": [mock_provider_entry("mock-b")],
             },
         ],
     }

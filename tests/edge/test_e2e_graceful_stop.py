@@ -16,20 +16,28 @@ from typing import Any
 import pytest
 import pytest_twisted
 import treq
-from fleet_harness import edge_yaml, node_yaml, write_yaml
-from inference_testing import chat, gateway_edge_yaml, gateway_node_yaml, mock_provider, open_stream
-from scripted_edge import connect_edge
-from support import Daemon, eventually, start_daemon, wait_for_ports
 from twisted.internet import reactor
 from twisted.internet.defer import DeferredList, ensureDeferred
 from twisted.web.client import HTTPConnectionPool
+from twisted.web.http_headers import Headers
 
+from twisted_iop.testing.configs import (
+    CONTROL_PLANE_LOOPBACK_ENV,
+    edge_yaml,
+    gateway_edge_yaml,
+    gateway_node_yaml,
+    mock_provider,
+    node_yaml,
+    write_yaml,
+)
+from twisted_iop.testing.harness import Daemon, eventually, start_daemon, wait_for_ports
+from twisted_iop.testing.http import chat, open_stream
+from twisted_iop.testing.peers import connect_edge
 from twisted_iop.wire import control_pb2 as pb
 
 pytestmark = pytest.mark.e2e
 
-LOOPBACK_ZERO = "tcp:0:interface=127.0.0.1"
-CP_ENV = {"IOP_HTTP_LISTEN": LOOPBACK_ZERO, "IOP_WIRE_LISTEN": LOOPBACK_ZERO, "IOP_EDGE_WIRE_LISTEN": LOOPBACK_ZERO}
+CP_ENV = CONTROL_PLANE_LOOPBACK_ENV
 #: The grace period the daemons here are configured with.
 GRACE_SECONDS = 2.0
 #: Bound on waiting for an exit: the grace, the close wait and a slow machine.
@@ -83,7 +91,7 @@ async def test_control_plane_answers_every_caller_in_flight(tmp_path: Path, daem
                     treq.post(
                         base + "/edges/edge-held/commands",
                         data=json.dumps({"name": "node.drain", "target": f"node-{i}", "timeout_seconds": 60}).encode(),
-                        headers={b"Content-Type": [b"application/json"]},
+                        headers=Headers({b"Content-Type": [b"application/json"]}),
                         timeout=EXIT_BOUND_SECONDS,
                     )
                 )

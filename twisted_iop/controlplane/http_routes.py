@@ -314,6 +314,7 @@ class ControlPlaneHttp:
             "capacity": buffer.capacity,
             "kept": len(buffer),
             "dropped": buffer.dropped,
+            **views.byte_facts(buffer),
             "first_sequence": buffer.first_sequence,
             "last_sequence": buffer.last_sequence,
             "next_since": next_since,
@@ -329,6 +330,7 @@ class ControlPlaneHttp:
             capacity=record.operations.capacity,
             kept=len(record.operations),
             dropped=record.operations.dropped,
+            **views.byte_facts(record.operations),
         )
         return json_body(request, 200, page)
 

@@ -38,6 +38,8 @@ MAX_KEY = MAX_TEXT
 MAX_ATTRIBUTE_VALUE = 1024
 #: Entries a command result keeps (besides the ``truncated`` marker).
 MAX_RESULT_ENTRIES = 64
+#: Characters of a command argument value that the HTTP view admits.
+MAX_ARGUMENT_VALUE = 1024
 #: Characters of a result value that are kept.
 MAX_RESULT_VALUE = 1024
 #: Characters of an edge's reason (command answer, late outcome) that are kept.

@@ -38,6 +38,7 @@ from twisted_iop.controlplane.records import (
     map_size,
 )
 from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.hello import MAX_COMMAND_ARGUMENTS, MAX_LABELS, MAX_TEXT
 
 #: 9999-12-31T23:59:59.999Z, the last instant ISO 8601 views can show.
 MAX_TIME_MS = 253_402_300_799_999
@@ -99,6 +100,83 @@ class RegistryLimits:
     #: Estimated bytes of everything kept of disconnected edges together;
     #: beyond it the edge that went away first is forgotten.
     disconnected_bytes: int = 256 * 1024 * 1024
+
+    def worst_case(self) -> MemoryBound:
+        """The most estimated bytes the registry keeps under these limits
+        (docs/security.md, "Memory", quotes these at the defaults)."""
+        per_edge = (
+            HELLO_LABELS_BYTES
+            + 2 * text_bytes(MAX_TEXT)
+            + bounds.MAX_CATALOG_BYTES
+            + bounds.MAX_SNAPSHOT_BYTES
+            + max(self.event_bytes_per_edge, MAX_EVENT_RECORD_BYTES)
+            + max(self.operation_bytes_per_edge, MAX_OPERATION_RECORD_BYTES)
+        )
+        return MemoryBound(
+            per_connected_edge=per_edge,
+            per_disconnected_edge=per_edge,
+            disconnected_total=self.disconnected_bytes + per_edge,
+            fleet_events=max(self.fleet_event_bytes, MAX_EVENT_RECORD_BYTES),
+        )
+
+
+def text_bytes(characters: int) -> int:
+    """The most a Python string of ``characters`` characters takes (4 bytes each)."""
+    return 80 + 4 * characters
+
+
+def _map_bytes(entries: int, key: int, value: int) -> int:
+    """The most a ``str -> str`` map of ``entries`` entries takes."""
+    return 64 * entries + 256 + entries * (text_bytes(key) + text_bytes(value))
+
+
+#: The most one hello's labels take.
+HELLO_LABELS_BYTES = _map_bytes(MAX_LABELS, MAX_TEXT, MAX_TEXT)
+#: The most one recorded event takes (see :func:`records.event_size`).
+MAX_EVENT_RECORD_BYTES = (
+    256
+    + 3 * 32
+    + text_bytes(64)
+    + 4 * text_bytes(bounds.MAX_EVENT_ID)
+    + text_bytes(bounds.MAX_EVENT_MESSAGE)
+    + _map_bytes(bounds.MAX_EVENT_ATTRIBUTES + 1, bounds.MAX_KEY, bounds.MAX_ATTRIBUTE_VALUE)
+)
+_RESULT_BYTES = _map_bytes(bounds.MAX_RESULT_ENTRIES + 1, bounds.MAX_KEY, bounds.MAX_RESULT_VALUE)
+#: The most one finished operation takes: its texts (arguments as the HTTP
+#: view admits them), a history of at most five entries, a result and a
+#: late outcome.
+MAX_OPERATION_RECORD_BYTES = (
+    512
+    + 3 * 32
+    + text_bytes(32)
+    + text_bytes(64)
+    + 3 * text_bytes(MAX_TEXT)
+    + text_bytes(16)
+    + text_bytes(bounds.MAX_REASON)
+    + _map_bytes(MAX_COMMAND_ARGUMENTS, MAX_TEXT, bounds.MAX_ARGUMENT_VALUE)
+    + _RESULT_BYTES
+    + 5 * (256 + text_bytes(16) + text_bytes(bounds.MAX_REASON))
+    + 256
+    + text_bytes(16)
+    + text_bytes(bounds.MAX_REASON)
+    + _RESULT_BYTES
+)
+
+
+@attrs.frozen
+class MemoryBound:
+    """The most estimated bytes the registry keeps, by part."""
+
+    per_connected_edge: int
+    per_disconnected_edge: int
+    #: Every disconnected edge together (the budget plus the one edge that
+    #: may go past it before the oldest is forgotten).
+    disconnected_total: int
+    fleet_events: int
+
+    def total(self, connected_edges: int) -> int:
+        """The whole registry with ``connected_edges`` edges connected."""
+        return self.fleet_events + connected_edges * self.per_connected_edge + self.disconnected_total
 
 
 @attrs.frozen

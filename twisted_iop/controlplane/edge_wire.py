@@ -100,6 +100,7 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
         rejection = check_edge_hello(hello, self.factory.credentials)
         if rejection is not None:
             self._log.warn("edge hello rejected: {reason}", reason=rejection.reason)
+            self.factory.count_rejection(rejection.code.value)
             response = pb.EdgeHelloResponse(
                 accepted=False,
                 reason=rejection.reason,

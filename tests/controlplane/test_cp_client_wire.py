@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from typing import Any, Optional
 
 import attrs
@@ -297,3 +298,28 @@ def test_a_slow_consumers_queue_is_bounded_in_bytes() -> None:
     lost = protocol.sent[0].events_lost
     assert lost.reason == "slow_consumer" and lost.count == 50 - (len(protocol.sent) - 1)
     assert protocol.queued_bytes == 0
+
+
+def _no_delay(protocol: ClientWireServerProtocol) -> int:
+    """The TCP_NODELAY option of the server side's socket."""
+    sock = protocol.transport.getHandle()  # type: ignore[union-attr]
+    return int(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+
+
+@pytest_twisted.ensureDeferred
+async def test_client_sockets_turn_nagle_off_on_both_ports() -> None:
+    """/client on its own port and on the HTTP port both set TCP_NODELAY on the server's socket."""
+    cp = await start_control_plane()
+    try:
+        http_url = f"ws://127.0.0.1:{cp.service.port('http')}/client"
+        for url, port in ((cp.wire_url, cp.service.port("client_wire")), (http_url, cp.service.port("http"))):
+            client = await open_client(url, port)
+            client.send("client_hello_request", hello())
+            await eventually(lambda: len(cp.service.client_factory.connections) == 1, message="server side open")
+            (server,) = cp.service.client_factory.connections
+            assert _no_delay(server) == 1
+            client.sendClose()
+            await client.closed
+            await eventually(lambda: not cp.service.client_factory.connections, message="server side closed")
+    finally:
+        await cp.stop()

@@ -14,8 +14,10 @@ from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.endpoints import serverFromString
-from twisted.internet.interfaces import IListeningPort, IProtocolFactory
+from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IStreamServerEndpoint
 from twisted.logger import Logger
+
+from twisted_iop.tls import TLSListenConfig, TLSServerEndpoint, server_tls_options
 
 #: Listen backlog used when a TCP endpoint does not name one. Twisted's
 #: default (50) drops SYNs when thousands of peers reconnect at once after a
@@ -49,20 +51,37 @@ def listen_problem(reactor: Any, description: str) -> Optional[str]:
     return None
 
 
+def server_endpoint(reactor: Any, description: str, tls: Optional[TLSListenConfig] = None) -> IStreamServerEndpoint:
+    """The endpoint for ``description``; with ``tls``, wrapped in mutual TLS."""
+    endpoint = serverFromString(reactor, with_backlog(description))
+    if tls is None:
+        return endpoint
+    return TLSServerEndpoint(endpoint, server_tls_options(tls), reactor)
+
+
 class ListenerService(StreamServerEndpointService):
     """A listener that fails start-up if it cannot bind and reports its port.
 
     It logs ``<label> listening on <description> (port N)`` once bound; tests
-    and benchmarks read the port of a ``:0`` listener from that line.
+    and benchmarks read the port of a ``:0`` listener from that line. With
+    ``tls`` it requires a client certificate (see :mod:`twisted_iop.tls`).
     """
 
     _log = Logger()
 
-    def __init__(self, label: str, description: str, factory: IProtocolFactory, reactor: Any) -> None:
-        super().__init__(serverFromString(reactor, with_backlog(description)), factory)
+    def __init__(
+        self,
+        label: str,
+        description: str,
+        factory: IProtocolFactory,
+        reactor: Any,
+        tls: Optional[TLSListenConfig] = None,
+    ) -> None:
+        super().__init__(server_endpoint(reactor, description, tls), factory)
         self.setName(label)
         self.label = label
         self.description = description
+        self.tls = tls
         #: The bound TCP port (0 until bound, or for non-TCP endpoints).
         self.port_number = 0
         self.is_bound = False

@@ -77,12 +77,20 @@ class ControlPlaneService(DaemonService):
         site = self.http_site = GuardedSite(
             self.http.app.resource(), config.http_site, self.http.check_headers, reactor
         )
-        self.edge_factory = EdgeWireFactory(self.registry, reactor, config.edge_wire, config.credentials)
+        self.edge_factory = EdgeWireFactory(
+            self.registry,
+            reactor,
+            config.edge_wire,
+            config.credentials,
+            require_certificate=config.edge_wire_tls is not None,
+            failed_hellos=config.edge_wire_failed_hellos,
+            max_hellos_per_second=config.max_hellos_per_second,
+        )
         self.edge_factory.noisy = False
         self.client_factory = ClientWireFactory(self.registry, config.client_wire)
         self.client_factory.noisy = False
         self.listeners += [
-            ListenerService("edge_wire", config.edge_wire_listen, self.edge_factory, reactor),
+            ListenerService("edge_wire", config.edge_wire_listen, self.edge_factory, reactor, config.edge_wire_tls),
             ListenerService("client_wire", config.wire_listen, self.client_factory, reactor),
             ListenerService("http", config.http_listen, site, reactor),
         ]

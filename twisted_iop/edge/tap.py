@@ -100,9 +100,15 @@ def makeService(options: Any, reactor: Any = None) -> EdgeService:
     commands = CommandRunner(registry, clock, probe_timeout_seconds=config.node_server.probe_timeout_seconds)
     link = ControlPlaneLink(config.control_plane, registry, status, commands, clock)
 
-    node_factory = NodeServerFactory(registry, clock, config.node_server.peer_settings())
+    node_factory = NodeServerFactory(
+        registry,
+        clock,
+        config.node_server.peer_settings(),
+        require_certificate=config.node_server.tls is not None,
+        failed_hellos=config.node_server.failed_hellos,
+    )
     node_server = ListenerService(
-        "node_server", config.node_server.listen, cast(IProtocolFactory, node_factory), reactor
+        "node_server", config.node_server.listen, cast(IProtocolFactory, node_factory), reactor, config.node_server.tls
     )
 
     endpoint = clientFromString(reactor, config.control_plane.address)

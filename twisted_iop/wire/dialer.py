@@ -11,7 +11,9 @@ Edge, follow one pattern, implemented here once:
   retried only at the maximum backoff delay, since retrying sooner cannot
   help;
 * the ``ClientService`` retry policy is exponential backoff with full
-  jitter, counting connections that ended before hello was accepted too.
+  jitter, counting connections that ended before hello was accepted too;
+  a rejection that carries a delay hint (``retry_after_ms``, sent with
+  ``retry_later``) makes the next attempt wait at least that long.
 
 A wire's own link subclasses :class:`DialerLink` (its hello, and what
 happens once the peer accepts it) and :class:`HelloDialerProtocol` (the
@@ -184,6 +186,8 @@ class DialerLink(Generic[ProtocolT]):
         #: Whether the peer closed the last connection as superseded.
         self.superseded = False
         self._sessions_without_acceptance = 0
+        #: The peer's delay hint from the last rejection, for the next attempt only.
+        self.retry_after_seconds = 0.0
         self._sweeper = KeepaliveSweeper(
             clock, dial.peer_settings(), lambda: [self.current] if self.current is not None else []
         )
@@ -204,10 +208,11 @@ class DialerLink(Generic[ProtocolT]):
         ``ClientService`` resets its own count on every TCP connect).
         """
         backoff = self.dial.backoff
+        hint, self.retry_after_seconds = self.retry_after_seconds, 0.0
         if self.permanent_rejection is not None or self.superseded:
-            return backoff.max_seconds
+            return max(backoff.max_seconds, hint)
         attempts = max(attempt, self._sessions_without_acceptance)
-        return backoff_delay(attempts, backoff.initial_seconds, backoff.max_seconds, self._rand)
+        return max(hint, backoff_delay(attempts, backoff.initial_seconds, backoff.max_seconds, self._rand))
 
     def stop(self) -> None:
         """Stop the keepalive timer (service shutdown)."""
@@ -248,6 +253,8 @@ class DialerLink(Generic[ProtocolT]):
     def rejected(self, response: HelloResponse) -> None:
         """The peer refused hello; a permanent refusal is logged once."""
         code = response.reason_code or "rejected"
+        # Only the edge wire's response has the hint; the node wire's has none.
+        self.retry_after_seconds = getattr(response, "retry_after_ms", 0) / 1000.0
         if response.permanent:
             self.permanent_rejection = f"{code}: {response.reason}"
             if self._logged_rejection != self.permanent_rejection:
@@ -264,11 +271,12 @@ class DialerLink(Generic[ProtocolT]):
         else:
             self.permanent_rejection = None
             self._log.warn(
-                "{peer} rejected {own} for now ({code}): {reason}",
+                "{peer} rejected {own} for now ({code}): {reason}; retrying in at least {delay:g}s",
                 peer=self.peer_name,
                 own=self.own_name(),
                 code=code,
                 reason=response.reason,
+                delay=self.retry_after_seconds,
             )
 
     def closing_because(self, error: pb.Error) -> None:

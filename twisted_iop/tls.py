@@ -61,8 +61,9 @@ def _read(field: str, path: str) -> bytes:
 
 
 def _certificates(field: str, path: str) -> list[x509.Certificate]:
+    data = _read(field, path)
     try:
-        certificates = x509.load_pem_x509_certificates(_read(field, path))
+        certificates = x509.load_pem_x509_certificates(data)
     except ValueError:
         certificates = []
     if not certificates:
@@ -79,8 +80,9 @@ def server_tls_options(config: TLSListenConfig) -> CertificateOptions:
     """
     chain = _certificates("certificate", config.certificate)
     authorities = _certificates("client_ca", config.client_ca)
+    key_data = _read("private_key", config.private_key)
     try:
-        key = serialization.load_pem_private_key(_read("private_key", config.private_key), password=None)
+        key = serialization.load_pem_private_key(key_data, password=None)
     except (ValueError, TypeError) as e:
         # The message names the problem (encrypted, not PEM), never the key.
         raise TLSConfigError("private_key", f"{config.private_key}: not an unencrypted PEM private key ({e})") from None

@@ -150,12 +150,13 @@ class RefusedConnection(Protocol):
 
 
 class HelloRateLimit:
-    """A token bucket of accepted hellos per second, burst ``2 * rate``."""
+    """A token bucket of accepted hellos per second, burst ``2 * rate`` (at least 1)."""
 
     def __init__(self, clock: IReactorTime, per_second: float) -> None:
         self._clock = clock
         self.per_second = per_second
-        self.burst = 2.0 * per_second
+        # At least one hello must fit, whatever the rate.
+        self.burst = max(1.0, 2.0 * per_second)
         self._tokens = self.burst
         # Read at the first hello: the clock may not tell time before the reactor runs.
         self._updated: Optional[float] = None

@@ -9,6 +9,7 @@ Nothing outside the ``config`` modules imports yaml.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import stat
 from collections.abc import Callable, Mapping, Sequence
@@ -25,7 +26,8 @@ from twisted_iop.ids import id_problem
 from twisted_iop.tls import TLSConfigError, TLSListenConfig, server_tls_options
 from twisted_iop.wire import DEFAULT_MAX_FRAME_BYTES
 from twisted_iop.wire.limits import FailedHelloLimits
-from twisted_iop.wire.peer import PeerSettings
+from twisted_iop.wire.settings import BackoffConfig, KeepaliveConfig
+from twisted_iop.wire.settings import DialConfig as DialConfig  # re-exported for the daemons' config modules
 
 T = TypeVar("T")
 C = TypeVar("C")
@@ -37,7 +39,16 @@ MAX_SECRETS_PER_ID = 4
 
 
 class ConfigError(ValueError):
-    """A config file or value that cannot be used; the text names the field."""
+    """A config file or value that cannot be used; the text names the field.
+
+    Once read from a file (:func:`load_config`) the text starts with the
+    file's path: ``configs/edge.yaml: nodes[0].node_id: required``.
+    """
+
+
+class EnvironmentConfigError(ConfigError):
+    """A bad value in an environment variable: the text names the variable
+    (and the setting it overrides), never the file."""
 
 
 def load_yaml_mapping(path: Optional[str]) -> dict[str, Any]:
@@ -47,7 +58,9 @@ def load_yaml_mapping(path: Optional[str]) -> dict[str, Any]:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
-        raise ConfigError(f"cannot read config file {path}: {e.strerror or e}") from None
+        raise ConfigError(f"{path}: cannot read the config file: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: cannot read the config file: it is not UTF-8 text") from None
     return parse_yaml_mapping(text, source=path)
 
 
@@ -59,25 +72,47 @@ def load_config(
     """Read the YAML file at ``path`` with ``parse``, remembering ``source_path``.
 
     Environment overrides come from ``environ``, or from the process's
-    environment when it is ``None``.
+    environment when it is ``None``. Errors name the file (or the
+    environment variable) and the dotted field.
     """
     data = load_yaml_mapping(path)
-    config = parse(data, environ if environ is not None else os.environ)
+    try:
+        config = parse(data, environ if environ is not None else os.environ)
+    except EnvironmentConfigError:
+        raise
+    except ConfigError as e:
+        if path is None:
+            raise
+        raise ConfigError(f"{path}: {e}") from None
     # mypy's attrs plugin cannot check evolve() on a type variable.
     return attrs.evolve(cast(Any, config), source_path=path)
 
 
 def parse_yaml_mapping(text: str, source: str = "<config>") -> dict[str, Any]:
-    """Parse ``text`` as a YAML mapping (an empty document is ``{}``)."""
+    """Parse ``text`` as a YAML mapping (an empty document is ``{}``).
+
+    A syntax error is one line naming ``source``, the line and the column.
+    """
     try:
         data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = " ".join(str(e.problem or e.context or "syntax error").split())
+        raise ConfigError(f"{source}: {where}not valid YAML: {problem}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{source}: not valid YAML: {e}") from None
+        raise ConfigError(f"{source}: not valid YAML: {' '.join(str(e).split())}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping of sections")
     return data
+
+
+def _shown(value: Any) -> str:
+    """``value`` as an error message quotes it (bounded)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class Section:
@@ -121,7 +156,7 @@ class Section:
             return default
         value = self._data[key]
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise ConfigError(f"{self.field_path(key)}: must be a string")
+            raise ConfigError(f"{self.field_path(key)}: must be a string, not {_shown(value)}")
         return str(value)
 
     def identifier(self, key: str) -> str:
@@ -136,14 +171,14 @@ class Section:
         """A true/false value."""
         value = self._data.get(key, default)
         if not isinstance(value, bool):
-            raise ConfigError(f"{self.field_path(key)}: must be true or false")
+            raise ConfigError(f"{self.field_path(key)}: must be true or false, not {_shown(value)}")
         return value
 
     def integer(self, key: str, default: int, minimum: int = 0, maximum: Optional[int] = None) -> int:
         """A whole number within bounds."""
         value = self._data.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{self.field_path(key)}: must be a whole number")
+            raise ConfigError(f"{self.field_path(key)}: must be a whole number, not {_shown(value)}")
         if value < minimum or (maximum is not None and value > maximum):
             bound = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
             raise ConfigError(f"{self.field_path(key)}: must be {bound}, not {value}")
@@ -153,7 +188,7 @@ class Section:
         """A number (seconds, usually) above a bound."""
         value = self._data.get(key, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{self.field_path(key)}: must be a number")
+            raise ConfigError(f"{self.field_path(key)}: must be a number, not {_shown(value)}")
         if value < minimum or (exclusive_minimum and value == minimum):
             op = "greater than" if exclusive_minimum else "at least"
             raise ConfigError(f"{self.field_path(key)}: must be {op} {minimum:g}, not {value}")
@@ -205,20 +240,130 @@ class Section:
         return _digest_map(self.section(key))
 
     def listen(self, key: str, default: str) -> str:
-        """A listen endpoint (Twisted string, ``host:port`` or ``:port``)."""
+        """A listen endpoint (Twisted string, ``host:port`` or ``:port``).
+
+        It is checked as far as Twisted can without binding: every
+        parameter, the port's range, an ``ssl:`` key and certificate.
+        """
         value = self.string(key, default)
-        try:
-            return listen_endpoint(value)
-        except EndpointError as e:
-            raise ConfigError(f"{self.field_path(key)}: {e}") from None
+        problem, description = check_listen_endpoint(value)
+        if problem is not None:
+            raise ConfigError(f"{self.field_path(key)}: {problem}")
+        return description
 
     def connect(self, key: str, default: str = "", required: bool = False) -> str:
-        """A client endpoint (Twisted string or ``host:port``)."""
+        """A client endpoint (Twisted string or ``host:port``), checked without connecting."""
         value = self.string(key, default, required=required)
-        try:
-            return connect_endpoint(value)
-        except EndpointError as e:
-            raise ConfigError(f"{self.field_path(key)}: {e}") from None
+        problem, description = check_connect_endpoint(value)
+        if problem is not None:
+            raise ConfigError(f"{self.field_path(key)}: {problem}")
+        return description
+
+
+# -- endpoint strings, checked before anything binds or dials -----------------
+
+#: Endpoint kinds whose port is the first positional argument or ``port=``.
+_PORT_FIRST = ("tcp", "tcp6", "ssl")
+#: Client endpoint kinds whose port is the second positional or ``port=``.
+_PORT_SECOND = ("tcp", "tcp6", "ssl", "tls")
+
+
+def _endpoint_arguments(description: str) -> tuple[list[str], dict[str, str]]:
+    """The positional and keyword arguments of a Twisted endpoint string (after the kind)."""
+    parts: list[str] = []
+    current = ""
+    escaped = False
+    for char in description.split(":", 1)[1] if ":" in description else "":
+        if escaped:
+            current += char
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == ":":
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    parts.append(current)
+    positional = [p for p in parts if "=" not in p]
+    keywords = dict(p.split("=", 1) for p in parts if "=" in p)
+    return positional, keywords
+
+
+def _port_problem(port: Optional[str]) -> Optional[str]:
+    if port is None:
+        return "no port given"
+    if not port.isdigit() or int(port) > 65535:
+        return f"the port must be a number from 0 to 65535, not {port!r}"
+    return None
+
+
+def _is_ip_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _twisted_problem(build: Callable[[Any, str], Any], description: str) -> Optional[str]:
+    # Building an endpoint binds and dials nothing, but parses every
+    # parameter and loads an ssl: key and certificate or tls: trust roots.
+    from twisted.internet import reactor
+
+    try:
+        build(reactor, description)
+    except Exception as e:  # Twisted raises ValueError, KeyError, OSError, SSL errors ...
+        text = " ".join(str(e).split()) or type(e).__name__
+        return f"{type(e).__name__}: {text}" if isinstance(e, KeyError) else text
+    return None
+
+
+def check_listen_endpoint(value: str) -> tuple[Optional[str], str]:
+    """``(problem, description)`` of a listen address: problem None if usable."""
+    try:
+        description = listen_endpoint(value)
+    except EndpointError as e:
+        return str(e), value
+    kind = description.split(":", 1)[0]
+    positional, keywords = _endpoint_arguments(description)
+    problem = None
+    if kind in _PORT_FIRST:
+        problem = _port_problem(keywords.get("port", positional[0] if positional and positional[0] else None))
+        interface = keywords.get("interface")
+        if problem is None and interface is not None and not _is_ip_address(interface):
+            problem = f"interface must be an IP address such as 127.0.0.1 or ::1, not {interface!r}"
+    elif kind == "unix":
+        socket_path = keywords.get("address", positional[0] if positional else "")
+        if not socket_path:
+            problem = "no socket path given"
+        elif not Path(socket_path).parent.is_dir():
+            problem = f"the directory of the socket, {str(Path(socket_path).parent)!r}, does not exist"
+    if problem is not None:
+        return f"cannot use {value!r}: {problem}", description
+    from twisted.internet.endpoints import serverFromString
+
+    problem = _twisted_problem(serverFromString, description)
+    return (f"cannot use {value!r}: {problem}" if problem is not None else None), description
+
+
+def check_connect_endpoint(value: str) -> tuple[Optional[str], str]:
+    """``(problem, description)`` of a dial address: problem None if usable."""
+    try:
+        description = connect_endpoint(value)
+    except EndpointError as e:
+        return str(e), value
+    kind = description.split(":", 1)[0]
+    if kind in _PORT_SECOND:
+        positional, keywords = _endpoint_arguments(description)
+        port = keywords.get("port", positional[1] if len(positional) > 1 else None)
+        problem = _port_problem(port)
+        if problem is not None:
+            return f"cannot use {value!r}: {problem}", description
+    from twisted.internet.endpoints import clientFromString
+
+    problem = _twisted_problem(clientFromString, description)
+    return (f"cannot use {value!r}: {problem}" if problem is not None else None), description
 
 
 def _digest_map(section: Section) -> dict[str, Digests]:
@@ -358,46 +503,6 @@ def parse_failed_hellos(section: Section) -> FailedHelloLimits:
 # -- sections shared by edge.yaml and node.yaml -------------------------------
 
 
-@attrs.frozen
-class BackoffConfig:
-    """Reconnect delays: exponential with full jitter between the bounds."""
-
-    initial_seconds: float = 0.5
-    max_seconds: float = 30.0
-
-
-@attrs.frozen
-class KeepaliveConfig:
-    """Ping an idle peer after ``interval``; drop it after ``deadline``."""
-
-    interval_seconds: float = 15.0
-    deadline_seconds: float = 45.0
-
-
-@attrs.frozen(kw_only=True)
-class DialConfig:
-    """How a daemon dials its peer on a framed wire and keeps the link up.
-
-    The common part of ``control_plane`` in edge.yaml and ``edge`` in
-    node.yaml; each daemon's section class adds its own settings.
-    """
-
-    address: str
-    backoff: BackoffConfig = BackoffConfig()
-    keepalive: KeepaliveConfig = KeepaliveConfig()
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
-    request_timeout_seconds: float = 10.0
-
-    def peer_settings(self) -> PeerSettings:
-        """Framing limits and deadlines of the connection to the peer."""
-        return PeerSettings(
-            max_frame_bytes=self.max_frame_bytes,
-            keepalive_interval_seconds=self.keepalive.interval_seconds,
-            keepalive_deadline_seconds=self.keepalive.deadline_seconds,
-            request_timeout_seconds=self.request_timeout_seconds,
-        )
-
-
 def parse_backoff(section: Section) -> BackoffConfig:
     """Read a ``backoff`` section."""
     section.reject_unknown({"initial_seconds", "max_seconds"})
@@ -427,25 +532,27 @@ def parse_max_frame_bytes(section: Section) -> int:
 
 def parse_connect_setting(section: Section, key: str, default: str, environ: Mapping[str, str], variable: str) -> str:
     """A client endpoint: ``variable`` in ``environ`` if set, else ``key``."""
-    override = _endpoint_override(environ, variable, connect_endpoint)
+    override = _endpoint_override(environ, variable, section.field_path(key), check_connect_endpoint)
     return override if override is not None else section.connect(key, default)
 
 
 def parse_listen_setting(section: Section, key: str, default: str, environ: Mapping[str, str], variable: str) -> str:
     """A listen endpoint: ``variable`` in ``environ`` if set, else ``key``."""
-    override = _endpoint_override(environ, variable, listen_endpoint)
+    override = _endpoint_override(environ, variable, section.field_path(key), check_listen_endpoint)
     return override if override is not None else section.listen(key, default)
 
 
-def _endpoint_override(environ: Mapping[str, str], variable: str, parse: Callable[[str], str]) -> Optional[str]:
+def _endpoint_override(
+    environ: Mapping[str, str], variable: str, field: str, check: Callable[[str], tuple[Optional[str], str]]
+) -> Optional[str]:
     value = environ.get(variable, "").strip()
     if not value:
         return None
-    try:
-        return parse(value)
-    except EndpointError as e:
+    problem, description = check(value)
+    if problem is not None:
         # The environment wins over the file, so its errors name the variable.
-        raise ConfigError(f"{variable}: {e}") from None
+        raise EnvironmentConfigError(f"environment variable {variable} (overrides {field}): {problem}")
+    return description
 
 
 # -- lists and providers (edge.yaml and node.yaml) ------------------------------

@@ -211,6 +211,13 @@ class GuardedRequest(Request):
             return Refusal(
                 413, "body_too_large", f"request body of {length} bytes exceeds {limits.max_body_bytes} bytes"
             )
+        upgrade = headers.getRawHeaders(b"upgrade", [b""])[0].lower() == b"websocket"
+        if upgrade:
+            # Cross-site WebSocket hijacking: a page elsewhere may not open
+            # the live wire with the operator's browser.
+            origin = headers.getRawHeaders(b"origin", [None])[0]
+            if origin is not None and _origin_host(origin) != host.decode("ascii", "replace").lower():
+                return Refusal(403, "cross_origin", "cross-origin WebSockets are not allowed")
         if method in WRITE_METHODS:
             origin = headers.getRawHeaders(b"origin", [None])[0]
             if origin is not None and origin != b"null":

@@ -1,9 +1,11 @@
 """Listeners shared by the daemons: bind or fail start-up clearly, report the port.
 
 Both the Control Plane (three listeners) and the Edge (its Node listener)
-use :class:`ListenerService`; their top-level services derive from
-:class:`DaemonService`, which turns a bind failure under ``twistd`` into one
-clear line and exit code 1 instead of a traceback.
+use :class:`ListenerService`, added by
+:meth:`twisted_iop.daemon.DaemonService.add_listener`, which turns a bind
+failure under ``twistd`` into one clear line and exit code 1 instead of a
+traceback. Each listener logs one line once bound: its label, endpoint and
+port, never a Python object.
 """
 
 from __future__ import annotations
@@ -11,10 +13,10 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from twisted.application.internet import StreamServerEndpointService
-from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IStreamServerEndpoint
+from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 
 from twisted_iop.tls import TLSListenConfig, TLSServerEndpoint, server_tls_options
@@ -37,20 +39,6 @@ def with_backlog(description: str) -> str:
     return description
 
 
-def listen_problem(reactor: Any, description: str) -> Optional[str]:
-    """Why Twisted cannot build a server endpoint from ``description``, or None.
-
-    Building the endpoint binds nothing, but it parses every parameter and,
-    for ``ssl:``, loads the key and certificate, so a typo or a missing file
-    is reported before start-up instead of as a traceback.
-    """
-    try:
-        serverFromString(reactor, with_backlog(description))
-    except Exception as e:  # Twisted raises ValueError, KeyError, OSError, SSL errors ...
-        return f"cannot use {description!r}: {e}"
-    return None
-
-
 def server_endpoint(reactor: Any, description: str, tls: Optional[TLSListenConfig] = None) -> IStreamServerEndpoint:
     """The endpoint for ``description``; with ``tls``, wrapped in mutual TLS."""
     endpoint = serverFromString(reactor, with_backlog(description))
@@ -63,8 +51,7 @@ class ListenerService(StreamServerEndpointService):
     """A listener that fails start-up if it cannot bind and reports its port.
 
     It logs ``<label> listening on <description> (port N)`` once bound; tests
-    and benchmarks read the port of a ``:0`` listener from that line. With
-    ``tls`` it requires a client certificate (see :mod:`twisted_iop.tls`).
+    and benchmarks read the port of a ``:0`` listener from that line.
     """
 
     _log = Logger()
@@ -78,6 +65,10 @@ class ListenerService(StreamServerEndpointService):
         tls: Optional[TLSListenConfig] = None,
     ) -> None:
         super().__init__(server_endpoint(reactor, description, tls), factory)
+        # Twisted's "Starting factory <... object at 0x...>" lines say nothing
+        # a person can use; the line logged once bound says it all.
+        if isinstance(factory, Factory):
+            factory.noisy = False
         self.setName(label)
         self.label = label
         self.description = description
@@ -121,23 +112,3 @@ class ListenerService(StreamServerEndpointService):
     def stopService(self) -> Any:
         self.is_bound = False
         return super().stopService()
-
-
-class DaemonService(MultiService):
-    """A daemon's top-level service: a bind failure can end the process cleanly."""
-
-    _log = Logger()
-    #: The daemon's name in the exit line ("iop-control-plane").
-    daemon_name = "twisted-iop"
-    #: Set by makeService: under twistd a bind failure ends the process
-    #: with one clear line and exit code 1 instead of a traceback.
-    exit_on_bind_failure = False
-
-    def privilegedStartService(self) -> None:
-        try:
-            super().privilegedStartService()
-        except BindError as e:
-            if not self.exit_on_bind_failure:
-                raise
-            self._log.error("start-up failed: {error}", error=str(e))
-            raise SystemExit(f"{self.daemon_name}: {e}") from None

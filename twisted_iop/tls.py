@@ -118,7 +118,9 @@ class TLSServerEndpoint:
 
     def listen(self, protocolFactory: IProtocolFactory) -> Deferred[IListeningPort]:
         """Listen on the inner endpoint; every connection is TLS first."""
-        return self._inner.listen(TLSMemoryBIOFactory(self._options, False, protocolFactory, self._clock))
+        factory = TLSMemoryBIOFactory(self._options, False, protocolFactory, self._clock)
+        factory.noisy = False
+        return self._inner.listen(factory)
 
 
 def certificate_identity(certificate: x509.Certificate, kind: str) -> Optional[str]:

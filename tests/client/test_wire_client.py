@@ -1,21 +1,21 @@
-"""The WebSocket wire client against a fake ``/client`` server on loopback.
+"""The WebSocket wire client against the REAL Control Plane on loopback.
 
-The fake server (iop_client_fakes.FakeWireServer) speaks the contract of
-proto/iop/control.proto; the same behaviours are checked against the real
-Control Plane in test_client_integration.py.
+Hello, subscription, and the reconnects that the client's dialling service
+(Twisted's ClientService) drives: hello and subscribe happen in its
+prepareConnection, which resumes after the last sequence seen.
 """
 
 from __future__ import annotations
 
 import socket
-from typing import Any
 
 import pytest
 import pytest_twisted
-from iop_client_fakes import FakeWireServer, fleet_event
-from support import eventually
+from scripted_edge import connect_edge
+from support import ControlPlaneHarness, eventually, start_control_plane
 from twisted.internet import reactor
 
+import twisted_iop
 from twisted_iop.client import ClientWireClient, ControlPlaneUnreachable, HelloRejected, WireRequestError
 from twisted_iop.client.wire import (
     DEFAULT_WIRE_URL,
@@ -25,8 +25,8 @@ from twisted_iop.client.wire import (
     event_from_wire,
     make_client_envelope,
 )
-from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.dialer import DialingService
 
 
 class Recorder:
@@ -49,16 +49,13 @@ class Recorder:
         """Keep a connection state change."""
         self.states.append((state, detail))
 
-    def sequences(self) -> list[int]:
-        """The edge sequences of the events kept so far."""
-        return [e.sequence for e in self.events]
+    def messages(self) -> list[str]:
+        """The messages of the events kept so far."""
+        return [e.message for e in self.events]
 
-
-async def started_server(token: Any = None) -> tuple[FakeWireServer, str]:
-    """A listening fake server and its URL."""
-    server = FakeWireServer(token=token)
-    url = await server.listen(reactor)
-    return server, url
+    def state_names(self) -> list[str]:
+        """The states reported so far."""
+        return [state for state, _ in self.states]
 
 
 def test_url_from_argument_environment_and_default(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -70,6 +67,12 @@ def test_url_from_argument_environment_and_default(monkeypatch: pytest.MonkeyPat
     assert ClientWireClient("wss://x:1/client", reactor=reactor).url == "wss://x:1/client"
     with pytest.raises(ValueError):
         ClientWireClient("http://x:1/client", reactor=reactor)
+
+
+def test_log_target_never_shows_credentials() -> None:
+    """Log lines name the server by scheme, host, port and path; a user:password part is left out."""
+    client = ClientWireClient("wss://ops:secret@cp.example/client", reactor=reactor)
+    assert client.target == "wss://cp.example:443/client"
 
 
 def test_envelope_encoding_round_trip() -> None:
@@ -86,47 +89,44 @@ def test_envelope_encoding_round_trip() -> None:
 
 def test_wire_event_becomes_the_http_event_model() -> None:
     """A FleetEvent converts to the same typed Event the HTTP views return."""
-    event = event_from_wire(fleet_event("edge-a", 3, 9))
+    wire = pb.FleetEvent(
+        sequence=3,
+        fleet_sequence=9,
+        edge_id="edge-a",
+        kind="node.ready",
+        node_id="node-1",
+        occurred_at_ms=1_700_000_000_000,
+        attributes={"n": "3"},
+    )
+    event = event_from_wire(wire)
     assert (event.sequence, event.fleet_sequence, event.kind, event.node_id) == (3, 9, "node.ready", "node-1")
     assert event.provider_id is None and event.attributes == {"n": "3"}
     assert event.occurred_at is not None and event.occurred_at.year == 2023
 
 
 @pytest_twisted.ensureDeferred
-async def test_hello_sends_protocol_version_and_token() -> None:
-    """hello() answers the server's response; the request carries version, name and token."""
-    server, url = await started_server(token="t0k")
-    client = ClientWireClient(url, reactor=reactor, api_token="t0k", client_name="tests")
+async def test_hello_accepted_with_token_and_refused_without() -> None:
+    """hello() answers the server's response: accepted with the token, refused (and subscribe fails) without."""
+    cp = await start_control_plane(config_text="http:\n  api_token: t0k\n")
+    good = ClientWireClient(cp.wire_url, reactor=reactor, api_token="t0k", client_name="tests")
+    bad = ClientWireClient(cp.wire_url, reactor=reactor, api_token="wrong")
     try:
-        response = await client.hello()
-        assert response.accepted and response.server_version == "fake-1"
-        assert list(response.features) == ["events.subscribe", "events.resume"]
-        hello = server.received[0].client_hello_request
-        assert (hello.protocol_major, hello.protocol_minor) == (PROTOCOL_MAJOR, PROTOCOL_MINOR)
-        assert hello.api_token == "t0k" and hello.client_name == "tests"
-    finally:
-        await client.close()
-        await server.stop()
-
-
-@pytest_twisted.ensureDeferred
-async def test_rejected_hello_is_answered_and_subscribe_fails() -> None:
-    """A wrong token: hello() answers accepted=False; subscribe() raises HelloRejected."""
-    server, url = await started_server(token="right")
-    client = ClientWireClient(url, reactor=reactor, api_token="wrong")
-    try:
-        response = await client.hello()
-        assert not response.accepted and "token" in response.reason
+        response = await good.hello()
+        assert response.accepted and response.server_version == twisted_iop.__version__
+        assert "events.resume" in response.features
+        refused = await bad.hello()
+        assert not refused.accepted and "token" in refused.reason
         with pytest.raises(HelloRejected):
-            await client.subscribe("edge-a")
+            await bad.subscribe("")
     finally:
-        await client.close()
-        await server.stop()
+        await good.close()
+        await bad.close()
+        await cp.stop()
 
 
 @pytest_twisted.ensureDeferred
 async def test_unreachable_server() -> None:
-    """Nothing listening: ControlPlaneUnreachable with 'connection refused'."""
+    """Nothing listening: hello() and subscribe() raise ControlPlaneUnreachable, 'connection refused'."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -134,123 +134,97 @@ async def test_unreachable_server() -> None:
     with pytest.raises(ControlPlaneUnreachable) as caught:
         await client.hello()
     assert caught.value.reason == "connection refused"
+    with pytest.raises(ControlPlaneUnreachable) as subscribing:
+        await client.subscribe()
+    assert subscribing.value.reason == "connection refused"
+    await client.close()
 
 
 @pytest_twisted.ensureDeferred
 async def test_subscribe_to_unknown_edge_fails_with_the_server_code() -> None:
-    """The server's Error answer to subscribe raises WireRequestError with its code."""
-    server, url = await started_server()
-    client = ClientWireClient(url, reactor=reactor)
+    """The server's Error answer to subscribe raises WireRequestError with its code; no retry follows."""
+    cp = await start_control_plane()
+    client = ClientWireClient(cp.wire_url, reactor=reactor)
     try:
         with pytest.raises(WireRequestError) as caught:
             await client.subscribe("edge-zzz")
         assert caught.value.code == "invalid_argument"
+        await eventually(lambda: not cp.service.client_factory.connections, timeout=5, message="closed")
     finally:
         await client.close()
-        await server.stop()
+        await cp.stop()
 
 
 @pytest_twisted.ensureDeferred
-async def test_subscription_resumes_after_reconnect_without_duplicates() -> None:
-    """After a dropped connection the client resumes after the last sequence it saw."""
-    server, url = await started_server()
-    client = ClientWireClient(url, reactor=reactor)
+async def test_subscription_resumes_through_prepare_connection() -> None:
+    """A dropped subscription is dialled again by its ClientService and resumed after the last event seen."""
+    cp = await start_control_plane()
+    client = ClientWireClient(cp.wire_url, reactor=reactor)
     seen = Recorder()
     try:
+        edge, _ = await connect_edge(cp.edge_wire_port, "edge-a")
         subscription = await client.subscribe(
             "edge-a", on_event=seen.on_event, on_lost=seen.on_lost, on_state=seen.on_state, backoff_initial=0.05
         )
-        server.publish(fleet_event("edge-a", 1, 1))
-        server.publish(fleet_event("edge-a", 2, 2))
-        await eventually(lambda: seen.sequences() == [1, 2], timeout=5, message="events 1 and 2")
-        server.drop_all()
-        server.publish(fleet_event("edge-a", 3, 3))  # nobody is connected now
+        edge.event("node.ready", message="one")
+        await eventually(lambda: seen.messages() == ["one"], timeout=5, message="event one")
+        first_connection = subscription._protocol
+        cp.service.client_factory.close_all()  # the server drops every client socket
+        await eventually(lambda: "disconnected" in seen.state_names(), timeout=5, message="the drop")
+        edge.event("node.ready", message="two")  # while the client is away
         await eventually(lambda: subscription.reconnects == 1, timeout=5, message="a reconnect")
-        server.publish(fleet_event("edge-a", 4, 4))
-        await eventually(lambda: seen.sequences() == [1, 2, 3, 4], timeout=5, message="events 3 and 4")
-        resumed = [e.subscribe_request for e in server.received if e.WhichOneof("body") == "subscribe_request"]
-        assert [(r.resume, r.since_sequence) for r in resumed] == [(False, 0), (True, 2)]
-        assert seen.lost == [] and seen.states[0][0] == "disconnected" and seen.states[-1][0] == "resumed"
+        edge.event("node.ready", message="three")
+        await eventually(lambda: seen.messages() == ["one", "two", "three"], timeout=5, message="two and three")
+        # The service holds the resumed connection: prepareConnection made it.
+        assert isinstance(subscription._service, DialingService)
+        held = await subscription._service.whenConnected()
+        assert held is subscription._protocol and held is not first_connection
+        assert subscription.response is not None and subscription.response.last_sequence >= 1
+        await eventually(lambda: "resumed" in seen.state_names(), timeout=5, message="resumed state")
+        assert seen.lost == []
     finally:
         await client.close()
-        await server.stop()
+        await cp.stop()
 
 
 @pytest_twisted.ensureDeferred
-async def test_resume_gap_is_reported_before_the_rest() -> None:
-    """Events that left the server's buffer while away arrive as events_lost(resume_gap)."""
-    server, url = await started_server()
-    client = ClientWireClient(url, reactor=reactor)
+async def test_fleet_subscription_survives_a_control_plane_restart() -> None:
+    """The Control Plane stops and starts again on the same port: the client retries, then resumes."""
+    cp: ControlPlaneHarness = await start_control_plane()
+    port = cp.service.port("client_wire")
+    client = ClientWireClient(cp.wire_url, reactor=reactor)
     seen = Recorder()
     try:
-        subscription = await client.subscribe(
-            "edge-a", on_event=seen.on_event, on_lost=seen.on_lost, backoff_initial=0.05
-        )
-        server.publish(fleet_event("edge-a", 1, 1))
-        await eventually(lambda: seen.sequences() == [1], timeout=5, message="event 1")
-        server.drop_all()
-        for n in range(2, 7):
-            server.publish(fleet_event("edge-a", n, n))
-        server.trim(keep=2)  # 2, 3, 4 are gone; 5 and 6 are kept
-        await eventually(lambda: seen.sequences() == [1, 5, 6], timeout=5, message="events 5 and 6")
-        assert [(l.count, l.first_sequence, l.last_sequence, l.reason) for l in seen.lost] == [(3, 2, 4, "resume_gap")]
-        assert subscription.last_sequence == 6
+        edge, _ = await connect_edge(cp.edge_wire_port, "edge-a")
+        subscription = await client.subscribe(on_event=seen.on_event, on_state=seen.on_state, backoff_initial=0.05)
+        edge.event("node.ready", message="before")
+        await eventually(lambda: seen.messages() == ["before"], timeout=5, message="first event")
+        await cp.stop()
+        await eventually(lambda: "retrying" in seen.state_names(), timeout=5, message="refused reconnects")
+        assert [s for s in seen.state_names() if s != "retrying"] == ["disconnected"]
+        cp = await start_control_plane(wire_port=port)
+        await eventually(lambda: subscription.reconnects == 1, timeout=10, message="reconnected to the new one")
+        await eventually(lambda: seen.state_names()[-1] == "resumed", timeout=5, message="resumed state")
+        assert not subscription.done.called
     finally:
         await client.close()
-        await server.stop()
-
-
-@pytest_twisted.ensureDeferred
-async def test_since_replays_and_slow_consumer_is_reported() -> None:
-    """since=N replays buffered events after N; a slow_consumer notice reaches on_lost."""
-    server, url = await started_server()
-    for n in range(1, 4):
-        server.publish(fleet_event("edge-a", n, n))
-    client = ClientWireClient(url, reactor=reactor)
-    seen = Recorder()
-    try:
-        await client.subscribe("edge-a", since=1, on_event=seen.on_event, on_lost=seen.on_lost)
-        await eventually(lambda: seen.sequences() == [2, 3], timeout=5, message="replayed events")
-        server.send_lost(count=10, first=4, last=13)
-        server.publish(fleet_event("edge-a", 14, 14))
-        await eventually(lambda: seen.sequences() == [2, 3, 14], timeout=5, message="event 14")
-        assert [(l.count, l.reason) for l in seen.lost] == [(10, "slow_consumer")]
-    finally:
-        await client.close()
-        await server.stop()
-
-
-@pytest_twisted.ensureDeferred
-async def test_fleet_subscription_counts_fleet_sequences() -> None:
-    """Without an edge id the subscription covers all edges and tracks fleet sequences."""
-    server, url = await started_server()
-    server.known_edges.add("edge-b")
-    client = ClientWireClient(url, reactor=reactor)
-    seen = Recorder()
-    try:
-        subscription = await client.subscribe(on_event=seen.on_event)
-        server.publish(fleet_event("edge-a", 1, 1))
-        server.publish(fleet_event("edge-b", 1, 2))
-        await eventually(lambda: len(seen.events) == 2, timeout=5, message="two events")
-        assert [e.edge_id for e in seen.events] == ["edge-a", "edge-b"]
-        assert subscription.last_sequence == 2
-    finally:
-        await client.close()
-        await server.stop()
+        await cp.stop()
 
 
 @pytest_twisted.ensureDeferred
 async def test_stop_ends_the_subscription_cleanly() -> None:
-    """stop() unsubscribes, closes and fires done; no reconnect follows."""
-    server, url = await started_server()
-    client = ClientWireClient(url, reactor=reactor)
+    """stop() unsubscribes, closes and fires done; the server sees the socket go and nothing dials again."""
+    cp = await start_control_plane()
+    client = ClientWireClient(cp.wire_url, reactor=reactor)
+    seen = Recorder()
     try:
-        subscription = await client.subscribe("edge-a", backoff_initial=0.01)
+        subscription = await client.subscribe(on_state=seen.on_state, backoff_initial=0.01)
+        await eventually(lambda: cp.service.client_factory.connections, timeout=5, message="server connection")
         await subscription.stop()
         assert subscription.done.called and subscription.reconnects == 0
-        await eventually(lambda: not server.connections, timeout=5, message="server saw the close")
-        bodies = [e.WhichOneof("body") for e in server.received]
-        assert bodies == ["client_hello_request", "subscribe_request", "unsubscribe_request"]
+        assert subscription._service is not None and not subscription._service.running
+        await eventually(lambda: not cp.service.client_factory.connections, timeout=5, message="server saw the close")
+        assert seen.states == []
     finally:
         await client.close()
-        await server.stop()
+        await cp.stop()

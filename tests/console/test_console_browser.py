@@ -136,7 +136,8 @@ async def test_console_end_to_end(browser: Browser) -> None:
         # A command from the form: its result shows, and the operation is listed.
         def run_command() -> str:
             page.select_option("iop-command-form select#cmd-name", "node.drain")
-            page.fill("iop-command-form input#cmd-target", "node-2")
+            page.wait_for_selector('iop-command-form select#cmd-target option[value="node-2"]', state="attached")
+            page.select_option("iop-command-form select#cmd-target", "node-2")
             page.click("iop-command-form button[type=submit]")
             page.wait_for_selector('iop-command-form .outcome[data-state="succeeded"]')
             page.wait_for_selector('iop-operations tr[data-state="succeeded"]')

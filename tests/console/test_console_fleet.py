@@ -166,7 +166,8 @@ async def test_console_on_a_fleet_of_daemons(browser: Browser, tmp_path: Path) -
 
         def drain_from_the_form() -> None:
             page.select_option("iop-command-form select#cmd-name", "node.drain")
-            page.fill("iop-command-form input#cmd-target", "gpu-02")
+            page.wait_for_selector('iop-command-form select#cmd-target option[value="gpu-02"]', state="attached")
+            page.select_option("iop-command-form select#cmd-target", "gpu-02")
             page.click("iop-command-form button[type=submit]")
             page.wait_for_selector('iop-command-form .outcome[data-state="succeeded"]')
             page.wait_for_selector('iop-edge-detail tr[data-provider="mock-b"][data-status="drained"]', timeout=6000)

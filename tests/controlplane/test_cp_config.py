@@ -6,13 +6,15 @@ import gc
 import hashlib
 from pathlib import Path
 
+import attrs
 import pytest
+from support import self_signed
 from twisted.internet.testing import MemoryReactor
-from twisted.python import usage
 
 from twisted_iop.configuration import ConfigError
 from twisted_iop.controlplane import tap
 from twisted_iop.controlplane.config import config_from_text, load_config, unauthenticated_exposures
+from twisted_iop.daemon import ConfigurationExit
 from twisted_iop.endpoints import EndpointError, connect_endpoint, listen_endpoint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,7 +31,9 @@ def test_embedded_defaults_bind_loopback() -> None:
 
 def test_sample_config_matches_defaults() -> None:
     """configs/control-plane.yaml spells out exactly the embedded defaults."""
-    assert load_config(str(ROOT / "configs" / "control-plane.yaml"), {}) == load_config(None, {})
+    sample = load_config(str(ROOT / "configs" / "control-plane.yaml"), {})
+    assert sample.notices == ()
+    assert attrs.evolve(sample, source_path=None) == load_config(None, {})
 
 
 def test_environment_overrides_listeners() -> None:
@@ -53,6 +57,23 @@ def test_environment_overrides_listeners() -> None:
         ("edge_wire: {max_frame_bytes: -5}", "edge_wire.max_frame_bytes"),
         ("edge_wire: {max_frame_bytes: 'big'}", "edge_wire.max_frame_bytes"),
         ("edge_wire: {keepalive_interval_seconds: 50, keepalive_deadline_seconds: 10}", "keepalive_deadline_seconds"),
+        (
+            "edge_wire: {keepalive: {interval_seconds: 50, deadline_seconds: 10}}",
+            "edge_wire.keepalive.deadline_seconds",
+        ),
+        ("edge_wire: {keepalive: {interval: 5}}", "edge_wire.keepalive.interval: unknown setting"),
+        ("client_wire: {keepalive: {interval_seconds: 'x'}}", "client_wire.keepalive.interval_seconds"),
+        (
+            "edge_wire: {keepalive: {interval_seconds: 5}, keepalive_interval_seconds: 5}",
+            "edge_wire.keepalive_interval_seconds: give either",
+        ),
+        ("http: {listen: 'tcp:http'}", "http.listen: cannot use 'tcp:http': the port must be a number"),
+        ("http: {listen: 'tcp:99999'}", "http.listen: cannot use 'tcp:99999'"),
+        (
+            "http: {listen: 'tcp:80:interface=cp.example'}",
+            "http.listen: cannot use 'tcp:80:interface=cp.example': interface",
+        ),
+        ("client_wire: {listen: 'unix:/nonexistent-iop/x.sock'}", "client_wire.listen: cannot use 'unix:/nonexist"),
         ("edge_wire: {credentials: {'bad id': 'x'}}", "edge_wire.credentials"),
         ("registry: {events_per_edge: 0}", "registry.events_per_edge"),
         ("http: {status_timeout_seconds: 0}", "http.status_timeout_seconds"),
@@ -67,17 +88,61 @@ def test_bad_config_names_the_field(text: str, field: str) -> None:
     assert field in str(info.value)
 
 
-def test_bad_environment_value_names_the_variable() -> None:
-    """A bad IOP_HTTP_LISTEN names the variable."""
-    with pytest.raises(ConfigError, match="IOP_HTTP_LISTEN"):
-        load_config(None, {"IOP_HTTP_LISTEN": "what"})
+def test_bad_environment_value_names_the_variable(tmp_path: Path) -> None:
+    """A bad IOP_HTTP_LISTEN names the variable and the field it overrides, not the file."""
+    path = tmp_path / "cp.yaml"
+    path.write_text("http: {listen: 'tcp:8080'}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(str(path), {"IOP_HTTP_LISTEN": "tcp:web"})
+    assert str(info.value).startswith("environment variable IOP_HTTP_LISTEN (overrides http.listen): ")
+    assert str(path) not in str(info.value)
 
 
-def test_missing_config_file_is_a_usage_error(tmp_path: Path) -> None:
-    """--config pointing nowhere fails option parsing with the path in the message."""
+def test_file_errors_name_the_file(tmp_path: Path) -> None:
+    """An error read from a file starts with the file's path, then the dotted field."""
+    path = tmp_path / "cp.yaml"
+    path.write_text("registry: {events_per_edge: 0}\n")
+    with pytest.raises(ConfigError, match=rf"^{path}: registry\.events_per_edge: must be at least 1, not 0$"):
+        load_config(str(path), {})
+
+
+def test_older_keepalive_spelling_is_read_with_a_notice() -> None:
+    """The flat keepalive keys of earlier sample configs still work, and say what to write instead."""
+    config = config_from_text(
+        "edge_wire: {keepalive_interval_seconds: 5, keepalive_deadline_seconds: 20}\n"
+        "client_wire: {auto_ping_interval_seconds: 4, auto_ping_timeout_seconds: 2}\n"
+    )
+    nested = config_from_text(
+        "edge_wire: {keepalive: {interval_seconds: 5, deadline_seconds: 20}}\n"
+        "client_wire: {keepalive: {interval_seconds: 4, deadline_seconds: 6}}\n"
+    )
+    assert attrs.evolve(config, notices=()) == nested
+    assert nested.notices == ()
+    assert nested.client_wire.auto_ping_timeout_seconds == 2
+    assert [n.split(" ", 1)[0] for n in config.notices] == [
+        "client_wire.auto_ping_interval_seconds",
+        "edge_wire.keepalive_interval_seconds",
+    ]
+
+
+def test_service_logs_the_notices_of_its_config(tmp_path: Path) -> None:
+    """A config with an older spelling starts, and its service carries the notice to log at start-up."""
+    path = tmp_path / "cp.yaml"
+    path.write_text("client_wire: {auto_ping_interval_seconds: 4}\n")
     options = tap.Options()
-    with pytest.raises(usage.UsageError, match="cannot read config file"):
-        options.parseOptions(["--config", str(tmp_path / "missing.yaml")])
+    options.parseOptions(["--config", str(path)])
+    service = tap.makeService(options, reactor=MemoryReactor())
+    assert len(service.notices) == 1 and "client_wire.keepalive: {interval_seconds: 4" in service.notices[0]
+    assert service.config.client_wire.auto_ping_interval_seconds == 4
+
+
+def test_missing_config_file_exits_with_one_line(tmp_path: Path) -> None:
+    """--config pointing nowhere ends option parsing with the path in one line."""
+    options = tap.Options()
+    missing = tmp_path / "missing.yaml"
+    with pytest.raises(ConfigurationExit) as info:
+        options.parseOptions(["--config", str(missing)])
+    assert str(info.value) == f"iop-control-plane: {missing}: cannot read the config file: No such file or directory"
 
 
 def test_endpoint_forms() -> None:
@@ -191,7 +256,6 @@ def test_exposed_listeners_without_authentication_are_named() -> None:
 def test_console_uses_wss_when_the_client_wire_is_tls(tmp_path: Path) -> None:
     """A TLS client-wire listener makes the console's wire URL wss://."""
     assert not load_config(None, {}).http.wire_tls
-    key = tmp_path / "k.pem"
-    key.write_text("x")
-    config = load_config(None, {"IOP_WIRE_LISTEN": f"ssl:8443:privateKey={key}:interface=127.0.0.1"})
+    key, cert = self_signed(tmp_path)
+    config = load_config(None, {"IOP_WIRE_LISTEN": f"ssl:8443:privateKey={key}:certKey={cert}:interface=127.0.0.1"})
     assert config.http.wire_tls

@@ -9,6 +9,10 @@ import pytest
 import pytest_twisted
 from scripted_edge import connect_edge
 from support import ControlPlaneHarness, Daemon, eventually, start_daemon, wait_for_ports
+from twisted.internet import reactor
+
+from twisted_iop.client.wire import ClientWireClient
+from twisted_iop.wire import control_pb2 as pb
 
 LOOPBACK_ZERO = "tcp:0:interface=127.0.0.1"
 ENV = {"IOP_HTTP_LISTEN": LOOPBACK_ZERO, "IOP_WIRE_LISTEN": LOOPBACK_ZERO, "IOP_EDGE_WIRE_LISTEN": LOOPBACK_ZERO}
@@ -55,7 +59,37 @@ async def test_daemon_serves_edges_over_tcp_and_http(tmp_path: Path) -> None:
         assert "edge edge-e2e disconnected" in log
     finally:
         daemon.stop()
-    assert "Server Shut Down." in daemon.log()
+    log = daemon.log()
+    assert "Server Shut Down." in log
+    assert "object at 0x" not in log
+    for label in ("http", "edge_wire", "client_wire"):
+        assert f"{label} listening on {LOOPBACK_ZERO} (port {ports[label]})" in log
+
+
+@pytest_twisted.ensureDeferred
+async def test_client_wire_on_the_http_port(tmp_path: Path) -> None:
+    """A client says hello and gets live events at /client on the HTTP port (one port behind a proxy)."""
+    daemon = start_daemon(["iop-control-plane"], tmp_path, env=ENV, name="cp")
+    client = None
+    try:
+        ports = await wait_for_ports(daemon, {"http", "edge_wire", "client_wire"})
+        edge, response = await connect_edge(ports["edge_wire"], "edge-proxy")
+        assert response is not None and response.accepted
+        client = ClientWireClient(f"ws://127.0.0.1:{ports['http']}/client", reactor=reactor)
+        hello = await client.hello()
+        assert hello.accepted and "events.subscribe" in hello.features
+        events: list[pb.FleetEvent] = []
+        await client.subscribe("edge-proxy", on_event=events.append)
+        edge.event("node.ready", node_id="node-1")
+        await eventually(lambda: [e.kind for e in events] == ["node.ready"], message="the relayed event")
+        assert events[0].edge_id == "edge-proxy"
+        code, ready = await ProcessHarness(ports).get_json("/readyz")
+        assert code == 200 and ready["ready"]
+        edge.transport.loseConnection()
+    finally:
+        if client is not None:
+            await client.close()
+        daemon.stop()
 
 
 async def _disconnected(cp: ProcessHarness) -> bool:

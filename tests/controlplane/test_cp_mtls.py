@@ -17,10 +17,10 @@ from support import CertificateAuthority, ControlPlaneHarness, start_control_pla
 from twisted.internet import reactor
 from twisted.internet.endpoints import TCP4ClientEndpoint, clientFromString, connectProtocol
 from twisted.logger import LogEvent, formatEvent, globalLogPublisher
-from twisted.python import usage
 
 from twisted_iop.controlplane import tap
 from twisted_iop.credentials import token_digest
+from twisted_iop.daemon import ConfigurationExit
 from twisted_iop.wire.hello import RejectionCode
 from twisted_iop.wire.peer import PeerDisconnected
 
@@ -212,12 +212,19 @@ def test_tls_section_errors_name_the_field(tmp_path: Path) -> None:
     ]
     for section, message in cases:
         config.write_text(yaml.safe_dump({"edge_wire": {"tls": section}}))
-        with pytest.raises(usage.UsageError, match=message):
+        with pytest.raises(ConfigurationExit, match=message):
             tap.Options().parseOptions(["--config", str(config)])
     config.write_text(
-        yaml.safe_dump({"edge_wire": {"listen": f"ssl:0:privateKey={server.key}", "tls": ca.tls_section(server)}})
+        yaml.safe_dump(
+            {
+                "edge_wire": {
+                    "listen": f"ssl:0:privateKey={server.key}:certKey={server.certificate}",
+                    "tls": ca.tls_section(server),
+                }
+            }
+        )
     )
-    with pytest.raises(usage.UsageError, match="edge_wire.tls: needs a tcp: listen address"):
+    with pytest.raises(ConfigurationExit, match="edge_wire.tls: needs a tcp: listen address"):
         tap.Options().parseOptions(["--config", str(config)])
 
 

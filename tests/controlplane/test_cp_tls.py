@@ -11,11 +11,11 @@ from scripted_edge import ScriptedEdge
 from support import ControlPlaneHarness, eventually, self_signed
 from twisted.internet import reactor
 from twisted.internet.endpoints import clientFromString, connectProtocol
-from twisted.python import usage
 
 from twisted_iop.controlplane import tap
 from twisted_iop.controlplane.config import config_from_text
 from twisted_iop.controlplane.tap import ControlPlaneService
+from twisted_iop.daemon import ConfigurationExit
 
 
 @pytest_twisted.ensureDeferred
@@ -52,8 +52,8 @@ def test_missing_certificate_is_a_config_error(tmp_path: Path) -> None:
     """An ssl: listener naming a missing key file fails option parsing with the field named."""
     config = tmp_path / "cp.yaml"
     config.write_text(f"edge_wire:\n  listen: ssl:7443:privateKey={tmp_path}/nope.pem\n")
-    with pytest.raises(usage.UsageError, match="edge_wire.listen: cannot use"):
+    with pytest.raises(ConfigurationExit, match="edge_wire.listen: cannot use"):
         tap.Options().parseOptions(["--config", str(config)])
     config.write_text("http:\n  listen: 'tcp:8080:bogus=1'\n")
-    with pytest.raises(usage.UsageError, match="http.listen"):
+    with pytest.raises(ConfigurationExit, match="http.listen"):
         tap.Options().parseOptions(["--config", str(config)])

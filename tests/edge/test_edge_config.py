@@ -114,5 +114,5 @@ def test_credentials_section_applies() -> None:
 
 def test_missing_file_is_config_error(tmp_path: Path) -> None:
     """A config path that does not exist is a ConfigError, not an OSError."""
-    with pytest.raises(ConfigError, match="cannot read config file"):
+    with pytest.raises(ConfigError, match="absent.yaml: cannot read the config file"):
         load_edge_config(str(tmp_path / "absent.yaml"), environ={})

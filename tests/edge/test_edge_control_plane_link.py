@@ -1,42 +1,85 @@
-"""The Edge's Control Plane link over iosim against a fake Control Plane."""
+"""The Edge's Control Plane link, dialled by its ClientService, against the real
+Control Plane edge-wire protocol over iosim (no sockets, a MemoryReactorClock)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from edge_testing import FakeControlPlane, FakeNodePeer, edge_config, healthy, node_hello
-from twisted.internet.task import Clock
+from twisted.internet.endpoints import TCP4ClientEndpoint
+from twisted.internet.testing import MemoryReactorClock
 from twisted.test import iosim
 
 import twisted_iop
+from twisted_iop.controlplane.edge_wire import EdgeCredentials, EdgeWireFactory
+from twisted_iop.controlplane.registry import EdgeRecord, EdgeRegistry
 from twisted_iop.edge.commands import CommandRunner
-from twisted_iop.edge.control_plane_link import ControlPlaneLink, ControlPlaneProtocol
+from twisted_iop.edge.control_plane_link import ControlPlaneLink
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.edge.status import StatusProvider
 from twisted_iop.wire import PROTOCOL_MAJOR
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.dialer import backoff_delay
+from twisted_iop.wire.peer import PeerSettings
+
+CP_PORT = 7443
 
 
 class Edge:
-    """An Edge's registry and link with no sockets."""
+    """An Edge's registry and link, dialled by its service on a memory reactor.
 
-    def __init__(self, **control_plane: Any) -> None:
-        self.clock = Clock()
-        config = edge_config(**control_plane)
-        self.registry = NodeRegistry(config, self.clock)
-        self.status = StatusProvider(self.registry, self.clock)
-        self.commands = CommandRunner(self.registry, self.clock)
+    The real Control Plane edge-wire factory listens on that reactor;
+    :meth:`accept` completes the pending connection to it over iosim.
+    """
+
+    def __init__(
+        self, credentials: EdgeCredentials = EdgeCredentials(), cp_settings: PeerSettings = PeerSettings(), **cp: Any
+    ) -> None:
+        self.reactor = MemoryReactorClock()
+        config = edge_config(address=f"tcp:host=127.0.0.1:port={CP_PORT}", **cp)
+        self.registry = NodeRegistry(config, self.reactor)
+        self.status = StatusProvider(self.registry, self.reactor)
+        self.commands = CommandRunner(self.registry, self.reactor)
         self.link = ControlPlaneLink(
-            config.control_plane, self.registry, self.status, self.commands, self.clock, rand=lambda: 1.0
+            config.control_plane, self.registry, self.status, self.commands, self.reactor, rand=lambda: 1.0
         )
+        self.cp_registry = EdgeRegistry(self.reactor)
+        self.cp_factory = EdgeWireFactory(self.cp_registry, self.reactor, cp_settings, credentials)
+        self.reactor.listenTCP(CP_PORT, self.cp_factory)
+        self.connections = iosim.ConnectionCompleter(self.reactor)
+        self.service = self.link.client_service(TCP4ClientEndpoint(self.reactor, "127.0.0.1", CP_PORT))
+        self.service.startService()
 
-    def connect(self, cp: FakeControlPlane) -> tuple[ControlPlaneProtocol, iosim.IOPump]:
-        """Connect a fresh link protocol to ``cp`` and exchange everything."""
-        client = self.link.factory().buildProtocol(None)
-        assert isinstance(client, ControlPlaneProtocol)
-        pump = iosim.connect(cp, iosim.makeFakeServer(cp), client, iosim.makeFakeClient(client))
-        return client, pump
+    def accept(self) -> iosim.IOPump:
+        """Complete the pending connection with the real Control Plane and exchange everything."""
+        pump = self.connections.succeedOnce()
+        assert pump is not None, "no connection attempt is pending"
+        pump.flush()
+        return pump
+
+    def accept_fake(self, cp: FakeControlPlane) -> iosim.IOPump:
+        """Complete the pending connection with a scripted Control Plane end instead."""
+        _, _, factory, _, _ = self.reactor.tcpClients.pop(0)
+        self.reactor.connectors.pop(0)
+        client = factory.buildProtocol(None)
+        pump = iosim.connect(cp, iosim.makeFakeServer(cp), client, iosim.makeFakeClient(client), clock=self.reactor)
+        pump.flush()
+        return pump
+
+    def record(self) -> EdgeRecord:
+        """The Control Plane's record of edge-a."""
+        return self.cp_registry.get("edge-a")
+
+    def kinds(self) -> list[str]:
+        """Kinds of the events this Edge relayed that the Control Plane recorded, in order."""
+        return [
+            e.kind for e in self.record().events.since(0, 1000) if e.kind.startswith(("node.", "outbox.", "command."))
+        ]
+
+    def retry_scheduled_in(self) -> float:
+        """The delay of the one pending reconnect."""
+        [call] = [c for c in self.reactor.getDelayedCalls() if "reconnect" in repr(c)]
+        return call.getTime() - self.reactor.seconds()
 
 
 def results(d: Any) -> list[Any]:
@@ -47,33 +90,29 @@ def results(d: Any) -> list[Any]:
 
 
 def test_hello_announces_identity_and_catalog() -> None:
-    """Hello carries id, version, labels, credential and the command catalog."""
-    edge = Edge(credential="k")
-    cp = FakeControlPlane(edge.clock)
-    client, pump = edge.connect(cp)
-    pump.flush()
-    [hello] = cp.hellos
-    assert hello.edge_id == "edge-a"
-    assert hello.protocol_major == PROTOCOL_MAJOR
-    assert hello.software_version == twisted_iop.__version__
-    assert hello.credential == "k"
-    assert dict(hello.labels) == {"site": "lab"}
-    assert "node.drain" in [c.name for c in hello.commands]
-    assert client.enrolled and edge.link.is_enrolled
+    """Hello (in prepareConnection) carries id, version, labels, credential and catalog; the CP enrolls it."""
+    edge = Edge(credentials=EdgeCredentials(per_edge={"edge-a": "k"}), credential="k")
+    edge.accept()
+    record = edge.record()
+    assert record.connected
+    assert record.hello.software_version == twisted_iop.__version__
+    assert record.hello.protocol_version == f"{PROTOCOL_MAJOR}.0"
+    assert record.hello.labels == {"site": "lab"}
+    assert "node.drain" in record.command_names
+    assert edge.link.is_enrolled and edge.link.enrollments == 1
+    assert edge.service.running
 
 
 def test_outbox_flushed_in_order_after_hello() -> None:
-    """Events from before the connection reach the Control Plane in order after hello."""
+    """Events from before the connection reach the Control Plane in order after hello, then live."""
     edge = Edge()
     token = edge.registry.node_accepted(node_hello("node-1"), FakeNodePeer())
     edge.registry.node_ready(token, healthy("mock-a"))
-    cp = FakeControlPlane(edge.clock)
-    _, pump = edge.connect(cp)
-    pump.flush()
-    assert [(e.kind, e.edge_sequence) for e in cp.events()] == [("node.pending", 1), ("node.ready", 2)]
+    pump = edge.accept()
+    assert edge.kinds() == ["node.pending", "node.ready"]
     edge.registry.node_closed(token)
     pump.flush()
-    assert cp.events()[-1].kind == "node.disconnected"
+    assert edge.kinds()[-1] == "node.disconnected"
 
 
 def test_outbox_overflow_reported_on_flush() -> None:
@@ -83,21 +122,33 @@ def test_outbox_overflow_reported_on_flush() -> None:
         token = edge.registry.node_accepted(node_hello("node-1"), FakeNodePeer())
         edge.registry.node_ready(token, healthy("mock-a"))
         edge.registry.node_closed(token)
-    cp = FakeControlPlane(edge.clock)
-    _, pump = edge.connect(cp)
+    edge.accept()
+    assert edge.kinds() == ["node.ready", "node.disconnected", "outbox.overflow"]
+    overflow = [e for e in edge.record().events.since(0, 100) if e.kind == "outbox.overflow"]
+    assert overflow[0].attributes["dropped"] == "7"
+
+
+def test_outbox_flushed_again_after_reconnect() -> None:
+    """Events queued while the link was down are flushed, in order, after the ClientService reconnects."""
+    edge = Edge()
+    pump = edge.accept()
+    edge.link.current.transport.abortConnection()  # type: ignore[union-attr]
     pump.flush()
-    kinds = [e.kind for e in cp.events()]
-    assert kinds == ["node.ready", "node.disconnected", "outbox.overflow"]
-    assert cp.events()[-1].attributes["dropped"] == "7"
+    assert not edge.link.is_enrolled
+    token = edge.registry.node_accepted(node_hello("node-1"), FakeNodePeer())
+    edge.registry.node_ready(token, healthy("mock-a"))
+    edge.reactor.advance(edge.retry_scheduled_in())
+    edge.accept()
+    assert edge.link.enrollments == 2
+    assert edge.kinds() == ["node.pending", "node.ready"]
 
 
 def test_status_request_answered_with_same_request_id() -> None:
-    """The status answer pairs with the request and lists every configured node."""
+    """The Control Plane's status request is answered and lists every configured node."""
     edge = Edge()
-    cp = FakeControlPlane(edge.clock)
-    _, pump = edge.connect(cp)
-    pump.flush()
-    got = results(cp.status())
+    pump = edge.accept()
+    peer: Any = edge.record().peer
+    got = results(peer.request_status(5))
     pump.flush()
     [snapshot] = got
     assert [n.node_id for n in snapshot.nodes] == ["node-1", "node-2"]
@@ -105,93 +156,103 @@ def test_status_request_answered_with_same_request_id() -> None:
 
 
 def test_command_answered_with_events() -> None:
-    """A command is answered with the same request id, events relayed before the answer."""
+    """A command is answered, its events relayed before the answer; a rejection relays none."""
     edge = Edge()
     token = edge.registry.node_accepted(node_hello("node-1"), FakeNodePeer())
     edge.registry.node_ready(token, healthy("mock-a"))
-    cp = FakeControlPlane(edge.clock)
-    _, pump = edge.connect(cp)
-    pump.flush()
-    got = results(cp.command("node.drain", "node-1", reason="test"))
+    pump = edge.accept()
+    peer: Any = edge.record().peer
+    request = pb.EdgeCommandRequest(
+        command_id="op-1", name="node.drain", target="node-1", arguments={"reason": "test"}, timeout_ms=5000
+    )
+    got = results(peer.request_command(request, 5))
     pump.flush()
     [response] = got
     assert response.outcome == pb.COMMAND_OUTCOME_SUCCEEDED
-    kinds = [e.kind for e in cp.events()]
-    assert kinds[-4:] == ["command.accepted", "command.started", "node.drained", "command.succeeded"]
-    rejected = results(cp.command("node.drain", "node-9", command_id="op-2"))
+    assert edge.kinds()[-4:] == ["command.accepted", "command.started", "node.drained", "command.succeeded"]
+    bad = pb.EdgeCommandRequest(command_id="op-2", name="node.drain", target="node-9", timeout_ms=5000)
+    rejected = results(peer.request_command(bad, 5))
     pump.flush()
     assert rejected[0].outcome == pb.COMMAND_OUTCOME_REJECTED
     assert "node-9" in rejected[0].reason
-    assert cp.events()[-1].kind == "command.succeeded"  # no events for the rejection
+    assert edge.kinds()[-1] == "command.succeeded"  # no events for the rejection
 
 
-def test_permanent_rejection_retries_at_max_delay() -> None:
-    """A permanent rejection closes the connection and retries only at the maximum delay."""
-    edge = Edge(backoff={"initial_seconds": 0.5, "max_seconds": 30})
-    cp = FakeControlPlane(
-        edge.clock,
-        pb.EdgeHelloResponse(accepted=False, reason="bad credential", reason_code="unauthenticated", permanent=True),
+def test_permanent_rejection_holds_off_at_the_maximum() -> None:
+    """A wrong credential: the failed prepareConnection is retried after the maximum delay, not sooner."""
+    edge = Edge(
+        credentials=EdgeCredentials(per_edge={"edge-a": "right"}),
+        credential="wrong",
+        backoff={"initial_seconds": 0.5, "max_seconds": 30},
     )
-    client, pump = edge.connect(cp)
+    pump = edge.accept()
     pump.flush()
-    assert client.closing and not client.enrolled
-    assert edge.link.permanent_rejection is not None
+    assert edge.link.permanent_rejection is not None and "bad_credential" in edge.link.permanent_rejection
+    assert not edge.link.is_enrolled and edge.link.current is None
+    # rand() is 1.0 here: the top of the hold-off, which is the maximum.
+    assert edge.retry_scheduled_in() == 30
     assert edge.link.retry_delay(1) == 30
-    # Events stay queued: nothing was relayed to a rejecting Control Plane.
-    assert cp.events() == []
+    # Nothing was relayed to a rejecting Control Plane: events stay queued.
+    assert edge.cp_registry.find("edge-a") is None
+    edge.reactor.advance(30)
+    assert len(edge.reactor.tcpClients) == 1, "dialled again after the hold-off"
 
 
 def test_transient_rejection_backs_off_exponentially() -> None:
-    """A non-permanent rejection uses the exponential backoff (counting sessions)."""
+    """Non-permanent rejections are failed attempts: ClientService's count grows the backoff."""
     edge = Edge(backoff={"initial_seconds": 1, "max_seconds": 60})
+    delays = []
     for _ in range(3):
-        cp = FakeControlPlane(edge.clock, pb.EdgeHelloResponse(accepted=False, reason="busy", permanent=False))
-        client, pump = edge.connect(cp)
+        cp = FakeControlPlane(edge.reactor, pb.EdgeHelloResponse(accepted=False, reason="busy", permanent=False))
+        pump = edge.accept_fake(cp)
+        cp.transport.loseConnection()  # type: ignore[union-attr]
         pump.flush()
-        client.connectionLost()
+        delays.append(edge.retry_scheduled_in())
+        edge.reactor.advance(delays[-1])
     assert edge.link.permanent_rejection is None
-    # rand() is 1.0 in these tests: the delay is the ceiling, 1 * 2 ** (3 - 1).
-    assert edge.link.retry_delay(1) == 4
+    # rand() is 1.0 in these tests: each delay is its ceiling, 1 * 2 ** (attempt - 1).
+    assert delays == [1, 2, 4]
 
 
 def test_adopts_control_plane_keepalive() -> None:
     """The hello response's keepalive settings replace the configured ones."""
-    edge = Edge()
-    cp = FakeControlPlane(
-        edge.clock, pb.EdgeHelloResponse(accepted=True, keepalive_interval_ms=2000, keepalive_deadline_ms=6000)
-    )
-    client, pump = edge.connect(cp)
-    pump.flush()
-    edge.clock.advance(3)
-    client.check_keepalive(edge.clock.seconds())
+    edge = Edge(cp_settings=PeerSettings(keepalive_interval_seconds=2, keepalive_deadline_seconds=6))
+    pump = edge.accept()
+    client: Any = edge.link.current
+    assert client._settings.keepalive_deadline_seconds == 6.0
+    edge.reactor.advance(3)
+    client.check_keepalive(edge.reactor.seconds())
     pump.flush()
     # The ping was answered, so the peer is not silent: still connected.
     assert not client.closing
-    assert client._settings.keepalive_deadline_seconds == 6.0
 
 
 def test_backoff_bounds() -> None:
-    """Backoff stays within [initial, max] and grows by doubling its ceiling."""
+    """Backoff is full jitter: between 0 and a ceiling that doubles per attempt up to the maximum."""
     assert backoff_delay(1, 0.5, 30, lambda: 1.0) == 0.5
     assert backoff_delay(4, 0.5, 30, lambda: 1.0) == 4.0
     assert backoff_delay(100, 0.5, 30, lambda: 1.0) == 30
-    assert backoff_delay(100, 0.5, 30, lambda: 0.0) == 0.5
+    assert backoff_delay(100, 0.5, 30, lambda: 0.0) == 0.0
+    assert backoff_delay(1, 0.5, 30, lambda: 0.5) == 0.25
 
 
 def test_superseded_connection_backs_off_to_the_maximum() -> None:
-    """Closed as SUPERSEDED, the Edge waits the maximum delay; an accepted hello resets it."""
+    """Closed as SUPERSEDED by the real Control Plane, the Edge waits the maximum; acceptance resets it."""
     edge = Edge()
-    cp = FakeControlPlane(edge.clock)
-    client, pump = edge.connect(cp)
-    pump.flush()
+    pump = edge.accept()
     assert edge.link.retry_delay(1) < edge.link.dial.backoff.max_seconds
-    cp.fail_connection(pb.ERROR_CODE_SUPERSEDED, "a newer connection of this edge took over")
+    # Another process with this edge id enrolls: the Control Plane supersedes ours.
+    other = Edge()
+    rival = edge.cp_factory.buildProtocol(None)
+    rival_link = other.link.factory().buildProtocol(None)
+    rival_pump = iosim.connect(rival, iosim.makeFakeServer(rival), rival_link, iosim.makeFakeClient(rival_link))
+    other.link.prepare_connection(rival_link)  # type: ignore[arg-type]
+    rival_pump.flush()
     pump.flush()
-    assert edge.link.superseded
-    assert edge.link.retry_delay(1) == edge.link.dial.backoff.max_seconds
-    cp2 = FakeControlPlane(edge.clock)
-    _, pump2 = edge.connect(cp2)
-    pump2.flush()
+    assert edge.link.superseded and not edge.link.is_enrolled
+    assert edge.retry_scheduled_in() == edge.link.dial.backoff.max_seconds
+    edge.reactor.advance(edge.link.dial.backoff.max_seconds)
+    edge.accept()
     assert not edge.link.superseded
     assert edge.link.retry_delay(1) < edge.link.dial.backoff.max_seconds
 
@@ -199,10 +260,20 @@ def test_superseded_connection_backs_off_to_the_maximum() -> None:
 def test_shutting_down_keeps_the_normal_backoff() -> None:
     """A Control Plane that is stopping does not push the Edge to the maximum delay."""
     edge = Edge()
-    cp = FakeControlPlane(edge.clock)
-    _, pump = edge.connect(cp)
+    pump = edge.accept()
+    edge.cp_factory.close_all("the Control Plane is shutting down")
     pump.flush()
-    cp.fail_connection(pb.ERROR_CODE_SHUTTING_DOWN, "the Control Plane is shutting down")
+    assert not edge.link.superseded and not edge.link.is_enrolled
+    assert edge.retry_scheduled_in() == edge.link.dial.backoff.initial_seconds
+
+
+def test_stopping_the_service_closes_the_link() -> None:
+    """Stopping the dialling service closes the live connection and dials no more."""
+    edge = Edge()
+    pump = edge.accept()
+    stopped = results(edge.service.stopService())
     pump.flush()
-    assert not edge.link.superseded
-    assert edge.link.retry_delay(1) < edge.link.dial.backoff.max_seconds
+    assert stopped == [None]
+    assert edge.link.current is None and not edge.record().connected
+    edge.reactor.advance(60)
+    assert edge.reactor.tcpClients == []

@@ -12,8 +12,8 @@ from edge_testing import edge_mapping
 from fleet_harness import edge_yaml, raw_node, start_edge, stop, write_yaml
 from support import start_daemon
 from twisted.internet.testing import MemoryReactorClock
-from twisted.python import usage
 
+from twisted_iop.daemon import ConfigurationExit
 from twisted_iop.edge.tap import Options, makeService
 from twisted_iop.node.tap import Options as NodeOptions
 from twisted_iop.node.tap import makeService as make_node_service
@@ -39,16 +39,29 @@ def test_make_service_listens_and_dials(tmp_path: Path) -> None:
     service.stopService()
 
 
-def test_bad_edge_config_is_a_usage_error(tmp_path: Path) -> None:
-    """A bad edge.yaml fails option parsing with the field named (no traceback)."""
+def test_bad_edge_config_ends_option_parsing(tmp_path: Path) -> None:
+    """A bad edge.yaml ends option parsing with one line naming the file and the field."""
     data = edge_mapping()
     data["nodes"][0]["providers"][0]["kind"] = "tgi"
     path = tmp_path / "edge.yaml"
     path.write_text(yaml.safe_dump(data))
-    with pytest.raises(usage.UsageError, match=r"nodes\[0\].providers\[0\].kind"):
+    with pytest.raises(ConfigurationExit, match=rf"^iop-edge: {path}: nodes\[0\].providers\[0\].kind: "):
         Options().parseOptions(["--config", str(path)])
-    with pytest.raises(usage.UsageError, match="--config"):
+    with pytest.raises(ConfigurationExit, match="^iop-edge: --config PATH is required"):
         Options().parseOptions([])
+
+
+def test_bad_dial_address_is_a_config_error(tmp_path: Path) -> None:
+    """A control_plane.address Twisted cannot use is a config error, not a traceback in makeService."""
+    data = edge_mapping(address="tcp:host=127.0.0.1:port=http")
+    path = tmp_path / "edge.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigurationExit, match=r"control_plane.address: cannot use .*port must be a number"):
+        Options().parseOptions(["--config", str(path)])
+    data = edge_mapping(address=f"tls:127.0.0.1:7443:trustRoots={tmp_path}/missing")
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigurationExit, match=r"control_plane.address: cannot use 'tls:"):
+        Options().parseOptions(["--config", str(path)])
 
 
 def test_node_make_service_dials_edge(tmp_path: Path) -> None:

@@ -40,7 +40,7 @@ async def test_edge_enrolls_over_tls_and_refuses_an_untrusted_server(tmp_path: P
             )
         )
         await eventually(
-            lambda: untrusting.link.sessions_without_acceptance >= 2,
+            lambda: untrusting.link.failed_attempts >= 2,
             timeout=10,
             message="two failed TLS sessions of the untrusting edge",
         )

@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from twisted.python import usage
 
 from twisted_iop.configuration import ConfigError
 from twisted_iop.credentials import matches
+from twisted_iop.daemon import ConfigurationExit
 from twisted_iop.edge.config import load_edge_config
 from twisted_iop.node.config import load_node_config, parse_node_config
 from twisted_iop.node.tap import Options
@@ -112,11 +112,11 @@ def test_bad_values_name_their_field(change: dict[str, Any], field: str) -> None
     assert field in str(caught.value)
 
 
-def test_options_turn_bad_config_into_usage_error(tmp_path: Path) -> None:
-    """twistd iop-node with a bad config fails with a usage error naming the field."""
+def test_options_end_on_a_bad_config(tmp_path: Path) -> None:
+    """twistd iop-node with a bad config ends option parsing with one line naming the file and field."""
     path = tmp_path / "node.yaml"
     path.write_text("node_id: node-1\nprobes:\n  timeout_seconds: -1\n")
-    with pytest.raises(usage.UsageError, match="probes.timeout_seconds"):
+    with pytest.raises(ConfigurationExit, match=rf"^iop-node: {path}: probes.timeout_seconds: must be greater than 0"):
         Options().parseOptions(["--config", str(path)])
-    with pytest.raises(usage.UsageError, match="--config"):
+    with pytest.raises(ConfigurationExit, match="--config"):
         Options().parseOptions([])

@@ -61,11 +61,13 @@ class Pair:
         self.link = EdgeLink(node_config, self.runtime, self.clock, rand=lambda: 1.0)
 
     def connect(self) -> tuple[NodeServerProtocol, EdgeLinkProtocol, iosim.IOPump]:
-        """Open one Node connection and exchange everything pending."""
+        """Open one Node connection, say hello as the dialling service would, and exchange everything."""
         server = self.edge_factory.buildProtocol(None)
         client = self.link.factory().buildProtocol(None)
         assert isinstance(client, EdgeLinkProtocol)
         pump = iosim.connect(server, iosim.makeFakeServer(server), client, iosim.makeFakeClient(client))
+        self.hello = self.link.prepare_connection(client)
+        self.hello.addErrback(lambda _: None)  # a refused hello is what some tests check
         pump.flush()
         return server, client, pump
 

@@ -339,9 +339,9 @@ def test_the_dialer_waits_at_least_the_hint_once() -> None:
     link.rejected(pb.EdgeHelloResponse(accepted=False, reason_code="retry_later", permanent=False, retry_after_ms=7250))
     assert link.permanent_rejection is None
     assert link.retry_delay(1) == 7.25
-    assert link.retry_delay(1) == 0.5
-    # A hint longer than the maximum backoff still wins over a permanent rejection's delay.
+    assert link.retry_delay(1) == 0.0  # full jitter, drawn at its low end here
+    # A hint longer than the hold-off still wins over a permanent rejection's delay.
     link.rejected(pb.EdgeHelloResponse(accepted=False, reason_code="x", permanent=True, retry_after_ms=45000))
-    assert link.retry_delay(1) == 45.0 and link.retry_delay(1) == 30.0
+    assert link.retry_delay(1) == 45.0 and link.retry_delay(1) == 15.0
     link.rejected(pb.NodeHelloResponse(accepted=False, reason_code="unknown_node", permanent=True))
-    assert link.retry_delay(1) == 30.0
+    assert link.retry_delay(1) == 15.0

@@ -29,7 +29,8 @@ from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientPr
 from google.protobuf.message import DecodeError
 from twisted.internet.defer import Deferred, ensureDeferred, gatherResults, succeed
 from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IReactorTime, IStreamClientEndpoint
+from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -45,7 +46,7 @@ from twisted_iop.client.models import Event
 from twisted_iop.client.repository import describe_connection_error
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
-from twisted_iop.wire.dialer import backoff_delay
+from twisted_iop.wire.dialer import DialingService, backoff_delay
 from twisted_iop.wire.pending import PendingRequests
 
 #: Environment variable naming the Control Plane's client WebSocket URL.
@@ -271,6 +272,8 @@ class ClientWireClient:
         if parts.scheme not in ("ws", "wss") or not parts.hostname:
             raise ValueError(f"not a ws:// or wss:// URL: {self.url!r}")
         self._reactor = reactor
+        port = parts.port or (443 if parts.scheme == "wss" else 80)
+        self._target = f"{parts.scheme}://{parts.hostname}:{port}{parts.path}"
         self._api_token = api_token or ""
         self._client_name = client_name
         self._connect_timeout = connect_timeout
@@ -281,9 +284,16 @@ class ClientWireClient:
 
     # -- connections ----------------------------------------------------------------
 
+    @property
+    def target(self) -> str:
+        """The server's URL as log lines show it (without any user or password)."""
+        return self._target
+
     def _factory(self) -> WebSocketClientFactory:
         factory = WebSocketClientFactory(self.url, useragent=self._client_name)
         factory.protocol = ClientWireClientProtocol
+        # Every reconnect starts the factory again: no "Starting factory <...>" lines.
+        factory.noisy = False
         factory.setProtocolOptions(
             maxFramePayloadSize=self._max_message_bytes,
             maxMessagePayloadSize=self._max_message_bytes,
@@ -301,25 +311,52 @@ class ClientWireClient:
         reached or the WebSocket does not open.
         """
         factory = self._factory()
-        host = str(factory.host)
-        port = int(factory.port)
-        endpoint: Any = HostnameEndpoint(self._reactor, host, port, timeout=self._connect_timeout)
-        if factory.isSecure:
-            from twisted.internet.ssl import optionsForClientTLS
-
-            endpoint = wrapClientTLS(optionsForClientTLS(host), endpoint)
         try:
-            protocol: ClientWireClientProtocol = await endpoint.connect(factory)
+            connected: Any = await self._endpoint(factory).connect(factory)
         except Exception as e:
-            reason = describe_connection_error(e, self._connect_timeout)
-            if reason is None:
-                raise
-            raise ControlPlaneUnreachable(self.url, reason) from None
+            raise self.unreachable_error(e) from None
+        protocol: ClientWireClientProtocol = connected
         try:
             await protocol.opened
         except WireConnectionLost as e:
             raise ControlPlaneUnreachable(self.url, f"the WebSocket did not open ({e})") from None
         return protocol
+
+    def _endpoint(self, factory: WebSocketClientFactory) -> IStreamClientEndpoint:
+        host = str(factory.host)
+        endpoint: IStreamClientEndpoint = HostnameEndpoint(
+            self._reactor, host, int(factory.port), timeout=self._connect_timeout
+        )
+        if factory.isSecure:
+            from twisted.internet.ssl import optionsForClientTLS
+
+            endpoint = wrapClientTLS(optionsForClientTLS(host), endpoint)
+        return endpoint
+
+    def unreachable_error(self, error: BaseException) -> BaseException:
+        """``error`` as :class:`ControlPlaneUnreachable` if it is a connection problem, else itself."""
+        if isinstance(error, WireClientError):
+            return error
+        reason = describe_connection_error(error, self._connect_timeout)
+        return error if reason is None else ControlPlaneUnreachable(self.url, reason)
+
+    def dialing_service(
+        self,
+        prepare: Callable[[ClientWireClientProtocol], Deferred[Any]],
+        retry_policy: Callable[[int], float],
+        attempt_failed: Optional[Callable[[Failure], None]] = None,
+    ) -> DialingService:
+        """A service that keeps a connection to the server, prepared by ``prepare`` (hello ...)."""
+        factory = self._factory()
+        return DialingService(
+            self._endpoint(factory),
+            self.target,
+            factory,
+            prepare,
+            retry_policy,
+            self.clock,
+            attempt_failed,
+        )
 
     async def say_hello(self, protocol: ClientWireClientProtocol) -> pb.ClientHelloResponse:
         """Send the hello on ``protocol`` and answer the server's response."""
@@ -398,11 +435,15 @@ class ClientWireClient:
 class EventSubscription:
     """A live event subscription that survives reconnects.
 
-    ``last_sequence`` is the newest sequence seen (or announced by the
-    server at subscription time); a reconnect resumes after it and events
+    It runs on a :class:`~twisted_iop.wire.dialer.DialingService` (Twisted's
+    ``ClientService``): every connection says hello and subscribes in
+    ``prepareConnection``, resuming after ``last_sequence``, and the
+    service's retry policy (exponential backoff with full jitter) dials
+    again when the connection drops. ``last_sequence`` is the newest
+    sequence seen (or announced by the server at subscription time); events
     at or below it are never delivered twice. ``done`` fires with ``None``
     after :meth:`stop`, or fails when the subscription cannot go on (the
-    server refused the hello or the subscription).
+    server refused the hello or the subscription on a reconnect).
     """
 
     _log = Logger()
@@ -428,9 +469,9 @@ class EventSubscription:
         self._backoff_initial = backoff_initial
         self._backoff_max = backoff_max
         self._rng = rng or random.Random()
+        self._service: Optional[DialingService] = None
         self._protocol: Optional[ClientWireClientProtocol] = None
-        self._retry: Optional[IDelayedCall] = None
-        self._attempts = 0
+        self._subscribed_once = False
         self._stopping = False
         #: How many times the subscription was re-established after a drop.
         self.reconnects = 0
@@ -441,31 +482,49 @@ class EventSubscription:
     # -- public ------------------------------------------------------------------
 
     async def start(self) -> pb.SubscribeResponse:
-        """Establish the first subscription; a failure here ends the subscription."""
+        """Start dialling; return once the first subscription is confirmed.
+
+        A failure of that first attempt ends the subscription (it raises
+        :class:`ControlPlaneUnreachable`, :class:`HelloRejected` or
+        :class:`WireRequestError`); later drops are retried.
+        """
+        service = self._client.dialing_service(self._prepare, self.retry_delay, self._attempt_failed)
+        self._service = service
+        service.startService()
+        clock = self._client.clock
         try:
-            return await self._establish()
+            try:
+                await service.whenConnected(failAfterFailures=1)
+            finally:
+                # whenConnected fires inside the service's state machine;
+                # leave it before anything (our caller) can stop the service.
+                await deferLater(clock, 0, lambda: None)
         except BaseException as e:
             self._stopping = True
+            await service.stopService()
+            error = self._client.unreachable_error(e)
             if not self.done.called:
-                self.done.errback(Failure(e))
+                self.done.errback(Failure(error))
                 self.done.addErrback(lambda _: None)
-            raise
+            raise error from None
+        assert self.response is not None
+        return self.response
 
     def stop(self) -> Deferred[None]:
-        """Unsubscribe and close; fires when the connection is gone."""
+        """Unsubscribe, close and stop dialling; fires when the connection is gone."""
         self._stopping = True
-        if self._retry is not None and self._retry.active():
-            self._retry.cancel()
-        self._retry = None
         protocol, self._protocol = self._protocol, None
         if protocol is not None and protocol.usable:
             try:
                 protocol.send_envelope(make_client_envelope("unsubscribe_request", pb.UnsubscribeRequest()))
             except Exception:
                 self._log.failure("sending the unsubscribe request failed")
+        # Close the WebSocket properly first; then the service only has
+        # its retries (if any) to cancel.
         closing = protocol.close() if protocol is not None else succeed(None)
+        closing.addCallback(lambda _: self._stop_service())
 
-        def finished(_: Any) -> None:
+        def finished(result: Any) -> None:
             if not self.done.called:
                 self.done.callback(None)
 
@@ -477,13 +536,29 @@ class EventSubscription:
         if self._protocol is not None:
             self._protocol.abort()
 
+    def retry_delay(self, attempt: int) -> float:
+        """The dialling service's retry policy: exponential backoff with full jitter."""
+        return backoff_delay(attempt, self._backoff_initial, self._backoff_max, self._rng.random)
+
     # -- internals ----------------------------------------------------------------
+
+    def _stop_service(self) -> Optional[Deferred[None]]:
+        if self._service is None or not self._service.running:
+            return None
+        return self._service.stopService()
 
     def _sequence_of(self, event: pb.FleetEvent) -> int:
         return int(event.sequence if self.edge_id else event.fleet_sequence)
 
-    async def _establish(self) -> pb.SubscribeResponse:
-        protocol = await self._client.connect()
+    def _prepare(self, protocol: ClientWireClientProtocol) -> Deferred[pb.SubscribeResponse]:
+        return ensureDeferred(self._subscribe(protocol))
+
+    async def _subscribe(self, protocol: ClientWireClientProtocol) -> pb.SubscribeResponse:
+        """``prepareConnection``: hello, then subscribe (resuming after the last sequence seen)."""
+        try:
+            await protocol.opened
+        except WireConnectionLost as e:
+            raise ControlPlaneUnreachable(self._client.url, f"the WebSocket did not open ({e})") from None
         if self._stopping:
             protocol.close()
             raise WireConnectionLost("the subscription was stopped")
@@ -506,9 +581,27 @@ class EventSubscription:
             # Not resuming: later reconnects resume from what was newest now.
             self.last_sequence = int(response.last_sequence)
         self._protocol = protocol
-        self._attempts = 0
         protocol.lost.addCallback(self._connection_lost, protocol)
+        if self._subscribed_once:
+            self.reconnects += 1
+            # Tell the listener once the service holds the connection (it may stop us).
+            self._client.clock.callLater(0, self._state, "resumed", f"after sequence {self.last_sequence}")
+        self._subscribed_once = True
         return response
+
+    def _attempt_failed(self, failure: Failure) -> None:
+        """A dial or a (re)subscription failed; only the first one is ``start``'s to report."""
+        if not self._subscribed_once or self._stopping:
+            return
+        if failure.check(HelloRejected, WireRequestError):
+            # The server said no; asking again will not change its mind.
+            self._stopping = True
+            self._state("failed", failure.getErrorMessage())
+            self._stop_service()
+            if not self.done.called:
+                self.done.errback(failure)
+            return
+        self._state("retrying", failure.getErrorMessage())
 
     def _envelope_received(self, envelope: pb.ClientEnvelope, body: str) -> None:
         if body == "event":
@@ -525,7 +618,8 @@ class EventSubscription:
             self._call(self._on_lost, lost)
         elif body == "error":
             self._log.warn(
-                "the Control Plane reported an error on the subscription: {code}: {message}",
+                "the Control Plane at {url} reported an error on the subscription: {code}: {message}",
+                url=self._client.target,
                 code=error_code_name(envelope.error.code),
                 message=envelope.error.message,
             )
@@ -550,48 +644,12 @@ class EventSubscription:
                 self._log.failure("a state callback failed")
 
     def _connection_lost(self, _: Any, protocol: ClientWireClientProtocol) -> None:
-        if protocol is not self._protocol and self._protocol is not None:
+        if protocol is not self._protocol:
             return
         self._protocol = None
-        if self._stopping:
-            if not self.done.called:
-                self.done.callback(None)
-            return
-        self._state("disconnected", protocol.close_reason)
-        self._schedule_retry()
-
-    def _schedule_retry(self) -> None:
-        self._attempts += 1
-        delay = backoff_delay(self._attempts, self._backoff_initial, self._backoff_max, self._rng.random)
-        self._log.info("reconnecting to {url} in {delay:.2f} s", url=self._client.url, delay=delay)
-        self._retry = self._client.clock.callLater(delay, self._reconnect)
-
-    def _reconnect(self) -> None:
-        self._retry = None
-        if self._stopping:
-            return
-        d = ensureDeferred(self._establish())
-
-        def subscribed(response: pb.SubscribeResponse) -> None:
-            self.reconnects += 1
-            self._state("resumed", f"after sequence {self.last_sequence}")
-
-        def failed(failure: Failure) -> None:
-            if self._stopping:
-                if not self.done.called:
-                    self.done.callback(None)
-                return
-            if failure.check(HelloRejected, WireRequestError):
-                # The server said no; asking again will not change its mind.
-                self._stopping = True
-                self._state("failed", failure.getErrorMessage())
-                if not self.done.called:
-                    self.done.errback(failure)
-                return
-            self._state("retrying", failure.getErrorMessage())
-            self._schedule_retry()
-
-        d.addCallbacks(subscribed, failed)
+        if not self._stopping:
+            # The dialling service reconnects; prepareConnection resumes.
+            self._state("disconnected", protocol.close_reason)
 
 
 def event_from_wire(event: pb.FleetEvent) -> Event:

@@ -275,6 +275,7 @@ class ClientWireFactory(WebSocketServerFactory):
     """Serves ``/client`` over one registry, with explicit Autobahn limits."""
 
     protocol = ClientWireServerProtocol  # type: ignore[assignment]
+    noisy = False  # no "Starting factory <... object at 0x...>" lines
 
     def __init__(self, registry: EdgeRegistry, settings: ClientWireSettings = ClientWireSettings()) -> None:
         super().__init__()

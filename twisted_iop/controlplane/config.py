@@ -4,25 +4,27 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Optional
+from typing import Any, Optional
 
 import attrs
 
 from twisted_iop.configuration import (
     ConfigError,
+    KeepaliveConfig,
     Section,
-    load_yaml_mapping,
     parse_checked_credentials,
     parse_failed_hellos,
+    parse_listen_setting,
     parse_tls_listen,
     parse_yaml_mapping,
 )
+from twisted_iop.configuration import load_config as load_config_file
 from twisted_iop.controlplane.auth import ROLES, ApiToken, ApiTokens, token_digest
 from twisted_iop.controlplane.client_wire import ClientWireSettings
 from twisted_iop.controlplane.edge_wire import DEFAULT_MAX_HELLOS_PER_SECOND, EdgeCredentials
 from twisted_iop.controlplane.http_routes import HttpSettings
 from twisted_iop.controlplane.registry import RegistryLimits
-from twisted_iop.endpoints import EndpointError, is_loopback_listen, is_tls_listen, listen_endpoint
+from twisted_iop.endpoints import is_loopback_listen, is_tls_listen
 from twisted_iop.http_site import SiteLimits
 from twisted_iop.ids import id_problem
 from twisted_iop.tls import TLSListenConfig
@@ -34,11 +36,15 @@ DEFAULT_WIRE_LISTEN = "tcp:8081:interface=127.0.0.1"
 DEFAULT_EDGE_WIRE_LISTEN = "tcp:7443:interface=127.0.0.1"
 
 #: Environment variables that override the listen addresses.
-ENV_OVERRIDES = {
-    "IOP_HTTP_LISTEN": ("http", "listen"),
-    "IOP_WIRE_LISTEN": ("client_wire", "listen"),
-    "IOP_EDGE_WIRE_LISTEN": ("edge_wire", "listen"),
-}
+ENV_HTTP_LISTEN = "IOP_HTTP_LISTEN"
+ENV_WIRE_LISTEN = "IOP_WIRE_LISTEN"
+ENV_EDGE_WIRE_LISTEN = "IOP_EDGE_WIRE_LISTEN"
+
+#: Keepalive of the client WebSocket (Autobahn auto-ping): a ping every
+#: interval, the connection dropped when no pong came by the deadline.
+CLIENT_KEEPALIVE = KeepaliveConfig(interval_seconds=20.0, deadline_seconds=30.0)
+#: Keepalive of the edge wire: ping an idle Edge, drop one silent this long.
+EDGE_KEEPALIVE = KeepaliveConfig(interval_seconds=15.0, deadline_seconds=45.0)
 
 
 @attrs.frozen
@@ -59,11 +65,18 @@ class ControlPlaneConfig:
     max_hellos_per_second: float = DEFAULT_MAX_HELLOS_PER_SECOND
     registry: RegistryLimits = RegistryLimits()
     status_timeout_seconds: float = 5.0
+    #: Warnings about a valid file (deprecated spellings), logged at start-up.
+    notices: tuple[str, ...] = ()
+    #: The file it was read from (None: embedded defaults).
+    source_path: Optional[str] = None
 
 
 def load_config(path: Optional[str], environ: Mapping[str, str] = os.environ) -> ControlPlaneConfig:
-    """Read ``path`` (or the embedded defaults) and apply the environment."""
-    return config_from_mapping(load_yaml_mapping(path), environ)
+    """Read ``path`` (or the embedded defaults) and apply the environment.
+
+    Errors name the file (or the environment variable) and the dotted field.
+    """
+    return load_config_file(path, environ, config_from_mapping)
 
 
 def config_from_text(text: str, environ: Mapping[str, str] = {}) -> ControlPlaneConfig:
@@ -71,10 +84,11 @@ def config_from_text(text: str, environ: Mapping[str, str] = {}) -> ControlPlane
     return config_from_mapping(parse_yaml_mapping(text), environ)
 
 
-def config_from_mapping(data: dict, environ: Mapping[str, str] = {}) -> ControlPlaneConfig:
+def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}) -> ControlPlaneConfig:
     """Build the config from parsed YAML plus environment overrides."""
     root = Section(data, "")
     root.reject_unknown({"http", "client_wire", "edge_wire", "registry"})
+    notices: list[str] = []
     http = root.section("http")
     http.reject_unknown(
         {
@@ -99,6 +113,7 @@ def config_from_mapping(data: dict, environ: Mapping[str, str] = {}) -> ControlP
             "listen",
             "public_url",
             "max_message_bytes",
+            "keepalive",
             "auto_ping_interval_seconds",
             "auto_ping_timeout_seconds",
             "subscriber_queue",
@@ -110,6 +125,7 @@ def config_from_mapping(data: dict, environ: Mapping[str, str] = {}) -> ControlP
             "listen",
             "max_frame_bytes",
             "hello_timeout_seconds",
+            "keepalive",
             "keepalive_interval_seconds",
             "keepalive_deadline_seconds",
             "request_timeout_seconds",
@@ -124,25 +140,15 @@ def config_from_mapping(data: dict, environ: Mapping[str, str] = {}) -> ControlP
     reg = root.section("registry")
     reg.reject_unknown({"events_per_edge", "fleet_events", "operations_per_edge", "disconnected_edges"})
 
-    listens = {
-        ("http", "listen"): http.listen("listen", DEFAULT_HTTP_LISTEN),
-        ("client_wire", "listen"): wire.listen("listen", DEFAULT_WIRE_LISTEN),
-        ("edge_wire", "listen"): edge.listen("listen", DEFAULT_EDGE_WIRE_LISTEN),
-    }
-    for variable, field in ENV_OVERRIDES.items():
-        value = environ.get(variable)
-        if value:
-            try:
-                listens[field] = listen_endpoint(value)
-            except EndpointError as e:
-                raise ConfigError(f"{variable}: {e}") from None
+    http_listen = parse_listen_setting(http, "listen", DEFAULT_HTTP_LISTEN, environ, ENV_HTTP_LISTEN)
+    wire_listen = parse_listen_setting(wire, "listen", DEFAULT_WIRE_LISTEN, environ, ENV_WIRE_LISTEN)
+    edge_wire_listen = parse_listen_setting(edge, "listen", DEFAULT_EDGE_WIRE_LISTEN, environ, ENV_EDGE_WIRE_LISTEN)
 
     tokens = parse_tokens(http)
     max_timeout = http.number("max_command_timeout_seconds", 300.0)
     default_timeout = http.number("default_command_timeout_seconds", 10.0)
     if default_timeout > max_timeout:
         raise ConfigError("http.default_command_timeout_seconds: must not exceed max_command_timeout_seconds")
-    wire_listen = listens[("client_wire", "listen")]
     max_body_bytes = http.integer("max_body_bytes", 65536, minimum=1024)
     site_limits = SiteLimits(
         max_body_bytes=max_body_bytes,
@@ -162,22 +168,24 @@ def config_from_mapping(data: dict, environ: Mapping[str, str] = {}) -> ControlP
         wire_port=_port_of(wire_listen),
         wire_tls=is_tls_listen(wire_listen),
     )
+    client_keepalive = _keepalive(
+        wire, CLIENT_KEEPALIVE, ("auto_ping_interval_seconds", "auto_ping_timeout_seconds"), notices
+    )
     client_wire = ClientWireSettings(
         max_message_bytes=wire.integer("max_message_bytes", 1024 * 1024, minimum=1024),
-        auto_ping_interval_seconds=wire.number("auto_ping_interval_seconds", 20.0),
-        auto_ping_timeout_seconds=wire.number("auto_ping_timeout_seconds", 10.0),
+        auto_ping_interval_seconds=client_keepalive.interval_seconds,
+        auto_ping_timeout_seconds=client_keepalive.deadline_seconds - client_keepalive.interval_seconds,
         subscriber_queue=wire.integer("subscriber_queue", 1000, minimum=1),
         tokens=tokens,
     )
-    interval = edge.number("keepalive_interval_seconds", 15.0)
-    deadline = edge.number("keepalive_deadline_seconds", 45.0)
-    if deadline <= interval:
-        raise ConfigError("edge_wire.keepalive_deadline_seconds: must be greater than keepalive_interval_seconds")
+    edge_keepalive = _keepalive(
+        edge, EDGE_KEEPALIVE, ("keepalive_interval_seconds", "keepalive_deadline_seconds"), notices
+    )
     edge_settings = PeerSettings(
         max_frame_bytes=edge.integer("max_frame_bytes", 4 * 1024 * 1024, minimum=1024, maximum=2**31 - 1),
         hello_timeout_seconds=edge.number("hello_timeout_seconds", 10.0),
-        keepalive_interval_seconds=interval,
-        keepalive_deadline_seconds=deadline,
+        keepalive_interval_seconds=edge_keepalive.interval_seconds,
+        keepalive_deadline_seconds=edge_keepalive.deadline_seconds,
         request_timeout_seconds=edge.number("request_timeout_seconds", 10.0),
     )
     per_edge = parse_checked_credentials(edge, "credentials", "credentials_file")
@@ -186,7 +194,6 @@ def config_from_mapping(data: dict, environ: Mapping[str, str] = {}) -> ControlP
         if problem is not None:
             raise ConfigError(f"edge_wire.credentials: {problem}")
     credentials = EdgeCredentials(per_edge=per_edge, shared=edge.digests("shared_credential"))
-    edge_wire_listen = listens[("edge_wire", "listen")]
     limits = RegistryLimits(
         events_per_edge=reg.integer("events_per_edge", 1000, minimum=1),
         fleet_events=reg.integer("fleet_events", 10000, minimum=1),
@@ -194,7 +201,7 @@ def config_from_mapping(data: dict, environ: Mapping[str, str] = {}) -> ControlP
         disconnected_edges=reg.integer("disconnected_edges", 10000, minimum=0),
     )
     return ControlPlaneConfig(
-        http_listen=listens[("http", "listen")],
+        http_listen=http_listen,
         wire_listen=wire_listen,
         edge_wire_listen=edge_wire_listen,
         http=http_settings,
@@ -207,7 +214,49 @@ def config_from_mapping(data: dict, environ: Mapping[str, str] = {}) -> ControlP
         max_hellos_per_second=edge.number("max_hellos_per_second", DEFAULT_MAX_HELLOS_PER_SECOND),
         registry=limits,
         status_timeout_seconds=http.number("status_timeout_seconds", 5.0),
+        notices=tuple(notices),
     )
+
+
+def _keepalive(
+    section: Section, default: KeepaliveConfig, old_keys: tuple[str, str], notices: list[str]
+) -> KeepaliveConfig:
+    """``keepalive: {interval_seconds, deadline_seconds}`` of a wire section.
+
+    The flat spelling that earlier sample configs shipped (``old_keys``:
+    interval, then deadline or timeout) is still read, with a notice.
+    """
+    old_interval, old_second = old_keys
+    if not (section.has(old_interval) or section.has(old_second)):
+        keepalive = section.section("keepalive")
+        keepalive.reject_unknown({"interval_seconds", "deadline_seconds"})
+        interval = keepalive.number("interval_seconds", default.interval_seconds)
+        ratio = default.deadline_seconds / default.interval_seconds
+        deadline = keepalive.number("deadline_seconds", max(default.deadline_seconds, interval * ratio))
+        if deadline <= interval:
+            raise ConfigError(
+                f"{keepalive.field_path('deadline_seconds')}: must be greater than interval_seconds ({interval:g})"
+            )
+        return KeepaliveConfig(interval_seconds=interval, deadline_seconds=deadline)
+    if section.has("keepalive"):
+        raise ConfigError(
+            f"{section.field_path(old_interval)}: give either keepalive.interval_seconds / deadline_seconds "
+            f"or the older {old_interval} / {old_second}, not both"
+        )
+    interval = section.number(old_interval, default.interval_seconds)
+    if old_second.endswith("timeout_seconds"):
+        # Autobahn's timeout counts from the ping; the deadline from the last message.
+        timeout = section.number(old_second, default.deadline_seconds - default.interval_seconds)
+        deadline = interval + timeout
+    else:
+        deadline = section.number(old_second, default.deadline_seconds)
+        if deadline <= interval:
+            raise ConfigError(f"{section.field_path(old_second)}: must be greater than {old_interval} ({interval:g})")
+    notices.append(
+        f"{section.field_path(old_interval)} / {old_second} are an older spelling: write "
+        f"{section.field_path('keepalive')}: {{interval_seconds: {interval:g}, deadline_seconds: {deadline:g}}}"
+    )
+    return KeepaliveConfig(interval_seconds=interval, deadline_seconds=deadline)
 
 
 def _port_of(endpoint: str) -> int:

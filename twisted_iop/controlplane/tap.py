@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import gc
-import os
+from collections.abc import Mapping
 from typing import Any, Optional
 
-from twisted.python import usage
+from autobahn.twisted.resource import WebSocketResource
+from twisted.web.resource import IResource, Resource
+from twisted.web.server import Request
 
-from twisted_iop.configuration import ConfigError
 from twisted_iop.controlplane.client_wire import ClientWireFactory
 from twisted_iop.controlplane.config import ControlPlaneConfig, load_config, unauthenticated_exposures
 from twisted_iop.controlplane.edge_wire import EdgeWireFactory
@@ -16,33 +17,31 @@ from twisted_iop.controlplane.gateway import EdgeGateway
 from twisted_iop.controlplane.http_routes import ControlPlaneHttp, ListenerReadiness
 from twisted_iop.controlplane.metrics import control_plane_registry
 from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.daemon import DaemonOptions, DaemonService, compose
 from twisted_iop.http_site import GuardedSite
-from twisted_iop.listeners import DaemonService, ListenerService, listen_problem
 
 
-class Options(usage.Options):
+class Options(DaemonOptions[ControlPlaneConfig]):
     """Command line of ``twistd iop-control-plane``."""
 
+    daemon_name = "iop-control-plane"
     optParameters = [
         ["config", "c", None, "Path to control-plane.yaml (default: embedded defaults)."],
     ]
 
-    def postOptions(self) -> None:
-        try:
-            config = load_config(self["config"], os.environ)
-        except ConfigError as e:
-            raise usage.UsageError(f"bad configuration: {e}") from None
-        from twisted.internet import reactor
+    def load(self, path: Optional[str], environ: Mapping[str, str]) -> ControlPlaneConfig:
+        """Read control-plane.yaml (or the embedded defaults) and the environment."""
+        return load_config(path, environ)
 
-        for field, description in (
-            ("http.listen", config.http_listen),
-            ("client_wire.listen", config.wire_listen),
-            ("edge_wire.listen", config.edge_wire_listen),
-        ):
-            problem = listen_problem(reactor, description)
-            if problem is not None:
-                raise usage.UsageError(f"bad configuration: {field}: {problem}")
-        self["parsed_config"] = config
+    def summary(self, config: ControlPlaneConfig) -> str:
+        """Where it listens."""
+        return (
+            f"http on {config.http_listen}, client_wire on {config.wire_listen}, edge_wire on {config.edge_wire_listen}"
+        )
+
+    def notices(self, config: ControlPlaneConfig) -> tuple[str, ...]:
+        """Deprecated spellings found in the file."""
+        return config.notices
 
 
 #: Young-generation threshold of the garbage collector in the daemon. A
@@ -58,24 +57,46 @@ def tune_garbage_collector() -> None:
     gc.set_threshold(*GC_THRESHOLD)
 
 
+class HttpRoot(Resource):
+    """The HTTP site: the client WebSocket at ``/client``, the Klein app for the rest.
+
+    With ``/client`` on the HTTP port, one port (behind one reverse proxy)
+    serves the views, the console and the live events.
+    """
+
+    def __init__(self, app: IResource, client: IResource) -> None:
+        super().__init__()
+        self._app = app
+        self._client = client
+
+    def getChildWithDefault(self, path: bytes, request: Request) -> IResource:  # type: ignore[override]
+        prepath, postpath = request.prepath, request.postpath
+        assert prepath is not None and postpath is not None  # set by the Site before traversal
+        if path == b"client" and not postpath:
+            # The socket outlives the HTTP request: no HTTP idle timeout on it.
+            request.channel.setTimeout(None)
+            return self._client
+        # Everything else is the Klein app's, which routes on the whole path.
+        postpath.insert(0, prepath.pop())
+        return self._app
+
+
 class ControlPlaneService(DaemonService):
     """The whole Control Plane; its parts are reachable for tests and tools."""
 
     daemon_name = "iop-control-plane"
+    #: Set by makeService: tune the garbage collector for a long-lived daemon.
+    tune_gc = False
 
     def __init__(self, config: ControlPlaneConfig, reactor: Any) -> None:
         super().__init__()
         self.config = config
         self.registry = EdgeRegistry(reactor, config.registry)
-        self.registry.setServiceParent(self)
+        self.add_state(self.registry)
         self.gateway = EdgeGateway(self.registry, reactor, config.status_timeout_seconds)
-        self.listeners: list[ListenerService] = []
         self.readiness = ListenerReadiness(self.listeners)
         self.http = ControlPlaneHttp(
             self.registry, self.gateway, reactor, self.readiness, config.http, metrics=control_plane_registry(self)
-        )
-        site = self.http_site = GuardedSite(
-            self.http.app.resource(), config.http_site, self.http.check_headers, reactor
         )
         self.edge_factory = EdgeWireFactory(
             self.registry,
@@ -86,19 +107,12 @@ class ControlPlaneService(DaemonService):
             failed_hellos=config.edge_wire_failed_hellos,
             max_hellos_per_second=config.max_hellos_per_second,
         )
-        self.edge_factory.noisy = False
         self.client_factory = ClientWireFactory(self.registry, config.client_wire)
-        self.client_factory.noisy = False
-        self.listeners += [
-            ListenerService("edge_wire", config.edge_wire_listen, self.edge_factory, reactor, config.edge_wire_tls),
-            ListenerService("client_wire", config.wire_listen, self.client_factory, reactor),
-            ListenerService("http", config.http_listen, site, reactor),
-        ]
-        for listener in self.listeners:
-            listener.setServiceParent(self)
-
-    #: Set by makeService: tune the garbage collector for a long-lived daemon.
-    tune_gc = False
+        root = HttpRoot(self.http.app.resource(), WebSocketResource(self.client_factory))
+        site = self.http_site = GuardedSite(root, config.http_site, self.http.check_headers, reactor)
+        self.add_listener("edge_wire", config.edge_wire_listen, self.edge_factory, reactor, config.edge_wire_tls)
+        self.add_listener("client_wire", config.wire_listen, self.client_factory, reactor)
+        self.add_listener("http", config.http_listen, site, reactor)
 
     def startService(self) -> None:
         if self.tune_gc:
@@ -114,22 +128,9 @@ class ControlPlaneService(DaemonService):
         self.client_factory.close_all()
         return d
 
-    def port(self, label: str) -> int:
-        """The TCP port listener ``label`` was bound to (kept after a stop)."""
-        for listener in self.listeners:
-            if listener.label == label and listener.port_number:
-                return listener.port_number
-        raise KeyError(f"listener {label!r} has not been bound")
-
 
 def makeService(options: Options, reactor: Optional[Any] = None) -> ControlPlaneService:
-    """Compose the Control Plane from parsed options."""
-    if reactor is None:
-        from twisted.internet import reactor as default_reactor
-
-        reactor = default_reactor
-    config = options.get("parsed_config") or load_config(options["config"], os.environ)
-    service = ControlPlaneService(config, reactor)
-    service.exit_on_bind_failure = True
+    """Compose the Control Plane: registry first, then its three listeners."""
+    service = compose(options, reactor, ControlPlaneService)
     service.tune_gc = True
     return service

@@ -1,15 +1,17 @@
 """The Edge wire, Edge side: enrolling with the Control Plane and serving it.
 
-The Edge dials out (a ``ClientService`` built by the tap with
-:meth:`ControlPlaneLink.retry_delay` as its retry policy). On every
-connection it sends ``EdgeHelloRequest``; once the Control Plane accepts it
-the queued events are flushed in order and from then on events go straight
-out, status requests are answered from the status provider and commands are
-run by the command runner.
+The Edge dials out through the :class:`~twisted_iop.wire.dialer.DialingService`
+that :meth:`ControlPlaneLink.client_service` builds (the tap adds it to the
+Edge's services). On every connection that service's ``prepareConnection``
+sends ``EdgeHelloRequest``; once the Control Plane accepts it the queued
+events are flushed in order and from then on events go straight out,
+status requests are answered from the status provider and commands are run
+by the command runner.
 
-Hello, the retry policy and rejections (a permanent one is logged once and
-retried only at the maximum backoff delay) are handled by
-:mod:`twisted_iop.wire.dialer`, which the Node's link to its Edge shares.
+Hello, the retry policy (exponential backoff with full jitter) and
+rejections (a permanent one is logged once and retried only after a
+hold-off near the maximum delay) are :mod:`twisted_iop.wire.dialer`'s,
+shared with the Node's link to its Edge and the WebSocket client.
 """
 
 from __future__ import annotations
@@ -99,7 +101,11 @@ class ControlPlaneLink(DialerLink[ControlPlaneProtocol]):
 
     def connection_made(self, protocol: ControlPlaneProtocol) -> None:
         super().connection_made(protocol)
-        self._log.info("connected to the control plane; enrolling as edge {edge_id}", edge_id=self.config.edge_id)
+        self._log.info(
+            "connected to the control plane at {address}; enrolling as edge {edge_id}",
+            address=self.config.address,
+            edge_id=self.config.edge_id,
+        )
 
     def session_accepted(self, protocol: ControlPlaneProtocol, response: HelloResponse) -> None:
         """The Control Plane accepted hello: flush the outbox, go live."""

@@ -2,73 +2,76 @@
 
 from __future__ import annotations
 
-import os
-from typing import Any, cast
+from collections.abc import Mapping
+from typing import Any, Optional, cast
 
-from twisted.application.internet import ClientService
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import clientFromString
 from twisted.internet.interfaces import IProtocolFactory
-from twisted.python import usage
 
-from twisted_iop.configuration import ConfigError
+from twisted_iop.daemon import DaemonOptions, DaemonService, compose
 from twisted_iop.edge.commands import CommandRunner
 from twisted_iop.edge.config import EdgeConfig, load_edge_config
 from twisted_iop.edge.control_plane_link import ControlPlaneLink
 from twisted_iop.edge.node_wire import NodeServerFactory
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.edge.status import StatusProvider
-from twisted_iop.listeners import DaemonService, ListenerService, listen_problem
 
 
-class Options(usage.Options):
+class Options(DaemonOptions[EdgeConfig]):
     """Command line of ``twistd iop-edge``."""
 
+    daemon_name = "iop-edge"
+    sample_config = "configs/edge.yaml"
     optParameters = [
         ["config", "c", None, "Path to edge.yaml (see configs/edge.yaml)."],
     ]
 
-    def postOptions(self) -> None:
-        """Parse edge.yaml now so a bad config is a usage error, not a traceback."""
-        if not self["config"]:
-            raise usage.UsageError("--config PATH is required (see configs/edge.yaml)")
-        try:
-            config = load_edge_config(self["config"], os.environ)
-        except ConfigError as e:
-            raise usage.UsageError(f"bad edge config: {e}") from None
-        from twisted.internet import reactor
+    def load(self, path: Optional[str], environ: Mapping[str, str]) -> EdgeConfig:
+        """Read edge.yaml and the environment."""
+        return load_edge_config(path, environ)
 
-        problem = listen_problem(reactor, config.node_server.listen)
-        if problem is not None:
-            raise usage.UsageError(f"bad edge config: node_server.listen: {problem}")
-        self["edge_config"] = config
+    def summary(self, config: EdgeConfig) -> str:
+        """Who it is, where it listens and dials."""
+        return (
+            f"edge {config.control_plane.edge_id}, nodes: {len(config.nodes)}, "
+            f"node_server on {config.node_server.listen}, control plane at {config.control_plane.address}"
+        )
 
 
 class EdgeService(DaemonService):
-    """The Edge's services, with handles on the parts tests and tools need."""
+    """The Edge: node registry first, then the Node listener, then the Control Plane link."""
 
     daemon_name = "iop-edge"
 
-    def __init__(
-        self,
-        config: EdgeConfig,
-        registry: NodeRegistry,
-        status: StatusProvider,
-        commands: CommandRunner,
-        link: ControlPlaneLink,
-        node_server: ListenerService,
-        node_factory: NodeServerFactory,
-        control_plane: ClientService,
-    ) -> None:
+    def __init__(self, config: EdgeConfig, reactor: Any) -> None:
         super().__init__()
         self.config = config
-        self.registry = registry
-        self.status = status
-        self.commands = commands
-        self.link = link
-        self.node_server = node_server
-        self.node_factory = node_factory
-        self.control_plane = control_plane
+        clock: Any = reactor
+        self.registry = NodeRegistry(config, clock)
+        self.add_state(self.registry)
+        self.status = StatusProvider(self.registry, clock)
+        self.commands = CommandRunner(
+            self.registry, clock, probe_timeout_seconds=config.node_server.probe_timeout_seconds
+        )
+        self.link = ControlPlaneLink(config.control_plane, self.registry, self.status, self.commands, clock)
+        self.node_factory = NodeServerFactory(
+            self.registry,
+            clock,
+            config.node_server.peer_settings(),
+            require_certificate=config.node_server.tls is not None,
+            failed_hellos=config.node_server.failed_hellos,
+        )
+        self.node_server = self.add_listener(
+            "node_server",
+            config.node_server.listen,
+            cast(IProtocolFactory, self.node_factory),
+            reactor,
+            config.node_server.tls,
+        )
+        self.control_plane = self.add_dialer(
+            "control-plane", self.link.client_service(clientFromString(reactor, config.control_plane.address))
+        )
 
     @property
     def node_port(self) -> int:
@@ -87,39 +90,6 @@ class EdgeService(DaemonService):
         return d
 
 
-def makeService(options: Any, reactor: Any = None) -> EdgeService:
-    """Compose the Edge: registry first, then the Node listener, then the CP link."""
-    if reactor is None:
-        from twisted.internet import reactor as default_reactor
-
-        reactor = default_reactor
-    config: EdgeConfig = options["edge_config"] if "edge_config" in options else load_edge_config(options["config"])
-    clock: Any = reactor
-    registry = NodeRegistry(config, clock)
-    status = StatusProvider(registry, clock)
-    commands = CommandRunner(registry, clock, probe_timeout_seconds=config.node_server.probe_timeout_seconds)
-    link = ControlPlaneLink(config.control_plane, registry, status, commands, clock)
-
-    node_factory = NodeServerFactory(
-        registry,
-        clock,
-        config.node_server.peer_settings(),
-        require_certificate=config.node_server.tls is not None,
-        failed_hellos=config.node_server.failed_hellos,
-    )
-    node_server = ListenerService(
-        "node_server", config.node_server.listen, cast(IProtocolFactory, node_factory), reactor, config.node_server.tls
-    )
-
-    endpoint = clientFromString(reactor, config.control_plane.address)
-    control_plane = ClientService(
-        endpoint, cast(IProtocolFactory, link.factory()), retryPolicy=link.retry_delay, clock=clock
-    )
-    control_plane.setName("control-plane")
-
-    service = EdgeService(config, registry, status, commands, link, node_server, node_factory, control_plane)
-    service.exit_on_bind_failure = True
-    registry.setServiceParent(service)
-    node_server.setServiceParent(service)
-    control_plane.setServiceParent(service)
-    return service
+def makeService(options: Options, reactor: Optional[Any] = None) -> EdgeService:
+    """Compose the Edge: registry first, then the Node listener, then the Control Plane link."""
+    return compose(options, reactor, EdgeService)

@@ -1,11 +1,12 @@
 """The Node wire, Node side: hello, readiness, health and probe answers.
 
-The tap wraps :class:`EdgeLink` in a ``ClientService`` (with
-:meth:`EdgeLink.retry_delay` as its retry policy), so a lost Edge is dialled
-again with exponential backoff and jitter. Every connection says hello;
-once accepted the runtime probes its providers and sends ``NodeReady``.
-A permanent rejection (unknown node, wrong credential, unsupported version)
-is logged once and retried only at the maximum delay; that part is
+The tap runs the :class:`~twisted_iop.wire.dialer.DialingService` that
+:meth:`EdgeLink.client_service` builds, so a lost Edge is dialled again
+with exponential backoff and full jitter. Every connection says hello in
+that service's ``prepareConnection``; once accepted the runtime probes its
+providers and sends ``NodeReady``. A permanent rejection (unknown node,
+wrong credential, unsupported version) is logged once and retried only
+after a hold-off near the maximum delay; that part is
 :mod:`twisted_iop.wire.dialer`, shared with the Edge's link.
 """
 
@@ -91,7 +92,11 @@ class EdgeLink(DialerLink[EdgeLinkProtocol]):
 
     def connection_made(self, protocol: EdgeLinkProtocol) -> None:
         super().connection_made(protocol)
-        self._log.info("connected to the edge; saying hello as node {node_id}", node_id=self.config.node_id)
+        self._log.info(
+            "connected to the edge at {address}; saying hello as node {node_id}",
+            address=self.config.edge.address,
+            node_id=self.config.node_id,
+        )
 
     def session_accepted(self, protocol: EdgeLinkProtocol, response: HelloResponse) -> None:
         """The Edge accepted hello (pending); probe and report ready."""

@@ -2,71 +2,59 @@
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
 from typing import Any, Optional, cast
 
-from twisted.application.internet import ClientService
-from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import clientFromString
-from twisted.internet.interfaces import IProtocolFactory
-from twisted.python import usage
 
-from twisted_iop.configuration import ConfigError
+from twisted_iop.daemon import DaemonOptions, DaemonService, compose
 from twisted_iop.node.config import NodeRuntimeConfig, load_node_config
 from twisted_iop.node.edge_link import EdgeLink
 from twisted_iop.node.probes import HTTPClient, ProviderProber
 from twisted_iop.node.runtime import NodeRuntime
 
 
-class Options(usage.Options):
+class Options(DaemonOptions[NodeRuntimeConfig]):
     """Command line of ``twistd iop-node``."""
 
+    daemon_name = "iop-node"
+    sample_config = "configs/node.yaml"
     optParameters = [
         ["config", "c", None, "Path to node.yaml (see configs/node.yaml)."],
     ]
 
-    def postOptions(self) -> None:
-        """Parse node.yaml now so a bad config is a usage error, not a traceback."""
-        if not self["config"]:
-            raise usage.UsageError("--config PATH is required (see configs/node.yaml)")
-        try:
-            self["node_config"] = load_node_config(self["config"], os.environ)
-        except ConfigError as e:
-            raise usage.UsageError(f"bad node config: {e}") from None
+    def load(self, path: Optional[str], environ: Mapping[str, str]) -> NodeRuntimeConfig:
+        """Read node.yaml and the environment."""
+        return load_node_config(path, environ)
+
+    def summary(self, config: NodeRuntimeConfig) -> str:
+        """Who it is and where it dials."""
+        return f"node {config.node_id}, providers: {len(config.providers)}, edge at {config.edge.address}"
 
 
-class NodeService(MultiService):
-    """The Node's services, with handles on the runtime and the Edge link."""
+class NodeService(DaemonService):
+    """The Node: its runtime (state) first, then the link to its Edge (no listener)."""
 
-    def __init__(self, config: NodeRuntimeConfig, runtime: NodeRuntime, link: EdgeLink, edge: ClientService) -> None:
+    daemon_name = "iop-node"
+
+    def __init__(self, config: NodeRuntimeConfig, reactor: Any, http: Optional[HTTPClient] = None) -> None:
         super().__init__()
         self.config = config
-        self.runtime = runtime
-        self.link = link
-        self.edge = edge
+        clock: Any = reactor
+        self.runtime = NodeRuntime(config, clock, ProviderProber(clock, http))
+        self.add_state(self.runtime)
+        self.link = EdgeLink(config, self.runtime, clock)
+        self.edge = self.add_dialer(
+            "edge-link", self.link.client_service(clientFromString(reactor, config.edge.address))
+        )
 
     def stopService(self) -> Deferred[None] | None:
+        """Stop dialing and the keepalive timer."""
         self.link.stop()
         return cast("Deferred[None] | None", super().stopService())
 
 
-def makeService(options: Any, reactor: Any = None, http: Optional[HTTPClient] = None) -> NodeService:
+def makeService(options: Options, reactor: Optional[Any] = None, http: Optional[HTTPClient] = None) -> NodeService:
     """Compose the Node: the runtime first, then the Edge link."""
-    if reactor is None:
-        from twisted.internet import reactor as default_reactor
-
-        reactor = default_reactor
-    config: NodeRuntimeConfig = (
-        options["node_config"] if "node_config" in options else load_node_config(options["config"])
-    )
-    clock: Any = reactor
-    runtime = NodeRuntime(config, clock, ProviderProber(clock, http))
-    link = EdgeLink(config, runtime, clock)
-    endpoint = clientFromString(reactor, config.edge.address)
-    edge = ClientService(endpoint, cast(IProtocolFactory, link.factory()), retryPolicy=link.retry_delay, clock=clock)
-    edge.setName("edge-link")
-    service = NodeService(config, runtime, link, edge)
-    runtime.setServiceParent(service)
-    edge.setServiceParent(service)
-    return service
+    return compose(options, reactor, lambda config, reactor: NodeService(config, reactor, http))

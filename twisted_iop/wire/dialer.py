@@ -1,23 +1,35 @@
-"""Dialling out on a framed wire: hello, retry policy, one connection at a time.
+"""Dialling out: one ``ClientService`` recipe for every outbound wire.
 
-Both outbound links, the Edge's to the Control Plane and the Node's to its
-Edge, follow one pattern, implemented here once:
+Three links dial out and must stay up: the Edge's to the Control Plane, the
+Node's to its Edge (both framed TCP) and a WebSocket ``/client``
+subscription. All of them are a :class:`DialingService`, Twisted's
+``ClientService`` with:
 
-* every connection starts with a hello request; the answer must be the
-  matching hello response, and its keepalive values (when sane) replace the
-  configured ones so that both ends agree on them;
+* the link's handshake in ``prepareConnection``: a connection counts as
+  made only once hello (and, for a subscription, subscribe) was answered,
+  so a refused or unanswered hello is a failed attempt like a refused TCP
+  connect, and ``ClientService`` counts them for the retry policy;
+* a retry policy of exponential backoff with full jitter on every retry,
+  the first one included, so a fleet that lost its peer at the same moment
+  does not come back in lockstep (:func:`backoff_delay`);
+* log lines that name the peer by its address (the endpoint string or the
+  URL), never by an object's repr.
+
+For the framed TCP wires, :class:`DialerLink` (one outbound link: its
+hello, what happens once the peer accepts it, and its retry policy) and
+:class:`HelloDialerProtocol` (the hello exchange and the requests it serves
+afterwards) implement the rest once:
+
+* the hello answer must be the matching hello response; its keepalive
+  values (when sane) replace the configured ones so that both ends agree;
 * a rejected hello closes the connection. A *permanent* rejection (bad id,
   bad credential, unsupported version) is logged once as an error and
-  retried only at the maximum backoff delay, since retrying sooner cannot
-  help;
-* the ``ClientService`` retry policy is exponential backoff with full
-  jitter, counting connections that ended before hello was accepted too;
-  a rejection that carries a delay hint (``retry_after_ms``, sent with
-  ``retry_later``) makes the next attempt wait at least that long.
-
-A wire's own link subclasses :class:`DialerLink` (its hello, and what
-happens once the peer accepts it) and :class:`HelloDialerProtocol` (the
-hello bodies and the requests it serves once accepted).
+  retried only after a hold-off near the maximum delay
+  (:func:`hold_off_delay`), since retrying sooner cannot help; so is a
+  connection the peer closed as ``SUPERSEDED``.
+* a rejection that carries a delay hint (``retry_after_ms``, sent with
+  ``retry_later`` when the Control Plane's hello rate is exceeded) makes the
+  next attempt wait at least that long.
 """
 
 from __future__ import annotations
@@ -28,31 +40,273 @@ from typing import Any, ClassVar, Generic, Optional, Protocol, TypeVar
 
 import attrs
 from google.protobuf.message import Message
-from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IAddress, IReactorTime
+from twisted.application.internet import ClientService
+from twisted.internet.defer import CancelledError, Deferred, maybeDeferred
+from twisted.internet.interfaces import (
+    IAddress,
+    ILoggingContext,
+    IProtocol,
+    IProtocolFactory,
+    IReactorTime,
+    IStreamClientEndpoint,
+    ITransport,
+)
 from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
-from twisted_iop.configuration import DialConfig
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import FramedPeerProtocol, KeepaliveSweeper, WireError
+from twisted_iop.wire.settings import DialConfig
 
 LinkT = TypeVar("LinkT", bound="DialerLink[Any]")
 ProtocolT = TypeVar("ProtocolT", bound="HelloDialerProtocol[Any]")
 
+#: Prepares one new connection (hello ...); fails to reject it.
+PrepareConnection = Callable[[Any], Any]
+
 
 def backoff_delay(attempt: int, initial: float, maximum: float, rand: Callable[[], float] = random.random) -> float:
-    """Exponential backoff with full jitter, bounded by ``initial`` and ``maximum``.
+    """Exponential backoff with full jitter: uniform in ``[0, ceiling]``.
 
-    The ceiling doubles per attempt from ``initial`` up to ``maximum``; the
-    delay is uniform between ``initial`` and that ceiling, so a fleet of
-    Edges restarting together spreads out and never hammers faster than
-    ``initial``.
+    The ceiling is ``initial`` for the first retry and doubles per retry in
+    a row up to ``maximum``. Every delay is drawn at random, the first one
+    too, so peers that lost their connection together spread out instead
+    of dialling again in lockstep.
     """
     exponent = max(0, attempt - 1)
     ceiling = maximum if exponent >= 63 else min(maximum, initial * (2.0**exponent))
-    return initial + rand() * (ceiling - initial)
+    return rand() * ceiling
+
+
+def hold_off_delay(maximum: float, rand: Callable[[], float] = random.random) -> float:
+    """The wait after a refusal that retrying soon cannot fix: in ``[maximum / 2, maximum]``.
+
+    Close to the maximum, so a misconfigured process costs its peer little,
+    and still jittered, so a fleet refused together (a rotated credential)
+    does not retry together.
+    """
+    return maximum * (0.5 + 0.5 * rand())
+
+
+class HelloRefused(WireError):
+    """The peer answered hello with ``accepted=false``."""
+
+    def __init__(self, code: str, reason: str, permanent: bool) -> None:
+        super().__init__(f"hello refused ({code}): {reason}")
+        self.code = code
+        self.reason = reason
+        self.permanent = permanent
+
+
+class HelloFailed(WireError):
+    """Hello got no usable answer (a wrong message, a timeout, a closed connection)."""
+
+
+# -- the ClientService recipe -------------------------------------------------------
+
+
+class DialingService(ClientService):
+    """A ``ClientService`` whose connections count once ``prepare`` succeeded.
+
+    ``prepare(protocol)`` gets each new connection's protocol (the one the
+    factory built) and returns a Deferred: hello, subscribe ... It should
+    close the connection when it fails; the connection is closed in any
+    case, and ``ClientService`` counts the attempt as failed, so
+    ``retry_policy`` sees refused hellos in its attempt count.
+
+    ``target`` names the peer in log lines (an endpoint string or a URL).
+    ``attempt_failed``, if given, hears why each attempt failed (a refused
+    TCP connect or a failed ``prepare``); it runs outside the service's
+    state machine, so it may stop the service.
+
+    ``ClientService`` only knows how to lose a connection that it holds
+    (one that passed ``prepareConnection``); losing any other raises
+    ``automat.NoTransition`` from ``connectionLost`` and may even make it
+    drop the live connection. So the loss of a connection that was never
+    prepared is kept from it: that attempt has already failed.
+    """
+
+    def __init__(
+        self,
+        endpoint: IStreamClientEndpoint,
+        target: str,
+        factory: IProtocolFactory,
+        prepare: PrepareConnection,
+        retry_policy: Callable[[int], float],
+        clock: IReactorTime,
+        attempt_failed: Optional[Callable[[Failure], None]] = None,
+    ) -> None:
+        self.target = target
+        self._prepare_connection = prepare
+        self._attempt_failed = attempt_failed
+        remembering = _RememberingFactory(factory)
+        self._endpoint = _GuardedEndpoint(endpoint, target, remembering, self._report_failure)
+        super().__init__(
+            self._endpoint,
+            remembering,
+            retryPolicy=retry_policy,
+            clock=clock,
+            prepareConnection=self._prepare,
+        )
+
+    def _prepare(self, wrapped: IProtocol) -> Deferred[None]:
+        # ClientService attempts one connection at a time: this is the last one made.
+        guard = self._endpoint.last_guard
+        assert guard is not None and guard.wrapped is wrapped
+        d: Deferred[Any] = maybeDeferred(self._prepare_connection, guard.application)
+        guard.preparing = d
+
+        def prepared(_: Any) -> None:
+            guard.preparing = None
+            guard.prepared = True
+
+        def failed(failure: Failure) -> Failure:
+            guard.preparing = None
+            transport: Optional[ITransport] = getattr(guard.application, "transport", None)
+            if transport is not None:
+                transport.loseConnection()
+            if not failure.check(CancelledError):
+                self._report_failure(failure)
+            return failure
+
+        d.addCallbacks(prepared, failed)
+        return d
+
+    def _report_failure(self, failure: Failure) -> None:
+        if self._attempt_failed is None:
+            return
+        try:
+            self._attempt_failed(failure)
+        except Exception:
+            Logger().failure("reporting a failed attempt to reach {target} failed", target=self.target)
+
+
+@implementer(IProtocolFactory)
+class _RememberingFactory:
+    """The application's factory, remembering the protocol it built last."""
+
+    def __init__(self, factory: IProtocolFactory) -> None:
+        self._factory = factory
+        self.last_built: Optional[IProtocol] = None
+
+    def buildProtocol(self, addr: IAddress) -> Optional[IProtocol]:
+        self.last_built = self._factory.buildProtocol(addr)
+        return self.last_built
+
+    def doStart(self) -> None:
+        self._factory.doStart()
+
+    def doStop(self) -> None:
+        self._factory.doStop()
+
+
+@implementer(IStreamClientEndpoint)
+class _GuardedEndpoint:
+    """The real endpoint, with each connection behind a :class:`_ConnectionGuard`.
+
+    Its repr is the target, which is what ``ClientService`` logs.
+    """
+
+    def __init__(
+        self,
+        endpoint: IStreamClientEndpoint,
+        target: str,
+        built: _RememberingFactory,
+        connect_failed: Callable[[Failure], None],
+    ) -> None:
+        self._endpoint = endpoint
+        self._target = target
+        self._built = built
+        self._connect_failed = connect_failed
+        #: The guard of the latest connection made.
+        self.last_guard: Optional[_ConnectionGuard] = None
+
+    def connect(self, protocolFactory: IProtocolFactory) -> Deferred[IProtocol]:
+        d: Deferred[Any] = self._endpoint.connect(_GuardFactory(protocolFactory, self._built))
+
+        def connected(guard: _ConnectionGuard) -> IProtocol:
+            # ClientService wants back the protocol its factory built.
+            self.last_guard = guard
+            return guard.wrapped
+
+        def failed(failure: Failure) -> Failure:
+            if not failure.check(CancelledError):
+                self._connect_failed(failure)
+            return failure
+
+        d.addCallbacks(connected, failed)
+        return d
+
+    def __repr__(self) -> str:
+        return self._target
+
+
+@implementer(IProtocolFactory)
+class _GuardFactory:
+    """Wraps ``ClientService``'s protocols in guards (see :class:`DialingService`)."""
+
+    def __init__(self, factory: IProtocolFactory, built: _RememberingFactory) -> None:
+        self._factory = factory
+        self._built = built
+
+    def buildProtocol(self, addr: IAddress) -> Optional[IProtocol]:
+        wrapped = self._factory.buildProtocol(addr)
+        application = self._built.last_built
+        if wrapped is None or application is None:
+            return None
+        return _ConnectionGuard(wrapped, application)
+
+    def doStart(self) -> None:
+        self._factory.doStart()
+
+    def doStop(self) -> None:
+        self._factory.doStop()
+
+
+@implementer(IProtocol, ILoggingContext)
+class _ConnectionGuard:
+    """Stands between a transport and ``ClientService``'s protocol wrapper.
+
+    Passes everything through; the loss of a connection that was never
+    prepared reaches only the application's protocol.
+    """
+
+    def __init__(self, wrapped: IProtocol, application: IProtocol) -> None:
+        self.wrapped = wrapped
+        self.application = application
+        self.prepared = False
+        self.preparing: Optional[Deferred[Any]] = None
+
+    def makeConnection(self, transport: ITransport) -> None:
+        self.wrapped.makeConnection(transport)
+
+    def connectionMade(self) -> None:
+        """Nothing: ``makeConnection`` tells the application's protocol."""
+
+    def dataReceived(self, data: bytes) -> None:
+        self.wrapped.dataReceived(data)
+
+    def connectionLost(self, reason: Failure) -> None:
+        if self.prepared:
+            self.wrapped.connectionLost(reason)
+            return
+        try:
+            self.application.connectionLost(reason)
+        finally:
+            if self.preparing is not None:
+                # Whatever it waited for, this connection is gone.
+                self.preparing.cancel()
+
+    def logPrefix(self) -> str:
+        if ILoggingContext.providedBy(self.application):
+            prefix: str = ILoggingContext(self.application).logPrefix()
+            return prefix
+        return type(self.application).__name__
+
+
+# -- framed TCP links -----------------------------------------------------------------
 
 
 class HelloResponse(Protocol):
@@ -84,18 +338,26 @@ class HelloDialerProtocol(FramedPeerProtocol, Generic[LinkT]):
 
     def peer_connected(self) -> None:
         self._link.connection_made(self)
+
+    def say_hello(self) -> Deferred[None]:
+        """Send hello; fire once the peer accepted it.
+
+        Fails with :class:`HelloRefused` when the peer refuses it and with
+        :class:`HelloFailed` when there is no usable answer; the connection
+        is then closed.
+        """
         d = self.request(self.hello_request_body, self._link.hello())
-        d.addCallbacks(self._hello_answered, self._hello_failed)
+        return d.addCallbacks(self._hello_answered, self._hello_failed)
 
     def _hello_answered(self, envelope: pb.Envelope) -> None:
         if envelope.WhichOneof("body") != self.hello_response_body:
             self.fail_connection(pb.ERROR_CODE_UNEXPECTED_MESSAGE, f"expected {self.hello_response_body}")
-            return
+            raise HelloFailed(f"expected {self.hello_response_body}, got {envelope.WhichOneof('body')}")
         response: HelloResponse = getattr(envelope, self.hello_response_body)
         if not response.accepted:
             self._link.rejected(response)
             self.close()
-            return
+            raise HelloRefused(response.reason_code or "rejected", response.reason, response.permanent)
         interval_ms, deadline_ms = response.keepalive_interval_ms, response.keepalive_deadline_ms
         if interval_ms and deadline_ms > interval_ms:
             # The peer's keepalive wins: both ends then agree on it.
@@ -114,6 +376,7 @@ class HelloDialerProtocol(FramedPeerProtocol, Generic[LinkT]):
                 "{peer} did not answer hello: {error}", peer=self.describe_peer(), error=failure.getErrorMessage()
             )
             self.close()
+        raise HelloFailed(f"no answer to hello: {failure.getErrorMessage()}")
 
     def envelope_received(self, envelope: pb.Envelope, body: str) -> None:
         if body == "error":
@@ -158,9 +421,10 @@ class HelloDialerProtocol(FramedPeerProtocol, Generic[LinkT]):
 
 
 class DialerLink(Generic[ProtocolT]):
-    """State of one outbound link: one connection at a time, retried with backoff.
+    """State of one outbound framed link: one connection at a time, retried with backoff.
 
-    Protocols call :meth:`connection_made`, :meth:`accepted`,
+    :meth:`client_service` builds the :class:`DialingService` that dials
+    it. Protocols call :meth:`connection_made`, :meth:`accepted`,
     :meth:`rejected` and :meth:`connection_lost`; subclasses say hello
     (:meth:`hello`) and act on acceptance and loss
     (:meth:`session_accepted`, :meth:`session_ended`).
@@ -185,34 +449,41 @@ class DialerLink(Generic[ProtocolT]):
         self._logged_rejection: Optional[str] = None
         #: Whether the peer closed the last connection as superseded.
         self.superseded = False
-        self._sessions_without_acceptance = 0
+        #: Failed attempts in a row, as the ``ClientService`` last counted them.
+        self.failed_attempts = 0
         #: The peer's delay hint from the last rejection, for the next attempt only.
         self.retry_after_seconds = 0.0
         self._sweeper = KeepaliveSweeper(
             clock, dial.peer_settings(), lambda: [self.current] if self.current is not None else []
         )
 
-    @property
-    def sessions_without_acceptance(self) -> int:
-        """Connections that ended before hello was accepted, since the last acceptance."""
-        return self._sessions_without_acceptance
+    def client_service(self, endpoint: IStreamClientEndpoint) -> DialingService:
+        """The service that dials ``endpoint`` (made from ``dial.address``) and keeps this link up."""
+        return DialingService(
+            endpoint, self.dial.address, self.factory(), self.prepare_connection, self.retry_delay, self.clock
+        )
 
     def factory(self) -> Factory:
         """The protocol factory for the ``ClientService``."""
         return _DialerFactory(self)
 
-    def retry_delay(self, attempt: int) -> float:
-        """The ``ClientService`` retry policy.
+    def prepare_connection(self, protocol: ProtocolT) -> Deferred[None]:
+        """The ``ClientService``'s ``prepareConnection``: hello, accepted or failed."""
+        return protocol.say_hello()
 
-        Counts connections that ended before hello was accepted too (the
-        ``ClientService`` resets its own count on every TCP connect).
+    def retry_delay(self, attempt: int) -> float:
+        """The ``ClientService`` retry policy (``attempt`` failed attempts in a row).
+
+        A refused or unanswered hello is a failed attempt too. After a
+        permanent rejection or a supersede the delay is a hold-off near the
+        maximum.
         """
+        self.failed_attempts = attempt
         backoff = self.dial.backoff
         hint, self.retry_after_seconds = self.retry_after_seconds, 0.0
         if self.permanent_rejection is not None or self.superseded:
-            return max(backoff.max_seconds, hint)
-        attempts = max(attempt, self._sessions_without_acceptance)
-        return max(hint, backoff_delay(attempts, backoff.initial_seconds, backoff.max_seconds, self._rand))
+            return max(hint, hold_off_delay(backoff.max_seconds, self._rand))
+        return max(hint, backoff_delay(attempt, backoff.initial_seconds, backoff.max_seconds, self._rand))
 
     def stop(self) -> None:
         """Stop the keepalive timer (service shutdown)."""
@@ -237,14 +508,14 @@ class DialerLink(Generic[ProtocolT]):
     # -- protocol callbacks ---------------------------------------------------
 
     def connection_made(self, protocol: ProtocolT) -> None:
-        """A TCP connection is up; hello is on its way."""
+        """A TCP connection is up; hello is about to go out."""
         self.current = protocol
         self._sweeper.start()
 
     def accepted(self, protocol: ProtocolT, response: HelloResponse) -> None:
-        """The peer accepted hello: reset the backoff, then go live."""
+        """The peer accepted hello: reset the hold-offs, then go live."""
         self.acceptances += 1
-        self._sessions_without_acceptance = 0
+        self.failed_attempts = 0
         self.permanent_rejection = None
         self._logged_rejection = None
         self.superseded = False
@@ -260,19 +531,22 @@ class DialerLink(Generic[ProtocolT]):
             if self._logged_rejection != self.permanent_rejection:
                 self._logged_rejection = self.permanent_rejection
                 self._log.error(
-                    "{peer} rejected {own} permanently ({code}): {reason}; "
-                    "fix the configuration; retrying every {delay:g}s",
+                    "{peer} at {address} rejected {own} permanently ({code}): {reason}; "
+                    "fix the configuration; retrying every {low:g} to {high:g}s",
                     peer=self.peer_name,
+                    address=self.dial.address,
                     own=self.own_name(),
                     code=code,
                     reason=response.reason,
-                    delay=self.dial.backoff.max_seconds,
+                    low=self.dial.backoff.max_seconds / 2,
+                    high=self.dial.backoff.max_seconds,
                 )
         else:
             self.permanent_rejection = None
             self._log.warn(
-                "{peer} rejected {own} for now ({code}): {reason}; retrying in at least {delay:g}s",
+                "{peer} at {address} rejected {own} for now ({code}): {reason}; retrying in at least {delay:g}s",
                 peer=self.peer_name,
+                address=self.dial.address,
                 own=self.own_name(),
                 code=code,
                 reason=response.reason,
@@ -284,16 +558,18 @@ class DialerLink(Generic[ProtocolT]):
 
         ``SUPERSEDED`` means another process with this identity took over:
         racing back at once would only push it out again, so this end
-        waits the maximum delay (and says so once).
+        holds off near the maximum delay (and says so).
         """
         if error.code == pb.ERROR_CODE_SUPERSEDED:
             self.superseded = True
             self._log.warn(
-                "{peer} closed {own}: {message}; another process with this id is running? retrying in {delay:g}s",
+                "{peer} closed {own}: {message}; another process with this id is running? "
+                "retrying in {low:g} to {high:g}s",
                 peer=self.peer_name,
                 own=self.own_name(),
                 message=error.message,
-                delay=self.dial.backoff.max_seconds,
+                low=self.dial.backoff.max_seconds / 2,
+                high=self.dial.backoff.max_seconds,
             )
         else:
             self._log.info(
@@ -311,12 +587,10 @@ class DialerLink(Generic[ProtocolT]):
         self.current = None
         self._sweeper.stop()
         self.session_ended(protocol)
-        if not protocol.accepted and self.permanent_rejection is None:
-            self._sessions_without_acceptance += 1
 
 
 class _DialerFactory(Factory):
-    # The ClientService restarts the factory on every attempt; keep logs quiet.
+    # The ClientService starts the factory on every attempt; keep logs quiet.
     noisy = False
 
     def __init__(self, link: DialerLink[Any]) -> None:

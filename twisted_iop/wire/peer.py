@@ -24,7 +24,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Optional
 
-import attrs
 from google.protobuf.message import DecodeError, Message
 from twisted.internet.defer import Deferred, fail
 from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime
@@ -34,9 +33,9 @@ from twisted.logger import Logger
 from twisted.protocols.basic import Int32StringReceiver
 from twisted.python.failure import Failure
 
-from twisted_iop.wire import DEFAULT_MAX_FRAME_BYTES
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.pending import PendingRequests
+from twisted_iop.wire.settings import PeerSettings
 
 #: Bodies that answer a request; only these are matched against pending
 #: requests, so a peer's own request can never be mistaken for a reply.
@@ -76,17 +75,6 @@ class RemoteError(WireError):
         super().__init__(f"{pb.ErrorCode.Name(code)}: {message}")
         self.code = code
         self.message = message
-
-
-@attrs.frozen
-class PeerSettings:
-    """Limits and deadlines of one framed wire endpoint."""
-
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
-    hello_timeout_seconds: float = 10.0
-    keepalive_interval_seconds: float = 15.0
-    keepalive_deadline_seconds: float = 45.0
-    request_timeout_seconds: float = 10.0
 
 
 def make_envelope(body: str, message: Message, request_id: int = 0) -> pb.Envelope:
@@ -386,6 +374,8 @@ class AcceptedPeerProtocol(FramedPeerProtocol):
 class PeerServerFactory(Factory):
     """Builds accepted connections; one keepalive sweeper covers all of them."""
 
+    # Factory's "Starting factory <... object at 0x...>" lines tell a person nothing.
+    noisy = False
     #: The protocol class built for each accepted connection.
     protocol_class: type[AcceptedPeerProtocol]
 

@@ -44,6 +44,10 @@ sharedSheet.replaceSync(`
   }
 }
 :host([hidden]) { display: none; }
+:host { min-width: 0; }
+.panel { min-width: 0; overflow-wrap: anywhere; }
+table { overflow-wrap: break-word; }
+.scroll { overflow-x: auto; }
 * { box-sizing: border-box; }
 h2 { font-size: 15px; margin: 0; font-weight: 600; }
 h3 { font-size: 13px; margin: 14px 0 6px; font-weight: 600; color: var(--_muted); text-transform: uppercase; letter-spacing: .04em; }
@@ -72,7 +76,7 @@ button { background: var(--_accent); color: #fff; border: none; border-radius: 7
 button.secondary { background: transparent; color: var(--_fg); border: 1px solid var(--_border); }
 button:disabled { opacity: .55; cursor: default; }
 button:focus-visible, input:focus-visible, select:focus-visible, [tabindex]:focus-visible { outline: 2px solid var(--_accent); outline-offset: 2px; }
-input, select { background: var(--_bg); border: 1px solid var(--_border); border-radius: 7px; padding: 5px 8px; min-width: 0; }
+input, select { background: var(--_bg); border: 1px solid var(--_border); border-radius: 7px; padding: 5px 8px; min-width: 0; max-width: 100%; }
 label { font-size: 12px; color: var(--_muted); font-weight: 600; }
 .meter { display: inline-flex; align-items: center; gap: 6px; }
 .bar { width: 52px; height: 6px; border-radius: 3px; background: var(--_off-bg); overflow: hidden; display: inline-block; }
@@ -133,6 +137,11 @@ export function counters(c) {
   return `<span class="meter"><span class="bar" aria-hidden="true"><i style="width:${pct}%"></i></span>${inFlight}/${capacity}</span>`;
 }
 
+/** Event-driven re-fetches of one element are at least this far apart (ms). */
+export const EVENT_REFRESH_MIN_MS = 2000;
+/** Delay of an event-driven re-fetch, so a burst's first events share it (ms). */
+export const EVENT_REFRESH_DELAY_MS = 150;
+
 /** Kinds of live events after which edge and fleet views are re-fetched. */
 export function isStateChange(kind) {
   return /^(node|edge|provider|operation)\./.test(kind || "");
@@ -155,6 +164,9 @@ export class IopElement extends HTMLElement {
     this.root.adoptedStyleSheets = sheets;
     this._pollTimer = null;
     this._refreshTimer = null;
+    this._refreshDueAt = 0;
+    this._refreshWanted = false;
+    this._lastEventRefreshAt = -Infinity;
     this._unsubscribe = null;
     this._unwatchToken = null;
     this._loading = null;
@@ -209,6 +221,8 @@ export class IopElement extends HTMLElement {
   stop() {
     clearInterval(this._pollTimer);
     clearTimeout(this._refreshTimer);
+    this._refreshTimer = null;
+    this._refreshWanted = false;
     this._pollTimer = null;
     this._unsubscribe?.();
     this._unsubscribe = null;
@@ -244,21 +258,54 @@ export class IopElement extends HTMLElement {
   }
 
   onLiveEvent(event) {
-    if (isStateChange(event.kind)) this.refreshSoon();
+    if (isStateChange(event.kind)) this.refreshForEvents();
   }
 
   onLiveLost(lost) {
-    this.refreshSoon();
+    this.refreshForEvents();
   }
 
   onLiveState(state, detail) {
     if (state === "live") this.refreshSoon();
   }
 
-  /** Re-fetch shortly (bursts of events cause one fetch). */
-  refreshSoon(delay = 150) {
-    clearTimeout(this._refreshTimer);
-    this._refreshTimer = setTimeout(() => this.refresh(), delay);
+  /**
+   * Re-fetch because live events arrived. Coalesced: at most one fetch in
+   * flight, events during it cause one trailing fetch, and event-driven
+   * fetches are at least EVENT_REFRESH_MIN_MS apart (polling is separate).
+   */
+  refreshForEvents() {
+    const gate = this._lastEventRefreshAt + EVENT_REFRESH_MIN_MS - Date.now();
+    this.scheduleRefresh(Math.max(EVENT_REFRESH_DELAY_MS, gate));
+  }
+
+  /** Re-fetch shortly (coalesced with any re-fetch already scheduled). */
+  refreshSoon(delay = EVENT_REFRESH_DELAY_MS) {
+    this.scheduleRefresh(delay);
+  }
+
+  /** One scheduled re-fetch at a time; an earlier due time pulls it forward. */
+  scheduleRefresh(delay) {
+    const dueAt = Date.now() + delay;
+    if (this._refreshWanted) {
+      if (this._refreshTimer === null || dueAt >= this._refreshDueAt) return; // already due, or waiting for the fetch in flight
+      clearTimeout(this._refreshTimer);
+    }
+    this._refreshWanted = true;
+    this._refreshDueAt = dueAt;
+    const generation = this._generation;
+    this._refreshTimer = setTimeout(() => this._runScheduledRefresh(generation), delay);
+  }
+
+  async _runScheduledRefresh(generation) {
+    this._refreshTimer = null;
+    // A fetch in flight may predate what was asked for: wait for it, then
+    // fetch once more (requests arriving meanwhile are folded into this one).
+    while (this._loading && generation === this._generation) await this._loading;
+    if (generation !== this._generation || !this._refreshWanted) return;
+    this._refreshWanted = false;
+    this._lastEventRefreshAt = Date.now();
+    await this.refresh();
   }
 
   /** Fetch and render; concurrent calls share one fetch. */

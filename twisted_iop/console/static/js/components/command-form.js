@@ -1,26 +1,38 @@
 // <iop-command-form edge-id="...">: a form generated from the edge's
-// command catalog (GET /edges/{id}/commands): command, target (when the
-// command takes one), its arguments, timeout and idempotency key. Submitting
-// POSTs /edges/{id}/commands and shows the resulting operation (succeeded,
-// failed, rejected, or timed_out / edge_disconnected with the error).
+// command catalog (GET /edges/{id}/commands): command, target (a choice of
+// the edge's nodes from its status for `target_kind: node`; none for `edge`
+// or no kind), its arguments, timeout and idempotency key. Submitting POSTs
+// /edges/{id}/commands and shows the resulting operation as a key/value
+// list: state, reason, result, a late outcome and a replay when the server
+// reports them, or the error (timed_out / edge_disconnected carry the
+// operation).
 //
 // Attributes: edge-id (required), api-base, wire-url.
 // Events: iop-command-result {operation, error} after each submission
 //         (error is {code, message, status} or null);
 //         iop-auth-required {code, message}.
 
-import { ApiError, edgePath } from "../api.js";
-import { IopElement, badge, esc } from "../base.js";
+import { ApiError, edgePath, isAuthError } from "../api.js";
+import { IopElement, badge, esc, formatTime } from "../base.js";
 
 const CSS = `
 form { display: grid; gap: 10px; }
-.field { display: grid; gap: 3px; align-content: start; }
-.row { display: grid; grid-template-columns: 1fr 1fr; gap: 10px; }
+.field { display: grid; gap: 3px; align-content: start; min-width: 0; }
+.field select, .field input { width: 100%; }
+.row { display: grid; grid-template-columns: minmax(0, 1fr) minmax(0, 1fr); gap: 10px; }
 .desc { font-size: 12px; color: var(--_muted); min-height: 1em; }
 .actions { display: flex; gap: 10px; align-items: center; }
 .outcome { margin-top: 10px; border: 1px solid var(--_border); border-radius: 8px; padding: 8px 10px; background: var(--_bg); }
-.outcome table { margin-top: 6px; }
+.params { display: grid; gap: 10px; }
+.params:empty { display: none; }
 .req::after { content: " *"; color: var(--_bad); }
+.outcome h4 { margin: 10px 0 4px; font-size: 12px; color: var(--_muted); text-transform: uppercase; letter-spacing: .04em; }
+dl { display: grid; grid-template-columns: max-content minmax(0, 1fr); gap: 3px 12px; margin: 6px 0 0; }
+dt { color: var(--_muted); font-size: 12.5px; }
+dd { margin: 0; overflow-wrap: anywhere; }
+dd.mono { white-space: pre-wrap; }
+.note { margin-top: 8px; font-size: 12.5px; color: var(--_warn); }
+@media (max-width: 520px) { .row { grid-template-columns: minmax(0, 1fr); } }
 `;
 
 export class IopCommandForm extends IopElement {
@@ -30,6 +42,7 @@ export class IopCommandForm extends IopElement {
     super(CSS);
     this.catalogKey = "";
     this.commands = [];
+    this.nodes = null; // [{node_id, connected, drained}] of the edge's last snapshot, null until known
     this.root.innerHTML = `
       <section class="panel" aria-labelledby="cmd-title">
         <div class="head"><h2 id="cmd-title">Run a command</h2></div>
@@ -45,11 +58,13 @@ export class IopCommandForm extends IopElement {
   }
 
   onLiveEvent(event) {
-    if (event.kind === "edge.connected") this.refreshSoon();
+    // The catalog changes when the edge (re)connects; the node choice when nodes come and go.
+    if (/^(edge\.connected|node\.)/.test(event.kind || "")) this.refreshForEvents();
   }
 
   start() {
     this.catalogKey = "";
+    this.nodes = null;
     this.root.querySelector("[data-outcome]").innerHTML = "";
     super.start();
   }
@@ -59,12 +74,35 @@ export class IopCommandForm extends IopElement {
     if (!edgeId) return;
     const catalog = await this.fetchJson(edgePath(edgeId, "commands"));
     if (edgeId !== this.edgeId) return;
+    const commands = Array.isArray(catalog.commands) ? catalog.commands : [];
     this.clearError();
-    const key = JSON.stringify(catalog.commands || []);
-    if (key === this.catalogKey) return; // keep what the user typed
-    this.catalogKey = key;
-    this.commands = catalog.commands || [];
-    this.renderForm();
+    const key = JSON.stringify(commands);
+    if (key !== this.catalogKey) {
+      this.catalogKey = key;
+      this.commands = commands;
+      this.renderForm();
+    }
+    if (!commands.some((c) => c.target_kind === "node")) return;
+    // The catalog shows at once; the node choice follows when the status answers.
+    const nodes = await this.fetchNodes(edgeId);
+    if (edgeId !== this.edgeId || JSON.stringify(nodes) === JSON.stringify(this.nodes)) return;
+    this.nodes = nodes;
+    this.renderTargets(); // keeps the chosen node and what the user typed
+  }
+
+  /** The edge's nodes from its status (the stale snapshot when it is not reachable); the old list when none. */
+  async fetchNodes(edgeId) {
+    let snapshot;
+    try {
+      snapshot = await this.fetchJson(edgePath(edgeId, "status"));
+    } catch (error) {
+      if (!(error instanceof ApiError) || isAuthError(error)) throw error;
+      snapshot = error.body?.snapshot;
+      if (!snapshot) return this.nodes;
+    }
+    return (Array.isArray(snapshot.nodes) ? snapshot.nodes : [])
+      .filter((n) => typeof n?.node_id === "string" && n.node_id)
+      .map((n) => ({ node_id: n.node_id, connected: Boolean(n.connected), drained: Boolean(n.drained) }));
   }
 
   renderForm() {
@@ -81,7 +119,7 @@ export class IopCommandForm extends IopElement {
         <div class="field"><label for="cmd-name">Command</label>
           <select id="cmd-name" name="name">${options}</select>
           <div class="desc" data-desc></div></div>
-        <div data-params></div>
+        <div data-params class="params"></div>
         <div class="row">
           <div class="field"><label for="cmd-timeout">Timeout (s)</label>
             <input id="cmd-timeout" name="timeout" type="number" min="1" max="300" step="1" placeholder="10"></div>
@@ -109,18 +147,45 @@ export class IopCommandForm extends IopElement {
     const command = this.selected();
     if (!command) return;
     this.root.querySelector("[data-desc]").textContent = command.description || "";
-    const fields = [];
-    if (command.target_kind) {
-      fields.push(`<div class="field"><label class="req" for="cmd-target">Target ${esc(command.target_kind)}</label>
-        <input id="cmd-target" name="target" type="text" required autocomplete="off" placeholder="${esc(command.target_kind)} id"></div>`);
+    let target = "";
+    if (command.target_kind === "node") {
+      target = `<div class="field"><label class="req" for="cmd-target">Target node</label>
+        <select id="cmd-target" name="target" required></select></div>`;
+    } else if (command.target_kind && command.target_kind !== "edge") {
+      // A kind this console has no list for: the operator types the id.
+      target = `<div class="field"><label class="req" for="cmd-target">Target ${esc(command.target_kind)}</label>
+        <input id="cmd-target" name="target" type="text" required autocomplete="off" placeholder="${esc(command.target_kind)} id"></div>`;
     }
-    (command.arguments || []).forEach((arg, i) => {
-      fields.push(`<div class="field"><label ${arg.required ? 'class="req"' : ""} for="cmd-arg-${i}">${esc(arg.name)}</label>
+    const fields = (command.arguments || []).map(
+      (arg, i) => `<div class="field"><label ${arg.required ? 'class="req"' : ""} for="cmd-arg-${i}">${esc(arg.name)}</label>
         <input id="cmd-arg-${i}" data-arg="${esc(arg.name)}" type="text" ${arg.required ? "required" : ""} autocomplete="off"
           placeholder="${arg.required ? "required" : "optional"}" aria-describedby="cmd-arg-${i}-desc">
-        <div class="desc" id="cmd-arg-${i}-desc">${esc(arg.description || "")}</div></div>`);
-    });
-    this.root.querySelector("[data-params]").innerHTML = fields.length ? `<div class="row">${fields.join("")}</div>` : "";
+        <div class="desc" id="cmd-arg-${i}-desc">${esc(arg.description || "")}</div></div>`,
+    );
+    this.root.querySelector("[data-params]").innerHTML =
+      target + (fields.length ? `<div class="row">${fields.join("")}</div>` : "");
+    this.renderTargets();
+  }
+
+  /** Fill the node choice from the edge's nodes, keeping the chosen one. */
+  renderTargets() {
+    const select = this.root.querySelector("select#cmd-target");
+    if (!select) return;
+    const chosen = select.value;
+    const nodes = this.nodes || [];
+    if (!nodes.length) {
+      select.innerHTML = `<option value="">${this.nodes ? "this edge has no nodes" : "nodes not known yet"}</option>`;
+      select.disabled = true;
+      return;
+    }
+    select.disabled = false;
+    select.innerHTML = nodes
+      .map((n) => {
+        const notes = [n.connected ? "" : "not connected", n.drained ? "drained" : ""].filter(Boolean).join(", ");
+        return `<option value="${esc(n.node_id)}">${esc(n.node_id)}${notes ? ` (${esc(notes)})` : ""}</option>`;
+      })
+      .join("");
+    if (nodes.some((n) => n.node_id === chosen)) select.value = chosen;
   }
 
   async submit(form) {
@@ -130,7 +195,7 @@ export class IopCommandForm extends IopElement {
     const target = form.querySelector("#cmd-target");
     if (target) {
       if (!target.value.trim()) {
-        target.focus();
+        if (!target.disabled) target.focus();
         this.showOutcome(null, { code: "bad_request", message: `the command needs a target ${command.target_kind}` });
         return;
       }
@@ -171,18 +236,52 @@ export class IopCommandForm extends IopElement {
 
   showOutcome(operation, error) {
     const parts = [];
-    if (operation) {
-      const result = Object.entries(operation.result || {})
-        .map(([k, v]) => `<tr><td>${esc(k)}</td><td class="mono">${esc(v)}</td></tr>`)
-        .join("");
-      parts.push(`<div><b>${esc(operation.name)}</b>${operation.target ? ` → ${esc(operation.target)}` : ""} ${badge(operation.state)}
-        <span class="small muted mono">${esc(operation.operation_id)}</span></div>
-        ${operation.reason ? `<div class="small">${esc(operation.reason)}</div>` : ""}
-        ${result ? `<table aria-label="Result"><tbody>${result}</tbody></table>` : ""}`);
-    }
-    if (error) parts.push(`<div class="error">${esc(error.code)}: ${esc(error.message)}</div>`);
-    this.root.querySelector("[data-outcome]").innerHTML = `<div class="outcome" data-state="${esc(operation?.state || error?.code || "")}">${parts.join("")}</div>`;
+    if (operation) parts.push(operationHtml(operation));
+    if (error) parts.push(`<div class="error" data-error-code="${esc(error.code)}">${esc(error.code)}: ${esc(error.message)}</div>`);
+    this.root.querySelector("[data-outcome]").innerHTML = `<div class="outcome" data-state="${esc(operation?.state || error?.code || "")}"${
+      operation?.replayed === true ? " data-replayed" : ""
+    }>${parts.join("")}</div>`;
   }
+}
+
+/** `<dt>key</dt><dd>value</dd>` pairs of a result map (values are strings on the wire; anything else is shown as JSON). */
+function resultPairs(result) {
+  if (!result || typeof result !== "object") return "";
+  return Object.entries(result)
+    .map(([k, v]) => `<dt>${esc(k)}</dt><dd class="mono">${esc(typeof v === "string" ? v : JSON.stringify(v))}</dd>`)
+    .join("");
+}
+
+/** An operation as definition lists: what ran, its state and reason, its result, and a late outcome. */
+export function operationHtml(op) {
+  const pairs = [
+    ["Command", `<b>${esc(op.name)}</b>`],
+    ["Target", op.target ? esc(op.target) : ""],
+    ["State", badge(op.state)],
+    ["Reason", esc(op.reason || "")],
+    ["Operation", `<span class="mono">${esc(op.operation_id)}</span>`],
+    ["Idempotency key", op.idempotency_key ? `<span class="mono">${esc(op.idempotency_key)}</span>` : ""],
+    ["Finished", op.finished_at ? formatTime(op.finished_at) : ""],
+  ]
+    .filter(([, value]) => value)
+    .map(([k, v]) => `<dt>${k}</dt><dd>${v}</dd>`)
+    .join("");
+  const result = resultPairs(op.result);
+  const late = op.late_outcome && typeof op.late_outcome === "object" ? op.late_outcome : null;
+  const latePairs = late
+    ? [
+        ["State", late.state ? badge(late.state) : ""],
+        ["Reason", esc(late.reason || "")],
+        ["Received", late.received_at ? formatTime(late.received_at) : ""],
+      ]
+        .filter(([, value]) => value)
+        .map(([k, v]) => `<dt>${k}</dt><dd>${v}</dd>`)
+        .join("") + resultPairs(late.result)
+    : "";
+  return `<dl aria-label="Operation">${pairs}</dl>
+    ${result ? `<h4>Result</h4><dl aria-label="Result" data-result>${result}</dl>` : ""}
+    ${late ? `<h4>Late answer (arrived after the operation ended)</h4><dl aria-label="Late answer" data-late-outcome>${latePairs}</dl>` : ""}
+    ${op.replayed === true ? `<div class="note" data-replayed-note>Replayed: this is the earlier operation with the same idempotency key; the command was not sent again.</div>` : ""}`;
 }
 
 customElements.define("iop-command-form", IopCommandForm);

@@ -1,14 +1,17 @@
 // <iop-edge-detail edge-id="...">: one edge's nodes and providers (status,
 // health, general and long-context counters) from GET /edges/{id} and
-// GET /edges/{id}/status. When the edge is not connected it shows the last
-// snapshot, marked stale. Live: re-fetched on node.*, edge.*, provider.* and
-// operation.* events of that edge, and polled every `refresh-interval` s.
+// GET /edges/{id}/status. When the status view fails (409 not connected,
+// 503 edge went away, 504 edge timeout, 502 edge error) it says why and
+// shows the last known snapshot (from the error body, else the last one this
+// element received), marked stale. Live: re-fetched on node.*, edge.*,
+// provider.* and operation.* events of that edge (coalesced), and polled
+// every `refresh-interval` s.
 //
 // Attributes: edge-id (required), api-base, wire-url, refresh-interval.
-// Events: iop-edge-loaded {edge, status}; iop-auth-required {code, message}.
+// Events: iop-edge-loaded {edge, status, stale, error};
+//         iop-auth-required {code, message}.
 
-import { ApiError } from "../api.js";
-import { edgePath } from "../api.js";
+import { ApiError, edgePath } from "../api.js";
 import { IopElement, ago, badge, counters, esc, formatTime } from "../base.js";
 
 const CSS = `
@@ -18,8 +21,20 @@ const CSS = `
 tr.node td { background: color-mix(in srgb, var(--_border) 30%, transparent); font-weight: 600; }
 tr.node td .muted { font-weight: 400; }
 .group { text-align: center; border-bottom: none; padding-bottom: 0; }
-.scroll { overflow-x: auto; }
+table[data-stale="true"] tbody { opacity: .72; }
+.reason { overflow-wrap: anywhere; }
+td:first-child { min-width: 10em; overflow-wrap: anywhere; }
 `;
+
+/** Status-view errors after which the last known snapshot is shown, marked stale. */
+const STATUS_FAILURES = new Set(["edge_not_connected", "edge_timeout", "edge_disconnected", "edge_error"]);
+
+/** What a failed status view means, in words. */
+const REASONS = {
+  edge_timeout: "The edge did not answer in time",
+  edge_disconnected: "The edge went away during the request",
+  edge_error: "The edge answered with an error",
+};
 
 export class IopEdgeDetail extends IopElement {
   static observedAttributes = ["edge-id", "api-base", "wire-url", "refresh-interval"];
@@ -35,44 +50,61 @@ export class IopEdgeDetail extends IopElement {
       </section>`;
   }
 
+  start() {
+    this.lastGood = null; // the last fresh snapshot of this edge, shown stale when a later fetch fails
+    super.start();
+  }
+
   async load() {
     const edgeId = this.edgeId;
     if (!edgeId) return;
-    const [edge, status] = await Promise.all([
+    const [edge, view] = await Promise.all([
       this.fetchJson(edgePath(edgeId)),
-      this.fetchJson(edgePath(edgeId, "status")).catch((error) => {
-        if (error instanceof ApiError && error.code === "edge_not_connected") {
-          return error.body?.snapshot ? { ...error.body.snapshot, stale: true, _not_connected: true } : { _not_connected: true, nodes: [] };
-        }
-        if (error instanceof ApiError && (error.code === "edge_timeout" || error.code === "edge_disconnected")) {
-          return { _error: error, nodes: [] };
-        }
-        throw error;
-      }),
+      this.fetchJson(edgePath(edgeId, "status")).then(
+        (snapshot) => ({ snapshot, error: null }),
+        (error) => {
+          const failed = error instanceof ApiError && (STATUS_FAILURES.has(error.code) || error.status >= 500);
+          if (!failed) throw error;
+          return { snapshot: error.body?.snapshot || null, error };
+        },
+      ),
     ]);
     if (edgeId !== this.edgeId) return;
+    let { snapshot } = view;
+    const { error } = view;
+    let stale = Boolean(error) || Boolean(snapshot?.stale);
+    if (!error) this.lastGood = snapshot;
+    else if (!snapshot && this.lastGood) snapshot = this.lastGood;
+    if (snapshot && snapshot.edge_id && snapshot.edge_id !== edgeId) snapshot = null;
+    if (!snapshot) stale = false;
     this.clearError();
-    this.render(edge, status);
-    this.emit("iop-edge-loaded", { edge, status });
+    this.render(edge, snapshot, stale, error);
+    const failure = error ? { code: error.code, message: error.detail, status: error.status } : null;
+    this.emit("iop-edge-loaded", { edge, status: snapshot, stale, error: failure });
   }
 
-  render(edge, status) {
+  render(edge, snapshot, stale, error) {
     this.root.querySelector("#edge-title").textContent = `Edge ${edge.edge_id}`;
     this.root.querySelector("[data-badge]").innerHTML = badge(edge.connected ? "connected" : "disconnected");
     this.root.querySelector("[data-updated]").textContent = `updated ${formatTime(new Date().toISOString())}`;
     const labels = Object.entries(edge.labels || {}).map(([k, v]) => `${esc(k)}=${esc(v)}`).join(", ");
-    const nodes = status.nodes || [];
-    const totals = status.totals;
+    const nodes = snapshot?.nodes || [];
+    const totals = snapshot?.totals;
+    const received = snapshot?.received_at ? `received ${formatTime(snapshot.received_at)}` : "";
+    const shown = snapshot
+      ? `Showing the last known snapshot${received ? `, ${received}` : ""} (stale).`
+      : "No snapshot of this edge is available.";
     let notice = "";
-    if (status._not_connected) {
-      notice = `<div class="stale" role="status">Not connected since ${formatTime(edge.disconnected_at)}. ${
-        nodes.length ? `Showing the last snapshot, received ${formatTime(status.received_at)} (stale).` : "No snapshot was ever received."
-      }</div>`;
-    } else if (status._error) {
-      notice = `<div class="stale" role="status">${esc(status._error.code)}: ${esc(status._error.detail)}</div>`;
-    } else if (status.stale) {
-      notice = `<div class="stale" role="status">This snapshot is stale (received ${formatTime(status.received_at)}).</div>`;
+    if (error && error.code === "edge_not_connected") {
+      notice = `Not connected${edge.disconnected_at ? ` since ${formatTime(edge.disconnected_at)}` : ""}. ${shown}`;
+    } else if (error) {
+      notice = `${esc(REASONS[error.code] || "The status request failed")}: ${esc(error.detail || error.code)}. ${shown}`;
+    } else if (stale) {
+      notice = `This snapshot is stale${received ? ` (${received})` : ""}.`;
     }
+    notice = notice
+      ? `<div class="stale" role="status" data-notice="${esc(error?.code || "stale")}">${notice}</div>`
+      : "";
     const rows = nodes
       .map((node) => {
         const providers = (node.providers || [])
@@ -81,7 +113,7 @@ export class IopEdgeDetail extends IopElement {
               <td>${esc(p.provider_id)} <span class="muted small">${esc(p.kind)}</span></td>
               <td class="small">${esc((p.models || []).join(", ")) || "—"}</td>
               <td>${badge(p.status)}</td>
-              <td title="${esc(p.health_reason || "")}">${badge(p.health)}${p.health_reason ? ` <span class="small muted">${esc(p.health_reason)}</span>` : ""}</td>
+              <td title="${esc(p.health_reason || "")}">${badge(p.health)}${p.health_reason ? ` <span class="small muted reason">${esc(p.health_reason)}</span>` : ""}</td>
               <td class="num">${counters(p.general)}</td><td class="num">${p.general?.queued ?? 0}</td>
               <td class="num">${counters(p.long_context)}</td><td class="num">${p.long_context?.queued ?? 0}</td>
             </tr>`,
@@ -110,13 +142,13 @@ export class IopEdgeDetail extends IopElement {
       <div class="meta">${summary}</div>
       ${notice}
       <div class="scroll">
-      <table aria-label="Nodes and providers of ${esc(edge.edge_id)}">
+      <table aria-label="Nodes and providers of ${esc(edge.edge_id)}" data-stale="${stale}">
         <thead>
           <tr><th rowspan="2">Node / provider</th><th rowspan="2">Models</th><th rowspan="2">Status</th><th rowspan="2">Health</th>
               <th colspan="2" class="group">General</th><th colspan="2" class="group">Long context</th></tr>
           <tr><th class="num">in flight / cap</th><th class="num">queued</th><th class="num">in flight / cap</th><th class="num">queued</th></tr>
         </thead>
-        <tbody>${rows || `<tr><td colspan="8" class="empty">No nodes are configured.</td></tr>`}</tbody>
+        <tbody>${rows || `<tr><td colspan="8" class="empty">${snapshot ? "No nodes are configured." : "No snapshot to show."}</td></tr>`}</tbody>
       </table></div>`;
   }
 }

@@ -16,7 +16,7 @@ const BACKFILL = 50;
 
 const CSS = `
 ol { list-style: none; margin: 0; padding: 0; max-height: 420px; overflow-y: auto; }
-li { display: grid; grid-template-columns: 44px auto 1fr; gap: 2px 10px; padding: 5px 4px;
+li { display: grid; grid-template-columns: 44px auto minmax(0, 1fr); gap: 2px 10px; padding: 5px 4px;
   border-bottom: 1px solid color-mix(in srgb, var(--_border) 60%, transparent); font-size: 13px; }
 li:last-child { border-bottom: none; }
 .seq { color: var(--_muted); text-align: right; font-variant-numeric: tabular-nums; }
@@ -24,6 +24,7 @@ li:last-child { border-bottom: none; }
 .kind.node { color: var(--_accent); } .kind.operation, .kind.command { color: var(--_warn); }
 .kind.edge { color: var(--_ok); } .kind.provider { color: var(--_bad); }
 .msg { grid-column: 3; color: var(--_muted); }
+li > span { min-width: 0; overflow-wrap: anywhere; }
 li.lost { grid-template-columns: 1fr; background: var(--_warn-bg); color: var(--_warn); border-radius: 6px; font-weight: 600; }
 li.fresh { animation: flash 1.2s ease-out; }
 @keyframes flash { from { background: color-mix(in srgb, var(--_accent) 18%, transparent); } to { background: transparent; } }

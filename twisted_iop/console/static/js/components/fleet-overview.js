@@ -8,7 +8,7 @@
 //         iop-fleet-loaded {edges, totals} after each successful load;
 //         iop-auth-required {code, message}.
 
-import { IopElement, badge, counters, esc } from "../base.js";
+import { IopElement, badge, counters, esc, formatTime } from "../base.js";
 
 const CSS = `
 ul { list-style: none; margin: 0; padding: 0; display: flex; flex-direction: column; gap: 6px; }
@@ -20,6 +20,9 @@ li button[aria-current="true"] { border-color: var(--_accent); box-shadow: inset
 .sub { grid-column: 1 / -1; font-size: 12px; color: var(--_muted); display: flex; gap: 12px; flex-wrap: wrap; }
 .totals { display: grid; grid-template-columns: repeat(2, minmax(0, 1fr)); gap: 6px; margin-bottom: 10px; }
 .stat { background: var(--_bg); border: 1px solid var(--_border); border-radius: 8px; padding: 6px 8px; }
+.stale, .reason { grid-column: 1 / -1; font-size: 12px; overflow-wrap: anywhere; }
+.stale { color: var(--_warn); }
+.reason { color: var(--_bad); }
 .stat:last-child:nth-child(odd) { grid-column: 1 / -1; }
 .stat b { display: block; font-size: 17px; font-variant-numeric: tabular-nums; }
 .stat span { font-size: 11.5px; color: var(--_muted); }
@@ -93,22 +96,41 @@ export class IopFleetOverview extends IopElement {
       list.innerHTML = `<li class="empty">No edges are known yet.</li>`;
       return;
     }
-    list.innerHTML = items
-      .map((row) => {
-        const tone = row.connected ? (row.state === "ok" ? "ok" : "warn") : "bad";
-        const state = row.connected ? row.state : "disconnected";
-        return `<li><button type="button" data-edge="${esc(row.edge_id)}" data-connected="${row.connected}"
-            aria-current="${row.edge_id === selected}" aria-label="Edge ${esc(row.edge_id)}, ${row.connected ? "connected" : "not connected"}">
-          <span class="name"><span class="dot ${tone}" aria-hidden="true"></span>${esc(row.edge_id)}</span>
-          ${badge(state === "ok" ? "connected" : state, state === "ok" ? "connected" : state)}
-          <span class="sub"><span>nodes ${row.nodes_connected}/${row.nodes_configured}</span>
-            <span>providers ${row.providers}</span>
-            <span>general ${counters(row.general)}</span>${row.stale ? "<span>stale</span>" : ""}
-            ${row.error ? `<span>${esc(row.error)}</span>` : ""}</span>
-        </button></li>`;
-      })
-      .join("");
+    list.innerHTML = items.map((row) => rowHtml(row, selected)).join("");
   }
+}
+
+/** How a fleet row's `state` reads: [badge word, label, dot tone]. Unknown states show as they are. */
+const ROW_STATES = {
+  ok: ["connected", "connected", "ok"],
+  timeout: ["timeout", "timed out", "warn"],
+  error: ["error", "error", "bad"],
+  disconnected: ["disconnected", "disconnected", "off"],
+};
+
+/** The reason of a row that is not fresh: its error message (or code). */
+export function rowReason(row) {
+  const error = row.error;
+  if (!error) return "";
+  if (typeof error === "string") return error;
+  return String(error.message || error.code || "");
+}
+
+function rowHtml(row, selected) {
+  const state = row.connected ? String(row.state || "unknown") : "disconnected";
+  const [word, label, tone] = ROW_STATES[state] || [state, state, "warn"];
+  const reason = rowReason(row);
+  const since = row.received_at ? `snapshot ${formatTime(row.received_at)}` : "no snapshot yet";
+  return `<li><button type="button" data-edge="${esc(row.edge_id)}" data-connected="${row.connected}" data-state="${esc(state)}"
+      aria-current="${row.edge_id === selected}" aria-label="Edge ${esc(row.edge_id)}, ${esc(label)}">
+    <span class="name"><span class="dot ${tone}" aria-hidden="true"></span>${esc(row.edge_id)}</span>
+    ${badge(word, label)}
+    <span class="sub"><span>nodes ${row.nodes_connected ?? 0}/${row.nodes_configured ?? 0}</span>
+      <span>providers ${row.providers ?? 0}</span>
+      <span>general ${counters(row.general)}</span></span>
+    ${row.stale ? `<span class="stale" data-stale title="${esc(since)}">stale: ${esc(since)}</span>` : ""}
+    ${reason ? `<span class="reason" data-reason>${esc(reason)}</span>` : ""}
+  </button></li>`;
 }
 
 customElements.define("iop-fleet-overview", IopFleetOverview);

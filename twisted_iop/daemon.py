@@ -1,0 +1,181 @@
+"""What the three ``twistd`` plugins share: one command line, one start-up shape.
+
+Each daemon's ``tap.py`` has an :class:`DaemonOptions` subclass (``--config``
+and ``--check``) and a ``makeService`` that hands the parsed config to its
+:class:`DaemonService` subclass. The config is read once, in
+``postOptions``, before anything binds: a configuration error is one line on
+stderr (``iop-edge: configs/edge.yaml: nodes[0].node_id: required``) and exit
+code 1, and ``--check`` stops there with one ``configuration OK`` line.
+
+A :class:`DaemonService` adds its state service first (so it starts first
+and stops last), then its listeners (:mod:`twisted_iop.listeners`), then its
+outbound links (:meth:`DaemonService.add_dialer`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Generic, Optional, TypeVar
+
+from twisted.application.service import IService, MultiService
+from twisted.internet.interfaces import IProtocolFactory
+from twisted.logger import Logger
+from twisted.python import usage
+
+from twisted_iop.configuration import ConfigError
+from twisted_iop.listeners import BindError, ListenerService
+from twisted_iop.tls import TLSListenConfig
+from twisted_iop.wire.dialer import DialingService
+
+ConfigT = TypeVar("ConfigT")
+ServiceT = TypeVar("ServiceT", bound="DaemonService")
+
+
+class ConfigurationExit(SystemExit):
+    """A configuration error under ``twistd``: its text goes to stderr, exit code 1.
+
+    ``twistd`` prints its whole usage text for a ``UsageError``; a bad config
+    file is not a usage mistake, so it ends the process with this instead.
+    """
+
+
+class DaemonOptions(usage.Options, Generic[ConfigT]):
+    """``--config PATH`` and ``--check``; the config is loaded once, here.
+
+    Subclasses set :attr:`daemon_name`, :attr:`sample_config`, their own
+    ``optParameters`` (``config`` with its help text) and implement
+    :meth:`load` and :meth:`summary`.
+    """
+
+    optFlags = [
+        ["check", None, "Validate the configuration and exit: 0 and one OK line, or 1 and the error on stderr."],
+    ]
+
+    #: The plugin's name, the first word of every line it prints.
+    daemon_name: ClassVar[str] = "twisted-iop"
+    #: The sample config named when ``--config`` is required and missing;
+    #: ``None`` means the daemon runs on embedded defaults without one.
+    sample_config: ClassVar[Optional[str]] = None
+
+    def load(self, path: Optional[str], environ: Mapping[str, str]) -> ConfigT:
+        """Read and validate the config at ``path`` (raises ConfigError)."""
+        raise NotImplementedError
+
+    def summary(self, config: ConfigT) -> str:
+        """A few words on what the config makes the daemon do (for ``--check``)."""
+        raise NotImplementedError
+
+    def notices(self, config: ConfigT) -> tuple[str, ...]:
+        """Warnings about a valid config (deprecated spellings ...)."""
+        return ()
+
+    @property
+    def config(self) -> ConfigT:
+        """The parsed config (after ``parseOptions``)."""
+        config: ConfigT = self["parsed_config"]
+        return config
+
+    def postOptions(self) -> None:
+        """Load the config; on an error exit with one line; with ``--check`` stop."""
+        path: Optional[str] = self["config"]
+        if not path and self.sample_config is not None:
+            raise ConfigurationExit(f"{self.daemon_name}: --config PATH is required (see {self.sample_config})")
+        try:
+            config = self.load(path or None, os.environ)
+        except ConfigError as e:
+            raise ConfigurationExit(f"{self.daemon_name}: {e}") from None
+        self["parsed_config"] = config
+        if self["check"]:
+            for notice in self.notices(config):
+                sys.stderr.write(f"{self.daemon_name}: warning: {notice}\n")
+            source = path or "embedded defaults"
+            sys.stdout.write(f"{self.daemon_name}: {source}: configuration OK ({self.summary(config)})\n")
+            sys.stdout.flush()
+            raise SystemExit(0)
+
+
+def compose(
+    options: DaemonOptions[ConfigT], reactor: Optional[Any], build: Callable[[ConfigT, Any], ServiceT]
+) -> ServiceT:
+    """The ``makeService`` of every daemon: ``build(config, reactor)`` for ``twistd``.
+
+    ``reactor`` defaults to the global one; the service it builds exits
+    with one clear line when a listener cannot bind.
+    """
+    if reactor is None:
+        from twisted.internet import reactor as default_reactor
+
+        reactor = default_reactor
+    service = build(options.config, reactor)
+    service.exit_on_bind_failure = True
+    for notice in options.notices(options.config):
+        service.notices.append(notice)
+    return service
+
+
+class DaemonService(MultiService):
+    """A daemon's top-level service: state first, then listeners, then links.
+
+    Under ``twistd`` (``exit_on_bind_failure``) a listener that cannot bind
+    ends the process with one clear line and exit code 1 instead of a
+    traceback.
+    """
+
+    _log = Logger()
+    #: The daemon's name in the exit line ("iop-control-plane").
+    daemon_name = "twisted-iop"
+    #: Set by :func:`compose`: under twistd a bind failure ends the process.
+    exit_on_bind_failure = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.listeners: list[ListenerService] = []
+        #: Warnings about the config, logged once at start-up.
+        self.notices: list[str] = []
+
+    def add_state(self, service: IService) -> None:
+        """Add the service holding the daemon's state (first: starts first, stops last)."""
+        service.setServiceParent(self)
+
+    def add_listener(
+        self,
+        label: str,
+        description: str,
+        factory: IProtocolFactory,
+        reactor: Any,
+        tls: Optional[TLSListenConfig] = None,
+    ) -> ListenerService:
+        """Add a listener named ``label`` on the endpoint ``description`` (mutual TLS with ``tls``)."""
+        listener = ListenerService(label, description, factory, reactor, tls)
+        listener.setServiceParent(self)
+        self.listeners.append(listener)
+        return listener
+
+    def add_dialer(self, name: str, dialer: DialingService) -> DialingService:
+        """Add an outbound link (added last: it starts once state and listeners are up)."""
+        dialer.setName(name)
+        dialer.setServiceParent(self)
+        return dialer
+
+    def port(self, label: str) -> int:
+        """The TCP port listener ``label`` was bound to (kept after a stop)."""
+        for listener in self.listeners:
+            if listener.label == label and listener.port_number:
+                return listener.port_number
+        raise KeyError(f"listener {label!r} has not been bound")
+
+    def privilegedStartService(self) -> None:
+        try:
+            super().privilegedStartService()
+        except BindError as e:
+            if not self.exit_on_bind_failure:
+                raise
+            self._log.error("start-up failed: {error}", error=str(e))
+            raise SystemExit(f"{self.daemon_name}: {e}") from None
+
+    def startService(self) -> None:
+        for notice in self.notices:
+            self._log.warn("configuration: {notice}", notice=notice)
+        super().startService()

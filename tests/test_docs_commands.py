@@ -32,6 +32,7 @@ from support import ROOT, TWISTD
 
 from twisted_iop.client.cli import UsageError, build_parser, parse_arguments
 from twisted_iop.controlplane.http_routes import ControlPlaneHttp
+from twisted_iop.edge.inference_api import InferenceAPI
 
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PROGRAMS = ("twistd", "iopctl", "curl", "make")
@@ -216,14 +217,19 @@ def test_iopctl_command_table_lists_every_command() -> None:
 
 @pytest.mark.parametrize("command", [c for c in COMMANDS if c.program == "curl"], ids=_ids)
 def test_curl_lines_name_routes(command: DocCommand) -> None:
-    """A documented ``curl`` line names a route the Control Plane's HTTP app serves, with its method."""
+    """A documented ``curl`` line names a route that its daemon's HTTP app serves, with its method.
+
+    Port 8080 is the Control Plane's HTTP listener, 8090 the Edge's
+    inference API (their defaults).
+    """
     urls = [w for w in command.words if w.startswith(("http://", "https://"))]
     assert len(urls) == 1, command.words
     words = list(command.words)
     method = words[words.index("-X") + 1] if "-X" in words else ("POST" if "-d" in words else "GET")
     parts = urlsplit(urls[0])
-    assert parts.port == 8080, f"{command.where}: the Control Plane's HTTP port is 8080"
-    endpoint, _ = ControlPlaneHttp.app.url_map.bind("127.0.0.1").match(parts.path, method=method)
+    apps = {8080: ControlPlaneHttp.app, 8090: InferenceAPI.app}
+    assert parts.port in apps, f"{command.where}: 8080 is the Control Plane's HTTP port, 8090 the Edge's inference API"
+    endpoint, _ = apps[parts.port].url_map.bind("127.0.0.1").match(parts.path, method=method)
     assert endpoint != "not_found", f"{command.where}: no route {method} {parts.path}"
 
 

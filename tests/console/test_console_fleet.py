@@ -37,6 +37,7 @@ def edge_config(cp_edge_wire: str) -> dict[str, Any]:
             "backoff": BACKOFF,
         },
         "node_server": {"listen": LOOPBACK_ZERO, "probe_timeout_seconds": 2},
+        "inference": {"listen": LOOPBACK_ZERO},
         "nodes": [
             {
                 "node_id": "gpu-01",

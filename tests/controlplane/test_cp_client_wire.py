@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import attrs
 import pytest_twisted
 from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientProtocol
 from scripted_edge import connect_edge
@@ -225,3 +226,42 @@ def test_messages_arriving_while_closing_are_not_answered() -> None:
     protocol.state = ClientWireServerProtocol.STATE_CLOSING
     protocol._on_message(pb.ClientEnvelope(client_hello_request=hello()).SerializeToString(), True)
     assert protocol.sent == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_socket_without_hello_is_closed_at_the_deadline() -> None:
+    """Over a real socket, a client that never says hello is told HELLO_TIMEOUT and closed with 4003."""
+    cp = await start_control_plane()
+    try:
+        factory = cp.service.client_factory
+        factory.settings = attrs.evolve(factory.settings, hello_timeout_seconds=0.2)
+        client = await open_client(cp.wire_url, cp.service.port("client_wire"))
+        code = await client.closed
+        assert code == 4003
+        assert [m.error.code for m in client.messages] == [pb.ERROR_CODE_HELLO_TIMEOUT]
+        assert factory.connections == set()
+    finally:
+        await cp.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_unknown_body_is_answered_and_the_socket_stays_open() -> None:
+    """Over a real socket, an unknown oneof member gets UNEXPECTED_MESSAGE after hello; subscribing still works."""
+    cp = await start_control_plane()
+    try:
+        client = await open_client(cp.wire_url, cp.service.port("client_wire"))
+        client.send("client_hello_request", hello(), 1)
+        # request_id 7, then field 99 (length-delimited, empty): a body this server does not know.
+        client.sendMessage(b"\x08\x07" + b"\x9a\x06\x00", isBinary=True)
+        client.send("subscribe_request", pb.SubscribeRequest(), 8)
+        await eventually(lambda: len(client.messages) >= 3, message="three answers")
+        assert [(m.request_id, m.WhichOneof("body")) for m in client.messages] == [
+            (1, "client_hello_response"),
+            (7, "error"),
+            (8, "subscribe_response"),
+        ]
+        assert client.messages[1].error.code == pb.ERROR_CODE_UNEXPECTED_MESSAGE
+        client.sendClose()
+        await client.closed
+    finally:
+        await cp.stop()

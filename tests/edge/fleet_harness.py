@@ -36,6 +36,7 @@ def edge_yaml(cp_address: str, edge_id: str = "edge-a", outbox_size: int = 100) 
             "outbox_size": outbox_size,
         },
         "node_server": {"listen": "tcp:0:interface=127.0.0.1", "probe_timeout_seconds": 2},
+        "inference": {"listen": "tcp:0:interface=127.0.0.1"},
         "nodes": [
             {
                 "node_id": "node-1",

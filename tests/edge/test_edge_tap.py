@@ -21,7 +21,7 @@ from twisted_iop.wire import control_pb2 as pb
 
 
 def test_make_service_listens_and_dials(tmp_path: Path) -> None:
-    """The Edge listens for nodes on its endpoint and dials the Control Plane address."""
+    """The Edge listens for nodes and inference clients on their endpoints and dials the Control Plane address."""
     data = edge_mapping(address="127.0.0.1:7999")
     data["node_server"]["listen"] = "tcp:7555:interface=127.0.0.1"
     path = tmp_path / "edge.yaml"
@@ -30,10 +30,13 @@ def test_make_service_listens_and_dials(tmp_path: Path) -> None:
     options.parseOptions(["--config", str(path)])
     reactor = MemoryReactorClock()
     service = makeService(options, reactor=reactor)
-    assert [s.name for s in service] == ["registry", "node_server", "control-plane"]
+    assert [s.name for s in service] == ["registry", "node_server", "inference", "control-plane"]
     service.privilegedStartService()
     service.startService()
-    assert [(port, interface) for port, _, _, interface in reactor.tcpServers] == [(7555, "127.0.0.1")]
+    assert [(port, interface) for port, _, _, interface in reactor.tcpServers] == [
+        (7555, "127.0.0.1"),
+        (8090, "127.0.0.1"),
+    ]
     assert [(host, port) for host, port, *_ in reactor.tcpClients] == [("127.0.0.1", 7999)]
     assert service.node_port == 7555
     service.stopService()

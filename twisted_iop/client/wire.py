@@ -47,6 +47,7 @@ from twisted_iop.client.repository import describe_connection_error
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.dialer import DialingService, backoff_delay
+from twisted_iop.wire.enums import enum_label
 from twisted_iop.wire.pending import PendingRequests
 
 #: Environment variable naming the Control Plane's client WebSocket URL.
@@ -105,11 +106,7 @@ def decode_client_envelope(payload: bytes) -> tuple[pb.ClientEnvelope, Optional[
 
 def error_code_name(code: int) -> str:
     """``ERROR_CODE_UNKNOWN_COMMAND`` -> ``unknown_command`` (stable and readable)."""
-    try:
-        name = pb.ErrorCode.Name(code)
-    except ValueError:
-        return f"error_{code}"
-    return name.removeprefix("ERROR_CODE_").lower()
+    return enum_label(pb.ErrorCode, code, unknown="error_{value}")
 
 
 class ClientWireClientProtocol(WebSocketClientProtocol):

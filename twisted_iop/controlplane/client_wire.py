@@ -6,6 +6,11 @@ explicit: while the socket cannot take more, events wait in a bounded
 per-subscriber queue; what overflows it is counted and the subscriber is
 told with ``EventsLost(reason="slow_consumer")`` before the next event, so
 the server never buffers without bound and the client always knows.
+
+A socket that has not said hello within ``hello_timeout_seconds`` is
+closed (code 4003), and so is one that keeps sending what the protocol
+does not allow (code 4004 after ``max_violations``): an unidentified or
+misbehaving client holds a socket only for a bounded time.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import attrs
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
 from autobahn.websocket.protocol import WebSocketProtocol
 from google.protobuf.message import DecodeError, Message
-from twisted.internet.interfaces import IPushProducer
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
 from twisted.logger import Logger
 from zope.interface import implementer
 
@@ -30,6 +35,13 @@ from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
 
 FEATURES = ("events.subscribe", "events.resume", "events.backpressure")
+
+#: WebSocket close codes of this wire (docs/wire.md).
+CLOSE_SHUTTING_DOWN = 4000
+CLOSE_BAD_TOKEN = 4001
+CLOSE_UNSUPPORTED_VERSION = 4002
+CLOSE_HELLO_TIMEOUT = 4003
+CLOSE_TOO_MANY_VIOLATIONS = 4004
 #: How many buffered events a resume replays at most per request.
 RESUME_BATCH = 10000
 
@@ -44,6 +56,11 @@ class ClientWireSettings:
     subscriber_queue: int = 1000
     tokens: ApiTokens = ApiTokens()
     path: str = "/client"
+    #: A socket that has not said hello by then is closed (code 4003).
+    hello_timeout_seconds: float = 10.0
+    #: Refused messages (malformed, before hello, unexpected) after which
+    #: the socket is closed (code 4004).
+    max_violations: int = 10
 
 
 def fleet_event_message(event: EventRecord) -> pb.FleetEvent:
@@ -97,6 +114,9 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
         self._lost = 0
         self._lost_first = 0
         self._lost_last = 0
+        self._hello_timer: Optional[IDelayedCall] = None
+        #: Messages refused so far (malformed, before hello, unexpected).
+        self.violations = 0
 
     @property
     def queued_events(self) -> int:
@@ -114,6 +134,8 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
 
     def onOpen(self) -> None:
         self.factory.connections.add(self)
+        seconds = self.factory.settings.hello_timeout_seconds
+        self._hello_timer = self.factory.clock.callLater(seconds, self._hello_timed_out, seconds)
         try:
             self.registerProducer(_FlowControl(self), True)
         except Exception:
@@ -127,6 +149,7 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
             self._send_error(pb.ERROR_CODE_INTERNAL, "internal error", 0)
 
     def onClose(self, wasClean: bool, code: Optional[int], reason: Optional[str]) -> None:
+        self._cancel_hello_timer()
         self.factory.connections.discard(self)
         self._unsubscribe()
 
@@ -144,29 +167,53 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
     def _send_error(self, code: pb.ErrorCode, message: str, request_id: int) -> None:
         self._send_envelope("error", pb.Error(code=code, message=message), request_id)
 
+    def _refuse(self, code: pb.ErrorCode, message: str, request_id: int) -> None:
+        """Answer a message the protocol does not allow; close after too many."""
+        self.violations += 1
+        self._send_error(code, message, request_id)
+        limit = self.factory.settings.max_violations
+        if self.violations >= limit and self.state == WebSocketProtocol.STATE_OPEN:
+            self._log.warn("closing a client socket after {count} refused messages", count=self.violations)
+            self.sendClose(code=CLOSE_TOO_MANY_VIOLATIONS, reason=f"too many refused messages ({self.violations})")
+
+    def _hello_timed_out(self, seconds: float) -> None:
+        self._hello_timer = None
+        if self.said_hello or self.state != WebSocketProtocol.STATE_OPEN:
+            return
+        message = f"no client_hello_request within {seconds:g}s"
+        self._send_error(pb.ERROR_CODE_HELLO_TIMEOUT, message, 0)
+        self.sendClose(code=CLOSE_HELLO_TIMEOUT, reason=message)
+
+    def _cancel_hello_timer(self) -> None:
+        if self._hello_timer is not None and self._hello_timer.active():
+            self._hello_timer.cancel()
+        self._hello_timer = None
+
     def _on_message(self, payload: bytes, is_binary: bool) -> None:
         if not is_binary:
-            self._send_error(pb.ERROR_CODE_MALFORMED_FRAME, "messages must be binary ClientEnvelopes", 0)
+            self._refuse(pb.ERROR_CODE_MALFORMED_FRAME, "messages must be binary ClientEnvelopes", 0)
             return
         envelope = pb.ClientEnvelope()
         try:
             envelope.ParseFromString(payload)
         except DecodeError:
-            self._send_error(pb.ERROR_CODE_MALFORMED_FRAME, "message is not a valid ClientEnvelope", 0)
+            self._refuse(pb.ERROR_CODE_MALFORMED_FRAME, "message is not a valid ClientEnvelope", 0)
             return
+        # An unknown oneof member (a newer client's message) parses as no
+        # body at all; it is refused like an empty envelope.
         body = envelope.WhichOneof("body")
         rid = envelope.request_id
         if body == "client_hello_request":
             self._hello(envelope.client_hello_request, rid)
         elif not self.said_hello:
-            self._send_error(pb.ERROR_CODE_HELLO_REQUIRED, "send client_hello_request first", rid)
+            self._refuse(pb.ERROR_CODE_HELLO_REQUIRED, "send client_hello_request first", rid)
         elif body == "subscribe_request":
             self._subscribe(envelope.subscribe_request, rid)
         elif body == "unsubscribe_request":
             self._unsubscribe()
             self._send_envelope("subscribe_response", pb.SubscribeResponse(), rid)
         else:
-            self._send_error(pb.ERROR_CODE_UNEXPECTED_MESSAGE, f"unexpected message {body or '(empty)'}", rid)
+            self._refuse(pb.ERROR_CODE_UNEXPECTED_MESSAGE, f"unexpected message {body or '(empty or unknown)'}", rid)
 
     def _hello(self, hello: pb.ClientHelloRequest, rid: int) -> None:
         reason = ""
@@ -186,8 +233,10 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
         self._send_envelope("client_hello_response", response, rid)
         if reason:
             self._log.warn("client hello rejected: {reason}", reason=reason)
-            self.sendClose(code=4001 if "token" in reason else 4002, reason=reason[:100])
+            code = CLOSE_BAD_TOKEN if "token" in reason else CLOSE_UNSUPPORTED_VERSION
+            self.sendClose(code=code, reason=reason[:100])
             return
+        self._cancel_hello_timer()
         self.said_hello = True
 
     def _subscribe(self, request: pb.SubscribeRequest, rid: int) -> None:
@@ -277,10 +326,21 @@ class ClientWireFactory(WebSocketServerFactory):
     protocol = ClientWireServerProtocol  # type: ignore[assignment]
     noisy = False  # no "Starting factory <... object at 0x...>" lines
 
-    def __init__(self, registry: EdgeRegistry, settings: ClientWireSettings = ClientWireSettings()) -> None:
+    def __init__(
+        self,
+        registry: EdgeRegistry,
+        settings: ClientWireSettings = ClientWireSettings(),
+        clock: Optional[IReactorTime] = None,
+    ) -> None:
         super().__init__()
+        if clock is None:
+            from twisted.internet import reactor
+
+            clock = reactor  # type: ignore[assignment]
         self.registry = registry
         self.settings = settings
+        #: Runs the hello deadline of every socket.
+        self.clock: IReactorTime = clock  # type: ignore[assignment]
         self.connections: set[ClientWireServerProtocol] = set()
         self.setProtocolOptions(
             maxFramePayloadSize=settings.max_message_bytes,
@@ -293,4 +353,4 @@ class ClientWireFactory(WebSocketServerFactory):
     def close_all(self) -> None:
         """Close every client connection (the Control Plane is stopping)."""
         for connection in list(self.connections):
-            connection.sendClose(code=4000, reason="the Control Plane is shutting down")
+            connection.sendClose(code=CLOSE_SHUTTING_DOWN, reason="the Control Plane is shutting down")

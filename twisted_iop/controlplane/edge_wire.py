@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Optional, Union
+from typing import Optional, Union, overload
 
 import attrs
 from twisted.internet.defer import Deferred
@@ -117,7 +117,7 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
         if body == "edge_event":
             self.factory.registry.record_edge_event(self.edge_id, self.token, envelope.edge_event)
         elif envelope.request_id:
-            self.send_error(
+            self.protocol_violation(
                 pb.ERROR_CODE_UNEXPECTED_MESSAGE,
                 f"{body} is not expected from an edge after hello",
                 envelope.request_id,
@@ -243,7 +243,14 @@ class EdgeWireFactory(PeerServerFactory):
         self.failed_hellos = FailedHelloLimiter(clock, failed_hellos, "edge_wire")
         self.hello_rate = HelloRateLimit(clock, max_hellos_per_second)
 
-    def buildProtocol(self, addr: Optional[IAddress]) -> Union[EdgeWireProtocol, RefusedConnection]:  # type: ignore[override]
+    @overload  # type: ignore[override]
+    def buildProtocol(self, addr: None) -> EdgeWireProtocol: ...
+
+    @overload
+    def buildProtocol(self, addr: IAddress) -> Union[EdgeWireProtocol, RefusedConnection]: ...
+
+    def buildProtocol(self, addr: Optional[IAddress]) -> Union[EdgeWireProtocol, RefusedConnection]:
+        """A new connection; a blocked address's is aborted at once (without an address: never refused)."""
         if self.failed_hellos.is_blocked(source_of(addr)):
             return RefusedConnection()
         protocol = super().buildProtocol(addr)

@@ -26,6 +26,7 @@ from twisted_iop.controlplane.registry import (
     StatusSnapshot,
 )
 from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.enums import enum_name
 from twisted_iop.wire.peer import PeerDisconnected, RemoteError, RequestTimeout
 
 
@@ -326,8 +327,8 @@ class EdgeGateway:
                 pb.COMMAND_OUTCOME_REJECTED: records.REJECTED,
             }.get(response.outcome, records.FAILED)
             reason = response.reason
-            if response.outcome == pb.COMMAND_OUTCOME_UNSPECIFIED and not reason:
-                reason = "edge answered without an outcome"
+            if state == records.FAILED and response.outcome != pb.COMMAND_OUTCOME_FAILED and not reason:
+                reason = f"edge answered with outcome {enum_name(pb.CommandOutcome, response.outcome)}"
             advance(edge_id, token, op_id, state, reason, dict(response.result))
 
         def failed(failure: Failure) -> None:

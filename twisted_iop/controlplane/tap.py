@@ -107,7 +107,7 @@ class ControlPlaneService(DaemonService):
             failed_hellos=config.edge_wire_failed_hellos,
             max_hellos_per_second=config.max_hellos_per_second,
         )
-        self.client_factory = ClientWireFactory(self.registry, config.client_wire)
+        self.client_factory = ClientWireFactory(self.registry, config.client_wire, reactor)
         root = HttpRoot(self.http.app.resource(), WebSocketResource(self.client_factory))
         site = self.http_site = GuardedSite(root, config.http_site, self.http.check_headers, reactor)
         self.add_listener("edge_wire", config.edge_wire_listen, self.edge_factory, reactor, config.edge_wire_tls)

@@ -31,6 +31,7 @@ from twisted_iop.configuration import (
     parse_unique_list,
 )
 from twisted_iop.credentials import Digests
+from twisted_iop.edge.inference_config import InferenceConfig, parse_inference_config
 from twisted_iop.tls import TLSListenConfig
 from twisted_iop.wire import DEFAULT_MAX_FRAME_BYTES
 from twisted_iop.wire.limits import FailedHelloLimits
@@ -121,6 +122,7 @@ class EdgeConfig:
     node_server: NodeServerConfig
     nodes: tuple[NodeConfig, ...]
     source_path: Optional[str] = None
+    inference: InferenceConfig = InferenceConfig()
 
     def node(self, node_id: str) -> Optional[NodeConfig]:
         """The configured Node ``node_id``, if any."""
@@ -138,12 +140,13 @@ def load_edge_config(path: Optional[str], environ: Optional[Mapping[str, str]] =
 def parse_edge_config(data: Mapping[str, Any], environ: Mapping[str, str] = {}) -> EdgeConfig:
     """Validate a parsed edge.yaml mapping into an :class:`EdgeConfig`."""
     top = Section(data, "")
-    top.reject_unknown({"control_plane", "node_server", "nodes"})
+    top.reject_unknown({"control_plane", "node_server", "nodes", "inference"})
     control_plane = _control_plane(top.section("control_plane"), environ)
     node_server = _node_server(top.section("node_server"), environ)
     credentials = parse_checked_credentials(top.section("node_server"), "credentials", "credentials_file")
     nodes = parse_nodes(top.raw("nodes"), credentials)
-    return EdgeConfig(control_plane=control_plane, node_server=node_server, nodes=nodes)
+    inference = parse_inference_config(top.section("inference"), environ)
+    return EdgeConfig(control_plane=control_plane, node_server=node_server, nodes=nodes, inference=inference)
 
 
 def _control_plane(section: Section, environ: Mapping[str, str]) -> ControlPlaneLinkConfig:

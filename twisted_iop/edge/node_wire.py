@@ -24,7 +24,7 @@ address; a blocked address's connections are closed at once.
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Optional, Union, overload
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IAddress, IReactorTime
@@ -32,6 +32,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 import twisted_iop
+from twisted_iop.edge.inference import INFERENCE_BODIES, InferenceGateway
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.tls import NODE, peer_identity
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
@@ -57,16 +58,18 @@ class NodeServerProtocol(AcceptedPeerProtocol):
     def connection_closed(self, reason: Failure) -> None:
         if self.token is not None:
             self._registry.node_closed(self.token)
+        if self.factory.inference is not None:  # after node_closed: its leases are lost, not freed
+            self.factory.inference.connection_lost(self)
 
     def describe_peer(self) -> str:
         return f"node {self.node_id}" if self.node_id else "unidentified node connection"
 
-    def stringReceived(self, data: bytes) -> None:
+    def frame_received(self, data: bytes) -> None:
         # Here, not in envelope_received: pings, pongs and probe answers
         # never reach envelope_received, and they are what a quiet Node sends.
         if self.token is not None and not self.closing:
             self._registry.node_seen(self.token)
-        super().stringReceived(data)
+        super().frame_received(data)
 
     def envelope_received(self, envelope: pb.Envelope, body: str) -> None:
         if body == "node_hello_request":
@@ -77,16 +80,18 @@ class NodeServerProtocol(AcceptedPeerProtocol):
             self._registry.node_ready(self.token, envelope.node_ready.providers)
         elif body == "node_health_report":
             self._registry.node_health(self.token, envelope.node_health_report.providers)
+        elif body in INFERENCE_BODIES and self.factory.inference is not None:
+            self.factory.inference.node_message(self, envelope, body)
         elif envelope.request_id:
-            self.send_error(
+            self.protocol_violation(
                 pb.ERROR_CODE_UNEXPECTED_MESSAGE, f"{body} is not valid on the node wire", envelope.request_id
             )
         else:
-            self._log.warn("ignoring unexpected {body} from {peer}", body=body, peer=self.describe_peer())
+            self.protocol_violation(pb.ERROR_CODE_UNEXPECTED_MESSAGE, f"unexpected {body} ignored")
 
     def _hello(self, request_id: int, hello: pb.NodeHelloRequest) -> None:
         if self.token is not None:
-            self.fail_connection(pb.ERROR_CODE_UNEXPECTED_MESSAGE, "hello was already accepted", request_id)
+            self.protocol_violation(pb.ERROR_CODE_UNEXPECTED_MESSAGE, "hello was already accepted", request_id)
             return
         self.hello_done()
         response = pb.NodeHelloResponse(
@@ -154,8 +159,17 @@ class NodeServerFactory(PeerServerFactory):
         self.registry = registry
         self.require_certificate = require_certificate
         self.failed_hellos = FailedHelloLimiter(clock, failed_hellos, "node_server")
+        #: The inference gateway, once the tap has built it.
+        self.inference: Optional[InferenceGateway] = None
 
-    def buildProtocol(self, addr: Optional[IAddress]) -> Union[NodeServerProtocol, RefusedConnection]:  # type: ignore[override]
+    @overload  # type: ignore[override]
+    def buildProtocol(self, addr: None) -> NodeServerProtocol: ...
+
+    @overload
+    def buildProtocol(self, addr: IAddress) -> Union[NodeServerProtocol, RefusedConnection]: ...
+
+    def buildProtocol(self, addr: Optional[IAddress]) -> Union[NodeServerProtocol, RefusedConnection]:
+        """A new connection; a blocked address's is aborted at once (without an address: never refused)."""
         if self.failed_hellos.is_blocked(source_of(addr)):
             return RefusedConnection()
         protocol = super().buildProtocol(addr)

@@ -151,6 +151,11 @@ class ProviderPool:
         """Forget ``node_id`` and its providers (their leases are lost)."""
         self.configure_node(node_id, ())
 
+    @property
+    def availability(self) -> Availability:
+        """What the pool asks before it places work."""
+        return self._availability
+
     def reconsider(self) -> None:
         """Availability may have changed: admit waiting requests that now fit.
 

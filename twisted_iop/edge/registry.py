@@ -31,6 +31,7 @@ from twisted_iop.edge.events import EventRelay
 from twisted_iop.edge.ownership import NodeOwnership, Transition, TransitionKind
 from twisted_iop.edge.pool import ProviderPool
 from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.enums import enum_label
 from twisted_iop.wire.hello import MAX_TEXT, Rejection, check_node_hello
 
 #: Health values under which a provider takes new leases.
@@ -428,4 +429,4 @@ class NodeRegistry(Service):
 
 
 def _health_name(value: pb.ProviderHealth) -> str:
-    return pb.ProviderHealth.Name(value).removeprefix("PROVIDER_HEALTH_").lower()
+    return enum_label(pb.ProviderHealth, value)

@@ -13,6 +13,8 @@ from twisted_iop.daemon import DaemonOptions, DaemonService, compose
 from twisted_iop.edge.commands import CommandRunner
 from twisted_iop.edge.config import EdgeConfig, load_edge_config
 from twisted_iop.edge.control_plane_link import ControlPlaneLink
+from twisted_iop.edge.inference import InferenceGateway
+from twisted_iop.edge.inference_api import InferenceAPI, inference_site
 from twisted_iop.edge.node_wire import NodeServerFactory
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.edge.status import StatusProvider
@@ -35,7 +37,8 @@ class Options(DaemonOptions[EdgeConfig]):
         """Who it is, where it listens and dials."""
         return (
             f"edge {config.control_plane.edge_id}, nodes: {len(config.nodes)}, "
-            f"node_server on {config.node_server.listen}, control plane at {config.control_plane.address}"
+            f"node_server on {config.node_server.listen}, inference on {config.inference.listen}, "
+            f"control plane at {config.control_plane.address}"
         )
 
 
@@ -69,6 +72,10 @@ class EdgeService(DaemonService):
             reactor,
             config.node_server.tls,
         )
+        # The inference gateway: its own listener; Node messages reach it through the node server.
+        self.inference = self.node_factory.inference = InferenceGateway(self.registry, config.inference, clock)
+        site = inference_site(InferenceAPI(self.inference), config.inference.max_request_bytes)
+        self.inference_server = self.add_listener("inference", config.inference.listen, site, reactor)
         self.control_plane = self.add_dialer(
             "control-plane", self.link.client_service(clientFromString(reactor, config.control_plane.address))
         )
@@ -82,8 +89,14 @@ class EdgeService(DaemonService):
         """Fires with the Node listener's TCP port once it is bound."""
         return self.node_server.bound()
 
+    @property
+    def inference_port(self) -> int:
+        """The inference API's TCP port (0 until bound)."""
+        return self.inference_server.port_number
+
     def stopService(self) -> Deferred[None] | None:
-        """Stop listening and dialing, then close every Node connection."""
+        """End every inference request, stop listening and dialing, close Node connections."""
+        self.inference.stop()
         self.link.stop()
         d = cast("Deferred[None] | None", super().stopService())
         self.node_factory.close_all("the Edge is shutting down")

@@ -63,6 +63,11 @@ class MockOptions:
     reason: str = ""
     #: If set and the file exists, its first word is the health (demos, tests).
     health_file: Optional[str] = None
+    # Inference behaviour (twisted_iop.node.inference runs the mock in process).
+    tokens_per_second: float = 0.0
+    latency_seconds: float = 0.0
+    failure_rate: float = 0.0
+    completion_tokens: int = 16
 
 
 @attrs.frozen
@@ -155,7 +160,7 @@ def _provider(section: Section) -> NodeProviderConfig:
 
 
 def _mock(section: Section) -> MockOptions:
-    section.reject_unknown({"healthy", "health", "reason", "health_file"})
+    section.reject_unknown({"healthy", "health", "reason", "health_file", *MOCK_INFERENCE_KEYS})
     health = section.string("health", "healthy")
     if section.has("healthy"):
         if section.has("health"):
@@ -166,4 +171,22 @@ def _mock(section: Section) -> MockOptions:
             f"{section.field_path('health')}: must be one of {', '.join(MOCK_HEALTH_VALUES)}, not {health!r}"
         )
     health_file = section.string("health_file") or None
-    return MockOptions(health=health, reason=section.string("reason"), health_file=health_file)
+    return MockOptions(
+        health=health, reason=section.string("reason"), health_file=health_file, **_mock_inference(section)
+    )
+
+
+#: The mock options that shape its inference answers.
+MOCK_INFERENCE_KEYS = ("tokens_per_second", "latency_seconds", "failure_rate", "completion_tokens")
+
+
+def _mock_inference(section: Section) -> dict[str, Any]:
+    failure_rate = section.number("failure_rate", 0.0, minimum=0.0, exclusive_minimum=False)
+    if failure_rate > 1.0:
+        raise ConfigError(f"{section.field_path('failure_rate')}: must be between 0 and 1")
+    return {
+        "tokens_per_second": section.number("tokens_per_second", 0.0, minimum=0.0, exclusive_minimum=False),
+        "latency_seconds": section.number("latency_seconds", 0.0, minimum=0.0, exclusive_minimum=False),
+        "failure_rate": failure_rate,
+        "completion_tokens": section.integer("completion_tokens", 16, minimum=1, maximum=100_000),
+    }

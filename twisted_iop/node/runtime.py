@@ -9,7 +9,7 @@ health changes through the small :class:`EdgeSession` interface.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Optional, Protocol
+from typing import TYPE_CHECKING, Optional, Protocol
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList
@@ -21,6 +21,9 @@ from twisted_iop.configuration import ConfigError, Section, load_yaml_mapping
 from twisted_iop.node.config import NodeProviderConfig, NodeRuntimeConfig, parse_node_providers
 from twisted_iop.node.probes import ProbeResult, ProviderProber
 from twisted_iop.wire import control_pb2 as pb
+
+if TYPE_CHECKING:
+    from twisted_iop.node.inference import InferenceRunner
 
 #: Something that re-reads the providers of node.yaml.
 ProvidersLoader = Callable[[], tuple[NodeProviderConfig, ...]]
@@ -68,6 +71,8 @@ class NodeRuntime(Service):
         self.providers: tuple[NodeProviderConfig, ...] = config.providers
         self.health: dict[str, ProbeResult] = {}
         self.session: Optional[EdgeSession] = None
+        #: Runs the inference requests the Edge forwards (set by the tap).
+        self.inference: Optional[InferenceRunner] = None
         self.ready_sent = False
         self.rounds = 0
         self._loop = LoopingCall(self._periodic)
@@ -109,6 +114,8 @@ class NodeRuntime(Service):
         if self.session is session:
             self.session = None
             self.ready_sent = False
+        if self.inference is not None:
+            self.inference.session_lost(session)  # type: ignore[arg-type]
 
     def provider_specs(self) -> list[pb.NodeProviderSpec]:
         """What the Edge may know of the providers: id, kind and models only."""

@@ -11,6 +11,7 @@ from twisted.internet.endpoints import clientFromString
 from twisted_iop.daemon import DaemonOptions, DaemonService, compose
 from twisted_iop.node.config import NodeRuntimeConfig, load_node_config
 from twisted_iop.node.edge_link import EdgeLink
+from twisted_iop.node.inference import InferenceHTTPClient, InferenceRunner
 from twisted_iop.node.probes import HTTPClient, ProviderProber
 from twisted_iop.node.runtime import NodeRuntime
 
@@ -43,6 +44,8 @@ class NodeService(DaemonService):
         self.config = config
         clock: Any = reactor
         self.runtime = NodeRuntime(config, clock, ProviderProber(clock, http))
+        runtime = self.runtime
+        runtime.inference = InferenceRunner(lambda: runtime.providers, clock, cast(Optional[InferenceHTTPClient], http))
         self.add_state(self.runtime)
         self.link = EdgeLink(config, self.runtime, clock)
         self.edge = self.add_dialer(

@@ -46,6 +46,22 @@ class CommandOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COMMAND_OUTCOME_SUCCEEDED: _ClassVar[CommandOutcome]
     COMMAND_OUTCOME_FAILED: _ClassVar[CommandOutcome]
     COMMAND_OUTCOME_REJECTED: _ClassVar[CommandOutcome]
+
+class InferenceEndpoint(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    INFERENCE_ENDPOINT_UNSPECIFIED: _ClassVar[InferenceEndpoint]
+    INFERENCE_ENDPOINT_CHAT_COMPLETIONS: _ClassVar[InferenceEndpoint]
+    INFERENCE_ENDPOINT_COMPLETIONS: _ClassVar[InferenceEndpoint]
+    INFERENCE_ENDPOINT_EMBEDDINGS: _ClassVar[InferenceEndpoint]
+
+class InferenceStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    INFERENCE_STATUS_UNSPECIFIED: _ClassVar[InferenceStatus]
+    INFERENCE_STATUS_OK: _ClassVar[InferenceStatus]
+    INFERENCE_STATUS_PROVIDER_ERROR: _ClassVar[InferenceStatus]
+    INFERENCE_STATUS_CANCELLED: _ClassVar[InferenceStatus]
+    INFERENCE_STATUS_REJECTED: _ClassVar[InferenceStatus]
+    INFERENCE_STATUS_UNAVAILABLE: _ClassVar[InferenceStatus]
 ERROR_CODE_UNSPECIFIED: ErrorCode
 ERROR_CODE_MALFORMED_FRAME: ErrorCode
 ERROR_CODE_FRAME_TOO_LARGE: ErrorCode
@@ -74,6 +90,16 @@ COMMAND_OUTCOME_UNSPECIFIED: CommandOutcome
 COMMAND_OUTCOME_SUCCEEDED: CommandOutcome
 COMMAND_OUTCOME_FAILED: CommandOutcome
 COMMAND_OUTCOME_REJECTED: CommandOutcome
+INFERENCE_ENDPOINT_UNSPECIFIED: InferenceEndpoint
+INFERENCE_ENDPOINT_CHAT_COMPLETIONS: InferenceEndpoint
+INFERENCE_ENDPOINT_COMPLETIONS: InferenceEndpoint
+INFERENCE_ENDPOINT_EMBEDDINGS: InferenceEndpoint
+INFERENCE_STATUS_UNSPECIFIED: InferenceStatus
+INFERENCE_STATUS_OK: InferenceStatus
+INFERENCE_STATUS_PROVIDER_ERROR: InferenceStatus
+INFERENCE_STATUS_CANCELLED: InferenceStatus
+INFERENCE_STATUS_REJECTED: InferenceStatus
+INFERENCE_STATUS_UNAVAILABLE: InferenceStatus
 
 class Error(_message.Message):
     __slots__ = ("code", "message")
@@ -393,8 +419,68 @@ class NodeProbeResponse(_message.Message):
     health: _containers.RepeatedCompositeFieldContainer[ProviderHealthReport]
     def __init__(self, providers: _Optional[_Iterable[_Union[NodeProviderSpec, _Mapping]]] = ..., health: _Optional[_Iterable[_Union[ProviderHealthReport, _Mapping]]] = ...) -> None: ...
 
+class InferenceRequest(_message.Message):
+    __slots__ = ("inference_id", "provider_id", "endpoint", "body", "stream", "model")
+    INFERENCE_ID_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_ID_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    inference_id: int
+    provider_id: str
+    endpoint: InferenceEndpoint
+    body: bytes
+    stream: bool
+    model: str
+    def __init__(self, inference_id: _Optional[int] = ..., provider_id: _Optional[str] = ..., endpoint: _Optional[_Union[InferenceEndpoint, str]] = ..., body: _Optional[bytes] = ..., stream: _Optional[bool] = ..., model: _Optional[str] = ...) -> None: ...
+
+class InferenceChunk(_message.Message):
+    __slots__ = ("inference_id", "data")
+    INFERENCE_ID_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    inference_id: int
+    data: bytes
+    def __init__(self, inference_id: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class InferenceUsage(_message.Message):
+    __slots__ = ("prompt_tokens", "completion_tokens", "total_tokens")
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ...) -> None: ...
+
+class InferenceDone(_message.Message):
+    __slots__ = ("inference_id", "status", "http_status", "body", "usage", "error", "chunks")
+    INFERENCE_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    HTTP_STATUS_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    inference_id: int
+    status: InferenceStatus
+    http_status: int
+    body: bytes
+    usage: InferenceUsage
+    error: str
+    chunks: int
+    def __init__(self, inference_id: _Optional[int] = ..., status: _Optional[_Union[InferenceStatus, str]] = ..., http_status: _Optional[int] = ..., body: _Optional[bytes] = ..., usage: _Optional[_Union[InferenceUsage, _Mapping]] = ..., error: _Optional[str] = ..., chunks: _Optional[int] = ...) -> None: ...
+
+class InferenceCancel(_message.Message):
+    __slots__ = ("inference_id", "reason")
+    INFERENCE_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    inference_id: int
+    reason: str
+    def __init__(self, inference_id: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class Envelope(_message.Message):
-    __slots__ = ("request_id", "error", "ping", "pong", "edge_hello_request", "edge_hello_response", "edge_status_request", "edge_status_response", "edge_command_request", "edge_command_response", "edge_event", "node_hello_request", "node_hello_response", "node_ready", "node_health_report", "node_probe_request", "node_probe_response")
+    __slots__ = ("request_id", "error", "ping", "pong", "edge_hello_request", "edge_hello_response", "edge_status_request", "edge_status_response", "edge_command_request", "edge_command_response", "edge_event", "node_hello_request", "node_hello_response", "node_ready", "node_health_report", "node_probe_request", "node_probe_response", "inference_request", "inference_chunk", "inference_done", "inference_cancel")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     PING_FIELD_NUMBER: _ClassVar[int]
@@ -412,6 +498,10 @@ class Envelope(_message.Message):
     NODE_HEALTH_REPORT_FIELD_NUMBER: _ClassVar[int]
     NODE_PROBE_REQUEST_FIELD_NUMBER: _ClassVar[int]
     NODE_PROBE_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    INFERENCE_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    INFERENCE_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    INFERENCE_DONE_FIELD_NUMBER: _ClassVar[int]
+    INFERENCE_CANCEL_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     error: Error
     ping: Ping
@@ -429,7 +519,11 @@ class Envelope(_message.Message):
     node_health_report: NodeHealthReport
     node_probe_request: NodeProbeRequest
     node_probe_response: NodeProbeResponse
-    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., edge_hello_request: _Optional[_Union[EdgeHelloRequest, _Mapping]] = ..., edge_hello_response: _Optional[_Union[EdgeHelloResponse, _Mapping]] = ..., edge_status_request: _Optional[_Union[EdgeStatusRequest, _Mapping]] = ..., edge_status_response: _Optional[_Union[EdgeStatusResponse, _Mapping]] = ..., edge_command_request: _Optional[_Union[EdgeCommandRequest, _Mapping]] = ..., edge_command_response: _Optional[_Union[EdgeCommandResponse, _Mapping]] = ..., edge_event: _Optional[_Union[EdgeEvent, _Mapping]] = ..., node_hello_request: _Optional[_Union[NodeHelloRequest, _Mapping]] = ..., node_hello_response: _Optional[_Union[NodeHelloResponse, _Mapping]] = ..., node_ready: _Optional[_Union[NodeReady, _Mapping]] = ..., node_health_report: _Optional[_Union[NodeHealthReport, _Mapping]] = ..., node_probe_request: _Optional[_Union[NodeProbeRequest, _Mapping]] = ..., node_probe_response: _Optional[_Union[NodeProbeResponse, _Mapping]] = ...) -> None: ...
+    inference_request: InferenceRequest
+    inference_chunk: InferenceChunk
+    inference_done: InferenceDone
+    inference_cancel: InferenceCancel
+    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., edge_hello_request: _Optional[_Union[EdgeHelloRequest, _Mapping]] = ..., edge_hello_response: _Optional[_Union[EdgeHelloResponse, _Mapping]] = ..., edge_status_request: _Optional[_Union[EdgeStatusRequest, _Mapping]] = ..., edge_status_response: _Optional[_Union[EdgeStatusResponse, _Mapping]] = ..., edge_command_request: _Optional[_Union[EdgeCommandRequest, _Mapping]] = ..., edge_command_response: _Optional[_Union[EdgeCommandResponse, _Mapping]] = ..., edge_event: _Optional[_Union[EdgeEvent, _Mapping]] = ..., node_hello_request: _Optional[_Union[NodeHelloRequest, _Mapping]] = ..., node_hello_response: _Optional[_Union[NodeHelloResponse, _Mapping]] = ..., node_ready: _Optional[_Union[NodeReady, _Mapping]] = ..., node_health_report: _Optional[_Union[NodeHealthReport, _Mapping]] = ..., node_probe_request: _Optional[_Union[NodeProbeRequest, _Mapping]] = ..., node_probe_response: _Optional[_Union[NodeProbeResponse, _Mapping]] = ..., inference_request: _Optional[_Union[InferenceRequest, _Mapping]] = ..., inference_chunk: _Optional[_Union[InferenceChunk, _Mapping]] = ..., inference_done: _Optional[_Union[InferenceDone, _Mapping]] = ..., inference_cancel: _Optional[_Union[InferenceCancel, _Mapping]] = ...) -> None: ...
 
 class ClientHelloRequest(_message.Message):
     __slots__ = ("client_name", "protocol_major", "protocol_minor", "api_token")

@@ -57,6 +57,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.enums import enum_name
 from twisted_iop.wire.peer import FramedPeerProtocol, KeepaliveSweeper, WireError
 from twisted_iop.wire.settings import DialConfig
 
@@ -384,7 +385,9 @@ class HelloDialerProtocol(FramedPeerProtocol, Generic[LinkT]):
             self._link.closing_because(envelope.error)
             return
         if not self.accepted:
-            self.send_error(pb.ERROR_CODE_UNEXPECTED_MESSAGE, f"{body} before hello was accepted", envelope.request_id)
+            self.protocol_violation(
+                pb.ERROR_CODE_UNEXPECTED_MESSAGE, f"{body} before hello was accepted", envelope.request_id
+            )
             return
         self.accepted_envelope_received(envelope, body)
 
@@ -399,11 +402,11 @@ class HelloDialerProtocol(FramedPeerProtocol, Generic[LinkT]):
     def unexpected_envelope(self, envelope: pb.Envelope, body: str) -> None:
         """Answer a request this end does not serve with an error; ignore anything else."""
         if envelope.request_id:
-            self.send_error(
+            self.protocol_violation(
                 pb.ERROR_CODE_UNEXPECTED_MESSAGE, f"{body} is not valid on the {self.wire_name}", envelope.request_id
             )
         else:
-            self._log.warn("ignoring unexpected {body} from the {peer}", body=body, peer=self.describe_peer())
+            self.protocol_violation(pb.ERROR_CODE_UNEXPECTED_MESSAGE, f"unexpected {body} ignored")
 
     def reply_when_done(
         self, d: Deferred[Any], body: str, request_id: int, *, crash_log: str, crash_message: str
@@ -576,7 +579,7 @@ class DialerLink(Generic[ProtocolT]):
                 "{peer} is closing the connection of {own}: {code}: {message}",
                 peer=self.peer_name,
                 own=self.own_name(),
-                code=pb.ErrorCode.Name(error.code),
+                code=enum_name(pb.ErrorCode, error.code),
                 message=error.message,
             )
 

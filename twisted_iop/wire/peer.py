@@ -5,14 +5,21 @@ framing: a 4-byte big-endian length, then one serialized
 :class:`~twisted_iop.wire.control_pb2.Envelope`. :class:`FramedPeerProtocol`
 implements everything the two ends of both wires share:
 
-* framing with an explicit maximum frame size; a frame that is too long or
-  does not parse is answered with an ``Error`` frame and the connection is
-  closed;
+* framing with an explicit maximum frame size (and a much smaller one
+  while an accepted connection has not said hello); a frame that is too
+  long or does not parse is answered with an ``Error`` frame and the
+  connection is closed. Partial frames are kept in one ``bytearray``, so a
+  frame trickled in tiny pieces costs what it costs whole;
 * request/response correlation by ``request_id``, with a deadline per
   request; pending requests fail at once when the connection drops;
 * ping/pong keepalive, driven by a :class:`KeepaliveSweeper` shared by all
   connections of one factory so that 10,000 connections cost one timer;
-* an optional hello deadline for the accepting side.
+* an optional hello deadline for the accepting side, which also refuses
+  any first frame that is not a hello;
+* protocol violations (unknown or empty bodies, answers to requests never
+  sent, messages not valid in this state) are counted: the first few are
+  logged, the rest summed up in one line when the connection closes, and a
+  peer that commits ``max_violations`` of them is closed.
 
 Subclasses implement :meth:`FramedPeerProtocol.envelope_received` and the
 ``peer_*`` hooks; they never see pings, pongs or responses to their own
@@ -27,13 +34,13 @@ from typing import Optional
 from google.protobuf.message import DecodeError, Message
 from twisted.internet.defer import Deferred, fail
 from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime
-from twisted.internet.protocol import Factory
+from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
-from twisted.protocols.basic import Int32StringReceiver
 from twisted.python.failure import Failure
 
 from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.enums import enum_name
 from twisted_iop.wire.pending import PendingRequests
 from twisted_iop.wire.settings import PeerSettings
 
@@ -50,6 +57,16 @@ RESPONSE_BODIES = frozenset(
         "node_probe_response",
     }
 )
+
+#: Bodies that open a connection on the accepting side of a TCP wire.
+HELLO_BODIES = frozenset({"edge_hello_request", "node_hello_request"})
+
+#: Size of the length prefix of every frame.
+PREFIX_BYTES = 4
+
+#: How many protocol warnings one connection may write to the log; the rest
+#: are counted and summed up in one line when the connection closes.
+WARNINGS_LOGGED_PER_CONNECTION = 5
 
 #: How long a closing connection may take to flush its last frame before it
 #: is aborted (a peer that never reads must not hold the socket open).
@@ -72,7 +89,7 @@ class RemoteError(WireError):
     """The peer answered the request with an ``Error`` frame."""
 
     def __init__(self, code: int, message: str) -> None:
-        super().__init__(f"{pb.ErrorCode.Name(code)}: {message}")
+        super().__init__(f"{enum_name(pb.ErrorCode, code)}: {message}")
         self.code = code
         self.message = message
 
@@ -94,7 +111,7 @@ def _disconnected() -> Exception:
     return PeerDisconnected("connection closed before the answer")
 
 
-class FramedPeerProtocol(Int32StringReceiver):
+class FramedPeerProtocol(Protocol):
     """One end of a framed protobuf connection (either side, either wire)."""
 
     _log = Logger()
@@ -106,6 +123,17 @@ class FramedPeerProtocol(Int32StringReceiver):
         self._pending: PendingRequests[pb.Envelope] = PendingRequests()
         self._hello_timer: Optional[IDelayedCall] = None
         self._abort_timer: Optional[IDelayedCall] = None
+        # Received bytes not yet decoded: at most one partial frame between
+        # calls. Appending to a bytearray is amortized O(1), so a frame
+        # trickled in tiny pieces is never re-copied per piece.
+        self._buffer = bytearray()
+        #: Whether the hello deadline runs (the small hello frame limit applies).
+        self.awaiting_hello = False
+        self._first_envelope_seen = False
+        #: Protocol violations so far, and warnings left out of the log.
+        self.violations = 0
+        self._warnings_logged = 0
+        self._warnings_suppressed = 0
         self.closing = False
         #: Why this side closed the connection ("" if the peer closed it).
         self.close_reason = ""
@@ -117,6 +145,10 @@ class FramedPeerProtocol(Int32StringReceiver):
 
     def peer_connected(self) -> None:
         """The transport is up."""
+
+    def first_envelope_received(self, envelope: pb.Envelope, body: Optional[str]) -> bool:
+        """Vet the connection's first envelope; ``False`` if it closed the connection."""
+        return True
 
     def envelope_received(self, envelope: pb.Envelope, body: str) -> None:
         """A request or unsolicited message arrived (not ping/pong/reply).
@@ -140,9 +172,46 @@ class FramedPeerProtocol(Int32StringReceiver):
     def dataReceived(self, data: bytes) -> None:
         if self.closing:
             return
-        super().dataReceived(data)
+        buffer = self._buffer
+        buffer += data
+        start = 0
+        available = len(buffer)
+        while not self.closing and available - start >= PREFIX_BYTES:
+            length = int.from_bytes(buffer[start : start + PREFIX_BYTES], "big")
+            limit = self.frame_limit()
+            if length > limit:
+                self._buffer = bytearray()
+                self.frame_too_large(length, limit)
+                return
+            end = start + PREFIX_BYTES + length
+            if available < end:
+                break
+            payload = bytes(buffer[start + PREFIX_BYTES : end])
+            start = end
+            self.frame_received(payload)
+        if self.closing:
+            self._buffer = bytearray()
+        elif start:
+            # One move per read, however many frames it carried (CPython
+            # deletes a bytearray's head without copying the rest).
+            del buffer[:start]
 
-    def stringReceived(self, data: bytes) -> None:
+    def frame_limit(self) -> int:
+        """The largest frame this side accepts now."""
+        if self.awaiting_hello:
+            return min(self._settings.max_hello_frame_bytes, self.MAX_LENGTH)
+        return self.MAX_LENGTH
+
+    def frame_too_large(self, length: int, limit: int) -> None:
+        """Refuse a frame whose length prefix is above ``limit``: error, then close."""
+        before = " before hello" if self.awaiting_hello else ""
+        self.fail_connection(
+            pb.ERROR_CODE_FRAME_TOO_LARGE,
+            f"frame of {length} bytes exceeds the limit of {limit} bytes{before}",
+        )
+
+    def frame_received(self, data: bytes) -> None:
+        """Decode one frame and dispatch its envelope."""
         if self.closing:
             return
         self.last_received = self._clock.seconds()
@@ -153,6 +222,10 @@ class FramedPeerProtocol(Int32StringReceiver):
             self.fail_connection(pb.ERROR_CODE_MALFORMED_FRAME, "frame is not a valid envelope")
             return
         body = envelope.WhichOneof("body")
+        if not self._first_envelope_seen:
+            self._first_envelope_seen = True
+            if not self.first_envelope_received(envelope, body):
+                return
         request_id = envelope.request_id
         if body == "ping":
             pong = pb.Pong(ping_sent_at_ms=envelope.ping.sent_at_ms)
@@ -166,12 +239,14 @@ class FramedPeerProtocol(Int32StringReceiver):
         if body is None:
             # An empty envelope, or a body from a newer protocol minor that
             # this side does not know: fail the request, keep the connection.
-            self._log.warn("unknown or empty message body from {peer}", peer=self.describe_peer())
-            if request_id:
-                self.send_error(pb.ERROR_CODE_UNEXPECTED_MESSAGE, "unknown message body", request_id)
+            self.protocol_violation(pb.ERROR_CODE_UNEXPECTED_MESSAGE, "unknown or empty message body", request_id)
             return
         if body in RESPONSE_BODIES and (request_id or body != "error"):
-            # A late answer to a request that already timed out: harmless.
+            # A late answer to a request that already timed out is harmless;
+            # an answer to a request this side never sent is a violation.
+            # Neither is answered (answering answers could loop).
+            if not self._pending.issued(request_id):
+                self.protocol_violation(pb.ERROR_CODE_UNEXPECTED_MESSAGE, f"{body} answers no request sent")
             return
         try:
             self.envelope_received(envelope, body)
@@ -180,20 +255,58 @@ class FramedPeerProtocol(Int32StringReceiver):
             if request_id and not self.closing:
                 self.send_error(pb.ERROR_CODE_INTERNAL, "internal error handling " + body, request_id)
 
-    def lengthLimitExceeded(self, length: int) -> None:
-        self.fail_connection(
-            pb.ERROR_CODE_FRAME_TOO_LARGE,
-            f"frame of {length} bytes exceeds the limit of {self.MAX_LENGTH} bytes",
-        )
-
     def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:
         self.closing = True
+        self._buffer = bytearray()
         for timer in (self._hello_timer, self._abort_timer):
             if timer is not None and timer.active():
                 timer.cancel()
         self._hello_timer = self._abort_timer = None
+        if self._warnings_suppressed:
+            self._log.warn(
+                "{count} more warnings about {peer} were not logged ({violations} protocol violations in all)",
+                count=self._warnings_suppressed,
+                peer=self.describe_peer(),
+                violations=self.violations,
+            )
+            self._warnings_suppressed = 0
         self._pending.fail_all(_disconnected)
         self.peer_disconnected(reason)
+
+    # -- violations and their log lines -------------------------------------
+
+    def protocol_violation(self, code: pb.ErrorCode, message: str, request_id: int = 0) -> None:
+        """Count a violation by the peer; answer ``request_id`` (if any) with ``code``.
+
+        The connection stays open until the peer has committed
+        ``max_violations`` of them; then it is closed.
+        """
+        if self.closing:
+            return
+        self.violations += 1
+        if self.violations >= self._settings.max_violations:
+            self.fail_connection(
+                code,
+                f"too many protocol violations ({self.violations}), the last: {message}",
+                request_id,
+            )
+            return
+        if request_id:
+            self.send_error(code, message, request_id)
+        self.warn_peer("protocol violation by {peer}: {message}", message=message)
+
+    def warn_peer(self, log_format: str, **fields: object) -> None:
+        """Log a warning about the peer, at most a few per connection.
+
+        ``log_format`` may use ``{peer}``. Warnings past the per-connection
+        budget are counted and summed up in one line at close, so a peer
+        cannot flood the log.
+        """
+        if self._warnings_logged >= WARNINGS_LOGGED_PER_CONNECTION:
+            self._warnings_suppressed += 1
+            return
+        self._warnings_logged += 1
+        self._log.warn(log_format, peer=self.describe_peer(), **fields)
 
     # -- sending ------------------------------------------------------------
 
@@ -202,6 +315,13 @@ class FramedPeerProtocol(Int32StringReceiver):
         if self.closing or self.transport is None:
             return
         self.sendString(make_envelope(body, message, request_id).SerializeToString())
+
+    def sendString(self, data: bytes) -> None:
+        """Write ``data`` as one frame (its length prefix, then the bytes)."""
+        if len(data) >= 2 ** (8 * PREFIX_BYTES):
+            raise ValueError(f"a frame of {len(data)} bytes cannot be length-prefixed")
+        assert self.transport is not None
+        self.transport.write(len(data).to_bytes(PREFIX_BYTES, "big") + data)
 
     def send_error(self, code: pb.ErrorCode, message: str, request_id: int = 0) -> None:
         """Send an ``Error`` frame (as the answer to ``request_id``)."""
@@ -250,7 +370,7 @@ class FramedPeerProtocol(Int32StringReceiver):
         self._log.warn(
             "closing connection from {peer}: {code}: {message}",
             peer=self.describe_peer(),
-            code=pb.ErrorCode.Name(code),
+            code=enum_name(pb.ErrorCode, code),
             message=message,
         )
         self.close_reason = message
@@ -277,6 +397,7 @@ class FramedPeerProtocol(Int32StringReceiver):
     def start_hello_timer(self) -> None:
         """Close the connection unless :meth:`hello_done` runs in time."""
         seconds = self._settings.hello_timeout_seconds
+        self.awaiting_hello = True
         self._hello_timer = self._clock.callLater(
             seconds,
             self.fail_connection,
@@ -285,7 +406,8 @@ class FramedPeerProtocol(Int32StringReceiver):
         )
 
     def hello_done(self) -> None:
-        """Stop the hello deadline."""
+        """Stop the hello deadline (and the small frame limit that goes with it)."""
+        self.awaiting_hello = False
         if self._hello_timer is not None and self._hello_timer.active():
             self._hello_timer.cancel()
         self._hello_timer = None
@@ -353,7 +475,15 @@ class KeepaliveSweeper:
 
 
 class AcceptedPeerProtocol(FramedPeerProtocol):
-    """The accepting end of a connection: tracked by its factory, hello on a deadline."""
+    """The accepting end of a connection: tracked by its factory, hello on a deadline.
+
+    The first frame must be a hello: anything else (a ping, a pong, an
+    answer, an empty or unknown body) gets ``Error{HELLO_REQUIRED}`` and a
+    close, before any subclass sees it.
+    """
+
+    #: Bodies this side accepts as a connection's first message.
+    hello_bodies: frozenset[str] = HELLO_BODIES
 
     def __init__(self, factory: PeerServerFactory) -> None:
         super().__init__(factory.clock, factory.settings)
@@ -362,6 +492,15 @@ class AcceptedPeerProtocol(FramedPeerProtocol):
     def peer_connected(self) -> None:
         self.factory.connections.add(self)
         self.start_hello_timer()
+
+    def first_envelope_received(self, envelope: pb.Envelope, body: Optional[str]) -> bool:
+        if body in self.hello_bodies:
+            return True
+        what = body or "an empty or unknown message"
+        self.fail_connection(
+            pb.ERROR_CODE_HELLO_REQUIRED, f"the first message must be a hello, not {what}", envelope.request_id
+        )
+        return False
 
     def peer_disconnected(self, reason: Failure) -> None:
         self.factory.connections.discard(self)

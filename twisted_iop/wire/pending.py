@@ -31,6 +31,10 @@ class PendingRequests(Generic[T]):
     def __contains__(self, request_id: int) -> bool:
         return request_id in self._pending
 
+    def issued(self, request_id: int) -> bool:
+        """Whether ``request_id`` was ever handed out (answered or not)."""
+        return 0 < request_id < self._next_id
+
     def add(
         self, clock: Optional[IReactorTime], timeout: float, timed_out: Callable[[], Exception]
     ) -> tuple[int, Deferred[T]]:

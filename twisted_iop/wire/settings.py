@@ -18,6 +18,12 @@ class PeerSettings:
     """Limits and deadlines of one framed wire endpoint."""
 
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    #: The largest frame an accepted connection may send before its hello:
+    #: a hello's size, so an unidentified peer cannot make this side buffer
+    #: (and parse) megabytes. Never above ``max_frame_bytes``.
+    max_hello_frame_bytes: int = 64 * 1024
+    #: Protocol violations after which a peer is closed.
+    max_violations: int = 10
     hello_timeout_seconds: float = 10.0
     keepalive_interval_seconds: float = 15.0
     keepalive_deadline_seconds: float = 45.0

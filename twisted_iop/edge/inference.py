@@ -1,0 +1,601 @@
+"""The Edge's inference request path: admission, forwarding, release.
+
+Two layers:
+
+* :class:`InferenceLifecycle` (pure, no I/O) is the state machine of every
+  request: ``queued`` (a place in its model's FIFO admission queue) ->
+  ``leased`` (holds a lease, forwarded to its Node, nothing relayed yet) ->
+  ``streaming`` (output reached the client) -> ``finished``. It owns the
+  leases it takes from the :class:`~twisted_iop.edge.pool.ProviderPool` and
+  releases each exactly once, whatever ends the request. A request whose
+  Node is lost before any output reached the client goes back to its queue
+  (once) and runs on another provider.
+* :class:`InferenceGateway` does the I/O around it: ``InferenceRequest`` to
+  the Node that owns the leased provider, ``InferenceChunk`` /
+  ``InferenceDone`` back to the client's :class:`ResponseSink`,
+  ``InferenceCancel`` when the client goes away, timers for the queue and
+  for a silent Node.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Callable
+from typing import Any, Optional, Protocol
+
+import attrs
+from google.protobuf.message import Message
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from twisted_iop.edge.inference_config import InferenceConfig
+from twisted_iop.edge.pool import Lease, NoSuchModel, ProviderPool
+from twisted_iop.edge.registry import NodeRegistry
+from twisted_iop.openai_api import estimate_prompt_tokens
+from twisted_iop.wire import control_pb2 as pb
+
+#: Wire bodies the Edge accepts from a Node for the inference path.
+INFERENCE_BODIES = frozenset({"inference_chunk", "inference_done"})
+#: How many times a request may be leased (a lost Node before any output
+#: sends it back to its queue until this many leases were tried).
+MAX_ATTEMPTS = 2
+
+
+class InferenceError(Exception):
+    """A request ends with an OpenAI-shaped error (mapped once, in the HTTP API)."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        kind: str = "invalid_request_error",
+        retry_after: Optional[int] = None,
+        body: Optional[bytes] = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.kind = kind
+        self.retry_after = retry_after
+        #: A provider's own OpenAI error body, passed through as it is.
+        self.body = body
+
+    def to_json(self) -> bytes:
+        """The OpenAI error body."""
+        if self.body is not None:
+            return self.body
+        return json.dumps({"error": {"message": self.message, "type": self.kind, "code": self.code}}).encode()
+
+
+class QueueFull(Exception):
+    """The model's admission queue is at ``max_queued_per_model``."""
+
+
+class Phase(enum.Enum):
+    """Where one request is in its life."""
+
+    QUEUED = "queued"
+    LEASED = "leased"
+    STREAMING = "streaming"
+    FINISHED = "finished"
+
+
+class Outcome(enum.Enum):
+    """How a request ended."""
+
+    COMPLETED = "completed"
+    PROVIDER_ERROR = "provider_error"
+    CLIENT_GONE = "client_gone"
+    CLIENT_TOO_SLOW = "client_too_slow"
+    NODE_LOST = "node_lost"
+    NODE_SILENT = "node_silent"
+    QUEUE_TIMEOUT = "queue_timeout"
+    EDGE_STOPPING = "edge_stopping"
+
+
+#: Outcomes after which the Node may still be running the request.
+_NODE_STILL_RUNS = frozenset({Outcome.CLIENT_GONE, Outcome.CLIENT_TOO_SLOW, Outcome.NODE_SILENT, Outcome.EDGE_STOPPING})
+
+
+@attrs.define(eq=False)
+class Ticket:
+    """One request's state in the lifecycle."""
+
+    inference_id: int
+    model: str
+    long_context: bool
+    granted: Callable[[Ticket], None] = attrs.field(repr=False)
+    phase: Phase = Phase.QUEUED
+    lease: Optional[Lease] = None
+    outcome: Optional[Outcome] = None
+    attempts: int = 0
+    #: Submission order within its queue (FIFO checks).
+    sequence: int = 0
+    waiting: Optional[Deferred[Lease]] = attrs.field(default=None, repr=False)
+
+
+class InferenceLifecycle:
+    """Every live request and its lease; pure transitions over the pool."""
+
+    def __init__(self, pool: ProviderPool, max_queued_per_model: int, max_attempts: int = MAX_ATTEMPTS) -> None:
+        self.pool = pool
+        self.max_queued_per_model = max_queued_per_model
+        self.max_attempts = max_attempts
+        self.tickets: dict[int, Ticket] = {}
+        self._queued: dict[tuple[str, bool], int] = {}
+        self._next_id = 0
+        self._sequence = 0
+
+    def queued(self, model: str, long_context: bool) -> int:
+        """Requests of this lifecycle waiting in one queue."""
+        return self._queued.get((model, long_context), 0)
+
+    def queued_total(self) -> int:
+        """Requests waiting in every queue."""
+        return sum(self._queued.values())
+
+    def submit(self, model: str, long_context: bool, granted: Callable[[Ticket], None]) -> Ticket:
+        """A new request: leased at once, or queued, or :class:`QueueFull`.
+
+        ``granted`` runs when (and every time) the request obtains a lease.
+        Raises :class:`~twisted_iop.edge.pool.NoSuchModel` when no provider
+        could ever serve it.
+        """
+        self._next_id += 1
+        ticket = Ticket(self._next_id, model, long_context, granted)
+        self._admit(ticket, bounded=True)
+        return ticket
+
+    def _admit(self, ticket: Ticket, bounded: bool) -> None:
+        key = (ticket.model, ticket.long_context)
+        lease = None
+        if not self._queued.get(key):
+            lease = self.pool.try_acquire(ticket.model, ticket.long_context)
+        if lease is None and bounded and self._queued.get(key, 0) >= self.max_queued_per_model:
+            raise QueueFull(f"{self._queued.get(key, 0)} requests already wait for model {ticket.model!r}")
+        if lease is None:
+            d = self.pool.admit(ticket.model, ticket.long_context)
+            if d.called:
+                # Only a synchronous NoSuchModel (or a lease, which
+                # try_acquire just said cannot be) fires at once.
+                failure_or_lease: list[Any] = []
+                d.addBoth(failure_or_lease.append)
+                result = failure_or_lease[0]
+                if isinstance(result, Failure):
+                    result.raiseException()
+                lease = result
+            else:
+                self._sequence += 1
+                ticket.sequence = self._sequence
+                ticket.phase = Phase.QUEUED
+                ticket.waiting = d
+                self._queued[key] = self._queued.get(key, 0) + 1
+                self.tickets[ticket.inference_id] = ticket
+                d.addCallbacks(self._leased_later, _ignore_cancel, callbackArgs=(ticket,))
+                return
+        self.tickets[ticket.inference_id] = ticket
+        self._grant(ticket, lease)
+
+    def _leased_later(self, lease: Lease, ticket: Ticket) -> None:
+        key = (ticket.model, ticket.long_context)
+        ticket.waiting = None
+        self._queued[key] -= 1
+        if not self._queued[key]:
+            del self._queued[key]
+        self._grant(ticket, lease)
+
+    def _grant(self, ticket: Ticket, lease: Lease) -> None:
+        ticket.lease = lease
+        ticket.phase = Phase.LEASED
+        ticket.attempts += 1
+        ticket.granted(ticket)
+
+    def first_output(self, ticket: Ticket) -> None:
+        """Output of ``ticket`` reached its client: it can no longer be retried."""
+        if ticket.phase is Phase.LEASED:
+            ticket.phase = Phase.STREAMING
+
+    def finish(self, ticket: Ticket, outcome: Outcome) -> bool:
+        """End ``ticket``; release its lease once. Returns whether to cancel on the Node."""
+        if ticket.phase is Phase.FINISHED:
+            return False
+        previous = ticket.phase
+        ticket.phase = Phase.FINISHED
+        ticket.outcome = outcome
+        self.tickets.pop(ticket.inference_id, None)
+        if previous is Phase.QUEUED:
+            key = (ticket.model, ticket.long_context)
+            self._queued[key] -= 1
+            if not self._queued[key]:
+                del self._queued[key]
+            waiting, ticket.waiting = ticket.waiting, None
+            if waiting is not None:
+                waiting.cancel()
+            return False
+        self._release(ticket)
+        return outcome in _NODE_STILL_RUNS
+
+    def node_lost(self, ticket: Ticket) -> bool:
+        """The Node running ``ticket`` is gone. True if it went back to its queue.
+
+        Only a request with no output at its client yet is retried, and
+        only while it has attempts left; otherwise it finishes ``NODE_LOST``.
+        """
+        if ticket.phase is Phase.LEASED and ticket.attempts < self.max_attempts:
+            self._release(ticket)
+            self.tickets.pop(ticket.inference_id, None)
+            try:
+                self._admit(ticket, bounded=False)
+            except NoSuchModel:
+                ticket.phase = Phase.FINISHED
+                ticket.outcome = Outcome.NODE_LOST
+                return False
+            return True
+        self.finish(ticket, Outcome.NODE_LOST)
+        return False
+
+    def _release(self, ticket: Ticket) -> None:
+        lease, ticket.lease = ticket.lease, None
+        if lease is not None and not lease.released:
+            self.pool.release(lease)
+
+
+def _ignore_cancel(failure: Failure) -> None:
+    failure.trap(CancelledError)
+
+
+# -- the gateway (I/O) ---------------------------------------------------------
+
+
+class ResponseSink(Protocol):
+    """Where one request's answer goes (the HTTP API's exchange)."""
+
+    def chunk(self, data: bytes) -> None:
+        """One streamed event (the JSON after ``data: ``)."""
+
+    def complete(self, done: pb.InferenceDone) -> None:
+        """The request finished well (the whole body for non-streaming)."""
+
+    def fail(self, error: InferenceError) -> None:
+        """The request ended with an error."""
+
+
+class InferenceNodePeer(Protocol):
+    """What the gateway needs from a Node connection."""
+
+    closing: bool
+
+    def send(self, body: str, message: Message, request_id: int = 0) -> None:
+        """Send one envelope."""
+
+
+@attrs.define(eq=False)
+class _Exchange:
+    ticket: Ticket
+    sink: ResponseSink
+    endpoint: pb.InferenceEndpoint
+    body: bytes
+    stream: bool
+    peer: Optional[InferenceNodePeer] = None
+    timer: Optional[IDelayedCall] = None
+
+
+class InferenceGateway:
+    """Admits, forwards and ends inference requests over the Node wire."""
+
+    _log = Logger()
+
+    def __init__(self, registry: NodeRegistry, config: InferenceConfig, clock: IReactorTime) -> None:
+        self._registry = registry
+        self.config = config
+        self._clock = clock
+        self.lifecycle = InferenceLifecycle(registry.pool, config.max_queued_per_model)
+        self._exchanges: dict[int, _Exchange] = {}
+        self._by_peer: dict[InferenceNodePeer, set[int]] = {}
+        self.stopping = False
+        #: Requests ended, by outcome name (for logs, tests and benchmarks).
+        self.outcomes: dict[str, int] = {}
+
+    # -- questions the API asks ----------------------------------------------------
+
+    def long_context(self, body: dict[str, Any]) -> bool:
+        """Whether characters/4 + max_tokens is above the threshold."""
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        extra = max_tokens if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) else 0
+        return estimate_prompt_tokens(body) + max(0, extra) > self.config.long_context_threshold_tokens
+
+    def available_models(self) -> list[str]:
+        """Models some ready, non-drained, usable provider serves now."""
+        models: dict[str, None] = {}
+        pool = self._registry.pool
+        for node in self._registry.nodes():
+            for provider in node.providers:
+                if pool.eligible(node.node_id, provider.provider_id):
+                    for model in provider.models:
+                        models.setdefault(model, None)
+        return list(models)
+
+    def check_model(self, model: str, long_context: bool) -> None:
+        """Raise the right :class:`InferenceError` if ``model`` cannot be admitted now."""
+        pool = self._registry.pool
+        configured = False
+        has_class = False
+        usable = False
+        for node in self._registry.nodes():
+            for provider in node.providers:
+                if model not in provider.models:
+                    continue
+                configured = True
+                capacity = provider.long_context_capacity if long_context else provider.capacity
+                if capacity <= 0:
+                    continue
+                has_class = True
+                if pool.eligible(node.node_id, provider.provider_id):
+                    usable = True
+        if not configured:
+            raise InferenceError(404, "model_not_found", f"the model {model!r} does not exist on this gateway")
+        if not has_class:
+            raise InferenceError(
+                400,
+                "context_length_exceeded",
+                f"the request is long-context (estimated prompt + max_tokens above "
+                f"{self.config.long_context_threshold_tokens} tokens) and no provider of "
+                f"{model!r} takes long-context requests",
+            )
+        if not usable:
+            raise InferenceError(
+                503, "model_unavailable", f"no provider of {model!r} can take requests now", kind="server_error"
+            )
+
+    # -- requests --------------------------------------------------------------------
+
+    def submit(
+        self,
+        endpoint: pb.InferenceEndpoint,
+        model: str,
+        long_context: bool,
+        body: bytes,
+        stream: bool,
+        sink: ResponseSink,
+    ) -> int:
+        """Admit a request (lease now or queue); return its inference id.
+
+        Raises :class:`InferenceError` (404, 400, 503, 429) when it cannot
+        even wait for a lease.
+        """
+        if self.stopping:
+            raise InferenceError(503, "shutting_down", "the edge is shutting down", kind="server_error")
+        self.check_model(model, long_context)
+        exchange: Optional[_Exchange] = None
+
+        def granted(ticket: Ticket) -> None:
+            assert exchange is not None
+            self._dispatch(exchange)
+
+        pending: list[Ticket] = []
+
+        def granted_first(ticket: Ticket) -> None:
+            # The very first grant may happen inside submit, before the
+            # exchange exists: remember it and dispatch right after.
+            if exchange is None:
+                pending.append(ticket)
+            else:
+                granted(ticket)
+
+        try:
+            ticket = self.lifecycle.submit(model, long_context, granted_first)
+        except QueueFull as e:
+            self._count("queue_full")
+            raise InferenceError(
+                429,
+                "queue_full",
+                f"too many requests wait for model {model!r}: {e}",
+                kind="rate_limit_error",
+                retry_after=self.config.retry_after_seconds,
+            ) from None
+        except NoSuchModel as e:
+            raise InferenceError(404, "model_not_found", str(e)) from None
+        exchange = _Exchange(ticket, sink, endpoint, body, stream)
+        self._exchanges[ticket.inference_id] = exchange
+        if pending:
+            self._dispatch(exchange)
+        else:
+            self._start_queue_timer(exchange)
+        return ticket.inference_id
+
+    def client_gone(self, inference_id: int, outcome: Outcome = Outcome.CLIENT_GONE) -> None:
+        """The client disconnected (or reads too slowly): end the request, cancel on the Node."""
+        exchange = self._exchanges.get(inference_id)
+        if exchange is not None:
+            self._end(exchange, outcome)
+
+    def stop(self) -> None:
+        """The Edge is stopping: end every request with 503."""
+        self.stopping = True
+        for exchange in list(self._exchanges.values()):
+            self._end(
+                exchange,
+                Outcome.EDGE_STOPPING,
+                InferenceError(503, "shutting_down", "the edge is shutting down", kind="server_error"),
+            )
+
+    def running(self) -> int:
+        """Requests admitted and not yet ended (queued or running)."""
+        return len(self._exchanges)
+
+    # -- the Node wire ---------------------------------------------------------------
+
+    def node_message(self, peer: InferenceNodePeer, envelope: pb.Envelope, body: str) -> None:
+        """``inference_chunk`` or ``inference_done`` from a Node connection."""
+        if body == "inference_chunk":
+            message: Any = envelope.inference_chunk
+        elif body == "inference_done":
+            message = envelope.inference_done
+        else:
+            return
+        exchange = self._exchanges.get(message.inference_id)
+        if exchange is None or exchange.peer is not peer:
+            return  # cancelled, timed out, or not this connection's: harmless
+        self._arm_idle_timer(exchange)
+        if body == "inference_chunk":
+            if not exchange.stream:
+                self._log.warn("ignoring a chunk for non-streaming inference {id}", id=message.inference_id)
+                return
+            self.lifecycle.first_output(exchange.ticket)
+            exchange.sink.chunk(bytes(message.data))
+            return
+        done: pb.InferenceDone = message
+        if done.status == pb.INFERENCE_STATUS_OK:
+            self._end(exchange, Outcome.COMPLETED, done=done)
+        else:
+            self._end(exchange, Outcome.PROVIDER_ERROR, _provider_error(done))
+
+    def connection_lost(self, peer: InferenceNodePeer) -> None:
+        """A Node connection closed: retry what had no output yet, fail the rest."""
+        for inference_id in sorted(self._by_peer.pop(peer, set())):
+            exchange = self._exchanges.get(inference_id)
+            if exchange is not None and exchange.peer is peer:
+                self._node_lost(exchange)
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _dispatch(self, exchange: _Exchange) -> None:
+        ticket = exchange.ticket
+        lease = ticket.lease
+        assert lease is not None
+        self._cancel_timer(exchange)
+        peer = self._registry.owner_peer(lease.node_id)
+        if peer is None or getattr(peer, "closing", False) or not hasattr(peer, "send"):
+            self._node_lost(exchange)
+            return
+        node_peer: InferenceNodePeer = peer  # type: ignore[assignment]
+        exchange.peer = node_peer
+        self._by_peer.setdefault(node_peer, set()).add(ticket.inference_id)
+        request = pb.InferenceRequest(
+            inference_id=ticket.inference_id,
+            provider_id=lease.provider_id,
+            endpoint=exchange.endpoint,
+            body=exchange.body,
+            stream=exchange.stream,
+            model=ticket.model,
+        )
+        node_peer.send("inference_request", request)
+        self._arm_idle_timer(exchange)
+
+    def _node_lost(self, exchange: _Exchange) -> None:
+        self._forget_peer(exchange)
+        self._cancel_timer(exchange)
+        if self.lifecycle.node_lost(exchange.ticket):
+            if exchange.ticket.phase is Phase.QUEUED:
+                self._start_queue_timer(exchange)
+            return
+        self._exchanges.pop(exchange.ticket.inference_id, None)
+        self._count(Outcome.NODE_LOST.value)
+        exchange.sink.fail(
+            InferenceError(502, "node_lost", "the node running this request was lost", kind="server_error")
+        )
+
+    def _end(
+        self,
+        exchange: _Exchange,
+        outcome: Outcome,
+        error: Optional[InferenceError] = None,
+        done: Optional[pb.InferenceDone] = None,
+    ) -> None:
+        ticket = exchange.ticket
+        if self._exchanges.pop(ticket.inference_id, None) is None:
+            return
+        self._cancel_timer(exchange)
+        peer = exchange.peer
+        self._forget_peer(exchange)
+        if self.lifecycle.finish(ticket, outcome) and peer is not None:
+            peer.send("inference_cancel", pb.InferenceCancel(inference_id=ticket.inference_id, reason=outcome.value))
+        self._count(outcome.value)
+        if done is not None:
+            exchange.sink.complete(done)
+        elif error is not None:
+            exchange.sink.fail(error)
+
+    def _forget_peer(self, exchange: _Exchange) -> None:
+        if exchange.peer is not None:
+            ids = self._by_peer.get(exchange.peer)
+            if ids is not None:
+                ids.discard(exchange.ticket.inference_id)
+                if not ids:
+                    del self._by_peer[exchange.peer]
+            exchange.peer = None
+
+    def _start_queue_timer(self, exchange: _Exchange) -> None:
+        self._cancel_timer(exchange)
+        seconds = self.config.queue_timeout_seconds
+        exchange.timer = self._clock.callLater(seconds, self._queue_timeout, exchange)
+
+    def _queue_timeout(self, exchange: _Exchange) -> None:
+        exchange.timer = None
+        if exchange.ticket.phase is not Phase.QUEUED:
+            return
+        seconds = self.config.queue_timeout_seconds
+        self._end(
+            exchange,
+            Outcome.QUEUE_TIMEOUT,
+            InferenceError(
+                504,
+                "queue_timeout",
+                f"no provider of {exchange.ticket.model!r} became free within {seconds:g}s",
+                kind="server_error",
+            ),
+        )
+
+    def _arm_idle_timer(self, exchange: _Exchange) -> None:
+        seconds = self.config.idle_timeout_seconds
+        if exchange.timer is not None and exchange.timer.active():
+            exchange.timer.reset(seconds)
+        else:
+            exchange.timer = self._clock.callLater(seconds, self._node_silent, exchange)
+
+    def _node_silent(self, exchange: _Exchange) -> None:
+        exchange.timer = None
+        seconds = self.config.idle_timeout_seconds
+        self._end(
+            exchange,
+            Outcome.NODE_SILENT,
+            InferenceError(
+                504, "provider_timeout", f"no answer from the provider for {seconds:g}s", kind="server_error"
+            ),
+        )
+
+    def _cancel_timer(self, exchange: _Exchange) -> None:
+        timer, exchange.timer = exchange.timer, None
+        if timer is not None and timer.active():
+            timer.cancel()
+
+    def _count(self, outcome: str) -> None:
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+
+
+def _provider_error(done: pb.InferenceDone) -> InferenceError:
+    """The client's error for an ``InferenceDone`` that is not OK."""
+    status = done.status
+    if status == pb.INFERENCE_STATUS_PROVIDER_ERROR and 400 <= done.http_status < 500 and done.body:
+        try:
+            parsed = json.loads(done.body)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+            # The provider's own OpenAI error (bad parameter ...) reaches the client as it is.
+            return InferenceError(done.http_status, "provider_error", done.error, body=bytes(done.body))
+    if status == pb.INFERENCE_STATUS_UNAVAILABLE:
+        return InferenceError(
+            503, "provider_unavailable", done.error or "the provider could not be reached", kind="server_error"
+        )
+    if status == pb.INFERENCE_STATUS_REJECTED:
+        return InferenceError(502, "node_rejected", done.error or "the node refused the request", kind="server_error")
+    if status == pb.INFERENCE_STATUS_PROVIDER_ERROR:
+        detail = done.error or "the provider failed"
+        return InferenceError(502, "provider_error", detail, kind="server_error")
+    return InferenceError(502, "provider_error", f"unexpected inference status {status}", kind="server_error")

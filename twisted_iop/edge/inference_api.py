@@ -1,0 +1,292 @@
+"""The Edge's OpenAI-compatible HTTP API (Klein), on its own listener.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``,
+``POST /v1/embeddings`` (``stream: true`` answers as server-sent events,
+``data: {...}`` then ``data: [DONE]``), ``GET /v1/models`` and
+``GET /v1/models/{id}``. Every error is an OpenAI error body
+``{"error": {"message", "type", "code"}}``; :class:`InferenceError` is
+mapped to it here, once. See docs/inference.md.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from typing import Any, Optional, cast
+
+from klein import Klein
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IPushProducer
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.iweb import IRequest
+from twisted.web.server import Request, Site
+from zope.interface import implementer
+
+from twisted_iop.edge.inference import InferenceError, InferenceGateway, Outcome
+from twisted_iop.openai_api import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS
+from twisted_iop.wire import control_pb2 as pb
+
+_WIRE_ENDPOINTS = {
+    CHAT_COMPLETIONS: pb.INFERENCE_ENDPOINT_CHAT_COMPLETIONS,
+    COMPLETIONS: pb.INFERENCE_ENDPOINT_COMPLETIONS,
+    EMBEDDINGS: pb.INFERENCE_ENDPOINT_EMBEDDINGS,
+}
+
+
+class BoundedRequest(Request):
+    """A request whose body is kept only up to ``max_body_bytes``."""
+
+    max_body_bytes = 1024 * 1024
+    #: The body was larger than the bound (its excess was not stored).
+    too_large = False
+    _received = 0
+
+    def gotLength(self, length: Optional[int]) -> None:
+        if length is not None and length > self.max_body_bytes:
+            self.too_large = True
+            length = 0
+        super().gotLength(length)
+
+    def handleContentChunk(self, data: bytes) -> None:
+        self._received += len(data)
+        if self.too_large or self._received > self.max_body_bytes:
+            self.too_large = True
+            return
+        super().handleContentChunk(data)
+
+
+def inference_site(api: InferenceAPI, max_body_bytes: int) -> Site:
+    """The HTTP site of the inference API, with its body bound."""
+    bounded = type("BoundedInferenceRequest", (BoundedRequest,), {"max_body_bytes": max_body_bytes})
+    site = Site(api.app.resource())
+    site.requestFactory = cast("type[Request]", bounded)
+    site.noisy = False
+    return site
+
+
+def _error(status: int, code: str, message: str) -> InferenceError:
+    return InferenceError(status, code, message)
+
+
+@implementer(IPushProducer)
+class _Exchange:
+    """One HTTP request's answer: the gateway's :class:`ResponseSink`."""
+
+    _log = Logger()
+
+    def __init__(self, request: Any, stream: bool, gateway: InferenceGateway) -> None:
+        self._request = request
+        self._stream = stream
+        self._gateway = gateway
+        self.inference_id = 0
+        self.result: Deferred[bytes] = Deferred(self._client_gone)
+        self._headers_sent = False
+        self._paused = False
+        self._unflushed = 0
+        self._over = False
+
+    # -- ResponseSink -----------------------------------------------------------
+
+    def chunk(self, data: bytes) -> None:
+        if self._over:
+            return
+        self._start_stream()
+        line = b"data: " + data + b"\n\n"
+        self._request.write(line)
+        if self._paused:
+            self._unflushed += len(line)
+            if self._unflushed > self._gateway.config.max_client_buffer_bytes:
+                self._log.warn("closing a client that reads too slowly (inference {id})", id=self.inference_id)
+                self._gateway.client_gone(self.inference_id, Outcome.CLIENT_TOO_SLOW)
+                self._over = True
+                self._unregister()
+                transport = self._request.channel.transport if self._request.channel else None
+                if transport is not None:
+                    transport.abortConnection()
+
+    def complete(self, done: pb.InferenceDone) -> None:
+        if self._over:
+            return
+        self._over = True
+        if self._stream:
+            self._start_stream()
+            self._request.write(b"data: [DONE]\n\n")
+            self._unregister()
+            self.result.callback(b"")
+        else:
+            self._request.setHeader(b"Content-Type", b"application/json")
+            self.result.callback(bytes(done.body))
+
+    def fail(self, error: InferenceError) -> None:
+        if self._over:
+            return
+        self._over = True
+        if self._headers_sent:
+            # Mid-stream: the status is sent already; an error event tells
+            # OpenAI clients (they raise on it), and no [DONE] follows.
+            self._request.write(b"data: " + error.to_json() + b"\n\n")
+            self._unregister()
+            self.result.callback(b"")
+        else:
+            self.result.errback(error)
+
+    def _start_stream(self) -> None:
+        if self._headers_sent:
+            return
+        self._headers_sent = True
+        request = self._request
+        request.setResponseCode(200)
+        request.setHeader(b"Content-Type", b"text/event-stream")
+        request.setHeader(b"Cache-Control", b"no-cache")
+        request.setHeader(b"X-Accel-Buffering", b"no")
+        request.registerProducer(self, True)
+
+    def _client_gone(self, _: Deferred[bytes]) -> None:
+        if not self._over:
+            self._over = True
+            self._gateway.client_gone(self.inference_id)
+            self._unregister()
+
+    def _unregister(self) -> None:
+        if self._headers_sent and self._request.channel is not None:
+            self._request.unregisterProducer()
+
+    # -- IPushProducer (the client's socket) ---------------------------------------
+
+    def pauseProducing(self) -> None:
+        self._paused = True
+
+    def resumeProducing(self) -> None:
+        self._paused = False
+        self._unflushed = 0
+
+    def stopProducing(self) -> None:
+        self._paused = True
+
+
+class InferenceAPI:
+    """Klein routes of the inference gateway over an :class:`InferenceGateway`."""
+
+    app = Klein()
+    _log = Logger()
+
+    def __init__(self, gateway: InferenceGateway) -> None:
+        self._gateway = gateway
+        self._keys = tuple(k.encode() for k in gateway.config.api_keys)
+
+    # -- errors -----------------------------------------------------------------
+
+    @app.handle_errors(InferenceError)
+    def inference_error(self, request: IRequest, failure: Failure) -> bytes:
+        """Map :class:`InferenceError` to its status and OpenAI error body."""
+        error = failure.value
+        assert isinstance(error, InferenceError)
+        request.setResponseCode(error.status)
+        request.setHeader(b"Content-Type", b"application/json")
+        if error.retry_after is not None:
+            request.setHeader(b"Retry-After", str(error.retry_after).encode())
+        if error.status == 401:
+            request.setHeader(b"WWW-Authenticate", b'Bearer realm="iop-edge"')
+        return error.to_json()
+
+    def _authorize(self, request: IRequest) -> None:
+        if not self._keys:
+            return
+        header = request.getHeader(b"authorization") or b""
+        scheme, _, presented = header.partition(b" ")
+        presented = presented.strip() if scheme.lower() == b"bearer" else b""
+        matched = False
+        for key in self._keys:
+            # Compare against every key, so the time taken says nothing.
+            matched |= hmac.compare_digest(key, presented)
+        if not matched:
+            raise InferenceError(401, "invalid_api_key", "missing or wrong API key (Authorization: Bearer KEY)")
+
+    # -- models -----------------------------------------------------------------
+
+    @app.route("/v1/models", methods=["GET"])
+    def list_models(self, request: IRequest) -> bytes:
+        """Models some dispatch-ready, non-drained, usable provider serves now."""
+        self._authorize(request)
+        request.setHeader(b"Content-Type", b"application/json")
+        data = [_model_entry(m) for m in self._gateway.available_models()]
+        return json.dumps({"object": "list", "data": data}).encode()
+
+    @app.route("/v1/models/<string:model>", methods=["GET"])
+    def show_model(self, request: IRequest, model: str) -> bytes:
+        """One model, if some provider serves it now."""
+        self._authorize(request)
+        if model not in self._gateway.available_models():
+            raise InferenceError(404, "model_not_found", f"the model {model!r} is not available on this gateway")
+        request.setHeader(b"Content-Type", b"application/json")
+        return json.dumps(_model_entry(model)).encode()
+
+    # -- inference ---------------------------------------------------------------
+
+    @app.route("/v1/chat/completions", methods=["POST"])
+    def chat_completions(self, request: IRequest) -> Deferred[bytes]:
+        """``POST /v1/chat/completions``."""
+        return self._infer(request, CHAT_COMPLETIONS)
+
+    @app.route("/v1/completions", methods=["POST"])
+    def completions(self, request: IRequest) -> Deferred[bytes]:
+        """``POST /v1/completions``."""
+        return self._infer(request, COMPLETIONS)
+
+    @app.route("/v1/embeddings", methods=["POST"])
+    def embeddings(self, request: IRequest) -> Deferred[bytes]:
+        """``POST /v1/embeddings``."""
+        return self._infer(request, EMBEDDINGS)
+
+    def _infer(self, request: IRequest, endpoint: str) -> Deferred[bytes]:
+        self._authorize(request)
+        if getattr(request, "too_large", False):
+            limit = self._gateway.config.max_request_bytes
+            raise InferenceError(413, "request_too_large", f"the request body is larger than {limit} bytes")
+        raw = request.content.read() if request.content is not None else b""
+        body = _parse_body(raw, endpoint)
+        model = body["model"]
+        stream = bool(body.get("stream", False)) and endpoint != EMBEDDINGS
+        long_context = self._gateway.long_context(body)
+        exchange = _Exchange(request, stream, self._gateway)
+        exchange.inference_id = self._gateway.submit(
+            _WIRE_ENDPOINTS[endpoint], model, long_context, raw, stream, exchange
+        )
+        return exchange.result
+
+
+def _model_entry(model: str) -> dict[str, Any]:
+    return {"id": model, "object": "model", "created": 0, "owned_by": "twisted-iop"}
+
+
+def _parse_body(raw: bytes, endpoint: str) -> dict[str, Any]:
+    """The request's JSON object, checked enough to route it; 400 names the field."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise _error(400, "invalid_json", "the request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise _error(400, "invalid_body", "the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _error(400, "invalid_model", "model: required, a non-empty string")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise _error(400, "invalid_stream", "stream: must be true or false")
+    for key in ("max_tokens", "max_completion_tokens"):
+        value = body.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise _error(400, f"invalid_{key}", f"{key}: must be a positive whole number")
+    if endpoint == CHAT_COMPLETIONS:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _error(400, "invalid_messages", "messages: required, a non-empty list")
+        for index, message in enumerate(messages):
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                raise _error(400, "invalid_messages", f"messages[{index}]: must be an object with a role")
+    elif endpoint == COMPLETIONS:
+        if not isinstance(body.get("prompt"), (str, list)):
+            raise _error(400, "invalid_prompt", "prompt: required, a string or a list")
+    elif not isinstance(body.get("input"), (str, list)) or not body.get("input"):
+        raise _error(400, "invalid_input", "input: required, a non-empty string or list")
+    return body

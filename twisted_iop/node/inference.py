@@ -1,0 +1,505 @@
+"""The Node runs the inference requests its Edge forwards.
+
+The Edge sends ``InferenceRequest`` naming the provider of its lease; the
+runner answers with ``InferenceChunk`` frames (streaming: one per
+server-sent event of the provider, never buffering a whole stream) and
+exactly one ``InferenceDone``, unless the Edge cancels it first
+(``InferenceCancel``) or the connection drops; then the provider request is
+aborted and nothing more is sent.
+
+* HTTP kinds (``openai``, ``vllm``, ``ollama``): a POST to the provider's
+  ``base_url`` through treq (unbuffered); a streamed answer is read event by
+  event, a whole answer is read up to :data:`MAX_RESPONSE_BYTES`.
+* ``mock``: :class:`~twisted_iop.mock_provider.MockRun` in process, paced
+  by the provider's mock options.
+
+Output is bounded per connection: the runner registers as the connection's
+producer, so when the Edge reads slowly the transport pauses every provider
+stream of that connection (HTTP reads stop, mock generation stops) until it
+drains.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from typing import Any, Optional, Protocol, cast
+
+import attrs
+from google.protobuf.message import Message
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.interfaces import IPushProducer, IReactorTime
+from twisted.internet.protocol import Protocol as TwistedProtocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.client import ResponseDone
+from twisted.web.http import PotentialDataLoss
+from zope.interface import implementer
+
+from twisted_iop.mock_provider import MockBehaviour, MockRun
+from twisted_iop.node.config import NodeProviderConfig
+from twisted_iop.openai_api import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, ENDPOINT_PATHS
+from twisted_iop.wire import control_pb2 as pb
+
+#: Wire bodies this module serves on the Node's end of the node wire.
+INFERENCE_BODIES = frozenset({"inference_request", "inference_cancel"})
+#: Requests running at once on one Edge connection; more are refused.
+MAX_RUNNING_PER_CONNECTION = 4096
+#: Largest non-streamed provider answer relayed (it travels in one frame).
+MAX_RESPONSE_BYTES = 3 * 1024 * 1024
+#: Longest line of a provider's event stream.
+MAX_EVENT_LINE_BYTES = 1024 * 1024
+#: How long a provider may take to send its response headers.
+RESPONSE_HEADERS_TIMEOUT_SECONDS = 300.0
+
+ENDPOINT_NAMES = {
+    pb.INFERENCE_ENDPOINT_CHAT_COMPLETIONS: CHAT_COMPLETIONS,
+    pb.INFERENCE_ENDPOINT_COMPLETIONS: COMPLETIONS,
+    pb.INFERENCE_ENDPOINT_EMBEDDINGS: EMBEDDINGS,
+}
+
+
+class InferenceSession(Protocol):
+    """What the runner needs from an accepted Edge connection."""
+
+    transport: Any
+
+    def send(self, body: str, message: Message, request_id: int = 0) -> None:
+        """Send one envelope."""
+
+
+class InferenceHTTPClient(Protocol):
+    """The part of treq the runner uses."""
+
+    def request(self, method: str, url: str, **kwargs: Any) -> Deferred[Any]:
+        """Issue a request."""
+
+
+class _Job(Protocol):
+    def start(self) -> None: ...
+    def cancel(self) -> None: ...
+    def pause(self) -> None: ...
+    def resume(self) -> None: ...
+
+
+@implementer(IPushProducer)
+class _ConnectionValve:
+    """The runner's producer on one Edge connection: pauses all its jobs."""
+
+    def __init__(self, state: _SessionState) -> None:
+        self._state = state
+
+    def pauseProducing(self) -> None:
+        self._state.paused = True
+        for job in list(self._state.jobs.values()):
+            job.pause()
+
+    def resumeProducing(self) -> None:
+        self._state.paused = False
+        for job in list(self._state.jobs.values()):
+            job.resume()
+
+    def stopProducing(self) -> None:
+        self._state.paused = True
+
+
+@attrs.define(eq=False)
+class _SessionState:
+    jobs: dict[int, _Job] = attrs.field(factory=dict)
+    paused: bool = False
+    registered: bool = False
+
+
+class InferenceRunner:
+    """Runs forwarded inference requests on this Node's providers."""
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        providers: Callable[[], tuple[NodeProviderConfig, ...]],
+        clock: IReactorTime,
+        http: Optional[InferenceHTTPClient] = None,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self._providers = providers
+        self._clock = clock
+        if http is None:
+            import treq
+
+            http = cast(InferenceHTTPClient, treq)
+        self._http = http
+        self._rand = rand
+        self._sessions: dict[InferenceSession, _SessionState] = {}
+        #: Requests finished, by outcome (for logs and tests).
+        self.completed = 0
+        self.failed = 0
+        self.cancelled = 0
+
+    def running(self) -> int:
+        """Requests running over every connection."""
+        return sum(len(s.jobs) for s in self._sessions.values())
+
+    # -- the wire ----------------------------------------------------------------
+
+    def handle(self, session: InferenceSession, envelope: pb.Envelope, body: str) -> None:
+        """Serve ``inference_request`` or ``inference_cancel`` from the Edge."""
+        if body == "inference_request":
+            self._start(session, envelope.inference_request)
+        elif body == "inference_cancel":
+            self._cancel(session, envelope.inference_cancel.inference_id)
+
+    def session_lost(self, session: InferenceSession) -> None:
+        """The Edge connection closed: abort everything it was running."""
+        state = self._sessions.pop(session, None)
+        if state is None:
+            return
+        jobs = list(state.jobs.values())
+        state.jobs.clear()
+        for job in jobs:
+            self.cancelled += 1
+            job.cancel()
+
+    # -- jobs -------------------------------------------------------------------
+
+    def _start(self, session: InferenceSession, request: pb.InferenceRequest) -> None:
+        inference_id = request.inference_id
+        state = self._state(session)
+
+        def refuse(reason: str) -> None:
+            self._log.warn("refusing inference {id}: {reason}", id=inference_id, reason=reason)
+            session.send(
+                "inference_done",
+                pb.InferenceDone(inference_id=inference_id, status=pb.INFERENCE_STATUS_REJECTED, error=reason),
+            )
+
+        if inference_id == 0:
+            refuse("inference_id must not be 0")
+            return
+        if inference_id in state.jobs:
+            refuse(f"inference {inference_id} is already running")
+            return
+        if len(state.jobs) >= MAX_RUNNING_PER_CONNECTION:
+            refuse(f"this node runs at most {MAX_RUNNING_PER_CONNECTION} requests per connection")
+            return
+        endpoint = ENDPOINT_NAMES.get(request.endpoint)
+        if endpoint is None:
+            refuse(f"unknown endpoint {request.endpoint}")
+            return
+        provider = next((p for p in self._providers() if p.provider_id == request.provider_id), None)
+        if provider is None:
+            refuse(f"provider {request.provider_id!r} is not hosted on this node")
+            return
+        reply = _Reply(self, session, state, inference_id)
+        job: _Job
+        if provider.kind == "mock":
+            try:
+                parsed = json.loads(request.body)
+            except ValueError:
+                parsed = None
+            if not isinstance(parsed, dict):
+                refuse("body is not a JSON object")
+                return
+            job = _MockJob(self._clock, _behaviour(provider), endpoint, parsed, bool(request.stream), reply, self._rand)
+        else:
+            url = provider.base_url + ENDPOINT_PATHS[endpoint]
+            job = _HTTPJob(self._http, self._clock, url, bytes(request.body), bool(request.stream), reply)
+        state.jobs[inference_id] = job
+        job.start()
+        if state.paused and inference_id in state.jobs:
+            job.pause()
+
+    def _cancel(self, session: InferenceSession, inference_id: int) -> None:
+        state = self._sessions.get(session)
+        job = state.jobs.pop(inference_id, None) if state is not None else None
+        if job is not None:
+            self.cancelled += 1
+            job.cancel()
+
+    def _state(self, session: InferenceSession) -> _SessionState:
+        state = self._sessions.get(session)
+        if state is None:
+            state = self._sessions[session] = _SessionState()
+            transport = getattr(session, "transport", None)
+            if transport is not None:
+                try:
+                    transport.registerProducer(_ConnectionValve(state), True)
+                    state.registered = True
+                except RuntimeError:
+                    # Another producer owns the transport: no pausing, but
+                    # the frames are still bounded by MAX_RUNNING_PER_CONNECTION.
+                    pass
+        return state
+
+    def _finished(self, state: _SessionState, inference_id: int, ok: bool) -> None:
+        if state.jobs.pop(inference_id, None) is not None:
+            if ok:
+                self.completed += 1
+            else:
+                self.failed += 1
+
+
+def _behaviour(provider: NodeProviderConfig) -> MockBehaviour:
+    mock = provider.mock
+    return MockBehaviour(
+        tokens_per_second=mock.tokens_per_second,
+        latency_seconds=mock.latency_seconds,
+        failure_rate=mock.failure_rate,
+        completion_tokens=mock.completion_tokens,
+    )
+
+
+class _Reply:
+    """Sends one job's frames; after done or cancel, sends nothing more."""
+
+    def __init__(self, runner: InferenceRunner, session: InferenceSession, state: _SessionState, inference_id: int):
+        self._runner = runner
+        self._session = session
+        self._state = state
+        self.inference_id = inference_id
+        self.chunks = 0
+
+    @property
+    def live(self) -> bool:
+        return self.inference_id in self._state.jobs
+
+    def chunk(self, data: bytes) -> None:
+        if not self.live:
+            return
+        self.chunks += 1
+        self._session.send("inference_chunk", pb.InferenceChunk(inference_id=self.inference_id, data=data))
+
+    def done(
+        self,
+        status: pb.InferenceStatus,
+        http_status: int = 0,
+        body: bytes = b"",
+        usage: Optional[dict[str, int]] = None,
+        error: str = "",
+    ) -> None:
+        if not self.live:
+            return
+        self._runner._finished(self._state, self.inference_id, status == pb.INFERENCE_STATUS_OK)
+        message = pb.InferenceDone(
+            inference_id=self.inference_id,
+            status=status,
+            http_status=http_status,
+            body=body,
+            error=error,
+            chunks=self.chunks,
+        )
+        if usage:
+            message.usage.prompt_tokens = _count(usage.get("prompt_tokens"))
+            message.usage.completion_tokens = _count(usage.get("completion_tokens"))
+            message.usage.total_tokens = _count(usage.get("total_tokens"))
+        self._session.send("inference_done", message)
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**32 else 0
+
+
+class _MockJob:
+    def __init__(
+        self,
+        clock: IReactorTime,
+        behaviour: MockBehaviour,
+        endpoint: str,
+        body: dict[str, Any],
+        stream: bool,
+        reply: _Reply,
+        rand: Callable[[], float],
+    ) -> None:
+        body = dict(body)
+        body["stream"] = stream
+        self._reply = reply
+        self._stream = stream and endpoint != EMBEDDINGS
+        self._run = MockRun(clock, behaviour, endpoint, body, reply.chunk, self._done, rand)
+
+    def _done(self, status: int, body: bytes, usage: dict[str, int]) -> None:
+        if status >= 400:
+            self._reply.done(pb.INFERENCE_STATUS_PROVIDER_ERROR, status, body, usage, "mock provider failure")
+        else:
+            self._reply.done(pb.INFERENCE_STATUS_OK, status, b"" if self._stream else body, usage)
+
+    def start(self) -> None:
+        self._run.start()
+
+    def cancel(self) -> None:
+        self._run.cancel()
+
+    def pause(self) -> None:
+        self._run.pause()
+
+    def resume(self) -> None:
+        self._run.resume()
+
+
+class _HTTPJob:
+    """A POST to an OpenAI-compatible server, relayed event by event."""
+
+    _log = Logger()
+
+    def __init__(
+        self, http: InferenceHTTPClient, clock: IReactorTime, url: str, body: bytes, stream: bool, reply: _Reply
+    ) -> None:
+        self._http = http
+        self._clock = clock
+        self._url = url
+        self._body = body
+        self._stream = stream
+        self._reply = reply
+        self._request: Optional[Deferred[Any]] = None
+        self._reader: Optional[_BodyReader] = None
+        self._paused = False
+        self._cancelled = False
+
+    def start(self) -> None:
+        headers = {b"Content-Type": [b"application/json"]}
+        if self._stream:
+            headers[b"Accept"] = [b"text/event-stream"]
+        d = self._http.request("POST", self._url, data=self._body, headers=headers, unbuffered=True)
+        d.addTimeout(RESPONSE_HEADERS_TIMEOUT_SECONDS, self._clock)
+        self._request = d
+        d.addCallbacks(self._response, self._unreachable)
+
+    def _response(self, response: Any) -> None:
+        self._request = None
+        if self._cancelled:
+            return
+        code = int(response.code)
+        streaming = self._stream and 200 <= code < 300
+        self._reader = _BodyReader(self, code, streaming)
+        response.deliverBody(self._reader)
+        if self._paused:
+            self._reader.pause()
+
+    def _unreachable(self, failure: Failure) -> None:
+        self._request = None
+        if self._cancelled:
+            return
+        if failure.check(CancelledError):
+            reason = f"no answer within {RESPONSE_HEADERS_TIMEOUT_SECONDS:g}s"
+        else:
+            reason = f"provider unreachable ({failure.type.__name__ if failure.type else 'error'})"
+        self._reply.done(pb.INFERENCE_STATUS_UNAVAILABLE, error=reason)
+
+    # -- from the body reader ------------------------------------------------------
+
+    def event(self, data: bytes) -> None:
+        self._reply.chunk(data)
+
+    def finished(self, code: int, body: bytes, usage: Optional[dict[str, int]], problem: str) -> None:
+        if self._cancelled:
+            return
+        if problem:
+            self._reply.done(pb.INFERENCE_STATUS_PROVIDER_ERROR, code, b"", usage, problem)
+        elif 200 <= code < 300:
+            self._reply.done(pb.INFERENCE_STATUS_OK, code, body, usage)
+        else:
+            self._reply.done(pb.INFERENCE_STATUS_PROVIDER_ERROR, code, body, usage, f"provider answered {code}")
+
+    # -- control ---------------------------------------------------------------------
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        if self._request is not None:
+            self._request.cancel()
+            self._request = None
+        if self._reader is not None:
+            self._reader.abort()
+
+    def pause(self) -> None:
+        self._paused = True
+        if self._reader is not None:
+            self._reader.pause()
+
+    def resume(self) -> None:
+        self._paused = False
+        if self._reader is not None:
+            self._reader.resume()
+
+
+class _BodyReader(TwistedProtocol):
+    """Reads a provider's body: server-sent events one by one, or whole (bounded)."""
+
+    def __init__(self, job: _HTTPJob, code: int, streaming: bool) -> None:
+        self._job = job
+        self._code = code
+        self._streaming = streaming
+        self._buffer = bytearray()
+        self._usage: Optional[dict[str, int]] = None
+        self._problem = ""
+        self._stopped = False
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._stopped:
+            return
+        self._buffer += data
+        if not self._streaming:
+            if len(self._buffer) > MAX_RESPONSE_BYTES:
+                self._fail(f"provider answer larger than {MAX_RESPONSE_BYTES} bytes")
+            return
+        while True:
+            end = self._buffer.find(b"\n")
+            if end < 0:
+                break
+            line = bytes(self._buffer[:end]).rstrip(b"\r")
+            del self._buffer[: end + 1]
+            self._line(line)
+            if self._stopped:
+                return
+        if len(self._buffer) > MAX_EVENT_LINE_BYTES:
+            self._fail(f"provider event longer than {MAX_EVENT_LINE_BYTES} bytes")
+
+    def _line(self, line: bytes) -> None:
+        if not line.startswith(b"data:"):
+            return  # comments, event names, ids, blank separators
+        payload = line[5:].strip()
+        if not payload or payload == b"[DONE]":
+            return
+        if b'"usage"' in payload:
+            try:
+                usage = json.loads(payload).get("usage")
+            except (ValueError, AttributeError):
+                usage = None
+            if isinstance(usage, dict):
+                self._usage = usage
+        self._job.event(payload)
+
+    def _fail(self, problem: str) -> None:
+        self._problem = problem
+        self._stopped = True
+        self._job.finished(self._code, b"", self._usage, problem)
+        self.abort()
+
+    def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        if not reason.check(ResponseDone, PotentialDataLoss):
+            self._job.finished(self._code, b"", self._usage, "provider connection lost mid-answer")
+            return
+        body = b"" if self._streaming else bytes(self._buffer)
+        usage = self._usage
+        if not self._streaming and 200 <= self._code < 300:
+            try:
+                parsed = json.loads(body)
+                usage = parsed.get("usage") if isinstance(parsed, dict) else None
+            except ValueError:
+                usage = None
+        self._job.finished(self._code, body, usage if isinstance(usage, dict) else None, "")
+
+    def pause(self) -> None:
+        if self.transport is not None and not self._stopped:
+            cast(Any, self.transport).pauseProducing()
+
+    def resume(self) -> None:
+        if self.transport is not None and not self._stopped:
+            cast(Any, self.transport).resumeProducing()
+
+    def abort(self) -> None:
+        self._stopped = True
+        if self.transport is not None:
+            cast(Any, self.transport).stopProducing()

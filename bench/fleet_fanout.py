@@ -236,7 +236,11 @@ class ControlPlaneProcess:
             IOP_BENCH_CPROFILE="1" if cprofile else "0",
             IOP_BENCH_GC=gc_mode,
         )
-        twistd_args = ["-n", "--pidfile=", "iop-control-plane"]
+        # Max age 0: every fleet round of the benchmark asks every edge
+        # again instead of reusing the previous round's rows.
+        config_path = workdir / "control-plane.yaml"
+        config_path.write_text("status:\n  fleet_max_age_seconds: 0\n")
+        twistd_args = ["-n", "--pidfile=", "iop-control-plane", "--config", str(config_path)]
         if instrument is not None:
             command = [sys.executable, str(BENCH_DIR / "cp_instrumented.py"), str(instrument), *twistd_args]
         else:

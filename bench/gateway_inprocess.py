@@ -113,7 +113,8 @@ class Rig:
         self.list_clock = ListClock()
         clock = cast(IReactorTime, self.list_clock)
         self.registry = EdgeRegistry(clock)
-        self.gateway = EdgeGateway(self.registry, clock, 5.0)
+        # Max age 0: every round of the benchmark asks every edge again.
+        self.gateway = EdgeGateway(self.registry, clock, 5.0, fleet_max_age_seconds=0.0)
         self.http = ControlPlaneHttp(self.registry, self.gateway, clock, ListenerReadiness())
         self.factory = EdgeWireFactory(self.registry, clock, PeerSettings())
         self.protocols: list[EdgeWireProtocol] = []

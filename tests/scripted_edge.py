@@ -54,8 +54,10 @@ class ScriptedEdge(FramedPeerProtocol):
         self.catalog = list(CATALOG)
         #: Returns the status to answer with, or None to stay silent.
         self.status: Callable[[], Optional[pb.EdgeStatusResponse]] = lambda: snapshot(self.edge_id)
-        #: "succeed", "fail", "reject", "silent" or "disconnect".
+        #: "succeed", "fail", "reject", "silent", "hold" (kept in
+        #: ``held_commands`` to answer later with :meth:`answer_held`) or "disconnect".
         self.command_behaviour = "succeed"
+        self.held_commands: list[tuple[int, pb.EdgeCommandRequest]] = []
         self.commands_seen: list[pb.EdgeCommandRequest] = []
         self.status_requests = 0
         #: With hold_status, status requests wait here until release_status().
@@ -109,6 +111,9 @@ class ScriptedEdge(FramedPeerProtocol):
             behaviour = self.command_behaviour
             if behaviour == "silent":
                 return
+            if behaviour == "hold":
+                self.held_commands.append((rid, command))
+                return
             if behaviour == "disconnect":
                 assert self.transport is not None
                 self.transport.loseConnection()
@@ -132,6 +137,12 @@ class ScriptedEdge(FramedPeerProtocol):
             )
         elif body == "error":
             self.errors.append(envelope.error)
+
+    def answer_held(self, outcome: int = pb.COMMAND_OUTCOME_SUCCEEDED, reason: str = "", **result: str) -> None:
+        """Answer the oldest held command now (late, if its deadline has passed)."""
+        rid, command = self.held_commands.pop(0)
+        response = pb.EdgeCommandResponse(command_id=command.command_id, outcome=outcome, reason=reason, result=result)  # type: ignore[arg-type]
+        self.send("edge_command_response", response, rid)
 
     def peer_disconnected(self, reason: Failure) -> None:
         self.lost.callback(None)

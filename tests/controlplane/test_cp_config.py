@@ -77,6 +77,9 @@ def test_environment_overrides_listeners() -> None:
         ("edge_wire: {credentials: {'bad id': 'x'}}", "edge_wire.credentials"),
         ("registry: {events_per_edge: 0}", "registry.events_per_edge"),
         ("http: {status_timeout_seconds: 0}", "http.status_timeout_seconds"),
+        ("status: {fleet_max_age_seconds: -1}", "status.fleet_max_age_seconds"),
+        ("status: {fleet_max_age_seconds: soon}", "status.fleet_max_age_seconds"),
+        ("status: {max_age: 1}", "status.max_age"),
         ("- just a list", "top level"),
         ("http: {listen: [", "not valid YAML"),
     ],
@@ -86,6 +89,15 @@ def test_bad_config_names_the_field(text: str, field: str) -> None:
     with pytest.raises(ConfigError) as info:
         config_from_text(text)
     assert field in str(info.value)
+
+
+def test_fleet_max_age_is_parsed_and_reaches_the_gateway() -> None:
+    """status.fleet_max_age_seconds defaults to 1 s, may be 0, and is what the gateway uses."""
+    assert config_from_text("").fleet_max_age_seconds == 1.0
+    config = config_from_text("status: {fleet_max_age_seconds: 0}")
+    assert config.fleet_max_age_seconds == 0.0
+    service = tap.ControlPlaneService(config_from_text("status: {fleet_max_age_seconds: 2.5}"), MemoryReactor())
+    assert service.gateway.fleet_max_age_seconds == 2.5
 
 
 def test_bad_environment_value_names_the_variable(tmp_path: Path) -> None:

@@ -261,8 +261,8 @@ async def test_concurrent_status_callers_share_one_request() -> None:
         from twisted.internet.defer import ensureDeferred, gatherResults
 
         views = [ensureDeferred(cp.get_json("/edges/edge-a/status")) for _ in range(3)]
-        record = cp.registry.get("edge-a")
-        await eventually(lambda: len(record.status_waiters or []) == 3, message="three waiting views")
+        gateway = cp.service.gateway
+        await eventually(lambda: gateway.status_waiters("edge-a") == 3, message="three waiting views")
         edge.release_status()
         results = await gatherResults(views)
         assert [code for code, _ in results] == [200, 200, 200]

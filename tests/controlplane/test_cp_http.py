@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Optional
 
 import attrs
 import pytest_twisted
@@ -34,11 +34,13 @@ class AnsweringPeer:
         self.edge_id = edge_id
         self.last_received = 0.0
         self.commands: list[pb.EdgeCommandRequest] = []
+        self.status_requests = 0
 
     def request_status(self, timeout: float, own_deadline: bool = True) -> Deferred[pb.EdgeStatusResponse]:
+        self.status_requests += 1
         return succeed(snapshot(self.edge_id))
 
-    def request_command(self, request: pb.EdgeCommandRequest, timeout: float) -> Deferred[pb.EdgeCommandResponse]:
+    def request_command(self, request: pb.EdgeCommandRequest) -> Deferred[pb.EdgeCommandResponse]:
         self.commands.append(request)
         return succeed(pb.EdgeCommandResponse(command_id=request.command_id, outcome=pb.COMMAND_OUTCOME_SUCCEEDED))
 
@@ -58,10 +60,13 @@ class FakeListener:
         self.is_bound, self.port_number = True, port
 
 
-def make_api(edges: int = 0, **settings: Any) -> tuple[StubTreq, EdgeRegistry, dict[str, FakeListener]]:
+def make_api(
+    edges: int = 0, clock: Optional[Clock] = None, **settings: Any
+) -> tuple[StubTreq, EdgeRegistry, dict[str, FakeListener]]:
     """A StubTreq over the Klein app with ``edges`` answering edges."""
-    clock = Clock()
-    clock.advance(1_700_000_000)
+    if clock is None:
+        clock = Clock()
+        clock.advance(1_700_000_000)
     registry = EdgeRegistry(clock)
     for i in range(edges):
         registry.connect(f"edge-{i:02d}", AnsweringPeer(f"edge-{i:02d}"), HELLO)
@@ -237,6 +242,44 @@ async def test_fleet_status_totals_and_paging() -> None:
     assert body["totals"]["general"]["capacity"] == 24
     code, rest = await get(treq, "/fleet/status?limit=2&cursor=edge-01")
     assert [r["edge_id"] for r in rest["items"]] == ["edge-02"] and rest["next_cursor"] is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_fleet_pages_within_the_max_age_share_one_round() -> None:
+    """Pages and refreshes within the max age reuse the round (same round_at, no new requests)."""
+    clock = Clock()
+    clock.advance(1_700_000_000)
+    treq, registry, _ = make_api(edges=3, clock=clock)
+    peers = [record.peer for record in registry.edges()]
+    code, first = await get(treq, "/fleet/status?limit=2")
+    assert first["round_at"] == "2023-11-14T22:13:20.000Z"
+    clock.advance(0.5)
+    code, second = await get(treq, "/fleet/status?limit=2&cursor=edge-01")
+    code, refresh = await get(treq, "/fleet/status")
+    assert second["round_at"] == refresh["round_at"] == first["round_at"]
+    assert second["generated_at"] == "2023-11-14T22:13:20.500Z"
+    assert [p.status_requests for p in peers] == [1, 1, 1]
+    assert refresh["totals"] == first["totals"] and refresh["total"] == 3
+    clock.advance(0.5)  # the default max age (1 s) has passed: a new round
+    code, later = await get(treq, "/fleet/status")
+    assert later["round_at"] == "2023-11-14T22:13:21.000Z"
+    assert [p.status_requests for p in peers] == [2, 2, 2]
+
+
+@pytest_twisted.ensureDeferred
+async def test_command_answer_says_whether_it_was_replayed() -> None:
+    """The POST answer carries replayed (false, then true for the same key) and late_outcome."""
+    treq, registry, _ = make_api(edges=1)
+    body = b'{"name": "node.drain", "target": "n1", "idempotency_key": "k"}'
+    code, first = await post(treq, "/edges/edge-00/commands", body)
+    assert code == 200 and first["replayed"] is False and first["late_outcome"] is None
+    code, again = await post(treq, "/edges/edge-00/commands", body)
+    assert code == 200 and again["replayed"] is True and again["operation_id"] == first["operation_id"]
+    code, conflict = await post(
+        treq, "/edges/edge-00/commands", b'{"name": "node.drain", "target": "n2", "idempotency_key": "k"}'
+    )
+    assert code == 409 and conflict["error"]["code"] == "idempotency_conflict"
+    assert conflict["operation"]["operation_id"] == first["operation_id"]
 
 
 @pytest_twisted.ensureDeferred

@@ -7,10 +7,16 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from twisted.internet.task import Clock
+from twisted.logger import LogLevel, capturedLogs
 
 from twisted_iop.controlplane import records
 from twisted_iop.controlplane.records import EventBuffer, OperationBuffer, OperationRecord
-from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry, RegistryLimits
+from twisted_iop.controlplane.registry import (
+    PROTOCOL_VIOLATION_INTERVAL_SECONDS,
+    EdgeHello,
+    EdgeRegistry,
+    RegistryLimits,
+)
 from twisted_iop.wire import control_pb2 as pb
 
 HELLO = EdgeHello(labels={}, software_version="t", protocol_version="1.0", commands=(pb.CommandSpec(name="x"),))
@@ -23,10 +29,10 @@ class FakePeer:
         self.last_received = 0.0
         self.disconnects: list[int] = []
 
-    def request_status(self, timeout: float) -> Any:
+    def request_status(self, timeout: float, own_deadline: bool = True) -> Any:
         raise NotImplementedError
 
-    def request_command(self, request: Any, timeout: float) -> Any:
+    def request_command(self, request: Any) -> Any:
         raise NotImplementedError
 
     def disconnect(self, code: int, message: str) -> None:
@@ -110,32 +116,75 @@ def test_gaps_in_the_edge_sequence_are_recorded() -> None:
     assert [(e.attributes["count"], e.attributes["first_edge_sequence"]) for e in lost] == [("2", "3")]
 
 
-def test_operation_lifecycle_and_command_events() -> None:
-    """Relayed command events move an operation forward; terminal states are final."""
+def test_operation_lifecycle_is_forward_only_and_terminal_is_final() -> None:
+    """An operation only moves forward; after a terminal state nothing moves it."""
+    registry, clock = make_registry()
+    registry.connect("edge-a", FakePeer(), HELLO)
+    op = OperationRecord("op1", "edge-a", "x", "", {}, "", created_at=clock.seconds(), deadline_at=clock.seconds() + 10)
+    registry.start_operation(op)
+    assert registry.advance_operation("edge-a", "op1", records.RUNNING)
+    assert not registry.advance_operation("edge-a", "op1", records.ACCEPTED)  # no going back
+    assert registry.advance_operation("edge-a", "op1", records.SUCCEEDED, result={"a": "b"})
+    assert not registry.advance_operation("edge-a", "op1", records.TIMED_OUT)
+    assert op.state == records.SUCCEEDED and op.result == {"a": "b"}
+    assert [h[0] for h in op.history] == ["sent", "running", "succeeded"]
+    assert [k for k in kinds(registry, "edge-a") if k.startswith("operation.")] == [
+        "operation.sent",
+        "operation.running",
+        "operation.succeeded",
+    ]
+
+
+def test_relayed_command_events_never_change_an_operation_by_themselves() -> None:
+    """The registry records command.* events but leaves operation states alone."""
     registry, clock = make_registry()
     token = registry.connect("edge-a", FakePeer(), HELLO)
     op = OperationRecord("op1", "edge-a", "x", "", {}, "", created_at=clock.seconds(), deadline_at=clock.seconds() + 10)
-    registry.start_operation(op, token)
-    registry.record_edge_event("edge-a", token, pb.EdgeEvent(kind="command.started", command_id="op1"))
-    # A late "accepted" after "running" does not move it back.
-    registry.record_edge_event("edge-a", token, pb.EdgeEvent(kind="command.accepted", command_id="op1"))
-    assert op.state == records.RUNNING
-    assert registry.advance_operation("edge-a", token, "op1", records.SUCCEEDED, result={"a": "b"})
-    assert not registry.advance_operation("edge-a", None, "op1", records.TIMED_OUT)
-    assert op.state == records.SUCCEEDED and op.result == {"a": "b"}
-    assert [h[0] for h in op.history] == ["sent", "running", "succeeded"]
+    registry.start_operation(op)
+    registry.record_edge_event("edge-a", token, pb.EdgeEvent(kind="command.succeeded", command_id="op1"))
+    assert op.state == records.SENT
+    assert kinds(registry, "edge-a")[-1] == "command.succeeded"
 
 
-def test_operation_reply_from_other_connection_is_ignored() -> None:
-    """Only the connection an operation was sent on may finish it."""
+def test_reserved_event_kinds_from_an_edge_are_dropped_and_reported_rate_limited() -> None:
+    """operation.* and edge.* from an edge are dropped; one protocol_violation event per interval."""
     registry, clock = make_registry()
-    first = registry.connect("edge-a", FakePeer(), HELLO)
+    token = registry.connect("edge-a", FakePeer(), HELLO)
     op = OperationRecord("op1", "edge-a", "x", "", {}, "", created_at=clock.seconds(), deadline_at=clock.seconds() + 10)
-    registry.start_operation(op, first)
-    second = registry.connect("edge-a", FakePeer(), HELLO)
-    assert not registry.advance_operation("edge-a", second, "op1", records.SUCCEEDED)
-    assert registry.advance_operation("edge-a", None, "op1", records.EDGE_DISCONNECTED)
-    assert op.state == records.EDGE_DISCONNECTED
+    registry.start_operation(op)
+    before = kinds(registry, "edge-a")
+    with capturedLogs() as logged:
+        for kind in ("operation.succeeded", "edge.connected", "operation.failed"):
+            assert registry.record_edge_event("edge-a", token, pb.EdgeEvent(kind=kind, command_id="op1")) is None
+    warnings = [e for e in logged if e["log_level"] == LogLevel.warn]
+    assert len(warnings) == 1 and warnings[0]["kind"] == "operation.succeeded"  # one warning per connection
+    assert op.state == records.SENT
+    after = kinds(registry, "edge-a")[len(before) :]
+    assert after == ["edge.protocol_violation"]
+    violation = registry.get("edge-a").events.since(0, 100)[-1]
+    assert violation.attributes == {"kind": "operation.succeeded", "dropped": "1"}
+    clock.advance(PROTOCOL_VIOLATION_INTERVAL_SECONDS)
+    registry.record_edge_event("edge-a", token, pb.EdgeEvent(kind="edge.superseded"))
+    violation = registry.get("edge-a").events.since(0, 100)[-1]
+    assert violation.kind == "edge.protocol_violation"
+    assert violation.attributes == {"kind": "edge.superseded", "dropped": "3"}  # two held back, and this one
+    assert registry.record_edge_event("edge-a", token, pb.EdgeEvent(kind="node.ready")) is not None
+
+
+def test_late_outcome_is_kept_once_and_only_after_the_end() -> None:
+    """A late answer is kept beside a finished operation, once, with an event."""
+    registry, clock = make_registry()
+    registry.connect("edge-a", FakePeer(), HELLO)
+    op = OperationRecord("op1", "edge-a", "x", "", {}, "", created_at=clock.seconds(), deadline_at=clock.seconds() + 10)
+    registry.start_operation(op)
+    assert not registry.record_late_outcome("edge-a", "op1", records.SUCCEEDED, "", {})  # still in flight
+    registry.advance_operation("edge-a", "op1", records.TIMED_OUT, "no answer")
+    clock.advance(3)
+    assert registry.record_late_outcome("edge-a", "op1", records.SUCCEEDED, "done", {"k": "v"})
+    assert not registry.record_late_outcome("edge-a", "op1", records.FAILED, "again", {})
+    assert op.state == records.TIMED_OUT
+    assert op.late_outcome == records.LateOutcome(records.SUCCEEDED, "done", {"k": "v"}, 1003.0)
+    assert kinds(registry, "edge-a")[-1] == "operation.late_outcome"
 
 
 def test_operation_buffer_evicts_only_finished() -> None:

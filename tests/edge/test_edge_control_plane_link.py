@@ -165,13 +165,13 @@ def test_command_answered_with_events() -> None:
     request = pb.EdgeCommandRequest(
         command_id="op-1", name="node.drain", target="node-1", arguments={"reason": "test"}, timeout_ms=5000
     )
-    got = results(peer.request_command(request, 5))
+    got = results(peer.request_command(request))
     pump.flush()
     [response] = got
     assert response.outcome == pb.COMMAND_OUTCOME_SUCCEEDED
     assert edge.kinds()[-4:] == ["command.accepted", "command.started", "node.drained", "command.succeeded"]
     bad = pb.EdgeCommandRequest(command_id="op-2", name="node.drain", target="node-9", timeout_ms=5000)
-    rejected = results(peer.request_command(bad, 5))
+    rejected = results(peer.request_command(bad))
     pump.flush()
     assert rejected[0].outcome == pb.COMMAND_OUTCOME_REJECTED
     assert "node-9" in rejected[0].reason

@@ -400,7 +400,7 @@ class FleetStatus:
     total: int
     next_cursor: Optional[str]
     totals: StatusTotals
-    round_at: Optional[datetime] = _optional_field()
+    round_at: Optional[datetime] = None
 
 
 # ---------------------------------------------------------------- events
@@ -501,7 +501,7 @@ class Operation:
     finished_at: Optional[datetime] = None
     deadline_at: Optional[datetime] = None
     history: tuple[OperationTransition, ...] = ()
-    late_outcome: Optional[LateOutcome] = _optional_field()
+    late_outcome: Optional[LateOutcome] = None
     replayed: Optional[bool] = _optional_field()
 
     @property

@@ -69,6 +69,8 @@ class ControlPlaneConfig:
     notices: tuple[str, ...] = ()
     #: The file it was read from (None: embedded defaults).
     source_path: Optional[str] = None
+    #: How long a finished fleet round serves later views and pages.
+    fleet_max_age_seconds: float = 1.0
 
 
 def load_config(path: Optional[str], environ: Mapping[str, str] = os.environ) -> ControlPlaneConfig:
@@ -87,7 +89,7 @@ def config_from_text(text: str, environ: Mapping[str, str] = {}) -> ControlPlane
 def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}) -> ControlPlaneConfig:
     """Build the config from parsed YAML plus environment overrides."""
     root = Section(data, "")
-    root.reject_unknown({"http", "client_wire", "edge_wire", "registry"})
+    root.reject_unknown({"http", "client_wire", "edge_wire", "registry", "status"})
     notices: list[str] = []
     http = root.section("http")
     http.reject_unknown(
@@ -137,6 +139,8 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
             "max_hellos_per_second",
         }
     )
+    status = root.section("status")
+    status.reject_unknown({"fleet_max_age_seconds"})
     reg = root.section("registry")
     reg.reject_unknown({"events_per_edge", "fleet_events", "operations_per_edge", "disconnected_edges"})
 
@@ -215,6 +219,7 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
         registry=limits,
         status_timeout_seconds=http.number("status_timeout_seconds", 5.0),
         notices=tuple(notices),
+        fleet_max_age_seconds=status.number("fleet_max_age_seconds", 1.0, minimum=0.0, exclusive_minimum=False),
     )
 
 

@@ -190,9 +190,14 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
         d = self.request("edge_status_request", _STATUS_REQUEST, timeout, deadline=own_deadline)
         return d.addCallback(_status_response)
 
-    def request_command(self, request: pb.EdgeCommandRequest, timeout: float) -> Deferred[pb.EdgeCommandResponse]:
-        """Send a command to the edge."""
-        d = self.request("edge_command_request", request, timeout)
+    def request_command(self, request: pb.EdgeCommandRequest) -> Deferred[pb.EdgeCommandResponse]:
+        """Send a command to the edge.
+
+        No timer here: the gateway owns the command's deadline and keeps
+        listening past it for a late answer, until it cancels the request
+        or the connection ends.
+        """
+        d = self.request("edge_command_request", request, deadline=False)
         return d.addCallback(lambda envelope: _expect(envelope, "edge_command_response").edge_command_response)
 
     def disconnect(self, code: pb.ErrorCode, message: str) -> None:

@@ -1,7 +1,25 @@
-"""Requests to connected edges: status (shared, fanned out) and commands.
+"""Requests to connected edges, and the one owner of everything in flight.
 
-The :class:`EdgeGateway` is the only code that asks edges for anything. It
-works through the registry's peers, so it runs the same over a real TCP
+The :class:`EdgeGateway` is the only code that asks edges for anything and
+the only code that sets an operation's state. It owns:
+
+* **status asks**: at most one ``EdgeStatusRequest`` in flight per edge,
+  bound to the connection (token) it was sent on; concurrent views and the
+  fleet round share it. When a newer connection supersedes the old one,
+  the ask moves to the new connection at once (its waiters do not wait for
+  the old socket to close).
+* **fleet rounds**: one round at a time over every known edge; callers
+  arriving while it runs join it, and callers within the max age of the
+  last round reuse its rows.
+* **commands**: each dispatched command, the connection it was sent on,
+  its deadline and the callers waiting for its end. A command's terminal
+  state comes only from the answer to the gateway's own request on that
+  connection (or from the gateway's own verdicts: timed out, disconnected,
+  superseded). After its deadline the request keeps listening (bounded per
+  connection) so that a late answer is kept as the operation's late
+  outcome.
+
+It works through the registry's peers, so it runs the same over a real TCP
 connection or a test fake, and it turns wire failures into the domain
 errors that the HTTP views map to status codes.
 """
@@ -9,7 +27,8 @@ errors that the HTTP views map to status codes.
 from __future__ import annotations
 
 import uuid
-from typing import Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 import attrs
 from twisted.internet.defer import CancelledError, Deferred, fail, succeed
@@ -63,53 +82,157 @@ class UnknownCommand(Exception):
         self.edge_id = edge_id
 
 
+class IdempotencyConflict(Exception):
+    """The idempotency key already names a different command on this edge."""
+
+    def __init__(self, operation: OperationRecord) -> None:
+        super().__init__(
+            f"idempotency key {operation.idempotency_key!r} was already used for a different command "
+            f"(operation {operation.operation_id}: {operation.name} {operation.target!r})"
+        )
+        self.operation = operation
+
+
 #: Status requests a fleet fan-out issues per reactor turn.
 FANOUT_SLICE = 500
+#: Commands past their deadline whose late answer one connection may still
+#: deliver; beyond this the oldest stops listening.
+LATE_ANSWERS_PER_CONNECTION = 64
+#: Why a command ended when a newer connection took over.
+SUPERSEDED_REASON = "a newer connection of this edge took over before the answer"
+DISCONNECTED_REASON = "edge disconnected before answering"
+
+#: A status waiter: ``fn(arg, snapshot, error)`` with exactly one of the two set.
+StatusWaiter = tuple[Callable[[Any, Optional[StatusSnapshot], Optional[Exception]], None], Any]
 
 
 @attrs.frozen
 class StatusRow:
-    """One edge's line in a fleet status: a fresh snapshot or why not."""
+    """One edge's line in a fleet round: a fresh snapshot or why not."""
 
     record: EdgeRecord
     state: str  # ok, timeout, error, disconnected
     snapshot: Optional[StatusSnapshot]
+    #: Whether the edge had a connection during the round.
+    connected: bool
     error_code: str = ""
     error_message: str = ""
 
 
 @attrs.define(eq=False)
-class _FanOut:
-    """One fleet status round in progress."""
+class FleetRound:
+    """A finished fleet round: one row per known edge, sorted by edge id."""
 
+    round_at: float
+    finished_at: float
+    rows: list[StatusRow]
+    edge_ids: list[str]
+
+
+@attrs.define(eq=False)
+class _StatusAsk:
+    """One ``EdgeStatusRequest`` in flight on one connection of one edge."""
+
+    edge_id: str
+    token: int
+    own_deadline: bool
+    waiters: list[StatusWaiter]
+    request: Optional[Deferred[pb.EdgeStatusResponse]] = None
+    #: Set when the ask was moved to a newer connection or settled otherwise.
+    settled: bool = False
+
+
+@attrs.define(eq=False)
+class _Round:
+    """A fleet round in progress."""
+
+    round_at: float
     records: list[EdgeRecord]
-    result: Deferred[list[StatusRow]]
+    done: Callable[[_Round], None]
     rows: list[Optional[StatusRow]] = attrs.field(init=False)
+    waiters: list[Deferred[FleetRound]] = attrs.field(factory=list)
     pending: list[int] = attrs.field(factory=list)
     remaining: int = 0
     issued: int = 0
-    done: bool = False
+    finished: bool = False
     deadline: Optional[IDelayedCall] = None
 
     def __attrs_post_init__(self) -> None:
         self.rows = [None] * len(self.records)
 
-    def finished_rows(self) -> list[StatusRow]:
-        return [row for row in self.rows if row is not None]
+    def row_answered(self, index: int, snapshot: Optional[StatusSnapshot], error: Optional[Exception]) -> None:
+        """The status waiter of one edge's row (a plain call, no Deferred)."""
+        if self.rows[index] is not None:
+            return
+        record = self.records[index]
+        if error is None:
+            self.rows[index] = StatusRow(record, "ok", snapshot, True)
+        elif isinstance(error, (EdgeDisconnected, EdgeNotConnected)):
+            self.rows[index] = StatusRow(record, "disconnected", record.snapshot, record.connected)
+        elif isinstance(error, EdgeTimeout):
+            self.rows[index] = StatusRow(record, "timeout", record.snapshot, True, "edge_timeout", str(error))
+        else:
+            self.rows[index] = StatusRow(record, "error", record.snapshot, True, "edge_error", str(error))
+        self.remaining -= 1
+        if self.remaining == 0 and not self.finished:
+            self.finished = True
+            self.done(self)
 
 
-def _translate(edge_id: str, seconds: float, failure: Failure) -> Failure:
+@attrs.define(eq=False)
+class _Command:
+    """A dispatched command the gateway still listens for."""
+
+    operation: OperationRecord
+    token: int
+    timeout_seconds: float
+    request: Optional[Deferred[pb.EdgeCommandResponse]] = None
+    timer: Optional[IDelayedCall] = None
+    #: Set when the gateway itself stopped listening (cancelled the request).
+    abandoned: bool = False
+
+
+def _translate(edge_id: str, seconds: float, failure: Failure) -> Exception:
     if failure.check(RequestTimeout, CancelledError):
-        return Failure(EdgeTimeout(edge_id, seconds))
+        return EdgeTimeout(edge_id, seconds)
     if failure.check(PeerDisconnected):
-        return Failure(EdgeDisconnected(edge_id))
+        return EdgeDisconnected(edge_id)
     if failure.check(RemoteError):
-        return Failure(EdgeErrorAnswer(edge_id, str(failure.value)))
-    return failure
+        return EdgeErrorAnswer(edge_id, str(failure.value))
+    error = failure.value
+    return error if isinstance(error, Exception) else RuntimeError(str(error))
+
+
+def _settle_deferred(
+    d: Deferred[StatusSnapshot], snapshot: Optional[StatusSnapshot], error: Optional[Exception]
+) -> None:
+    if error is not None:
+        d.errback(error)
+    else:
+        d.callback(snapshot)  # type: ignore[arg-type]
+
+
+_OUTCOME_STATES = {
+    pb.COMMAND_OUTCOME_SUCCEEDED: records.SUCCEEDED,
+    pb.COMMAND_OUTCOME_REJECTED: records.REJECTED,
+    pb.COMMAND_OUTCOME_FAILED: records.FAILED,
+}
+_EVENT_STATES = {"command.accepted": records.ACCEPTED, "command.started": records.RUNNING}
+
+
+@attrs.frozen
+class Dispatched:
+    """What :meth:`EdgeGateway.dispatch` returns."""
+
+    operation: OperationRecord
+    #: Fires with the operation once it is finished.
+    ended: Deferred[OperationRecord]
+    #: True when the idempotency key named an existing operation.
+    replayed: bool
 
 
 class EdgeGateway:
-    """Status and command requests to edges, through the registry."""
+    """Status and command requests to edges; owner of what is in flight."""
 
     _log = Logger()
 
@@ -118,26 +241,87 @@ class EdgeGateway:
         registry: EdgeRegistry,
         clock: IReactorTime,
         status_timeout_seconds: float = 5.0,
+        fleet_max_age_seconds: float = 1.0,
     ) -> None:
         self._registry = registry
         self._clock = clock
         self.status_timeout_seconds = status_timeout_seconds
-        self._operation_waiters: dict[str, tuple[OperationRecord, list[Deferred[OperationRecord]]]] = {}
-        registry.add_listener(self._operation_changed)
+        self.fleet_max_age_seconds = fleet_max_age_seconds
+        #: Edge id -> its status ask in flight.
+        self._asks: dict[str, _StatusAsk] = {}
+        self._round: Optional[_Round] = None
+        self._last_round: Optional[FleetRound] = None
+        #: Operation id -> the command still listened for.
+        self._commands: dict[str, _Command] = {}
+        #: Connection token -> operation ids listened for on it (in dispatch order).
+        self._by_token: dict[int, dict[str, None]] = {}
+        #: Connection token -> operation ids past their deadline, oldest first.
+        self._late_by_token: dict[int, dict[str, None]] = {}
+        #: Operation id -> callers waiting for its end.
+        self._waiters: dict[str, list[Deferred[OperationRecord]]] = {}
+        registry.add_observer(self)
 
-    def _operation_changed(self, event: records.EventRecord) -> None:
-        if not event.kind.startswith("operation.") or event.command_id not in self._operation_waiters:
-            return
-        if event.attributes.get("state") not in records.TERMINAL_STATES:
-            return
-        operation, waiters = self._operation_waiters.pop(event.command_id)
-        for d in waiters:
-            d.callback(operation)
+    # -- what the registry tells us ---------------------------------------------
 
-    # -- status ---------------------------------------------------------------
+    def connection_superseded(self, edge_id: str, old_token: int) -> None:
+        """Settle what was in flight on the old connection, now.
+
+        The status ask moves to the new connection (its callers then get
+        the new connection's answer); commands end ``superseded``.
+        """
+        self._end_connection(edge_id, old_token, records.SUPERSEDED, SUPERSEDED_REASON)
+
+    def connection_closed(self, edge_id: str, token: int) -> None:
+        """Settle what is still tracked for a connection that closed.
+
+        The wire fails its pending requests as it closes, so this finds
+        only what no request carries any more (a command whose request was
+        answered with a foreign command id), or what a peer without that
+        courtesy left behind.
+        """
+        self._end_connection(edge_id, token, records.EDGE_DISCONNECTED, DISCONNECTED_REASON)
+
+    def _end_connection(self, edge_id: str, token: int, state: str, reason: str) -> None:
+        ask = self._asks.get(edge_id)
+        if ask is not None and ask.token == token:
+            del self._asks[edge_id]
+            ask.settled = True
+            record = self._registry.find(edge_id)
+            if record is not None and record.token is not None and record.peer is not None:
+                self._issue(record, ask.own_deadline, ask.waiters)
+            else:
+                self._deliver(ask.waiters, None, EdgeDisconnected(edge_id))
+            if ask.request is not None:
+                ask.request.cancel()
+        for operation_id in list(self._by_token.pop(token, {})):
+            command = self._commands.pop(operation_id, None)
+            if command is None:
+                continue
+            self._stop_timer(command)
+            if not command.operation.finished:
+                self._finish(command.operation, state, reason)
+            self._abandon(command)
+        self._late_by_token.pop(token, None)
+
+    def command_event_relayed(self, edge_id: str, token: int, event: pb.EdgeEvent) -> None:
+        """``command.accepted`` / ``command.started`` advance their own command.
+
+        Only on the connection the command was sent on, only for an
+        operation of the relaying edge, and never to a terminal state.
+        """
+        state = _EVENT_STATES.get(event.kind)
+        if state is None:
+            return
+        command = self._commands.get(event.command_id)
+        if command is None or command.token != token or command.operation.edge_id != edge_id:
+            return
+        if not command.operation.finished:
+            self._registry.advance_operation(edge_id, command.operation.operation_id, state)
+
+    # -- status -------------------------------------------------------------------
 
     def status(self, edge_id: str) -> Deferred[StatusSnapshot]:
-        """A fresh snapshot of ``edge_id``.
+        """A fresh snapshot of ``edge_id`` from its current connection.
 
         Concurrent callers for one edge share a single in-flight request.
         Fails with UnknownEdge, EdgeNotConnected, EdgeTimeout,
@@ -147,130 +331,165 @@ class EdgeGateway:
             record = self._registry.get(edge_id)
         except Exception:
             return fail()
-        return self._status_of(record)
-
-    def _status_of(self, record: EdgeRecord, own_deadline: bool = True) -> Deferred[StatusSnapshot]:
-        """Join the edge's in-flight status request, or start one.
-
-        With ``own_deadline=False`` the request has no timer of its own:
-        the caller (a fleet fan-out) cancels it at its round's deadline,
-        which saves one timer per edge per round.
-        """
         if record.token is None or record.peer is None:
-            return fail(EdgeNotConnected(record.edge_id))
-        waiter: Deferred[StatusSnapshot] = Deferred()
-        if record.status_waiters is not None:
-            record.status_waiters.append(waiter)
-            return waiter
-        record.status_waiters = [waiter]
-        request = record.peer.request_status(self.status_timeout_seconds, own_deadline)
-        record.status_request = request
-        request.addCallbacks(
-            self._status_answered,
-            self._status_failed,
-            callbackArgs=(record, record.token),
-            errbackArgs=(record,),
-        )
-        return waiter
+            return fail(EdgeNotConnected(edge_id))
+        d: Deferred[StatusSnapshot] = Deferred()
+        self._join(record, True, (_settle_deferred, d))
+        return d
 
-    def _status_answered(self, response: pb.EdgeStatusResponse, record: EdgeRecord, token: int) -> None:
-        snapshot = self._registry.record_status(record.edge_id, token, response)
-        if snapshot is None:
-            # The connection was superseded while we waited.
-            self._deliver(record, Failure(EdgeDisconnected(record.edge_id)))
-        else:
-            self._deliver(record, snapshot)
+    def status_waiters(self, edge_id: str) -> int:
+        """How many callers wait on the edge's status request in flight (0: none)."""
+        ask = self._asks.get(edge_id)
+        return 0 if ask is None else len(ask.waiters)
 
-    def _status_failed(self, failure: Failure, record: EdgeRecord) -> None:
-        self._deliver(record, _translate(record.edge_id, self.status_timeout_seconds, failure))
+    def _join(self, record: EdgeRecord, own_deadline: bool, waiter: StatusWaiter) -> None:
+        """Add ``waiter`` to the edge's ask on its current connection, or start one.
 
-    def _deliver(self, record: EdgeRecord, outcome: StatusSnapshot | Failure) -> None:
-        waiters = record.status_waiters or []
-        record.status_waiters = None
-        record.status_request = None
-        for waiter in waiters:
-            if isinstance(outcome, Failure):
-                waiter.errback(outcome)
-            else:
-                waiter.callback(outcome)
-
-    def fleet_status(self) -> Deferred[list[StatusRow]]:
-        """A status row for every known edge, asked of all at once.
-
-        Requests go out in slices of :data:`FANOUT_SLICE` per reactor turn,
-        so answers are read while later slices are still being sent and the
-        reactor keeps serving everything else. One deadline covers the
-        round; one slow or failing edge marks only its own row.
+        With ``own_deadline=False`` a new request has no timer of its own:
+        the fleet round cancels it at the round's deadline, which saves one
+        timer per edge per round.
         """
+        ask = self._asks.get(record.edge_id)
+        if ask is not None and ask.token == record.token:
+            ask.waiters.append(waiter)
+            return
+        self._issue(record, own_deadline, [waiter])
+
+    def _issue(self, record: EdgeRecord, own_deadline: bool, waiters: list[StatusWaiter]) -> None:
+        assert record.token is not None and record.peer is not None
+        ask = _StatusAsk(record.edge_id, record.token, own_deadline, waiters)
+        self._asks[record.edge_id] = ask
+        request = record.peer.request_status(self.status_timeout_seconds, own_deadline)
+        ask.request = request
+        request.addCallbacks(self._status_answered, self._status_failed, callbackArgs=(ask,), errbackArgs=(ask,))
+
+    def _status_answered(self, response: pb.EdgeStatusResponse, ask: _StatusAsk) -> None:
+        if self._asks.get(ask.edge_id) is ask:
+            del self._asks[ask.edge_id]
+        if ask.settled:
+            return
+        ask.settled = True
+        snapshot = self._registry.record_status(ask.edge_id, ask.token, response)
+        if snapshot is None:
+            # The connection is no longer current (closed meanwhile).
+            self._deliver(ask.waiters, None, EdgeDisconnected(ask.edge_id))
+        else:
+            self._deliver(ask.waiters, snapshot, None)
+
+    def _status_failed(self, failure: Failure, ask: _StatusAsk) -> None:
+        if self._asks.get(ask.edge_id) is ask:
+            del self._asks[ask.edge_id]
+        if ask.settled:
+            return
+        ask.settled = True
+        self._deliver(ask.waiters, None, _translate(ask.edge_id, self.status_timeout_seconds, failure))
+
+    def _deliver(
+        self, waiters: list[StatusWaiter], snapshot: Optional[StatusSnapshot], error: Optional[Exception]
+    ) -> None:
+        for fn, arg in waiters:
+            try:
+                fn(arg, snapshot, error)
+            except Exception:
+                self._log.failure("status waiter failed")
+
+    # -- fleet rounds ---------------------------------------------------------------
+
+    @property
+    def last_round(self) -> Optional[FleetRound]:
+        """The newest finished fleet round, if any."""
+        return self._last_round
+
+    def fleet_status(self) -> Deferred[FleetRound]:
+        """A fleet round: a status row for every known edge.
+
+        One round runs at a time: a caller arriving while one runs joins
+        it, and a caller within ``fleet_max_age_seconds`` of the last
+        round's start gets that round. Otherwise a new round asks every
+        connected edge at once, in slices of :data:`FANOUT_SLICE` per
+        reactor turn, so answers are read while later slices are still
+        being sent. One deadline covers the round; one slow or failing edge
+        marks only its own row.
+        """
+        if self._round is not None:
+            d: Deferred[FleetRound] = Deferred()
+            self._round.waiters.append(d)
+            return d
+        now = self._clock.seconds()
+        last = self._last_round
+        if last is not None and now - last.round_at < self.fleet_max_age_seconds:
+            return succeed(last)
         records_ = sorted(self._registry.edges(), key=lambda r: r.edge_id)
-        fanout = _FanOut(records_, Deferred())
+        round_ = _Round(now, records_, self._round_done)
         for index, record in enumerate(records_):
             if record.token is None:
-                fanout.rows[index] = StatusRow(record, "disconnected", record.snapshot)
+                round_.rows[index] = StatusRow(record, "disconnected", record.snapshot, False)
             else:
-                fanout.pending.append(index)
-        if not fanout.pending:
-            return succeed(fanout.finished_rows())
-        fanout.remaining = len(fanout.pending)
-        fanout.deadline = self._clock.callLater(self.status_timeout_seconds, self._fanout_deadline, fanout)
-        self._issue_slice(fanout, 0)
-        return fanout.result
+                round_.pending.append(index)
+        d = Deferred()
+        round_.waiters.append(d)
+        if not round_.pending:
+            self._round_done(round_)
+            return d
+        self._round = round_
+        round_.remaining = len(round_.pending)
+        round_.deadline = self._clock.callLater(self.status_timeout_seconds, self._round_deadline, round_)
+        self._issue_slice(round_, 0)
+        return d
 
-    def _issue_slice(self, fanout: _FanOut, start: int) -> None:
-        indices = fanout.pending[start : start + FANOUT_SLICE]
+    def _issue_slice(self, round_: _Round, start: int) -> None:
+        indices = round_.pending[start : start + FANOUT_SLICE]
+        row_answered = round_.row_answered
         for index in indices:
-            if fanout.done:
+            if round_.finished:
                 return
-            d = self._status_of(fanout.records[index], own_deadline=False)
-            d.addCallbacks(self._row_ok, self._row_failed, callbackArgs=(fanout, index), errbackArgs=(fanout, index))
-        if start + FANOUT_SLICE < len(fanout.pending) and not fanout.done:
-            fanout.issued = start + FANOUT_SLICE
-            self._clock.callLater(0, self._issue_slice, fanout, start + FANOUT_SLICE)
+            record = round_.records[index]
+            if record.token is None or record.peer is None:
+                row_answered(index, None, EdgeNotConnected(record.edge_id))
+            else:
+                self._join(record, False, (row_answered, index))
+        if start + FANOUT_SLICE < len(round_.pending) and not round_.finished:
+            round_.issued = start + FANOUT_SLICE
+            self._clock.callLater(0, self._issue_slice, round_, start + FANOUT_SLICE)
         else:
-            fanout.issued = len(fanout.pending)
+            round_.issued = len(round_.pending)
 
-    def _row_ok(self, snapshot: StatusSnapshot, fanout: _FanOut, index: int) -> None:
-        fanout.rows[index] = StatusRow(fanout.records[index], "ok", snapshot)
-        self._row_done(fanout)
-
-    def _row_failed(self, failure: Failure, fanout: _FanOut, index: int) -> None:
-        record = fanout.records[index]
-        if failure.check(EdgeDisconnected, EdgeNotConnected):
-            fanout.rows[index] = StatusRow(record, "disconnected", record.snapshot)
-        elif failure.check(EdgeTimeout):
-            fanout.rows[index] = StatusRow(record, "timeout", record.snapshot, "edge_timeout", str(failure.value))
-        else:
-            fanout.rows[index] = StatusRow(record, "error", record.snapshot, "edge_error", str(failure.value))
-        self._row_done(fanout)
-
-    def _row_done(self, fanout: _FanOut) -> None:
-        fanout.remaining -= 1
-        if fanout.remaining == 0 and not fanout.done:
-            fanout.done = True
-            if fanout.deadline is not None and fanout.deadline.active():
-                fanout.deadline.cancel()
-            fanout.result.callback(fanout.finished_rows())
-
-    def _fanout_deadline(self, fanout: _FanOut) -> None:
-        fanout.deadline = None
-        for index in fanout.pending[: fanout.issued]:
-            if fanout.done:
+    def _round_deadline(self, round_: _Round) -> None:
+        round_.deadline = None
+        for index in round_.pending[: round_.issued]:
+            if round_.finished:
                 return
-            if fanout.rows[index] is None:
-                request = fanout.records[index].status_request
-                if request is not None:
-                    request.cancel()
+            if round_.rows[index] is None:
+                ask = self._asks.get(round_.records[index].edge_id)
+                if ask is not None and ask.request is not None:
+                    ask.request.cancel()
+                if round_.rows[index] is None:
+                    # No ask carried this row (it cannot happen, but a row
+                    # must never hold the round open).
+                    round_.row_answered(
+                        index, None, EdgeTimeout(round_.records[index].edge_id, self.status_timeout_seconds)
+                    )
         # Slices not yet issued when the deadline hit (a reactor starved
         # for the whole timeout) are timeouts too.
-        for index in fanout.pending[fanout.issued :]:
-            if fanout.done:
+        for index in round_.pending[round_.issued :]:
+            if round_.finished:
                 return
-            if fanout.rows[index] is None:
-                self._row_failed(
-                    Failure(EdgeTimeout(fanout.records[index].edge_id, self.status_timeout_seconds)), fanout, index
-                )
+            round_.row_answered(index, None, EdgeTimeout(round_.records[index].edge_id, self.status_timeout_seconds))
 
-    # -- commands --------------------------------------------------------------
+    def _round_done(self, round_: _Round) -> None:
+        round_.finished = True
+        if round_.deadline is not None and round_.deadline.active():
+            round_.deadline.cancel()
+        round_.deadline = None
+        if self._round is round_:
+            self._round = None
+        rows = [row for row in round_.rows if row is not None]
+        finished = FleetRound(round_.round_at, self._clock.seconds(), rows, [row.record.edge_id for row in rows])
+        self._last_round = finished
+        for d in round_.waiters:
+            d.callback(finished)
+
+    # -- commands ---------------------------------------------------------------------
 
     def dispatch(
         self,
@@ -280,19 +499,22 @@ class EdgeGateway:
         arguments: dict[str, str],
         timeout_seconds: float,
         idempotency_key: str = "",
-    ) -> tuple[OperationRecord, Deferred[OperationRecord]]:
+    ) -> Dispatched:
         """Send a command; return its operation and a Deferred of its end.
 
-        The same idempotency key for the same edge returns the existing
-        operation (and its end) without dispatching again. Raises
-        UnknownEdge, EdgeNotConnected or UnknownCommand before anything is
-        sent.
+        The same idempotency key for the same edge and the same command
+        (name, target, arguments) returns the existing operation (and its
+        end) without dispatching again; the key with a different command
+        raises IdempotencyConflict. Raises UnknownEdge, EdgeNotConnected or
+        UnknownCommand before anything is sent.
         """
         record = self._registry.get(edge_id)
         if idempotency_key:
             existing = record.operations.by_key(idempotency_key)
             if existing is not None:
-                return existing, self.wait_for(existing)
+                if not existing.same_request(name, target, arguments):
+                    raise IdempotencyConflict(existing)
+                return Dispatched(existing, self.wait_for(existing), True)
         if record.token is None or record.peer is None:
             raise EdgeNotConnected(edge_id)
         if name not in record.command_names:
@@ -308,47 +530,127 @@ class EdgeGateway:
             created_at=now,
             deadline_at=now + timeout_seconds,
         )
-        token = record.token
-        self._registry.start_operation(operation, token)
+        self._registry.start_operation(operation)
+        command = _Command(operation, record.token, timeout_seconds)
+        operation_id = operation.operation_id
+        self._commands[operation_id] = command
+        self._by_token.setdefault(record.token, {})[operation_id] = None
+        command.timer = self._clock.callLater(timeout_seconds, self._command_deadline, command)
         request = pb.EdgeCommandRequest(
-            command_id=operation.operation_id,
+            command_id=operation_id,
             name=name,
             target=target,
             arguments=arguments,
             timeout_ms=int(timeout_seconds * 1000),
         )
-        d = record.peer.request_command(request, timeout_seconds)
-        advance = self._registry.advance_operation
-        op_id = operation.operation_id
-
-        def answered(response: pb.EdgeCommandResponse) -> None:
-            state = {
-                pb.COMMAND_OUTCOME_SUCCEEDED: records.SUCCEEDED,
-                pb.COMMAND_OUTCOME_REJECTED: records.REJECTED,
-            }.get(response.outcome, records.FAILED)
-            reason = response.reason
-            if state == records.FAILED and response.outcome != pb.COMMAND_OUTCOME_FAILED and not reason:
-                reason = f"edge answered with outcome {enum_name(pb.CommandOutcome, response.outcome)}"
-            advance(edge_id, token, op_id, state, reason, dict(response.result))
-
-        def failed(failure: Failure) -> None:
-            if failure.check(RequestTimeout):
-                advance(edge_id, None, op_id, records.TIMED_OUT, f"no answer within {timeout_seconds:g}s")
-            elif failure.check(PeerDisconnected):
-                advance(edge_id, None, op_id, records.EDGE_DISCONNECTED, "edge disconnected before answering")
-            elif failure.check(RemoteError):
-                advance(edge_id, None, op_id, records.FAILED, f"edge error: {failure.value}")
-            else:
-                self._log.failure("command {name} to {edge_id} failed", failure, name=name, edge_id=edge_id)
-                advance(edge_id, None, op_id, records.FAILED, "internal error")
-
-        d.addCallbacks(answered, failed)
-        return operation, self.wait_for(operation)
+        d = record.peer.request_command(request)
+        command.request = d
+        d.addCallbacks(self._command_answered, self._command_failed, callbackArgs=(command,), errbackArgs=(command,))
+        return Dispatched(operation, self.wait_for(operation), False)
 
     def wait_for(self, operation: OperationRecord) -> Deferred[OperationRecord]:
         """Fire with ``operation`` once it is finished."""
         if operation.finished:
             return succeed(operation)
         d: Deferred[OperationRecord] = Deferred()
-        self._operation_waiters.setdefault(operation.operation_id, (operation, []))[1].append(d)
+        self._waiters.setdefault(operation.operation_id, []).append(d)
         return d
+
+    def _command_answered(self, response: pb.EdgeCommandResponse, command: _Command) -> None:
+        operation = command.operation
+        if response.command_id != operation.operation_id:
+            # The answer to our request names another command: never a
+            # success. The operation keeps waiting and ends at its deadline.
+            self._log.warn(
+                "edge {edge_id} answered command {operation_id} with command_id {other!r}; ignored",
+                edge_id=operation.edge_id,
+                operation_id=operation.operation_id,
+                other=response.command_id[:80],
+            )
+            command.request = None
+            if operation.finished:
+                self._forget(command)
+            return
+        self._forget(command)
+        state = _OUTCOME_STATES.get(response.outcome, records.FAILED)
+        reason = response.reason
+        if response.outcome not in _OUTCOME_STATES and not reason:
+            reason = f"edge answered with outcome {enum_name(pb.CommandOutcome, response.outcome)}"
+        self._settle(operation, state, reason, dict(response.result))
+
+    def _command_failed(self, failure: Failure, command: _Command) -> None:
+        if command.abandoned:
+            return
+        self._forget(command)
+        operation = command.operation
+        if failure.check(PeerDisconnected):
+            if not operation.finished:
+                self._finish(operation, records.EDGE_DISCONNECTED, DISCONNECTED_REASON)
+        elif failure.check(RemoteError):
+            self._settle(operation, records.FAILED, f"edge error: {failure.value}", {})
+        else:
+            self._log.failure(
+                "command {name} to {edge_id} failed", failure, name=operation.name, edge_id=operation.edge_id
+            )
+            if not operation.finished:
+                self._finish(operation, records.FAILED, "internal error")
+
+    def _settle(self, operation: OperationRecord, state: str, reason: str, result: dict[str, str]) -> None:
+        """The edge's own answer: the end, or the late outcome of an ended operation."""
+        if operation.finished:
+            self._registry.record_late_outcome(operation.edge_id, operation.operation_id, state, reason, result)
+        else:
+            self._finish(operation, state, reason, result)
+
+    def _command_deadline(self, command: _Command) -> None:
+        command.timer = None
+        operation = command.operation
+        if operation.finished:
+            return
+        self._finish(operation, records.TIMED_OUT, f"no answer within {command.timeout_seconds:g}s")
+        if command.request is None:
+            # Its request was already answered (wrongly): nothing to wait for.
+            self._forget(command)
+            return
+        late = self._late_by_token.setdefault(command.token, {})
+        late[operation.operation_id] = None
+        while len(late) > LATE_ANSWERS_PER_CONNECTION:
+            oldest = next(iter(late))
+            del late[oldest]
+            evicted = self._commands.get(oldest)
+            if evicted is not None:
+                self._forget(evicted)
+                self._abandon(evicted)
+
+    def _finish(
+        self, operation: OperationRecord, state: str, reason: str, result: Optional[dict[str, str]] = None
+    ) -> None:
+        self._registry.advance_operation(operation.edge_id, operation.operation_id, state, reason, result)
+        for d in self._waiters.pop(operation.operation_id, []):
+            d.callback(operation)
+
+    def _forget(self, command: _Command) -> None:
+        """Stop tracking ``command`` (answered, failed or abandoned)."""
+        operation_id = command.operation.operation_id
+        self._commands.pop(operation_id, None)
+        for index in (self._by_token, self._late_by_token):
+            ids = index.get(command.token)
+            if ids is not None:
+                ids.pop(operation_id, None)
+                if not ids:
+                    del index[command.token]
+        self._stop_timer(command)
+
+    @staticmethod
+    def _stop_timer(command: _Command) -> None:
+        if command.timer is not None and command.timer.active():
+            command.timer.cancel()
+        command.timer = None
+
+    @staticmethod
+    def _abandon(command: _Command) -> None:
+        """Stop listening for ``command``'s answer."""
+        command.abandoned = True
+        if command.request is not None:
+            command.request.cancel()
+            command.request = None

@@ -21,7 +21,7 @@ from twisted.web.static import File
 from twisted_iop.controlplane import json_views as views
 from twisted_iop.controlplane.auth import OPERATOR, VIEWER, ApiToken, ApiTokens
 from twisted_iop.controlplane.console_files import CONSOLE_DIR, ConsoleFiles
-from twisted_iop.controlplane.gateway import EdgeGateway
+from twisted_iop.controlplane.gateway import EdgeGateway, IdempotencyConflict
 from twisted_iop.controlplane.http_errors import (
     DOMAIN_ERRORS,
     BadRequest,
@@ -32,7 +32,7 @@ from twisted_iop.controlplane.http_errors import (
     error_body,
     json_body,
 )
-from twisted_iop.controlplane.records import EDGE_DISCONNECTED, TIMED_OUT, OperationRecord
+from twisted_iop.controlplane.records import EDGE_DISCONNECTED, SUPERSEDED, TIMED_OUT, OperationRecord
 from twisted_iop.controlplane.registry import EdgeRegistry, UnknownEdge
 from twisted_iop.http_site import WRITE_METHODS, Refusal
 from twisted_iop.ids import id_problem
@@ -399,67 +399,39 @@ class ControlPlaneHttp:
             key = body.get("command_id")
         if key is not None and (not isinstance(key, str) or len(key) > 200):
             raise BadRequest("the idempotency key must be a string of at most 200 characters")
-        operation, ended = self._gateway.dispatch(edge_id, name, target, args, float(timeout), key or "")
-        operation = await ended
-        return self._operation_answer(request, operation)
+        try:
+            dispatched = self._gateway.dispatch(edge_id, name, target, args, float(timeout), key or "")
+        except IdempotencyConflict as conflict:
+            return error_body(
+                request, 409, "idempotency_conflict", str(conflict), operation=views.operation_json(conflict.operation)
+            )
+        operation = await dispatched.ended
+        return self._operation_answer(request, operation, dispatched.replayed)
 
-    def _operation_answer(self, request: IRequest, operation: OperationRecord) -> bytes:
+    def _operation_answer(self, request: IRequest, operation: OperationRecord, replayed: bool) -> bytes:
         rendered = views.operation_json(operation)
         if operation.state == TIMED_OUT:
-            return error_body(request, 504, "edge_timeout", operation.reason, operation=rendered)
+            return error_body(request, 504, "edge_timeout", operation.reason, operation=rendered, replayed=replayed)
         if operation.state == EDGE_DISCONNECTED:
-            return error_body(request, 503, "edge_disconnected", operation.reason, operation=rendered)
+            return error_body(
+                request, 503, "edge_disconnected", operation.reason, operation=rendered, replayed=replayed
+            )
+        if operation.state == SUPERSEDED:
+            return error_body(request, 503, "edge_superseded", operation.reason, operation=rendered, replayed=replayed)
+        rendered["replayed"] = replayed
         return json_body(request, 200, rendered)
 
     # -- fleet --------------------------------------------------------------
 
     @app.route("/fleet/status", methods=["GET"])
     async def fleet_status(self, request: IRequest) -> bytes:
-        """A row per edge (fresh where possible) and fleet totals."""
+        """A row per edge (fresh where possible) and fleet totals, from the
+        shared fleet round (joined while it runs, reused within its max age)."""
         self._authorize(request)
         limit = _int_arg(request, "limit", MAX_PAGE, 1, 10000)
         cursor = _arg(request, "cursor") or ""
-        rows = await self._gateway.fleet_status()
-        totals = [0] * views.COUNTS_LEN
-        edges_connected = 0
-        items: list[dict[str, Any]] = []
-        for row in rows:
-            record = row.record
-            fresh = row.state == "ok" and row.snapshot is not None
-            if record.connected:
-                edges_connected += 1
-            counts = views.snapshot_counts(row.snapshot) if row.snapshot is not None else views.EMPTY_COUNTS
-            if fresh:
-                views.add_counts(totals, counts)
-            if record.edge_id <= cursor or len(items) >= limit:
-                continue
-            item = {
-                "edge_id": record.edge_id,
-                "connected": record.connected,
-                "state": row.state,
-                "error": {"code": row.error_code, "message": row.error_message} if row.error_code else None,
-                "received_at": views.iso(row.snapshot.received_at) if row.snapshot else None,
-                "stale": not fresh,
-                "labels": dict(record.hello.labels),
-            }
-            item.update(views.row_counts_json(counts))
-            items.append(item)
-        summary = views.counts_json(totals)
-        summary["edges_known"] = len(rows)
-        summary["edges_connected"] = edges_connected
-        remaining = [r for r in rows if r.record.edge_id > cursor]
-        next_cursor = items[-1]["edge_id"] if len(remaining) > len(items) and items else None
-        return json_body(
-            request,
-            200,
-            {
-                "generated_at": views.iso(self._clock.seconds()),
-                "items": items,
-                "total": len(rows),
-                "next_cursor": next_cursor,
-                "totals": summary,
-            },
-        )
+        round_ = await self._gateway.fleet_status()
+        return json_body(request, 200, views.fleet_status_json(round_, cursor, limit, self._clock.seconds()))
 
     @app.route("/fleet/events", methods=["GET"])
     def fleet_events(self, request: IRequest) -> bytes:

@@ -3,14 +3,23 @@
 These functions decide what leaves the process: they copy named fields
 only, so nothing the wire carries beyond them (credentials, addresses,
 request ids) can reach a view.
+
+Renderings that many views share are computed once and kept beside the
+object they render (weakly, so they go with it): an edge snapshot's JSON,
+and a fleet round's per-row counts and totals.
 """
 
 from __future__ import annotations
 
+import bisect
 import datetime
 from typing import Any, Optional
+from weakref import WeakKeyDictionary
 
-from twisted_iop.controlplane.records import EventRecord, OperationRecord
+import attrs
+
+from twisted_iop.controlplane.gateway import FleetRound, StatusRow
+from twisted_iop.controlplane.records import EventRecord, LateOutcome, OperationRecord
 from twisted_iop.controlplane.registry import EdgeRecord, StatusSnapshot
 from twisted_iop.wire import control_pb2 as pb
 
@@ -139,9 +148,7 @@ _HEALTH_INDEX = {code: _HEALTH_AT[name] for code, name in HEALTH_NAMES.items()}
 
 
 def snapshot_counts(snapshot: StatusSnapshot) -> tuple[int, ...]:
-    """Counts over one edge snapshot as a flat tuple (cached on the snapshot)."""
-    if snapshot.counts is not None:
-        return snapshot.counts
+    """Counts over one edge snapshot as a flat tuple."""
     counts = [0] * COUNTS_LEN
     unavailable = _STATUS_AT["unavailable"]
     unknown = _HEALTH_AT["unknown"]
@@ -159,8 +166,7 @@ def snapshot_counts(snapshot: StatusSnapshot) -> tuple[int, ...]:
             counts[_LONG_AT] += p.long_context_capacity
             counts[_LONG_AT + 1] += p.long_context_in_flight
             counts[_LONG_AT + 2] += p.long_context_queued
-    snapshot.counts = tuple(counts)
-    return snapshot.counts
+    return tuple(counts)
 
 
 EMPTY_COUNTS: tuple[int, ...] = (0,) * COUNTS_LEN
@@ -200,18 +206,95 @@ def row_counts_json(counts: Any) -> dict[str, Any]:
     }
 
 
+#: The JSON body of each snapshot (every view of one snapshot shares it).
+_rendered_snapshots: WeakKeyDictionary[StatusSnapshot, dict[str, Any]] = WeakKeyDictionary()
+
+
 def snapshot_json(record: EdgeRecord, snapshot: StatusSnapshot, stale: bool) -> dict[str, Any]:
     """``GET /edges/{id}/status``: an edge snapshot with totals."""
-    if snapshot.rendered is None:
-        snapshot.rendered = {
+    rendered = _rendered_snapshots.get(snapshot)
+    if rendered is None:
+        rendered = {
             "generated_at": iso_ms(snapshot.response.generated_at_ms),
             "received_at": iso(snapshot.received_at),
             "nodes": [node_json(n) for n in snapshot.response.nodes],
             "totals": counts_json(snapshot_counts(snapshot)),
         }
+        _rendered_snapshots[snapshot] = rendered
     out: dict[str, Any] = {"edge_id": record.edge_id, "connected": record.connected, "stale": stale}
-    out.update(snapshot.rendered)
+    out.update(rendered)
     return out
+
+
+@attrs.frozen
+class RoundSummary:
+    """What every page of one fleet round shares: row counts and totals."""
+
+    row_counts: list[tuple[int, ...]]
+    totals: dict[str, Any]
+
+
+_round_summaries: WeakKeyDictionary[FleetRound, RoundSummary] = WeakKeyDictionary()
+
+
+def round_summary(round_: FleetRound) -> RoundSummary:
+    """Counts of each row and the fleet totals, computed once per round.
+
+    Totals count only fresh rows' nodes and providers; an edge counts as
+    connected when it had a connection during the round.
+    """
+    summary = _round_summaries.get(round_)
+    if summary is not None:
+        return summary
+    totals = [0] * COUNTS_LEN
+    row_counts: list[tuple[int, ...]] = []
+    edges_connected = 0
+    for row in round_.rows:
+        counts = snapshot_counts(row.snapshot) if row.snapshot is not None else EMPTY_COUNTS
+        row_counts.append(counts)
+        if row.connected:
+            edges_connected += 1
+        if row.state == "ok":
+            add_counts(totals, counts)
+    out = counts_json(totals)
+    out["edges_known"] = len(round_.rows)
+    out["edges_connected"] = edges_connected
+    summary = RoundSummary(row_counts, out)
+    _round_summaries[round_] = summary
+    return summary
+
+
+def fleet_row_json(row: StatusRow, counts: tuple[int, ...]) -> dict[str, Any]:
+    """One edge's row of ``GET /fleet/status``."""
+    record = row.record
+    item = {
+        "edge_id": record.edge_id,
+        "connected": row.connected,
+        "state": row.state,
+        "error": {"code": row.error_code, "message": row.error_message} if row.error_code else None,
+        "received_at": iso(row.snapshot.received_at) if row.snapshot else None,
+        "stale": row.state != "ok",
+        "labels": dict(record.hello.labels),
+    }
+    item.update(row_counts_json(counts))
+    return item
+
+
+def fleet_status_json(round_: FleetRound, cursor: str, limit: int, generated_at: float) -> dict[str, Any]:
+    """A page of ``GET /fleet/status``: rows after ``cursor``, and the round's totals."""
+    summary = round_summary(round_)
+    start = bisect.bisect_right(round_.edge_ids, cursor) if cursor else 0
+    end = min(start + limit, len(round_.rows))
+    items = [fleet_row_json(round_.rows[i], summary.row_counts[i]) for i in range(start, end)]
+    next_cursor = items[-1]["edge_id"] if end < len(round_.rows) and items else None
+    return {
+        "generated_at": iso(generated_at),
+        "round_at": iso(round_.round_at),
+        "items": items,
+        "total": len(round_.rows),
+        "next_cursor": next_cursor,
+        "totals": summary.totals,
+    }
 
 
 def event_json(event: EventRecord) -> dict[str, Any]:
@@ -248,6 +331,19 @@ def operation_json(operation: OperationRecord) -> dict[str, Any]:
         "finished_at": iso(operation.finished_at),
         "deadline_at": iso(operation.deadline_at),
         "history": [{"state": s, "at": iso(at), "reason": r} for s, at, r in operation.history],
+        "late_outcome": late_outcome_json(operation.late_outcome),
+    }
+
+
+def late_outcome_json(outcome: Optional[LateOutcome]) -> Optional[dict[str, Any]]:
+    """An answer that came after its operation ended (None when there was none)."""
+    if outcome is None:
+        return None
+    return {
+        "state": outcome.state,
+        "reason": outcome.reason,
+        "result": dict(outcome.result),
+        "received_at": iso(outcome.received_at),
     }
 
 

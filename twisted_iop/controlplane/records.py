@@ -18,8 +18,12 @@ FAILED = "failed"
 REJECTED = "rejected"
 TIMED_OUT = "timed_out"
 EDGE_DISCONNECTED = "edge_disconnected"
+#: A newer connection of the edge took over while the command was in flight.
+SUPERSEDED = "superseded"
 
-TERMINAL_STATES = frozenset({SUCCEEDED, FAILED, REJECTED, TIMED_OUT, EDGE_DISCONNECTED})
+TERMINAL_STATES = frozenset({SUCCEEDED, FAILED, REJECTED, TIMED_OUT, EDGE_DISCONNECTED, SUPERSEDED})
+#: States an edge's answer can end a command in (also those of a late outcome).
+ANSWER_STATES = frozenset({SUCCEEDED, FAILED, REJECTED})
 _ORDER = {SENT: 0, ACCEPTED: 1, RUNNING: 2}
 
 
@@ -84,6 +88,20 @@ class EventBuffer:
         return [self._events[i] for i in range(start, end)]
 
 
+@attrs.frozen
+class LateOutcome:
+    """An edge's answer that arrived after its operation had already ended.
+
+    The operation keeps its terminal state (the Control Plane already told
+    its caller); the late answer is kept beside it so nobody is misled.
+    """
+
+    state: str  # one of ANSWER_STATES
+    reason: str
+    result: dict[str, str]
+    received_at: float
+
+
 @attrs.define(eq=False)
 class OperationRecord:
     """One command dispatch and everything that happened to it."""
@@ -102,6 +120,7 @@ class OperationRecord:
     updated_at: float = 0.0
     finished_at: Optional[float] = None
     history: list[tuple[str, float, str]] = attrs.field(factory=list)
+    late_outcome: Optional[LateOutcome] = None
 
     @property
     def finished(self) -> bool:
@@ -127,6 +146,17 @@ class OperationRecord:
         if state in TERMINAL_STATES:
             self.finished_at = at
         self.history.append((state, at, reason))
+        return True
+
+    def same_request(self, name: str, target: str, arguments: dict[str, str]) -> bool:
+        """Whether a dispatch of ``name``/``target``/``arguments`` repeats this one."""
+        return self.name == name and self.target == target and self.arguments == arguments
+
+    def note_late_outcome(self, outcome: LateOutcome) -> bool:
+        """Keep the first answer that arrived after the end; False if not kept."""
+        if not self.finished or self.late_outcome is not None or outcome.state not in ANSWER_STATES:
+            return False
+        self.late_outcome = outcome
         return True
 
 

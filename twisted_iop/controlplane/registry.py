@@ -6,6 +6,12 @@ The registry does no I/O. Transports hand it a peer (anything with the
 (close, status reply, command reply, relayed event) passes the token, and a
 token that is no longer the edge's current one changes nothing. So a stale
 connection can never remove or overwrite the current one.
+
+The registry keeps facts only: what is known of each edge, its events and
+its operations. Requests in flight (status, commands) belong to the
+:class:`~twisted_iop.controlplane.gateway.EdgeGateway`, which hears about
+connection changes and relayed command events through a
+:class:`ConnectionObserver`.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from typing import Any, Optional, Protocol
+from typing import Optional, Protocol
 
 import attrs
 from twisted.application.service import Service
@@ -22,11 +28,18 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from twisted_iop.controlplane import records
-from twisted_iop.controlplane.records import EventBuffer, EventRecord, OperationBuffer, OperationRecord
+from twisted_iop.controlplane.records import EventBuffer, EventRecord, LateOutcome, OperationBuffer, OperationRecord
 from twisted_iop.wire import control_pb2 as pb
 
 #: 9999-12-31T23:59:59.999Z, the last instant ISO 8601 views can show.
 MAX_TIME_MS = 253_402_300_799_999
+
+#: Event kind prefixes only the Control Plane records; an edge may not send them.
+RESERVED_KIND_PREFIXES = ("operation.", "edge.")
+#: At most one ``edge.protocol_violation`` event per edge in this many seconds.
+PROTOCOL_VIOLATION_INTERVAL_SECONDS = 60.0
+#: How much of an offending event kind is quoted in events and logs.
+QUOTED_KIND_CHARS = 80
 
 
 class EdgePeer(Protocol):
@@ -37,8 +50,9 @@ class EdgePeer(Protocol):
     def request_status(self, timeout: float, own_deadline: bool = True) -> Deferred[pb.EdgeStatusResponse]:
         """Ask the edge for a status snapshot (without a timer if not ``own_deadline``)."""
 
-    def request_command(self, request: pb.EdgeCommandRequest, timeout: float) -> Deferred[pb.EdgeCommandResponse]:
-        """Send a command to the edge."""
+    def request_command(self, request: pb.EdgeCommandRequest) -> Deferred[pb.EdgeCommandResponse]:
+        """Send a command; the answer is awaited until it comes, the caller
+        cancels, or the connection ends (the caller owns the deadline)."""
 
     def disconnect(self, code: pb.ErrorCode, message: str) -> None:
         """Close the connection, telling the edge why."""
@@ -80,15 +94,12 @@ class EdgeHello:
     commands: tuple[pb.CommandSpec, ...]
 
 
-@attrs.define(eq=False)
+@attrs.frozen(eq=False)
 class StatusSnapshot:
-    """The last status an edge sent, and when it arrived."""
+    """The last status an edge sent, and when it arrived (compared by identity)."""
 
     response: pb.EdgeStatusResponse
     received_at: float
-    #: JSON rendering, computed once on first use (see json_views).
-    rendered: Optional[dict[str, Any]] = None
-    counts: Optional[tuple[int, ...]] = None
 
 
 @attrs.define(eq=False)
@@ -106,13 +117,13 @@ class EdgeRecord:
     last_seen: float = 0.0
     enrollments: int = 0
     snapshot: Optional[StatusSnapshot] = None
-    status_waiters: Optional[list[Deferred[StatusSnapshot]]] = None
-    #: The in-flight status request shared by ``status_waiters``.
-    status_request: Optional[Deferred[pb.EdgeStatusResponse]] = None
-    #: Operation id -> the token of the connection it was sent on.
-    operation_tokens: dict[str, int] = attrs.field(factory=dict)
     #: The newest ``edge_sequence`` relayed by this edge (0: none yet).
     last_edge_sequence: int = 0
+    #: Events dropped for a reserved kind since the last protocol_violation event.
+    violations_unreported: int = 0
+    violation_reported_at: Optional[float] = None
+    #: The connection whose violation was logged (one warning per connection).
+    violation_logged_token: Optional[int] = None
 
     @property
     def connected(self) -> bool:
@@ -120,7 +131,8 @@ class EdgeRecord:
         return self.token is not None
 
     def seen_at(self) -> float:
-        """When the edge was last heard from."""
+        """When the edge was last heard from: any frame of its current
+        connection counts, keepalive pings and pongs included."""
         if self.peer is not None:
             return max(self.last_seen, self.peer.last_received)
         return self.last_seen
@@ -132,6 +144,20 @@ class EdgeRecord:
 
 
 EventListener = Callable[[EventRecord], None]
+
+
+class ConnectionObserver(Protocol):
+    """What the owner of in-flight requests hears from the registry."""
+
+    def connection_superseded(self, edge_id: str, old_token: int) -> None:
+        """Connection ``old_token`` of ``edge_id`` was replaced by a newer one
+        (already current when this is called)."""
+
+    def connection_closed(self, edge_id: str, token: int) -> None:
+        """The current connection ``token`` of ``edge_id`` closed."""
+
+    def command_event_relayed(self, edge_id: str, token: int, event: pb.EdgeEvent) -> None:
+        """Connection ``token`` (current) relayed an event naming a command."""
 
 
 class EdgeRegistry(Service):
@@ -149,6 +175,7 @@ class EdgeRegistry(Service):
         self._tokens = itertools.count(1)
         self.fleet_events = EventBuffer(limits.fleet_events)
         self._listeners: list[EventListener] = []
+        self._observers: list[ConnectionObserver] = []
         self.connected_count = 0
         #: Accepted hellos since start (for metrics).
         self.enrollments_total = 0
@@ -191,6 +218,7 @@ class EdgeRegistry(Service):
         token = next(self._tokens)
         record = self._edges.get(edge_id)
         old_peer: Optional[EdgePeer] = None
+        old_token: Optional[int] = None
         if record is None:
             record = EdgeRecord(
                 edge_id=edge_id,
@@ -203,6 +231,7 @@ class EdgeRegistry(Service):
             self._disconnected.pop(edge_id, None)
             if record.token is not None:
                 old_peer = record.peer
+                old_token = record.token
                 self.connected_count -= 1
         record.hello = hello
         record.token = token
@@ -213,9 +242,13 @@ class EdgeRegistry(Service):
         record.enrollments += 1
         self.enrollments_total += 1
         self.connected_count += 1
-        if old_peer is not None:
+        if old_peer is not None and old_token is not None:
             self._log.info("edge {edge_id} superseded by a newer connection", edge_id=edge_id)
             self.record(edge_id, "edge.superseded", message="a newer connection of this edge took over")
+            # Requests in flight on the old connection are settled now, not
+            # when its socket finally closes (which a stuck peer may delay).
+            for observer in list(self._observers):
+                observer.connection_superseded(edge_id, old_token)
             old_peer.disconnect(pb.ERROR_CODE_SUPERSEDED, "a newer connection of this edge took over")
         self._log.info(
             "edge {edge_id} connected (enrollment {enrollments})",
@@ -243,6 +276,8 @@ class EdgeRegistry(Service):
         self.connected_count -= 1
         self._log.info("edge {edge_id} disconnected: {reason}", edge_id=edge_id, reason=reason)
         self.record(edge_id, "edge.disconnected", message=reason)
+        for observer in list(self._observers):
+            observer.connection_closed(edge_id, token)
         self._disconnected[edge_id] = None
         self._forget_excess_disconnected()
         return True
@@ -265,6 +300,12 @@ class EdgeRegistry(Service):
         record.last_seen = now
         record.snapshot = StatusSnapshot(response=response, received_at=now)
         return record.snapshot
+
+    # -- observers and listeners ---------------------------------------------
+
+    def add_observer(self, observer: ConnectionObserver) -> None:
+        """Tell ``observer`` about superseded connections and command events."""
+        self._observers.append(observer)
 
     # -- events ---------------------------------------------------------------
 
@@ -319,15 +360,22 @@ class EdgeRegistry(Service):
         return event
 
     def record_edge_event(self, edge_id: str, token: int, event: pb.EdgeEvent) -> Optional[EventRecord]:
-        """Record an event relayed by connection ``token``; None if stale.
+        """Record an event relayed by connection ``token``; None if stale or refused.
 
-        ``command.*`` events also move the matching operation forward.
+        Kinds the Control Plane records itself (``operation.*``, ``edge.*``)
+        are refused: an edge cannot speak for the Control Plane. Events that
+        name a command go to the observers (the gateway decides what they
+        may change).
         """
         record = self._edges.get(edge_id)
         if record is None or record.token != token:
             return None
-        record.last_seen = self._clock.seconds()
+        now = self._clock.seconds()
+        record.last_seen = now
         self._check_edge_sequence(record, event.edge_sequence)
+        if event.kind.startswith(RESERVED_KIND_PREFIXES):
+            self._protocol_violation(record, token, event.kind, now)
+            return None
         # An Edge's clock is its own: a time outside the calendar (or none)
         # is recorded as the time the event arrived.
         occurred = event.occurred_at_ms / 1000.0 if 0 < event.occurred_at_ms < MAX_TIME_MS else None
@@ -342,10 +390,33 @@ class EdgeRegistry(Service):
             attributes=dict(event.attributes),
         )
         if event.command_id:
-            state = {"command.accepted": records.ACCEPTED, "command.started": records.RUNNING}.get(event.kind)
-            if state is not None:
-                self.advance_operation(edge_id, token, event.command_id, state)
+            for observer in list(self._observers):
+                observer.command_event_relayed(edge_id, token, event)
         return recorded
+
+    def _protocol_violation(self, record: EdgeRecord, token: int, kind: str, now: float) -> None:
+        """Count a refused event; say so in one rate-limited event and one warning."""
+        quoted = kind[:QUOTED_KIND_CHARS]
+        record.violations_unreported += 1
+        if record.violation_logged_token != token:
+            record.violation_logged_token = token
+            self._log.warn(
+                "edge {edge_id} sent an event of kind {kind!r}, which only the Control Plane records; "
+                "dropped (further ones are counted, not logged)",
+                edge_id=record.edge_id,
+                kind=quoted,
+            )
+        last = record.violation_reported_at
+        if last is not None and now - last < PROTOCOL_VIOLATION_INTERVAL_SECONDS:
+            return
+        dropped, record.violations_unreported = record.violations_unreported, 0
+        record.violation_reported_at = now
+        self.record(
+            record.edge_id,
+            "edge.protocol_violation",
+            message=f"dropped {dropped} event(s) of kinds reserved for the Control Plane (operation.*, edge.*)",
+            attributes={"kind": quoted, "dropped": str(dropped)},
+        )
 
     def _check_edge_sequence(self, record: EdgeRecord, sequence: int) -> None:
         """Record ``edge.events_lost`` when the edge's own sequence skips.
@@ -373,28 +444,31 @@ class EdgeRegistry(Service):
 
     # -- operations -----------------------------------------------------------
 
-    def start_operation(self, operation: OperationRecord, token: int) -> None:
+    def start_operation(self, operation: OperationRecord) -> None:
         """Keep a just-dispatched operation (state ``sent``)."""
         record = self.get(operation.edge_id)
         operation.updated_at = operation.created_at
         operation.history.append((records.SENT, operation.created_at, ""))
         record.operations.add(operation)
-        record.operation_tokens[operation.operation_id] = token
         self._operation_event(operation)
+
+    def operation(self, edge_id: str, operation_id: str) -> Optional[OperationRecord]:
+        """The kept operation ``operation_id`` of ``edge_id``, or None."""
+        record = self._edges.get(edge_id)
+        return None if record is None else record.operations.get(operation_id)
 
     def advance_operation(
         self,
         edge_id: str,
-        token: Optional[int],
         operation_id: str,
         state: str,
         reason: str = "",
         result: Optional[dict[str, str]] = None,
     ) -> bool:
-        """Move an operation forward; ``token`` must be the one it was sent on.
+        """Move an operation forward; False if it is unknown or did not move.
 
-        ``token=None`` is for the Control Plane's own verdicts (timed out,
-        edge disconnected), which need no connection.
+        Operation states are the Control Plane's own record: only the
+        gateway calls this, from its own requests' outcomes.
         """
         record = self._edges.get(edge_id)
         if record is None:
@@ -402,25 +476,54 @@ class EdgeRegistry(Service):
         operation = record.operations.get(operation_id)
         if operation is None:
             return False
-        if token is not None and record.operation_tokens.get(operation_id) != token:
-            return False
         if not operation.advance(state, self._clock.seconds(), reason, result):
             return False
         self._operation_event(operation)
         if operation.finished:
-            record.operation_tokens.pop(operation_id, None)
             record.operations.operation_finished()
         return True
 
-    def _operation_event(self, operation: OperationRecord) -> None:
+    def record_late_outcome(
+        self, edge_id: str, operation_id: str, state: str, reason: str, result: dict[str, str]
+    ) -> bool:
+        """Keep an edge's answer that came after the operation ended."""
+        operation = self.operation(edge_id, operation_id)
+        if operation is None:
+            return False
+        now = self._clock.seconds()
+        if not operation.note_late_outcome(LateOutcome(state, reason, dict(result), now)):
+            return False
+        self.record(
+            edge_id,
+            "operation.late_outcome",
+            node_id=self._node_of(operation),
+            command_id=operation_id,
+            message=f"{operation.name} answered {state} after it ended {operation.state}"
+            + (f": {reason}" if reason else ""),
+            attributes={
+                "name": operation.name,
+                "target": operation.target,
+                "state": operation.state,
+                "late_state": state,
+            },
+        )
+        return True
+
+    def _node_of(self, operation: OperationRecord) -> str:
+        """The node an operation targets ("" if its command does not target a node).
+
+        A command aimed at a node is filed under that node too, so views
+        and subscribers filtering by node see what was done to it.
+        """
         record = self._edges[operation.edge_id]
-        # A command aimed at a node is filed under that node too, so views
-        # and subscribers filtering by node see what was done to it.
         targets_node = any(spec.name == operation.name and spec.target_kind == "node" for spec in record.hello.commands)
+        return operation.target if targets_node else ""
+
+    def _operation_event(self, operation: OperationRecord) -> None:
         self.record(
             operation.edge_id,
             "operation." + operation.state,
-            node_id=operation.target if targets_node else "",
+            node_id=self._node_of(operation),
             command_id=operation.operation_id,
             message=f"{operation.name} {operation.state}" + (f": {operation.reason}" if operation.reason else ""),
             attributes={"name": operation.name, "target": operation.target, "state": operation.state},

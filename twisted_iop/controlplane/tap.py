@@ -93,7 +93,7 @@ class ControlPlaneService(DaemonService):
         self.config = config
         self.registry = EdgeRegistry(reactor, config.registry)
         self.add_state(self.registry)
-        self.gateway = EdgeGateway(self.registry, reactor, config.status_timeout_seconds)
+        self.gateway = EdgeGateway(self.registry, reactor, config.status_timeout_seconds, config.fleet_max_age_seconds)
         self.readiness = ListenerReadiness(self.listeners)
         self.http = ControlPlaneHttp(
             self.registry, self.gateway, reactor, self.readiness, config.http, metrics=control_plane_registry(self)

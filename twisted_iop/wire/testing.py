@@ -297,7 +297,7 @@ class EdgeWireDriver:
         status = self.gateway.status(edge_id)
         status.addCallbacks(self._render, self.outcomes.append)
         try:
-            _, done = self.gateway.dispatch(edge_id, "node.drain", "node-1", {}, 30.0)
+            done = self.gateway.dispatch(edge_id, "node.drain", "node-1", {}, 30.0).ended
         except Exception as e:
             self.outcomes.append(e)
             return

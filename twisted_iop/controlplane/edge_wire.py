@@ -167,6 +167,7 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
         self.token = self.factory.registry.connect(hello.edge_id, self, info)
 
     def _reject(self, request_id: int, rejection: Rejection, retry_after_ms: int = 0) -> None:
+        self.factory.count_rejection(rejection.code.value)
         response = pb.EdgeHelloResponse(
             accepted=False,
             reason=rejection.reason,

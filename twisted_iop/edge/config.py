@@ -26,6 +26,7 @@ from twisted_iop.configuration import (
     parse_keepalive,
     parse_listen_setting,
     parse_max_frame_bytes,
+    parse_metrics_listen,
     parse_provider_basics,
     parse_tls_listen,
     parse_unique_list,
@@ -46,6 +47,10 @@ DEFAULT_NODE_LISTEN = "tcp:7444:interface=127.0.0.1"
 ENV_CONTROL_PLANE_EDGE_WIRE = "IOP_CONTROL_PLANE_EDGE_WIRE"
 #: Environment variable overriding ``node_server.listen``.
 ENV_NODE_LISTEN = "IOP_EDGE_NODE_LISTEN"
+#: Where the Edge serves ``GET /metrics`` unless configured otherwise.
+DEFAULT_METRICS_LISTEN = "tcp:9101:interface=127.0.0.1"
+#: Environment variable overriding ``metrics.listen``.
+ENV_METRICS_LISTEN = "IOP_EDGE_METRICS_LISTEN"
 
 #: Provider kinds a Node can host.
 PROVIDER_KINDS = ("openai", "vllm", "ollama", "mock")
@@ -123,6 +128,8 @@ class EdgeConfig:
     nodes: tuple[NodeConfig, ...]
     source_path: Optional[str] = None
     inference: InferenceConfig = InferenceConfig()
+    #: Section ``metrics``: where ``GET /metrics`` is served ("" = nowhere).
+    metrics_listen: str = DEFAULT_METRICS_LISTEN
 
     def node(self, node_id: str) -> Optional[NodeConfig]:
         """The configured Node ``node_id``, if any."""
@@ -140,13 +147,20 @@ def load_edge_config(path: Optional[str], environ: Optional[Mapping[str, str]] =
 def parse_edge_config(data: Mapping[str, Any], environ: Mapping[str, str] = {}) -> EdgeConfig:
     """Validate a parsed edge.yaml mapping into an :class:`EdgeConfig`."""
     top = Section(data, "")
-    top.reject_unknown({"control_plane", "node_server", "nodes", "inference"})
+    top.reject_unknown({"control_plane", "node_server", "nodes", "inference", "metrics"})
     control_plane = _control_plane(top.section("control_plane"), environ)
     node_server = _node_server(top.section("node_server"), environ)
     credentials = parse_checked_credentials(top.section("node_server"), "credentials", "credentials_file")
     nodes = parse_nodes(top.raw("nodes"), credentials)
     inference = parse_inference_config(top.section("inference"), environ)
-    return EdgeConfig(control_plane=control_plane, node_server=node_server, nodes=nodes, inference=inference)
+    metrics_listen = parse_metrics_listen(top.section("metrics"), DEFAULT_METRICS_LISTEN, environ, ENV_METRICS_LISTEN)
+    return EdgeConfig(
+        control_plane=control_plane,
+        node_server=node_server,
+        nodes=nodes,
+        inference=inference,
+        metrics_listen=metrics_listen,
+    )
 
 
 def _control_plane(section: Section, environ: Mapping[str, str]) -> ControlPlaneLinkConfig:

@@ -39,6 +39,7 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from twisted_iop.metrics import WireCounters
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.enums import enum_name
 from twisted_iop.wire.pending import PendingRequests
@@ -116,8 +117,10 @@ class FramedPeerProtocol(Protocol):
 
     _log = Logger()
 
-    def __init__(self, clock: IReactorTime, settings: PeerSettings) -> None:
+    def __init__(self, clock: IReactorTime, settings: PeerSettings, counters: Optional[WireCounters] = None) -> None:
         self.MAX_LENGTH = settings.max_frame_bytes
+        #: Frames and bytes of this wire (shared by a factory's connections), for /metrics.
+        self.wire_counters = counters if counters is not None else WireCounters()
         self._clock = clock
         self._settings = settings
         self._pending: PendingRequests[pb.Envelope] = PendingRequests()
@@ -172,6 +175,8 @@ class FramedPeerProtocol(Protocol):
     def dataReceived(self, data: bytes) -> None:
         if self.closing:
             return
+        counters = self.wire_counters
+        counters.bytes_in += len(data)  # metrics: one add per read
         buffer = self._buffer
         buffer += data
         start = 0
@@ -188,6 +193,7 @@ class FramedPeerProtocol(Protocol):
                 break
             payload = bytes(buffer[start + PREFIX_BYTES : end])
             start = end
+            counters.frames_in += 1  # metrics: one add per frame
             self.frame_received(payload)
         if self.closing:
             self._buffer = bytearray()
@@ -321,6 +327,9 @@ class FramedPeerProtocol(Protocol):
         if len(data) >= 2 ** (8 * PREFIX_BYTES):
             raise ValueError(f"a frame of {len(data)} bytes cannot be length-prefixed")
         assert self.transport is not None
+        counters = self.wire_counters  # metrics: one add per frame, and its bytes
+        counters.frames_out += 1
+        counters.bytes_out += len(data) + PREFIX_BYTES
         self.transport.write(len(data).to_bytes(PREFIX_BYTES, "big") + data)
 
     def send_error(self, code: pb.ErrorCode, message: str, request_id: int = 0) -> None:
@@ -486,7 +495,7 @@ class AcceptedPeerProtocol(FramedPeerProtocol):
     hello_bodies: frozenset[str] = HELLO_BODIES
 
     def __init__(self, factory: PeerServerFactory) -> None:
-        super().__init__(factory.clock, factory.settings)
+        super().__init__(factory.clock, factory.settings, factory.wire_counters)
         self.factory = factory
 
     def peer_connected(self) -> None:
@@ -522,10 +531,17 @@ class PeerServerFactory(Factory):
         self.clock = clock
         self.settings = settings
         self.connections: set[AcceptedPeerProtocol] = set()
+        #: Frames and bytes of every connection, and refused hellos by reason (for /metrics).
+        self.wire_counters = WireCounters()
+        self.hello_rejections: dict[str, int] = {}
         self.keepalive = KeepaliveSweeper(clock, settings, lambda: self.connections)
 
     def buildProtocol(self, addr: Optional[IAddress]) -> AcceptedPeerProtocol:  # type: ignore[override]
         return self.protocol_class(self)
+
+    def count_rejection(self, code: str) -> None:
+        """Count a hello refused with the rejection ``code``."""
+        self.hello_rejections[code] = self.hello_rejections.get(code, 0) + 1
 
     def close_all(self, reason: str) -> None:
         """Close every connection, saying the server is shutting down."""

@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 PYTEST_ARGS ?=
 
-.PHONY: setup run run-edge run-node test lint browser proto mypy bench clean
+.PHONY: setup run run-edge run-node test lint browser proto mypy bench bench-full clean
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,8 +46,14 @@ proto: setup
 mypy: setup
 	$(BIN)/mypy
 
+# The benchmark suite (docs/performance.md): every figure next to the same
+# run's reference (bare echo server, minimal Klein app), its target and
+# PASS/MISS. bench: 1,000 edges (about a minute); bench-full: 1k, 10k, 20k.
 bench: setup
-	$(PY) bench/fleet_fanout.py
+	$(PY) bench/suite.py --quick
+
+bench-full: setup
+	$(PY) bench/suite.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

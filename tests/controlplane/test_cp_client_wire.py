@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from typing import Any, Optional
 
 import attrs
@@ -263,5 +264,30 @@ async def test_unknown_body_is_answered_and_the_socket_stays_open() -> None:
         assert client.messages[1].error.code == pb.ERROR_CODE_UNEXPECTED_MESSAGE
         client.sendClose()
         await client.closed
+    finally:
+        await cp.stop()
+
+
+def _no_delay(protocol: ClientWireServerProtocol) -> int:
+    """The TCP_NODELAY option of the server side's socket."""
+    sock = protocol.transport.getHandle()  # type: ignore[union-attr]
+    return int(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+
+
+@pytest_twisted.ensureDeferred
+async def test_client_sockets_turn_nagle_off_on_both_ports() -> None:
+    """/client on its own port and on the HTTP port both set TCP_NODELAY on the server's socket."""
+    cp = await start_control_plane()
+    try:
+        http_url = f"ws://127.0.0.1:{cp.service.port('http')}/client"
+        for url, port in ((cp.wire_url, cp.service.port("client_wire")), (http_url, cp.service.port("http"))):
+            client = await open_client(url, port)
+            client.send("client_hello_request", hello())
+            await eventually(lambda: len(cp.service.client_factory.connections) == 1, message="server side open")
+            (server,) = cp.service.client_factory.connections
+            assert _no_delay(server) == 1
+            client.sendClose()
+            await client.closed
+            await eventually(lambda: not cp.service.client_factory.connections, message="server side closed")
     finally:
         await cp.stop()

@@ -12,7 +12,13 @@ from twisted.logger import LogLevel, capturedLogs
 from twisted_iop.controlplane import records
 from twisted_iop.controlplane.records import EventBuffer, OperationBuffer, OperationRecord
 from twisted_iop.controlplane.registry import (
+    GENERAL_AT,
+    HEALTH_AT,
+    HEALTHS,
+    LONG_AT,
     PROTOCOL_VIOLATION_INTERVAL_SECONDS,
+    STATUS_AT,
+    STATUSES,
     EdgeHello,
     EdgeRegistry,
     RegistryLimits,
@@ -278,3 +284,31 @@ class RegistryMachine(RuleBasedStateMachine):
 
 
 TestRegistryMachine = RegistryMachine.TestCase
+
+
+def test_snapshot_counts_are_computed_when_the_status_arrives() -> None:
+    """The kept snapshot carries its counts: nodes, providers by status and health, and the counters."""
+    registry, _ = make_registry()
+    token = registry.connect("edge-a", FakePeer(), HELLO)
+    response = pb.EdgeStatusResponse(edge_id="edge-a")
+    up = response.nodes.add(node_id="n1", connected=True)
+    up.providers.add(
+        provider_id="p1",
+        status=pb.PROVIDER_STATUS_AVAILABLE,
+        health=pb.PROVIDER_HEALTH_HEALTHY,
+        capacity=8,
+        in_flight=3,
+        queued=1,
+        long_context_capacity=2,
+        long_context_in_flight=1,
+    )
+    down = response.nodes.add(node_id="n2", connected=False)
+    down.providers.add(provider_id="p2", status=99, health=99, capacity=4)
+    snapshot = registry.record_status("edge-a", token, response)
+    assert snapshot is not None
+    counts = snapshot.counts
+    assert counts[:3] == (1, 2, 2)
+    assert [counts[STATUS_AT[name]] for name in STATUSES] == [1, 0, 1]
+    assert [counts[HEALTH_AT[name]] for name in HEALTHS] == [1, 0, 0, 0, 1]
+    assert counts[GENERAL_AT : GENERAL_AT + 3] == (12, 3, 1)
+    assert counts[LONG_AT : LONG_AT + 3] == (2, 1, 0)

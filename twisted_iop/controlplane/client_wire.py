@@ -98,6 +98,26 @@ class _FlowControl:
         self._protocol.paused = True
 
 
+def set_no_delay(transport: object) -> None:
+    """Turn Nagle's algorithm off on ``transport`` where it is a TCP socket.
+
+    Live events are small messages that must leave at once; with Nagle on,
+    each waits for the previous one's ACK (up to the peer's delayed-ACK
+    time, 40 ms on Linux). Autobahn's own attempt does not reach sockets
+    handed over by the HTTP site (``/client`` on the HTTP port), so the
+    protocol sets it itself on every transport it gets (TLS wrappers pass
+    the call on to their socket).
+    """
+    set_tcp_no_delay = getattr(transport, "setTcpNoDelay", None)
+    if set_tcp_no_delay is None:
+        return
+    try:
+        set_tcp_no_delay(True)
+    except OSError:
+        # A UNIX socket: there is no Nagle to turn off.
+        pass
+
+
 class ClientWireServerProtocol(WebSocketServerProtocol):
     """One client WebSocket connection."""
 
@@ -123,7 +143,12 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
         """Events waiting for this subscriber's socket to drain."""
         return len(self._queue)
 
-    # -- Autobahn hooks (it swallows exceptions here, so log them) ------------
+    # -- Twisted and Autobahn hooks (Autobahn swallows exceptions in its ------
+    # -- on* hooks, so log them) ----------------------------------------------
+
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        set_no_delay(self.transport)
 
     def onConnect(self, request: object) -> None:
         path = getattr(request, "path", "")

@@ -39,7 +39,13 @@ from twisted_iop.wire.limits import (
     RefusedConnection,
     source_of,
 )
-from twisted_iop.wire.peer import AcceptedPeerProtocol, PeerServerFactory, PeerSettings, RemoteError
+from twisted_iop.wire.peer import (
+    AcceptedPeerProtocol,
+    PeerServerFactory,
+    PeerSettings,
+    RemoteError,
+    SerializedRequest,
+)
 
 #: Accepted hellos per second unless configured (burst: twice as many).
 DEFAULT_MAX_HELLOS_PER_SECOND = 500.0
@@ -188,7 +194,7 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
 
     def request_status(self, timeout: float, own_deadline: bool = True) -> Deferred[pb.EdgeStatusResponse]:
         """Ask the edge for its status snapshot."""
-        d = self.request("edge_status_request", _STATUS_REQUEST, timeout, deadline=own_deadline)
+        d = self.request_serialized(_STATUS_REQUEST, timeout, deadline=own_deadline)
         return d.addCallback(_status_response)
 
     def request_command(self, request: pb.EdgeCommandRequest) -> Deferred[pb.EdgeCommandResponse]:
@@ -206,7 +212,9 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
         self.fail_connection(code, message)
 
 
-_STATUS_REQUEST = pb.EdgeStatusRequest()
+#: Every status request is the same empty message: serialized once, and
+#: each request adds only its request id.
+_STATUS_REQUEST = SerializedRequest("edge_status_request", pb.EdgeStatusRequest())
 
 
 def _status_response(envelope: pb.Envelope) -> pb.EdgeStatusResponse:

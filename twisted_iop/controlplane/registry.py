@@ -38,6 +38,63 @@ MAX_TIME_MS = 253_402_300_799_999
 RESERVED_KIND_PREFIXES = ("operation.", "edge.")
 #: At most one ``edge.protocol_violation`` event per edge in this many seconds.
 PROTOCOL_VIOLATION_INTERVAL_SECONDS = 60.0
+
+
+# -- what a snapshot counts (derived once, when the snapshot arrives) ----------
+
+STATUS_NAMES = {
+    pb.PROVIDER_STATUS_UNSPECIFIED: "unavailable",
+    pb.PROVIDER_STATUS_AVAILABLE: "available",
+    pb.PROVIDER_STATUS_DRAINED: "drained",
+    pb.PROVIDER_STATUS_UNAVAILABLE: "unavailable",
+}
+HEALTH_NAMES = {
+    pb.PROVIDER_HEALTH_UNSPECIFIED: "unknown",
+    pb.PROVIDER_HEALTH_HEALTHY: "healthy",
+    pb.PROVIDER_HEALTH_DEGRADED: "degraded",
+    pb.PROVIDER_HEALTH_UNHEALTHY: "unhealthy",
+    pb.PROVIDER_HEALTH_OFFLINE: "offline",
+    pb.PROVIDER_HEALTH_UNKNOWN: "unknown",
+}
+STATUSES = ("available", "drained", "unavailable")
+HEALTHS = ("healthy", "degraded", "unhealthy", "offline", "unknown")
+
+#: Layout of a snapshot's counts as a flat tuple (cheap to keep and to sum
+#: for 10,000 edges per fleet round; dicts are built only for output):
+#: nodes connected, nodes configured, providers, providers by status, by
+#: health, then capacity / in flight / queued, general and long context.
+STATUS_AT = {name: 3 + i for i, name in enumerate(STATUSES)}
+HEALTH_AT = {name: 3 + len(STATUSES) + i for i, name in enumerate(HEALTHS)}
+GENERAL_AT = 3 + len(STATUSES) + len(HEALTHS)
+LONG_AT = GENERAL_AT + 3
+COUNTS_LEN = LONG_AT + 3
+_STATUS_INDEX = {code: STATUS_AT[name] for code, name in STATUS_NAMES.items()}
+_HEALTH_INDEX = {code: HEALTH_AT[name] for code, name in HEALTH_NAMES.items()}
+EMPTY_COUNTS: tuple[int, ...] = (0,) * COUNTS_LEN
+
+
+def response_counts(response: pb.EdgeStatusResponse) -> tuple[int, ...]:
+    """Counts over one status response as a flat tuple (layout above)."""
+    counts = [0] * COUNTS_LEN
+    unavailable = STATUS_AT["unavailable"]
+    unknown = HEALTH_AT["unknown"]
+    for node in response.nodes:
+        counts[1] += 1
+        if node.connected:
+            counts[0] += 1
+        for p in node.providers:
+            counts[2] += 1
+            counts[_STATUS_INDEX.get(p.status, unavailable)] += 1
+            counts[_HEALTH_INDEX.get(p.health, unknown)] += 1
+            counts[GENERAL_AT] += p.capacity
+            counts[GENERAL_AT + 1] += p.in_flight
+            counts[GENERAL_AT + 2] += p.queued
+            counts[LONG_AT] += p.long_context_capacity
+            counts[LONG_AT + 1] += p.long_context_in_flight
+            counts[LONG_AT + 2] += p.long_context_queued
+    return tuple(counts)
+
+
 #: How much of an offending event kind is quoted in events and logs.
 QUOTED_KIND_CHARS = 80
 
@@ -96,10 +153,17 @@ class EdgeHello:
 
 @attrs.frozen(eq=False)
 class StatusSnapshot:
-    """The last status an edge sent, and when it arrived (compared by identity)."""
+    """The last status an edge sent, and when it arrived (compared by identity).
+
+    Its counts (:func:`response_counts`) are computed once, here, when the
+    snapshot arrives; every fleet round and view that needs them reads them.
+    """
 
     response: pb.EdgeStatusResponse
     received_at: float
+    counts: tuple[int, ...] = attrs.field(
+        init=False, default=attrs.Factory(lambda self: response_counts(self.response), takes_self=True)
+    )
 
 
 @attrs.define(eq=False)

@@ -108,6 +108,41 @@ def frame(envelope: pb.Envelope) -> bytes:
     return len(data).to_bytes(4, "big") + data
 
 
+def varint(value: int) -> bytes:
+    """``value`` (>= 0) as a protobuf base-128 varint."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+#: The tag of ``Envelope.request_id`` (field 1, varint), which leads a
+#: request serialized by :class:`SerializedRequest`.
+_REQUEST_ID_TAG = b"\x08"
+
+
+class SerializedRequest:
+    """A request body serialized once, for requests sent over and over.
+
+    A fleet round sends the same empty ``EdgeStatusRequest`` to every edge;
+    only the request id differs. The envelope without a request id is
+    serialized here once, and each request is the request id field followed
+    by those bytes (protobuf allows fields in any order; the receiver
+    parses the same envelope).
+    """
+
+    def __init__(self, body: str, message: Message) -> None:
+        self.body = body
+        #: The envelope with ``request_id`` 0 (left out by proto3).
+        self.tail = make_envelope(body, message).SerializeToString()
+
+    def envelope_bytes(self, request_id: int) -> bytes:
+        """The serialized envelope of this request with ``request_id``."""
+        return _REQUEST_ID_TAG + varint(request_id) + self.tail
+
+
 def _disconnected() -> Exception:
     return PeerDisconnected("connection closed before the answer")
 
@@ -349,15 +384,25 @@ class FramedPeerProtocol(Protocol):
         """
         if self.closing or self.transport is None:
             return fail(PeerDisconnected("connection is closed"))
-        if deadline:
-            seconds = self._settings.request_timeout_seconds if timeout is None else timeout
-            request_id, d = self._pending.add(
-                self._clock, seconds, lambda: RequestTimeout(f"no answer within {seconds:g}s")
-            )
-        else:
-            request_id, d = self._pending.add(None, 0.0, _disconnected)
+        request_id, d = self._add_pending(timeout, deadline)
         self.sendString(make_envelope(body, message, request_id).SerializeToString())
         return d
+
+    def request_serialized(
+        self, request: SerializedRequest, timeout: Optional[float] = None, *, deadline: bool = True
+    ) -> Deferred[pb.Envelope]:
+        """:meth:`request` for a body serialized once (no per-request protobuf work)."""
+        if self.closing or self.transport is None:
+            return fail(PeerDisconnected("connection is closed"))
+        request_id, d = self._add_pending(timeout, deadline)
+        self.sendString(request.envelope_bytes(request_id))
+        return d
+
+    def _add_pending(self, timeout: Optional[float], deadline: bool) -> tuple[int, Deferred[pb.Envelope]]:
+        if deadline:
+            seconds = self._settings.request_timeout_seconds if timeout is None else timeout
+            return self._pending.add(self._clock, seconds, lambda: RequestTimeout(f"no answer within {seconds:g}s"))
+        return self._pending.add(None, 0.0, _disconnected)
 
     @property
     def pending_requests(self) -> int:

@@ -37,7 +37,7 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: setup browser lint
+test: setup browser lint mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 proto: setup

@@ -1,4 +1,4 @@
-"""Test configuration: this folder is importable (support, scripted_edge)."""
+"""Test configuration: Hypothesis profiles (helpers live in ``twisted_iop.testing``)."""
 
 from __future__ import annotations
 

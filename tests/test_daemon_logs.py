@@ -7,12 +7,15 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
-from support import ROOT, eventually, start_daemon, wait_for_ports
 
 from twisted_iop.daemon import raise_open_file_limit
+from twisted_iop.testing.configs import LOOPBACK_ZERO
+from twisted_iop.testing.harness import eventually, start_daemon, wait_for_ports
+
+ROOT = Path(__file__).resolve().parents[1]
+
 
 CONFIGS = ROOT / "configs"
-LOOPBACK_ZERO = "tcp:0:interface=127.0.0.1"
 
 pytestmark = pytest.mark.e2e
 

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import socket
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import attrs
 import pytest_twisted
 from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientProtocol
-from scripted_edge import connect_edge
-from support import eventually, start_control_plane
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint
@@ -17,6 +15,8 @@ from twisted.internet.task import Clock
 
 from twisted_iop.controlplane.client_wire import ClientWireFactory, ClientWireServerProtocol, ClientWireSettings
 from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry
+from twisted_iop.testing.harness import eventually, start_control_plane
+from twisted_iop.testing.peers import HeldEdgePeer, connect_edge
 from twisted_iop.wire import PROTOCOL_MAJOR
 from twisted_iop.wire import control_pb2 as pb
 
@@ -56,7 +56,7 @@ async def open_client(url: str, port: int) -> WireTestClient:
     """Connect a test WebSocket client to /client."""
     factory = WebSocketClientFactory(url)
     factory.protocol = WireTestClient
-    protocol = await TCP4ClientEndpoint(reactor, "127.0.0.1", port).connect(factory)
+    protocol = cast(WireTestClient, await TCP4ClientEndpoint(reactor, "127.0.0.1", port).connect(factory))
     await protocol.opened
     return protocol
 
@@ -132,7 +132,7 @@ async def test_live_subscription_and_resume_with_gap() -> None:
         assert (lost.count, lost.first_sequence, lost.last_sequence, lost.reason) == (1, 2, 2, "resume_gap")
         replayed = [m.event.sequence for m in late.messages if m.WhichOneof("body") == "event"]
         assert replayed == [3, 4, 5]
-        edge.transport.loseConnection()
+        edge.tcp.loseConnection()
         await eventually(lambda: late.bodies().count("event") >= 4, message="disconnect event")
         assert late.messages[-1].event.kind == "edge.disconnected"
         for c in (client, late):
@@ -167,13 +167,7 @@ def test_slow_consumer_is_told_how_many_events_it_lost() -> None:
     protocol.sent.clear()
     hello_info = EdgeHello(labels={}, software_version="t", protocol_version="1.0", commands=())
 
-    class Peer:
-        last_received = 0.0
-
-        def disconnect(self, code: int, message: str) -> None:
-            pass
-
-    registry.connect("edge-a", Peer(), hello_info)  # type: ignore[arg-type]
+    registry.connect("edge-a", HeldEdgePeer(), hello_info)
     assert [m.event.fleet_sequence for m in protocol.sent] == [1]
     protocol.paused = True
     for i in range(20):

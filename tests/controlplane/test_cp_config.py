@@ -8,7 +8,6 @@ from pathlib import Path
 
 import attrs
 import pytest
-from support import self_signed
 from twisted.internet.testing import MemoryReactor
 
 from twisted_iop.configuration import ConfigError
@@ -17,6 +16,7 @@ from twisted_iop.controlplane.config import config_from_text, load_config, unaut
 from twisted_iop.daemon import ConfigurationExit
 from twisted_iop.endpoints import EndpointError, connect_endpoint, listen_endpoint
 from twisted_iop.listeners import DEFAULT_BACKLOG
+from twisted_iop.testing.harness import self_signed
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest_twisted
 import treq
 from prometheus_client.parser import text_string_to_metric_families
-from scripted_edge import connect_edge
-from support import eventually, start_control_plane
 from twisted.internet.defer import ensureDeferred
 
+from twisted_iop.testing.harness import eventually, start_control_plane
+from twisted_iop.testing.peers import connect_edge
 
-async def scrape(url: str, **kwargs: object) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+
+async def scrape(url: str, **kwargs: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """Every sample of a /metrics page, by name and labels."""
     response = await treq.get(url + "/metrics", **kwargs)
     assert response.code == 200
@@ -41,7 +44,7 @@ async def test_metrics_follow_edges_and_events() -> None:
         assert samples[("iop_edge_wire_connections", ())] == 2
         assert samples[("iop_events_dropped_total", (("buffer", "fleet"),))] == 0
         assert samples[("iop_http_connections", ())] >= 1
-        first.transport.loseConnection()
+        first.tcp.loseConnection()
 
         async def one_left() -> bool:
             return (await scrape(cp.http_url))[("iop_edges_connected", ())] == 1
@@ -49,7 +52,7 @@ async def test_metrics_follow_edges_and_events() -> None:
         await eventually(one_left, message="one edge connected in the metrics")
         samples = await scrape(cp.http_url)
         assert samples[("iop_edges_known", ())] == 2
-        second.transport.loseConnection()
+        second.tcp.loseConnection()
     finally:
         await cp.stop()
 
@@ -148,7 +151,7 @@ async def test_requests_latencies_operations_and_frames_follow_the_gateway() -> 
         code, _ = await pending
         assert code == 200
         assert (await scrape(cp.http_url))[("iop_status_request_seconds_count", ())] == 2
-        first.transport.loseConnection()
-        second.transport.loseConnection()
+        first.tcp.loseConnection()
+        second.tcp.loseConnection()
     finally:
         await cp.stop()

@@ -7,20 +7,21 @@ with certificates made here by a throw-away CA.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import pytest_twisted
 import yaml
-from scripted_edge import ScriptedEdge
-from support import CertificateAuthority, ControlPlaneHarness, start_control_plane
 from twisted.internet import reactor
 from twisted.internet.endpoints import TCP4ClientEndpoint, clientFromString, connectProtocol
-from twisted.logger import LogEvent, formatEvent, globalLogPublisher
+from twisted.logger import ILogObserver, LogEvent, formatEvent, globalLogPublisher
 
 from twisted_iop.controlplane import tap
 from twisted_iop.credentials import token_digest
 from twisted_iop.daemon import ConfigurationExit
+from twisted_iop.testing.harness import ControlPlaneHarness, start_control_plane
+from twisted_iop.testing.peers import ScriptedEdge
+from twisted_iop.testing.pki import CertificateAuthority
 from twisted_iop.wire.hello import RejectionCode
 from twisted_iop.wire.peer import PeerDisconnected
 
@@ -101,7 +102,7 @@ async def test_an_edge_without_a_client_certificate_never_enrolls(tmp_path: Path
         # Plain TCP to a TLS listener gets nowhere either.
         plain = ScriptedEdge("edge-a")
         await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", cp.edge_wire_port), plain)
-        plain.transport.write(b"\x00\x00\x00\x05hello")
+        plain.tcp.write(b"\x00\x00\x00\x05hello")
         await plain.lost
         assert cp.registry.find("edge-a") is None
     finally:
@@ -112,7 +113,7 @@ async def test_an_edge_without_a_client_certificate_never_enrolls(tmp_path: Path
 async def test_hashed_and_file_secrets_and_no_secret_in_any_log_line(tmp_path: Path) -> None:
     """sha256: digests and a credentials file accept the right secret and refuse a wrong one; no secret is logged."""
     events: list[LogEvent] = []
-    globalLogPublisher.addObserver(events.append)
+    globalLogPublisher.addObserver(cast(ILogObserver, events.append))
     secrets = tmp_path / "edge-secrets.yaml"
     secrets.write_text(f"edge-b: file-secret-0123456789\nedge-c: sha256:{token_digest(b'edge-c-0123456789').hex()}\n")
     secrets.chmod(0o600)
@@ -140,9 +141,9 @@ async def test_hashed_and_file_secrets_and_no_secret_in_any_log_line(tmp_path: P
             assert (await edge.hello()).accepted
     finally:
         for edge in edges:
-            edge.transport.loseConnection()
+            edge.tcp.loseConnection()
         await cp.stop()
-        globalLogPublisher.removeObserver(events.append)
+        globalLogPublisher.removeObserver(cast(ILogObserver, events.append))
     lines = [formatEvent(event) for event in events]
     assert any("bad_credential" in line or "wrong or missing credential" in line for line in lines)
     for secret in (SECRET, "edge-a-wrong-guess", "file-secret", "edge-c-0123456789", "edge-c-wrong", digest):

@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from edge_testing import edge_mapping
 
 from twisted_iop.configuration import ConfigError
 from twisted_iop.credentials import token_digest
 from twisted_iop.edge.config import load_edge_config, parse_edge_config
+from twisted_iop.testing.configs import edge_mapping
 
 REPO = Path(__file__).resolve().parents[2]
 

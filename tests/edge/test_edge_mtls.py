@@ -4,14 +4,19 @@ certificate to the Control Plane, Nodes present theirs to the Edge."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest_twisted
 import yaml
-from fleet_harness import edge_yaml, node_yaml, start_edge, start_node, stop, write_yaml
-from support import CertificateAuthority, eventually, start_control_plane
+from twisted.internet import reactor
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.logger import ILogObserver, LogEvent, formatEvent, globalLogPublisher
 
 from twisted_iop.edge.tap import EdgeService
+from twisted_iop.testing.configs import edge_yaml, node_yaml, write_yaml
+from twisted_iop.testing.harness import eventually, start_control_plane, start_edge, start_node, stop
+from twisted_iop.testing.peers import ScriptedEdge
+from twisted_iop.testing.pki import CertificateAuthority
 
 
 def _ready(edge: EdgeService) -> set[str]:
@@ -79,13 +84,8 @@ async def test_edge_and_nodes_enroll_with_their_certificates_and_never_as_anothe
 @pytest_twisted.ensureDeferred
 async def test_an_edge_told_to_retry_later_waits_and_then_enrolls(tmp_path: Path) -> None:
     """Over the Control Plane's hello rate an Edge is refused retry_later, waits the hint, and enrolls after."""
-    from scripted_edge import ScriptedEdge
-    from twisted.internet import reactor
-    from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
-    from twisted.logger import LogEvent, formatEvent, globalLogPublisher
-
     events: list[LogEvent] = []
-    globalLogPublisher.addObserver(events.append)
+    globalLogPublisher.addObserver(cast(ILogObserver, events.append))
     cp = await start_control_plane(config_text="edge_wire:\n  max_hellos_per_second: 0.5\n")
     services: list[Any] = []
     scripted: list[ScriptedEdge] = []
@@ -106,8 +106,8 @@ async def test_an_edge_told_to_retry_later_waits_and_then_enrolls(tmp_path: Path
         lines = [formatEvent(event) for event in events]
         assert any("rejected edge edge-a for now (retry_later)" in line and "at least" in line for line in lines)
     finally:
-        globalLogPublisher.removeObserver(events.append)
+        globalLogPublisher.removeObserver(cast(ILogObserver, events.append))
         for other in scripted:
-            other.transport.loseConnection()
+            other.tcp.loseConnection()
         await stop(*services)
         await cp.stop()

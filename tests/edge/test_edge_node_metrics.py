@@ -8,10 +8,12 @@ from typing import Any
 
 import pytest_twisted
 import treq
-from fleet_harness import raw_node, start_edge, start_node, stop, write_yaml
-from inference_testing import chat, gateway_edge_yaml, gateway_node_yaml, mock_provider, post
 from prometheus_client.parser import text_string_to_metric_families
-from support import eventually, start_control_plane
+
+from twisted_iop.testing.configs import gateway_edge_yaml, gateway_node_yaml, mock_provider, write_yaml
+from twisted_iop.testing.harness import eventually, start_control_plane, start_edge, start_node, stop
+from twisted_iop.testing.http import chat, post
+from twisted_iop.testing.peers import raw_node
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

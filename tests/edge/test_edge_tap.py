@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 import pytest_twisted
 import yaml
-from edge_testing import edge_mapping
-from fleet_harness import edge_yaml, raw_node, start_edge, stop, write_yaml
-from support import start_daemon
 from twisted.internet.testing import MemoryReactorClock
 
 from twisted_iop.daemon import ConfigurationExit
 from twisted_iop.edge.tap import Options, makeService
 from twisted_iop.node.tap import Options as NodeOptions
 from twisted_iop.node.tap import makeService as make_node_service
+from twisted_iop.testing.configs import edge_mapping, edge_yaml, write_yaml
+from twisted_iop.testing.harness import start_daemon, start_edge, stop
+from twisted_iop.testing.peers import raw_node
 from twisted_iop.wire import control_pb2 as pb
 
 

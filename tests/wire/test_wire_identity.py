@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from cryptography import x509
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
-from twisted.logger import LogEvent, formatEvent, globalLogPublisher
+from twisted.logger import ILogObserver, LogEvent, formatEvent, globalLogPublisher
 
 from twisted_iop.configuration import BackoffConfig, ConfigError, DialConfig
 from twisted_iop.controlplane.config import config_from_text
@@ -119,7 +119,7 @@ def _capture() -> tuple[list[str], Any]:
     def observe(event: LogEvent) -> None:
         lines.append(formatEvent(event))
 
-    globalLogPublisher.addObserver(observe)
+    globalLogPublisher.addObserver(cast(ILogObserver, observe))
     return lines, observe
 
 
@@ -134,7 +134,7 @@ def test_credentials_file_is_read_hashed_and_its_permissions_checked(tmp_path: P
         secrets.chmod(0o600)
         config_from_text(f"edge_wire:\n  credentials_file: {secrets}\n")
     finally:
-        globalLogPublisher.removeObserver(observe)
+        globalLogPublisher.removeObserver(cast(ILogObserver, observe))
     check = config.credentials.check
     assert check("edge-a", "inline") and check("edge-b", "file-secret-1")
     assert check("edge-c", "old-secret") and check("edge-c", "new-secret") and not check("edge-c", "file-secret-1")
@@ -243,7 +243,7 @@ def test_a_hammering_address_is_blocked_and_recovers_after_the_cool_down() -> No
             clock.advance(6)
         assert not limiter.is_blocked("10.0.0.3")
     finally:
-        globalLogPublisher.removeObserver(observe)
+        globalLogPublisher.removeObserver(cast(ILogObserver, observe))
     blocked = [line for line in lines if "blocked for 60s" in line]
     summaries = [line for line in lines if "closed 3 connections at once" in line]
     assert len(blocked) == 1 and len(summaries) == 1

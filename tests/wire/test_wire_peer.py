@@ -8,8 +8,8 @@ import pytest
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
-from wire_frames import decode
 
+from twisted_iop.testing.frames import decode_frames
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import (
     FramedPeerProtocol,
@@ -51,7 +51,7 @@ def connected(settings: PeerSettings = PeerSettings()) -> tuple[Recorder, String
 
 def sent(transport: StringTransport) -> list[pb.Envelope]:
     """Decode everything written to ``transport``."""
-    return decode(transport.value())
+    return decode_frames(transport.value())
 
 
 def event_frame(kind: str) -> bytes:
@@ -115,8 +115,9 @@ def test_error_answer_fails_the_request() -> None:
     protocol.dataReceived(frame(make_envelope("error", pb.Error(code=pb.ERROR_CODE_INTERNAL, message="boom"), rid)))
     failures: list[Failure] = []
     d.addErrback(failures.append)
-    assert failures[0].check(RemoteError)
-    assert failures[0].value.code == pb.ERROR_CODE_INTERNAL
+    error = failures[0].value
+    assert isinstance(error, RemoteError)
+    assert error.code == pb.ERROR_CODE_INTERNAL
 
 
 def test_request_times_out_and_late_answer_is_ignored() -> None:

@@ -227,9 +227,16 @@ async def test_slow_consumer_is_signalled() -> None:
         subscription = await client.subscribe("edge-a", on_event=seen.on_event, on_lost=seen.on_lost)
         protocol: Any = subscription._protocol
         protocol.transport.pauseProducing()  # stop reading: the server's socket fills up
-        big = "x" * 60000
+        # Each event as large as the Control Plane keeps one (about 36 KB):
+        # a 4096-character message and 32 attributes of 1024 characters.
+        big = {f"a{j:02d}": "x" * 1024 for j in range(32)}
         for i in range(400):
-            edge.event("provider.health_changed", node_id="node-1", message=f"{i} {big}")
+            edge.send(
+                "edge_event",
+                pb.EdgeEvent(
+                    kind="provider.health_changed", node_id="node-1", message=f"{i} " + "x" * 4000, attributes=big
+                ),
+            )
         await eventually(
             lambda: cp.registry.find("edge-a").events.last_sequence >= 400, timeout=20, message="events recorded"
         )

@@ -262,6 +262,38 @@ async def test_unknown_body_is_answered_and_the_socket_stays_open() -> None:
         await cp.stop()
 
 
+def test_a_slow_consumers_queue_is_bounded_in_bytes() -> None:
+    """Large events fill a subscriber's byte budget before its count: the
+    oldest are dropped and reported, and the queue's bytes stay in budget."""
+    registry = EdgeRegistry(Clock())
+    budget = 64 * 1024
+    factory = ClientWireFactory(registry, ClientWireSettings(subscriber_queue=1000, subscriber_queue_bytes=budget))
+    protocol = RecordingWire()
+    protocol.factory = factory
+    protocol.state = ClientWireServerProtocol.STATE_OPEN
+    protocol._on_message(pb.ClientEnvelope(client_hello_request=hello()).SerializeToString(), True)
+    protocol._on_message(pb.ClientEnvelope(subscribe_request=pb.SubscribeRequest()).SerializeToString(), True)
+
+    class Peer:
+        last_received = 0.0
+
+        def disconnect(self, code: int, message: str) -> None:
+            pass
+
+    registry.connect("edge-a", Peer(), EdgeHello({}, "t", "1.0", ()))  # type: ignore[arg-type]
+    protocol.paused = True
+    for _ in range(50):
+        registry.record("edge-a", "node.note", message="m" * 4000)
+    assert 0 < protocol.queued_events < 50
+    assert protocol.queued_bytes <= budget
+    protocol.sent.clear()
+    protocol.paused = False
+    protocol.flush()
+    lost = protocol.sent[0].events_lost
+    assert lost.reason == "slow_consumer" and lost.count == 50 - (len(protocol.sent) - 1)
+    assert protocol.queued_bytes == 0
+
+
 def _no_delay(protocol: ClientWireServerProtocol) -> int:
     """The TCP_NODELAY option of the server side's socket."""
     sock = protocol.transport.getHandle()  # type: ignore[union-attr]

@@ -50,7 +50,12 @@ async def test_takeover_with_a_stuck_old_socket_asks_the_new_connection(monkeypa
         cp_side_transport: Any = cp_side.transport
         cp_side_transport.getHandle().setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         old.tcp.pauseProducing()
-        big = {"name": "node.drain", "target": "node-1", "timeout_seconds": 60, "arguments": {"pad": "x" * 60000}}
+        big = {
+            "name": "node.drain",
+            "target": "node-1",
+            "timeout_seconds": 60,
+            "arguments": {f"pad{i:02d}": "x" * 1024 for i in range(32)},
+        }
         commands = [ensureDeferred(cp.post_json("/edges/edge-a/commands", big)) for _ in range(8)]
         early = ensureDeferred(cp.get_json("/edges/edge-a/status"))
         await eventually(lambda: cp.service.gateway.status_waiters("edge-a") == 1, message="status view waiting")

@@ -78,7 +78,7 @@ def test_disconnected_edges_are_bounded() -> None:
 
 def test_event_buffer_bounds_and_counts_drops() -> None:
     """A full event buffer drops the oldest, counts them and keeps sequences."""
-    buffer = EventBuffer(3)
+    buffer = EventBuffer(3, 1 << 20)
     registry, _ = make_registry(events_per_edge=3)
     token = registry.connect("edge-a", HeldEdgePeer(), HELLO)
     for i in range(5):
@@ -177,14 +177,14 @@ def test_late_outcome_is_kept_once_and_only_after_the_end() -> None:
 
 def test_operation_buffer_evicts_only_finished() -> None:
     """A full operation buffer evicts the oldest finished operation and its key."""
-    buffer = OperationBuffer(2)
+    buffer = OperationBuffer(2, 1 << 20)
     ops = [OperationRecord(f"op{i}", "e", "x", "", {}, f"key{i}", created_at=i, deadline_at=i + 1) for i in range(3)]
     buffer.add(ops[0])
     buffer.add(ops[1])
     buffer.add(ops[2])
     assert len(buffer) == 3  # nothing finished yet: nothing evicted
     ops[1].advance(records.SUCCEEDED, 5)
-    buffer.operation_finished()
+    buffer.operation_changed(ops[1])
     assert [o.operation_id for o in buffer] == ["op0", "op2"]
     assert buffer.by_key("key1") is None and buffer.dropped == 1
     assert buffer.by_key("key2") is ops[2]

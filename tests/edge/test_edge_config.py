@@ -28,11 +28,14 @@ def test_sample_config_parses() -> None:
 
 def test_values_are_read() -> None:
     """Every section reaches the frozen config."""
-    config = parse_edge_config(edge_mapping(backoff={"initial_seconds": 0.1, "max_seconds": 2}, outbox_size=5))
+    config = parse_edge_config(
+        edge_mapping(backoff={"initial_seconds": 0.1, "max_seconds": 2}, outbox_size=5, outbox_bytes=70000)
+    )
     assert config.control_plane.edge_id == "edge-a"
     assert config.control_plane.backoff.initial_seconds == 0.1
     assert config.control_plane.backoff.max_seconds == 2
     assert config.control_plane.outbox_size == 5
+    assert config.control_plane.outbox_bytes == 70000
     assert config.control_plane.labels == {"site": "lab"}
     node2 = config.node("node-2")
     assert node2 is not None and node2.credentials == (token_digest(b"s3cret"),)
@@ -73,6 +76,7 @@ def _with(path: list[Any], value: Any) -> dict[str, Any]:
         (["control_plane", "edge_id"], None, "control_plane.edge_id: required"),
         (["control_plane", "address"], "nowhere", "control_plane.address"),
         (["control_plane", "outbox_size"], 0, "control_plane.outbox_size"),
+        (["control_plane", "outbox_bytes"], 1000, "control_plane.outbox_bytes"),
         (["control_plane", "backoff"], {"initial_seconds": 5, "max_seconds": 1}, "control_plane.backoff.max_seconds"),
         (
             ["control_plane", "keepalive"],

@@ -26,6 +26,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 import twisted_iop
+from twisted_iop.controlplane.bounds import detached_catalog
 from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry
 from twisted_iop.credentials import Digests, digest_of, matches
 from twisted_iop.tls import EDGE, peer_identity
@@ -156,7 +157,8 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
             labels=dict(hello.labels),
             software_version=hello.software_version[:MAX_TEXT],
             protocol_version=f"{hello.protocol_major}.{hello.protocol_minor}",
-            commands=tuple(hello.commands),
+            # Copies, so the kept catalog does not hold the whole hello frame.
+            commands=detached_catalog(hello.commands),
         )
         # Answer first so the edge learns it is accepted before any request
         # (status, command) that the registry's listeners might send.

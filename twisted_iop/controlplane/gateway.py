@@ -36,7 +36,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from twisted_iop.controlplane import records
+from twisted_iop.controlplane import bounds, records
 from twisted_iop.controlplane.records import OperationRecord
 from twisted_iop.controlplane.registry import (
     EdgeNotConnected,
@@ -391,6 +391,13 @@ class EdgeGateway:
         if ask.settled:
             return
         ask.settled = True
+        problem = bounds.status_problem(response)
+        if problem is not None:
+            self._log.warn(
+                "edge {edge_id} sent a status snapshot over its bounds: {problem}", edge_id=ask.edge_id, problem=problem
+            )
+            self._deliver(ask.waiters, None, EdgeErrorAnswer(ask.edge_id, problem))
+            return
         snapshot = self._registry.record_status(ask.edge_id, ask.token, response)
         if snapshot is None:
             # The connection is no longer current (closed meanwhile).

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import bisect
 import datetime
-from typing import Any, Optional
+from typing import Any, Optional, Union
 from weakref import WeakKeyDictionary
 
 import attrs
 
 from twisted_iop.controlplane.gateway import FleetRound, StatusRow
-from twisted_iop.controlplane.records import EventRecord, LateOutcome, OperationRecord
+from twisted_iop.controlplane.records import EventBuffer, EventRecord, LateOutcome, OperationBuffer, OperationRecord
 from twisted_iop.controlplane.registry import (
     COUNTS_LEN,
     EMPTY_COUNTS,
@@ -89,10 +89,16 @@ def edge_detail(record: EdgeRecord) -> dict[str, Any]:
         "kept": len(events),
         "dropped": events.dropped,
         "last_sequence": events.last_sequence,
+        **byte_facts(events),
     }
     ops = record.operations
-    out["operations"] = {"capacity": ops.capacity, "kept": len(ops), "dropped": ops.dropped}
+    out["operations"] = {"capacity": ops.capacity, "kept": len(ops), "dropped": ops.dropped, **byte_facts(ops)}
     return out
+
+
+def byte_facts(buffer: Union[EventBuffer, OperationBuffer]) -> dict[str, int]:
+    """A buffer's byte budget, its kept bytes and the drops the budget caused."""
+    return {"byte_budget": buffer.byte_budget, "bytes": buffer.bytes, "dropped_by_bytes": buffer.dropped_by_bytes}
 
 
 def _counters(capacity: int, in_flight: int, queued: int) -> dict[str, int]:

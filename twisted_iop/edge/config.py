@@ -68,6 +68,8 @@ class ControlPlaneLinkConfig(DialConfig):
     credential: str = attrs.field(default="", repr=False)
     labels: Mapping[str, str] = attrs.field(factory=dict)
     outbox_size: int = 1000
+    #: Estimated bytes of the events the outbox may hold.
+    outbox_bytes: int = 4 * 1024 * 1024
 
 
 @attrs.frozen
@@ -174,6 +176,7 @@ def _control_plane(section: Section, environ: Mapping[str, str]) -> ControlPlane
             "backoff",
             "keepalive",
             "outbox_size",
+            "outbox_bytes",
             "max_frame_bytes",
             "request_timeout_seconds",
         }
@@ -190,6 +193,7 @@ def _control_plane(section: Section, environ: Mapping[str, str]) -> ControlPlane
         backoff=parse_backoff(section.section("backoff")),
         keepalive=parse_keepalive(section.section("keepalive")),
         outbox_size=section.integer("outbox_size", 1000, minimum=1, maximum=1_000_000),
+        outbox_bytes=section.integer("outbox_bytes", 4 * 1024 * 1024, minimum=64 * 1024, maximum=2**40),
         max_frame_bytes=parse_max_frame_bytes(section),
         request_timeout_seconds=section.number("request_timeout_seconds", 10.0),
     )

@@ -14,7 +14,10 @@ Two layers:
   the Node that owns the leased provider, ``InferenceChunk`` /
   ``InferenceDone`` back to the client's :class:`ResponseSink`,
   ``InferenceCancel`` when the client goes away, timers for the queue and
-  for a silent Node.
+  for a silent Node. The chunks of one request that arrive in the same
+  reactor turn (one read from the Node carries many frames) reach the
+  sink together, in order, at the start of the next turn: one HTTP write
+  for all of them. That is at most one read's worth, never a whole stream.
 """
 
 from __future__ import annotations
@@ -255,8 +258,8 @@ def _ignore_cancel(failure: Failure) -> None:
 class ResponseSink(Protocol):
     """Where one request's answer goes (the HTTP API's exchange)."""
 
-    def chunk(self, data: bytes) -> None:
-        """One streamed event (the JSON after ``data: ``)."""
+    def chunks(self, events: list[bytes]) -> None:
+        """Streamed events in order (each the JSON after ``data: ``), to be written at once."""
 
     def complete(self, done: pb.InferenceDone) -> None:
         """The request finished well (the whole body for non-streaming)."""
@@ -283,6 +286,8 @@ class _Exchange:
     stream: bool
     peer: Optional[InferenceNodePeer] = None
     timer: Optional[IDelayedCall] = None
+    #: Events received in this reactor turn, not yet given to the sink.
+    pending: list[bytes] = attrs.field(factory=list)
 
 
 class InferenceGateway:
@@ -297,6 +302,9 @@ class InferenceGateway:
         self.lifecycle = InferenceLifecycle(registry.pool, config.max_queued_per_model)
         self._exchanges: dict[int, _Exchange] = {}
         self._by_peer: dict[InferenceNodePeer, set[int]] = {}
+        #: Exchanges with pending events, and the call that writes them (next turn).
+        self._flushing: list[_Exchange] = []
+        self._flush_call: Optional[IDelayedCall] = None
         self.stopping = False
         #: Requests ended, by outcome name (for logs, tests and benchmarks).
         self.outcomes: dict[str, int] = {}
@@ -417,6 +425,9 @@ class InferenceGateway:
     def stop(self) -> None:
         """The Edge is stopping: end every request with 503."""
         self.stopping = True
+        if self._flush_call is not None and self._flush_call.active():
+            self._flush_call.cancel()
+        self._flush()
         for exchange in list(self._exchanges.values()):
             self._end(
                 exchange,
@@ -441,13 +452,18 @@ class InferenceGateway:
         exchange = self._exchanges.get(message.inference_id)
         if exchange is None or exchange.peer is not peer:
             return  # cancelled, timed out, or not this connection's: harmless
-        self._arm_idle_timer(exchange)
         if body == "inference_chunk":
             if not exchange.stream:
                 self._log.warn("ignoring a chunk for non-streaming inference {id}", id=message.inference_id)
                 return
-            self.lifecycle.first_output(exchange.ticket)
-            exchange.sink.chunk(bytes(message.data))
+            if not exchange.pending:
+                # The first event of this turn: re-arm the silence timer once per turn, not per event.
+                self._arm_idle_timer(exchange)
+                self.lifecycle.first_output(exchange.ticket)
+                self._flushing.append(exchange)
+                if self._flush_call is None:
+                    self._flush_call = self._clock.callLater(0, self._flush)
+            exchange.pending.append(message.data)
             return
         done: pb.InferenceDone = message
         if done.status == pb.INFERENCE_STATUS_OK:
@@ -463,6 +479,18 @@ class InferenceGateway:
                 self._node_lost(exchange)
 
     # -- internals ---------------------------------------------------------------------
+
+    def _flush(self) -> None:
+        """Give every exchange the events it received in the last turn (one write each)."""
+        self._flush_call = None
+        flushing, self._flushing = self._flushing, []
+        for exchange in flushing:
+            self._write_pending(exchange)
+
+    def _write_pending(self, exchange: _Exchange) -> None:
+        if exchange.pending:
+            events, exchange.pending = exchange.pending, []
+            exchange.sink.chunks(events)
 
     def _dispatch(self, exchange: _Exchange) -> None:
         ticket = exchange.ticket
@@ -496,6 +524,7 @@ class InferenceGateway:
             return
         self._exchanges.pop(exchange.ticket.inference_id, None)
         self._count(Outcome.NODE_LOST.value)
+        self._write_pending(exchange)
         exchange.sink.fail(
             InferenceError(502, "node_lost", "the node running this request was lost", kind="server_error")
         )
@@ -516,6 +545,10 @@ class InferenceGateway:
         if self.lifecycle.finish(ticket, outcome) and peer is not None:
             peer.send("inference_cancel", pb.InferenceCancel(inference_id=ticket.inference_id, reason=outcome.value))
         self._count(outcome.value)
+        if done is not None or error is not None:
+            self._write_pending(exchange)  # what arrived before the end goes first
+        else:
+            exchange.pending = []  # the client is gone: nothing more is written
         if done is not None:
             exchange.sink.complete(done)
         elif error is not None:

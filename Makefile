@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 PYTEST_ARGS ?=
 
-.PHONY: setup run run-edge run-node test lint browser proto mypy bench clean
+.PHONY: setup run run-edge run-node test lint browser proto mypy bench bench-inference clean
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,11 @@ mypy: setup
 
 bench: setup
 	$(PY) bench/fleet_fanout.py
+	$(PY) bench/inference_gateway.py --quick
+
+# The inference gateway against its targets (under a minute).
+bench-inference: setup
+	$(PY) bench/inference_gateway.py --quick
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -62,9 +62,7 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol  # no
 from twisted.python.failure import Failure  # noqa: E402
 from twisted.web.client import Agent, HTTPConnectionPool  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from support import Daemon  # noqa: E402
-
+from twisted_iop.testing.harness import Daemon  # noqa: E402
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR  # noqa: E402
 from twisted_iop.wire import control_pb2 as pb  # noqa: E402
 from twisted_iop.wire.peer import FramedPeerProtocol, PeerSettings, make_envelope  # noqa: E402

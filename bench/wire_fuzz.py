@@ -3,7 +3,7 @@
 With atheris installed (``pip install atheris``) this is a coverage-guided
 atheris target; without it, a plain random loop with structure-aware
 mutations runs instead. Either way each input goes through the same
-drivers as ``tests/wire/test_wire_fuzz.py`` (``twisted_iop.wire.testing``):
+drivers as ``tests/wire/test_wire_fuzz.py`` (``twisted_iop.testing.wire``):
 the Control Plane's edge wire with a real registry and gateway, the Edge's
 node wire with a real node registry, and the ``/client`` WebSocket; and
 the same checks: no failure logged, the connection answered or closed as
@@ -24,22 +24,19 @@ import sys
 import time
 from typing import Any
 
-from twisted_iop.wire import PROTOCOL_MAJOR
-from twisted_iop.wire import control_pb2 as pb
-from twisted_iop.wire.peer import PeerSettings, make_envelope
-from twisted_iop.wire.testing import (
+from twisted_iop.testing.configs import node_hello
+from twisted_iop.testing.frames import field_bytes, field_varint, length_prefixed, ws_frame
+from twisted_iop.testing.wire import (
     ClientWireDriver,
     EdgeWireDriver,
     LogCapture,
     NodeWireDriver,
     check_answered_or_closed,
     edge_hello,
-    field_bytes,
-    field_varint,
-    length_prefixed,
-    node_hello,
-    ws_frame,
 )
+from twisted_iop.wire import PROTOCOL_MAJOR
+from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.peer import PeerSettings, make_envelope
 
 SETTINGS = PeerSettings(max_frame_bytes=256 * 1024, max_hello_frame_bytes=8 * 1024)
 WIRES = ("edge", "node", "client")

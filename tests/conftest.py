@@ -1,4 +1,4 @@
-"""Test configuration: this folder is importable (support, scripted_edge)."""
+"""Test configuration: Hypothesis profiles (helpers live in ``twisted_iop.testing``)."""
 
 from __future__ import annotations
 
@@ -14,3 +14,8 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile("ci")
+
+# Edges and Nodes started by the tests (in process through their taps, or as
+# twistd daemons) serve their metrics on a free port, never the fixed defaults.
+os.environ.setdefault("IOP_EDGE_METRICS_LISTEN", "tcp:0:interface=127.0.0.1")
+os.environ.setdefault("IOP_NODE_METRICS_LISTEN", "tcp:0:interface=127.0.0.1")

@@ -13,7 +13,10 @@ from pathlib import Path
 
 import attrs
 import pytest
-from support import ROOT, TWISTD
+
+from twisted_iop.testing.harness import TWISTD
+
+ROOT = Path(__file__).resolve().parents[1]
 
 CONFIGS = ROOT / "configs"
 

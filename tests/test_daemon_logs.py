@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import resource
 from pathlib import Path
 
 import pytest
 import pytest_twisted
-from support import ROOT, eventually, start_daemon, wait_for_ports
+
+from twisted_iop.daemon import raise_open_file_limit
+from twisted_iop.testing.configs import LOOPBACK_ZERO
+from twisted_iop.testing.harness import eventually, start_daemon, wait_for_ports
+
+ROOT = Path(__file__).resolve().parents[1]
+
 
 CONFIGS = ROOT / "configs"
-LOOPBACK_ZERO = "tcp:0:interface=127.0.0.1"
 
 pytestmark = pytest.mark.e2e
 
@@ -53,3 +59,18 @@ async def test_edge_and_node_logs_name_addresses_not_objects(tmp_path: Path) -> 
     for log in (edge_log, node_log):
         assert "object at 0x" not in log
         assert "Starting factory" not in log and "Stopping factory" not in log
+
+
+def test_open_file_limit_is_raised_to_the_hard_limit() -> None:
+    """raise_open_file_limit lifts a low soft limit up to the hard one and says so."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard < 64:
+        pytest.fail(f"this test needs a finite hard limit of at least 64, not {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard - 1, hard))
+    try:
+        assert raise_open_file_limit() == (hard - 1, hard)
+        assert resource.getrlimit(resource.RLIMIT_NOFILE) == (hard, hard)
+        # Already at the hard limit: nothing to do.
+        assert raise_open_file_limit() == (hard, hard)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -24,15 +24,18 @@ import subprocess
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import attrs
 import pytest
-from support import ROOT, TWISTD
 
 from twisted_iop.client.cli import UsageError, build_parser, parse_arguments
 from twisted_iop.controlplane.http_routes import ControlPlaneHttp
 from twisted_iop.edge.inference_api import InferenceAPI
+from twisted_iop.testing.harness import TWISTD
+
+ROOT = Path(__file__).resolve().parents[1]
 
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PROGRAMS = ("twistd", "iopctl", "curl", "make")
@@ -74,7 +77,7 @@ def _first_command(text: str) -> list[str]:
     return words
 
 
-def _block_lines(lines: list[str]) -> Iterator[tuple[int, str]]:
+def _block_lines(lines: list[tuple[int, str]]) -> Iterator[tuple[int, str]]:
     """The command lines of one code block (continuations joined), with their index."""
     prompted = any(line.startswith("$ ") for _, line in lines)
     pending = ""
@@ -91,6 +94,12 @@ def _block_lines(lines: list[str]) -> Iterator[tuple[int, str]]:
             continue
         yield start, pending + line
         pending = ""
+
+
+def iopctl_commands() -> list[str]:
+    """The subcommands iopctl's parser knows, sorted."""
+    subparsers: Any = build_parser()._subparsers
+    return sorted(subparsers._group_actions[0].choices)
 
 
 def document_commands(path: Path) -> Iterator[DocCommand]:
@@ -193,7 +202,7 @@ def test_iopctl_lines_parse(command: DocCommand, capsys: pytest.CaptureFixture[s
     except SystemExit as e:  # --version and --help print and exit 0
         assert e.code == 0 and capsys.readouterr().out.startswith(("iopctl", "usage: iopctl"))
         return
-    assert args.command in build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert args.command in iopctl_commands()
 
 
 def test_iopctl_synopsis_names_every_global_option() -> None:
@@ -211,8 +220,7 @@ def test_iopctl_command_table_lists_every_command() -> None:
     """docs/iopctl.md's command table has one row per iopctl command."""
     text = (ROOT / "docs" / "iopctl.md").read_text()
     rows = re.findall(r"^\| `([a-z]+)[^`]*` \|", text, flags=re.M)
-    choices = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
-    assert sorted(rows) == sorted(choices)
+    assert sorted(rows) == iopctl_commands()
 
 
 @pytest.mark.parametrize("command", [c for c in COMMANDS if c.program == "curl"], ids=_ids)

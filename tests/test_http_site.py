@@ -6,13 +6,13 @@ import json
 from typing import Any, Optional
 
 import pytest_twisted
-from raw_http import connect, request_head
-from support import eventually
 from twisted.internet import reactor
 from twisted.internet.endpoints import TCP4ServerEndpoint
 from twisted.web.resource import Resource
 
 from twisted_iop.http_site import GuardedRequest, GuardedSite, Refusal, SiteLimits, host_allowed
+from twisted_iop.testing.harness import eventually
+from twisted_iop.testing.http import connect, request_head
 
 
 class Echo(Resource):
@@ -49,7 +49,7 @@ async def test_huge_content_length_is_refused_before_the_body() -> None:
     port, number, echo, _ = await serve()
     try:
         client = await connect(number)
-        client.transport.write(
+        client.tcp.write(
             request_head("POST", number, "Content-Type: application/json\r\nContent-Length: 1073741824\r\n")
         )
         await client.closed
@@ -66,11 +66,11 @@ async def test_chunked_body_is_cut_at_the_limit() -> None:
     port, number, echo, _ = await serve(SiteLimits(max_body_bytes=1000))
     try:
         client = await connect(number)
-        client.transport.write(
+        client.tcp.write(
             request_head("POST", number, "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n")
         )
         for _ in range(5):
-            client.transport.write(b"1f4\r\n" + b"x" * 500 + b"\r\n")
+            client.tcp.write(b"1f4\r\n" + b"x" * 500 + b"\r\n")
         await client.closed
         assert client.status == 413
         assert echo.bodies == []
@@ -90,14 +90,12 @@ async def test_authorization_is_checked_before_the_body() -> None:
     port, number, echo, _ = await serve(authorize=authorize)
     try:
         client = await connect(number)
-        client.transport.write(
-            request_head("POST", number, "Content-Type: application/json\r\nContent-Length: 60000\r\n")
-        )
+        client.tcp.write(request_head("POST", number, "Content-Type: application/json\r\nContent-Length: 60000\r\n"))
         await client.closed
         assert client.status == 401
         assert b"WWW-Authenticate: Bearer" in client.received
         good = await connect(number)
-        good.transport.write(
+        good.tcp.write(
             request_head(
                 "POST",
                 number,
@@ -125,7 +123,7 @@ async def test_trickled_headers_meet_the_header_deadline() -> None:
             nonlocal sent
             if client.is_closed or sent >= len(head) - 2:
                 return
-            client.transport.write(head[sent : sent + 1])
+            client.tcp.write(head[sent : sent + 1])
             sent += 1
             reactor.callLater(0.05, trickle)
 
@@ -144,10 +142,8 @@ async def test_slow_body_meets_the_request_deadline() -> None:
     port, number, echo, _ = await serve(SiteLimits(request_timeout_seconds=0.3))
     try:
         client = await connect(number)
-        client.transport.write(
-            request_head("POST", number, "Content-Type: application/json\r\nContent-Length: 100\r\n")
-        )
-        client.transport.write(b"{")
+        client.tcp.write(request_head("POST", number, "Content-Type: application/json\r\nContent-Length: 100\r\n"))
+        client.tcp.write(b"{")
         await client.closed
         assert client.status == 408
         assert echo.bodies == []
@@ -166,14 +162,14 @@ async def test_connections_per_address_are_capped() -> None:
         await third.closed
         assert third.received == b""
         assert site.refused_connections == 1
-        first.transport.loseConnection()
+        first.tcp.loseConnection()
         await first.closed
         await eventually(lambda: site.connections == 1, message="closed connection forgotten")
         fourth = await connect(number)
-        fourth.transport.write(request_head("GET", number, "Connection: close\r\n"))
+        fourth.tcp.write(request_head("GET", number, "Connection: close\r\n"))
         await fourth.closed
         assert fourth.status == 200
-        second.transport.loseConnection()
+        second.tcp.loseConnection()
         await second.closed
         await eventually(lambda: site.connections == 0 and site.by_address == {}, message="all forgotten")
     finally:
@@ -193,7 +189,7 @@ async def test_host_header_must_name_this_server() -> None:
             ("[::1]:80", 200),
         ):
             client = await connect(number)
-            client.transport.write(request_head("GET", number, "Connection: close\r\n", host=host))
+            client.tcp.write(request_head("GET", number, "Connection: close\r\n", host=host))
             await client.closed
             assert client.status == status, host
     finally:
@@ -212,11 +208,11 @@ async def test_browser_writes_need_json_and_the_same_origin() -> None:
         ]
         for headers, status, code in cases:
             client = await connect(number)
-            client.transport.write(request_head("POST", number, headers + "Content-Length: 2\r\n") + b"{}")
+            client.tcp.write(request_head("POST", number, headers + "Content-Length: 2\r\n") + b"{}")
             await client.closed
             assert (client.status, client.body["error"]["code"]) == (status, code)
         same = await connect(number)
-        same.transport.write(
+        same.tcp.write(
             request_head(
                 "POST",
                 number,
@@ -239,7 +235,7 @@ async def test_unknown_methods_get_json_405() -> None:
     try:
         for method in ("OPTIONS", "TRACE", "PROPFIND"):
             client = await connect(number)
-            client.transport.write(request_head(method, number))
+            client.tcp.write(request_head(method, number))
             await client.closed
             assert client.status == 405
             assert client.body["error"]["code"] == "method_not_allowed"
@@ -254,7 +250,7 @@ async def test_answers_carry_security_headers_and_no_version() -> None:
     port, number, _, _ = await serve()
     try:
         client = await connect(number)
-        client.transport.write(request_head("GET", number, "Connection: close\r\n"))
+        client.tcp.write(request_head("GET", number, "Connection: close\r\n"))
         await client.closed
         head = client.received.split(b"\r\n\r\n", 1)[0]
         assert client.status == 200

@@ -9,7 +9,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from support import ROOT, TWISTD
+
+from twisted_iop.testing.harness import TWISTD
+
+ROOT = Path(__file__).resolve().parents[1]
 
 UNITS = ROOT / "configs" / "systemd"
 #: unit name -> the config file name its daemon reads.

@@ -372,6 +372,21 @@ def parse_listen_setting(section: Section, key: str, default: str, environ: Mapp
     return override if override is not None else section.listen(key, default)
 
 
+def parse_metrics_listen(section: Section, default: str, environ: Mapping[str, str], variable: str) -> str:
+    """Section ``metrics``: its ``listen`` endpoint, ``""`` when the listener is off.
+
+    ``variable`` in ``environ`` overrides the file; ``listen: ""`` in the
+    file disables the listener.
+    """
+    section.reject_unknown({"listen"})
+    override = _endpoint_override(environ, variable, section.field_path("listen"), check_listen_endpoint)
+    if override is not None:
+        return override
+    if section.has("listen") and not section.string("listen").strip():
+        return ""
+    return section.listen("listen", default)
+
+
 def _endpoint_override(
     environ: Mapping[str, str], variable: str, field: str, check: Callable[[str], tuple[Optional[str], str]]
 ) -> Optional[str]:

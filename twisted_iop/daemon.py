@@ -15,8 +15,10 @@ outbound links (:meth:`DaemonService.add_dialer`).
 from __future__ import annotations
 
 import os
+import resource
 import sys
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, ClassVar, Generic, Optional, TypeVar
 
 from twisted.application.service import IService, MultiService
@@ -114,6 +116,32 @@ def compose(
     return service
 
 
+def raise_open_file_limit() -> tuple[int, int]:
+    """Raise the soft ``RLIMIT_NOFILE`` to the hard limit; return (before, after).
+
+    Every Edge (or Node) connection is a descriptor, and the usual soft
+    limit (1024) is far below the fleets a daemon serves. Raising the soft
+    limit up to the hard one needs no privilege; where even that is refused
+    the limit stays as it was.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        # Linux refuses an infinite soft limit for descriptors; nr_open caps it.
+        try:
+            target = int(Path("/proc/sys/fs/nr_open").read_text())
+        except (OSError, ValueError):
+            return soft, soft
+    else:
+        target = hard
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return soft, soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (OSError, ValueError):
+        return soft, soft
+    return soft, target
+
+
 class DaemonService(MultiService):
     """A daemon's top-level service: state first, then listeners, then links.
 
@@ -159,6 +187,9 @@ class DaemonService(MultiService):
         raise KeyError(f"listener {label!r} has not been bound")
 
     def privilegedStartService(self) -> None:
+        before, after = raise_open_file_limit()
+        if after != before:
+            self._log.info("open-file limit raised from {before} to {after}", before=before, after=after)
         try:
             super().privilegedStartService()
         except BindError as e:

@@ -1,7 +1,7 @@
 """iopctl: argument parsing, tables, --json and exit codes, against the real Control Plane.
 
 Every view runs ``cli.run`` with a repository on a real Control Plane fed by
-scripted edges (tests/client/real_fleet.py); ``--json`` output is compared
+scripted edges (``twisted_iop.testing.harness.start_fleet``); ``--json`` output is compared
 with what the server itself answers and validated against its OpenAPI
 document.
 """
@@ -19,8 +19,6 @@ from typing import Any, Optional
 
 import pytest
 import pytest_twisted
-from real_fleet import Fleet, contract_validator, start_fleet
-from support import eventually
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 
@@ -37,6 +35,7 @@ from twisted_iop.client.cli import (
 from twisted_iop.client.render import render_table
 from twisted_iop.client.repository import ControlPlaneStatusRepository
 from twisted_iop.client.wire import ClientWireClient
+from twisted_iop.testing.harness import Fleet, contract_validator, eventually, start_fleet
 
 IOPCTL = str(Path(sys.executable).parent / "iopctl")
 

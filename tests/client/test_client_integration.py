@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 import pytest_twisted
-from scripted_edge import connect_edge
-from support import IOPCTL, eventually, start_control_plane
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import ProcessProtocol
@@ -29,6 +27,8 @@ from twisted_iop.client import (
     UnknownEdgeError,
     WireRequestError,
 )
+from twisted_iop.testing.harness import IOPCTL, eventually, start_control_plane
+from twisted_iop.testing.peers import connect_edge
 from twisted_iop.wire import control_pb2 as pb
 
 
@@ -95,7 +95,7 @@ async def test_repository_against_the_real_control_plane() -> None:
         with pytest.raises(UnknownEdgeError):
             await repo.edge_status("nope")
         assert edge.transport is not None
-        edge.transport.loseConnection()
+        edge.tcp.loseConnection()
         await edge.lost
 
         async def not_connected() -> Any:
@@ -227,9 +227,16 @@ async def test_slow_consumer_is_signalled() -> None:
         subscription = await client.subscribe("edge-a", on_event=seen.on_event, on_lost=seen.on_lost)
         protocol: Any = subscription._protocol
         protocol.transport.pauseProducing()  # stop reading: the server's socket fills up
-        big = "x" * 60000
+        # Each event as large as the Control Plane keeps one (about 36 KB):
+        # a 4096-character message and 32 attributes of 1024 characters.
+        big = {f"a{j:02d}": "x" * 1024 for j in range(32)}
         for i in range(400):
-            edge.event("provider.health_changed", node_id="node-1", message=f"{i} {big}")
+            edge.send(
+                "edge_event",
+                pb.EdgeEvent(
+                    kind="provider.health_changed", node_id="node-1", message=f"{i} " + "x" * 4000, attributes=big
+                ),
+            )
         await eventually(
             lambda: cp.registry.find("edge-a").events.last_sequence >= 400, timeout=20, message="events recorded"
         )
@@ -251,7 +258,7 @@ class FollowProcess(ProcessProtocol):
     def __init__(self) -> None:
         self.out = b""
         self.err = b""
-        self.ended: Deferred[int] = Deferred()
+        self.ended: Deferred[Optional[int]] = Deferred()
 
     def outReceived(self, data: bytes) -> None:
         """Keep stdout."""

@@ -16,7 +16,6 @@ from typing import Any
 import attrs
 import pytest
 import pytest_twisted
-from real_fleet import Fleet, contract_validator, start_fleet, stub_repository
 
 from twisted_iop.client import (
     ControlPlaneError,
@@ -51,6 +50,7 @@ from twisted_iop.client.models import (
     to_json,
 )
 from twisted_iop.client.repository import DEFAULT_HTTP_URL, HTTP_URL_ENV, error_from_response
+from twisted_iop.testing.harness import Fleet, contract_validator, start_fleet, stub_repository
 
 
 def test_base_url_from_argument_environment_and_default(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -320,7 +320,7 @@ async def test_reader_names_the_json_path_of_a_bad_value() -> None:
         docs = await real_documents(fleet)
     finally:
         await fleet.stop()
-    cases = [
+    cases: list[tuple[str, list[Any], Any, str]] = [
         (
             "EdgeStatus",
             ["nodes", 0, "providers", 0, "general", "capacity"],
@@ -350,7 +350,7 @@ async def test_reader_names_the_json_path_of_a_bad_value() -> None:
     ]
     for name, where, value, message in cases:
         broken = copy.deepcopy(docs[name])
-        holder = broken
+        holder: Any = broken
         for key in where[:-1]:
             holder = holder[key]
         holder[where[-1]] = value

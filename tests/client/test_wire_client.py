@@ -11,8 +11,6 @@ import socket
 
 import pytest
 import pytest_twisted
-from scripted_edge import connect_edge
-from support import ControlPlaneHarness, eventually, start_control_plane
 from twisted.internet import reactor
 
 import twisted_iop
@@ -25,6 +23,8 @@ from twisted_iop.client.wire import (
     event_from_wire,
     make_client_envelope,
 )
+from twisted_iop.testing.harness import ControlPlaneHarness, eventually, start_control_plane
+from twisted_iop.testing.peers import connect_edge
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.dialer import DialingService
 

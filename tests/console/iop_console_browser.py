@@ -11,14 +11,17 @@ from __future__ import annotations
 import concurrent.futures
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import pytest
 import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorFromThreads
 
 T = TypeVar("T")
+
+from_threads = cast(IReactorFromThreads, reactor)
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The README's screenshot is refreshed only on request
@@ -56,9 +59,9 @@ class Browser:
         def done(f: concurrent.futures.Future[T]) -> None:
             error = f.exception()
             if error is not None:
-                reactor.callFromThread(d.errback, error)
+                from_threads.callFromThread(d.errback, error)
             else:
-                reactor.callFromThread(d.callback, f.result())
+                from_threads.callFromThread(d.callback, f.result())
 
         future.add_done_callback(done)
         return d

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import pytest_twisted
 from iop_console_browser import Browser
-from scripted_edge import connect_edge, snapshot
-from support import start_control_plane
 
+from twisted_iop.testing.harness import start_control_plane
+from twisted_iop.testing.peers import connect_edge, snapshot
 from twisted_iop.wire import control_pb2 as pb
 
 

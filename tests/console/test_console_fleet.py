@@ -16,14 +16,14 @@ import pytest
 import pytest_twisted
 import yaml
 from iop_console_browser import DOCS_SCREENSHOT, Browser
-from support import IOPCTL, Daemon, start_daemon, wait_for_ports
 from twisted.internet import reactor
 from twisted.internet.utils import getProcessOutputAndValue
 
+from twisted_iop.testing.configs import CONTROL_PLANE_LOOPBACK_ENV, LOOPBACK_ZERO, mock_provider_entry
+from twisted_iop.testing.harness import IOPCTL, Daemon, start_daemon, wait_for_ports
+
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
-LOOPBACK_ZERO = "tcp:0:interface=127.0.0.1"
-CP_ENV = {"IOP_HTTP_LISTEN": LOOPBACK_ZERO, "IOP_WIRE_LISTEN": LOOPBACK_ZERO, "IOP_EDGE_WIRE_LISTEN": LOOPBACK_ZERO}
 BACKOFF = {"initial_seconds": 0.05, "max_seconds": 0.5}
 
 
@@ -41,27 +41,11 @@ def edge_config(cp_edge_wire: str) -> dict[str, Any]:
         "nodes": [
             {
                 "node_id": "gpu-01",
-                "providers": [
-                    {
-                        "provider_id": "mock-a",
-                        "kind": "mock",
-                        "models": ["llama-3-8b"],
-                        "capacity": 4,
-                        "long_context_capacity": 1,
-                    }
-                ],
+                "providers": [mock_provider_entry("mock-a")],
             },
             {
                 "node_id": "gpu-02",
-                "providers": [
-                    {
-                        "provider_id": "mock-b",
-                        "kind": "mock",
-                        "models": ["llama-3-8b", "qwen-2-7b"],
-                        "capacity": 8,
-                        "long_context_capacity": 2,
-                    }
-                ],
+                "providers": [mock_provider_entry("mock-b")],
             },
             {
                 "node_id": "gpu-03",
@@ -112,7 +96,7 @@ async def test_console_on_a_fleet_of_daemons(browser: Browser, tmp_path: Path) -
     screenshot = DOCS_SCREENSHOT if os.environ.get("IOP_UPDATE_SCREENSHOT") else tmp_path / "console.png"
     daemons: list[Daemon] = []
     try:
-        cp = start_daemon(["iop-control-plane"], tmp_path, env=CP_ENV, name="cp")
+        cp = start_daemon(["iop-control-plane"], tmp_path, env=CONTROL_PLANE_LOOPBACK_ENV, name="cp")
         daemons.append(cp)
         ports = await wait_for_ports(cp, {"http", "edge_wire", "client_wire"})
         http = f"http://127.0.0.1:{ports['http']}"

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import pytest_twisted
 from iop_console_browser import Browser
-from scripted_edge import CATALOG, connect_edge, snapshot
-from support import eventually, start_control_plane
 from twisted.internet import reactor, task
 
+from twisted_iop.testing.harness import eventually, start_control_plane
+from twisted_iop.testing.peers import CATALOG, connect_edge, snapshot
 from twisted_iop.wire import control_pb2 as pb
 
 pytestmark = pytest.mark.browser
@@ -124,7 +124,7 @@ async def test_edge_gone_shows_reason_and_last_snapshot(browser: Browser) -> Non
         await eventually(lambda: edge.held, message="the status request reached the edge")
         assert edge.status_requests == before + 1
         assert edge.transport is not None
-        edge.transport.loseConnection()
+        edge.tcp.loseConnection()
 
         def gone() -> list[dict[str, Any]]:
             page.wait_for_function("() => window.__edgeLoads.some((l) => l.code === 'edge_disconnected')")

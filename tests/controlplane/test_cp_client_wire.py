@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import socket
+from typing import Any, Optional, cast
 
 import attrs
 import pytest_twisted
 from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientProtocol
-from scripted_edge import connect_edge
-from support import eventually, start_control_plane
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint
@@ -16,6 +15,8 @@ from twisted.internet.task import Clock
 
 from twisted_iop.controlplane.client_wire import ClientWireFactory, ClientWireServerProtocol, ClientWireSettings
 from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry
+from twisted_iop.testing.harness import eventually, start_control_plane
+from twisted_iop.testing.peers import HeldEdgePeer, connect_edge
 from twisted_iop.wire import PROTOCOL_MAJOR
 from twisted_iop.wire import control_pb2 as pb
 
@@ -55,7 +56,7 @@ async def open_client(url: str, port: int) -> WireTestClient:
     """Connect a test WebSocket client to /client."""
     factory = WebSocketClientFactory(url)
     factory.protocol = WireTestClient
-    protocol = await TCP4ClientEndpoint(reactor, "127.0.0.1", port).connect(factory)
+    protocol = cast(WireTestClient, await TCP4ClientEndpoint(reactor, "127.0.0.1", port).connect(factory))
     await protocol.opened
     return protocol
 
@@ -131,7 +132,7 @@ async def test_live_subscription_and_resume_with_gap() -> None:
         assert (lost.count, lost.first_sequence, lost.last_sequence, lost.reason) == (1, 2, 2, "resume_gap")
         replayed = [m.event.sequence for m in late.messages if m.WhichOneof("body") == "event"]
         assert replayed == [3, 4, 5]
-        edge.transport.loseConnection()
+        edge.tcp.loseConnection()
         await eventually(lambda: late.bodies().count("event") >= 4, message="disconnect event")
         assert late.messages[-1].event.kind == "edge.disconnected"
         for c in (client, late):
@@ -166,13 +167,7 @@ def test_slow_consumer_is_told_how_many_events_it_lost() -> None:
     protocol.sent.clear()
     hello_info = EdgeHello(labels={}, software_version="t", protocol_version="1.0", commands=())
 
-    class Peer:
-        last_received = 0.0
-
-        def disconnect(self, code: int, message: str) -> None:
-            pass
-
-    registry.connect("edge-a", Peer(), hello_info)  # type: ignore[arg-type]
+    registry.connect("edge-a", HeldEdgePeer(), hello_info)
     assert [m.event.fleet_sequence for m in protocol.sent] == [1]
     protocol.paused = True
     for i in range(20):
@@ -263,5 +258,62 @@ async def test_unknown_body_is_answered_and_the_socket_stays_open() -> None:
         assert client.messages[1].error.code == pb.ERROR_CODE_UNEXPECTED_MESSAGE
         client.sendClose()
         await client.closed
+    finally:
+        await cp.stop()
+
+
+def test_a_slow_consumers_queue_is_bounded_in_bytes() -> None:
+    """Large events fill a subscriber's byte budget before its count: the
+    oldest are dropped and reported, and the queue's bytes stay in budget."""
+    registry = EdgeRegistry(Clock())
+    budget = 64 * 1024
+    factory = ClientWireFactory(registry, ClientWireSettings(subscriber_queue=1000, subscriber_queue_bytes=budget))
+    protocol = RecordingWire()
+    protocol.factory = factory
+    protocol.state = ClientWireServerProtocol.STATE_OPEN
+    protocol._on_message(pb.ClientEnvelope(client_hello_request=hello()).SerializeToString(), True)
+    protocol._on_message(pb.ClientEnvelope(subscribe_request=pb.SubscribeRequest()).SerializeToString(), True)
+
+    class Peer:
+        last_received = 0.0
+
+        def disconnect(self, code: int, message: str) -> None:
+            pass
+
+    registry.connect("edge-a", Peer(), EdgeHello({}, "t", "1.0", ()))  # type: ignore[arg-type]
+    protocol.paused = True
+    for _ in range(50):
+        registry.record("edge-a", "node.note", message="m" * 4000)
+    assert 0 < protocol.queued_events < 50
+    assert protocol.queued_bytes <= budget
+    protocol.sent.clear()
+    protocol.paused = False
+    protocol.flush()
+    lost = protocol.sent[0].events_lost
+    assert lost.reason == "slow_consumer" and lost.count == 50 - (len(protocol.sent) - 1)
+    assert protocol.queued_bytes == 0
+
+
+def _no_delay(protocol: ClientWireServerProtocol) -> int:
+    """The TCP_NODELAY option of the server side's socket."""
+    sock = protocol.transport.getHandle()  # type: ignore[union-attr]
+    return int(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+
+
+@pytest_twisted.ensureDeferred
+async def test_client_sockets_turn_nagle_off_on_both_ports() -> None:
+    """/client on its own port and on the HTTP port both set TCP_NODELAY on the server's socket."""
+    cp = await start_control_plane()
+    try:
+        http_url = f"ws://127.0.0.1:{cp.service.port('http')}/client"
+        for url, port in ((cp.wire_url, cp.service.port("client_wire")), (http_url, cp.service.port("http"))):
+            client = await open_client(url, port)
+            client.send("client_hello_request", hello())
+            await eventually(lambda: len(cp.service.client_factory.connections) == 1, message="server side open")
+            (server,) = cp.service.client_factory.connections
+            assert _no_delay(server) == 1
+            client.sendClose()
+            await client.closed
+            await eventually(lambda: not cp.service.client_factory.connections, message="server side closed")
     finally:
         await cp.stop()

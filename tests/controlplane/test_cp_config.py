@@ -8,7 +8,6 @@ from pathlib import Path
 
 import attrs
 import pytest
-from support import self_signed
 from twisted.internet.testing import MemoryReactor
 
 from twisted_iop.configuration import ConfigError
@@ -16,6 +15,8 @@ from twisted_iop.controlplane import tap
 from twisted_iop.controlplane.config import config_from_text, load_config, unauthenticated_exposures
 from twisted_iop.daemon import ConfigurationExit
 from twisted_iop.endpoints import EndpointError, connect_endpoint, listen_endpoint
+from twisted_iop.listeners import DEFAULT_BACKLOG
+from twisted_iop.testing.harness import self_signed
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -183,7 +184,7 @@ def test_make_service_listens_where_configured(monkeypatch: pytest.MonkeyPatch) 
     service.startService()
     ports = sorted((port, interface) for port, _, _, interface in reactor.tcpServers)
     assert ports == [(8081, "127.0.0.1"), (17443, "127.0.0.1"), (18080, "127.0.0.1")]
-    assert {backlog for _, _, backlog, _ in reactor.tcpServers} == {1024}
+    assert {backlog for _, _, backlog, _ in reactor.tcpServers} == {DEFAULT_BACKLOG}
     assert service.readiness.ready
     service.stopService()
     # makeService tunes the collector for the daemon; undo it for this process.

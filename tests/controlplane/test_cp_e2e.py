@@ -7,15 +7,13 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
-from scripted_edge import connect_edge
-from support import ControlPlaneHarness, Daemon, eventually, start_daemon, wait_for_ports
 from twisted.internet import reactor
 
 from twisted_iop.client.wire import ClientWireClient
+from twisted_iop.testing.configs import CONTROL_PLANE_LOOPBACK_ENV, LOOPBACK_ZERO
+from twisted_iop.testing.harness import ControlPlaneHarness, Daemon, eventually, start_daemon, wait_for_ports
+from twisted_iop.testing.peers import connect_edge
 from twisted_iop.wire import control_pb2 as pb
-
-LOOPBACK_ZERO = "tcp:0:interface=127.0.0.1"
-ENV = {"IOP_HTTP_LISTEN": LOOPBACK_ZERO, "IOP_WIRE_LISTEN": LOOPBACK_ZERO, "IOP_EDGE_WIRE_LISTEN": LOOPBACK_ZERO}
 
 
 class ProcessHarness(ControlPlaneHarness):
@@ -35,7 +33,7 @@ pytestmark = pytest.mark.e2e
 @pytest_twisted.ensureDeferred
 async def test_daemon_serves_edges_over_tcp_and_http(tmp_path: Path) -> None:
     """The real daemon enrolls a TCP edge, rejects a bad one, and shows them over HTTP."""
-    daemon = start_daemon(["iop-control-plane"], tmp_path, env=ENV, name="cp")
+    daemon = start_daemon(["iop-control-plane"], tmp_path, env=CONTROL_PLANE_LOOPBACK_ENV, name="cp")
     try:
         ports = await wait_for_ports(daemon, {"http", "edge_wire", "client_wire"})
         cp = ProcessHarness(ports)
@@ -52,7 +50,7 @@ async def test_daemon_serves_edges_over_tcp_and_http(tmp_path: Path) -> None:
         assert code == 200 and len(status["nodes"]) == 2
         code, op = await cp.post_json("/edges/edge-e2e/commands", {"name": "node.drain", "target": "node-1"})
         assert code == 200 and op["state"] == "succeeded"
-        edge.transport.loseConnection()
+        edge.tcp.loseConnection()
         await eventually(lambda: _disconnected(cp), message="edge shown disconnected")
         log = daemon.log()
         assert "edge edge-e2e connected" in log and "edge hello rejected" in log
@@ -69,7 +67,7 @@ async def test_daemon_serves_edges_over_tcp_and_http(tmp_path: Path) -> None:
 @pytest_twisted.ensureDeferred
 async def test_client_wire_on_the_http_port(tmp_path: Path) -> None:
     """A client says hello and gets live events at /client on the HTTP port (one port behind a proxy)."""
-    daemon = start_daemon(["iop-control-plane"], tmp_path, env=ENV, name="cp")
+    daemon = start_daemon(["iop-control-plane"], tmp_path, env=CONTROL_PLANE_LOOPBACK_ENV, name="cp")
     client = None
     try:
         ports = await wait_for_ports(daemon, {"http", "edge_wire", "client_wire"})
@@ -85,7 +83,7 @@ async def test_client_wire_on_the_http_port(tmp_path: Path) -> None:
         assert events[0].edge_id == "edge-proxy"
         code, ready = await ProcessHarness(ports).get_json("/readyz")
         assert code == 200 and ready["ready"]
-        edge.transport.loseConnection()
+        edge.tcp.loseConnection()
     finally:
         if client is not None:
             await client.close()
@@ -101,7 +99,9 @@ def test_bad_config_fails_startup_with_clear_message(tmp_path: Path) -> None:
     """A bad config file stops start-up with the field named and a non-zero exit."""
     config = tmp_path / "cp.yaml"
     config.write_text("edge_wire:\n  max_frame_bytes: lots\n")
-    daemon = start_daemon(["iop-control-plane", "--config", str(config)], tmp_path, env=ENV, name="bad")
+    daemon = start_daemon(
+        ["iop-control-plane", "--config", str(config)], tmp_path, env=CONTROL_PLANE_LOOPBACK_ENV, name="bad"
+    )
     assert daemon.process.wait(30) != 0
     assert "edge_wire.max_frame_bytes: must be a whole number" in daemon.log()
 
@@ -112,7 +112,7 @@ def test_unbindable_port_fails_startup(tmp_path: Path) -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        env = dict(ENV, IOP_HTTP_LISTEN=f"tcp:{port}:interface=127.0.0.1")
+        env = dict(CONTROL_PLANE_LOOPBACK_ENV, IOP_HTTP_LISTEN=f"tcp:{port}:interface=127.0.0.1")
         daemon: Daemon = start_daemon(["iop-control-plane"], tmp_path, env=env, name="busy")
         assert daemon.process.wait(30) == 1
     log = daemon.log()

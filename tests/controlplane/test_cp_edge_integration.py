@@ -6,35 +6,12 @@ import json
 import struct
 
 import pytest_twisted
-from scripted_edge import connect_edge, snapshot
-from support import eventually, start_control_plane
-from twisted.internet import reactor
-from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
-from twisted.internet.protocol import Protocol
-from wire_frames import decode
 
+from twisted_iop.testing.frames import decode_frames
+from twisted_iop.testing.harness import eventually, start_control_plane
+from twisted_iop.testing.http import connect
+from twisted_iop.testing.peers import connect_edge, snapshot
 from twisted_iop.wire import control_pb2 as pb
-
-
-class RawClient(Protocol):
-    """Collects whatever the server sends and notices the close."""
-
-    def __init__(self) -> None:
-        self.received = b""
-        self.closed = False
-
-    def dataReceived(self, data: bytes) -> None:
-        self.received += data
-
-    def connectionLost(self, reason: object = None) -> None:
-        self.closed = True
-
-
-async def raw_connect(port: int) -> RawClient:
-    """Open a plain TCP connection to the edge wire."""
-    client = RawClient()
-    await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port), client)
-    return client
 
 
 @pytest_twisted.ensureDeferred
@@ -65,7 +42,7 @@ async def test_valid_edge_is_listed_connected() -> None:
         assert [(e["edge_id"], e["connected"]) for e in body["items"]] == [("edge-a", True)]
         assert body["items"][0]["labels"] == {"site": "test"}
         assert "node.drain" in body["items"][0]["commands"]
-        edge.transport.loseConnection()
+        edge.tcp.loseConnection()
     finally:
         await cp.stop()
 
@@ -88,7 +65,7 @@ async def test_newest_connection_wins_and_stale_close_changes_nothing() -> None:
         code, status = await cp.get_json("/edges/edge-a/status")
         assert code == 200 and status["connected"] is True
         assert second.status_requests == 1
-        second.transport.loseConnection()
+        second.tcp.loseConnection()
         await second.lost
         await eventually(lambda: not cp.registry.get("edge-a").connected, message="edge disconnected")
     finally:
@@ -114,7 +91,7 @@ async def test_status_view_fresh_unknown_and_stale() -> None:
         code, body = await cp.get_json("/edges/nope/status")
         assert code == 404 and body["error"]["code"] == "unknown_edge"
 
-        edge.transport.loseConnection()
+        edge.tcp.loseConnection()
         await eventually(lambda: not cp.registry.get("edge-a").connected, message="disconnect seen")
         code, body = await cp.get_json("/edges/edge-a/status")
         assert code == 409
@@ -136,7 +113,7 @@ async def test_silent_edge_status_times_out_with_504() -> None:
         edge, _ = await connect_edge(cp.edge_wire_port, "edge-a", status=lambda: None)
         code, body = await cp.get_json("/edges/edge-a/status")
         assert code == 504 and body["error"]["code"] == "edge_timeout"
-        edge.transport.loseConnection()
+        edge.tcp.loseConnection()
     finally:
         await cp.stop()
 
@@ -163,7 +140,7 @@ async def test_command_succeeds_and_idempotency_key_does_not_dispatch_twice() ->
         assert {e["node_id"] for e in operation_events} == {"node-1"}  # node.drain targets a node
         code, fleet_ops = await cp.get_json("/fleet/operations")
         assert fleet_ops["items"][0]["operation_id"] == op["operation_id"]
-        edge.transport.loseConnection()
+        edge.tcp.loseConnection()
     finally:
         await cp.stop()
 
@@ -201,7 +178,7 @@ async def test_unknown_command_is_refused() -> None:
         code, body = await cp.post_json("/edges/edge-a/commands", {"name": "rm.rf"})
         assert code == 400 and body["error"]["code"] == "unknown_command"
         assert edge.commands_seen == []
-        edge.transport.loseConnection()
+        edge.tcp.loseConnection()
     finally:
         await cp.stop()
 
@@ -212,18 +189,18 @@ async def test_hostile_connections_are_closed_and_others_keep_working() -> None:
     cp = await start_control_plane(config_text="edge_wire: {hello_timeout_seconds: 0.5}")
     try:
         good, _ = await connect_edge(cp.edge_wire_port, "edge-good")
-        huge = await raw_connect(cp.edge_wire_port)
-        huge.transport.write(struct.pack(">I", 2 * 1024**3) + b"x" * 100)
-        garbage = await raw_connect(cp.edge_wire_port)
-        garbage.transport.write(struct.pack(">I", 12) + b"\xff" * 12)
-        silent = await raw_connect(cp.edge_wire_port)
-        await eventually(lambda: huge.closed and garbage.closed and silent.closed, timeout=5, message="closes")
-        assert decode(huge.received)[0].error.code == pb.ERROR_CODE_FRAME_TOO_LARGE
-        assert decode(garbage.received)[0].error.code == pb.ERROR_CODE_MALFORMED_FRAME
-        assert decode(silent.received)[0].error.code == pb.ERROR_CODE_HELLO_TIMEOUT
+        huge = await connect(cp.edge_wire_port)
+        huge.tcp.write(struct.pack(">I", 2 * 1024**3) + b"x" * 100)
+        garbage = await connect(cp.edge_wire_port)
+        garbage.tcp.write(struct.pack(">I", 12) + b"\xff" * 12)
+        silent = await connect(cp.edge_wire_port)
+        await eventually(lambda: huge.is_closed and garbage.is_closed and silent.is_closed, timeout=5, message="closes")
+        assert decode_frames(huge.received)[0].error.code == pb.ERROR_CODE_FRAME_TOO_LARGE
+        assert decode_frames(garbage.received)[0].error.code == pb.ERROR_CODE_MALFORMED_FRAME
+        assert decode_frames(silent.received)[0].error.code == pb.ERROR_CODE_HELLO_TIMEOUT
         code, status = await cp.get_json("/edges/edge-good/status")
         assert code == 200 and status["connected"]
-        good.transport.loseConnection()
+        good.tcp.loseConnection()
     finally:
         await cp.stop()
 
@@ -246,8 +223,8 @@ async def test_fleet_status_marks_only_the_slow_edge() -> None:
         assert totals["general"] == {"capacity": 8, "in_flight": 2, "queued": 4}
         assert totals["long_context"] == {"capacity": 2, "in_flight": 0, "queued": 2}
         assert totals["providers_by_health"]["healthy"] == 2
-        fast.transport.loseConnection()
-        slow.transport.loseConnection()
+        fast.tcp.loseConnection()
+        slow.tcp.loseConnection()
     finally:
         await cp.stop()
 
@@ -267,7 +244,7 @@ async def test_concurrent_status_callers_share_one_request() -> None:
         results = await gatherResults(views)
         assert [code for code, _ in results] == [200, 200, 200]
         assert edge.status_requests == 1
-        edge.transport.loseConnection()
+        edge.tcp.loseConnection()
     finally:
         await cp.stop()
 
@@ -287,7 +264,7 @@ async def test_relayed_events_are_recorded_with_sequences() -> None:
         assert events["capacity"] == 1000 and events["dropped"] == 0
         code, fleet = await cp.get_json("/fleet/events")
         assert [e["fleet_sequence"] for e in fleet["items"]] == [1, 2, 3]
-        edge.transport.loseConnection()
+        edge.tcp.loseConnection()
     finally:
         await cp.stop()
 
@@ -300,7 +277,7 @@ async def test_no_view_leaks_credentials_addresses_or_transport_internals() -> N
     try:
         edge, response = await connect_edge(cp.edge_wire_port, "edge-a", credential=secret)
         assert response is not None and response.accepted
-        local_port = str(edge.transport.getHost().port)
+        local_port = str(edge.tcp.getHost().port)
         await cp.post_json("/edges/edge-a/commands", {"name": "node.drain", "target": "node-1", "idempotency_key": "k"})
         edge.event("node.ready", node_id="node-1")
         await eventually(lambda: cp.registry.get("edge-a").events.last_sequence >= 6, message="events")
@@ -319,7 +296,7 @@ async def test_no_view_leaks_credentials_addresses_or_transport_internals() -> N
             "/fleet/events",
             "/fleet/operations",
         ]
-        edge.transport.loseConnection()
+        edge.tcp.loseConnection()
         await eventually(lambda: not cp.registry.get("edge-a").connected, message="disconnect")
         # Once more while disconnected: the stale views are checked too.
         for path in views + ["/edges/edge-a/status"]:
@@ -351,6 +328,6 @@ async def test_absurd_edge_timestamps_do_not_break_views() -> None:
         code, status = await cp.get_json("/edges/edge-a/status")
         assert code == 200 and status["generated_at"] is None
         assert status["nodes"][0]["connected_since"] is None
-        edge.transport.loseConnection()
+        edge.tcp.loseConnection()
     finally:
         await cp.stop()

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
-from wire_frames import decode
 
 from twisted_iop.controlplane.edge_wire import EdgeCredentials, EdgeWireFactory, EdgeWireProtocol
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.ids import id_problem
+from twisted_iop.testing.frames import decode_frames
 from twisted_iop.wire import PROTOCOL_MAJOR
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.hello import MAX_COMMANDS, MAX_LABELS, MAX_TEXT, RejectionCode
@@ -26,6 +28,7 @@ def connect(
     registry = EdgeRegistry(clock)
     factory = EdgeWireFactory(registry, clock, PeerSettings(hello_timeout_seconds=5), credentials)
     protocol = factory.buildProtocol(None)  # type: ignore[arg-type]
+    assert isinstance(protocol, EdgeWireProtocol)
     transport = StringTransport()
     protocol.makeConnection(transport)
     return protocol, transport, registry, clock
@@ -48,7 +51,7 @@ def test_valid_hello_byte_by_byte_enrolls() -> None:
     data = hello_frame("edge-a", labels={"site": "x"}, commands=[pb.CommandSpec(name="node.drain")])
     for i in range(len(data)):
         protocol.dataReceived(data[i : i + 1])
-    answer = decode(transport.value())[0]
+    answer = decode_frames(transport.value())[0]
     assert answer.request_id == 1 and answer.edge_hello_response.accepted
     assert answer.edge_hello_response.keepalive_deadline_ms == 45000
     assert registry.get("edge-a").connected
@@ -69,7 +72,7 @@ def test_bad_hello_is_rejected_and_closed(edge_id: str, major: int, code: str) -
     """Malformed ids and unsupported versions get accepted=false, a reason, and a close."""
     protocol, transport, registry, _ = connect()
     protocol.dataReceived(hello_frame(edge_id, major))
-    answer = decode(transport.value())[0].edge_hello_response
+    answer = decode_frames(transport.value())[0].edge_hello_response
     assert not answer.accepted and answer.reason_code == code and answer.reason
     assert answer.permanent
     assert transport.disconnecting
@@ -85,11 +88,11 @@ def test_bad_hello_is_rejected_and_closed(edge_id: str, major: int, code: str) -
         {"commands": [pb.CommandSpec(name="")]},
     ],
 )
-def test_oversized_hello_is_rejected_as_invalid_hello(extra: dict[str, object]) -> None:
+def test_oversized_hello_is_rejected_as_invalid_hello(extra: dict[str, Any]) -> None:
     """Labels or a catalog over the bounds get the invalid_hello code, permanent, and a close."""
     protocol, transport, registry, _ = connect()
     protocol.dataReceived(hello_frame("edge-a", **extra))
-    answer = decode(transport.value())[0].edge_hello_response
+    answer = decode_frames(transport.value())[0].edge_hello_response
     assert not answer.accepted and answer.reason_code == RejectionCode.INVALID_HELLO.value == "invalid_hello"
     assert answer.permanent and transport.disconnecting
     assert list(registry.edges()) == []
@@ -107,7 +110,7 @@ def test_every_edge_rejection_code_is_a_shared_code() -> None:
     for data in cases:
         protocol, transport, _, _ = connect(EdgeCredentials(shared="s3cret"))
         protocol.dataReceived(data)
-        answer = decode(transport.value())[0].edge_hello_response
+        answer = decode_frames(transport.value())[0].edge_hello_response
         assert answer.permanent
         codes.add(RejectionCode(answer.reason_code))
     assert codes == {
@@ -123,23 +126,23 @@ def test_wrong_credential_is_rejected() -> None:
     credentials = EdgeCredentials(per_edge={"edge-a": "s3cret"})
     protocol, transport, registry, _ = connect(credentials)
     protocol.dataReceived(hello_frame("edge-a", credential="guess"))
-    answer = decode(transport.value())[0].edge_hello_response
+    answer = decode_frames(transport.value())[0].edge_hello_response
     assert not answer.accepted and answer.reason_code == "bad_credential"
     assert "guess" not in answer.reason and "s3cret" not in answer.reason
     protocol, transport, registry, _ = connect(credentials)
     protocol.dataReceived(hello_frame("edge-a", credential="s3cret"))
-    assert decode(transport.value())[0].edge_hello_response.accepted
+    assert decode_frames(transport.value())[0].edge_hello_response.accepted
     # An edge without its own secret has no credential to match.
     protocol, transport, registry, _ = connect(credentials)
     protocol.dataReceived(hello_frame("edge-b", credential=""))
-    assert not decode(transport.value())[0].edge_hello_response.accepted
+    assert not decode_frames(transport.value())[0].edge_hello_response.accepted
 
 
 def test_first_message_must_be_hello() -> None:
     """Any other first message gets HELLO_REQUIRED and a close."""
     protocol, transport, registry, _ = connect()
     protocol.dataReceived(frame(make_envelope("edge_event", pb.EdgeEvent(kind="x"))))
-    assert decode(transport.value())[0].error.code == pb.ERROR_CODE_HELLO_REQUIRED
+    assert decode_frames(transport.value())[0].error.code == pb.ERROR_CODE_HELLO_REQUIRED
     assert transport.disconnecting
 
 
@@ -147,7 +150,7 @@ def test_hello_timeout() -> None:
     """A connection that never says hello is closed at the hello deadline."""
     protocol, transport, _, clock = connect()
     clock.advance(5.1)
-    assert decode(transport.value())[0].error.code == pb.ERROR_CODE_HELLO_TIMEOUT
+    assert decode_frames(transport.value())[0].error.code == pb.ERROR_CODE_HELLO_TIMEOUT
     assert transport.disconnecting
 
 
@@ -157,7 +160,7 @@ def test_unexpected_request_after_hello_gets_error_and_stays_open() -> None:
     protocol.dataReceived(hello_frame("edge-a"))
     transport.clear()
     protocol.dataReceived(frame(make_envelope("edge_status_request", pb.EdgeStatusRequest(), 5)))
-    answer = decode(transport.value())[0]
+    answer = decode_frames(transport.value())[0]
     assert answer.request_id == 5 and answer.error.code == pb.ERROR_CODE_UNEXPECTED_MESSAGE
     assert not transport.disconnecting
 
@@ -182,7 +185,7 @@ def test_arbitrary_bytes_never_escape_as_exceptions(chunks: list[bytes], with_he
     for chunk in chunks:
         protocol.dataReceived(chunk)
     if transport.disconnecting and transport.value():
-        frames = decode(transport.value())
+        frames = decode_frames(transport.value())
         assert frames and frames[-1].WhichOneof("body") == "error"
     if with_hello and not transport.disconnecting:
         assert registry.get("edge-a").connected
@@ -193,7 +196,7 @@ def test_any_hello_gets_an_answer(edge_id: str, major: int, credential: str) -> 
     """Every well-framed hello is answered: accepted with a valid id and version, rejected with a reason otherwise."""
     protocol, transport, registry, _ = connect()
     protocol.dataReceived(hello_frame(edge_id, major, credential))
-    answer = decode(transport.value())[0].edge_hello_response
+    answer = decode_frames(transport.value())[0].edge_hello_response
     valid = major == PROTOCOL_MAJOR and id_problem("edge_id", edge_id) is None
     assert answer.accepted == valid
     assert answer.accepted or (answer.reason and answer.reason_code and transport.disconnecting)

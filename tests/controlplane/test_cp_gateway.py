@@ -9,7 +9,6 @@ from typing import Any, Optional
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
@@ -23,6 +22,7 @@ from twisted_iop.controlplane.gateway import (
 )
 from twisted_iop.controlplane.records import OperationRecord
 from twisted_iop.controlplane.registry import EdgeHello, EdgeNotConnected, EdgeRegistry, StatusSnapshot
+from twisted_iop.testing.peers import HeldEdgePeer
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import PeerDisconnected
 
@@ -30,56 +30,13 @@ CATALOG = (pb.CommandSpec(name="node.drain", target_kind="node"), pb.CommandSpec
 HELLO = EdgeHello(labels={}, software_version="t", protocol_version="1.0", commands=CATALOG)
 
 
-class HeldPeer:
-    """A peer whose status answers the test releases by hand."""
-
-    def __init__(self) -> None:
-        self.last_received = 0.0
-        self.requests: list[Deferred[pb.EdgeStatusResponse]] = []
-        self.deadlines: list[bool] = []
-        self.cancelled = 0
-        self.commands: list[tuple[pb.EdgeCommandRequest, Deferred[pb.EdgeCommandResponse]]] = []
-        self.commands_cancelled = 0
-        self.disconnects: list[int] = []
-
-    def request_status(self, timeout: float, own_deadline: bool = True) -> Deferred[pb.EdgeStatusResponse]:
-        def cancel(d: Deferred[Any]) -> None:
-            self.cancelled += 1
-
-        d: Deferred[pb.EdgeStatusResponse] = Deferred(cancel)
-        self.requests.append(d)
-        self.deadlines.append(own_deadline)
-        return d
-
-    def request_command(self, request: pb.EdgeCommandRequest) -> Deferred[pb.EdgeCommandResponse]:
-        def cancel(d: Deferred[Any]) -> None:
-            self.commands_cancelled += 1
-
-        d: Deferred[pb.EdgeCommandResponse] = Deferred(cancel)
-        self.commands.append((request, d))
-        return d
-
-    def answer(self, index: int = -1, outcome: int = pb.COMMAND_OUTCOME_SUCCEEDED, command_id: str = "") -> None:
-        """Answer command ``index`` (its own command_id unless one is given)."""
-        request, d = self.commands[index]
-        d.callback(
-            pb.EdgeCommandResponse(
-                command_id=command_id or request.command_id, outcome=outcome, reason="edge says", result={"k": "v"}
-            )
-        )
-
-    def disconnect(self, code: Any, message: str) -> None:
-        """Like a socket that does not close: the requests stay pending."""
-        self.disconnects.append(code)
-
-
-def fleet(n: int) -> tuple[EdgeGateway, Clock, list[HeldPeer]]:
+def fleet(n: int) -> tuple[EdgeGateway, Clock, list[HeldEdgePeer]]:
     """A gateway over ``n`` connected edges with held peers."""
     clock = Clock()
     registry = EdgeRegistry(clock)
     peers = []
     for i in range(n):
-        peer = HeldPeer()
+        peer = HeldEdgePeer()
         registry.connect(f"e{i:05d}", peer, HELLO)
         peers.append(peer)
     return EdgeGateway(registry, clock, status_timeout_seconds=5, fleet_max_age_seconds=0), clock, peers
@@ -130,7 +87,7 @@ def test_single_status_joins_a_fleet_round() -> None:
     assert rows[0].rows[0].state == "ok" and single[0].response.edge_id == "e00000"
 
 
-def answer_all(peers: list[HeldPeer]) -> None:
+def answer_all(peers: list[HeldEdgePeer]) -> None:
     """Answer every pending status request of ``peers``."""
     for i, peer in enumerate(peers):
         for d in peer.requests:
@@ -176,7 +133,7 @@ def test_status_in_flight_moves_to_the_new_connection_at_takeover() -> None:
     waiting: list[Any] = []
     gateway.status("e00000").addBoth(waiting.append)
     old = peers[0]
-    new = HeldPeer()
+    new = HeldEdgePeer()
     registry.connect("e00000", new, HELLO)
     assert old.disconnects == [pb.ERROR_CODE_SUPERSEDED]
     assert old.cancelled == 1  # the old request is abandoned, not awaited
@@ -190,7 +147,7 @@ def test_a_new_status_view_after_takeover_asks_the_new_connection() -> None:
     gateway, clock, peers = fleet(1)
     first: list[Any] = []
     gateway.status("e00000").addBoth(first.append)
-    new = HeldPeer()
+    new = HeldEdgePeer()
     gateway._registry.connect("e00000", new, HELLO)
     second: list[Any] = []
     gateway.status("e00000").addBoth(second.append)
@@ -205,7 +162,7 @@ def test_a_fleet_round_survives_a_takeover() -> None:
     gateway, clock, peers = fleet(2)
     rounds: list[FleetRound] = []
     gateway.fleet_status().addCallback(rounds.append)
-    new = HeldPeer()
+    new = HeldEdgePeer()
     gateway._registry.connect("e00001", new, HELLO)
     peers[0].requests[0].callback(pb.EdgeStatusResponse(edge_id="e00000"))
     assert rounds == []
@@ -268,7 +225,7 @@ def test_command_in_flight_ends_superseded_at_takeover() -> None:
     """A newer connection ends the old connection's commands at once, state superseded."""
     gateway, clock, peers = fleet(1)
     operation, ended, _ = dispatch(gateway)
-    gateway._registry.connect("e00000", HeldPeer(), HELLO)
+    gateway._registry.connect("e00000", HeldEdgePeer(), HELLO)
     assert ended == [operation] and operation.state == records.SUPERSEDED
     assert "newer connection" in operation.reason
     assert peers[0].commands_cancelled == 1
@@ -363,7 +320,7 @@ def test_command_events_advance_only_on_the_connection_the_command_went_out_on()
         "e00000", token, pb.EdgeEvent(kind="command.succeeded", command_id=operation.operation_id)
     )
     assert operation.state == records.ACCEPTED  # a terminal state only comes from the answer
-    second = registry.connect("e00000", HeldPeer(), HELLO)
+    second = registry.connect("e00000", HeldEdgePeer(), HELLO)
     assert operation.state == records.SUPERSEDED
     other, _, _ = dispatch(gateway)
     registry.record_edge_event("e00000", token, pb.EdgeEvent(kind="command.started", command_id=other.operation_id))
@@ -399,7 +356,7 @@ class GatewayMachine(RuleBasedStateMachine):
         self.clock = Clock()
         self.registry = EdgeRegistry(self.clock)
         self.gateway = EdgeGateway(self.registry, self.clock, status_timeout_seconds=5, fleet_max_age_seconds=0)
-        self.peers: dict[int, HeldPeer] = {}
+        self.peers: dict[int, HeldEdgePeer] = {}
         self.ops: list[tuple[OperationRecord, int, list[OperationRecord]]] = []
         self.answered_on: dict[str, int] = {}
         self.views: list[list[Any]] = []
@@ -409,7 +366,7 @@ class GatewayMachine(RuleBasedStateMachine):
         self.connect()
 
     def connect(self) -> int:
-        peer = HeldPeer()
+        peer = HeldEdgePeer()
         token = self.registry.connect("e", peer, HELLO)
         self.peers[token] = peer
         return token

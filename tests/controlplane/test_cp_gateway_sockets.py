@@ -8,47 +8,19 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from scripted_edge import ScriptedEdge, connect_edge
-from support import ControlPlaneHarness, eventually, start_control_plane
 from twisted.internet.defer import ensureDeferred
 
 import twisted_iop.wire.peer
 from twisted_iop.controlplane.edge_wire import EdgeWireProtocol
+from twisted_iop.testing.harness import ControlPlaneHarness, eventually, start_control_plane
+from twisted_iop.testing.peers import ScriptedEdge, connect_edge
 from twisted_iop.wire import control_pb2 as pb
 
 
-class HoldingEdge(ScriptedEdge):
-    """A scripted edge that keeps command requests until told to answer them."""
-
-    def __init__(self, edge_id: str) -> None:
-        super().__init__(edge_id)
-        self.command_behaviour = "silent"
-        self.held_commands: list[tuple[int, pb.EdgeCommandRequest]] = []
-
-    def envelope_received(self, envelope: pb.Envelope, body: str) -> None:
-        if body == "edge_command_request":
-            self.held_commands.append((envelope.request_id, envelope.edge_command_request))
-        super().envelope_received(envelope, body)
-
-    def answer_held(self, command_id: str = "", outcome: int = pb.COMMAND_OUTCOME_SUCCEEDED) -> None:
-        """Answer every held command (with ``command_id`` instead of its own, if given)."""
-        held, self.held_commands = self.held_commands, []
-        for request_id, command in held:
-            response = pb.EdgeCommandResponse(
-                command_id=command_id or command.command_id, outcome=outcome, reason="late", result={"n": "1"}
-            )
-            self.send("edge_command_response", response, request_id)
-
-
-async def connect_holding(cp: ControlPlaneHarness, edge_id: str) -> HoldingEdge:
-    """Connect a HoldingEdge and enroll it."""
-    from twisted.internet import reactor
-    from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
-
-    edge = HoldingEdge(edge_id)
-    await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", cp.edge_wire_port), edge)
-    response = await edge.hello()
-    assert response.accepted
+async def connect_holding(cp: ControlPlaneHarness, edge_id: str) -> ScriptedEdge:
+    """Connect and enroll a scripted edge that keeps command requests until told to answer them."""
+    edge, response = await connect_edge(cp.edge_wire_port, edge_id, command_behaviour="hold")
+    assert response is not None and response.accepted
     return edge
 
 
@@ -74,10 +46,16 @@ async def test_takeover_with_a_stuck_old_socket_asks_the_new_connection(monkeypa
         (cp_side,) = server_side(cp, "edge-a")
         # Small socket buffers both ways, and A stops reading: what the
         # Control Plane writes to A now stays in its own write buffer.
-        old.transport.getHandle().setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        cp_side.transport.getHandle().setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-        old.transport.pauseProducing()
-        big = {"name": "node.drain", "target": "node-1", "timeout_seconds": 60, "arguments": {"pad": "x" * 60000}}
+        old.tcp.getHandle().setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        cp_side_transport: Any = cp_side.transport
+        cp_side_transport.getHandle().setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        old.tcp.pauseProducing()
+        big = {
+            "name": "node.drain",
+            "target": "node-1",
+            "timeout_seconds": 60,
+            "arguments": {f"pad{i:02d}": "x" * 1024 for i in range(32)},
+        }
         commands = [ensureDeferred(cp.post_json("/edges/edge-a/commands", big)) for _ in range(8)]
         early = ensureDeferred(cp.get_json("/edges/edge-a/status"))
         await eventually(lambda: cp.service.gateway.status_waiters("edge-a") == 1, message="status view waiting")
@@ -98,10 +76,10 @@ async def test_takeover_with_a_stuck_old_socket_asks_the_new_connection(monkeypa
             assert body["operation"]["state"] == "superseded" and body["replayed"] is False
             assert "newer connection" in body["operation"]["reason"]
         assert cp_side in server_side(cp, "edge-a")  # all of it while A's socket stayed open
-        old.transport.abortConnection()
+        old.tcp.abortConnection()
         await eventually(lambda: cp_side not in server_side(cp, "edge-a"), message="A's socket closed")
         assert cp.registry.get("edge-a").connected  # the stale close changed nothing
-        new.transport.loseConnection()
+        new.tcp.loseConnection()
     finally:
         await cp.stop()
 
@@ -118,7 +96,7 @@ async def test_a_late_answer_after_timed_out_is_shown_as_late_outcome() -> None:
         assert code == 504 and body["operation"]["state"] == "timed_out"
         assert body["operation"]["late_outcome"] is None and body["replayed"] is False
         operation_id = body["operation"]["operation_id"]
-        edge.answer_held(outcome=pb.COMMAND_OUTCOME_FAILED)
+        edge.answer_held(outcome=pb.COMMAND_OUTCOME_FAILED, reason="late", n="1")
         path = f"/edges/edge-a/operations/{operation_id}"
 
         async def late_outcome() -> Any:
@@ -137,7 +115,7 @@ async def test_a_late_answer_after_timed_out_is_shown_as_late_outcome() -> None:
         late_events = [e for e in events["items"] if e["kind"] == "operation.late_outcome"]
         assert len(late_events) == 1 and late_events[0]["command_id"] == operation_id
         assert late_events[0]["node_id"] == "node-1"
-        edge.transport.loseConnection()
+        edge.tcp.loseConnection()
     finally:
         await cp.stop()
 
@@ -158,7 +136,7 @@ async def test_idempotency_conflict_and_replayed_flag() -> None:
             assert code == 409 and body["error"]["code"] == "idempotency_conflict", body
             assert body["operation"]["operation_id"] == first["operation_id"]
         assert len(edge.commands_seen) == 1
-        edge.transport.loseConnection()
+        edge.tcp.loseConnection()
     finally:
         await cp.stop()
 
@@ -192,8 +170,8 @@ async def test_spoofed_operation_events_and_forged_command_ids_never_end_an_oper
             assert not [e for e in events["items"] if e["message"] == "forged"]
         code, op = await cp.get_json(f"/edges/edge-a/operations/{operation_id}")
         assert op["state"] == "timed_out" and op["late_outcome"] is None  # the forged answer is no outcome
-        target.transport.loseConnection()
-        other.transport.loseConnection()
+        target.tcp.loseConnection()
+        other.tcp.loseConnection()
     finally:
         await cp.stop()
 
@@ -218,6 +196,6 @@ async def test_keepalive_traffic_advances_last_seen() -> None:
         assert edge.last_ping_sent == pongs_before  # the edge sent only pongs, no traffic of its own
         code, summary = await cp.get_json("/edges")
         assert summary["items"][0]["last_seen"] > first["last_seen"]
-        edge.transport.loseConnection()
+        edge.tcp.loseConnection()
     finally:
         await cp.stop()

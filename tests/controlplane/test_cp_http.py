@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import attrs
 import pytest_twisted
-from scripted_edge import CATALOG, snapshot
 from treq.testing import StubTreq
-from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 
 from twisted_iop.controlplane.auth import ApiToken, ApiTokens, token_digest
 from twisted_iop.controlplane.gateway import EdgeGateway
 from twisted_iop.controlplane.http_routes import ControlPlaneHttp, HttpSettings, ListenerReadiness
 from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry
-from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.testing.peers import CATALOG, AnsweringEdgePeer
 
 
 def tokens(*entries: tuple[str, str, str]) -> ApiTokens:
@@ -25,27 +23,6 @@ def tokens(*entries: tuple[str, str, str]) -> ApiTokens:
 
 
 HELLO = EdgeHello(labels={"site": "lab"}, software_version="t", protocol_version="1.0", commands=tuple(CATALOG))
-
-
-class AnsweringPeer:
-    """A peer that answers status and commands at once."""
-
-    def __init__(self, edge_id: str) -> None:
-        self.edge_id = edge_id
-        self.last_received = 0.0
-        self.commands: list[pb.EdgeCommandRequest] = []
-        self.status_requests = 0
-
-    def request_status(self, timeout: float, own_deadline: bool = True) -> Deferred[pb.EdgeStatusResponse]:
-        self.status_requests += 1
-        return succeed(snapshot(self.edge_id))
-
-    def request_command(self, request: pb.EdgeCommandRequest) -> Deferred[pb.EdgeCommandResponse]:
-        self.commands.append(request)
-        return succeed(pb.EdgeCommandResponse(command_id=request.command_id, outcome=pb.COMMAND_OUTCOME_SUCCEEDED))
-
-    def disconnect(self, code: int, message: str) -> None:
-        pass
 
 
 @attrs.define
@@ -69,7 +46,7 @@ def make_api(
         clock.advance(1_700_000_000)
     registry = EdgeRegistry(clock)
     for i in range(edges):
-        registry.connect(f"edge-{i:02d}", AnsweringPeer(f"edge-{i:02d}"), HELLO)
+        registry.connect(f"edge-{i:02d}", AnsweringEdgePeer(f"edge-{i:02d}"), HELLO)
     listeners = [FakeListener("http"), FakeListener("client_wire")]
     api = ControlPlaneHttp(
         registry, EdgeGateway(registry, clock), clock, ListenerReadiness(listeners), HttpSettings(**settings)
@@ -77,14 +54,14 @@ def make_api(
     return StubTreq(api.app.resource()), registry, {listener.label: listener for listener in listeners}
 
 
-async def get(treq: StubTreq, path: str, **kwargs: Any) -> tuple[int, Any]:
+async def get(treq: Any, path: str, **kwargs: Any) -> tuple[int, Any]:
     """GET and decode JSON."""
     response = await treq.get("http://cp" + path, **kwargs)
     assert response.headers.getRawHeaders(b"content-type") == [b"application/json"]
     return response.code, json.loads(await response.content())
 
 
-async def post(treq: StubTreq, path: str, body: bytes, **kwargs: Any) -> tuple[int, Any]:
+async def post(treq: Any, path: str, body: bytes, **kwargs: Any) -> tuple[int, Any]:
     """POST raw bytes and decode JSON."""
     response = await treq.post("http://cp" + path, data=body, **kwargs)
     return response.code, json.loads(await response.content())
@@ -135,7 +112,7 @@ async def test_bad_query_parameters_are_400() -> None:
 async def test_command_body_validation() -> None:
     """Bad command bodies get 400 with a clear code; nothing is dispatched."""
     treq, registry, _ = make_api(edges=1)
-    peer = registry.get("edge-00").peer
+    peer = cast(AnsweringEdgePeer, registry.get("edge-00").peer)
     cases = [
         (b"", "invalid_json"),
         (b"{not json", "invalid_json"),
@@ -174,7 +151,7 @@ async def test_idempotency_key_header_returns_same_operation() -> None:
     )
     assert code == code2 == 200
     assert first["operation_id"] == second["operation_id"] and first["idempotency_key"] == "k-1"
-    assert len(registry.get("edge-00").peer.commands) == 1
+    assert len(cast(AnsweringEdgePeer, registry.get("edge-00").peer).commands) == 1
     code, one = await get(treq, f"/edges/edge-00/operations/{first['operation_id']}")
     assert code == 200 and one["state"] == "succeeded"
     code, missing = await get(treq, "/edges/edge-00/operations/nope")
@@ -186,6 +163,7 @@ async def test_not_connected_command_is_409() -> None:
     """A command to a known but disconnected edge is 409 and dispatches nothing."""
     treq, registry, _ = make_api(edges=1)
     record = registry.get("edge-00")
+    assert record.token is not None
     registry.disconnect("edge-00", record.token, "gone")
     code, body = await post(treq, "/edges/edge-00/commands", b'{"name": "node.drain"}')
     assert code == 409 and body["error"]["code"] == "edge_not_connected"
@@ -250,7 +228,7 @@ async def test_fleet_pages_within_the_max_age_share_one_round() -> None:
     clock = Clock()
     clock.advance(1_700_000_000)
     treq, registry, _ = make_api(edges=3, clock=clock)
-    peers = [record.peer for record in registry.edges()]
+    peers = [cast(AnsweringEdgePeer, record.peer) for record in registry.edges()]
     code, first = await get(treq, "/fleet/status?limit=2")
     assert first["round_at"] == "2023-11-14T22:13:20.000Z"
     clock.advance(0.5)
@@ -295,6 +273,7 @@ async def test_console_config_names_the_wire() -> None:
 @pytest_twisted.ensureDeferred
 async def test_deeply_nested_json_and_nul_paths_are_client_errors() -> None:
     """30,000 nested brackets answer 400 invalid_json; a NUL in a console path answers 404, never 500."""
+    treq: Any
     treq, _, _ = make_api(edges=1)
     code, body = await post(treq, "/edges/edge-00/commands", b"[" * 30000)
     assert code == 400 and body["error"]["code"] == "invalid_json"

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import pytest_twisted
 import treq
-from raw_http import connect, request_head
-from scripted_edge import connect_edge
-from support import start_daemon, wait_for_ports
+
+from twisted_iop.testing.harness import start_daemon, wait_for_ports
+from twisted_iop.testing.http import connect, request_head
+from twisted_iop.testing.peers import connect_edge
 
 pytestmark = pytest.mark.e2e
 
@@ -45,14 +46,14 @@ async def test_daemon_refuses_hostile_http_and_honours_roles(tmp_path: Path) -> 
         path = "/edges/edge-h/commands"
 
         huge = await connect(http)
-        huge.transport.write(
+        huge.tcp.write(
             request_head("POST", http, "Content-Type: application/json\r\nContent-Length: 1073741824\r\n", path=path)
         )
         await huge.closed
         assert huge.status == 401
 
         form = await connect(http)
-        form.transport.write(
+        form.tcp.write(
             request_head(
                 "POST",
                 http,
@@ -67,13 +68,16 @@ async def test_daemon_refuses_hostile_http_and_honours_roles(tmp_path: Path) -> 
         assert edge.commands_seen == []
 
         rebound = await connect(http)
-        rebound.transport.write(request_head("GET", http, "", host="rebind.attacker.example", path="/edges"))
+        rebound.tcp.write(request_head("GET", http, "", host="rebind.attacker.example", path="/edges"))
         await rebound.closed
         assert rebound.status == 421
 
         base = f"http://127.0.0.1:{http}"
-        viewer = {"Authorization": f"Bearer {VIEWER_SECRET}"}
-        operator = {"Authorization": f"Bearer {OPERATOR_SECRET}", "Content-Type": "application/json"}
+        viewer: dict[bytes | str, bytes | str] = {"Authorization": f"Bearer {VIEWER_SECRET}"}
+        operator: dict[bytes | str, bytes | str] = {
+            "Authorization": f"Bearer {OPERATOR_SECRET}",
+            "Content-Type": "application/json",
+        }
         response = await treq.get(base + "/edges/edge-h", headers=viewer)
         assert response.code == 200
         await response.content()
@@ -87,6 +91,6 @@ async def test_daemon_refuses_hostile_http_and_honours_roles(tmp_path: Path) -> 
         assert [c.name for c in edge.commands_seen] == ["node.drain"]
         log = daemon.log()
         assert VIEWER_SECRET not in log and OPERATOR_SECRET not in log
-        edge.transport.loseConnection()
+        edge.tcp.loseConnection()
     finally:
         daemon.stop()

@@ -18,11 +18,11 @@ import treq
 from jsonschema import Draft202012Validator
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
-from scripted_edge import connect_edge
-from support import ControlPlaneHarness, eventually, start_control_plane
 
 from twisted_iop.controlplane.http_errors import DOMAIN_ERRORS
 from twisted_iop.controlplane.http_routes import ControlPlaneHttp
+from twisted_iop.testing.harness import ControlPlaneHarness, eventually, start_control_plane
+from twisted_iop.testing.peers import connect_edge
 
 SPEC_URI = "urn:iop:openapi"
 
@@ -83,7 +83,7 @@ class Client:
         self, method: str, path: str, body: Any = None, expect: Optional[int] = None, template: str = ""
     ) -> Any:
         """One request; validates the answer and returns the decoded JSON."""
-        headers = {b"Content-Type": [b"application/json"]}
+        headers: dict[bytes | str, list[bytes | str]] = {b"Content-Type": [b"application/json"]}
         if self.token is not None:
             headers[b"Authorization"] = [b"Bearer " + self.token.encode()]
         data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
@@ -261,7 +261,7 @@ async def test_frozen_and_disconnected_edges_match_the_document() -> None:
         gone, _ = await connect_edge(cp.edge_wire_port, "edge-c")
         await client.call("GET", "/edges/edge-c/status", expect=200)
         assert gone.transport is not None
-        gone.transport.loseConnection()
+        gone.tcp.loseConnection()
         await gone.lost
         await eventually(lambda: not cp.registry.get("edge-c").connected, timeout=5, message="edge-c gone")
         frozen.status = lambda: None
@@ -295,7 +295,7 @@ async def test_edge_that_never_sent_a_snapshot_is_409_with_null_snapshot() -> No
         client = Client(cp, await contract_of(cp))
         edge, _ = await connect_edge(cp.edge_wire_port, "edge-a")
         assert edge.transport is not None
-        edge.transport.loseConnection()
+        edge.tcp.loseConnection()
         await edge.lost
         await eventually(lambda: not cp.registry.get("edge-a").connected, timeout=5, message="edge gone")
         answer = await client.call("GET", "/edges/edge-a/status", expect=409)

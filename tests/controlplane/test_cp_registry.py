@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from twisted.internet.task import Clock
@@ -12,31 +10,21 @@ from twisted.logger import LogLevel, capturedLogs
 from twisted_iop.controlplane import records
 from twisted_iop.controlplane.records import EventBuffer, OperationBuffer, OperationRecord
 from twisted_iop.controlplane.registry import (
+    GENERAL_AT,
+    HEALTH_AT,
+    HEALTHS,
+    LONG_AT,
     PROTOCOL_VIOLATION_INTERVAL_SECONDS,
+    STATUS_AT,
+    STATUSES,
     EdgeHello,
     EdgeRegistry,
     RegistryLimits,
 )
+from twisted_iop.testing.peers import HeldEdgePeer
 from twisted_iop.wire import control_pb2 as pb
 
 HELLO = EdgeHello(labels={}, software_version="t", protocol_version="1.0", commands=(pb.CommandSpec(name="x"),))
-
-
-class FakePeer:
-    """A peer that records being told to disconnect."""
-
-    def __init__(self) -> None:
-        self.last_received = 0.0
-        self.disconnects: list[int] = []
-
-    def request_status(self, timeout: float, own_deadline: bool = True) -> Any:
-        raise NotImplementedError
-
-    def request_command(self, request: Any) -> Any:
-        raise NotImplementedError
-
-    def disconnect(self, code: int, message: str) -> None:
-        self.disconnects.append(code)
 
 
 def make_registry(**limits: int) -> tuple[EdgeRegistry, Clock]:
@@ -54,7 +42,7 @@ def kinds(registry: EdgeRegistry, edge_id: str) -> list[str]:
 def test_connect_disconnect_keeps_the_edge_known() -> None:
     """A disconnected edge stays known with connected=false and its times."""
     registry, clock = make_registry()
-    token = registry.connect("edge-a", FakePeer(), HELLO)
+    token = registry.connect("edge-a", HeldEdgePeer(), HELLO)
     clock.advance(5)
     assert registry.disconnect("edge-a", token, "bye")
     record = registry.get("edge-a")
@@ -67,9 +55,9 @@ def test_connect_disconnect_keeps_the_edge_known() -> None:
 def test_newest_wins_and_old_token_is_stale() -> None:
     """A second connect supersedes the first; the first token changes nothing after."""
     registry, _ = make_registry()
-    old_peer = FakePeer()
+    old_peer = HeldEdgePeer()
     old = registry.connect("edge-a", old_peer, HELLO)
-    new = registry.connect("edge-a", FakePeer(), HELLO)
+    new = registry.connect("edge-a", HeldEdgePeer(), HELLO)
     assert old_peer.disconnects == [pb.ERROR_CODE_SUPERSEDED]
     assert not registry.disconnect("edge-a", old, "late close")
     assert registry.get("edge-a").connected and registry.get("edge-a").token == new
@@ -83,16 +71,16 @@ def test_disconnected_edges_are_bounded() -> None:
     """Only the configured number of disconnected edges is remembered."""
     registry, _ = make_registry(disconnected_edges=2)
     for i in range(4):
-        token = registry.connect(f"e{i}", FakePeer(), HELLO)
+        token = registry.connect(f"e{i}", HeldEdgePeer(), HELLO)
         registry.disconnect(f"e{i}", token, "gone")
     assert registry.edge_ids() == ["e2", "e3"]
 
 
 def test_event_buffer_bounds_and_counts_drops() -> None:
     """A full event buffer drops the oldest, counts them and keeps sequences."""
-    buffer = EventBuffer(3)
+    buffer = EventBuffer(3, 1 << 20)
     registry, _ = make_registry(events_per_edge=3)
-    token = registry.connect("edge-a", FakePeer(), HELLO)
+    token = registry.connect("edge-a", HeldEdgePeer(), HELLO)
     for i in range(5):
         registry.record_edge_event("edge-a", token, pb.EdgeEvent(kind=f"k{i}"))
     events = registry.get("edge-a").events
@@ -105,10 +93,10 @@ def test_event_buffer_bounds_and_counts_drops() -> None:
 def test_gaps_in_the_edge_sequence_are_recorded() -> None:
     """A skip in the edge's own numbering, even across reconnects, becomes edge.events_lost."""
     registry, _ = make_registry()
-    token = registry.connect("edge-a", FakePeer(), HELLO)
+    token = registry.connect("edge-a", HeldEdgePeer(), HELLO)
     for sequence in (1, 2):
         registry.record_edge_event("edge-a", token, pb.EdgeEvent(kind="node.ready", edge_sequence=sequence))
-    token = registry.connect("edge-a", FakePeer(), HELLO)  # the edge reconnects
+    token = registry.connect("edge-a", HeldEdgePeer(), HELLO)  # the edge reconnects
     registry.record_edge_event("edge-a", token, pb.EdgeEvent(kind="node.ready", edge_sequence=5))
     registry.record_edge_event("edge-a", token, pb.EdgeEvent(kind="node.ready", edge_sequence=1))  # edge restarted
     registry.record_edge_event("edge-a", token, pb.EdgeEvent(kind="node.ready", edge_sequence=2))
@@ -119,7 +107,7 @@ def test_gaps_in_the_edge_sequence_are_recorded() -> None:
 def test_operation_lifecycle_is_forward_only_and_terminal_is_final() -> None:
     """An operation only moves forward; after a terminal state nothing moves it."""
     registry, clock = make_registry()
-    registry.connect("edge-a", FakePeer(), HELLO)
+    registry.connect("edge-a", HeldEdgePeer(), HELLO)
     op = OperationRecord("op1", "edge-a", "x", "", {}, "", created_at=clock.seconds(), deadline_at=clock.seconds() + 10)
     registry.start_operation(op)
     assert registry.advance_operation("edge-a", "op1", records.RUNNING)
@@ -138,7 +126,7 @@ def test_operation_lifecycle_is_forward_only_and_terminal_is_final() -> None:
 def test_relayed_command_events_never_change_an_operation_by_themselves() -> None:
     """The registry records command.* events but leaves operation states alone."""
     registry, clock = make_registry()
-    token = registry.connect("edge-a", FakePeer(), HELLO)
+    token = registry.connect("edge-a", HeldEdgePeer(), HELLO)
     op = OperationRecord("op1", "edge-a", "x", "", {}, "", created_at=clock.seconds(), deadline_at=clock.seconds() + 10)
     registry.start_operation(op)
     registry.record_edge_event("edge-a", token, pb.EdgeEvent(kind="command.succeeded", command_id="op1"))
@@ -149,7 +137,7 @@ def test_relayed_command_events_never_change_an_operation_by_themselves() -> Non
 def test_reserved_event_kinds_from_an_edge_are_dropped_and_reported_rate_limited() -> None:
     """operation.* and edge.* from an edge are dropped; one protocol_violation event per interval."""
     registry, clock = make_registry()
-    token = registry.connect("edge-a", FakePeer(), HELLO)
+    token = registry.connect("edge-a", HeldEdgePeer(), HELLO)
     op = OperationRecord("op1", "edge-a", "x", "", {}, "", created_at=clock.seconds(), deadline_at=clock.seconds() + 10)
     registry.start_operation(op)
     before = kinds(registry, "edge-a")
@@ -174,7 +162,7 @@ def test_reserved_event_kinds_from_an_edge_are_dropped_and_reported_rate_limited
 def test_late_outcome_is_kept_once_and_only_after_the_end() -> None:
     """A late answer is kept beside a finished operation, once, with an event."""
     registry, clock = make_registry()
-    registry.connect("edge-a", FakePeer(), HELLO)
+    registry.connect("edge-a", HeldEdgePeer(), HELLO)
     op = OperationRecord("op1", "edge-a", "x", "", {}, "", created_at=clock.seconds(), deadline_at=clock.seconds() + 10)
     registry.start_operation(op)
     assert not registry.record_late_outcome("edge-a", "op1", records.SUCCEEDED, "", {})  # still in flight
@@ -189,14 +177,14 @@ def test_late_outcome_is_kept_once_and_only_after_the_end() -> None:
 
 def test_operation_buffer_evicts_only_finished() -> None:
     """A full operation buffer evicts the oldest finished operation and its key."""
-    buffer = OperationBuffer(2)
+    buffer = OperationBuffer(2, 1 << 20)
     ops = [OperationRecord(f"op{i}", "e", "x", "", {}, f"key{i}", created_at=i, deadline_at=i + 1) for i in range(3)]
     buffer.add(ops[0])
     buffer.add(ops[1])
     buffer.add(ops[2])
     assert len(buffer) == 3  # nothing finished yet: nothing evicted
     ops[1].advance(records.SUCCEEDED, 5)
-    buffer.operation_finished()
+    buffer.operation_changed(ops[1])
     assert [o.operation_id for o in buffer] == ["op0", "op2"]
     assert buffer.by_key("key1") is None and buffer.dropped == 1
     assert buffer.by_key("key2") is ops[2]
@@ -221,7 +209,7 @@ class RegistryMachine(RuleBasedStateMachine):
 
     @rule(edge=edges)
     def connect(self, edge: str) -> None:
-        token = self.registry.connect(edge, FakePeer(), HELLO)
+        token = self.registry.connect(edge, HeldEdgePeer(), HELLO)
         self.tokens.append((edge, token))
         self.current[edge] = token
 
@@ -278,3 +266,31 @@ class RegistryMachine(RuleBasedStateMachine):
 
 
 TestRegistryMachine = RegistryMachine.TestCase
+
+
+def test_snapshot_counts_are_computed_when_the_status_arrives() -> None:
+    """The kept snapshot carries its counts: nodes, providers by status and health, and the counters."""
+    registry, _ = make_registry()
+    token = registry.connect("edge-a", HeldEdgePeer(), HELLO)
+    response = pb.EdgeStatusResponse(edge_id="edge-a")
+    up = response.nodes.add(node_id="n1", connected=True)
+    up.providers.add(
+        provider_id="p1",
+        status=pb.PROVIDER_STATUS_AVAILABLE,
+        health=pb.PROVIDER_HEALTH_HEALTHY,
+        capacity=8,
+        in_flight=3,
+        queued=1,
+        long_context_capacity=2,
+        long_context_in_flight=1,
+    )
+    down = response.nodes.add(node_id="n2", connected=False)
+    down.providers.add(provider_id="p2", status=99, health=99, capacity=4)
+    snapshot = registry.record_status("edge-a", token, response)
+    assert snapshot is not None
+    counts = snapshot.counts
+    assert counts[:3] == (1, 2, 2)
+    assert [counts[STATUS_AT[name]] for name in STATUSES] == [1, 0, 1]
+    assert [counts[HEALTH_AT[name]] for name in HEALTHS] == [1, 0, 0, 0, 1]
+    assert counts[GENERAL_AT : GENERAL_AT + 3] == (12, 3, 1)
+    assert counts[LONG_AT : LONG_AT + 3] == (2, 1, 0)

@@ -7,8 +7,6 @@ from pathlib import Path
 import attrs
 import pytest
 import pytest_twisted
-from scripted_edge import ScriptedEdge
-from support import ControlPlaneHarness, eventually, self_signed
 from twisted.internet import reactor
 from twisted.internet.endpoints import clientFromString, connectProtocol
 
@@ -16,6 +14,8 @@ from twisted_iop.controlplane import tap
 from twisted_iop.controlplane.config import config_from_text
 from twisted_iop.controlplane.tap import ControlPlaneService
 from twisted_iop.daemon import ConfigurationExit
+from twisted_iop.testing.harness import ControlPlaneHarness, eventually, self_signed
+from twisted_iop.testing.peers import ScriptedEdge
 
 
 @pytest_twisted.ensureDeferred
@@ -42,7 +42,7 @@ async def test_edge_enrolls_over_tls(tmp_path: Path) -> None:
         assert response.accepted
         code, status = await cp.get_json("/edges/edge-tls/status")
         assert code == 200 and status["connected"] and len(status["nodes"]) == 2
-        edge.transport.loseConnection()
+        edge.tcp.loseConnection()
         await edge.lost
     finally:
         await cp.stop()

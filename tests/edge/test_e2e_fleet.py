@@ -3,35 +3,18 @@ configs on free ports, checked through the Control Plane's HTTP views."""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_twisted
-import treq
-from fleet_harness import edge_yaml, node_yaml, write_yaml
-from support import Daemon, eventually, start_daemon, wait_for_ports
+
+from twisted_iop.testing.configs import CONTROL_PLANE_LOOPBACK_ENV, edge_yaml, node_yaml, write_yaml
+from twisted_iop.testing.harness import Daemon, eventually, start_daemon, wait_for_ports
+from twisted_iop.testing.http import get_json, post_json
 
 pytestmark = pytest.mark.e2e
-
-LOOPBACK_ZERO = "tcp:0:interface=127.0.0.1"
-CP_ENV = {"IOP_HTTP_LISTEN": LOOPBACK_ZERO, "IOP_WIRE_LISTEN": LOOPBACK_ZERO, "IOP_EDGE_WIRE_LISTEN": LOOPBACK_ZERO}
-
-
-async def get_json(base: str, path: str) -> tuple[int, Any]:
-    """GET ``base + path``; status and JSON body."""
-    response = await treq.get(base + path, timeout=5)
-    return response.code, json.loads(await response.content())
-
-
-async def post_json(base: str, path: str, payload: Any) -> tuple[int, Any]:
-    """POST JSON; status and JSON body."""
-    response = await treq.post(
-        base + path, data=json.dumps(payload).encode(), headers={b"Content-Type": [b"application/json"]}, timeout=10
-    )
-    return response.code, json.loads(await response.content())
 
 
 @pytest_twisted.ensureDeferred
@@ -40,7 +23,7 @@ async def test_fleet_of_daemons(tmp_path: Path) -> None:
     daemons: list[Daemon] = []
     try:
         started = time.monotonic()
-        cp = start_daemon(["iop-control-plane"], tmp_path, env=CP_ENV, name="cp")
+        cp = start_daemon(["iop-control-plane"], tmp_path, env=CONTROL_PLANE_LOOPBACK_ENV, name="cp")
         daemons.append(cp)
         cp_ports = await wait_for_ports(cp, {"http", "edge_wire"})
         http = f"http://127.0.0.1:{cp_ports['http']}"
@@ -55,7 +38,7 @@ async def test_fleet_of_daemons(tmp_path: Path) -> None:
             daemons.append(nodes[node_id])
 
         async def connected_nodes() -> set[str]:
-            code, body = await get_json(http, "/edges/edge-a/status")
+            code, body = await get_json(http + "/edges/edge-a/status", timeout=5)
             return {n["node_id"] for n in body["nodes"] if n["connected"]} if code == 200 else set()
 
         await eventually(
@@ -64,13 +47,13 @@ async def test_fleet_of_daemons(tmp_path: Path) -> None:
             message="both nodes connected",
         )
         ready_after = time.monotonic() - started
-        code, status = await get_json(http, "/edges/edge-a/status")
+        code, status = await get_json(http + "/edges/edge-a/status", timeout=5)
         by_id = {n["node_id"]: n for n in status["nodes"]}
         assert by_id["node-2"]["providers"][0]["general"]["capacity"] == 8
 
         nodes["node-1"].kill()
         await eventually(lambda: _eq(connected_nodes(), {"node-2"}), timeout=10, message="node-1 offline")
-        code, status = await get_json(http, "/edges/edge-a/status")
+        code, status = await get_json(http + "/edges/edge-a/status", timeout=5)
         gone = {n["node_id"]: n for n in status["nodes"]}["node-1"]
         assert not gone["connected"]
         provider = gone["providers"][0]
@@ -79,10 +62,12 @@ async def test_fleet_of_daemons(tmp_path: Path) -> None:
         assert provider["general"] == {"capacity": 0, "in_flight": 0, "queued": 0}
 
         code, operation = await post_json(
-            http, "/edges/edge-a/commands", {"name": "node.drain", "target": "node-2", "timeout_seconds": 5}
+            http + "/edges/edge-a/commands",
+            {"name": "node.drain", "target": "node-2", "timeout_seconds": 5},
+            timeout=10,
         )
         assert code == 200 and operation["state"] == "succeeded", operation
-        code, status = await get_json(http, "/edges/edge-a/status")
+        code, status = await get_json(http + "/edges/edge-a/status", timeout=5)
         assert {n["node_id"]: n for n in status["nodes"]}["node-2"]["drained"]
 
         edge_log = edge.log()

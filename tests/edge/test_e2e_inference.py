@@ -14,25 +14,33 @@ import openai
 import pytest
 import pytest_twisted
 import treq
-from fleet_harness import write_yaml
-from inference_testing import (
-    MODEL,
-    MockProviderProcess,
-    chat,
-    gateway_edge_yaml,
-    gateway_node_yaml,
-    open_stream,
-    start_mock_provider,
-)
-from support import Daemon, eventually, start_daemon, wait_for_ports
 from twisted.internet.defer import DeferredList, ensureDeferred
 from twisted.internet.threads import deferToThread
 
+from twisted_iop.testing.configs import (
+    CONTROL_PLANE_LOOPBACK_ENV,
+    MODEL,
+    gateway_edge_yaml,
+    gateway_node_yaml,
+    write_yaml,
+)
+from twisted_iop.testing.harness import (
+    Daemon,
+    MockProviderProcess,
+    eventually,
+    start_daemon,
+    start_mock_provider,
+    wait_for_ports,
+)
+from twisted_iop.testing.http import chat, open_stream
+
 pytestmark = pytest.mark.e2e
 
-LOOPBACK_ZERO = "tcp:0:interface=127.0.0.1"
-CP_ENV = {"IOP_HTTP_LISTEN": LOOPBACK_ZERO, "IOP_WIRE_LISTEN": LOOPBACK_ZERO, "IOP_EDGE_WIRE_LISTEN": LOOPBACK_ZERO}
 CAPACITY = 2
+AUTHORIZED_JSON: dict[bytes | str, list[bytes | str]] = {
+    b"Content-Type": [b"application/json"],
+    b"Authorization": [b"Bearer k-test"],
+}
 
 
 @attrs.define
@@ -79,7 +87,7 @@ async def start_daemon_fleet(tmp_path: Path, held: dict[str, Any], tokens_per_se
     """Start every process and wait until both Nodes show connected in the Control Plane."""
     mock = start_mock_provider(tmp_path, "--models", MODEL, "--tokens-per-second", str(tokens_per_second))
     held["mock"] = mock
-    cp = start_daemon(["iop-control-plane"], tmp_path, env=CP_ENV, name="cp")
+    cp = start_daemon(["iop-control-plane"], tmp_path, env=CONTROL_PLANE_LOOPBACK_ENV, name="cp")
     held["daemons"].append(cp)
     cp_ports = await wait_for_ports(cp, {"http", "edge_wire"})
     edge_config = gateway_edge_yaml(
@@ -243,7 +251,7 @@ async def post_with_key(fleet: DaemonFleet, max_tokens: int) -> tuple[int, Any]:
     response = await treq.post(
         fleet.gateway + "/v1/chat/completions",
         data=chat(max_tokens=max_tokens),
-        headers={b"Content-Type": [b"application/json"], b"Authorization": [b"Bearer k-test"]},
+        headers=AUTHORIZED_JSON,
         timeout=30,
     )
     return response.code, json.loads(await response.content())

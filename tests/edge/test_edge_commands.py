@@ -7,13 +7,14 @@ from typing import Any
 
 import pytest
 import yaml
-from edge_testing import FakeNodePeer, edge_config, edge_mapping, healthy, node_hello
 from twisted.internet.task import Clock
 
 from twisted_iop.edge.commands import CATALOG, CommandRunner, nodes_from_file
 from twisted_iop.edge.config import load_edge_config
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.edge.status import StatusProvider
+from twisted_iop.testing.configs import edge_config, edge_mapping, healthy, node_hello
+from twisted_iop.testing.peers import FakeNodePeer
 from twisted_iop.wire import control_pb2 as pb
 
 

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from edge_testing import edge_mapping
 
 from twisted_iop.configuration import ConfigError
 from twisted_iop.edge.config import load_edge_config, parse_edge_config
+from twisted_iop.testing.configs import edge_mapping
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -21,16 +21,20 @@ def test_sample_config_parses() -> None:
     assert config.control_plane.address == "tcp:host=127.0.0.1:port=7443"
     assert config.node_server.listen == "tcp:7444:interface=127.0.0.1"
     assert [n.node_id for n in config.nodes] == ["node-1", "node-2"]
+    assert config.metrics_listen == "tcp:9101:interface=127.0.0.1"
     assert config.source_path is not None
 
 
 def test_values_are_read() -> None:
     """Every section reaches the frozen config."""
-    config = parse_edge_config(edge_mapping(backoff={"initial_seconds": 0.1, "max_seconds": 2}, outbox_size=5))
+    config = parse_edge_config(
+        edge_mapping(backoff={"initial_seconds": 0.1, "max_seconds": 2}, outbox_size=5, outbox_bytes=70000)
+    )
     assert config.control_plane.edge_id == "edge-a"
     assert config.control_plane.backoff.initial_seconds == 0.1
     assert config.control_plane.backoff.max_seconds == 2
     assert config.control_plane.outbox_size == 5
+    assert config.control_plane.outbox_bytes == 70000
     assert config.control_plane.labels == {"site": "lab"}
     node2 = config.node("node-2")
     assert node2 is not None and node2.credential == "s3cret"
@@ -71,6 +75,7 @@ def _with(path: list[Any], value: Any) -> dict[str, Any]:
         (["control_plane", "edge_id"], None, "control_plane.edge_id: required"),
         (["control_plane", "address"], "nowhere", "control_plane.address"),
         (["control_plane", "outbox_size"], 0, "control_plane.outbox_size"),
+        (["control_plane", "outbox_bytes"], 1000, "control_plane.outbox_bytes"),
         (["control_plane", "backoff"], {"initial_seconds": 5, "max_seconds": 1}, "control_plane.backoff.max_seconds"),
         (
             ["control_plane", "keepalive"],
@@ -86,6 +91,10 @@ def _with(path: list[Any], value: Any) -> dict[str, Any]:
         (["nodes", 0, "providers", 0, "capacity"], "four", "nodes[0].providers[0].capacity: must be a whole number"),
         (["nodes", 0, "providers", 0, "models"], [], "nodes[0].providers[0].models"),
         (["nodes"], {"node-1": {}}, "nodes: must be a list"),
+        (["metrics"], {"listen": "what"}, "metrics.listen"),
+        (["metrics"], {"listen": "tcp:99999"}, "metrics.listen"),
+        (["metrics"], {"port": 9101}, "metrics.port: unknown setting"),
+        (["metrics"], "9101", "metrics"),
     ],
 )
 def test_bad_values_name_their_field(path: list[Any], value: Any, field: str) -> None:
@@ -115,3 +124,16 @@ def test_missing_file_is_config_error(tmp_path: Path) -> None:
     """A config path that does not exist is a ConfigError, not an OSError."""
     with pytest.raises(ConfigError, match="absent.yaml: cannot read the config file"):
         load_edge_config(str(tmp_path / "absent.yaml"), environ={})
+
+
+def test_metrics_listen_default_override_and_off() -> None:
+    """metrics.listen defaults to 127.0.0.1:9101, IOP_EDGE_METRICS_LISTEN wins, "" turns it off."""
+    assert parse_edge_config(edge_mapping(), {}).metrics_listen == "tcp:9101:interface=127.0.0.1"
+    data = edge_mapping()
+    data["metrics"] = {"listen": ":9200"}
+    assert parse_edge_config(data, {}).metrics_listen == "tcp:9200:interface=127.0.0.1"
+    assert parse_edge_config(data, {"IOP_EDGE_METRICS_LISTEN": "tcp:0"}).metrics_listen == "tcp:0"
+    data["metrics"] = {"listen": ""}
+    assert parse_edge_config(data, {}).metrics_listen == ""
+    with pytest.raises(ConfigError, match=r"IOP_EDGE_METRICS_LISTEN \(overrides metrics.listen\)"):
+        parse_edge_config(data, {"IOP_EDGE_METRICS_LISTEN": "nowhere"})

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from edge_testing import FakeControlPlane, FakeNodePeer, edge_config, healthy, node_hello
 from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.internet.testing import MemoryReactorClock
 from twisted.test import iosim
@@ -17,6 +16,8 @@ from twisted_iop.edge.commands import CommandRunner
 from twisted_iop.edge.control_plane_link import ControlPlaneLink
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.edge.status import StatusProvider
+from twisted_iop.testing.configs import edge_config, healthy, node_hello
+from twisted_iop.testing.peers import FakeControlPlane, FakeNodePeer
 from twisted_iop.wire import PROTOCOL_MAJOR
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.dialer import backoff_delay

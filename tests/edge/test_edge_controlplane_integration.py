@@ -8,11 +8,18 @@ from typing import Any, Optional
 
 import pytest_twisted
 import yaml
-from fleet_harness import edge_yaml, node_yaml, start_edge, start_node, stop, write_yaml
-from support import ControlPlaneHarness, eventually, start_control_plane
 
 from twisted_iop.edge.tap import EdgeService
 from twisted_iop.node.tap import NodeService
+from twisted_iop.testing.configs import edge_yaml, node_yaml, write_yaml
+from twisted_iop.testing.harness import (
+    ControlPlaneHarness,
+    eventually,
+    start_control_plane,
+    start_edge,
+    start_node,
+    stop,
+)
 
 
 class Fleet:

@@ -67,3 +67,20 @@ def test_detach_queues_again() -> None:
     relay.detach()
     relay.emit("k")
     assert sent == [] and relay.outbox_length == 1
+
+
+def test_outbox_is_bounded_in_bytes_and_reports_the_drop() -> None:
+    """Large events fill the outbox's byte budget before its count; the oldest
+    are dropped and the flush ends with outbox.overflow."""
+    budget = 64 * 1024
+    relay = EventRelay(Clock(), 1000, budget)
+    for _ in range(40):
+        relay.emit("node.note", message="m" * 4000)
+    assert relay.outbox_length < 40 and relay.outbox_bytes <= budget
+    sent: list[pb.EdgeEvent] = []
+    relay.attach(sent.append)
+    assert relay.outbox_bytes == 0
+    overflow = sent[-1]
+    assert overflow.kind == "outbox.overflow"
+    assert int(overflow.attributes["dropped"]) == 40 - (len(sent) - 1) == relay.dropped_total
+    assert sent[0].edge_sequence == int(overflow.attributes["last_dropped_sequence"]) + 1

@@ -7,15 +7,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest_twisted
-from edge_testing import FakeControlPlane
-from fleet_harness import edge_yaml, node_yaml, raw_node, start_edge, start_node, stop, write_yaml
-from support import eventually
 from twisted.internet import reactor
 from twisted.internet.endpoints import TCP4ServerEndpoint
 from twisted.internet.protocol import Factory
 
 from twisted_iop.edge.tap import EdgeService
 from twisted_iop.node.tap import NodeService
+from twisted_iop.testing.configs import edge_yaml, node_yaml, write_yaml
+from twisted_iop.testing.harness import eventually, start_edge, start_node, stop
+from twisted_iop.testing.peers import FakeControlPlane, raw_node
 from twisted_iop.wire import control_pb2 as pb
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from edge_testing import decode_frames, edge_config, healthy, node_hello
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.logger import LogLevel, capturedLogs, formatEvent
@@ -10,6 +9,8 @@ from twisted.logger import LogLevel, capturedLogs, formatEvent
 from twisted_iop.edge.node_wire import NodeServerFactory, NodeServerProtocol
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.edge.status import StatusProvider
+from twisted_iop.testing.configs import edge_config, healthy, node_hello
+from twisted_iop.testing.frames import decode_frames
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.hello import MAX_PROVIDERS, RejectionCode
 from twisted_iop.wire.peer import PeerSettings, frame, make_envelope
@@ -24,6 +25,7 @@ def connect(start: float = 0.0) -> tuple[Clock, NodeRegistry, NodeServerProtocol
     registry.relay.add_listener(events.append)
     factory = NodeServerFactory(registry, clock, PeerSettings(hello_timeout_seconds=5))
     proto = factory.buildProtocol(None)
+    assert isinstance(proto, NodeServerProtocol)
     transport = StringTransport()
     proto.makeConnection(transport)
     return clock, registry, proto, transport, events

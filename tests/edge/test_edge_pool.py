@@ -11,16 +11,18 @@ from typing import Optional
 
 import attrs
 import pytest
-from edge_testing import FakeNodePeer, edge_config
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
+from twisted.python.failure import Failure
 
 from twisted_iop.edge.config import NodeConfig, ProviderConfig
 from twisted_iop.edge.pool import Lease, LeaseError, NoSuchModel, ProviderPool
 from twisted_iop.edge.registry import USABLE_HEALTH, NodeRegistry
+from twisted_iop.testing.configs import edge_config
+from twisted_iop.testing.peers import FakeNodePeer
 from twisted_iop.wire import control_pb2 as pb
 
 P1 = ProviderConfig("p1", "mock", ("m",), capacity=2, long_context_capacity=1)
@@ -135,9 +137,9 @@ def test_long_context_is_a_separate_class() -> None:
 def test_unknown_model_fails_admission() -> None:
     """A model no provider serves fails at once."""
     registry, _ = ready_registry()
-    failures: list[Exception] = []
-    registry.pool.admit("nope").addErrback(lambda f: failures.append(f.value))
-    assert isinstance(failures[0], NoSuchModel)
+    failures: list[Failure] = []
+    registry.pool.admit("nope").addErrback(failures.append)
+    assert isinstance(failures[0].value, NoSuchModel)
 
 
 def test_drained_node_takes_no_new_leases() -> None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from edge_testing import FakeNodePeer, edge_config, healthy, node_hello
 from twisted.internet.task import Clock
 
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.edge.status import StatusProvider
+from twisted_iop.testing.configs import edge_config, healthy, node_hello
+from twisted_iop.testing.peers import FakeNodePeer
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.hello import RejectionCode
 

@@ -8,20 +8,21 @@ from pathlib import Path
 import pytest
 import pytest_twisted
 import yaml
-from edge_testing import edge_mapping
-from fleet_harness import edge_yaml, raw_node, start_edge, stop, write_yaml
-from support import start_daemon
 from twisted.internet.testing import MemoryReactorClock
 
 from twisted_iop.daemon import ConfigurationExit
 from twisted_iop.edge.tap import Options, makeService
 from twisted_iop.node.tap import Options as NodeOptions
 from twisted_iop.node.tap import makeService as make_node_service
+from twisted_iop.testing.configs import edge_mapping, edge_yaml, write_yaml
+from twisted_iop.testing.harness import start_daemon, start_edge, stop
+from twisted_iop.testing.peers import raw_node
 from twisted_iop.wire import control_pb2 as pb
 
 
-def test_make_service_listens_and_dials(tmp_path: Path) -> None:
-    """The Edge listens for nodes and inference clients on their endpoints and dials the Control Plane address."""
+def test_make_service_listens_and_dials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Edge listens for nodes, inference clients and scrapes (metrics on its default port) and dials the Control Plane."""
+    monkeypatch.delenv("IOP_EDGE_METRICS_LISTEN", raising=False)
     data = edge_mapping(address="127.0.0.1:7999")
     data["node_server"]["listen"] = "tcp:7555:interface=127.0.0.1"
     path = tmp_path / "edge.yaml"
@@ -30,12 +31,13 @@ def test_make_service_listens_and_dials(tmp_path: Path) -> None:
     options.parseOptions(["--config", str(path)])
     reactor = MemoryReactorClock()
     service = makeService(options, reactor=reactor)
-    assert [s.name for s in service] == ["registry", "node_server", "inference", "control-plane"]
+    assert [s.name for s in service] == ["registry", "node_server", "inference", "metrics", "control-plane"]
     service.privilegedStartService()
     service.startService()
     assert [(port, interface) for port, _, _, interface in reactor.tcpServers] == [
         (7555, "127.0.0.1"),
         (8090, "127.0.0.1"),
+        (9101, "127.0.0.1"),
     ]
     assert [(host, port) for host, port, *_ in reactor.tcpClients] == [("127.0.0.1", 7999)]
     assert service.node_port == 7555
@@ -67,8 +69,9 @@ def test_bad_dial_address_is_a_config_error(tmp_path: Path) -> None:
         Options().parseOptions(["--config", str(path)])
 
 
-def test_node_make_service_dials_edge(tmp_path: Path) -> None:
-    """The Node runtime dials its Edge's address and starts its probe loop."""
+def test_node_make_service_dials_edge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Node runtime dials its Edge's address, serves metrics on its default port, and starts its probe loop."""
+    monkeypatch.delenv("IOP_NODE_METRICS_LISTEN", raising=False)
     path = tmp_path / "node.yaml"
     path.write_text(
         yaml.safe_dump(
@@ -83,10 +86,41 @@ def test_node_make_service_dials_edge(tmp_path: Path) -> None:
     options.parseOptions(["--config", str(path)])
     reactor = MemoryReactorClock()
     service = make_node_service(options, reactor=reactor)
-    assert [s.name for s in service] == ["runtime", "edge-link"]
+    assert [s.name for s in service] == ["runtime", "metrics", "edge-link"]
+    service.privilegedStartService()
     service.startService()
+    assert [(port, interface) for port, _, _, interface in reactor.tcpServers] == [(9102, "127.0.0.1")]
     assert [(host, port) for host, port, *_ in reactor.tcpClients] == [("127.0.0.1", 7556)]
     service.stopService()
+
+
+def test_metrics_listen_empty_disables_the_listener(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`metrics: {listen: ""}` builds an Edge and a Node without a metrics listener."""
+    monkeypatch.delenv("IOP_EDGE_METRICS_LISTEN", raising=False)
+    monkeypatch.delenv("IOP_NODE_METRICS_LISTEN", raising=False)
+    data = edge_mapping(address="127.0.0.1:7999")
+    data["metrics"] = {"listen": ""}
+    path = tmp_path / "edge.yaml"
+    path.write_text(yaml.safe_dump(data))
+    options = Options()
+    options.parseOptions(["--config", str(path)])
+    edge = makeService(options, reactor=MemoryReactorClock())
+    assert "metrics" not in [s.name for s in edge]
+    assert edge.metrics_server is None
+    node_path = tmp_path / "node.yaml"
+    node_path.write_text(
+        yaml.safe_dump(
+            {
+                "node_id": "node-1",
+                "metrics": {"listen": ""},
+                "providers": [{"provider_id": "m", "kind": "mock", "models": ["x"]}],
+            }
+        )
+    )
+    node_options = NodeOptions()
+    node_options.parseOptions(["--config", str(node_path)])
+    node = make_node_service(node_options, reactor=MemoryReactorClock())
+    assert [s.name for s in node] == ["runtime", "edge-link"]
 
 
 def test_busy_node_port_fails_startup_cleanly(tmp_path: Path) -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest_twisted
-from fleet_harness import edge_yaml, start_edge, stop, write_yaml
-from support import eventually, self_signed, start_control_plane
+
+from twisted_iop.testing.configs import edge_yaml, write_yaml
+from twisted_iop.testing.harness import eventually, self_signed, start_control_plane, start_edge, stop
 
 
 @pytest_twisted.ensureDeferred

@@ -3,6 +3,7 @@ clients over HTTP on loopback, mock providers paced by their options."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -12,21 +13,13 @@ import attrs
 import pytest
 import pytest_twisted
 import treq
-from fleet_harness import start_edge, start_node, stop, write_yaml
-from inference_testing import (
-    MODEL,
-    chat,
-    gateway_edge_yaml,
-    gateway_node_yaml,
-    mock_provider,
-    open_stream,
-    post,
-)
-from support import eventually
 from twisted.internet.defer import ensureDeferred
 
 from twisted_iop.edge.tap import EdgeService
 from twisted_iop.node.tap import NodeService
+from twisted_iop.testing.configs import MODEL, gateway_edge_yaml, gateway_node_yaml, mock_provider, write_yaml
+from twisted_iop.testing.harness import eventually, start_edge, start_node, stop
+from twisted_iop.testing.http import chat, open_stream, post
 
 
 @attrs.define
@@ -69,7 +62,7 @@ async def start_fleet(
         config = gateway_node_yaml(node_id, edge.node_port, mock_provider(provider_id, **options))
         nodes[node_id] = start_node(write_yaml(tmp_path / f"{node_id}.yaml", config))
     for node_id in wanted:
-        await eventually(lambda n=node_id: edge.registry.is_ready(n), message=f"{node_id} ready")
+        await eventually(functools.partial(edge.registry.is_ready, node_id), message=f"{node_id} ready")
     return Fleet(edge, nodes, f"http://127.0.0.1:{edge.inference_port}")
 
 

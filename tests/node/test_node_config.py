@@ -46,6 +46,11 @@ def test_second_sample_config_parses() -> None:
     config = load_node_config(str(REPO / "configs" / "node-2.yaml"), environ={})
     assert config.node_id == "node-2"
     assert config.edge.address == "tcp:host=127.0.0.1:port=7444"
+    # Not node-1's metrics port: the README runs both Nodes on one machine.
+    assert config.metrics_listen == "tcp:9103:interface=127.0.0.1"
+    assert load_node_config(str(REPO / "configs" / "node.yaml"), environ={}).metrics_listen == (
+        "tcp:9102:interface=127.0.0.1"
+    )
     assert [p.provider_id for p in config.providers] == ["mock-b"]
 
 
@@ -101,6 +106,9 @@ def test_environment_overrides_edge_address() -> None:
             "providers[0].base_url",
         ),
         ({"typo": 1}, "typo: unknown setting"),
+        ({"metrics": {"listen": "nowhere"}}, "metrics.listen"),
+        ({"metrics": {"listen": "tcp:70000"}}, "metrics.listen"),
+        ({"metrics": {"interface": "0.0.0.0"}}, "metrics.interface: unknown setting"),
     ],
 )
 def test_bad_values_name_their_field(change: dict[str, Any], field: str) -> None:
@@ -118,3 +126,15 @@ def test_options_end_on_a_bad_config(tmp_path: Path) -> None:
         Options().parseOptions(["--config", str(path)])
     with pytest.raises(ConfigurationExit, match="--config"):
         Options().parseOptions([])
+
+
+def test_metrics_listen_default_override_and_off() -> None:
+    """metrics.listen defaults to 127.0.0.1:9102, IOP_NODE_METRICS_LISTEN wins, "" turns it off."""
+    assert parse_node_config(mapping(), {}).metrics_listen == "tcp:9102:interface=127.0.0.1"
+    assert (
+        parse_node_config(mapping(), {"IOP_NODE_METRICS_LISTEN": ":9300"}).metrics_listen
+        == "tcp:9300:interface=127.0.0.1"
+    )
+    assert parse_node_config(mapping(metrics={"listen": ""}), {}).metrics_listen == ""
+    with pytest.raises(ConfigError, match=r"IOP_NODE_METRICS_LISTEN \(overrides metrics.listen\)"):
+        parse_node_config(mapping(), {"IOP_NODE_METRICS_LISTEN": "nowhere"})

@@ -64,7 +64,7 @@ class Pair:
         """Open one Node connection, say hello as the dialling service would, and exchange everything."""
         server = self.edge_factory.buildProtocol(None)
         client = self.link.factory().buildProtocol(None)
-        assert isinstance(client, EdgeLinkProtocol)
+        assert isinstance(server, NodeServerProtocol) and isinstance(client, EdgeLinkProtocol)
         pump = iosim.connect(server, iosim.makeFakeServer(server), client, iosim.makeFakeClient(client))
         self.hello = self.link.prepare_connection(client)
         self.hello.addErrback(lambda _: None)  # a refused hello is what some tests check

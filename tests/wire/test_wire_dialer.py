@@ -5,20 +5,20 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest_twisted
-from support import eventually, start_control_plane
 from twisted.internet import reactor as global_reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.testing import MemoryReactorClock
-from twisted.logger import LogEvent, globalLogPublisher
+from twisted.logger import ILogObserver, LogEvent, globalLogPublisher
 from twisted.test import iosim
 
 from twisted_iop.edge.config import parse_edge_config
 from twisted_iop.edge.tap import EdgeService
+from twisted_iop.testing.harness import eventually, start_control_plane, stop
 from twisted_iop.wire.dialer import DialingService, backoff_delay, hold_off_delay
 
 PORT = 7443
@@ -110,7 +110,7 @@ def test_hold_off_stays_near_the_maximum() -> None:
 def test_connection_lost_while_preparing_is_a_failed_attempt() -> None:
     """A connection lost before prepareConnection finished is retried with backoff, without a logged error."""
     logged: list[LogEvent] = []
-    globalLogPublisher.addObserver(logged.append)
+    globalLogPublisher.addObserver(cast(ILogObserver, logged.append))
     try:
         dialing = Dialing(seed=1)
         dialing.service.startService()
@@ -122,7 +122,7 @@ def test_connection_lost_while_preparing_is_a_failed_attempt() -> None:
         assert dialing.failures == ["lost before ready"]
         assert 0 <= dialing.next_retry() <= 0.5
     finally:
-        globalLogPublisher.removeObserver(logged.append)
+        globalLogPublisher.removeObserver(cast(ILogObserver, logged.append))
     assert [e for e in logged if e.get("isError") or e.get("log_failure")] == []
 
 
@@ -152,13 +152,13 @@ def test_late_loss_of_a_refused_connection_leaves_the_live_one_alone() -> None:
 def test_endpoint_is_logged_by_its_address() -> None:
     """ClientService's retry line names the endpoint string, not an object repr."""
     logged: list[LogEvent] = []
-    globalLogPublisher.addObserver(logged.append)
+    globalLogPublisher.addObserver(cast(ILogObserver, logged.append))
     try:
         dialing = Dialing()
         dialing.service.startService()
         dialing.refuse()
     finally:
-        globalLogPublisher.removeObserver(logged.append)
+        globalLogPublisher.removeObserver(cast(ILogObserver, logged.append))
     [retry] = [e for e in logged if "Scheduling retry" in e.get("log_format", "")]
     assert repr(retry["endpoint"]) == f"tcp:host=127.0.0.1:port={PORT}"
 
@@ -196,5 +196,5 @@ async def test_edge_reenrolls_after_the_control_plane_restarts(tmp_path: Path) -
         await eventually(connected, timeout=10, message="re-enrolled with the new Control Plane")
         assert edge.link.enrollments == 2
     finally:
-        await edge.stopService()
+        await stop(edge)
         await cp.stop()

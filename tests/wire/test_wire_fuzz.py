@@ -19,20 +19,17 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from twisted_iop.wire import PROTOCOL_MAJOR
-from twisted_iop.wire import control_pb2 as pb
-from twisted_iop.wire.peer import PeerSettings, frame, make_envelope
-from twisted_iop.wire.testing import (
+from twisted_iop.testing.frames import field_bytes, field_varint, length_prefixed, ws_frame
+from twisted_iop.testing.wire import (
     ClientWireDriver,
     EdgeWireDriver,
     LogCapture,
     NodeWireDriver,
     check_answered_or_closed,
-    field_bytes,
-    field_varint,
-    length_prefixed,
-    ws_frame,
 )
+from twisted_iop.wire import PROTOCOL_MAJOR
+from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.peer import PeerSettings, frame, make_envelope
 
 #: Examples per fuzz test (the suite's profile scales them, see conftest.py).
 EXAMPLES = 100

@@ -17,6 +17,8 @@ from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
 from twisted_iop.controlplane import records
+from twisted_iop.testing.frames import field_bytes, field_varint, length_prefixed
+from twisted_iop.testing.wire import EdgeWireDriver, FramedConnection, LogCapture, NodeWireDriver
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.enums import enum_label, enum_name
 from twisted_iop.wire.peer import (
@@ -26,15 +28,6 @@ from twisted_iop.wire.peer import (
     RemoteError,
     frame,
     make_envelope,
-)
-from twisted_iop.wire.testing import (
-    EdgeWireDriver,
-    FramedConnection,
-    LogCapture,
-    NodeWireDriver,
-    field_bytes,
-    field_varint,
-    length_prefixed,
 )
 
 Driver = Union[EdgeWireDriver, NodeWireDriver]
@@ -107,8 +100,9 @@ def test_error_with_unknown_code_fails_only_its_request() -> None:
             + frame(make_envelope("edge_event", pb.EdgeEvent(kind="after")))
         )
     assert log.errors() == [], log.describe(log.errors())
-    assert failures[0].check(RemoteError)
-    assert failures[0].value.code == 99 and "ERROR_CODE_99" in str(failures[0].value)
+    error = failures[0].value
+    assert isinstance(error, RemoteError)
+    assert error.code == 99 and "ERROR_CODE_99" in str(error)
     assert answered[0].edge_status_response.edge_id == "e"
     assert protocol.received == ["edge_event"]
     assert not connection.closed

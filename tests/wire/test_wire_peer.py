@@ -8,8 +8,8 @@ import pytest
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
-from wire_frames import decode
 
+from twisted_iop.testing.frames import decode_frames
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import (
     FramedPeerProtocol,
@@ -18,8 +18,10 @@ from twisted_iop.wire.peer import (
     PeerSettings,
     RemoteError,
     RequestTimeout,
+    SerializedRequest,
     frame,
     make_envelope,
+    varint,
 )
 
 
@@ -49,7 +51,7 @@ def connected(settings: PeerSettings = PeerSettings()) -> tuple[Recorder, String
 
 def sent(transport: StringTransport) -> list[pb.Envelope]:
     """Decode everything written to ``transport``."""
-    return decode(transport.value())
+    return decode_frames(transport.value())
 
 
 def event_frame(kind: str) -> bytes:
@@ -113,8 +115,9 @@ def test_error_answer_fails_the_request() -> None:
     protocol.dataReceived(frame(make_envelope("error", pb.Error(code=pb.ERROR_CODE_INTERNAL, message="boom"), rid)))
     failures: list[Failure] = []
     d.addErrback(failures.append)
-    assert failures[0].check(RemoteError)
-    assert failures[0].value.code == pb.ERROR_CODE_INTERNAL
+    error = failures[0].value
+    assert isinstance(error, RemoteError)
+    assert error.code == pb.ERROR_CODE_INTERNAL
 
 
 def test_request_times_out_and_late_answer_is_ignored() -> None:
@@ -212,3 +215,34 @@ def test_chunked_delivery_of_mixed_frames(chunk: int) -> None:
     for i in range(0, len(data), chunk):
         protocol.dataReceived(data[i : i + chunk])
     assert [e.edge_event.kind for _, e in protocol.received] == ["k" * (i % 50) for i in range(40)]
+
+
+@pytest.mark.parametrize("request_id", [1, 127, 128, 300, 16_384, 2**32 + 5])
+def test_serialized_request_is_the_envelope_make_envelope_builds(request_id: int) -> None:
+    """A body serialized once, with its request id in front, parses as the same envelope."""
+    request = SerializedRequest("edge_status_request", pb.EdgeStatusRequest())
+    parsed = pb.Envelope()
+    parsed.ParseFromString(request.envelope_bytes(request_id))
+    assert parsed == make_envelope("edge_status_request", pb.EdgeStatusRequest(), request_id)
+    assert parsed.request_id == request_id and parsed.WhichOneof("body") == "edge_status_request"
+
+
+def test_serialized_request_is_numbered_and_answered_like_request() -> None:
+    """request_serialized takes the next request id, and the answer fires its Deferred."""
+    protocol, transport, _ = connected()
+    first = protocol.request("edge_status_request", pb.EdgeStatusRequest(), 5.0)
+    second = protocol.request_serialized(SerializedRequest("edge_status_request", pb.EdgeStatusRequest()), 5.0)
+    envelopes = sent(transport)
+    assert [e.request_id for e in envelopes] == [1, 2]
+    answers: list[pb.Envelope] = []
+    second.addCallback(answers.append)
+    protocol.dataReceived(frame(make_envelope("edge_status_response", pb.EdgeStatusResponse(edge_id="e"), 2)))
+    assert [a.edge_status_response.edge_id for a in answers] == ["e"]
+    assert not first.called
+
+
+def test_varint_matches_protobuf() -> None:
+    """varint encodes like protobuf's own encoder (a uint64 field without its tag)."""
+    for value in (0, 1, 127, 128, 255, 300, 2**21, 2**63 - 1):
+        serialized = pb.Envelope(request_id=value).SerializeToString()
+        assert (b"\x08" + varint(value) == serialized) if value else serialized == b""

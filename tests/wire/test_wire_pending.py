@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from twisted.internet.defer import CancelledError
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
@@ -9,10 +11,10 @@ from twisted.python.failure import Failure
 from twisted_iop.wire.pending import PendingRequests
 
 
-def outcomes(d: object) -> list[object]:
+def outcomes(d: Any) -> list[Any]:
     """Whatever the Deferred fired with (errors kept as Failures)."""
-    out: list[object] = []
-    d.addBoth(out.append)  # type: ignore[attr-defined]
+    out: list[Any] = []
+    d.addBoth(out.append)
     return out
 
 
@@ -29,7 +31,7 @@ def test_answer_error_timeout_and_fail_all() -> None:
     pending.answer(a, "again")  # a late duplicate answer changes nothing
     clock.advance(5)
     assert ra == ["ok"] and isinstance(rb[0], Failure) and rb[0].check(ValueError)
-    assert rc[0].check(TimeoutError) and rd[0].check(TimeoutError)  # type: ignore[union-attr]
+    assert rc[0].check(TimeoutError) and rd[0].check(TimeoutError)
     assert len(pending) == 0 and clock.getDelayedCalls() == []
     _, de = pending.add(None, 0, lambda: TimeoutError())
     re_ = outcomes(de)

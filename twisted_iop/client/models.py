@@ -264,6 +264,11 @@ class BufferInfo:
     kept: int
     dropped: int
     last_sequence: Optional[int] = _optional_field()
+    #: The buffer's byte budget, the estimated bytes it keeps, and how many
+    #: of the dropped left for the byte budget (None from older servers).
+    byte_budget: Optional[int] = _optional_field()
+    bytes: Optional[int] = _optional_field()
+    dropped_by_bytes: Optional[int] = _optional_field()
 
 
 @attrs.frozen
@@ -435,6 +440,9 @@ class EventPage:
     capacity: int = 0
     kept: int = 0
     dropped: int = 0
+    byte_budget: Optional[int] = _optional_field()
+    bytes: Optional[int] = _optional_field()
+    dropped_by_bytes: Optional[int] = _optional_field()
     first_sequence: int = 0
     last_sequence: int = 0
     next_since: int = 0
@@ -521,6 +529,9 @@ class OperationPage:
     capacity: Optional[int] = _optional_field()
     kept: Optional[int] = _optional_field()
     dropped: Optional[int] = _optional_field()
+    byte_budget: Optional[int] = _optional_field()
+    bytes: Optional[int] = _optional_field()
+    dropped_by_bytes: Optional[int] = _optional_field()
 
 
 # ---------------------------------------------------------------- commands

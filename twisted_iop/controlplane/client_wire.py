@@ -54,6 +54,8 @@ class ClientWireSettings:
     auto_ping_interval_seconds: float = 20.0
     auto_ping_timeout_seconds: float = 10.0
     subscriber_queue: int = 1000
+    #: Estimated bytes of the events one subscriber's queue may hold.
+    subscriber_queue_bytes: int = 4 * 1024 * 1024
     tokens: ApiTokens = ApiTokens()
     path: str = "/client"
     #: A socket that has not said hello by then is closed (code 4003).
@@ -98,6 +100,26 @@ class _FlowControl:
         self._protocol.paused = True
 
 
+def set_no_delay(transport: object) -> None:
+    """Turn Nagle's algorithm off on ``transport`` where it is a TCP socket.
+
+    Live events are small messages that must leave at once; with Nagle on,
+    each waits for the previous one's ACK (up to the peer's delayed-ACK
+    time, 40 ms on Linux). Autobahn's own attempt does not reach sockets
+    handed over by the HTTP site (``/client`` on the HTTP port), so the
+    protocol sets it itself on every transport it gets (TLS wrappers pass
+    the call on to their socket).
+    """
+    set_tcp_no_delay = getattr(transport, "setTcpNoDelay", None)
+    if set_tcp_no_delay is None:
+        return
+    try:
+        set_tcp_no_delay(True)
+    except OSError:
+        # A UNIX socket: there is no Nagle to turn off.
+        pass
+
+
 class ClientWireServerProtocol(WebSocketServerProtocol):
     """One client WebSocket connection."""
 
@@ -111,6 +133,8 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
         self._subscribed_edge: Optional[str] = None
         self._subscribed = False
         self._queue: deque[EventRecord] = deque()
+        #: Estimated bytes of the queued events.
+        self.queued_bytes = 0
         self._lost = 0
         self._lost_first = 0
         self._lost_last = 0
@@ -123,7 +147,12 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
         """Events waiting for this subscriber's socket to drain."""
         return len(self._queue)
 
-    # -- Autobahn hooks (it swallows exceptions here, so log them) ------------
+    # -- Twisted and Autobahn hooks (Autobahn swallows exceptions in its ------
+    # -- on* hooks, so log them) ----------------------------------------------
+
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        set_no_delay(self.transport)
 
     def onConnect(self, request: object) -> None:
         path = getattr(request, "path", "")
@@ -257,7 +286,7 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
         self._unsubscribe()
         self._subscribed_edge = edge_id or None
         self._subscribed = True
-        self._queue.clear()
+        self._clear_queue()
         self._lost = 0
         first = buffer.first_sequence
         oldest = first if len(buffer) else 0
@@ -275,7 +304,7 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
                     pb.EventsLost(count=missed, first_sequence=since + 1, last_sequence=first - 1, reason="resume_gap"),
                 )
             for event in buffer.since(since, RESUME_BATCH):
-                self._queue.append(event)
+                self._enqueue(event)
         registry.add_listener(self._event_recorded)
         self.flush()
 
@@ -283,15 +312,30 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
         if self._subscribed:
             self.factory.registry.remove_listener(self._event_recorded)
         self._subscribed = False
+        self._clear_queue()
+
+    def _clear_queue(self) -> None:
         self._queue.clear()
+        self.queued_bytes = 0
 
     def _event_recorded(self, event: EventRecord) -> None:
         if self._subscribed_edge is not None and event.edge_id != self._subscribed_edge:
             return
-        if len(self._queue) >= self.factory.settings.subscriber_queue:
-            dropped = self._queue.popleft()
+        self._enqueue(event)
+
+    def _enqueue(self, event: EventRecord) -> None:
+        """Queue ``event``; beyond the queue's count or byte bound the oldest
+        queued events are dropped (and reported as lost)."""
+        queue = self._queue
+        settings = self.factory.settings
+        queue.append(event)
+        self.queued_bytes += event.size_bytes
+        while len(queue) > 1 and (
+            len(queue) > settings.subscriber_queue or self.queued_bytes > settings.subscriber_queue_bytes
+        ):
+            dropped = queue.popleft()
+            self.queued_bytes -= dropped.size_bytes
             self._note_lost(dropped)
-        self._queue.append(event)
         if not self.paused:
             self.flush()
 
@@ -317,7 +361,9 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
             self._lost = 0
             self._send_envelope("events_lost", lost)
         while self._queue and not self.paused:
-            self._send_envelope("event", fleet_event_message(self._queue.popleft()))
+            event = self._queue.popleft()
+            self.queued_bytes -= event.size_bytes
+            self._send_envelope("event", fleet_event_message(event))
 
 
 class ClientWireFactory(WebSocketServerFactory):

@@ -110,6 +110,7 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
             "auto_ping_interval_seconds",
             "auto_ping_timeout_seconds",
             "subscriber_queue",
+            "subscriber_queue_bytes",
         }
     )
     edge = root.section("edge_wire")
@@ -129,7 +130,18 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
     status = root.section("status")
     status.reject_unknown({"fleet_max_age_seconds"})
     reg = root.section("registry")
-    reg.reject_unknown({"events_per_edge", "fleet_events", "operations_per_edge", "disconnected_edges"})
+    reg.reject_unknown(
+        {
+            "events_per_edge",
+            "fleet_events",
+            "operations_per_edge",
+            "disconnected_edges",
+            "event_bytes_per_edge",
+            "fleet_event_bytes",
+            "operation_bytes_per_edge",
+            "disconnected_bytes",
+        }
+    )
 
     http_listen = parse_listen_setting(http, "listen", DEFAULT_HTTP_LISTEN, environ, ENV_HTTP_LISTEN)
     wire_listen = parse_listen_setting(wire, "listen", DEFAULT_WIRE_LISTEN, environ, ENV_WIRE_LISTEN)
@@ -167,6 +179,7 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
         auto_ping_interval_seconds=client_keepalive.interval_seconds,
         auto_ping_timeout_seconds=client_keepalive.deadline_seconds - client_keepalive.interval_seconds,
         subscriber_queue=wire.integer("subscriber_queue", 1000, minimum=1),
+        subscriber_queue_bytes=_bytes(wire, "subscriber_queue_bytes", ClientWireSettings().subscriber_queue_bytes),
         tokens=tokens,
     )
     edge_keepalive = _keepalive(
@@ -190,6 +203,12 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
         fleet_events=reg.integer("fleet_events", 10000, minimum=1),
         operations_per_edge=reg.integer("operations_per_edge", 500, minimum=1),
         disconnected_edges=reg.integer("disconnected_edges", 10000, minimum=0),
+        event_bytes_per_edge=_bytes(reg, "event_bytes_per_edge", DEFAULT_LIMITS.event_bytes_per_edge),
+        fleet_event_bytes=_bytes(reg, "fleet_event_bytes", DEFAULT_LIMITS.fleet_event_bytes),
+        operation_bytes_per_edge=_bytes(reg, "operation_bytes_per_edge", DEFAULT_LIMITS.operation_bytes_per_edge),
+        disconnected_bytes=reg.integer(
+            "disconnected_bytes", DEFAULT_LIMITS.disconnected_bytes, minimum=0, maximum=MAX_BUDGET_BYTES
+        ),
     )
     return ControlPlaneConfig(
         http_listen=http_listen,
@@ -205,6 +224,17 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
         notices=tuple(notices),
         fleet_max_age_seconds=status.number("fleet_max_age_seconds", 1.0, minimum=0.0, exclusive_minimum=False),
     )
+
+
+DEFAULT_LIMITS = RegistryLimits()
+#: The smallest byte budget of a buffer: room for the largest single record.
+MIN_BUDGET_BYTES = 64 * 1024
+MAX_BUDGET_BYTES = 2**40
+
+
+def _bytes(section: Section, key: str, default: int) -> int:
+    """A byte budget of a buffer (at least :data:`MIN_BUDGET_BYTES`)."""
+    return section.integer(key, default, minimum=MIN_BUDGET_BYTES, maximum=MAX_BUDGET_BYTES)
 
 
 def _keepalive(

@@ -18,11 +18,18 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 import twisted_iop
+from twisted_iop.controlplane.bounds import detached_catalog
 from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.hello import MAX_TEXT, check_edge_hello
-from twisted_iop.wire.peer import AcceptedPeerProtocol, PeerServerFactory, PeerSettings, RemoteError
+from twisted_iop.wire.peer import (
+    AcceptedPeerProtocol,
+    PeerServerFactory,
+    PeerSettings,
+    RemoteError,
+    SerializedRequest,
+)
 
 
 @attrs.frozen
@@ -99,6 +106,7 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
         rejection = check_edge_hello(hello, self.factory.credentials)
         if rejection is not None:
             self._log.warn("edge hello rejected: {reason}", reason=rejection.reason)
+            self.factory.count_rejection(rejection.code.value)
             response = pb.EdgeHelloResponse(
                 accepted=False,
                 reason=rejection.reason,
@@ -116,7 +124,8 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
             labels=dict(hello.labels),
             software_version=hello.software_version[:MAX_TEXT],
             protocol_version=f"{hello.protocol_major}.{hello.protocol_minor}",
-            commands=tuple(hello.commands),
+            # Copies, so the kept catalog does not hold the whole hello frame.
+            commands=detached_catalog(hello.commands),
         )
         # Answer first so the edge learns it is accepted before any request
         # (status, command) that the registry's listeners might send.
@@ -136,7 +145,7 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
 
     def request_status(self, timeout: float, own_deadline: bool = True) -> Deferred[pb.EdgeStatusResponse]:
         """Ask the edge for its status snapshot."""
-        d = self.request("edge_status_request", _STATUS_REQUEST, timeout, deadline=own_deadline)
+        d = self.request_serialized(_STATUS_REQUEST, timeout, deadline=own_deadline)
         return d.addCallback(_status_response)
 
     def request_command(self, request: pb.EdgeCommandRequest) -> Deferred[pb.EdgeCommandResponse]:
@@ -154,7 +163,9 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
         self.fail_connection(code, message)
 
 
-_STATUS_REQUEST = pb.EdgeStatusRequest()
+#: Every status request is the same empty message: serialized once, and
+#: each request adds only its request id.
+_STATUS_REQUEST = SerializedRequest("edge_status_request", pb.EdgeStatusRequest())
 
 
 def _status_response(envelope: pb.Envelope) -> pb.EdgeStatusResponse:

@@ -36,7 +36,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from twisted_iop.controlplane import records
+from twisted_iop.controlplane import bounds, records
 from twisted_iop.controlplane.records import OperationRecord
 from twisted_iop.controlplane.registry import (
     EdgeNotConnected,
@@ -44,6 +44,7 @@ from twisted_iop.controlplane.registry import (
     EdgeRegistry,
     StatusSnapshot,
 )
+from twisted_iop.metrics import LatencyHistogram
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.enums import enum_name
 from twisted_iop.wire.peer import PeerDisconnected, RemoteError, RequestTimeout
@@ -259,6 +260,12 @@ class EdgeGateway:
         self._late_by_token: dict[int, dict[str, None]] = {}
         #: Operation id -> callers waiting for its end.
         self._waiters: dict[str, list[Deferred[OperationRecord]]] = {}
+        #: For /metrics: one observation per status request, command and
+        #: fleet round (never per edge), and operations by terminal state.
+        self.status_seconds = LatencyHistogram()
+        self.command_seconds = LatencyHistogram()
+        self.round_seconds = LatencyHistogram()
+        self.operations_ended: dict[str, int] = {}
         registry.add_observer(self)
 
     # -- what the registry tells us ---------------------------------------------
@@ -334,8 +341,23 @@ class EdgeGateway:
         if record.token is None or record.peer is None:
             return fail(EdgeNotConnected(edge_id))
         d: Deferred[StatusSnapshot] = Deferred()
-        self._join(record, True, (_settle_deferred, d))
+        self._join(record, True, (self._settle_timed, (d, self._clock.seconds())))
         return d
+
+    def _settle_timed(
+        self,
+        waiting: tuple[Deferred[StatusSnapshot], float],
+        snapshot: Optional[StatusSnapshot],
+        error: Optional[Exception],
+    ) -> None:
+        d, started = waiting
+        self.status_seconds.observe(self._clock.seconds() - started)  # metrics: once per request
+        _settle_deferred(d, snapshot, error)
+
+    def in_flight(self) -> dict[str, int]:
+        """Status requests on the wire and commands not yet ended (for /metrics)."""
+        late = sum(len(ids) for ids in self._late_by_token.values())
+        return {"status": len(self._asks), "command": len(self._commands) - late}
 
     def status_waiters(self, edge_id: str) -> int:
         """How many callers wait on the edge's status request in flight (0: none)."""
@@ -369,6 +391,13 @@ class EdgeGateway:
         if ask.settled:
             return
         ask.settled = True
+        problem = bounds.status_problem(response)
+        if problem is not None:
+            self._log.warn(
+                "edge {edge_id} sent a status snapshot over its bounds: {problem}", edge_id=ask.edge_id, problem=problem
+            )
+            self._deliver(ask.waiters, None, EdgeErrorAnswer(ask.edge_id, problem))
+            return
         snapshot = self._registry.record_status(ask.edge_id, ask.token, response)
         if snapshot is None:
             # The connection is no longer current (closed meanwhile).
@@ -485,6 +514,7 @@ class EdgeGateway:
             self._round = None
         rows = [row for row in round_.rows if row is not None]
         finished = FleetRound(round_.round_at, self._clock.seconds(), rows, [row.record.edge_id for row in rows])
+        self.round_seconds.observe(finished.finished_at - finished.round_at)  # metrics: once per round
         self._last_round = finished
         for d in round_.waiters:
             d.callback(finished)
@@ -626,6 +656,8 @@ class EdgeGateway:
         self, operation: OperationRecord, state: str, reason: str, result: Optional[dict[str, str]] = None
     ) -> None:
         self._registry.advance_operation(operation.edge_id, operation.operation_id, state, reason, result)
+        self.operations_ended[state] = self.operations_ended.get(state, 0) + 1  # metrics
+        self.command_seconds.observe(self._clock.seconds() - operation.created_at)  # metrics
         for d in self._waiters.pop(operation.operation_id, []):
             d.callback(operation)
 

@@ -20,6 +20,7 @@ from twisted.web.static import File
 
 from twisted_iop.controlplane import json_views as views
 from twisted_iop.controlplane.auth import OPERATOR, VIEWER, ApiToken, ApiTokens
+from twisted_iop.controlplane.bounds import MAX_ARGUMENT_VALUE
 from twisted_iop.controlplane.console_files import CONSOLE_DIR, ConsoleFiles
 from twisted_iop.controlplane.gateway import EdgeGateway, IdempotencyConflict
 from twisted_iop.controlplane.http_errors import (
@@ -37,6 +38,7 @@ from twisted_iop.controlplane.registry import EdgeRegistry, UnknownEdge
 from twisted_iop.http_site import WRITE_METHODS, Refusal
 from twisted_iop.ids import id_problem
 from twisted_iop.metrics import render as render_metrics
+from twisted_iop.wire.hello import MAX_COMMAND_ARGUMENTS, MAX_TEXT
 
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
@@ -314,6 +316,7 @@ class ControlPlaneHttp:
             "capacity": buffer.capacity,
             "kept": len(buffer),
             "dropped": buffer.dropped,
+            **views.byte_facts(buffer),
             "first_sequence": buffer.first_sequence,
             "last_sequence": buffer.last_sequence,
             "next_since": next_since,
@@ -329,6 +332,7 @@ class ControlPlaneHttp:
             capacity=record.operations.capacity,
             kept=len(record.operations),
             dropped=record.operations.dropped,
+            **views.byte_facts(record.operations),
         )
         return json_body(request, 200, page)
 
@@ -384,6 +388,12 @@ class ControlPlaneHttp:
         ):
             raise BadRequest("field 'arguments' must be an object of strings")
         args = {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in arguments.items()}
+        if len(target) > MAX_TEXT or len(args) > MAX_COMMAND_ARGUMENTS:
+            raise BadRequest(f"at most {MAX_COMMAND_ARGUMENTS} arguments and a target of {MAX_TEXT} characters")
+        if any(len(k) > MAX_TEXT or len(v) > MAX_ARGUMENT_VALUE for k, v in args.items()):
+            raise BadRequest(
+                f"argument names are at most {MAX_TEXT} characters and values at most {MAX_ARGUMENT_VALUE}"
+            )
         timeout = body.get("timeout_seconds", self._settings.default_command_timeout_seconds)
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
             raise BadRequest("field 'timeout_seconds' must be a number")

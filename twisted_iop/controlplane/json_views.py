@@ -13,32 +13,28 @@ from __future__ import annotations
 
 import bisect
 import datetime
-from typing import Any, Optional
+from typing import Any, Optional, Union
 from weakref import WeakKeyDictionary
 
 import attrs
 
 from twisted_iop.controlplane.gateway import FleetRound, StatusRow
-from twisted_iop.controlplane.records import EventRecord, LateOutcome, OperationRecord
-from twisted_iop.controlplane.registry import EdgeRecord, StatusSnapshot
+from twisted_iop.controlplane.records import EventBuffer, EventRecord, LateOutcome, OperationBuffer, OperationRecord
+from twisted_iop.controlplane.registry import (
+    COUNTS_LEN,
+    EMPTY_COUNTS,
+    GENERAL_AT,
+    HEALTH_AT,
+    HEALTH_NAMES,
+    HEALTHS,
+    LONG_AT,
+    STATUS_AT,
+    STATUS_NAMES,
+    STATUSES,
+    EdgeRecord,
+    StatusSnapshot,
+)
 from twisted_iop.wire import control_pb2 as pb
-
-STATUS_NAMES = {
-    pb.PROVIDER_STATUS_UNSPECIFIED: "unavailable",
-    pb.PROVIDER_STATUS_AVAILABLE: "available",
-    pb.PROVIDER_STATUS_DRAINED: "drained",
-    pb.PROVIDER_STATUS_UNAVAILABLE: "unavailable",
-}
-HEALTH_NAMES = {
-    pb.PROVIDER_HEALTH_UNSPECIFIED: "unknown",
-    pb.PROVIDER_HEALTH_HEALTHY: "healthy",
-    pb.PROVIDER_HEALTH_DEGRADED: "degraded",
-    pb.PROVIDER_HEALTH_UNHEALTHY: "unhealthy",
-    pb.PROVIDER_HEALTH_OFFLINE: "offline",
-    pb.PROVIDER_HEALTH_UNKNOWN: "unknown",
-}
-STATUSES = ("available", "drained", "unavailable")
-HEALTHS = ("healthy", "degraded", "unhealthy", "offline", "unknown")
 
 
 def iso(seconds: Optional[float]) -> Optional[str]:
@@ -93,10 +89,16 @@ def edge_detail(record: EdgeRecord) -> dict[str, Any]:
         "kept": len(events),
         "dropped": events.dropped,
         "last_sequence": events.last_sequence,
+        **byte_facts(events),
     }
     ops = record.operations
-    out["operations"] = {"capacity": ops.capacity, "kept": len(ops), "dropped": ops.dropped}
+    out["operations"] = {"capacity": ops.capacity, "kept": len(ops), "dropped": ops.dropped, **byte_facts(ops)}
     return out
+
+
+def byte_facts(buffer: Union[EventBuffer, OperationBuffer]) -> dict[str, int]:
+    """A buffer's byte budget, its kept bytes and the drops the budget caused."""
+    return {"byte_budget": buffer.byte_budget, "bytes": buffer.bytes, "dropped_by_bytes": buffer.dropped_by_bytes}
 
 
 def _counters(capacity: int, in_flight: int, queued: int) -> dict[str, int]:
@@ -134,42 +136,9 @@ def node_json(node: pb.EdgeNodeSnapshot) -> dict[str, Any]:
     }
 
 
-#: Layout of a snapshot's counts as a flat tuple (cheap to build and sum
-#: for 10,000 edges per fleet round; dicts are built only for output).
-_N_STATUS = len(STATUSES)
-_N_HEALTH = len(HEALTHS)
-_STATUS_AT = {name: 3 + i for i, name in enumerate(STATUSES)}
-_HEALTH_AT = {name: 3 + _N_STATUS + i for i, name in enumerate(HEALTHS)}
-_GENERAL_AT = 3 + _N_STATUS + _N_HEALTH
-_LONG_AT = _GENERAL_AT + 3
-COUNTS_LEN = _LONG_AT + 3
-_STATUS_INDEX = {code: _STATUS_AT[name] for code, name in STATUS_NAMES.items()}
-_HEALTH_INDEX = {code: _HEALTH_AT[name] for code, name in HEALTH_NAMES.items()}
-
-
 def snapshot_counts(snapshot: StatusSnapshot) -> tuple[int, ...]:
-    """Counts over one edge snapshot as a flat tuple."""
-    counts = [0] * COUNTS_LEN
-    unavailable = _STATUS_AT["unavailable"]
-    unknown = _HEALTH_AT["unknown"]
-    for node in snapshot.response.nodes:
-        counts[1] += 1
-        if node.connected:
-            counts[0] += 1
-        for p in node.providers:
-            counts[2] += 1
-            counts[_STATUS_INDEX.get(p.status, unavailable)] += 1
-            counts[_HEALTH_INDEX.get(p.health, unknown)] += 1
-            counts[_GENERAL_AT] += p.capacity
-            counts[_GENERAL_AT + 1] += p.in_flight
-            counts[_GENERAL_AT + 2] += p.queued
-            counts[_LONG_AT] += p.long_context_capacity
-            counts[_LONG_AT + 1] += p.long_context_in_flight
-            counts[_LONG_AT + 2] += p.long_context_queued
-    return tuple(counts)
-
-
-EMPTY_COUNTS: tuple[int, ...] = (0,) * COUNTS_LEN
+    """Counts over one edge snapshot as a flat tuple (computed when it arrived)."""
+    return snapshot.counts
 
 
 def add_counts(into: list[int], counts: tuple[int, ...]) -> None:
@@ -188,10 +157,10 @@ def counts_json(counts: Any) -> dict[str, Any]:
         "nodes_connected": counts[0],
         "nodes_configured": counts[1],
         "providers": counts[2],
-        "providers_by_status": {name: counts[_STATUS_AT[name]] for name in STATUSES},
-        "providers_by_health": {name: counts[_HEALTH_AT[name]] for name in HEALTHS},
-        "general": _counter_group(counts, _GENERAL_AT),
-        "long_context": _counter_group(counts, _LONG_AT),
+        "providers_by_status": {name: counts[STATUS_AT[name]] for name in STATUSES},
+        "providers_by_health": {name: counts[HEALTH_AT[name]] for name in HEALTHS},
+        "general": _counter_group(counts, GENERAL_AT),
+        "long_context": _counter_group(counts, LONG_AT),
     }
 
 
@@ -201,8 +170,8 @@ def row_counts_json(counts: Any) -> dict[str, Any]:
         "nodes_connected": counts[0],
         "nodes_configured": counts[1],
         "providers": counts[2],
-        "general": _counter_group(counts, _GENERAL_AT),
-        "long_context": _counter_group(counts, _LONG_AT),
+        "general": _counter_group(counts, GENERAL_AT),
+        "long_context": _counter_group(counts, LONG_AT),
     }
 
 
@@ -218,7 +187,7 @@ def snapshot_json(record: EdgeRecord, snapshot: StatusSnapshot, stale: bool) -> 
             "generated_at": iso_ms(snapshot.response.generated_at_ms),
             "received_at": iso(snapshot.received_at),
             "nodes": [node_json(n) for n in snapshot.response.nodes],
-            "totals": counts_json(snapshot_counts(snapshot)),
+            "totals": counts_json(snapshot.counts),
         }
         _rendered_snapshots[snapshot] = rendered
     out: dict[str, Any] = {"edge_id": record.edge_id, "connected": record.connected, "stale": stale}
@@ -250,7 +219,7 @@ def round_summary(round_: FleetRound) -> RoundSummary:
     row_counts: list[tuple[int, ...]] = []
     edges_connected = 0
     for row in round_.rows:
-        counts = snapshot_counts(row.snapshot) if row.snapshot is not None else EMPTY_COUNTS
+        counts = row.snapshot.counts if row.snapshot is not None else EMPTY_COUNTS
         row_counts.append(counts)
         if row.connected:
             edges_connected += 1

@@ -8,7 +8,17 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from twisted_iop.metrics import counter, gauge, labelled, new_registry
+from twisted_iop.controlplane.records import TERMINAL_STATES
+from twisted_iop.metrics import (
+    count_by,
+    counter,
+    gauge,
+    hello_rejections,
+    histogram,
+    labelled,
+    new_registry,
+    wire_metrics,
+)
 
 if TYPE_CHECKING:
     from twisted_iop.controlplane.tap import ControlPlaneService
@@ -20,11 +30,33 @@ def control_plane_registry(service: ControlPlaneService) -> CollectorRegistry:
 
 
 def control_plane_metrics(service: ControlPlaneService) -> Iterator[Metric]:
-    """Every figure of the Control Plane, from its registry, wires and HTTP site."""
+    """Every figure of the Control Plane, from its registry, gateway, wires and HTTP site."""
     registry = service.registry
     yield gauge("iop_edges_connected", "Edges with a current connection", registry.connected_count)
     yield gauge("iop_edges_known", "Edges known, connected or not", registry.known_count)
     yield counter("iop_enrollments", "Accepted edge hellos", registry.enrollments_total)
+    yield hello_rejections("edge", service.edge_factory.hello_rejections)
+    yield from wire_metrics({"edge": service.edge_factory.wire_counters})
+    gateway = service.gateway
+    yield labelled(
+        GaugeMetricFamily,
+        "iop_requests_in_flight",
+        "Requests to edges waiting for their answer, by kind",
+        ["kind"],
+        [([kind], count) for kind, count in gateway.in_flight().items()],
+    )
+    yield histogram(
+        "iop_status_request_seconds", "Single-edge status requests, asked to answered", gateway.status_seconds
+    )
+    yield histogram("iop_command_seconds", "Commands, dispatched to a terminal state", gateway.command_seconds)
+    yield histogram("iop_fleet_round_seconds", "Fleet status rounds, start to last row", gateway.round_seconds)
+    yield labelled(
+        CounterMetricFamily,
+        "iop_operations",
+        "Operations that reached a terminal state, by state",
+        ["state"],
+        count_by(gateway.operations_ended, sorted(TERMINAL_STATES)),
+    )
     fleet = registry.fleet_events
     yield counter("iop_events_recorded", "Events recorded", fleet.last_sequence)
     edge_dropped = sum(record.events.dropped for record in registry.edges())

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict, deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Optional
 
 import attrs
@@ -26,6 +27,20 @@ TERMINAL_STATES = frozenset({SUCCEEDED, FAILED, REJECTED, TIMED_OUT, EDGE_DISCON
 ANSWER_STATES = frozenset({SUCCEEDED, FAILED, REJECTED})
 _ORDER = {SENT: 0, ACCEPTED: 1, RUNNING: 2}
 
+_getsizeof = sys.getsizeof
+#: What a float or int field of a record costs at most (a boxed number).
+_NUMBER_BYTES = 32
+#: A history entry's tuple and its time.
+_HISTORY_ENTRY_BYTES = 64 + _NUMBER_BYTES
+
+
+def map_size(values: Mapping[str, str]) -> int:
+    """Estimated bytes of a ``str -> str`` map: the dict and every key and value."""
+    size = _getsizeof(values)
+    for key, value in values.items():
+        size += _getsizeof(key) + _getsizeof(value)
+    return size
+
 
 @attrs.frozen
 class EventRecord:
@@ -42,20 +57,51 @@ class EventRecord:
     command_id: str = ""
     message: str = ""
     attributes: dict[str, str] = attrs.field(factory=dict)
+    #: Estimated bytes this record holds (computed once, when it is made).
+    size_bytes: int = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "size_bytes", event_size(self))
+
+
+def event_size(event: EventRecord) -> int:
+    """Estimated bytes of ``event``: the record, its strings and its attributes.
+
+    Strings that events share (the edge id) are counted in every event, so
+    the estimate errs on the high side.
+    """
+    return (
+        _getsizeof(event)
+        + 3 * _NUMBER_BYTES
+        + _getsizeof(event.edge_id)
+        + _getsizeof(event.kind)
+        + _getsizeof(event.node_id)
+        + _getsizeof(event.provider_id)
+        + _getsizeof(event.command_id)
+        + _getsizeof(event.message)
+        + map_size(event.attributes)
+    )
 
 
 class EventBuffer:
     """A bounded, sequence-numbered event buffer.
 
-    Sequences start at 1 and never repeat; when the buffer is full the
-    oldest event leaves it and ``dropped`` counts it.
+    Sequences start at 1 and never repeat. The buffer keeps at most
+    ``capacity`` events and at most ``byte_budget`` estimated bytes of them
+    (the newest event is always kept); beyond either the oldest leave it
+    and ``dropped`` counts them (``dropped_by_bytes`` those that left for
+    the byte budget).
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, byte_budget: int) -> None:
         self.capacity = capacity
-        self._events: deque[EventRecord] = deque(maxlen=capacity)
+        self.byte_budget = byte_budget
+        self._events: deque[EventRecord] = deque()
         self.last_sequence = 0
         self.dropped = 0
+        self.dropped_by_bytes = 0
+        #: Estimated bytes of the kept events.
+        self.bytes = 0
 
     def __len__(self) -> int:
         return len(self._events)
@@ -66,10 +112,17 @@ class EventBuffer:
 
     def append(self, event: EventRecord, sequence: int) -> None:
         """Add ``event`` whose sequence (edge or fleet) is ``sequence``."""
-        if len(self._events) == self.capacity:
-            self.dropped += 1
-        self._events.append(event)
+        events = self._events
+        events.append(event)
+        self.bytes += event.size_bytes
         self.last_sequence = sequence
+        if len(events) > self.capacity:
+            self.bytes -= events.popleft().size_bytes
+            self.dropped += 1
+        while self.bytes > self.byte_budget and len(events) > 1:
+            self.bytes -= events.popleft().size_bytes
+            self.dropped += 1
+            self.dropped_by_bytes += 1
 
     @property
     def first_sequence(self) -> int:
@@ -152,6 +205,30 @@ class OperationRecord:
         """Whether a dispatch of ``name``/``target``/``arguments`` repeats this one."""
         return self.name == name and self.target == target and self.arguments == arguments
 
+    def size(self) -> int:
+        """Estimated bytes of this operation: its strings, maps, history and late outcome."""
+        size = (
+            _getsizeof(self)
+            + 3 * _NUMBER_BYTES
+            + _getsizeof(self.operation_id)
+            + _getsizeof(self.edge_id)
+            + _getsizeof(self.name)
+            + _getsizeof(self.target)
+            + _getsizeof(self.idempotency_key)
+            + _getsizeof(self.state)
+            + _getsizeof(self.reason)
+            + map_size(self.arguments)
+            + map_size(self.result)
+            + _getsizeof(self.history)
+        )
+        for state, _, reason in self.history:
+            size += _HISTORY_ENTRY_BYTES + _getsizeof(state) + _getsizeof(reason)
+        late = self.late_outcome
+        if late is not None:
+            size += _getsizeof(late) + _NUMBER_BYTES + _getsizeof(late.state) + _getsizeof(late.reason)
+            size += map_size(late.result)
+        return size
+
     def note_late_outcome(self, outcome: LateOutcome) -> bool:
         """Keep the first answer that arrived after the end; False if not kept."""
         if not self.finished or self.late_outcome is not None or outcome.state not in ANSWER_STATES:
@@ -163,16 +240,24 @@ class OperationRecord:
 class OperationBuffer:
     """A bounded buffer of operations, newest last, with an idempotency index.
 
-    An operation leaves the buffer (and its idempotency key is forgotten)
-    only once it is finished; in-flight operations are never evicted, so the
-    buffer may briefly exceed its capacity by the number in flight.
+    It keeps at most ``capacity`` operations and at most ``byte_budget``
+    estimated bytes of them. An operation leaves the buffer (and its
+    idempotency key is forgotten) only once it is finished; in-flight
+    operations are never evicted, so the buffer may briefly exceed either
+    bound by what is in flight. An operation's size is estimated when it is
+    added and again when it changes (finished, late outcome).
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, byte_budget: int) -> None:
         self.capacity = capacity
+        self.byte_budget = byte_budget
         self._operations: OrderedDict[str, OperationRecord] = OrderedDict()
+        self._sizes: dict[str, int] = {}
         self._by_key: dict[str, str] = {}
         self.dropped = 0
+        self.dropped_by_bytes = 0
+        #: Estimated bytes of the kept operations.
+        self.bytes = 0
 
     def __len__(self) -> int:
         return len(self._operations)
@@ -194,26 +279,47 @@ class OperationBuffer:
         return None if operation_id is None else self._operations.get(operation_id)
 
     def add(self, operation: OperationRecord) -> None:
-        """Keep ``operation``, evicting the oldest finished ones if full."""
+        """Keep ``operation``, evicting the oldest finished ones if over a bound."""
         self._operations[operation.operation_id] = operation
         if operation.idempotency_key:
             self._by_key[operation.idempotency_key] = operation.operation_id
+        self._resize(operation)
         self._evict()
 
+    def _resize(self, operation: OperationRecord) -> None:
+        size = operation.size()
+        self.bytes += size - self._sizes.get(operation.operation_id, 0)
+        self._sizes[operation.operation_id] = size
+
+    def _over(self) -> Optional[bool]:
+        """None when within bounds, else whether the byte budget is what is exceeded."""
+        if len(self._operations) > self.capacity:
+            return False
+        if self.bytes > self.byte_budget:
+            return True
+        return None
+
     def _evict(self) -> None:
-        if len(self._operations) <= self.capacity:
+        if self._over() is None:
             return
         for operation_id in list(self._operations):
-            if len(self._operations) <= self.capacity:
+            over = self._over()
+            if over is None:
                 break
             operation = self._operations[operation_id]
             if not operation.finished:
                 continue
             del self._operations[operation_id]
+            self.bytes -= self._sizes.pop(operation_id)
             if operation.idempotency_key:
                 self._by_key.pop(operation.idempotency_key, None)
             self.dropped += 1
+            if over:
+                self.dropped_by_bytes += 1
 
-    def operation_finished(self) -> None:
-        """Evict anything that was kept only because it was in flight."""
+    def operation_changed(self, operation: OperationRecord) -> None:
+        """Estimate ``operation`` again (it finished or got a late outcome) and
+        evict what was kept only because it was in flight."""
+        if operation.operation_id in self._sizes:
+            self._resize(operation)
         self._evict()

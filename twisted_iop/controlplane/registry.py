@@ -17,6 +17,7 @@ connection changes and relayed command events through a
 from __future__ import annotations
 
 import itertools
+import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Optional, Protocol
@@ -27,9 +28,17 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from twisted_iop.controlplane import records
-from twisted_iop.controlplane.records import EventBuffer, EventRecord, LateOutcome, OperationBuffer, OperationRecord
+from twisted_iop.controlplane import bounds, records
+from twisted_iop.controlplane.records import (
+    EventBuffer,
+    EventRecord,
+    LateOutcome,
+    OperationBuffer,
+    OperationRecord,
+    map_size,
+)
 from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.hello import MAX_COMMAND_ARGUMENTS, MAX_LABELS, MAX_TEXT
 
 #: 9999-12-31T23:59:59.999Z, the last instant ISO 8601 views can show.
 MAX_TIME_MS = 253_402_300_799_999
@@ -38,6 +47,63 @@ MAX_TIME_MS = 253_402_300_799_999
 RESERVED_KIND_PREFIXES = ("operation.", "edge.")
 #: At most one ``edge.protocol_violation`` event per edge in this many seconds.
 PROTOCOL_VIOLATION_INTERVAL_SECONDS = 60.0
+
+
+# -- what a snapshot counts (derived once, when the snapshot arrives) ----------
+
+STATUS_NAMES = {
+    pb.PROVIDER_STATUS_UNSPECIFIED: "unavailable",
+    pb.PROVIDER_STATUS_AVAILABLE: "available",
+    pb.PROVIDER_STATUS_DRAINED: "drained",
+    pb.PROVIDER_STATUS_UNAVAILABLE: "unavailable",
+}
+HEALTH_NAMES = {
+    pb.PROVIDER_HEALTH_UNSPECIFIED: "unknown",
+    pb.PROVIDER_HEALTH_HEALTHY: "healthy",
+    pb.PROVIDER_HEALTH_DEGRADED: "degraded",
+    pb.PROVIDER_HEALTH_UNHEALTHY: "unhealthy",
+    pb.PROVIDER_HEALTH_OFFLINE: "offline",
+    pb.PROVIDER_HEALTH_UNKNOWN: "unknown",
+}
+STATUSES = ("available", "drained", "unavailable")
+HEALTHS = ("healthy", "degraded", "unhealthy", "offline", "unknown")
+
+#: Layout of a snapshot's counts as a flat tuple (cheap to keep and to sum
+#: for 10,000 edges per fleet round; dicts are built only for output):
+#: nodes connected, nodes configured, providers, providers by status, by
+#: health, then capacity / in flight / queued, general and long context.
+STATUS_AT = {name: 3 + i for i, name in enumerate(STATUSES)}
+HEALTH_AT = {name: 3 + len(STATUSES) + i for i, name in enumerate(HEALTHS)}
+GENERAL_AT = 3 + len(STATUSES) + len(HEALTHS)
+LONG_AT = GENERAL_AT + 3
+COUNTS_LEN = LONG_AT + 3
+_STATUS_INDEX = {code: STATUS_AT[name] for code, name in STATUS_NAMES.items()}
+_HEALTH_INDEX = {code: HEALTH_AT[name] for code, name in HEALTH_NAMES.items()}
+EMPTY_COUNTS: tuple[int, ...] = (0,) * COUNTS_LEN
+
+
+def response_counts(response: pb.EdgeStatusResponse) -> tuple[int, ...]:
+    """Counts over one status response as a flat tuple (layout above)."""
+    counts = [0] * COUNTS_LEN
+    unavailable = STATUS_AT["unavailable"]
+    unknown = HEALTH_AT["unknown"]
+    for node in response.nodes:
+        counts[1] += 1
+        if node.connected:
+            counts[0] += 1
+        for p in node.providers:
+            counts[2] += 1
+            counts[_STATUS_INDEX.get(p.status, unavailable)] += 1
+            counts[_HEALTH_INDEX.get(p.health, unknown)] += 1
+            counts[GENERAL_AT] += p.capacity
+            counts[GENERAL_AT + 1] += p.in_flight
+            counts[GENERAL_AT + 2] += p.queued
+            counts[LONG_AT] += p.long_context_capacity
+            counts[LONG_AT + 1] += p.long_context_in_flight
+            counts[LONG_AT + 2] += p.long_context_queued
+    return tuple(counts)
+
+
 #: How much of an offending event kind is quoted in events and logs.
 QUOTED_KIND_CHARS = 80
 
@@ -76,12 +142,98 @@ class EdgeNotConnected(Exception):
 
 @attrs.frozen
 class RegistryLimits:
-    """Bounds on what the registry keeps in memory."""
+    """Bounds on what the registry keeps in memory (counts and estimated bytes).
+
+    docs/security.md ("Memory") derives the worst case from these.
+    """
 
     events_per_edge: int = 1000
     fleet_events: int = 10000
     operations_per_edge: int = 500
     disconnected_edges: int = 10000
+    event_bytes_per_edge: int = 1024 * 1024
+    fleet_event_bytes: int = 16 * 1024 * 1024
+    operation_bytes_per_edge: int = 1024 * 1024
+    #: Estimated bytes of everything kept of disconnected edges together;
+    #: beyond it the edge that went away first is forgotten.
+    disconnected_bytes: int = 256 * 1024 * 1024
+
+    def worst_case(self) -> MemoryBound:
+        """The most estimated bytes the registry keeps under these limits
+        (docs/security.md, "Memory", quotes these at the defaults)."""
+        per_edge = (
+            HELLO_LABELS_BYTES
+            + 2 * text_bytes(MAX_TEXT)
+            + bounds.MAX_CATALOG_BYTES
+            + bounds.MAX_SNAPSHOT_BYTES
+            + max(self.event_bytes_per_edge, MAX_EVENT_RECORD_BYTES)
+            + max(self.operation_bytes_per_edge, MAX_OPERATION_RECORD_BYTES)
+        )
+        return MemoryBound(
+            per_connected_edge=per_edge,
+            per_disconnected_edge=per_edge,
+            disconnected_total=self.disconnected_bytes + per_edge,
+            fleet_events=max(self.fleet_event_bytes, MAX_EVENT_RECORD_BYTES),
+        )
+
+
+def text_bytes(characters: int) -> int:
+    """The most a Python string of ``characters`` characters takes (4 bytes each)."""
+    return 80 + 4 * characters
+
+
+def _map_bytes(entries: int, key: int, value: int) -> int:
+    """The most a ``str -> str`` map of ``entries`` entries takes."""
+    return 64 * entries + 256 + entries * (text_bytes(key) + text_bytes(value))
+
+
+#: The most one hello's labels take.
+HELLO_LABELS_BYTES = _map_bytes(MAX_LABELS, MAX_TEXT, MAX_TEXT)
+#: The most one recorded event takes (see :func:`records.event_size`).
+MAX_EVENT_RECORD_BYTES = (
+    256
+    + 3 * 32
+    + text_bytes(64)
+    + 4 * text_bytes(bounds.MAX_EVENT_ID)
+    + text_bytes(bounds.MAX_EVENT_MESSAGE)
+    + _map_bytes(bounds.MAX_EVENT_ATTRIBUTES + 1, bounds.MAX_KEY, bounds.MAX_ATTRIBUTE_VALUE)
+)
+_RESULT_BYTES = _map_bytes(bounds.MAX_RESULT_ENTRIES + 1, bounds.MAX_KEY, bounds.MAX_RESULT_VALUE)
+#: The most one finished operation takes: its texts (arguments as the HTTP
+#: view admits them), a history of at most five entries, a result and a
+#: late outcome.
+MAX_OPERATION_RECORD_BYTES = (
+    512
+    + 3 * 32
+    + text_bytes(32)
+    + text_bytes(64)
+    + 3 * text_bytes(MAX_TEXT)
+    + text_bytes(16)
+    + text_bytes(bounds.MAX_REASON)
+    + _map_bytes(MAX_COMMAND_ARGUMENTS, MAX_TEXT, bounds.MAX_ARGUMENT_VALUE)
+    + _RESULT_BYTES
+    + 5 * (256 + text_bytes(16) + text_bytes(bounds.MAX_REASON))
+    + 256
+    + text_bytes(16)
+    + text_bytes(bounds.MAX_REASON)
+    + _RESULT_BYTES
+)
+
+
+@attrs.frozen
+class MemoryBound:
+    """The most estimated bytes the registry keeps, by part."""
+
+    per_connected_edge: int
+    per_disconnected_edge: int
+    #: Every disconnected edge together (the budget plus the one edge that
+    #: may go past it before the oldest is forgotten).
+    disconnected_total: int
+    fleet_events: int
+
+    def total(self, connected_edges: int) -> int:
+        """The whole registry with ``connected_edges`` edges connected."""
+        return self.fleet_events + connected_edges * self.per_connected_edge + self.disconnected_total
 
 
 @attrs.frozen
@@ -93,13 +245,29 @@ class EdgeHello:
     protocol_version: str
     commands: tuple[pb.CommandSpec, ...]
 
+    def size(self) -> int:
+        """Estimated bytes of what the edge said (labels, version, catalog)."""
+        return (
+            map_size(self.labels)
+            + sys.getsizeof(self.software_version)
+            + sys.getsizeof(self.protocol_version)
+            + bounds.catalog_size(self.commands)
+        )
+
 
 @attrs.frozen(eq=False)
 class StatusSnapshot:
-    """The last status an edge sent, and when it arrived (compared by identity)."""
+    """The last status an edge sent, and when it arrived (compared by identity).
+
+    Its counts (:func:`response_counts`) are computed once, here, when the
+    snapshot arrives; every fleet round and view that needs them reads them.
+    """
 
     response: pb.EdgeStatusResponse
     received_at: float
+    counts: tuple[int, ...] = attrs.field(
+        init=False, default=attrs.Factory(lambda self: response_counts(self.response), takes_self=True)
+    )
 
 
 @attrs.define(eq=False)
@@ -137,6 +305,11 @@ class EdgeRecord:
             return max(self.last_seen, self.peer.last_received)
         return self.last_seen
 
+    def kept_bytes(self) -> int:
+        """Estimated bytes the registry keeps for this edge (hello, snapshot, buffers)."""
+        snapshot = 0 if self.snapshot is None else bounds.status_size(self.snapshot.response)
+        return self.hello.size() + snapshot + self.events.bytes + self.operations.bytes
+
     @property
     def command_names(self) -> list[str]:
         """Names in the edge's announced catalog."""
@@ -170,10 +343,15 @@ class EdgeRegistry(Service):
         self._clock = clock
         self.limits = limits
         self._edges: dict[str, EdgeRecord] = {}
-        #: Disconnected edge ids, oldest disconnect first (for the bound).
-        self._disconnected: OrderedDict[str, None] = OrderedDict()
+        #: Disconnected edge ids, oldest disconnect first (for the bounds),
+        #: with the bytes each kept when it went away.
+        self._disconnected: OrderedDict[str, int] = OrderedDict()
+        #: Estimated bytes kept of disconnected edges (their sum).
+        self.disconnected_bytes = 0
+        #: Disconnected edges forgotten for the count or the byte bound.
+        self.forgotten_edges = 0
         self._tokens = itertools.count(1)
-        self.fleet_events = EventBuffer(limits.fleet_events)
+        self.fleet_events = EventBuffer(limits.fleet_events, limits.fleet_event_bytes)
         self._listeners: list[EventListener] = []
         self._observers: list[ConnectionObserver] = []
         self.connected_count = 0
@@ -223,12 +401,12 @@ class EdgeRegistry(Service):
             record = EdgeRecord(
                 edge_id=edge_id,
                 hello=hello,
-                events=EventBuffer(self.limits.events_per_edge),
-                operations=OperationBuffer(self.limits.operations_per_edge),
+                events=EventBuffer(self.limits.events_per_edge, self.limits.event_bytes_per_edge),
+                operations=OperationBuffer(self.limits.operations_per_edge, self.limits.operation_bytes_per_edge),
             )
             self._edges[edge_id] = record
         else:
-            self._disconnected.pop(edge_id, None)
+            self.disconnected_bytes -= self._disconnected.pop(edge_id, 0)
             if record.token is not None:
                 old_peer = record.peer
                 old_token = record.token
@@ -278,16 +456,27 @@ class EdgeRegistry(Service):
         self.record(edge_id, "edge.disconnected", message=reason)
         for observer in list(self._observers):
             observer.connection_closed(edge_id, token)
-        self._disconnected[edge_id] = None
+        # A disconnected edge keeps a compact catalog: names, target kinds
+        # and argument names, without descriptions.
+        record.hello = attrs.evolve(record.hello, commands=bounds.compact_catalog(record.hello.commands))
+        kept = record.kept_bytes()
+        self._disconnected[edge_id] = kept
+        self.disconnected_bytes += kept
         self._forget_excess_disconnected()
         return True
 
     def _forget_excess_disconnected(self) -> None:
-        while len(self._disconnected) > self.limits.disconnected_edges:
-            edge_id, _ = self._disconnected.popitem(last=False)
+        """Forget the edges that went away first, beyond the count or byte bound."""
+        limits = self.limits
+        while self._disconnected and (
+            len(self._disconnected) > limits.disconnected_edges or self.disconnected_bytes > limits.disconnected_bytes
+        ):
+            edge_id, kept = self._disconnected.popitem(last=False)
+            self.disconnected_bytes -= kept
             record = self._edges.get(edge_id)
             if record is not None and record.token is None and not any(not op.finished for op in record.operations):
                 del self._edges[edge_id]
+                self.forgotten_edges += 1
 
     # -- status -------------------------------------------------------------
 
@@ -379,15 +568,18 @@ class EdgeRegistry(Service):
         # An Edge's clock is its own: a time outside the calendar (or none)
         # is recorded as the time the event arrived.
         occurred = event.occurred_at_ms / 1000.0 if 0 < event.occurred_at_ms < MAX_TIME_MS else None
+        # Never stored whole: over-long texts are cut, extra attributes
+        # dropped, and the event says so (attribute truncated: "true").
+        clipped = bounds.clip_event(event)
         recorded = self.record(
             edge_id,
-            event.kind,
+            clipped.kind,
             occurred_at=occurred,
-            node_id=event.node_id,
-            provider_id=event.provider_id,
-            command_id=event.command_id,
-            message=event.message,
-            attributes=dict(event.attributes),
+            node_id=clipped.node_id,
+            provider_id=clipped.provider_id,
+            command_id=clipped.command_id,
+            message=clipped.message,
+            attributes=clipped.attributes,
         )
         if event.command_id:
             for observer in list(self._observers):
@@ -476,11 +668,11 @@ class EdgeRegistry(Service):
         operation = record.operations.get(operation_id)
         if operation is None:
             return False
-        if not operation.advance(state, self._clock.seconds(), reason, result):
+        kept_result = None if result is None else bounds.clip_result(result)
+        if not operation.advance(state, self._clock.seconds(), bounds.clip_reason(reason), kept_result):
             return False
         self._operation_event(operation)
-        if operation.finished:
-            record.operations.operation_finished()
+        record.operations.operation_changed(operation)
         return True
 
     def record_late_outcome(
@@ -491,8 +683,10 @@ class EdgeRegistry(Service):
         if operation is None:
             return False
         now = self._clock.seconds()
-        if not operation.note_late_outcome(LateOutcome(state, reason, dict(result), now)):
+        reason = bounds.clip_reason(reason)
+        if not operation.note_late_outcome(LateOutcome(state, reason, bounds.clip_result(result), now)):
             return False
+        self._edges[edge_id].operations.operation_changed(operation)
         self.record(
             edge_id,
             "operation.late_outcome",

@@ -23,6 +23,7 @@ from twisted_iop.configuration import (
     parse_keepalive,
     parse_listen_setting,
     parse_max_frame_bytes,
+    parse_metrics_listen,
     parse_provider_basics,
     parse_unique_list,
 )
@@ -39,6 +40,10 @@ DEFAULT_NODE_LISTEN = "tcp:7444:interface=127.0.0.1"
 ENV_CONTROL_PLANE_EDGE_WIRE = "IOP_CONTROL_PLANE_EDGE_WIRE"
 #: Environment variable overriding ``node_server.listen``.
 ENV_NODE_LISTEN = "IOP_EDGE_NODE_LISTEN"
+#: Where the Edge serves ``GET /metrics`` unless configured otherwise.
+DEFAULT_METRICS_LISTEN = "tcp:9101:interface=127.0.0.1"
+#: Environment variable overriding ``metrics.listen``.
+ENV_METRICS_LISTEN = "IOP_EDGE_METRICS_LISTEN"
 
 #: Provider kinds a Node can host.
 PROVIDER_KINDS = ("openai", "vllm", "ollama", "mock")
@@ -56,6 +61,8 @@ class ControlPlaneLinkConfig(DialConfig):
     credential: str = attrs.field(default="", repr=False)
     labels: Mapping[str, str] = attrs.field(factory=dict)
     outbox_size: int = 1000
+    #: Estimated bytes of the events the outbox may hold.
+    outbox_bytes: int = 4 * 1024 * 1024
 
 
 @attrs.frozen
@@ -109,6 +116,8 @@ class EdgeConfig:
     nodes: tuple[NodeConfig, ...]
     source_path: Optional[str] = None
     inference: InferenceConfig = InferenceConfig()
+    #: Section ``metrics``: where ``GET /metrics`` is served ("" = nowhere).
+    metrics_listen: str = DEFAULT_METRICS_LISTEN
 
     def node(self, node_id: str) -> Optional[NodeConfig]:
         """The configured Node ``node_id``, if any."""
@@ -126,13 +135,20 @@ def load_edge_config(path: Optional[str], environ: Optional[Mapping[str, str]] =
 def parse_edge_config(data: Mapping[str, Any], environ: Mapping[str, str] = {}) -> EdgeConfig:
     """Validate a parsed edge.yaml mapping into an :class:`EdgeConfig`."""
     top = Section(data, "")
-    top.reject_unknown({"control_plane", "node_server", "nodes", "inference"})
+    top.reject_unknown({"control_plane", "node_server", "nodes", "inference", "metrics"})
     control_plane = _control_plane(top.section("control_plane"), environ)
     node_server = _node_server(top.section("node_server"), environ)
     credentials = _credential_map(top.section("node_server"))
     nodes = parse_nodes(top.raw("nodes"), credentials)
     inference = parse_inference_config(top.section("inference"), environ)
-    return EdgeConfig(control_plane=control_plane, node_server=node_server, nodes=nodes, inference=inference)
+    metrics_listen = parse_metrics_listen(top.section("metrics"), DEFAULT_METRICS_LISTEN, environ, ENV_METRICS_LISTEN)
+    return EdgeConfig(
+        control_plane=control_plane,
+        node_server=node_server,
+        nodes=nodes,
+        inference=inference,
+        metrics_listen=metrics_listen,
+    )
 
 
 def _control_plane(section: Section, environ: Mapping[str, str]) -> ControlPlaneLinkConfig:
@@ -145,6 +161,7 @@ def _control_plane(section: Section, environ: Mapping[str, str]) -> ControlPlane
             "backoff",
             "keepalive",
             "outbox_size",
+            "outbox_bytes",
             "max_frame_bytes",
             "request_timeout_seconds",
         }
@@ -161,6 +178,7 @@ def _control_plane(section: Section, environ: Mapping[str, str]) -> ControlPlane
         backoff=parse_backoff(section.section("backoff")),
         keepalive=parse_keepalive(section.section("keepalive")),
         outbox_size=section.integer("outbox_size", 1000, minimum=1, maximum=1_000_000),
+        outbox_bytes=section.integer("outbox_bytes", 4 * 1024 * 1024, minimum=64 * 1024, maximum=2**40),
         max_frame_bytes=parse_max_frame_bytes(section),
         request_timeout_seconds=section.number("request_timeout_seconds", 10.0),
     )

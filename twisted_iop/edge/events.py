@@ -2,8 +2,8 @@
 
 Every event gets the Edge's clock time and the next ``edge_sequence``. While
 the Control Plane is not attached (disconnected, or hello not yet accepted)
-events wait in a bounded outbox; when it overflows the oldest are dropped and
-counted, and the next flush ends with an ``outbox.overflow`` event carrying
+events wait in an outbox bounded in count and in estimated bytes; when it
+overflows the oldest are dropped and counted, and the next flush ends with an ``outbox.overflow`` event carrying
 the count, so a loss is never silent.
 """
 
@@ -21,16 +21,33 @@ from twisted_iop.wire import control_pb2 as pb
 #: Something that sends one event to the Control Plane.
 EventSink = Callable[[pb.EdgeEvent], None]
 
+#: Estimated bytes of one event message and of one attribute entry in
+#: memory, besides twice the event's wire size (measured with upb: about
+#: 450 for a small event, 200 per attribute).
+EVENT_BYTES = 512
+ATTRIBUTE_BYTES = 320
+#: The default byte budget of the outbox.
+DEFAULT_OUTBOX_BYTES = 4 * 1024 * 1024
+
+
+def outbox_event_size(event: pb.EdgeEvent) -> int:
+    """Estimated bytes an event holds while it waits in the outbox."""
+    return EVENT_BYTES + ATTRIBUTE_BYTES * len(event.attributes) + 2 * event.ByteSize()
+
 
 class EventRelay:
     """Numbers events and delivers them now or after reconnect, in order."""
 
     _log = Logger()
 
-    def __init__(self, clock: IReactorTime, outbox_size: int) -> None:
+    def __init__(self, clock: IReactorTime, outbox_size: int, outbox_bytes: int = DEFAULT_OUTBOX_BYTES) -> None:
         self._clock = clock
-        self._outbox: deque[pb.EdgeEvent] = deque()
+        #: Waiting events with their estimated sizes.
+        self._outbox: deque[tuple[pb.EdgeEvent, int]] = deque()
         self._outbox_size = outbox_size
+        self._outbox_bytes = outbox_bytes
+        #: Estimated bytes of the waiting events.
+        self.outbox_bytes = 0
         self._sink: Optional[EventSink] = None
         self._sequence = 0
         self._dropped = 0
@@ -100,7 +117,9 @@ class EventRelay:
         """
         flushed = 0
         while self._outbox:
-            sink(self._outbox.popleft())
+            event, size = self._outbox.popleft()
+            self.outbox_bytes -= size
+            sink(event)
             flushed += 1
         self._sink = sink
         if self._dropped:
@@ -123,11 +142,16 @@ class EventRelay:
         self._sink = None
 
     def _queue(self, event: pb.EdgeEvent) -> None:
-        if len(self._outbox) >= self._outbox_size:
-            lost = self._outbox.popleft()
+        size = outbox_event_size(event)
+        outbox = self._outbox
+        outbox.append((event, size))
+        self.outbox_bytes += size
+        # The newest event always stays, whatever its size.
+        while len(outbox) > 1 and (len(outbox) > self._outbox_size or self.outbox_bytes > self._outbox_bytes):
+            lost, lost_size = outbox.popleft()
+            self.outbox_bytes -= lost_size
             if self._dropped == 0:
                 self._first_dropped = lost.edge_sequence
             self._last_dropped = lost.edge_sequence
             self._dropped += 1
             self._dropped_total += 1
-        self._outbox.append(event)

@@ -37,11 +37,18 @@ from twisted.python.failure import Failure
 from twisted_iop.edge.inference_config import InferenceConfig
 from twisted_iop.edge.pool import Lease, NoSuchModel, ProviderPool
 from twisted_iop.edge.registry import NodeRegistry
-from twisted_iop.openai_api import estimate_prompt_tokens
+from twisted_iop.metrics import LatencyHistogram
+from twisted_iop.openai_api import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, estimate_prompt_tokens
 from twisted_iop.wire import control_pb2 as pb
 
 #: Wire bodies the Edge accepts from a Node for the inference path.
 INFERENCE_BODIES = frozenset({"inference_chunk", "inference_done"})
+#: Endpoint names in metrics and logs.
+ENDPOINT_NAMES = {
+    pb.INFERENCE_ENDPOINT_CHAT_COMPLETIONS: CHAT_COMPLETIONS,
+    pb.INFERENCE_ENDPOINT_COMPLETIONS: COMPLETIONS,
+    pb.INFERENCE_ENDPOINT_EMBEDDINGS: EMBEDDINGS,
+}
 #: How many times a request may be leased (a lost Node before any output
 #: sends it back to its queue until this many leases were tried).
 MAX_ATTEMPTS = 2
@@ -286,6 +293,10 @@ class _Exchange:
     stream: bool
     peer: Optional[InferenceNodePeer] = None
     timer: Optional[IDelayedCall] = None
+    #: When it was admitted, and when it last joined a queue (metrics).
+    submitted_at: float = 0.0
+    queued_at: float = 0.0
+    first_output: bool = False
     #: Events received in this reactor turn, not yet given to the sink.
     pending: list[bytes] = attrs.field(factory=list)
 
@@ -308,6 +319,12 @@ class InferenceGateway:
         self.stopping = False
         #: Requests ended, by outcome name (for logs, tests and benchmarks).
         self.outcomes: dict[str, int] = {}
+        #: For /metrics: requests ended by (endpoint, outcome), time to the
+        #: first output and to the end of completed requests, queue waits.
+        self.requests: dict[tuple[str, str], int] = {}
+        self.first_byte_seconds = LatencyHistogram()
+        self.total_seconds = LatencyHistogram()
+        self.queue_wait_seconds = LatencyHistogram()
 
     # -- questions the API asks ----------------------------------------------------
 
@@ -376,9 +393,13 @@ class InferenceGateway:
         Raises :class:`InferenceError` (404, 400, 503, 429) when it cannot
         even wait for a lease.
         """
-        if self.stopping:
-            raise InferenceError(503, "shutting_down", "the edge is shutting down", kind="server_error")
-        self.check_model(model, long_context)
+        try:
+            if self.stopping:
+                raise InferenceError(503, "shutting_down", "the edge is shutting down", kind="server_error")
+            self.check_model(model, long_context)
+        except InferenceError as refused:
+            self._count_request(endpoint, refused.code)
+            raise
         exchange: Optional[_Exchange] = None
 
         def granted(ticket: Ticket) -> None:
@@ -399,6 +420,7 @@ class InferenceGateway:
             ticket = self.lifecycle.submit(model, long_context, granted_first)
         except QueueFull as e:
             self._count("queue_full")
+            self._count_request(endpoint, "queue_full")
             raise InferenceError(
                 429,
                 "queue_full",
@@ -407,8 +429,10 @@ class InferenceGateway:
                 retry_after=self.config.retry_after_seconds,
             ) from None
         except NoSuchModel as e:
+            self._count_request(endpoint, "model_not_found")
             raise InferenceError(404, "model_not_found", str(e)) from None
-        exchange = _Exchange(ticket, sink, endpoint, body, stream)
+        now = self._clock.seconds()
+        exchange = _Exchange(ticket, sink, endpoint, body, stream, submitted_at=now, queued_at=now)
         self._exchanges[ticket.inference_id] = exchange
         if pending:
             self._dispatch(exchange)
@@ -460,6 +484,9 @@ class InferenceGateway:
                 # The first event of this turn: re-arm the silence timer once per turn, not per event.
                 self._arm_idle_timer(exchange)
                 self.lifecycle.first_output(exchange.ticket)
+                if not exchange.first_output:
+                    exchange.first_output = True
+                    self.first_byte_seconds.observe(self._clock.seconds() - exchange.submitted_at)  # metrics
                 self._flushing.append(exchange)
                 if self._flush_call is None:
                     self._flush_call = self._clock.callLater(0, self._flush)
@@ -497,6 +524,7 @@ class InferenceGateway:
         lease = ticket.lease
         assert lease is not None
         self._cancel_timer(exchange)
+        self.queue_wait_seconds.observe(self._clock.seconds() - exchange.queued_at)  # metrics
         peer = self._registry.owner_peer(lease.node_id)
         if peer is None or getattr(peer, "closing", False) or not hasattr(peer, "send"):
             self._node_lost(exchange)
@@ -518,12 +546,14 @@ class InferenceGateway:
     def _node_lost(self, exchange: _Exchange) -> None:
         self._forget_peer(exchange)
         self._cancel_timer(exchange)
+        exchange.queued_at = self._clock.seconds()  # metrics: a retry waits again
         if self.lifecycle.node_lost(exchange.ticket):
             if exchange.ticket.phase is Phase.QUEUED:
                 self._start_queue_timer(exchange)
             return
         self._exchanges.pop(exchange.ticket.inference_id, None)
         self._count(Outcome.NODE_LOST.value)
+        self._count_request(exchange.endpoint, Outcome.NODE_LOST.value)
         self._write_pending(exchange)
         exchange.sink.fail(
             InferenceError(502, "node_lost", "the node running this request was lost", kind="server_error")
@@ -545,6 +575,12 @@ class InferenceGateway:
         if self.lifecycle.finish(ticket, outcome) and peer is not None:
             peer.send("inference_cancel", pb.InferenceCancel(inference_id=ticket.inference_id, reason=outcome.value))
         self._count(outcome.value)
+        self._count_request(exchange.endpoint, outcome.value)
+        if outcome is Outcome.COMPLETED:
+            elapsed = self._clock.seconds() - exchange.submitted_at
+            self.total_seconds.observe(elapsed)  # metrics
+            if not exchange.first_output:
+                self.first_byte_seconds.observe(elapsed)  # metrics: a whole answer is its first byte
         if done is not None or error is not None:
             self._write_pending(exchange)  # what arrived before the end goes first
         else:
@@ -609,6 +645,10 @@ class InferenceGateway:
 
     def _count(self, outcome: str) -> None:
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+
+    def _count_request(self, endpoint: pb.InferenceEndpoint, outcome: str) -> None:
+        key = (ENDPOINT_NAMES.get(endpoint, "unknown"), outcome)
+        self.requests[key] = self.requests.get(key, 0) + 1
 
 
 def _provider_error(done: pb.InferenceDone) -> InferenceError:

@@ -108,6 +108,7 @@ class NodeServerProtocol(AcceptedPeerProtocol):
                 node_id=hello.node_id[:80],
                 reason=rejection.reason,
             )
+            self.factory.count_rejection(rejection.code.value)
             response.accepted = False
             response.reason = rejection.reason
             response.reason_code = rejection.code.value

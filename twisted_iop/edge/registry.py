@@ -90,7 +90,11 @@ class NodeRegistry(Service):
     def __init__(self, config: EdgeConfig, clock: IReactorTime, relay: Optional[EventRelay] = None) -> None:
         self._config = config
         self._clock = clock
-        self.relay = relay if relay is not None else EventRelay(clock, config.control_plane.outbox_size)
+        self.relay = (
+            relay
+            if relay is not None
+            else EventRelay(clock, config.control_plane.outbox_size, config.control_plane.outbox_bytes)
+        )
         self.ownership = NodeOwnership(clock)
         self.pool = ProviderPool(self)
         self._nodes: dict[str, NodeConfig] = {node.node_id: node for node in config.nodes}

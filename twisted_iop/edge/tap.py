@@ -15,9 +15,12 @@ from twisted_iop.edge.config import EdgeConfig, load_edge_config
 from twisted_iop.edge.control_plane_link import ControlPlaneLink
 from twisted_iop.edge.inference import InferenceGateway
 from twisted_iop.edge.inference_api import InferenceAPI, inference_site
+from twisted_iop.edge.metrics import edge_registry
 from twisted_iop.edge.node_wire import NodeServerFactory
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.edge.status import StatusProvider
+from twisted_iop.listeners import ListenerService
+from twisted_iop.metrics import metrics_site
 
 
 class Options(DaemonOptions[EdgeConfig]):
@@ -38,6 +41,7 @@ class Options(DaemonOptions[EdgeConfig]):
         return (
             f"edge {config.control_plane.edge_id}, nodes: {len(config.nodes)}, "
             f"node_server on {config.node_server.listen}, inference on {config.inference.listen}, "
+            f"metrics on {config.metrics_listen or 'nothing (disabled)'}, "
             f"control plane at {config.control_plane.address}"
         )
 
@@ -66,6 +70,11 @@ class EdgeService(DaemonService):
         self.inference = self.node_factory.inference = InferenceGateway(self.registry, config.inference, clock)
         site = inference_site(InferenceAPI(self.inference), config.inference.max_request_bytes)
         self.inference_server = self.add_listener("inference", config.inference.listen, site, reactor)
+        self.metrics_server: Optional[ListenerService] = None
+        if config.metrics_listen:
+            self.metrics_server = self.add_listener(
+                "metrics", config.metrics_listen, metrics_site(edge_registry(self), reactor), reactor
+            )
         self.control_plane = self.add_dialer(
             "control-plane", self.link.client_service(clientFromString(reactor, config.control_plane.address))
         )

@@ -22,6 +22,7 @@ from twisted_iop.configuration import (
     parse_connect_setting,
     parse_keepalive,
     parse_max_frame_bytes,
+    parse_metrics_listen,
     parse_provider_basics,
     parse_unique_list,
 )
@@ -30,6 +31,10 @@ from twisted_iop.configuration import (
 DEFAULT_EDGE_ADDRESS = "127.0.0.1:7444"
 #: Environment variable overriding ``edge.address``.
 ENV_EDGE_NODE_WIRE = "IOP_EDGE_NODE_WIRE"
+#: Where the Node serves ``GET /metrics`` unless configured otherwise.
+DEFAULT_METRICS_LISTEN = "tcp:9102:interface=127.0.0.1"
+#: Environment variable overriding ``metrics.listen``.
+ENV_METRICS_LISTEN = "IOP_NODE_METRICS_LISTEN"
 
 #: Provider kinds probed over the OpenAI-compatible ``GET /v1/models``.
 HTTP_KINDS = ("openai", "vllm", "ollama")
@@ -91,6 +96,8 @@ class NodeRuntimeConfig:
     credential: str = attrs.field(default="", repr=False)
     labels: Mapping[str, str] = attrs.field(factory=dict)
     source_path: Optional[str] = None
+    #: Section ``metrics``: where ``GET /metrics`` is served ("" = nowhere).
+    metrics_listen: str = DEFAULT_METRICS_LISTEN
 
 
 def load_node_config(path: Optional[str], environ: Optional[Mapping[str, str]] = None) -> NodeRuntimeConfig:
@@ -101,7 +108,7 @@ def load_node_config(path: Optional[str], environ: Optional[Mapping[str, str]] =
 def parse_node_config(data: Mapping[str, Any], environ: Mapping[str, str] = {}) -> NodeRuntimeConfig:
     """Validate a parsed node.yaml mapping."""
     top = Section(data, "")
-    top.reject_unknown({"node_id", "credential", "labels", "edge", "probes", "providers"})
+    top.reject_unknown({"node_id", "credential", "labels", "edge", "probes", "providers", "metrics"})
     return NodeRuntimeConfig(
         node_id=top.identifier("node_id"),
         credential=top.string("credential"),
@@ -109,6 +116,9 @@ def parse_node_config(data: Mapping[str, Any], environ: Mapping[str, str] = {}) 
         edge=_edge(top.section("edge"), environ),
         probes=_probes(top.section("probes")),
         providers=parse_node_providers(top.raw("providers")),
+        metrics_listen=parse_metrics_listen(
+            top.section("metrics"), DEFAULT_METRICS_LISTEN, environ, ENV_METRICS_LISTEN
+        ),
     )
 
 

@@ -43,6 +43,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
 from zope.interface import implementer
 
+from twisted_iop.metrics import LatencyHistogram
 from twisted_iop.mock_provider import MockBehaviour, MockRun
 from twisted_iop.node.config import NodeProviderConfig
 from twisted_iop.openai_api import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, ENDPOINT_PATHS
@@ -228,6 +229,9 @@ class InferenceRunner:
         self.completed = 0
         self.failed = 0
         self.cancelled = 0
+        self.refused = 0
+        #: For /metrics: provider requests, start to done, per provider id.
+        self.provider_seconds: dict[str, LatencyHistogram] = {}
 
     def close(self) -> None:
         """Close idle provider connections (the Node is stopping)."""
@@ -266,6 +270,7 @@ class InferenceRunner:
         state = self._state(session)
 
         def refuse(reason: str) -> None:
+            self.refused += 1
             self._log.warn("refusing inference {id}: {reason}", id=inference_id, reason=reason)
             session.send(
                 "inference_done",
@@ -289,7 +294,7 @@ class InferenceRunner:
         if provider is None:
             refuse(f"provider {request.provider_id!r} is not hosted on this node")
             return
-        reply = _Reply(self, session, state, inference_id)
+        reply = _Reply(self, session, state, inference_id, provider.provider_id, self._clock.seconds())
         job: _Job
         if provider.kind == "mock":
             try:
@@ -330,8 +335,12 @@ class InferenceRunner:
                     pass
         return state
 
-    def _finished(self, state: _SessionState, inference_id: int, ok: bool) -> None:
+    def _finished(self, state: _SessionState, inference_id: int, ok: bool, provider_id: str, started: float) -> None:
         if state.jobs.pop(inference_id, None) is not None:
+            histogram = self.provider_seconds.get(provider_id)
+            if histogram is None:
+                histogram = self.provider_seconds[provider_id] = LatencyHistogram()
+            histogram.observe(self._clock.seconds() - started)  # metrics: once per request
             if ok:
                 self.completed += 1
             else:
@@ -351,11 +360,21 @@ def _behaviour(provider: NodeProviderConfig) -> MockBehaviour:
 class _Reply:
     """Sends one job's frames; after done or cancel, sends nothing more."""
 
-    def __init__(self, runner: InferenceRunner, session: InferenceSession, state: _SessionState, inference_id: int):
+    def __init__(
+        self,
+        runner: InferenceRunner,
+        session: InferenceSession,
+        state: _SessionState,
+        inference_id: int,
+        provider_id: str,
+        started: float,
+    ):
         self._runner = runner
         self._session = session
         self._state = state
         self.inference_id = inference_id
+        self._provider_id = provider_id
+        self._started = started
         self.chunks = 0
 
     @property
@@ -383,7 +402,8 @@ class _Reply:
     ) -> None:
         if not self.live:
             return
-        self._runner._finished(self._state, self.inference_id, status == pb.INFERENCE_STATUS_OK)
+        ok = status == pb.INFERENCE_STATUS_OK
+        self._runner._finished(self._state, self.inference_id, ok, self._provider_id, self._started)
         message = pb.InferenceDone(
             inference_id=self.inference_id,
             status=status,

@@ -9,9 +9,12 @@ from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import clientFromString
 
 from twisted_iop.daemon import DaemonOptions, DaemonService, compose
+from twisted_iop.listeners import ListenerService
+from twisted_iop.metrics import metrics_site
 from twisted_iop.node.config import NodeRuntimeConfig, load_node_config
 from twisted_iop.node.edge_link import EdgeLink
 from twisted_iop.node.inference import InferenceHTTPClient, InferenceRunner
+from twisted_iop.node.metrics import node_registry
 from twisted_iop.node.probes import HTTPClient, ProviderProber
 from twisted_iop.node.runtime import NodeRuntime
 
@@ -31,11 +34,15 @@ class Options(DaemonOptions[NodeRuntimeConfig]):
 
     def summary(self, config: NodeRuntimeConfig) -> str:
         """Who it is and where it dials."""
-        return f"node {config.node_id}, providers: {len(config.providers)}, edge at {config.edge.address}"
+        metrics = config.metrics_listen or "nothing (disabled)"
+        return (
+            f"node {config.node_id}, providers: {len(config.providers)}, edge at {config.edge.address}, "
+            f"metrics on {metrics}"
+        )
 
 
 class NodeService(DaemonService):
-    """The Node: its runtime (state) first, then the link to its Edge (no listener)."""
+    """The Node: its runtime (state) first, its metrics listener (if any), then the link to its Edge."""
 
     daemon_name = "iop-node"
 
@@ -48,6 +55,11 @@ class NodeService(DaemonService):
         runtime.inference = InferenceRunner(lambda: runtime.providers, clock, cast(Optional[InferenceHTTPClient], http))
         self.add_state(self.runtime)
         self.link = EdgeLink(config, self.runtime, clock)
+        self.metrics_server: Optional[ListenerService] = None
+        if config.metrics_listen:
+            self.metrics_server = self.add_listener(
+                "metrics", config.metrics_listen, metrics_site(node_registry(self), reactor), reactor
+            )
         self.edge = self.add_dialer(
             "edge-link", self.link.client_service(clientFromString(reactor, config.edge.address))
         )

@@ -53,6 +53,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from twisted_iop.metrics import WireCounters
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.enums import enum_name
 from twisted_iop.wire.peer import FramedPeerProtocol, KeepaliveSweeper, WireError
@@ -329,7 +330,7 @@ class HelloDialerProtocol(FramedPeerProtocol, Generic[LinkT]):
     wire_name: ClassVar[str]
 
     def __init__(self, link: LinkT) -> None:
-        super().__init__(link.clock, link.dial.peer_settings())
+        super().__init__(link.clock, link.dial.peer_settings(), link.wire_counters)
         self._link = link
         #: Whether the peer accepted this connection's hello.
         self.accepted = False
@@ -451,6 +452,8 @@ class DialerLink(Generic[ProtocolT]):
         self.superseded = False
         #: Failed attempts in a row, as the ``ClientService`` last counted them.
         self.failed_attempts = 0
+        #: Frames and bytes of every connection of this link (for /metrics).
+        self.wire_counters = WireCounters()
         self._sweeper = KeepaliveSweeper(
             clock, dial.peer_settings(), lambda: [self.current] if self.current is not None else []
         )

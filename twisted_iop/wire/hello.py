@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 import hmac
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Optional, Protocol
 
 import attrs
@@ -30,6 +30,11 @@ MAX_COMMANDS = 256
 MAX_LABELS = 64
 MAX_PROVIDERS = 256
 MAX_TEXT = 256
+#: Characters of a description (of a command or an argument).
+MAX_DESCRIPTION = 1024
+#: Arguments one command may declare, and all commands together.
+MAX_COMMAND_ARGUMENTS = 32
+MAX_CATALOG_ARGUMENTS = 1024
 
 
 class RejectionCode(enum.Enum):
@@ -116,16 +121,49 @@ def check_edge_hello(hello: pb.EdgeHelloRequest, credentials: CredentialCheck) -
         return rejection
     if not credentials.check(hello.edge_id, hello.credential):
         return Rejection(RejectionCode.BAD_CREDENTIAL, f"wrong or missing credential for edge {hello.edge_id!r}")
-    if len(hello.commands) > MAX_COMMANDS:
-        return Rejection(
-            RejectionCode.INVALID_HELLO, f"too many commands announced ({len(hello.commands)} > {MAX_COMMANDS})"
-        )
     rejection = check_labels(hello.labels)
     if rejection is not None:
         return rejection
-    for spec in hello.commands:
+    return check_catalog(hello.commands)
+
+
+def check_catalog(commands: Sequence[pb.CommandSpec]) -> Optional[Rejection]:
+    """A rejection when an announced command catalog is over a bound.
+
+    Bounds: :data:`MAX_COMMANDS` commands, :data:`MAX_COMMAND_ARGUMENTS`
+    arguments per command and :data:`MAX_CATALOG_ARGUMENTS` in all; names
+    and target kinds up to :data:`MAX_TEXT` characters, descriptions up to
+    :data:`MAX_DESCRIPTION`.
+    """
+    if len(commands) > MAX_COMMANDS:
+        return Rejection(RejectionCode.INVALID_HELLO, f"too many commands announced ({len(commands)} > {MAX_COMMANDS})")
+    arguments = 0
+    for spec in commands:
         if not spec.name or len(spec.name) > MAX_TEXT:
             return Rejection(RejectionCode.INVALID_HELLO, "a command in the catalog has an empty or overlong name")
+        quoted = spec.name[:40]
+        if len(spec.target_kind) > MAX_TEXT or len(spec.description) > MAX_DESCRIPTION:
+            return Rejection(
+                RejectionCode.INVALID_HELLO,
+                f"command {quoted!r} has a target kind over {MAX_TEXT} or a description over {MAX_DESCRIPTION} characters",
+            )
+        if len(spec.arguments) > MAX_COMMAND_ARGUMENTS:
+            return Rejection(
+                RejectionCode.INVALID_HELLO,
+                f"command {quoted!r} declares too many arguments ({len(spec.arguments)} > {MAX_COMMAND_ARGUMENTS})",
+            )
+        arguments += len(spec.arguments)
+        if arguments > MAX_CATALOG_ARGUMENTS:
+            return Rejection(
+                RejectionCode.INVALID_HELLO, f"the catalog declares more than {MAX_CATALOG_ARGUMENTS} arguments in all"
+            )
+        for argument in spec.arguments:
+            if len(argument.name) > MAX_TEXT or len(argument.description) > MAX_DESCRIPTION:
+                return Rejection(
+                    RejectionCode.INVALID_HELLO,
+                    f"an argument of command {quoted!r} has a name over {MAX_TEXT} "
+                    f"or a description over {MAX_DESCRIPTION} characters",
+                )
     return None
 
 

@@ -39,6 +39,7 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from twisted_iop.metrics import WireCounters
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.enums import enum_name
 from twisted_iop.wire.pending import PendingRequests
@@ -107,6 +108,41 @@ def frame(envelope: pb.Envelope) -> bytes:
     return len(data).to_bytes(4, "big") + data
 
 
+def varint(value: int) -> bytes:
+    """``value`` (>= 0) as a protobuf base-128 varint."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+#: The tag of ``Envelope.request_id`` (field 1, varint), which leads a
+#: request serialized by :class:`SerializedRequest`.
+_REQUEST_ID_TAG = b"\x08"
+
+
+class SerializedRequest:
+    """A request body serialized once, for requests sent over and over.
+
+    A fleet round sends the same empty ``EdgeStatusRequest`` to every edge;
+    only the request id differs. The envelope without a request id is
+    serialized here once, and each request is the request id field followed
+    by those bytes (protobuf allows fields in any order; the receiver
+    parses the same envelope).
+    """
+
+    def __init__(self, body: str, message: Message) -> None:
+        self.body = body
+        #: The envelope with ``request_id`` 0 (left out by proto3).
+        self.tail = make_envelope(body, message).SerializeToString()
+
+    def envelope_bytes(self, request_id: int) -> bytes:
+        """The serialized envelope of this request with ``request_id``."""
+        return _REQUEST_ID_TAG + varint(request_id) + self.tail
+
+
 def _disconnected() -> Exception:
     return PeerDisconnected("connection closed before the answer")
 
@@ -116,8 +152,10 @@ class FramedPeerProtocol(Protocol):
 
     _log = Logger()
 
-    def __init__(self, clock: IReactorTime, settings: PeerSettings) -> None:
+    def __init__(self, clock: IReactorTime, settings: PeerSettings, counters: Optional[WireCounters] = None) -> None:
         self.MAX_LENGTH = settings.max_frame_bytes
+        #: Frames and bytes of this wire (shared by a factory's connections), for /metrics.
+        self.wire_counters = counters if counters is not None else WireCounters()
         self._clock = clock
         self._settings = settings
         self._pending: PendingRequests[pb.Envelope] = PendingRequests()
@@ -172,6 +210,8 @@ class FramedPeerProtocol(Protocol):
     def dataReceived(self, data: bytes) -> None:
         if self.closing:
             return
+        counters = self.wire_counters
+        counters.bytes_in += len(data)  # metrics: one add per read
         buffer = self._buffer
         buffer += data
         start = 0
@@ -188,6 +228,7 @@ class FramedPeerProtocol(Protocol):
                 break
             payload = bytes(buffer[start + PREFIX_BYTES : end])
             start = end
+            counters.frames_in += 1  # metrics: one add per frame
             self.frame_received(payload)
         if self.closing:
             self._buffer = bytearray()
@@ -321,6 +362,9 @@ class FramedPeerProtocol(Protocol):
         if len(data) >= 2 ** (8 * PREFIX_BYTES):
             raise ValueError(f"a frame of {len(data)} bytes cannot be length-prefixed")
         assert self.transport is not None
+        counters = self.wire_counters  # metrics: one add per frame, and its bytes
+        counters.frames_out += 1
+        counters.bytes_out += len(data) + PREFIX_BYTES
         self.transport.write(len(data).to_bytes(PREFIX_BYTES, "big") + data)
 
     def send_error(self, code: pb.ErrorCode, message: str, request_id: int = 0) -> None:
@@ -340,15 +384,25 @@ class FramedPeerProtocol(Protocol):
         """
         if self.closing or self.transport is None:
             return fail(PeerDisconnected("connection is closed"))
-        if deadline:
-            seconds = self._settings.request_timeout_seconds if timeout is None else timeout
-            request_id, d = self._pending.add(
-                self._clock, seconds, lambda: RequestTimeout(f"no answer within {seconds:g}s")
-            )
-        else:
-            request_id, d = self._pending.add(None, 0.0, _disconnected)
+        request_id, d = self._add_pending(timeout, deadline)
         self.sendString(make_envelope(body, message, request_id).SerializeToString())
         return d
+
+    def request_serialized(
+        self, request: SerializedRequest, timeout: Optional[float] = None, *, deadline: bool = True
+    ) -> Deferred[pb.Envelope]:
+        """:meth:`request` for a body serialized once (no per-request protobuf work)."""
+        if self.closing or self.transport is None:
+            return fail(PeerDisconnected("connection is closed"))
+        request_id, d = self._add_pending(timeout, deadline)
+        self.sendString(request.envelope_bytes(request_id))
+        return d
+
+    def _add_pending(self, timeout: Optional[float], deadline: bool) -> tuple[int, Deferred[pb.Envelope]]:
+        if deadline:
+            seconds = self._settings.request_timeout_seconds if timeout is None else timeout
+            return self._pending.add(self._clock, seconds, lambda: RequestTimeout(f"no answer within {seconds:g}s"))
+        return self._pending.add(None, 0.0, _disconnected)
 
     @property
     def pending_requests(self) -> int:
@@ -486,7 +540,7 @@ class AcceptedPeerProtocol(FramedPeerProtocol):
     hello_bodies: frozenset[str] = HELLO_BODIES
 
     def __init__(self, factory: PeerServerFactory) -> None:
-        super().__init__(factory.clock, factory.settings)
+        super().__init__(factory.clock, factory.settings, factory.wire_counters)
         self.factory = factory
 
     def peer_connected(self) -> None:
@@ -522,10 +576,17 @@ class PeerServerFactory(Factory):
         self.clock = clock
         self.settings = settings
         self.connections: set[AcceptedPeerProtocol] = set()
+        #: Frames and bytes of every connection, and refused hellos by reason (for /metrics).
+        self.wire_counters = WireCounters()
+        self.hello_rejections: dict[str, int] = {}
         self.keepalive = KeepaliveSweeper(clock, settings, lambda: self.connections)
 
     def buildProtocol(self, addr: Optional[IAddress]) -> AcceptedPeerProtocol:  # type: ignore[override]
         return self.protocol_class(self)
+
+    def count_rejection(self, code: str) -> None:
+        """Count a hello refused with the rejection ``code``."""
+        self.hello_rejections[code] = self.hello_rejections.get(code, 0) + 1
 
     def close_all(self, reason: str) -> None:
         """Close every connection, saying the server is shutting down."""

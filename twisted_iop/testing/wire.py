@@ -10,12 +10,12 @@ failure, a violating connection is answered or closed, and a good peer is
 still served afterwards. The fuzz tests and ``bench/wire_fuzz.py`` share
 them.
 
-Only tests and benchmarks import this module.
+Only tests and benchmarks import this module. The frames it feeds and
+reads are built and decoded by :mod:`twisted_iop.testing.frames`.
 """
 
 from __future__ import annotations
 
-import os
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,6 +28,8 @@ from twisted.logger import ILogObserver, LogLevel, globalLogPublisher
 from twisted.python.failure import Failure
 from zope.interface import provider
 
+from twisted_iop.testing.configs import edge_mapping, node_hello
+from twisted_iop.testing.frames import decode_frames, ws_frame, ws_messages
 from twisted_iop.wire import PROTOCOL_MAJOR
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import (
@@ -47,44 +49,6 @@ GOOD_EDGE_ID = "edge-good"
 GOOD_NODE_ID = "node-1"
 
 
-# -- protobuf encoding by hand (for what the generated API cannot express) ------
-
-
-def varint(value: int) -> bytes:
-    """``value`` as a protobuf varint (negative values as 10-byte two's complement)."""
-    if value < 0:
-        value += 1 << 64
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def field_varint(number: int, value: int) -> bytes:
-    """One varint field (wire type 0)."""
-    return varint(number << 3) + varint(value)
-
-
-def field_bytes(number: int, payload: bytes) -> bytes:
-    """One length-delimited field (wire type 2)."""
-    return varint((number << 3) | 2) + varint(len(payload)) + payload
-
-
-def length_prefixed(payload: bytes) -> bytes:
-    """``payload`` as one frame on a TCP wire."""
-    return struct.pack(">I", len(payload)) + payload
-
-
-def envelope_bytes(body: str, message: Any, request_id: int = 0) -> bytes:
-    """A serialized envelope (no length prefix)."""
-    return make_envelope(body, message, request_id).SerializeToString()
-
-
 def edge_hello(edge_id: str = GOOD_EDGE_ID) -> pb.EdgeHelloRequest:
     """A hello the Control Plane accepts."""
     return pb.EdgeHelloRequest(
@@ -92,29 +56,6 @@ def edge_hello(edge_id: str = GOOD_EDGE_ID) -> pb.EdgeHelloRequest:
         protocol_major=PROTOCOL_MAJOR,
         commands=[pb.CommandSpec(name="node.drain", target_kind="node")],
     )
-
-
-def node_hello(node_id: str = GOOD_NODE_ID) -> pb.NodeHelloRequest:
-    """A hello the Edge accepts (see :func:`edge_config_mapping`)."""
-    return pb.NodeHelloRequest(
-        node_id=node_id,
-        protocol_major=PROTOCOL_MAJOR,
-        providers=[pb.NodeProviderSpec(provider_id="mock-a", kind="mock", models=["m"])],
-    )
-
-
-def edge_config_mapping() -> dict[str, Any]:
-    """An edge.yaml mapping with one Node and one provider."""
-    return {
-        "control_plane": {"address": "127.0.0.1:7443", "edge_id": "edge-a"},
-        "node_server": {"listen": "tcp:0:interface=127.0.0.1"},
-        "nodes": [
-            {
-                "node_id": GOOD_NODE_ID,
-                "providers": [{"provider_id": "mock-a", "kind": "mock", "models": ["m"], "capacity": 2}],
-            }
-        ],
-    }
 
 
 # -- the log --------------------------------------------------------------------
@@ -166,22 +107,6 @@ class LogCapture:
 
 
 # -- framed TCP wires ------------------------------------------------------------
-
-
-def decode_frames(data: bytes) -> list[pb.Envelope]:
-    """Every complete frame written to a transport, decoded."""
-    out = []
-    offset = 0
-    while len(data) - offset >= PREFIX_BYTES:
-        (length,) = struct.unpack(">I", data[offset : offset + PREFIX_BYTES])
-        end = offset + PREFIX_BYTES + length
-        if end > len(data):
-            break
-        envelope = pb.Envelope()
-        envelope.ParseFromString(data[offset + PREFIX_BYTES : end])
-        out.append(envelope)
-        offset = end
-    return out
 
 
 class FramedConnection:
@@ -345,7 +270,7 @@ class NodeWireDriver:
 
         self.clock = Clock()
         self.settings = settings
-        self.registry = NodeRegistry(parse_edge_config(edge_config_mapping(), {}), self.clock)
+        self.registry = NodeRegistry(parse_edge_config(edge_mapping(), {}), self.clock)
         self.factory = NodeServerFactory(self.registry, self.clock, settings)
         self.outcomes: list[Any] = []
 
@@ -390,50 +315,6 @@ _HANDSHAKE = (
     b"GET /client HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
     b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
 )
-
-OPCODE_TEXT = 1
-OPCODE_BINARY = 2
-
-
-def ws_frame(payload: bytes, opcode: int = OPCODE_BINARY, mask: Optional[bytes] = None) -> bytes:
-    """One masked client-to-server WebSocket frame."""
-    key = os.urandom(4) if mask is None else mask
-    n = len(payload)
-    head = bytes([0x80 | opcode])
-    if n < 126:
-        head += bytes([0x80 | n])
-    elif n < 65536:
-        head += bytes([0x80 | 126]) + struct.pack(">H", n)
-    else:
-        head += bytes([0x80 | 127]) + struct.pack(">Q", n)
-    masked = bytes(b ^ key[i % 4] for i, b in enumerate(payload))
-    return head + key + masked
-
-
-def ws_messages(data: bytes) -> tuple[list[pb.ClientEnvelope], Optional[int]]:
-    """The binary messages and the close code (if any) in server-to-client frames."""
-    messages: list[pb.ClientEnvelope] = []
-    close_code: Optional[int] = None
-    offset = 0
-    while len(data) - offset >= 2:
-        opcode = data[offset] & 0x0F
-        n = data[offset + 1] & 0x7F
-        offset += 2
-        if n == 126:
-            (n,) = struct.unpack(">H", data[offset : offset + 2])
-            offset += 2
-        elif n == 127:
-            (n,) = struct.unpack(">Q", data[offset : offset + 8])
-            offset += 8
-        payload = data[offset : offset + n]
-        offset += n
-        if opcode == OPCODE_BINARY:
-            envelope = pb.ClientEnvelope()
-            envelope.ParseFromString(payload)
-            messages.append(envelope)
-        elif opcode == 8 and len(payload) >= 2:
-            (close_code,) = struct.unpack(">H", payload[:2])
-    return messages, close_code
 
 
 class ClientConnection:

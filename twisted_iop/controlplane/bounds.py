@@ -1,0 +1,232 @@
+"""Bounds on what the Control Plane keeps of an edge's words.
+
+Everything an edge sends that the registry stores (events, command results
+and reasons, status snapshots, the hello catalog) passes through here
+first. Pure functions, no I/O: an event or a result over a bound is cut
+down and marked (attribute ``truncated: "true"``), never stored whole; a
+status snapshot over a bound is refused; a catalog is compacted when its
+edge goes away. Hello bounds live in :mod:`twisted_iop.wire.hello`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Optional
+
+import attrs
+
+from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.hello import (
+    MAX_CATALOG_ARGUMENTS,
+    MAX_COMMANDS,
+    MAX_DESCRIPTION,
+    MAX_LABELS,
+    MAX_PROVIDERS,
+    MAX_TEXT,
+)
+from twisted_iop.wire.settings import PeerSettings
+
+#: Characters of an event kind, node, provider or command id that are kept.
+MAX_EVENT_ID = MAX_TEXT
+#: Characters of an event's message that are kept.
+MAX_EVENT_MESSAGE = 4096
+#: Attributes an event keeps (besides the ``truncated`` marker).
+MAX_EVENT_ATTRIBUTES = 32
+#: Characters of an attribute or result key; a longer key is dropped.
+MAX_KEY = MAX_TEXT
+#: Characters of an attribute value that are kept.
+MAX_ATTRIBUTE_VALUE = 1024
+#: Entries a command result keeps (besides the ``truncated`` marker).
+MAX_RESULT_ENTRIES = 64
+#: Characters of a command argument value that the HTTP view admits.
+MAX_ARGUMENT_VALUE = 1024
+#: Characters of a result value that are kept.
+MAX_RESULT_VALUE = 1024
+#: Characters of an edge's reason (command answer, late outcome) that are kept.
+MAX_REASON = 1024
+
+#: The marker added to attributes or results that were cut down.
+TRUNCATED_KEY = "truncated"
+TRUNCATED = {TRUNCATED_KEY: "true"}
+#: What ends a string that was cut.
+ELLIPSIS = "..."
+
+#: Bounds on one status snapshot; a larger one is refused as an edge error.
+MAX_STATUS_BYTES = 256 * 1024
+MAX_STATUS_NODES = 512
+#: Providers, node labels and models in one snapshot, counted over all its nodes.
+MAX_STATUS_PROVIDERS = 1024
+MAX_STATUS_LABELS = 1024
+MAX_STATUS_MODELS = 4096
+
+
+def clip(text: str, limit: int) -> tuple[str, bool]:
+    """``text`` cut to ``limit`` characters (ending in ``...``), and whether it was cut."""
+    if len(text) <= limit:
+        return text, False
+    return text[: limit - len(ELLIPSIS)] + ELLIPSIS, True
+
+
+def clip_map(values: Mapping[str, str], max_entries: int, max_value: int) -> tuple[dict[str, str], bool]:
+    """A bounded copy of a peer's ``str -> str`` map, and whether anything was cut.
+
+    Keys longer than :data:`MAX_KEY` are dropped, values longer than
+    ``max_value`` cut; beyond ``max_entries`` the keys that sort last are
+    dropped (the map's order on the wire means nothing). A cut map gets
+    the ``truncated: "true"`` marker.
+    """
+    if len(values) <= max_entries and all(len(k) <= MAX_KEY and len(v) <= max_value for k, v in values.items()):
+        return dict(values), False
+    kept: dict[str, str] = {}
+    for key in sorted(values):
+        if len(key) > MAX_KEY or key == TRUNCATED_KEY:
+            continue
+        if len(kept) == max_entries:
+            break
+        kept[key] = clip(values[key], max_value)[0]
+    kept.update(TRUNCATED)
+    return kept, True
+
+
+@attrs.frozen
+class ClippedEvent:
+    """The fields of an edge's event that the registry may store."""
+
+    kind: str
+    node_id: str
+    provider_id: str
+    command_id: str
+    message: str
+    attributes: dict[str, str]
+    truncated: bool
+
+
+def clip_event(event: pb.EdgeEvent) -> ClippedEvent:
+    """The bounded fields of ``event``; marked ``truncated`` if anything was cut."""
+    cut = False
+    fields = []
+    for text, limit in (
+        (event.kind, MAX_EVENT_ID),
+        (event.node_id, MAX_EVENT_ID),
+        (event.provider_id, MAX_EVENT_ID),
+        (event.command_id, MAX_EVENT_ID),
+        (event.message, MAX_EVENT_MESSAGE),
+    ):
+        value, was_cut = clip(text, limit)
+        fields.append(value)
+        cut = cut or was_cut
+    attributes, attributes_cut = clip_map(event.attributes, MAX_EVENT_ATTRIBUTES, MAX_ATTRIBUTE_VALUE)
+    if cut and not attributes_cut:
+        attributes.update(TRUNCATED)
+    kind, node_id, provider_id, command_id, message = fields
+    return ClippedEvent(kind, node_id, provider_id, command_id, message, attributes, cut or attributes_cut)
+
+
+def clip_result(result: Mapping[str, str]) -> dict[str, str]:
+    """A command result as the registry may keep it (cut and marked if over a bound)."""
+    return clip_map(result, MAX_RESULT_ENTRIES, MAX_RESULT_VALUE)[0]
+
+
+def clip_reason(reason: str) -> str:
+    """An edge's reason as the registry may keep it."""
+    return clip(reason, MAX_REASON)[0]
+
+
+def status_problem(response: pb.EdgeStatusResponse) -> Optional[str]:
+    """Why a status snapshot is too large to keep, or None.
+
+    Bounds: its size on the wire, the number of nodes, of providers in all,
+    of models per provider, of labels per node, and every string.
+    """
+    size = response.ByteSize()
+    if size > MAX_STATUS_BYTES:
+        return f"status snapshot is {size} bytes (more than {MAX_STATUS_BYTES})"
+    if len(response.nodes) > MAX_STATUS_NODES:
+        return f"status snapshot has {len(response.nodes)} nodes (more than {MAX_STATUS_NODES})"
+    providers = labels = models = 0
+    for node in response.nodes:
+        providers += len(node.providers)
+        if len(node.providers) > MAX_PROVIDERS or providers > MAX_STATUS_PROVIDERS:
+            return f"status snapshot has more than {MAX_STATUS_PROVIDERS} providers (or {MAX_PROVIDERS} on one node)"
+        labels += len(node.labels)
+        if len(node.labels) > MAX_LABELS or labels > MAX_STATUS_LABELS:
+            return f"status snapshot has more than {MAX_STATUS_LABELS} node labels (or {MAX_LABELS} on one node)"
+        if _too_long(node.labels.keys(), MAX_TEXT) or _too_long(node.labels.values(), MAX_TEXT):
+            return f"status snapshot has a node label longer than {MAX_TEXT} characters"
+        if len(node.node_id) > MAX_TEXT:
+            return f"status snapshot has a node id longer than {MAX_TEXT} characters"
+        for provider in node.providers:
+            models += len(provider.models)
+            if models > MAX_STATUS_MODELS:
+                return f"status snapshot names more than {MAX_STATUS_MODELS} models"
+            if (
+                len(provider.provider_id) > MAX_TEXT
+                or len(provider.kind) > MAX_TEXT
+                or len(provider.health_reason) > MAX_DESCRIPTION
+                or _too_long(provider.models, MAX_TEXT)
+            ):
+                return "status snapshot has a provider string over its bound"
+    return None
+
+
+def _too_long(texts: Iterable[str], limit: int) -> bool:
+    return any(len(text) > limit for text in texts)
+
+
+def compact_catalog(commands: Iterable[pb.CommandSpec]) -> tuple[pb.CommandSpec, ...]:
+    """The catalog a disconnected edge keeps: names, target kinds and
+    argument names (with ``required``); descriptions are dropped."""
+    return tuple(
+        pb.CommandSpec(
+            name=spec.name,
+            target_kind=spec.target_kind,
+            arguments=[pb.CommandArgumentSpec(name=a.name, required=a.required) for a in spec.arguments],
+        )
+        for spec in commands
+    )
+
+
+def detached_catalog(commands: Iterable[pb.CommandSpec]) -> tuple[pb.CommandSpec, ...]:
+    """Copies of an announced catalog that do not keep the hello frame alive."""
+    copies = []
+    for spec in commands:
+        copy = pb.CommandSpec()
+        copy.CopyFrom(spec)
+        copies.append(copy)
+    return tuple(copies)
+
+
+#: Estimated bytes of one protobuf message (or map entry) in memory,
+#: besides its text (measured: about 250 with the upb runtime).
+MESSAGE_BYTES = 320
+#: Estimated bytes of one element of a repeated string field, besides its text.
+REPEATED_BYTES = 32
+
+
+def catalog_size(commands: Iterable[pb.CommandSpec]) -> int:
+    """Estimated bytes of a kept catalog: its messages and twice their wire size."""
+    size = 0
+    for spec in commands:
+        size += MESSAGE_BYTES * (1 + len(spec.arguments)) + 2 * spec.ByteSize()
+    return size
+
+
+def status_size(response: pb.EdgeStatusResponse) -> int:
+    """Estimated bytes of a kept status snapshot: its messages and twice its wire size."""
+    messages = 1 + len(response.nodes)
+    models = 0
+    for node in response.nodes:
+        messages += len(node.providers) + len(node.labels)
+        models += sum(len(provider.models) for provider in node.providers)
+    return MESSAGE_BYTES * messages + REPEATED_BYTES * models + 2 * response.ByteSize()
+
+
+#: The largest estimates of :func:`catalog_size` (a hello frame is at most
+#: 64 KiB) and :func:`status_size` that the bounds allow.
+MAX_HELLO_FRAME_BYTES = PeerSettings().max_hello_frame_bytes
+MAX_CATALOG_BYTES = MESSAGE_BYTES * (MAX_COMMANDS + MAX_CATALOG_ARGUMENTS) + 2 * MAX_HELLO_FRAME_BYTES
+MAX_SNAPSHOT_BYTES = (
+    MESSAGE_BYTES * (1 + MAX_STATUS_NODES + MAX_STATUS_PROVIDERS + MAX_STATUS_LABELS)
+    + REPEATED_BYTES * MAX_STATUS_MODELS
+    + 2 * MAX_STATUS_BYTES
+)

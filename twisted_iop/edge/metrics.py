@@ -1,0 +1,118 @@
+"""The Edge's Prometheus metrics, read from its state when scraped.
+
+Served by the Edge's metrics listener (``metrics.listen``) at
+``GET /metrics``. Node, provider and queue figures are read from the node
+registry and the provider pool at scrape time; the inference gateway and
+the wires count what has no state to read (outcomes, latencies, frames) in
+plain integers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from twisted_iop.metrics import (
+    counter,
+    gauge,
+    hello_rejections,
+    histogram,
+    histograms,
+    labelled,
+    new_registry,
+    wire_metrics,
+)
+
+if TYPE_CHECKING:
+    from twisted_iop.edge.tap import EdgeService
+
+#: The ``class`` label of the two lease classes.
+GENERAL = "general"
+LONG_CONTEXT = "long_context"
+
+
+def edge_registry(service: EdgeService) -> CollectorRegistry:
+    """The registry behind the Edge's ``GET /metrics``."""
+    return new_registry(lambda: edge_metrics(service))
+
+
+def edge_metrics(service: EdgeService) -> Iterator[Metric]:
+    """Every figure of the Edge: Nodes, providers, inference, wires and the Control Plane link."""
+    registry = service.registry
+    nodes = registry.nodes()
+    yield gauge("iop_edge_nodes_configured", "Nodes configured on this Edge", len(nodes))
+    yield gauge("iop_edge_nodes_connected", "Nodes with a dispatch-ready connection", len(registry.ready_nodes()))
+    drained = sum(1 for node in nodes if registry.is_drained(node.node_id))
+    yield gauge("iop_edge_nodes_drained", "Nodes drained (no new work)", drained)
+    yield gauge("iop_edge_node_connections", "Open Node connections, ready or not", registry.connection_count())
+    capacity = GaugeMetricFamily(
+        "iop_edge_provider_capacity", "Leases a provider takes at once", labels=["node", "provider", "class"]
+    )
+    in_flight = GaugeMetricFamily(
+        "iop_edge_provider_in_flight", "Leases a provider holds now", labels=["node", "provider", "class"]
+    )
+    queued = GaugeMetricFamily(
+        "iop_edge_provider_queued",
+        "Requests waiting that this provider could serve",
+        labels=["node", "provider", "class"],
+    )
+    pool = registry.pool
+    for node in nodes:
+        for provider in node.providers:
+            counters = pool.counters(node.node_id, provider.provider_id)
+            general = [node.node_id, provider.provider_id, GENERAL]
+            long_context = [node.node_id, provider.provider_id, LONG_CONTEXT]
+            capacity.add_metric(general, counters.capacity)
+            capacity.add_metric(long_context, counters.long_context_capacity)
+            in_flight.add_metric(general, counters.in_flight)
+            in_flight.add_metric(long_context, counters.long_context_in_flight)
+            queued.add_metric(general, counters.queued)
+            queued.add_metric(long_context, counters.long_context_queued)
+    yield capacity
+    yield in_flight
+    yield queued
+    yield labelled(
+        GaugeMetricFamily,
+        "iop_edge_queued_requests",
+        "Inference requests waiting in admission queues, by lease class",
+        ["class"],
+        [([GENERAL], pool.queued_total(False)), ([LONG_CONTEXT], pool.queued_total(True))],
+    )
+    yield hello_rejections("node", service.node_factory.hello_rejections)
+    yield from wire_metrics({"node": service.node_factory.wire_counters, "control_plane": service.link.wire_counters})
+    inference = service.inference
+    yield gauge("iop_inference_in_flight", "Inference requests admitted and not ended", inference.running())
+    yield labelled(
+        CounterMetricFamily,
+        "iop_inference_requests",
+        "Inference requests ended or refused, by endpoint and outcome",
+        ["endpoint", "outcome"],
+        [([endpoint, outcome], count) for (endpoint, outcome), count in sorted(inference.requests.items())],
+    )
+    yield histograms(
+        "iop_inference_seconds",
+        "Inference requests: admission to the first output, and to the end of completed ones",
+        ["phase"],
+        [(["first_byte"], inference.first_byte_seconds), (["total"], inference.total_seconds)],
+    )
+    yield histogram(
+        "iop_inference_queue_wait_seconds", "Admission (or a retry) to a lease", inference.queue_wait_seconds
+    )
+    link = service.link
+    yield gauge(
+        "iop_edge_control_plane_connected",
+        "1 while a connection to the Control Plane is open",
+        1 if link.current is not None else 0,
+    )
+    yield gauge(
+        "iop_edge_control_plane_enrolled",
+        "1 while the Control Plane has accepted this Edge",
+        1 if link.is_enrolled else 0,
+    )
+    yield counter("iop_edge_control_plane_enrollments", "Times the Control Plane accepted this Edge", link.enrollments)
+    relay = registry.relay
+    yield gauge("iop_edge_outbox_events", "Events waiting for the Control Plane", relay.outbox_length)
+    yield counter("iop_edge_outbox_dropped_events", "Events dropped from a full outbox", relay.dropped_total)

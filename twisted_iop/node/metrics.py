@@ -1,0 +1,80 @@
+"""The Node's Prometheus metrics, read from its state when scraped.
+
+Served by the Node's metrics listener (``metrics.listen``) at
+``GET /metrics``: provider health from the last probes, the inference
+runner's counters and latencies, and the state of the link to the Edge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from twisted_iop.metrics import counter, gauge, histograms, labelled, new_registry, wire_metrics
+from twisted_iop.wire import control_pb2 as pb
+
+if TYPE_CHECKING:
+    from twisted_iop.node.tap import NodeService
+
+#: Health values as the ``health`` label shows them (``unknown``: not probed yet).
+HEALTH_NAMES = {
+    pb.PROVIDER_HEALTH_HEALTHY: "healthy",
+    pb.PROVIDER_HEALTH_DEGRADED: "degraded",
+    pb.PROVIDER_HEALTH_UNHEALTHY: "unhealthy",
+    pb.PROVIDER_HEALTH_OFFLINE: "offline",
+}
+
+
+def node_registry(service: NodeService) -> CollectorRegistry:
+    """The registry behind the Node's ``GET /metrics``."""
+    return new_registry(lambda: node_metrics(service))
+
+
+def node_metrics(service: NodeService) -> Iterator[Metric]:
+    """Every figure of the Node: providers, inference, and the link to its Edge."""
+    runtime = service.runtime
+    by_health = dict.fromkeys([*HEALTH_NAMES.values(), "unknown"], 0)
+    for provider in runtime.providers:
+        result = runtime.health.get(provider.provider_id)
+        name = "unknown" if result is None else HEALTH_NAMES.get(result.health, "unknown")
+        by_health[name] += 1
+    yield labelled(
+        GaugeMetricFamily,
+        "iop_node_providers",
+        "Providers of this Node by their last probed health",
+        ["health"],
+        [([name], count) for name, count in by_health.items()],
+    )
+    yield counter("iop_node_probe_rounds", "Probe rounds over every provider", runtime.rounds)
+    runner = runtime.inference
+    if runner is not None:
+        yield gauge("iop_node_inference_in_flight", "Inference requests running on this Node", runner.running())
+        yield labelled(
+            CounterMetricFamily,
+            "iop_node_inference_requests",
+            "Inference requests ended, by outcome",
+            ["outcome"],
+            [
+                (["completed"], runner.completed),
+                (["failed"], runner.failed),
+                (["cancelled"], runner.cancelled),
+                (["refused"], runner.refused),
+            ],
+        )
+        yield histograms(
+            "iop_node_provider_request_seconds",
+            "Provider requests, start to the last byte, by provider",
+            ["provider"],
+            [([provider_id], histogram) for provider_id, histogram in sorted(runner.provider_seconds.items())],
+        )
+    link = service.link
+    current = link.current
+    yield gauge("iop_node_edge_connected", "1 while a connection to the Edge is open", 1 if current is not None else 0)
+    accepted = current is not None and current.accepted
+    yield gauge("iop_node_edge_accepted", "1 while the Edge has accepted this Node's hello", 1 if accepted else 0)
+    yield gauge("iop_node_ready", "1 once NodeReady was sent on the current connection", 1 if runtime.ready_sent else 0)
+    yield counter("iop_node_edge_acceptances", "Times the Edge accepted this Node", link.acceptances)
+    yield from wire_metrics({"edge": link.wire_counters})

@@ -1,0 +1,26 @@
+"""The test kit: test doubles, frame codecs and daemon harnesses, written once.
+
+Like ``twisted.internet.testing`` and ``treq.testing``, it ships in the
+package so the tests and ``bench/`` share one copy. Production code never
+imports it. The modules:
+
+* :mod:`twisted_iop.testing.frames`: frames and protobuf fields by hand, and
+  the one decoder of a length-prefixed frame stream;
+* :mod:`twisted_iop.testing.configs`: control-plane, edge and node
+  configurations for tests (loopback listeners on port 0, fast reconnects);
+* :mod:`twisted_iop.testing.peers`: the scripted Edge (:class:`ScriptedEdge`),
+  a scripted Control Plane and Node, and typed fakes of ``EdgePeer`` and
+  ``NodePeer`` that mypy checks against the real Protocols;
+* :mod:`twisted_iop.testing.harness`: a real Control Plane, Edge and Node in
+  this reactor, daemons as ``twistd`` processes, bounded polling
+  (:func:`eventually`) and a self-signed certificate;
+* :mod:`twisted_iop.testing.http`: a raw HTTP/1.1 client that misbehaves on
+  purpose, and the inference gateway's request and event-stream helpers;
+* :mod:`twisted_iop.testing.wire`: drivers of every wire's accepting side
+  without sockets, for the fuzz tests and ``bench/wire_fuzz.py``.
+
+Nothing here imports pytest; the test-only libraries (``cryptography``,
+``jsonschema``) are imported where they are used. This package imports
+nothing by itself: :mod:`harness`, :mod:`peers` and :mod:`http` use the
+global reactor, :mod:`frames`, :mod:`configs` and :mod:`wire` do not.
+"""

@@ -14,9 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest_twisted
-from fleet_harness import start_edge, start_node, stop, write_yaml
-from inference_testing import MODEL, chat, gateway_edge_yaml, gateway_node_yaml, mock_provider
-from support import eventually
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.web.test.requesthelper import DummyRequest as TwistedDummyRequest
@@ -25,6 +22,9 @@ from twisted_iop.edge.config import parse_edge_config
 from twisted_iop.edge.inference import InferenceError, InferenceGateway
 from twisted_iop.edge.inference_api import _Exchange
 from twisted_iop.edge.registry import NodeRegistry
+from twisted_iop.testing.configs import MODEL, gateway_edge_yaml, gateway_node_yaml, mock_provider, write_yaml
+from twisted_iop.testing.harness import eventually, start_edge, start_node, stop
+from twisted_iop.testing.http import chat
 from twisted_iop.wire import control_pb2 as pb
 
 EDGE = {

@@ -55,6 +55,13 @@ class NodeServerProtocol(AcceptedPeerProtocol):
         self.node_id: Optional[str] = None
         self.token: Optional[int] = None
 
+    def peer_connected(self) -> None:
+        # Inference frames are small and latency-critical: no Nagle delay.
+        set_no_delay = getattr(self.transport, "setTcpNoDelay", None)
+        if set_no_delay is not None:
+            set_no_delay(True)
+        super().peer_connected()
+
     def connection_closed(self, reason: Failure) -> None:
         if self.token is not None:
             self._registry.node_closed(self.token)

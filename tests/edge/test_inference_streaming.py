@@ -210,7 +210,7 @@ async def test_a_client_that_stops_reading_is_cut_off_and_the_node_stops(tmp_pat
         client.connect(("127.0.0.1", edge.inference_port))
         body = chat(stream=True, max_tokens=1_000_000)
         client.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: edge\r\nContent-Type: application/json\r\n"
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
         )
         await eventually(

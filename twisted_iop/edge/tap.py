@@ -78,7 +78,7 @@ class EdgeService(DaemonService):
         )
         # The inference gateway: its own listener; Node messages reach it through the node server.
         self.inference = self.node_factory.inference = InferenceGateway(self.registry, config.inference, clock)
-        site = inference_site(InferenceAPI(self.inference), config.inference.max_request_bytes)
+        site = inference_site(InferenceAPI(self.inference), config.inference, reactor)
         self.inference_server = self.add_listener("inference", config.inference.listen, site, reactor)
         self.metrics_server: Optional[ListenerService] = None
         if config.metrics_listen:

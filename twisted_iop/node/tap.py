@@ -87,6 +87,7 @@ class NodeService(DaemonService):
         """Tell the Edge ``SHUTTING_DOWN``; the link closes when its service stops."""
         self.link.say_goodbye(SHUTTING_DOWN_REASON)
         self.link.stop()
+        self.inference.close()
 
 
 def makeService(options: Options, reactor: Optional[Any] = None, http: Optional[HTTPClient] = None) -> NodeService:

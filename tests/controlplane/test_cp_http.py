@@ -196,6 +196,9 @@ async def test_viewer_tokens_read_but_do_not_command() -> None:
     assert "viewer" in body["error"]["message"]
     code, body = await post(treq, "/edges/edge-00/commands", b'{"name": "node.drain", "target": "n"}', headers=operator)
     assert code == 200 and body["state"] == "succeeded"
+    assert body["requested_by"] == "ops"
+    code, page = await get(treq, "/edges/edge-00/operations", headers=viewer)
+    assert code == 200 and [op["requested_by"] for op in page["items"]] == ["ops"]
 
 
 @pytest_twisted.ensureDeferred

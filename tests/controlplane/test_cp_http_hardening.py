@@ -88,6 +88,7 @@ async def test_daemon_refuses_hostile_http_and_honours_roles(tmp_path: Path) -> 
         response = await treq.post(base + path, data=body, headers=operator)
         answer = json.loads(await response.content())
         assert response.code == 200 and answer["state"] == "succeeded"
+        assert answer["requested_by"] == "alice"
         assert [c.name for c in edge.commands_seen] == ["node.drain"]
         log = daemon.log()
         assert VIEWER_SECRET not in log and OPERATOR_SECRET not in log

@@ -510,6 +510,8 @@ class Operation:
     deadline_at: Optional[datetime] = None
     history: tuple[OperationTransition, ...] = ()
     late_outcome: Optional[LateOutcome] = None
+    #: The name of the API token that sent the command (None when access is open).
+    requested_by: Optional[str] = None
     replayed: Optional[bool] = _optional_field()
 
     @property

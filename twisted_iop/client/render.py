@@ -384,6 +384,8 @@ def render_operation(operation: Operation) -> str:
         pairs.append(("late outcome", late_outcome_text(operation.late_outcome)))
     if operation.idempotency_key:
         pairs.append(("idempotency key", operation.idempotency_key))
+    if operation.requested_by:
+        pairs.append(("requested by", operation.requested_by))
     if operation.replayed:
         pairs.append(("replayed", "yes: the key matched an earlier identical command; it was not sent again"))
     pairs.append(("created", time_text(operation.created_at)))

@@ -586,6 +586,7 @@ class EdgeGateway:
         arguments: dict[str, str],
         timeout_seconds: float,
         idempotency_key: str = "",
+        requested_by: str = "",
     ) -> Dispatched:
         """Send a command; return its operation and a Deferred of its end.
 
@@ -618,6 +619,7 @@ class EdgeGateway:
             idempotency_key=idempotency_key,
             created_at=now,
             deadline_at=now + timeout_seconds,
+            requested_by=requested_by,
         )
         self._registry.start_operation(operation)
         command = _Command(operation, record.token, timeout_seconds)

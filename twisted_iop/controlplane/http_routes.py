@@ -377,6 +377,7 @@ class ControlPlaneHttp:
     @app.route("/edges/<edge_id>/commands", methods=["POST"])
     async def send_command(self, request: IRequest, edge_id: str) -> bytes:
         """Dispatch a command and wait for its end, up to the timeout."""
+        caller = self._authorize(request)
         self._edge(request, edge_id)
         body = self._body(request)
         name = body.get("name")
@@ -413,7 +414,9 @@ class ControlPlaneHttp:
         if key is not None and (not isinstance(key, str) or len(key) > 200):
             raise BadRequest("the idempotency key must be a string of at most 200 characters")
         try:
-            dispatched = self._gateway.dispatch(edge_id, name, target, args, float(timeout), key or "")
+            dispatched = self._gateway.dispatch(
+                edge_id, name, target, args, float(timeout), key or "", caller.name if caller is not None else ""
+            )
         except IdempotencyConflict as conflict:
             return error_body(
                 request, 409, "idempotency_conflict", str(conflict), operation=views.operation_json(conflict.operation)

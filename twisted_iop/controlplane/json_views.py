@@ -301,6 +301,7 @@ def operation_json(operation: OperationRecord) -> dict[str, Any]:
         "deadline_at": iso(operation.deadline_at),
         "history": [{"state": s, "at": iso(at), "reason": r} for s, at, r in operation.history],
         "late_outcome": late_outcome_json(operation.late_outcome),
+        "requested_by": _none_if_empty(operation.requested_by),
     }
 
 

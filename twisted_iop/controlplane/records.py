@@ -174,6 +174,8 @@ class OperationRecord:
     finished_at: Optional[float] = None
     history: list[tuple[str, float, str]] = attrs.field(factory=list)
     late_outcome: Optional[LateOutcome] = None
+    #: The name of the API token that sent the command ("" when access is open).
+    requested_by: str = ""
 
     @property
     def finished(self) -> bool:
@@ -215,6 +217,7 @@ class OperationRecord:
             + _getsizeof(self.name)
             + _getsizeof(self.target)
             + _getsizeof(self.idempotency_key)
+            + _getsizeof(self.requested_by)
             + _getsizeof(self.state)
             + _getsizeof(self.reason)
             + map_size(self.arguments)

@@ -132,15 +132,44 @@ def clip_reason(reason: str) -> str:
     return clip(reason, MAX_REASON)[0]
 
 
+#: A snapshot of at most this many bytes on the wire cannot hold more
+#: providers, node labels or models in all than the bounds allow: every
+#: element of a repeated field takes at least two bytes (tag and length).
+SMALL_STATUS_BYTES = 2 * min(MAX_STATUS_PROVIDERS, MAX_STATUS_LABELS, MAX_STATUS_MODELS)
+#: A node of at most this many bytes on the wire has no string longer than
+#: the bounds (a character takes at least one byte) and at most half as
+#: many providers (every one at least two bytes) as a node may have.
+SMALL_NODE_BYTES = min(MAX_TEXT, MAX_DESCRIPTION, 2 * MAX_PROVIDERS)
+
+
 def status_problem(response: pb.EdgeStatusResponse) -> Optional[str]:
     """Why a status snapshot is too large to keep, or None.
 
     Bounds: its size on the wire, the number of nodes, of providers in all,
     of models per provider, of labels per node, and every string.
+
+    Most snapshots are small, and their wire sizes alone rule out every
+    count and string bound but labels per node (:data:`SMALL_STATUS_BYTES`,
+    :data:`SMALL_NODE_BYTES`): those are checked without visiting each
+    string. Any other snapshot gets every bound checked one by one.
     """
     size = response.ByteSize()
     if size > MAX_STATUS_BYTES:
         return f"status snapshot is {size} bytes (more than {MAX_STATUS_BYTES})"
+    if len(response.nodes) > MAX_STATUS_NODES:
+        return f"status snapshot has {len(response.nodes)} nodes (more than {MAX_STATUS_NODES})"
+    if size <= SMALL_STATUS_BYTES:
+        for node in response.nodes:
+            if len(node.labels) > MAX_LABELS or node.ByteSize() > SMALL_NODE_BYTES:
+                return full_status_problem(response)
+        return None
+    return full_status_problem(response)
+
+
+def full_status_problem(response: pb.EdgeStatusResponse) -> Optional[str]:
+    """:func:`status_problem` checking every count and string one by one."""
+    if response.ByteSize() > MAX_STATUS_BYTES:
+        return f"status snapshot is {response.ByteSize()} bytes (more than {MAX_STATUS_BYTES})"
     if len(response.nodes) > MAX_STATUS_NODES:
         return f"status snapshot has {len(response.nodes)} nodes (more than {MAX_STATUS_NODES})"
     providers = labels = models = 0

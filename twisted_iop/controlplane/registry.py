@@ -108,13 +108,29 @@ def response_counts(response: pb.EdgeStatusResponse) -> tuple[int, ...]:
 QUOTED_KIND_CHARS = 80
 
 
+class StatusListener(Protocol):
+    """Who hears the end of one status ask (:meth:`EdgePeer.ask_status`)."""
+
+    def status_answered(self, response: Optional[pb.EdgeStatusResponse], error: Optional[Exception]) -> None:
+        """The edge's snapshot, or why there is none (exactly one is set)."""
+
+
 class EdgePeer(Protocol):
     """What the registry needs of a connection: identity and a way to close it."""
 
     last_received: float
 
-    def request_status(self, timeout: float, own_deadline: bool = True) -> Deferred[pb.EdgeStatusResponse]:
-        """Ask the edge for a status snapshot (without a timer if not ``own_deadline``)."""
+    def ask_status(self, timeout: float, own_deadline: bool, listener: StatusListener) -> int:
+        """Ask the edge for a status snapshot; return the ask's request id.
+
+        ``listener.status_answered`` is called exactly once: with the
+        snapshot, or with the failure (``CancelledError`` after
+        :meth:`cancel_status`). Without ``own_deadline`` no timer is set:
+        the caller cancels the ask when it stops waiting.
+        """
+
+    def cancel_status(self, request_id: int) -> None:
+        """Stop waiting for the status ask ``request_id`` (if it still waits)."""
 
     def request_command(self, request: pb.EdgeCommandRequest) -> Deferred[pb.EdgeCommandResponse]:
         """Send a command; the answer is awaited until it comes, the caller

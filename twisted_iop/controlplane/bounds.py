@@ -240,18 +240,10 @@ def catalog_size(commands: Iterable[pb.CommandSpec]) -> int:
     return size
 
 
-def status_size(response: pb.EdgeStatusResponse) -> int:
-    """Estimated bytes of a kept status snapshot: its messages and twice its wire size."""
-    messages = 1 + len(response.nodes)
-    models = 0
-    for node in response.nodes:
-        messages += len(node.providers) + len(node.labels)
-        models += sum(len(provider.models) for provider in node.providers)
-    return MESSAGE_BYTES * messages + REPEATED_BYTES * models + 2 * response.ByteSize()
-
-
-#: The largest estimates of :func:`catalog_size` (a hello frame is at most
-#: 64 KiB) and :func:`status_size` that the bounds allow.
+#: The largest estimate of :func:`catalog_size` (a hello frame is at most
+#: 64 KiB) that the bounds allow, and what the largest snapshot would hold
+#: parsed: an upper bound of a kept snapshot, which the registry keeps as
+#: its serialized bytes (at most MAX_STATUS_BYTES) and its counts.
 MAX_HELLO_FRAME_BYTES = PeerSettings().max_hello_frame_bytes
 MAX_CATALOG_BYTES = MESSAGE_BYTES * (MAX_COMMANDS + MAX_CATALOG_ARGUMENTS) + 2 * MAX_HELLO_FRAME_BYTES
 MAX_SNAPSHOT_BYTES = (

@@ -275,15 +275,33 @@ class EdgeHello:
 class StatusSnapshot:
     """The last status an edge sent, and when it arrived (compared by identity).
 
-    Its counts (:func:`response_counts`) are computed once, here, when the
-    snapshot arrives; every fleet round and view that needs them reads them.
+    It is kept as its serialized bytes (about a fifth of what the parsed
+    message and its arena hold) with its counts (:func:`response_counts`),
+    taken once, when it arrives: fleet rounds need only the counts, and a
+    view that shows the nodes parses the bytes (json_views keeps that
+    rendering per snapshot).
     """
 
-    response: pb.EdgeStatusResponse
+    #: The serialized ``EdgeStatusResponse``.
+    data: bytes
     received_at: float
-    counts: tuple[int, ...] = attrs.field(
-        init=False, default=attrs.Factory(lambda self: response_counts(self.response), takes_self=True)
-    )
+    counts: tuple[int, ...]
+
+    @classmethod
+    def of(cls, response: pb.EdgeStatusResponse, received_at: float) -> StatusSnapshot:
+        """The snapshot of ``response``, received at ``received_at``."""
+        return cls(response.SerializeToString(), received_at, response_counts(response))
+
+    @property
+    def response(self) -> pb.EdgeStatusResponse:
+        """The snapshot parsed from its bytes (a new message on every call)."""
+        response = pb.EdgeStatusResponse()
+        response.ParseFromString(self.data)
+        return response
+
+    def size(self) -> int:
+        """Estimated bytes this snapshot keeps: itself, its bytes and its counts."""
+        return sys.getsizeof(self) + sys.getsizeof(self.data) + sys.getsizeof(self.counts)
 
 
 @attrs.define(eq=False)
@@ -323,7 +341,7 @@ class EdgeRecord:
 
     def kept_bytes(self) -> int:
         """Estimated bytes the registry keeps for this edge (hello, snapshot, buffers)."""
-        snapshot = 0 if self.snapshot is None else bounds.status_size(self.snapshot.response)
+        snapshot = 0 if self.snapshot is None else self.snapshot.size()
         return self.hello.size() + snapshot + self.events.bytes + self.operations.bytes
 
     @property
@@ -503,7 +521,7 @@ class EdgeRegistry(Service):
             return None
         now = self._clock.seconds()
         record.last_seen = now
-        record.snapshot = StatusSnapshot(response=response, received_at=now)
+        record.snapshot = StatusSnapshot.of(response, now)
         return record.snapshot
 
     # -- observers and listeners ---------------------------------------------

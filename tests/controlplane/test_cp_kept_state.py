@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.internet.task import Clock
 
 from twisted_iop.controlplane import json_views as views
+from twisted_iop.controlplane.records import EventBuffer, EventRecord, OperationRecord
 from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry, StatusSnapshot, response_counts
 from twisted_iop.testing.peers import HeldEdgePeer, snapshot
 from twisted_iop.wire import control_pb2 as pb
@@ -44,3 +47,71 @@ def test_a_snapshot_is_smaller_than_the_parsed_message_it_replaces() -> None:
     kept = StatusSnapshot.of(response, 1.0)
     assert len(kept.data) <= kept.size() < len(kept.data) + 512
     assert isinstance(kept.response, pb.EdgeStatusResponse)
+
+
+def test_buffers_make_room_on_first_use() -> None:
+    """An edge's operation buffer holds no tables until its first command; a fresh
+    event buffer none until its first event; empty ones read as empty."""
+    registry, _ = _registry_with_edge()
+    record = registry.get("edge-1")
+    assert record.events.allocated and len(record.events) == 1  # edge.connected
+    operations = record.operations
+    assert not operations.allocated
+    assert len(operations) == 0 and list(operations) == [] and operations.newest_first() == []
+    assert operations.get("x") is None and operations.by_key("k") is None
+    operations.operation_changed(OperationRecord("op", "edge-1", "n", "", {}, "", 1.0, 2.0))
+    assert not operations.allocated
+    operations.add(OperationRecord("op", "edge-1", "n", "", {}, "k", 1.0, 2.0))
+    assert operations.allocated and operations.by_key("k") is operations.get("op")
+    events = EventBuffer(10, 1 << 20)
+    assert not events.allocated and len(events) == 0 and events.since(0, 10) == []
+    assert events.first_sequence == 1
+
+
+def _event(sequence: int, message: str) -> EventRecord:
+    return EventRecord(sequence, sequence, "e", "k", 1.0, 1.0, message=message)
+
+
+class _ModelBuffer:
+    """The event buffer's rules over a plain list (the reference)."""
+
+    def __init__(self, capacity: int, budget: int) -> None:
+        self.capacity, self.budget = capacity, budget
+        self.events: list[EventRecord] = []
+        self.dropped = self.dropped_by_bytes = 0
+
+    def append(self, event: EventRecord) -> None:
+        self.events.append(event)
+        if len(self.events) > self.capacity:
+            self.events.pop(0)
+            self.dropped += 1
+        while sum(e.size_bytes for e in self.events) > self.budget and len(self.events) > 1:
+            self.events.pop(0)
+            self.dropped += 1
+            self.dropped_by_bytes += 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    capacity=st.integers(1, 150),
+    budget_events=st.integers(1, 200),
+    messages=st.lists(st.integers(0, 300), max_size=400),
+    reads=st.lists(st.tuples(st.integers(-5, 450), st.integers(0, 200)), max_size=5),
+)
+def test_event_buffer_matches_its_model(
+    capacity: int, budget_events: int, messages: list[int], reads: list[tuple[int, int]]
+) -> None:
+    """Whatever is appended (past the head compaction too), the buffer keeps, drops
+    and returns exactly what the plain-list model does."""
+    budget = budget_events * _event(1, "").size_bytes
+    buffer, model = EventBuffer(capacity, budget), _ModelBuffer(capacity, budget)
+    for sequence, length in enumerate(messages, start=1):
+        event = _event(sequence, "m" * length)
+        buffer.append(event, sequence)
+        model.append(event)
+    assert len(buffer) == len(model.events)
+    assert buffer.bytes == sum(e.size_bytes for e in model.events)
+    assert (buffer.dropped, buffer.dropped_by_bytes) == (model.dropped, model.dropped_by_bytes)
+    assert buffer.since(0, 10_000) == model.events
+    for after, limit in reads:
+        assert buffer.since(after, limit) == [e for e in model.events if e.sequence > after][:limit]

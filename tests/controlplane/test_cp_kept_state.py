@@ -115,3 +115,18 @@ def test_event_buffer_matches_its_model(
     assert buffer.since(0, 10_000) == model.events
     for after, limit in reads:
         assert buffer.since(after, limit) == [e for e in model.events if e.sequence > after][:limit]
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.one_of(
+        st.floats(min_value=-1.0, max_value=3e11, allow_nan=False),
+        st.integers(0, 2**38).map(lambda ms: ms / 1000.0),
+        st.integers(0, 2**31).map(lambda s: s + 0.9995),
+    )
+)
+def test_iso_matches_datetime(seconds: float) -> None:
+    """The fast ISO 8601 rendering (second text reused) says what datetime says, to the millisecond."""
+    expected = None if seconds <= 0 else views.iso_by_datetime(seconds)
+    assert views.iso(seconds) == expected
+    assert views.iso(seconds + 0.25) == (None if seconds + 0.25 <= 0 else views.iso_by_datetime(seconds + 0.25))

@@ -6,7 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet.task import Clock
 
+from twisted_iop.controlplane import bounds
 from twisted_iop.controlplane import json_views as views
+from twisted_iop.controlplane.client_wire import ClientWireFactory, event_payload, fleet_event_message
 from twisted_iop.controlplane.records import EventBuffer, EventRecord, OperationRecord
 from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry, StatusSnapshot, response_counts
 from twisted_iop.testing.peers import HeldEdgePeer, snapshot
@@ -130,3 +132,44 @@ def test_iso_matches_datetime(seconds: float) -> None:
     expected = None if seconds <= 0 else views.iso_by_datetime(seconds)
     assert views.iso(seconds) == expected
     assert views.iso(seconds + 0.25) == (None if seconds + 0.25 <= 0 else views.iso_by_datetime(seconds + 0.25))
+
+
+def test_an_event_message_is_the_envelope_the_protobuf_library_builds() -> None:
+    """The live event's message, serialized without an envelope object, parses as the
+    ClientEnvelope carrying the event; subscribers in a row share one serialization."""
+    registry, _ = _registry_with_edge()
+    recorded = registry.record("edge-1", "bench.tick", message="m" * 300, attributes={"a": "b"})
+    payload = event_payload(recorded)
+    envelope = pb.ClientEnvelope()
+    envelope.ParseFromString(payload)
+    assert envelope.WhichOneof("body") == "event" and envelope.request_id == 0
+    assert envelope.event == fleet_event_message(recorded)
+    assert payload == pb.ClientEnvelope(event=fleet_event_message(recorded)).SerializeToString()
+    factory = ClientWireFactory(registry, clock=Clock())
+    assert factory.event_payload(recorded) is factory.event_payload(recorded)
+    later = registry.record("edge-1", "bench.tock")
+    assert fleet_event_message(later) == _parsed(factory.event_payload(later)).event
+
+
+def _parsed(payload: bytes) -> pb.ClientEnvelope:
+    envelope = pb.ClientEnvelope()
+    envelope.ParseFromString(payload)
+    return envelope
+
+
+_texts = st.one_of(st.text(max_size=8), st.text(min_size=240, max_size=300))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    kind=_texts,
+    node=_texts,
+    message=st.one_of(_texts, st.text(min_size=4090, max_size=4100)),
+    attributes=st.dictionaries(st.one_of(st.text(max_size=4), _texts), _texts, max_size=40),
+)
+def test_event_clip_shortcut_agrees_with_the_full_clip(
+    kind: str, node: str, message: str, attributes: dict[str, str]
+) -> None:
+    """Taking a small event whole keeps exactly what clipping every text keeps."""
+    event = pb.EdgeEvent(kind=kind, node_id=node, message=message, attributes=attributes)
+    assert bounds.clip_event(event) == bounds.full_clip_event(event)

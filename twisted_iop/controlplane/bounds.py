@@ -101,8 +101,32 @@ class ClippedEvent:
     truncated: bool
 
 
+#: An event of at most this many bytes on the wire has no text over its
+#: bound (a character takes at least one byte).
+SMALL_EVENT_BYTES = min(MAX_EVENT_ID, MAX_EVENT_MESSAGE, MAX_KEY, MAX_ATTRIBUTE_VALUE)
+
+
 def clip_event(event: pb.EdgeEvent) -> ClippedEvent:
-    """The bounded fields of ``event``; marked ``truncated`` if anything was cut."""
+    """The bounded fields of ``event``; marked ``truncated`` if anything was cut.
+
+    A small event (:data:`SMALL_EVENT_BYTES`, within the attribute count)
+    cannot be over any bound and is taken whole without a look at each text.
+    """
+    if len(event.attributes) <= MAX_EVENT_ATTRIBUTES and event.ByteSize() <= SMALL_EVENT_BYTES:
+        return ClippedEvent(
+            event.kind,
+            event.node_id,
+            event.provider_id,
+            event.command_id,
+            event.message,
+            dict(event.attributes),
+            False,
+        )
+    return full_clip_event(event)
+
+
+def full_clip_event(event: pb.EdgeEvent) -> ClippedEvent:
+    """:func:`clip_event` looking at every text and attribute."""
     cut = False
     fields = []
     for text, limit in (

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet.task import Clock
@@ -13,6 +15,7 @@ from twisted_iop.controlplane.records import EventBuffer, EventRecord, Operation
 from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry, StatusSnapshot, response_counts
 from twisted_iop.testing.peers import HeldEdgePeer, snapshot
 from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.pending import PendingRequests
 
 
 def _registry_with_edge(edge_id: str = "edge-1") -> tuple[EdgeRegistry, int]:
@@ -173,3 +176,32 @@ def test_event_clip_shortcut_agrees_with_the_full_clip(
     """Taking a small event whole keeps exactly what clipping every text keeps."""
     event = pb.EdgeEvent(kind=kind, node_id=node, message=message, attributes=attributes)
     assert bounds.clip_event(event) == bounds.full_clip_event(event)
+
+
+def test_edges_announcing_one_catalog_share_one_copy() -> None:
+    """The same catalog gives the same detached copy; another catalog its own; the
+    cache forgets its oldest beyond its count, and large catalogs are not shared."""
+    cache = bounds.CatalogCache()
+    catalog = [pb.CommandSpec(name="edge.diagnostics", description="Versions", target_kind="edge")]
+    first = cache.detached(catalog)
+    assert cache.detached([pb.CommandSpec(name="edge.diagnostics", description="Versions", target_kind="edge")]) is (
+        first
+    )
+    assert list(first) == catalog and first[0] is not catalog[0]
+    other = cache.detached([pb.CommandSpec(name="node.drain", target_kind="node")])
+    assert other is not first and other[0].name == "node.drain"
+    for i in range(bounds.SHARED_CATALOGS + 5):
+        cache.detached([pb.CommandSpec(name=f"c{i}")])
+    assert len(cache) == bounds.SHARED_CATALOGS
+    assert cache.detached(catalog) is not first  # forgotten, copied again
+    big = [pb.CommandSpec(name="x", description="d" * 1000) for _ in range(20)]
+    assert cache.detached(big) is not cache.detached(big) and len(cache) == bounds.SHARED_CATALOGS
+
+
+def test_pending_requests_hold_no_table_when_idle() -> None:
+    """After the last outstanding request ends, the table is a fresh empty dict."""
+    pending: PendingRequests[str] = PendingRequests()
+    ids = [pending.add(None, 0, TimeoutError)[0] for _ in range(6)]
+    for request_id in ids:
+        pending.answer(request_id, "ok")
+    assert len(pending) == 0 and sys.getsizeof(pending._pending) == sys.getsizeof({})

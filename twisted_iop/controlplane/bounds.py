@@ -10,7 +10,7 @@ edge goes away. Hello bounds live in :mod:`twisted_iop.wire.hello`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Optional
 
 import attrs
@@ -237,6 +237,48 @@ def compact_catalog(commands: Iterable[pb.CommandSpec]) -> tuple[pb.CommandSpec,
         )
         for spec in commands
     )
+
+
+#: Announced catalogs one :class:`CatalogCache` shares at most, and the
+#: largest (serialized) it shares: so the cache holds at most 4 MiB of them.
+SHARED_CATALOGS = 256
+SHARED_CATALOG_BYTES = 16 * 1024
+
+
+class CatalogCache:
+    """One copy of each announced catalog for every edge that announces it.
+
+    A fleet runs a few Edge versions, so thousands of edges announce the
+    same catalog; each kept its own copy (about 0.6 KiB per command). The
+    cache hands out one detached copy per distinct catalog (keyed by its
+    serialized bytes), for catalogs up to :data:`SHARED_CATALOG_BYTES`,
+    and forgets the oldest beyond :data:`SHARED_CATALOGS` (edges holding
+    it keep their copy). Catalogs are never changed once kept.
+    """
+
+    def __init__(self) -> None:
+        self._catalogs: dict[bytes, tuple[pb.CommandSpec, ...]] = {}
+
+    def __len__(self) -> int:
+        return len(self._catalogs)
+
+    def detached(self, commands: Sequence[pb.CommandSpec]) -> tuple[pb.CommandSpec, ...]:
+        """The catalog as :func:`detached_catalog` makes it, shared with every
+        earlier hello that announced the same one."""
+        key = b"".join(_length_prefixed(spec.SerializeToString()) for spec in commands)
+        if len(key) > SHARED_CATALOG_BYTES:
+            return detached_catalog(commands)
+        shared = self._catalogs.get(key)
+        if shared is None:
+            shared = detached_catalog(commands)
+            if len(self._catalogs) >= SHARED_CATALOGS:
+                del self._catalogs[next(iter(self._catalogs))]
+            self._catalogs[key] = shared
+        return shared
+
+
+def _length_prefixed(data: bytes) -> bytes:
+    return len(data).to_bytes(4, "big") + data
 
 
 def detached_catalog(commands: Iterable[pb.CommandSpec]) -> tuple[pb.CommandSpec, ...]:

@@ -18,7 +18,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 import twisted_iop
-from twisted_iop.controlplane.bounds import detached_catalog
+from twisted_iop.controlplane.bounds import CatalogCache
 from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry, StatusListener
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
@@ -124,8 +124,9 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
             labels=dict(hello.labels),
             software_version=hello.software_version[:MAX_TEXT],
             protocol_version=f"{hello.protocol_major}.{hello.protocol_minor}",
-            # Copies, so the kept catalog does not hold the whole hello frame.
-            commands=detached_catalog(hello.commands),
+            # Copies, so the kept catalog does not hold the whole hello
+            # frame; one copy for every edge announcing the same catalog.
+            commands=self.factory.catalogs.detached(hello.commands),
         )
         # Answer first so the edge learns it is accepted before any request
         # (status, command) that the registry's listeners might send.
@@ -207,3 +208,5 @@ class EdgeWireFactory(PeerServerFactory):
         super().__init__(clock, settings)
         self.registry = registry
         self.credentials = credentials
+        #: The announced catalogs, one copy each for every edge announcing it.
+        self.catalogs = CatalogCache()

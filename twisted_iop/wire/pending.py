@@ -127,6 +127,8 @@ class PendingRequests(Generic[T]):
         entry = self._pending.pop(request_id, None)
         if entry is None:
             return
+        if not self._pending:
+            self._pending = {}
         target, arg, _ = entry
         if isinstance(target, Deferred):
             target.errback(timed_out())
@@ -134,9 +136,14 @@ class PendingRequests(Generic[T]):
             target(arg, None, timed_out())
 
     def _forget(self, request_id: int) -> Optional[tuple[Union[Deferred[T], AnswerCall[T]], Any]]:
-        entry = self._pending.pop(request_id, None)
+        pending = self._pending
+        entry = pending.pop(request_id, None)
         if entry is None:
             return None
+        if not pending:
+            # An emptied dict keeps its table; a fresh one holds none (most
+            # connections are idle between requests, 20,000 of them).
+            self._pending = {}
         target, arg, timer = entry
         if timer is not None and timer.active():
             timer.cancel()

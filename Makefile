@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 PYTEST_ARGS ?=
 
-.PHONY: setup run run-edge run-node test lint browser proto mypy bench bench-full clean
+.PHONY: setup run run-edge run-node test lint browser proto mypy bench bench-full bench-inference clean
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,9 +51,14 @@ mypy: setup
 # PASS/MISS. bench: 1,000 edges (about a minute); bench-full: 1k, 10k, 20k.
 bench: setup
 	$(PY) bench/suite.py --quick
+	$(PY) bench/inference_gateway.py --quick
 
 bench-full: setup
 	$(PY) bench/suite.py
+
+# The inference gateway against its targets (under a minute).
+bench-inference: setup
+	$(PY) bench/inference_gateway.py --quick
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -11,21 +11,31 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import stat
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional, TypeVar, cast
 
 import attrs
 import yaml
+from twisted.logger import Logger
 
+from twisted_iop.credentials import Digests, SecretError, digest_of, is_digest
 from twisted_iop.endpoints import EndpointError, connect_endpoint, listen_endpoint
 from twisted_iop.ids import id_problem
+from twisted_iop.tls import TLSConfigError, TLSListenConfig, server_tls_options
 from twisted_iop.wire import DEFAULT_MAX_FRAME_BYTES
+from twisted_iop.wire.limits import FailedHelloLimits
 from twisted_iop.wire.settings import BackoffConfig, KeepaliveConfig
 from twisted_iop.wire.settings import DialConfig as DialConfig  # re-exported for the daemons' config modules
 
 T = TypeVar("T")
 C = TypeVar("C")
+
+_log = Logger()
+
+#: At most this many secrets may be valid for one id at once (rotation).
+MAX_SECRETS_PER_ID = 4
 
 
 class ConfigError(ValueError):
@@ -203,6 +213,32 @@ class Section:
             raise ConfigError(f"{self.field_path(key)}: must be a list of strings")
         return list(value)
 
+    def digests(self, key: str) -> Digests:
+        """Secrets checked for one id: a string or a list of strings, each a
+        secret or ``sha256:<64 hex>``; only their digests are returned.
+
+        Errors name the field, never the value.
+        """
+        value = self._data.get(key)
+        if value is None or value == "":
+            return ()
+        values = value if isinstance(value, list) else [value]
+        if len(values) > MAX_SECRETS_PER_ID:
+            raise ConfigError(f"{self.field_path(key)}: at most {MAX_SECRETS_PER_ID} secrets per id")
+        digests = []
+        for item in values:
+            if isinstance(item, bool) or not isinstance(item, (str, int)):
+                raise ConfigError(f"{self.field_path(key)}: must be a secret, sha256:<hex>, or a list of them")
+            try:
+                digests.append(digest_of(str(item)))
+            except SecretError as e:
+                raise ConfigError(f"{self.field_path(key)}: {e}") from None
+        return tuple(digests)
+
+    def digest_map(self, key: str) -> dict[str, Digests]:
+        """A mapping of ids to :meth:`digests` (``credentials: {id: secret}``)."""
+        return _digest_map(self.section(key))
+
     def listen(self, key: str, default: str) -> str:
         """A listen endpoint (Twisted string, ``host:port`` or ``:port``).
 
@@ -328,6 +364,140 @@ def check_connect_endpoint(value: str) -> tuple[Optional[str], str]:
 
     problem = _twisted_problem(clientFromString, description)
     return (f"cannot use {value!r}: {problem}" if problem is not None else None), description
+
+
+def _digest_map(section: Section) -> dict[str, Digests]:
+    out: dict[str, Digests] = {}
+    for peer_id in section._data:
+        if not isinstance(peer_id, str):
+            raise ConfigError(f"{section.field_path(str(peer_id))}: ids must be strings")
+        digests = section.digests(peer_id)
+        if not digests:
+            raise ConfigError(f"{section.field_path(peer_id)}: must not be empty")
+        out[peer_id] = digests
+    return out
+
+
+# -- secrets in files -------------------------------------------------------------
+
+
+def _read_secret_text(path: str, field: str) -> str:
+    """The text of a secrets file; a warning is logged when others may read it."""
+    try:
+        mode = os.stat(path).st_mode
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"{field}: cannot read {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{field}: {path} is not UTF-8 text") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        _log.warn(
+            "{field}: {path} is readable by group or others (mode {mode}); run chmod 600 on it",
+            field=field,
+            path=path,
+            mode=oct(stat.S_IMODE(mode)),
+        )
+    return text
+
+
+def parse_secrets_file(section: Section, key: str) -> dict[str, Digests]:
+    """Read the secrets file named by ``key`` (``credentials_file``), if set.
+
+    The file is a YAML mapping ``id: secret`` (or ``sha256:<hex>``, or a
+    list of them while a secret is rotated); only the digests are kept.
+    """
+    path = section.string(key)
+    if not path:
+        return {}
+    field = section.field_path(key)
+    text = _read_secret_text(path, field)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        # The parser's message may quote a line of the file, that is, a secret.
+        raise ConfigError(f"{field}: {path} is not valid YAML") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{field}: {path} must be a mapping of id: secret")
+    return _digest_map(Section(data, f"{field}[{path}]"))
+
+
+def parse_checked_credentials(section: Section, key: str, file_key: str) -> dict[str, Digests]:
+    """The credentials a listener checks: inline ``key`` plus ``file_key``'s file.
+
+    An id may be given in one place only, so that what counts is never in doubt.
+    """
+    inline = section.digest_map(key)
+    from_file = parse_secrets_file(section, file_key)
+    for peer_id in sorted(set(inline) & set(from_file)):
+        raise ConfigError(f"{section.field_path(key)}.{peer_id}: also given in {section.field_path(file_key)}")
+    return {**inline, **from_file}
+
+
+def parse_dialer_secret(section: Section, key: str, file_key: str) -> str:
+    """The secret a dialling daemon sends: ``key`` itself or the first line of ``file_key``.
+
+    It must be the secret, not a ``sha256:`` digest (the peer hashes what it
+    receives, so sending a digest can never match).
+    """
+    secret = section.string(key)
+    path = section.string(file_key)
+    if secret and path:
+        raise ConfigError(f"{section.field_path(key)}: give {key} or {file_key}, not both")
+    field = section.field_path(key)
+    if path:
+        field = section.field_path(file_key)
+        lines = _read_secret_text(path, field).splitlines()
+        secret = lines[0].strip() if lines else ""
+        if not secret:
+            raise ConfigError(f"{field}: {path} is empty")
+    if is_digest(secret):
+        raise ConfigError(f"{field}: the dialling side must hold the secret itself, not its sha256: digest")
+    return secret
+
+
+# -- listeners of the framed wires: mutual TLS and failed hellos ------------------
+
+#: Listen endpoint kinds a ``tls`` section can wrap (``ssl:`` already is TLS).
+_TLS_WRAPPABLE = ("tcp:", "tcp6:", "unix:", "systemd:")
+
+
+def parse_tls_listen(section: Section, key: str, listen: str) -> Optional[TLSListenConfig]:
+    """Read a listener's ``tls`` section (``certificate``, ``private_key``, ``client_ca``), if any.
+
+    Every file is read and checked now, so a missing file or a key that
+    does not match the certificate fails start-up naming its field.
+    """
+    if not section.has(key):
+        return None
+    tls = section.section(key)
+    tls.reject_unknown({"certificate", "private_key", "client_ca"})
+    config = TLSListenConfig(
+        certificate=tls.string("certificate", required=True),
+        private_key=tls.string("private_key", required=True),
+        client_ca=tls.string("client_ca", required=True),
+    )
+    if not listen.startswith(_TLS_WRAPPABLE):
+        raise ConfigError(
+            f"{section.field_path(key)}: needs a tcp: listen address (the tls section adds TLS), not {listen!r}"
+        )
+    try:
+        server_tls_options(config)
+    except TLSConfigError as e:
+        raise ConfigError(f"{tls.field_path(e.field)}: {e}") from None
+    return config
+
+
+def parse_failed_hellos(section: Section) -> FailedHelloLimits:
+    """Read a listener's ``failed_hellos`` section."""
+    section.reject_unknown({"max_failures", "window_seconds", "cooldown_seconds", "max_addresses"})
+    return FailedHelloLimits(
+        max_failures=section.integer("max_failures", 10, minimum=1),
+        window_seconds=section.number("window_seconds", 60.0),
+        cooldown_seconds=section.number("cooldown_seconds", 300.0),
+        max_addresses=section.integer("max_addresses", 10_000, minimum=1, maximum=10_000_000),
+    )
 
 
 # -- sections shared by edge.yaml and node.yaml -------------------------------

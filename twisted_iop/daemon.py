@@ -28,6 +28,7 @@ from twisted.python import usage
 
 from twisted_iop.configuration import ConfigError
 from twisted_iop.listeners import BindError, ListenerService
+from twisted_iop.tls import TLSListenConfig
 from twisted_iop.wire.dialer import DialingService
 
 ConfigT = TypeVar("ConfigT")
@@ -166,9 +167,16 @@ class DaemonService(MultiService):
         """Add the service holding the daemon's state (first: starts first, stops last)."""
         service.setServiceParent(self)
 
-    def add_listener(self, label: str, description: str, factory: IProtocolFactory, reactor: Any) -> ListenerService:
-        """Add a listener named ``label`` on the endpoint ``description``."""
-        listener = ListenerService(label, description, factory, reactor)
+    def add_listener(
+        self,
+        label: str,
+        description: str,
+        factory: IProtocolFactory,
+        reactor: Any,
+        tls: Optional[TLSListenConfig] = None,
+    ) -> ListenerService:
+        """Add a listener named ``label`` on the endpoint ``description`` (mutual TLS with ``tls``)."""
+        listener = ListenerService(label, description, factory, reactor, tls)
         listener.setServiceParent(self)
         self.listeners.append(listener)
         return listener

@@ -178,7 +178,9 @@ class GuardedRequest(Request):
     channel: GuardedChannel
 
     def __init__(self, channel: Any, queued: Any = None) -> None:
-        super().__init__(channel, queued)
+        # Every body served here is JSON: never parse form submissions
+        # (Twisted's Content-Type parsing for them is costly and unused).
+        super().__init__(channel, queued, parsePOSTFormSubmission=False)
         self.body_bytes = 0
         self.refused: Optional[Refusal] = None
 
@@ -288,6 +290,10 @@ class GuardedChannel(HTTPChannel):
 
     def connectionMade(self) -> None:
         super().connectionMade()
+        transport: Any = self.transport
+        if self.site.tcp_nodelay and hasattr(transport, "setTcpNoDelay"):
+            # Small streamed writes must leave at once (no Nagle delay).
+            transport.setTcpNoDelay(True)
         self._start_deadlines()
 
     def lineReceived(self, line: bytes) -> None:
@@ -352,7 +358,7 @@ class GuardedChannel(HTTPChannel):
             return
         self._refused = True
         self._cancel()
-        body = error_json(refusal.status, refusal.code, refusal.message)
+        body = self.site.error_json(refusal.status, refusal.code, refusal.message)
         lines = [
             b"HTTP/1.1 %d %s" % (refusal.status, _PHRASES.get(refusal.status, b"Error")),
             b"Server: " + SERVER_NAME,
@@ -363,7 +369,7 @@ class GuardedChannel(HTTPChannel):
         ]
         lines += [name + b": " + value for name, value in SECURITY_HEADERS + refusal.headers]
         if refusal.status == 401:
-            lines.append(b'WWW-Authenticate: Bearer realm="iop"')
+            lines.append(b'WWW-Authenticate: Bearer realm="' + self.site.realm + b'"')
         self.transport.write(b"\r\n".join(lines) + b"\r\n\r\n" + body)
         self.transport.loseConnection()
 
@@ -416,10 +422,20 @@ class GuardedSite(Site):
         limits: SiteLimits = SiteLimits(),
         authorize: Optional[HeaderCheck] = None,
         reactor: Any = None,
+        *,
+        error_json: Callable[[int, str, str], bytes] = error_json,
+        realm: bytes = b"iop",
+        access_log: bool = True,
+        tcp_nodelay: bool = False,
     ) -> None:
         super().__init__(resource, timeout=limits.idle_timeout_seconds, reactor=reactor)
         self.limits = limits
         self.authorize = authorize
+        #: The error body of a refusal (the views' JSON shape unless told otherwise).
+        self.error_json = error_json
+        self.realm = realm
+        self.access_log = access_log
+        self.tcp_nodelay = tcp_nodelay
         self.connections = 0
         self.by_address: dict[str, int] = {}
         #: Connections refused at the caps, and requests cut at a deadline.
@@ -470,6 +486,11 @@ class GuardedSite(Site):
         counted = ProtocolWrapper(self, channel)  # type: ignore[arg-type]
         counted.peer_host = host  # type: ignore[attr-defined]
         return counted
+
+    def log(self, request: Any) -> None:
+        """One access-log line per request, unless the listener's volume makes it noise."""
+        if self.access_log:
+            super().log(request)
 
     def registerProtocol(self, protocol: Any) -> None:
         """Called by the wrapper when its connection is made (counted already)."""

@@ -10,14 +10,16 @@ port, never a Python object.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from twisted.application.internet import StreamServerEndpointService
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.endpoints import serverFromString
-from twisted.internet.interfaces import IListeningPort, IProtocolFactory
+from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IStreamServerEndpoint
 from twisted.internet.protocol import Factory
 from twisted.logger import Logger
+
+from twisted_iop.tls import TLSListenConfig, TLSServerEndpoint, server_tls_options
 
 #: Listen backlog used when a TCP endpoint does not name one. Twisted's
 #: default (50) drops SYNs when thousands of peers reconnect at once after a
@@ -39,6 +41,14 @@ def with_backlog(description: str) -> str:
     return description
 
 
+def server_endpoint(reactor: Any, description: str, tls: Optional[TLSListenConfig] = None) -> IStreamServerEndpoint:
+    """The endpoint for ``description``; with ``tls``, wrapped in mutual TLS."""
+    endpoint = serverFromString(reactor, with_backlog(description))
+    if tls is None:
+        return endpoint
+    return TLSServerEndpoint(endpoint, server_tls_options(tls), reactor)
+
+
 class ListenerService(StreamServerEndpointService):
     """A listener that fails start-up if it cannot bind and reports its port.
 
@@ -48,8 +58,15 @@ class ListenerService(StreamServerEndpointService):
 
     _log = Logger()
 
-    def __init__(self, label: str, description: str, factory: IProtocolFactory, reactor: Any) -> None:
-        super().__init__(serverFromString(reactor, with_backlog(description)), factory)
+    def __init__(
+        self,
+        label: str,
+        description: str,
+        factory: IProtocolFactory,
+        reactor: Any,
+        tls: Optional[TLSListenConfig] = None,
+    ) -> None:
+        super().__init__(server_endpoint(reactor, description, tls), factory)
         # Twisted's "Starting factory <... object at 0x...>" lines say nothing
         # a person can use; the line logged once bound says it all.
         if isinstance(factory, Factory):
@@ -57,6 +74,7 @@ class ListenerService(StreamServerEndpointService):
         self.setName(label)
         self.label = label
         self.description = description
+        self.tls = tls
         #: The bound TCP port (0 until bound, or for non-TCP endpoints).
         self.port_number = 0
         self.is_bound = False

@@ -429,7 +429,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     rand = random.Random(args.seed).random
     server = MockProviderServer(models, behaviour, reactor, rand)  # type: ignore[arg-type]
-    site = Site(server.app.resource())
+    site = Site(server.app.resource(), parsePOSTFormSubmission=False)  # JSON bodies only
     site.noisy = False
     globalLogBeginner.beginLoggingTo([textFileLogObserver(sys.stdout)], redirectStandardIO=False)
     listener = ListenerService("mock_provider", listen, site, reactor)

@@ -108,7 +108,7 @@ def test_every_edge_rejection_code_is_a_shared_code() -> None:
     ]
     codes = set()
     for data in cases:
-        protocol, transport, _, _ = connect(EdgeCredentials(shared="s3cret"))
+        protocol, transport, _, _ = connect(EdgeCredentials.from_secrets(shared="s3cret"))
         protocol.dataReceived(data)
         answer = decode_frames(transport.value())[0].edge_hello_response
         assert answer.permanent
@@ -123,7 +123,7 @@ def test_every_edge_rejection_code_is_a_shared_code() -> None:
 
 def test_wrong_credential_is_rejected() -> None:
     """With per-edge credentials, a wrong one is refused; the right one is accepted."""
-    credentials = EdgeCredentials(per_edge={"edge-a": "s3cret"})
+    credentials = EdgeCredentials.from_secrets(per_edge={"edge-a": "s3cret"})
     protocol, transport, registry, _ = connect(credentials)
     protocol.dataReceived(hello_frame("edge-a", credential="guess"))
     answer = decode_frames(transport.value())[0].edge_hello_response

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from twisted_iop.configuration import ConfigError
+from twisted_iop.credentials import token_digest
 from twisted_iop.edge.config import load_edge_config, parse_edge_config
 from twisted_iop.testing.configs import edge_mapping
 
@@ -37,7 +38,7 @@ def test_values_are_read() -> None:
     assert config.control_plane.outbox_bytes == 70000
     assert config.control_plane.labels == {"site": "lab"}
     node2 = config.node("node-2")
-    assert node2 is not None and node2.credential == "s3cret"
+    assert node2 is not None and node2.credentials == (token_digest(b"s3cret"),)
     assert node2.providers[0].models == ("llama-3-8b", "qwen-2-7b")
     assert node2.providers[0].long_context_capacity == 2
 
@@ -117,7 +118,7 @@ def test_credentials_section_applies() -> None:
     data = edge_mapping()
     data["node_server"]["credentials"] = {"node-1": "k1"}
     node = parse_edge_config(data).node("node-1")
-    assert node is not None and node.credential == "k1"
+    assert node is not None and node.credentials == (token_digest(b"k1"),)
 
 
 def test_missing_file_is_config_error(tmp_path: Path) -> None:

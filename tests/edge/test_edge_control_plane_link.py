@@ -100,7 +100,7 @@ class StatusAnswers(list[tuple[Any, Any]]):
 
 def test_hello_announces_identity_and_catalog() -> None:
     """Hello (in prepareConnection) carries id, version, labels, credential and catalog; the CP enrolls it."""
-    edge = Edge(credentials=EdgeCredentials(per_edge={"edge-a": "k"}), credential="k")
+    edge = Edge(credentials=EdgeCredentials.from_secrets(per_edge={"edge-a": "k"}), credential="k")
     edge.accept()
     record = edge.record()
     assert record.connected
@@ -192,7 +192,7 @@ def test_command_answered_with_events() -> None:
 def test_permanent_rejection_holds_off_at_the_maximum() -> None:
     """A wrong credential: the failed prepareConnection is retried after the maximum delay, not sooner."""
     edge = Edge(
-        credentials=EdgeCredentials(per_edge={"edge-a": "right"}),
+        credentials=EdgeCredentials.from_secrets(per_edge={"edge-a": "right"}),
         credential="wrong",
         backoff={"initial_seconds": 0.5, "max_seconds": 30},
     )

@@ -19,7 +19,7 @@ from twisted_iop.edge.tap import EdgeService
 from twisted_iop.node.tap import NodeService
 from twisted_iop.testing.configs import MODEL, gateway_edge_yaml, gateway_node_yaml, mock_provider, write_yaml
 from twisted_iop.testing.harness import eventually, start_edge, start_node, stop
-from twisted_iop.testing.http import chat, open_stream, post
+from twisted_iop.testing.http import chat, connect, open_stream, post, request_head
 
 
 @attrs.define
@@ -152,6 +152,19 @@ async def test_request_errors_name_their_cause(tmp_path: Path) -> None:
         assert answer.code == 404 and answer.json()["error"]["code"] == "model_not_found"
         answer = await post(fleet.base, "/v1/chat/completions", chat(content="x" * 5000), auth)
         assert answer.code == 413 and answer.json()["error"]["code"] == "request_too_large"
+        # The key and the size are checked on the headers: a 1 GiB body is never read.
+        port = fleet.edge.inference_port
+        for extra, status, code in (
+            ("Content-Length: 1073741824\r\n", 401, "invalid_api_key"),
+            ("Authorization: Bearer k1\r\nContent-Length: 1073741824\r\n", 413, "request_too_large"),
+        ):
+            raw = await connect(port)
+            raw.tcp.write(
+                request_head("POST", port, "Content-Type: application/json\r\n" + extra, path="/v1/chat/completions")
+            )
+            await raw.closed
+            assert raw.status == status and raw.body["error"]["code"] == code
+            assert raw.body["error"]["type"] == "invalid_request_error"
         assert pool_idle(fleet)
     finally:
         await stop(*fleet.nodes.values(), fleet.edge)

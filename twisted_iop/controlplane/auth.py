@@ -11,20 +11,18 @@ gives a secret away.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 from typing import Optional
 
 import attrs
 
+from twisted_iop.credentials import token_digest
+
 VIEWER = "viewer"
 OPERATOR = "operator"
 ROLES = (VIEWER, OPERATOR)
 
-
-def token_digest(secret: bytes) -> bytes:
-    """The SHA-256 digest a token is kept and compared as."""
-    return hashlib.sha256(secret).digest()
+__all__ = ["ApiToken", "ApiTokens", "ROLES", "OPERATOR", "VIEWER", "token_digest"]
 
 
 @attrs.frozen

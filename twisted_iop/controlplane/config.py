@@ -12,18 +12,23 @@ from twisted_iop.configuration import (
     ConfigError,
     KeepaliveConfig,
     Section,
+    parse_checked_credentials,
+    parse_failed_hellos,
     parse_listen_setting,
+    parse_tls_listen,
     parse_yaml_mapping,
 )
 from twisted_iop.configuration import load_config as load_config_file
 from twisted_iop.controlplane.auth import ROLES, ApiToken, ApiTokens, token_digest
 from twisted_iop.controlplane.client_wire import ClientWireSettings
-from twisted_iop.controlplane.edge_wire import EdgeCredentials
+from twisted_iop.controlplane.edge_wire import DEFAULT_MAX_HELLOS_PER_SECOND, EdgeCredentials
 from twisted_iop.controlplane.http_routes import HttpSettings
 from twisted_iop.controlplane.registry import RegistryLimits
 from twisted_iop.endpoints import is_loopback_listen, is_tls_listen
 from twisted_iop.http_site import SiteLimits
 from twisted_iop.ids import id_problem
+from twisted_iop.tls import TLSListenConfig
+from twisted_iop.wire.limits import FailedHelloLimits
 from twisted_iop.wire.peer import PeerSettings
 
 DEFAULT_HTTP_LISTEN = "tcp:8080:interface=127.0.0.1"
@@ -54,6 +59,10 @@ class ControlPlaneConfig:
     client_wire: ClientWireSettings = ClientWireSettings()
     edge_wire: PeerSettings = PeerSettings()
     credentials: EdgeCredentials = EdgeCredentials()
+    #: Mutual TLS on the edge wire (``edge_wire.tls``); None: as ``edge_wire_listen`` says.
+    edge_wire_tls: Optional[TLSListenConfig] = None
+    edge_wire_failed_hellos: FailedHelloLimits = FailedHelloLimits()
+    max_hellos_per_second: float = DEFAULT_MAX_HELLOS_PER_SECOND
     registry: RegistryLimits = RegistryLimits()
     status_timeout_seconds: float = 5.0
     #: Warnings about a valid file (deprecated spellings), logged at start-up.
@@ -124,7 +133,11 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
             "keepalive_deadline_seconds",
             "request_timeout_seconds",
             "credentials",
+            "credentials_file",
             "shared_credential",
+            "tls",
+            "failed_hellos",
+            "max_hellos_per_second",
         }
     )
     status = root.section("status")
@@ -192,12 +205,12 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
         keepalive_deadline_seconds=edge_keepalive.deadline_seconds,
         request_timeout_seconds=edge.number("request_timeout_seconds", 10.0),
     )
-    per_edge = edge.string_map("credentials")
+    per_edge = parse_checked_credentials(edge, "credentials", "credentials_file")
     for edge_id in per_edge:
         problem = id_problem("edge_id", edge_id)
         if problem is not None:
             raise ConfigError(f"edge_wire.credentials: {problem}")
-    credentials = EdgeCredentials(per_edge=per_edge, shared=edge.string("shared_credential"))
+    credentials = EdgeCredentials(per_edge=per_edge, shared=edge.digests("shared_credential"))
     limits = RegistryLimits(
         events_per_edge=reg.integer("events_per_edge", 1000, minimum=1),
         fleet_events=reg.integer("fleet_events", 10000, minimum=1),
@@ -219,6 +232,9 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
         client_wire=client_wire,
         edge_wire=edge_settings,
         credentials=credentials,
+        edge_wire_tls=parse_tls_listen(edge, "tls", edge_wire_listen),
+        edge_wire_failed_hellos=parse_failed_hellos(edge.section("failed_hellos")),
+        max_hellos_per_second=edge.number("max_hellos_per_second", DEFAULT_MAX_HELLOS_PER_SECOND),
         registry=limits,
         status_timeout_seconds=http.number("status_timeout_seconds", 5.0),
         notices=tuple(notices),
@@ -346,9 +362,10 @@ def unauthenticated_exposures(config: ControlPlaneConfig) -> list[str]:
         for field, description in (("http.listen", config.http_listen), ("client_wire.listen", config.wire_listen)):
             if not is_loopback_listen(description):
                 found.append(f"{field} ({description}) is reachable from other machines and no API token is set")
-    if not config.credentials.required and not is_loopback_listen(config.edge_wire_listen):
+    edge_authenticated = config.credentials.required or config.edge_wire_tls is not None
+    if not edge_authenticated and not is_loopback_listen(config.edge_wire_listen):
         found.append(
             f"edge_wire.listen ({config.edge_wire_listen}) is reachable from other machines "
-            "and no edge credential is set: anyone can enroll as any edge"
+            "and neither edge credentials nor edge_wire.tls are set: anyone can enroll as any edge"
         )
     return found

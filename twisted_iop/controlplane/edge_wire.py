@@ -2,27 +2,44 @@
 
 The protocol holds only per-connection state (the edge id and connection
 token once hello is accepted) and translates frames into registry calls.
+
+Hello is checked by :func:`~twisted_iop.wire.hello.check_edge_hello`
+(credentials kept as digests, and, with mutual TLS, the id the client
+certificate proves). Failed attempts to prove an identity are counted per
+source address and a blocked address's connections are closed at once
+(:class:`~twisted_iop.wire.limits.FailedHelloLimiter`); hellos that would
+be accepted pass a rate limit first, and one over it is answered
+``retry_later`` with ``retry_after_ms``.
 """
 
 from __future__ import annotations
 
-import hmac
+import math
 from collections.abc import Mapping
-from typing import Optional
+from typing import Optional, Union, overload
 
 import attrs
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ConnectionDone
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IAddress, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 import twisted_iop
 from twisted_iop.controlplane.bounds import CatalogCache
 from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry, StatusListener
+from twisted_iop.credentials import Digests, digest_of, matches
+from twisted_iop.tls import EDGE, peer_identity
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
-from twisted_iop.wire.hello import MAX_TEXT, check_edge_hello
+from twisted_iop.wire.hello import FAILED_PROOF_CODES, MAX_TEXT, Rejection, RejectionCode, check_edge_hello
+from twisted_iop.wire.limits import (
+    FailedHelloLimiter,
+    FailedHelloLimits,
+    HelloRateLimit,
+    RefusedConnection,
+    source_of,
+)
 from twisted_iop.wire.peer import (
     AcceptedPeerProtocol,
     PeerServerFactory,
@@ -31,16 +48,29 @@ from twisted_iop.wire.peer import (
     SerializedRequest,
 )
 
+#: Accepted hellos per second unless configured (burst: twice as many).
+DEFAULT_MAX_HELLOS_PER_SECOND = 500.0
+
 
 @attrs.frozen
 class EdgeCredentials:
-    """How edges prove who they are: per-edge secrets or one shared secret.
+    """How edges prove who they are: per-edge secrets or shared ones, as digests.
 
-    With neither configured, any well-formed edge id is accepted.
+    An edge with its own entry must present one of its secrets; any other
+    edge one of the shared secrets. With neither configured, any
+    well-formed edge id is accepted.
     """
 
-    per_edge: Mapping[str, str] = attrs.field(factory=dict)
-    shared: str = ""
+    per_edge: Mapping[str, Digests] = attrs.field(factory=dict, repr=False)
+    shared: Digests = attrs.field(default=(), repr=False)
+
+    @classmethod
+    def from_secrets(cls, per_edge: Mapping[str, str] = {}, shared: str = "") -> EdgeCredentials:
+        """Credentials from plain values (each a secret or ``sha256:<hex>``)."""
+        return cls(
+            per_edge={edge_id: (digest_of(value),) for edge_id, value in per_edge.items()},
+            shared=(digest_of(shared),) if shared else (),
+        )
 
     @property
     def required(self) -> bool:
@@ -48,11 +78,11 @@ class EdgeCredentials:
         return bool(self.per_edge) or bool(self.shared)
 
     def check(self, edge_id: str, given: str) -> bool:
-        """Whether ``given`` is the right credential for ``edge_id``."""
-        expected = self.per_edge.get(edge_id, self.shared)
-        if not expected:
+        """Whether ``given`` is the right credential for ``edge_id`` (compared as digests)."""
+        candidates = self.per_edge.get(edge_id, self.shared)
+        if not candidates:
             return not self.required
-        return hmac.compare_digest(expected.encode(), given.encode())
+        return matches(given, candidates)
 
 
 class EdgeWireProtocol(AcceptedPeerProtocol):
@@ -103,21 +133,24 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
     def _hello(self, envelope: pb.Envelope) -> None:
         self.hello_done()
         hello = envelope.edge_hello_request
-        rejection = check_edge_hello(hello, self.factory.credentials)
+        factory = self.factory
+        certified_id = (peer_identity(self.transport, EDGE) or "") if factory.require_certificate else None
+        rejection = check_edge_hello(hello, factory.credentials, certified_id)
         if rejection is not None:
             self._log.warn("edge hello rejected: {reason}", reason=rejection.reason)
-            self.factory.count_rejection(rejection.code.value)
-            response = pb.EdgeHelloResponse(
-                accepted=False,
-                reason=rejection.reason,
-                reason_code=rejection.code.value,
-                permanent=rejection.permanent,
-                protocol_major=PROTOCOL_MAJOR,
-                protocol_minor=PROTOCOL_MINOR,
-                server_version=twisted_iop.__version__,
+            if rejection.code in FAILED_PROOF_CODES:
+                factory.failed_hellos.failed(self._source())
+            self._reject(envelope.request_id, rejection)
+            return
+        wait = factory.hello_rate.take()
+        if wait is not None:
+            # Not logged per hello: a reconnecting fleet would flood the log.
+            retry_after_ms = max(1, math.ceil(wait * 1000))
+            self._reject(
+                envelope.request_id,
+                Rejection(RejectionCode.RETRY_LATER, "too many edges are saying hello right now; try again later"),
+                retry_after_ms,
             )
-            self.send("edge_hello_response", response, envelope.request_id)
-            self.close()
             return
         self.edge_id = hello.edge_id
         info = EdgeHello(
@@ -141,6 +174,24 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
         )
         self.send("edge_hello_response", response, envelope.request_id)
         self.token = self.factory.registry.connect(hello.edge_id, self, info)
+
+    def _reject(self, request_id: int, rejection: Rejection, retry_after_ms: int = 0) -> None:
+        self.factory.count_rejection(rejection.code.value)
+        response = pb.EdgeHelloResponse(
+            accepted=False,
+            reason=rejection.reason,
+            reason_code=rejection.code.value,
+            permanent=rejection.permanent,
+            protocol_major=PROTOCOL_MAJOR,
+            protocol_minor=PROTOCOL_MINOR,
+            server_version=twisted_iop.__version__,
+            retry_after_ms=retry_after_ms,
+        )
+        self.send("edge_hello_response", response, request_id)
+        self.close()
+
+    def _source(self) -> Optional[str]:
+        return source_of(self.transport.getPeer()) if self.transport is not None else None
 
     # -- the EdgePeer interface ------------------------------------------------
 
@@ -194,7 +245,12 @@ def _expect(envelope: pb.Envelope, body: str) -> pb.Envelope:
 
 
 class EdgeWireFactory(PeerServerFactory):
-    """Builds :class:`EdgeWireProtocol`s over one registry."""
+    """Builds :class:`EdgeWireProtocol`s over one registry.
+
+    ``require_certificate`` is set when the listener requires client
+    certificates (mutual TLS): each hello's edge id must then be the one
+    its certificate proves.
+    """
 
     protocol_class = EdgeWireProtocol
 
@@ -204,9 +260,34 @@ class EdgeWireFactory(PeerServerFactory):
         clock: IReactorTime,
         settings: PeerSettings,
         credentials: EdgeCredentials = EdgeCredentials(),
+        *,
+        require_certificate: bool = False,
+        failed_hellos: FailedHelloLimits = FailedHelloLimits(),
+        max_hellos_per_second: float = DEFAULT_MAX_HELLOS_PER_SECOND,
     ) -> None:
         super().__init__(clock, settings)
         self.registry = registry
         self.credentials = credentials
         #: The announced catalogs, one copy each for every edge announcing it.
         self.catalogs = CatalogCache()
+        self.require_certificate = require_certificate
+        self.failed_hellos = FailedHelloLimiter(clock, failed_hellos, "edge_wire")
+        self.hello_rate = HelloRateLimit(clock, max_hellos_per_second)
+
+    @overload  # type: ignore[override]
+    def buildProtocol(self, addr: None) -> EdgeWireProtocol: ...
+
+    @overload
+    def buildProtocol(self, addr: IAddress) -> Union[EdgeWireProtocol, RefusedConnection]: ...
+
+    def buildProtocol(self, addr: Optional[IAddress]) -> Union[EdgeWireProtocol, RefusedConnection]:
+        """A new connection; a blocked address's is aborted at once (without an address: never refused)."""
+        if self.failed_hellos.is_blocked(source_of(addr)):
+            return RefusedConnection()
+        protocol = super().buildProtocol(addr)
+        assert isinstance(protocol, EdgeWireProtocol)
+        return protocol
+
+    def stopFactory(self) -> None:
+        super().stopFactory()
+        self.failed_hellos.stop()

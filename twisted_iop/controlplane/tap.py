@@ -98,11 +98,19 @@ class ControlPlaneService(DaemonService):
         self.http = ControlPlaneHttp(
             self.registry, self.gateway, reactor, self.readiness, config.http, metrics=control_plane_registry(self)
         )
-        self.edge_factory = EdgeWireFactory(self.registry, reactor, config.edge_wire, config.credentials)
+        self.edge_factory = EdgeWireFactory(
+            self.registry,
+            reactor,
+            config.edge_wire,
+            config.credentials,
+            require_certificate=config.edge_wire_tls is not None,
+            failed_hellos=config.edge_wire_failed_hellos,
+            max_hellos_per_second=config.max_hellos_per_second,
+        )
         self.client_factory = ClientWireFactory(self.registry, config.client_wire, reactor)
         root = HttpRoot(self.http.app.resource(), WebSocketResource(self.client_factory))
         site = self.http_site = GuardedSite(root, config.http_site, self.http.check_headers, reactor)
-        self.add_listener("edge_wire", config.edge_wire_listen, self.edge_factory, reactor)
+        self.add_listener("edge_wire", config.edge_wire_listen, self.edge_factory, reactor, config.edge_wire_tls)
         self.add_listener("client_wire", config.wire_listen, self.client_factory, reactor)
         self.add_listener("http", config.http_listen, site, reactor)
 

@@ -19,16 +19,23 @@ from twisted_iop.configuration import (
     Section,
     load_config,
     parse_backoff,
+    parse_checked_credentials,
     parse_connect_setting,
+    parse_dialer_secret,
+    parse_failed_hellos,
     parse_keepalive,
     parse_listen_setting,
     parse_max_frame_bytes,
     parse_metrics_listen,
     parse_provider_basics,
+    parse_tls_listen,
     parse_unique_list,
 )
+from twisted_iop.credentials import Digests
 from twisted_iop.edge.inference_config import InferenceConfig, parse_inference_config
+from twisted_iop.tls import TLSListenConfig
 from twisted_iop.wire import DEFAULT_MAX_FRAME_BYTES
+from twisted_iop.wire.limits import FailedHelloLimits
 from twisted_iop.wire.peer import PeerSettings
 
 #: Where the Edge dials the Control Plane unless configured otherwise.
@@ -74,6 +81,9 @@ class NodeServerConfig:
     keepalive: KeepaliveConfig = KeepaliveConfig()
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     probe_timeout_seconds: float = 10.0
+    #: Mutual TLS (``node_server.tls``): Nodes must show a certificate for their id.
+    tls: Optional[TLSListenConfig] = None
+    failed_hellos: FailedHelloLimits = FailedHelloLimits()
 
     def peer_settings(self) -> PeerSettings:
         """Framing limits and deadlines of each Node connection."""
@@ -99,10 +109,14 @@ class ProviderConfig:
 
 @attrs.frozen
 class NodeConfig:
-    """One Node this Edge accepts (a Node not listed here is rejected)."""
+    """One Node this Edge accepts (a Node not listed here is rejected).
+
+    ``credentials`` holds the digests of the secrets the Node may present
+    (empty: it needs none); the secrets themselves are never kept.
+    """
 
     node_id: str
-    credential: str = attrs.field(default="", repr=False)
+    credentials: Digests = attrs.field(default=(), repr=False)
     labels: Mapping[str, str] = attrs.field(factory=dict)
     providers: tuple[ProviderConfig, ...] = ()
 
@@ -138,7 +152,7 @@ def parse_edge_config(data: Mapping[str, Any], environ: Mapping[str, str] = {}) 
     top.reject_unknown({"control_plane", "node_server", "nodes", "inference", "metrics"})
     control_plane = _control_plane(top.section("control_plane"), environ)
     node_server = _node_server(top.section("node_server"), environ)
-    credentials = _credential_map(top.section("node_server"))
+    credentials = parse_checked_credentials(top.section("node_server"), "credentials", "credentials_file")
     nodes = parse_nodes(top.raw("nodes"), credentials)
     inference = parse_inference_config(top.section("inference"), environ)
     metrics_listen = parse_metrics_listen(top.section("metrics"), DEFAULT_METRICS_LISTEN, environ, ENV_METRICS_LISTEN)
@@ -157,6 +171,7 @@ def _control_plane(section: Section, environ: Mapping[str, str]) -> ControlPlane
             "address",
             "edge_id",
             "credential",
+            "credential_file",
             "labels",
             "backoff",
             "keepalive",
@@ -173,7 +188,7 @@ def _control_plane(section: Section, environ: Mapping[str, str]) -> ControlPlane
     return ControlPlaneLinkConfig(
         address=address,
         edge_id=edge_id,
-        credential=section.string("credential"),
+        credential=parse_dialer_secret(section, "credential", "credential_file"),
         labels=section.string_map("labels"),
         backoff=parse_backoff(section.section("backoff")),
         keepalive=parse_keepalive(section.section("keepalive")),
@@ -186,10 +201,23 @@ def _control_plane(section: Section, environ: Mapping[str, str]) -> ControlPlane
 
 def _node_server(section: Section, environ: Mapping[str, str]) -> NodeServerConfig:
     section.reject_unknown(
-        {"listen", "hello_timeout_seconds", "keepalive", "max_frame_bytes", "probe_timeout_seconds", "credentials"}
+        {
+            "listen",
+            "hello_timeout_seconds",
+            "keepalive",
+            "max_frame_bytes",
+            "probe_timeout_seconds",
+            "credentials",
+            "credentials_file",
+            "tls",
+            "failed_hellos",
+        }
     )
+    listen = parse_listen_setting(section, "listen", DEFAULT_NODE_LISTEN, environ, ENV_NODE_LISTEN)
     return NodeServerConfig(
-        listen=parse_listen_setting(section, "listen", DEFAULT_NODE_LISTEN, environ, ENV_NODE_LISTEN),
+        listen=listen,
+        tls=parse_tls_listen(section, "tls", listen),
+        failed_hellos=parse_failed_hellos(section.section("failed_hellos")),
         hello_timeout_seconds=section.number("hello_timeout_seconds", 10.0),
         keepalive=parse_keepalive(section.section("keepalive")),
         max_frame_bytes=parse_max_frame_bytes(section),
@@ -197,11 +225,7 @@ def _node_server(section: Section, environ: Mapping[str, str]) -> NodeServerConf
     )
 
 
-def _credential_map(section: Section) -> dict[str, str]:
-    return section.string_map("credentials")
-
-
-def parse_nodes(raw: Any, credentials: Mapping[str, str] = {}) -> tuple[NodeConfig, ...]:
+def parse_nodes(raw: Any, credentials: Mapping[str, Digests] = {}) -> tuple[NodeConfig, ...]:
     """Read the ``nodes`` list (also used by ``providers.refresh``)."""
     nodes = parse_unique_list(raw, "nodes", "nodes", "node_id", lambda section: _node(section, credentials))
     configured = {node.node_id for node in nodes}
@@ -211,19 +235,19 @@ def parse_nodes(raw: Any, credentials: Mapping[str, str] = {}) -> tuple[NodeConf
     return nodes
 
 
-def _node(section: Section, credentials: Mapping[str, str]) -> NodeConfig:
+def _node(section: Section, credentials: Mapping[str, Digests]) -> NodeConfig:
     section.reject_unknown({"node_id", "credential", "labels", "providers"})
     node_id = section.identifier("node_id")
-    credential = section.string("credential")
-    shared = credentials.get(node_id, "")
-    if credential and shared and credential != shared:
+    credential = section.digests("credential")
+    shared = credentials.get(node_id, ())
+    if credential and shared and set(credential) != set(shared):
         raise ConfigError(f"{section.field_path('credential')}: differs from node_server.credentials.{node_id}")
     providers = parse_unique_list(
         section.raw("providers"), section.field_path("providers"), "providers", "provider_id", parse_provider
     )
     return NodeConfig(
         node_id=node_id,
-        credential=credential or shared,
+        credentials=credential or shared,
         labels=section.string_map("labels"),
         providers=providers,
     )

@@ -14,7 +14,10 @@ Two layers:
   the Node that owns the leased provider, ``InferenceChunk`` /
   ``InferenceDone`` back to the client's :class:`ResponseSink`,
   ``InferenceCancel`` when the client goes away, timers for the queue and
-  for a silent Node.
+  for a silent Node. The chunks of one request that arrive in the same
+  reactor turn (one read from the Node carries many frames) reach the
+  sink together, in order, at the start of the next turn: one HTTP write
+  for all of them. That is at most one read's worth, never a whole stream.
 """
 
 from __future__ import annotations
@@ -262,8 +265,8 @@ def _ignore_cancel(failure: Failure) -> None:
 class ResponseSink(Protocol):
     """Where one request's answer goes (the HTTP API's exchange)."""
 
-    def chunk(self, data: bytes) -> None:
-        """One streamed event (the JSON after ``data: ``)."""
+    def chunks(self, events: list[bytes]) -> None:
+        """Streamed events in order (each the JSON after ``data: ``), to be written at once."""
 
     def complete(self, done: pb.InferenceDone) -> None:
         """The request finished well (the whole body for non-streaming)."""
@@ -294,6 +297,8 @@ class _Exchange:
     submitted_at: float = 0.0
     queued_at: float = 0.0
     first_output: bool = False
+    #: Events received in this reactor turn, not yet given to the sink.
+    pending: list[bytes] = attrs.field(factory=list)
 
 
 class InferenceGateway:
@@ -308,6 +313,9 @@ class InferenceGateway:
         self.lifecycle = InferenceLifecycle(registry.pool, config.max_queued_per_model)
         self._exchanges: dict[int, _Exchange] = {}
         self._by_peer: dict[InferenceNodePeer, set[int]] = {}
+        #: Exchanges with pending events, and the call that writes them (next turn).
+        self._flushing: list[_Exchange] = []
+        self._flush_call: Optional[IDelayedCall] = None
         self.stopping = False
         #: Requests ended, by outcome name (for logs, tests and benchmarks).
         self.outcomes: dict[str, int] = {}
@@ -441,6 +449,9 @@ class InferenceGateway:
     def stop(self) -> None:
         """The Edge is stopping: end every request with 503."""
         self.stopping = True
+        if self._flush_call is not None and self._flush_call.active():
+            self._flush_call.cancel()
+        self._flush()
         for exchange in list(self._exchanges.values()):
             self._end(
                 exchange,
@@ -465,16 +476,21 @@ class InferenceGateway:
         exchange = self._exchanges.get(message.inference_id)
         if exchange is None or exchange.peer is not peer:
             return  # cancelled, timed out, or not this connection's: harmless
-        self._arm_idle_timer(exchange)
         if body == "inference_chunk":
             if not exchange.stream:
                 self._log.warn("ignoring a chunk for non-streaming inference {id}", id=message.inference_id)
                 return
-            self.lifecycle.first_output(exchange.ticket)
-            if not exchange.first_output:
-                exchange.first_output = True
-                self.first_byte_seconds.observe(self._clock.seconds() - exchange.submitted_at)  # metrics
-            exchange.sink.chunk(bytes(message.data))
+            if not exchange.pending:
+                # The first event of this turn: re-arm the silence timer once per turn, not per event.
+                self._arm_idle_timer(exchange)
+                self.lifecycle.first_output(exchange.ticket)
+                if not exchange.first_output:
+                    exchange.first_output = True
+                    self.first_byte_seconds.observe(self._clock.seconds() - exchange.submitted_at)  # metrics
+                self._flushing.append(exchange)
+                if self._flush_call is None:
+                    self._flush_call = self._clock.callLater(0, self._flush)
+            exchange.pending.append(message.data)
             return
         done: pb.InferenceDone = message
         if done.status == pb.INFERENCE_STATUS_OK:
@@ -490,6 +506,18 @@ class InferenceGateway:
                 self._node_lost(exchange)
 
     # -- internals ---------------------------------------------------------------------
+
+    def _flush(self) -> None:
+        """Give every exchange the events it received in the last turn (one write each)."""
+        self._flush_call = None
+        flushing, self._flushing = self._flushing, []
+        for exchange in flushing:
+            self._write_pending(exchange)
+
+    def _write_pending(self, exchange: _Exchange) -> None:
+        if exchange.pending:
+            events, exchange.pending = exchange.pending, []
+            exchange.sink.chunks(events)
 
     def _dispatch(self, exchange: _Exchange) -> None:
         ticket = exchange.ticket
@@ -526,6 +554,7 @@ class InferenceGateway:
         self._exchanges.pop(exchange.ticket.inference_id, None)
         self._count(Outcome.NODE_LOST.value)
         self._count_request(exchange.endpoint, Outcome.NODE_LOST.value)
+        self._write_pending(exchange)
         exchange.sink.fail(
             InferenceError(502, "node_lost", "the node running this request was lost", kind="server_error")
         )
@@ -552,6 +581,10 @@ class InferenceGateway:
             self.total_seconds.observe(elapsed)  # metrics
             if not exchange.first_output:
                 self.first_byte_seconds.observe(elapsed)  # metrics: a whole answer is its first byte
+        if done is not None or error is not None:
+            self._write_pending(exchange)  # what arrived before the end goes first
+        else:
+            exchange.pending = []  # the client is gone: nothing more is written
         if done is not None:
             exchange.sink.complete(done)
         elif error is not None:

@@ -35,6 +35,11 @@ class InferenceConfig:
     idle_timeout_seconds: float = 300.0
     #: Bytes a slow streaming client may leave unread before it is cut off.
     max_client_buffer_bytes: int = 4 * 1024 * 1024
+    #: Host names (besides IP addresses and localhost) clients may call the listener by.
+    allowed_hosts: tuple[str, ...] = ()
+    #: Connections to the listener in all, and from one address; more are closed at once.
+    max_connections: int = 1024
+    max_connections_per_address: int = 256
 
 
 def parse_inference_config(section: Section, environ: Mapping[str, str]) -> InferenceConfig:
@@ -50,6 +55,9 @@ def parse_inference_config(section: Section, environ: Mapping[str, str]) -> Infe
             "retry_after_seconds",
             "idle_timeout_seconds",
             "max_client_buffer_bytes",
+            "allowed_hosts",
+            "max_connections",
+            "max_connections_per_address",
         }
     )
     keys = tuple(section.string_list("api_keys"))
@@ -70,4 +78,7 @@ def parse_inference_config(section: Section, environ: Mapping[str, str]) -> Infe
         max_client_buffer_bytes=section.integer(
             "max_client_buffer_bytes", 4 * 1024 * 1024, minimum=64 * 1024, maximum=1024 * 1024 * 1024
         ),
+        allowed_hosts=tuple(section.string_list("allowed_hosts")),
+        max_connections=section.integer("max_connections", 1024, minimum=1),
+        max_connections_per_address=section.integer("max_connections_per_address", 256, minimum=1),
     )

@@ -15,22 +15,30 @@ answers to the Edge's own requests included, refreshes the Node's
 
 It also provides the registry's ``NodePeer`` interface (``close``,
 ``probe``).
+
+With mutual TLS (``node_server.tls``) a hello's node id must be the one
+the Node's client certificate proves. Failed attempts to prove an identity
+(bad credential, identity mismatch, unknown node) are counted per source
+address; a blocked address's connections are closed at once.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union, overload
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IAddress, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 import twisted_iop
 from twisted_iop.edge.inference import INFERENCE_BODIES, InferenceGateway
 from twisted_iop.edge.registry import NodeRegistry
+from twisted_iop.tls import NODE, peer_identity
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.hello import FAILED_PROOF_CODES
+from twisted_iop.wire.limits import FailedHelloLimiter, FailedHelloLimits, RefusedConnection, source_of
 from twisted_iop.wire.peer import AcceptedPeerProtocol, PeerServerFactory, PeerSettings
 
 
@@ -46,6 +54,13 @@ class NodeServerProtocol(AcceptedPeerProtocol):
         self._registry = factory.registry
         self.node_id: Optional[str] = None
         self.token: Optional[int] = None
+
+    def peer_connected(self) -> None:
+        # Inference frames are small and latency-critical: no Nagle delay.
+        set_no_delay = getattr(self.transport, "setTcpNoDelay", None)
+        if set_no_delay is not None:
+            set_no_delay(True)
+        super().peer_connected()
 
     def connection_closed(self, reason: Failure) -> None:
         if self.token is not None:
@@ -93,8 +108,11 @@ class NodeServerProtocol(AcceptedPeerProtocol):
             keepalive_interval_ms=int(self._settings.keepalive_interval_seconds * 1000),
             keepalive_deadline_ms=int(self._settings.keepalive_deadline_seconds * 1000),
         )
-        rejection = self._registry.check_hello(hello)
+        certified_id = (peer_identity(self.transport, NODE) or "") if self.factory.require_certificate else None
+        rejection = self._registry.check_hello(hello, certified_id)
         if rejection is not None:
+            if rejection.code in FAILED_PROOF_CODES and self.transport is not None:
+                self.factory.failed_hellos.failed(source_of(self.transport.getPeer()))
             # A rejected connection changes no state and produces no event.
             self._log.warn(
                 "rejected node connection claiming {node_id!r}: {reason}",
@@ -127,12 +145,45 @@ class NodeServerProtocol(AcceptedPeerProtocol):
 
 
 class NodeServerFactory(PeerServerFactory):
-    """Builds Node connections over the Edge's registry."""
+    """Builds Node connections over the Edge's registry.
+
+    ``require_certificate`` is set when the listener requires client
+    certificates: each hello's node id must then be the one its
+    certificate proves.
+    """
 
     protocol_class = NodeServerProtocol
 
-    def __init__(self, registry: NodeRegistry, clock: IReactorTime, settings: PeerSettings) -> None:
+    def __init__(
+        self,
+        registry: NodeRegistry,
+        clock: IReactorTime,
+        settings: PeerSettings,
+        *,
+        require_certificate: bool = False,
+        failed_hellos: FailedHelloLimits = FailedHelloLimits(),
+    ) -> None:
         super().__init__(clock, settings)
         self.registry = registry
+        self.require_certificate = require_certificate
+        self.failed_hellos = FailedHelloLimiter(clock, failed_hellos, "node_server")
         #: The inference gateway, once the tap has built it.
         self.inference: Optional[InferenceGateway] = None
+
+    @overload  # type: ignore[override]
+    def buildProtocol(self, addr: None) -> NodeServerProtocol: ...
+
+    @overload
+    def buildProtocol(self, addr: IAddress) -> Union[NodeServerProtocol, RefusedConnection]: ...
+
+    def buildProtocol(self, addr: Optional[IAddress]) -> Union[NodeServerProtocol, RefusedConnection]:
+        """A new connection; a blocked address's is aborted at once (without an address: never refused)."""
+        if self.failed_hellos.is_blocked(source_of(addr)):
+            return RefusedConnection()
+        protocol = super().buildProtocol(addr)
+        assert isinstance(protocol, NodeServerProtocol)
+        return protocol
+
+    def stopFactory(self) -> None:
+        super().stopFactory()
+        self.failed_hellos.stop()

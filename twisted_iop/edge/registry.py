@@ -134,9 +134,14 @@ class NodeRegistry(Service):
 
     # -- node connections ----------------------------------------------------
 
-    def check_hello(self, hello: pb.NodeHelloRequest) -> Optional[Rejection]:
-        """Why this hello must be rejected, or ``None`` to accept it (no state change)."""
-        return check_node_hello(hello, {node.node_id: node.credential for node in self._nodes.values()})
+    def check_hello(self, hello: pb.NodeHelloRequest, certified_id: Optional[str] = None) -> Optional[Rejection]:
+        """Why this hello must be rejected, or ``None`` to accept it (no state change).
+
+        ``certified_id`` is the node id the client certificate proves, when
+        the listener requires one (see :func:`~twisted_iop.wire.hello.check_node_hello`).
+        """
+        credentials = {node.node_id: node.credentials for node in self._nodes.values()}
+        return check_node_hello(hello, credentials, certified_id)
 
     def node_accepted(self, hello: pb.NodeHelloRequest, peer: NodePeer) -> int:
         """Record an accepted (pending) connection; return its token."""

@@ -62,13 +62,23 @@ class EdgeService(DaemonService):
             self.registry, clock, probe_timeout_seconds=config.node_server.probe_timeout_seconds
         )
         self.link = ControlPlaneLink(config.control_plane, self.registry, self.status, self.commands, clock)
-        self.node_factory = NodeServerFactory(self.registry, clock, config.node_server.peer_settings())
+        self.node_factory = NodeServerFactory(
+            self.registry,
+            clock,
+            config.node_server.peer_settings(),
+            require_certificate=config.node_server.tls is not None,
+            failed_hellos=config.node_server.failed_hellos,
+        )
         self.node_server = self.add_listener(
-            "node_server", config.node_server.listen, cast(IProtocolFactory, self.node_factory), reactor
+            "node_server",
+            config.node_server.listen,
+            cast(IProtocolFactory, self.node_factory),
+            reactor,
+            config.node_server.tls,
         )
         # The inference gateway: its own listener; Node messages reach it through the node server.
         self.inference = self.node_factory.inference = InferenceGateway(self.registry, config.inference, clock)
-        site = inference_site(InferenceAPI(self.inference), config.inference.max_request_bytes)
+        site = inference_site(InferenceAPI(self.inference), config.inference, reactor)
         self.inference_server = self.add_listener("inference", config.inference.listen, site, reactor)
         self.metrics_server: Optional[ListenerService] = None
         if config.metrics_listen:

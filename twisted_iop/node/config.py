@@ -20,6 +20,7 @@ from twisted_iop.configuration import (
     load_config,
     parse_backoff,
     parse_connect_setting,
+    parse_dialer_secret,
     parse_keepalive,
     parse_max_frame_bytes,
     parse_metrics_listen,
@@ -108,10 +109,10 @@ def load_node_config(path: Optional[str], environ: Optional[Mapping[str, str]] =
 def parse_node_config(data: Mapping[str, Any], environ: Mapping[str, str] = {}) -> NodeRuntimeConfig:
     """Validate a parsed node.yaml mapping."""
     top = Section(data, "")
-    top.reject_unknown({"node_id", "credential", "labels", "edge", "probes", "providers", "metrics"})
+    top.reject_unknown({"node_id", "credential", "credential_file", "labels", "edge", "probes", "providers", "metrics"})
     return NodeRuntimeConfig(
         node_id=top.identifier("node_id"),
-        credential=top.string("credential"),
+        credential=parse_dialer_secret(top, "credential", "credential_file"),
         labels=top.string_map("labels"),
         edge=_edge(top.section("edge"), environ),
         probes=_probes(top.section("probes")),

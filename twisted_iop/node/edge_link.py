@@ -36,6 +36,13 @@ class EdgeLinkProtocol(HelloDialerProtocol["EdgeLink"]):
     def describe_peer(self) -> str:
         return "edge"
 
+    def peer_connected(self) -> None:
+        # Inference frames are small and latency-critical: no Nagle delay.
+        set_no_delay = getattr(self.transport, "setTcpNoDelay", None)
+        if set_no_delay is not None:
+            set_no_delay(True)
+        super().peer_connected()
+
     def accepted_envelope_received(self, envelope: pb.Envelope, body: str) -> None:
         if body == "node_probe_request":
             self.reply_when_done(

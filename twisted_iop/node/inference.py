@@ -8,8 +8,10 @@ exactly one ``InferenceDone``, unless the Edge cancels it first
 aborted and nothing more is sent.
 
 * HTTP kinds (``openai``, ``vllm``, ``ollama``): a POST to the provider's
-  ``base_url`` through treq (unbuffered); a streamed answer is read event by
-  event, a whole answer is read up to :data:`MAX_RESPONSE_BYTES`.
+  ``base_url`` through :class:`ProviderHTTPClient` (persistent connections
+  with ``TCP_NODELAY``, the body written with the headers); a streamed
+  answer is read event by event, a whole answer is read up to
+  :data:`MAX_RESPONSE_BYTES`.
 * ``mock``: :class:`~twisted_iop.mock_provider.MockRun` in process, paced
   by the provider's mock options.
 
@@ -21,6 +23,7 @@ drains.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import random
 from collections.abc import Callable
@@ -28,13 +31,16 @@ from typing import Any, Optional, Protocol, cast
 
 import attrs
 from google.protobuf.message import Message
-from twisted.internet.defer import CancelledError, Deferred
-from twisted.internet.interfaces import IPushProducer, IReactorTime
+from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint, TCP6ClientEndpoint
+from twisted.internet.interfaces import IConsumer, IPushProducer, IReactorTime, IStreamClientEndpoint
 from twisted.internet.protocol import Protocol as TwistedProtocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.client import ResponseDone
+from twisted.web.client import URI, Agent, HTTPConnectionPool, ResponseDone
 from twisted.web.http import PotentialDataLoss
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
 from zope.interface import implementer
 
 from twisted_iop.metrics import LatencyHistogram
@@ -53,6 +59,8 @@ MAX_RESPONSE_BYTES = 3 * 1024 * 1024
 MAX_EVENT_LINE_BYTES = 1024 * 1024
 #: How long a provider may take to send its response headers.
 RESPONSE_HEADERS_TIMEOUT_SECONDS = 300.0
+#: Idle provider connections kept open per provider host (for reuse).
+MAX_IDLE_PROVIDER_CONNECTIONS = 64
 
 ENDPOINT_NAMES = {
     pb.INFERENCE_ENDPOINT_CHAT_COMPLETIONS: CHAT_COMPLETIONS,
@@ -65,9 +73,13 @@ class InferenceSession(Protocol):
     """What the runner needs from an accepted Edge connection."""
 
     transport: Any
+    closing: bool
 
     def send(self, body: str, message: Message, request_id: int = 0) -> None:
         """Send one envelope."""
+
+    def sendString(self, data: bytes) -> None:
+        """Send one serialized envelope as a frame."""
 
 
 class InferenceHTTPClient(Protocol):
@@ -75,6 +87,88 @@ class InferenceHTTPClient(Protocol):
 
     def request(self, method: str, url: str, **kwargs: Any) -> Deferred[Any]:
         """Issue a request."""
+
+
+@implementer(IBodyProducer)
+class _BytesBody:
+    """A request body written whole, at once, with the request's headers.
+
+    (treq's bytes body goes through a cooperator: it leaves a turn after the
+    headers, as a second small segment that Nagle's algorithm can hold.)
+    """
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+        self.length = len(data)
+
+    def startProducing(self, consumer: IConsumer) -> Deferred[None]:
+        consumer.write(self._data)
+        return succeed(None)
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+    def stopProducing(self) -> None:
+        pass
+
+
+@implementer(IAgentEndpointFactory)
+class _ProviderEndpoints:
+    """Endpoints to providers: IP literals connect directly (no resolver thread); TCP_NODELAY on each."""
+
+    def __init__(self, reactor: Any) -> None:
+        self._reactor = reactor
+
+    def endpointForURI(self, uri: URI) -> IStreamClientEndpoint:
+        host = uri.host.decode("ascii")
+        try:
+            version = ipaddress.ip_address(host).version
+        except ValueError:
+            return _NoDelayEndpoint(HostnameEndpoint(self._reactor, host, uri.port))
+        endpoint_type = TCP4ClientEndpoint if version == 4 else TCP6ClientEndpoint
+        return _NoDelayEndpoint(endpoint_type(self._reactor, host, uri.port))
+
+
+@implementer(IStreamClientEndpoint)
+class _NoDelayEndpoint:
+    """Connects through ``inner`` and turns Nagle's algorithm off (requests and events are small)."""
+
+    def __init__(self, inner: IStreamClientEndpoint) -> None:
+        self._inner = inner
+
+    def connect(self, protocolFactory: Any) -> Deferred[Any]:
+        return self._inner.connect(protocolFactory).addCallback(_no_delay)
+
+
+def _no_delay(protocol: Any) -> Any:
+    transport = getattr(protocol, "transport", None)
+    if transport is not None and hasattr(transport, "setTcpNoDelay"):
+        transport.setTcpNoDelay(True)
+    return protocol
+
+
+class ProviderHTTPClient:
+    """The runner's HTTP client for providers (the part of treq's interface it uses).
+
+    A persistent connection pool (no connection setup per request), no
+    cookies kept between requests, no redirects followed, no resolver
+    thread for IP literals, ``TCP_NODELAY``, and the body sent with the
+    headers. The response is returned unbuffered, for ``deliverBody``.
+    """
+
+    def __init__(self, reactor: Any, max_idle_per_host: int = MAX_IDLE_PROVIDER_CONNECTIONS) -> None:
+        self.pool = HTTPConnectionPool(reactor, persistent=True)
+        self.pool.maxPersistentPerHost = max_idle_per_host
+        self._agent = Agent.usingEndpointFactory(reactor, _ProviderEndpoints(reactor), pool=self.pool)
+
+    def request(
+        self, method: str, url: str, data: bytes = b"", headers: Optional[dict[bytes, list[bytes]]] = None, **_: Any
+    ) -> Deferred[Any]:
+        """Send one request; fires with the (unbuffered) response."""
+        return self._agent.request(method.encode("ascii"), url.encode("utf-8"), Headers(headers), _BytesBody(data))
 
 
 class _Job(Protocol):
@@ -127,9 +221,7 @@ class InferenceRunner:
         self._providers = providers
         self._clock = clock
         if http is None:
-            import treq
-
-            http = cast(InferenceHTTPClient, treq)
+            http = cast(InferenceHTTPClient, ProviderHTTPClient(clock))
         self._http = http
         self._rand = rand
         self._sessions: dict[InferenceSession, _SessionState] = {}
@@ -140,6 +232,12 @@ class InferenceRunner:
         self.refused = 0
         #: For /metrics: provider requests, start to done, per provider id.
         self.provider_seconds: dict[str, LatencyHistogram] = {}
+
+    def close(self) -> None:
+        """Close idle provider connections (the Node is stopping)."""
+        pool = getattr(self._http, "pool", None)
+        if isinstance(pool, HTTPConnectionPool):
+            pool.closeCachedConnections()
 
     def running(self) -> int:
         """Requests running over every connection."""
@@ -284,10 +382,15 @@ class _Reply:
         return self.inference_id in self._state.jobs
 
     def chunk(self, data: bytes) -> None:
-        if not self.live:
+        if not self.live or self._session.closing:
             return
         self.chunks += 1
-        self._session.send("inference_chunk", pb.InferenceChunk(inference_id=self.inference_id, data=data))
+        # Built in place in its envelope (no message copied into it): this runs once per token.
+        envelope = pb.Envelope()
+        chunk = envelope.inference_chunk
+        chunk.inference_id = self.inference_id
+        chunk.data = data
+        self._session.sendString(envelope.SerializeToString())
 
     def done(
         self,

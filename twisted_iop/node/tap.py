@@ -67,6 +67,8 @@ class NodeService(DaemonService):
     def stopService(self) -> Deferred[None] | None:
         """Stop dialing and the keepalive timer."""
         self.link.stop()
+        if self.runtime.inference is not None:
+            self.runtime.inference.close()
         return cast("Deferred[None] | None", super().stopService())
 
 

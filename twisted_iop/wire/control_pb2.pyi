@@ -169,7 +169,7 @@ class EdgeHelloRequest(_message.Message):
     def __init__(self, edge_id: _Optional[str] = ..., protocol_major: _Optional[int] = ..., protocol_minor: _Optional[int] = ..., software_version: _Optional[str] = ..., credential: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., commands: _Optional[_Iterable[_Union[CommandSpec, _Mapping]]] = ...) -> None: ...
 
 class EdgeHelloResponse(_message.Message):
-    __slots__ = ("accepted", "reason", "reason_code", "permanent", "protocol_major", "protocol_minor", "server_version", "keepalive_interval_ms", "keepalive_deadline_ms")
+    __slots__ = ("accepted", "reason", "reason_code", "permanent", "protocol_major", "protocol_minor", "server_version", "keepalive_interval_ms", "keepalive_deadline_ms", "retry_after_ms")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     REASON_CODE_FIELD_NUMBER: _ClassVar[int]
@@ -179,6 +179,7 @@ class EdgeHelloResponse(_message.Message):
     SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     KEEPALIVE_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     KEEPALIVE_DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
     reason: str
     reason_code: str
@@ -188,7 +189,8 @@ class EdgeHelloResponse(_message.Message):
     server_version: str
     keepalive_interval_ms: int
     keepalive_deadline_ms: int
-    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., reason_code: _Optional[str] = ..., permanent: _Optional[bool] = ..., protocol_major: _Optional[int] = ..., protocol_minor: _Optional[int] = ..., server_version: _Optional[str] = ..., keepalive_interval_ms: _Optional[int] = ..., keepalive_deadline_ms: _Optional[int] = ...) -> None: ...
+    retry_after_ms: int
+    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., reason_code: _Optional[str] = ..., permanent: _Optional[bool] = ..., protocol_major: _Optional[int] = ..., protocol_minor: _Optional[int] = ..., server_version: _Optional[str] = ..., keepalive_interval_ms: _Optional[int] = ..., keepalive_deadline_ms: _Optional[int] = ..., retry_after_ms: _Optional[int] = ...) -> None: ...
 
 class EdgeStatusRequest(_message.Message):
     __slots__ = ()

@@ -27,6 +27,9 @@ afterwards) implement the rest once:
   retried only after a hold-off near the maximum delay
   (:func:`hold_off_delay`), since retrying sooner cannot help; so is a
   connection the peer closed as ``SUPERSEDED``.
+* a rejection that carries a delay hint (``retry_after_ms``, sent with
+  ``retry_later`` when the Control Plane's hello rate is exceeded) makes the
+  next attempt wait at least that long.
 """
 
 from __future__ import annotations
@@ -452,6 +455,8 @@ class DialerLink(Generic[ProtocolT]):
         self.superseded = False
         #: Failed attempts in a row, as the ``ClientService`` last counted them.
         self.failed_attempts = 0
+        #: The peer's delay hint from the last rejection, for the next attempt only.
+        self.retry_after_seconds = 0.0
         #: Frames and bytes of every connection of this link (for /metrics).
         self.wire_counters = WireCounters()
         self._sweeper = KeepaliveSweeper(
@@ -481,9 +486,10 @@ class DialerLink(Generic[ProtocolT]):
         """
         self.failed_attempts = attempt
         backoff = self.dial.backoff
+        hint, self.retry_after_seconds = self.retry_after_seconds, 0.0
         if self.permanent_rejection is not None or self.superseded:
-            return hold_off_delay(backoff.max_seconds, self._rand)
-        return backoff_delay(attempt, backoff.initial_seconds, backoff.max_seconds, self._rand)
+            return max(hint, hold_off_delay(backoff.max_seconds, self._rand))
+        return max(hint, backoff_delay(attempt, backoff.initial_seconds, backoff.max_seconds, self._rand))
 
     def stop(self) -> None:
         """Stop the keepalive timer (service shutdown)."""
@@ -524,6 +530,8 @@ class DialerLink(Generic[ProtocolT]):
     def rejected(self, response: HelloResponse) -> None:
         """The peer refused hello; a permanent refusal is logged once."""
         code = response.reason_code or "rejected"
+        # Only the edge wire's response has the hint; the node wire's has none.
+        self.retry_after_seconds = getattr(response, "retry_after_ms", 0) / 1000.0
         if response.permanent:
             self.permanent_rejection = f"{code}: {response.reason}"
             if self._logged_rejection != self.permanent_rejection:
@@ -542,12 +550,13 @@ class DialerLink(Generic[ProtocolT]):
         else:
             self.permanent_rejection = None
             self._log.warn(
-                "{peer} at {address} rejected {own} for now ({code}): {reason}",
+                "{peer} at {address} rejected {own} for now ({code}): {reason}; retrying in at least {delay:g}s",
                 peer=self.peer_name,
                 address=self.dial.address,
                 own=self.own_name(),
                 code=code,
                 reason=response.reason,
+                delay=self.retry_after_seconds,
             )
 
     def closing_because(self, error: pb.Error) -> None:

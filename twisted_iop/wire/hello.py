@@ -7,20 +7,27 @@ The Control Plane checks an Edge's ``EdgeHelloRequest`` with
 ``reason_code`` (``rejection.code.value``), so the two wires speak one
 vocabulary of machine codes. Neither function does I/O or touches state.
 
-Every code is *permanent*: the same hello will be refused again until
-someone changes a configuration, so dialers retry only at their maximum
-backoff delay.
+Every code but ``retry_later`` is *permanent*: the same hello will be
+refused again until someone changes a configuration (a credential, a
+certificate), so dialers retry only at their maximum backoff delay.
+``retry_later`` (the Control Plane's hello rate is exceeded) comes with a
+delay hint the dialer waits out before its next attempt.
+
+Where the listener requires client certificates (mutual TLS), the caller
+passes the id the peer's certificate proves as ``certified_id``; a hello
+claiming any other id is refused ``identity_mismatch``, so a certificate
+for edge A can never enroll as edge B.
 """
 
 from __future__ import annotations
 
 import enum
-import hmac
 from collections.abc import Mapping, Sequence
 from typing import Optional, Protocol
 
 import attrs
 
+from twisted_iop.credentials import Digests, matches
 from twisted_iop.ids import id_problem
 from twisted_iop.wire import PROTOCOL_MAJOR
 from twisted_iop.wire import control_pb2 as pb
@@ -48,18 +55,29 @@ class RejectionCode(enum.Enum):
     UNKNOWN_NODE = "unknown_node"
     #: The credential is wrong or missing.
     BAD_CREDENTIAL = "bad_credential"
+    #: The id in hello is not the one the peer's client certificate proves
+    #: (or the certificate proves none).
+    IDENTITY_MISMATCH = "identity_mismatch"
     #: The hello is well-formed but over a bound (too many labels, commands,
     #: providers, or an overlong text).
     INVALID_HELLO = "invalid_hello"
+    #: Too many hellos right now; try again after the response's hint.
+    RETRY_LATER = "retry_later"
 
     @property
     def permanent(self) -> bool:
-        """Whether retrying the same hello soon is pointless (every code is)."""
+        """Whether retrying the same hello soon is pointless (every code but retry_later)."""
         return self in PERMANENT_CODES
 
 
 #: Codes that need a configuration change before the same hello can pass.
-PERMANENT_CODES = frozenset(RejectionCode)
+PERMANENT_CODES = frozenset(RejectionCode) - {RejectionCode.RETRY_LATER}
+
+#: Codes that count as a failed attempt to prove an identity (rate-limited
+#: per source address by :class:`~twisted_iop.wire.limits.FailedHelloLimiter`).
+FAILED_PROOF_CODES = frozenset(
+    {RejectionCode.BAD_CREDENTIAL, RejectionCode.IDENTITY_MISMATCH, RejectionCode.UNKNOWN_NODE}
+)
 
 
 @attrs.frozen
@@ -108,15 +126,36 @@ def check_labels(labels: Mapping[str, str]) -> Optional[Rejection]:
     return None
 
 
-def check_edge_hello(hello: pb.EdgeHelloRequest, credentials: CredentialCheck) -> Optional[Rejection]:
+def check_certified_id(kind: str, claimed: str, certified_id: Optional[str]) -> Optional[Rejection]:
+    """A rejection unless the certificate proves ``claimed`` (None: no certificate is required)."""
+    if certified_id is None or certified_id == claimed:
+        return None
+    if not certified_id:
+        return Rejection(
+            RejectionCode.IDENTITY_MISMATCH, f"the client certificate proves no {kind} id; cannot enroll {claimed!r}"
+        )
+    return Rejection(
+        RejectionCode.IDENTITY_MISMATCH,
+        f"the client certificate is for {kind} {certified_id[:80]!r}, not {claimed!r}",
+    )
+
+
+def check_edge_hello(
+    hello: pb.EdgeHelloRequest, credentials: CredentialCheck, certified_id: Optional[str] = None
+) -> Optional[Rejection]:
     """Why the Control Plane must refuse this Edge hello, or ``None``.
 
-    Checked in order: protocol version, edge id, credential, then the bounds
-    on the announced labels and command catalog.
+    ``certified_id`` is the edge id the client certificate proves ("" when
+    it proves none), or None when the listener does not use client
+    certificates. Checked in order: protocol version, edge id, certificate
+    identity, credential, then the bounds on the announced labels and
+    command catalog.
     """
     rejection = check_version(hello.protocol_major, hello.protocol_minor, "this Control Plane")
     if rejection is None:
         rejection = check_id("edge_id", hello.edge_id)
+    if rejection is None:
+        rejection = check_certified_id("edge", hello.edge_id, certified_id)
     if rejection is not None:
         return rejection
     if not credentials.check(hello.edge_id, hello.credential):
@@ -167,23 +206,28 @@ def check_catalog(commands: Sequence[pb.CommandSpec]) -> Optional[Rejection]:
     return None
 
 
-def check_node_hello(hello: pb.NodeHelloRequest, credentials: Mapping[str, str]) -> Optional[Rejection]:
+def check_node_hello(
+    hello: pb.NodeHelloRequest, credentials: Mapping[str, Digests], certified_id: Optional[str] = None
+) -> Optional[Rejection]:
     """Why the Edge must refuse this Node hello, or ``None``.
 
-    ``credentials`` maps every configured node id to its credential (``""``
-    when the node needs none); a node id not in it is unknown. Checked in
-    order: protocol version, node id, configured, credential, then the
-    bounds on announced providers and labels.
+    ``credentials`` maps every configured node id to the digests of its
+    credential (empty when the node needs none); a node id not in it is
+    unknown. ``certified_id`` is as for :func:`check_edge_hello`. Checked
+    in order: protocol version, node id, certificate identity, configured,
+    credential, then the bounds on announced providers and labels.
     """
     rejection = check_version(hello.protocol_major, hello.protocol_minor, "this edge")
     if rejection is None:
         rejection = check_id("node_id", hello.node_id)
+    if rejection is None:
+        rejection = check_certified_id("node", hello.node_id, certified_id)
     if rejection is not None:
         return rejection
     expected = credentials.get(hello.node_id)
     if expected is None:
         return Rejection(RejectionCode.UNKNOWN_NODE, f"node {hello.node_id!r} is not configured on this edge")
-    if expected and not hmac.compare_digest(expected.encode(), hello.credential.encode()):
+    if expected and not matches(hello.credential, expected):
         return Rejection(RejectionCode.BAD_CREDENTIAL, f"wrong or missing credential for node {hello.node_id!r}")
     if len(hello.providers) > MAX_PROVIDERS:
         return Rejection(

@@ -7,10 +7,13 @@ from typing import Any, Optional
 
 import pytest_twisted
 from twisted.internet import reactor
+from twisted.internet.address import IPv4Address
 from twisted.internet.endpoints import TCP4ServerEndpoint
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
 from twisted.web.resource import Resource
 
-from twisted_iop.http_site import GuardedRequest, GuardedSite, Refusal, SiteLimits, host_allowed
+from twisted_iop.http_site import HOST_VERDICTS_KEPT, GuardedRequest, GuardedSite, Refusal, SiteLimits, host_allowed
 from twisted_iop.testing.harness import eventually
 from twisted_iop.testing.http import connect, request_head
 
@@ -273,3 +276,75 @@ def test_host_allowed_rules() -> None:
     assert not host_allowed(b"", ())
     assert not host_allowed(None, ())
     assert not host_allowed(b"\xff\xfe", ())
+
+
+class OwnPolicy(Resource):
+    """Answers with its own Content-Security-Policy and a Server header of its own."""
+
+    isLeaf = True
+
+    def render_GET(self, request: Any) -> bytes:
+        request.setHeader(b"Content-Security-Policy", b"default-src 'none'")
+        request.setHeader(b"Server", b"something/1.0")
+        return b"{}"
+
+
+def _answer_head(site: GuardedSite, host: bytes = b"127.0.0.1") -> bytes:
+    """The head of the answer to one GET through ``site`` (no socket)."""
+    channel = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000))
+    transport = StringTransport()
+    channel.makeConnection(transport)
+    channel.dataReceived(b"GET / HTTP/1.1\r\nHost: " + host + b"\r\nConnection: close\r\n\r\n")
+    return transport.value().split(b"\r\n\r\n", 1)[0]
+
+
+def test_an_answers_own_security_header_is_kept_and_the_server_header_is_ours() -> None:
+    """A header the answer set itself is written once, as set; the others are added; Server is ours."""
+    head = _answer_head(GuardedSite(OwnPolicy(), reactor=Clock()))
+    lines = head.split(b"\r\n")
+    assert lines.count(b"Content-Security-Policy: default-src 'none'") == 1
+    assert sum(line.lower().startswith(b"content-security-policy:") for line in lines) == 1
+    assert b"X-Frame-Options: DENY" in lines and b"X-Content-Type-Options: nosniff" in lines
+    assert [line for line in lines if line.lower().startswith(b"server:")] == [b"Server: twisted-iop"]
+
+
+def test_host_verdicts_are_remembered_within_a_bound() -> None:
+    """A site answers each Host header by the same rules, however many distinct ones it sees,
+    and remembers at most HOST_VERDICTS_KEPT of them."""
+    site = GuardedSite(OwnPolicy(), SiteLimits(allowed_hosts=("iop.example",)), reactor=Clock())
+    for i in range(HOST_VERDICTS_KEPT * 2 + 7):
+        name = f"h{i}.example".encode()
+        assert site.host_allowed(name) is False
+        assert site.host_allowed(b"iop.example:%d" % i) is True
+        assert site.host_allowed(b"10.0.0.1:%d" % i) is True
+        assert len(site._host_verdicts) <= HOST_VERDICTS_KEPT
+    assert b" 421 " in _answer_head(site, b"evil.example").split(b"\r\n")[0]
+    assert b" 200 " in _answer_head(site, b"iop.example").split(b"\r\n")[0]
+
+
+def test_one_timer_carries_the_header_then_the_request_deadline() -> None:
+    """Headers in time move the request's single timer to the request deadline,
+    counted from the request's start; a finished request leaves no timer behind."""
+    clock = Clock()
+    site = GuardedSite(Echo(), SiteLimits(header_timeout_seconds=10, request_timeout_seconds=30), reactor=clock)
+    channel = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000))
+    transport = StringTransport()
+    channel.makeConnection(transport)
+    channel.dataReceived(b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+    clock.advance(9)
+    channel.dataReceived(b"Content-Type: application/json\r\nContent-Length: 10\r\n\r\n{")
+    clock.advance(20.5)
+    assert transport.value() == b"" and site.timed_out_requests == 0
+    clock.advance(0.5)
+    assert b" 408 " in transport.value().split(b"\r\n")[0] and b"the request did not arrive" in transport.value()
+    assert site.timed_out_requests == 1
+
+    channel = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40001))
+    transport = StringTransport()
+    channel.makeConnection(transport)
+    channel.dataReceived(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    assert b" 200 " in transport.value().split(b"\r\n")[0]
+    request_timers = [
+        call for call in clock.getDelayedCalls() if getattr(getattr(call, "func", None), "__name__", "") == "_expired"
+    ]
+    assert request_timers == []

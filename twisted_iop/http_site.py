@@ -62,6 +62,12 @@ SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
     ),
 )
 
+#: Host header values whose verdict a site remembers (then it starts over).
+HOST_VERDICTS_KEPT = 256
+
+#: The names of the headers the site adds to every answer (lower case).
+_SITE_HEADER_NAMES = frozenset(name.lower() for name, _ in SECURITY_HEADERS) | {b"server"}
+
 #: Methods that change state: they need a JSON body and a same-origin caller.
 WRITE_METHODS = frozenset({b"POST", b"PUT", b"PATCH", b"DELETE"})
 
@@ -212,7 +218,7 @@ class GuardedRequest(Request):
                 ((b"Allow", allowed),),
             )
         host = headers.getRawHeaders(b"host", [b""])[0]
-        if not host_allowed(host, limits.allowed_hosts):
+        if not site.host_allowed(host):
             return Refusal(421, "unknown_host", "the Host header does not name this server")
         if site.authorize is not None:
             refusal = site.authorize(self)
@@ -266,15 +272,11 @@ class GuardedRequest(Request):
         self.content = _Discard()  # type: ignore[assignment]
         self.channel.refuse(refusal)
 
-    # -- answers --------------------------------------------------------------
 
-    def write(self, data: bytes) -> None:
-        if not self.startedWriting:
-            self.responseHeaders.setRawHeaders(b"Server", [SERVER_NAME])
-            for name, value in SECURITY_HEADERS:
-                if not self.responseHeaders.hasHeader(name):
-                    self.responseHeaders.setRawHeaders(name, [value])
-        super().write(data)
+#: The site's headers as they are written on every answer.
+_SITE_HEADER_LINES = (
+    b"Server: " + SERVER_NAME + b"\r\n" + b"".join(name + b": " + value + b"\r\n" for name, value in SECURITY_HEADERS)
+)
 
 
 class GuardedChannel(HTTPChannel):
@@ -288,8 +290,12 @@ class GuardedChannel(HTTPChannel):
         self.peer_host = ""
         self.request_method = b""
         self.request_path = b""
-        self._header_timer: Optional[IDelayedCall] = None
-        self._request_timer: Optional[IDelayedCall] = None
+        #: One timer per request: first the header deadline, then (reset
+        #: when the headers are in) the rest of the request deadline.
+        self._deadline: Optional[IDelayedCall] = None
+        #: What the timer waits for now: "headers" or "request".
+        self._awaiting = "headers"
+        self._request_deadline_at = 0.0
         self._refused = False
 
     def connectionMade(self) -> None:
@@ -303,10 +309,10 @@ class GuardedChannel(HTTPChannel):
     def lineReceived(self, line: bytes) -> None:
         if self._refused:
             return
-        if self._header_timer is None and self._request_timer is None and line:
+        if self._deadline is None and line:
             # The first line of a new request on a kept-alive connection.
             self._start_deadlines()
-        if self._request_timer is not None and not self.request_method and line:
+        if self._deadline is not None and not self.request_method and line:
             parts = line.split(b" ", 2)
             self.request_method = parts[0].upper()
             self.request_path = parts[1].split(b"?", 1)[0] if len(parts) > 1 else b""
@@ -318,23 +324,53 @@ class GuardedChannel(HTTPChannel):
         super().rawDataReceived(data)
 
     def allHeadersReceived(self) -> None:
-        self._cancel("_header_timer")
+        deadline = self._deadline
+        if deadline is not None and self._awaiting == "headers":
+            self._awaiting = "request"
+            if deadline.active():
+                deadline.reset(max(0.0, self._request_deadline_at - self.site.reactor.seconds()))
         super().allHeadersReceived()
 
     def request_complete(self) -> None:
         """The whole request arrived: its deadlines no longer apply."""
-        self._cancel("_header_timer")
-        self._cancel("_request_timer")
+        self._cancel()
         self.request_method = b""
         self.request_path = b""
+
+    def writeHeaders(self, version: bytes, code: bytes, reason: bytes, headers: Any) -> None:
+        """Write an answer's headers: the request's own, then the site's.
+
+        ``Server`` is always ours (never Twisted's, with its version); the
+        security headers are added unless the answer set its own. They are
+        appended here as bytes, not set on every request's header map.
+        """
+        sequence = [version, b" ", code, b" ", reason, b"\r\n"]
+        own: set[bytes] = set()
+        for name, values in headers.getAllRawHeaders():
+            lower = name.lower()
+            if lower in _SITE_HEADER_NAMES:
+                if lower == b"server":
+                    continue
+                own.add(lower)
+            for value in values:
+                sequence.extend((name, b": ", value, b"\r\n"))
+        if own:
+            sequence.append(b"Server: " + SERVER_NAME + b"\r\n")
+            for name, value in SECURITY_HEADERS:
+                if name.lower() not in own:
+                    sequence.extend((name, b": ", value, b"\r\n"))
+        else:
+            sequence.append(_SITE_HEADER_LINES)
+        sequence.append(b"\r\n")
+        assert self.transport is not None
+        self.transport.writeSequence(sequence)
 
     def refuse(self, refusal: Refusal) -> None:
         """Write ``refusal`` as the whole answer and close the connection."""
         if self._refused or self.transport is None:
             return
         self._refused = True
-        self._cancel("_header_timer")
-        self._cancel("_request_timer")
+        self._cancel()
         body = self.site.error_json(refusal.status, refusal.code, refusal.message)
         lines = [
             b"HTTP/1.1 %d %s" % (refusal.status, _PHRASES.get(refusal.status, b"Error")),
@@ -353,13 +389,17 @@ class GuardedChannel(HTTPChannel):
     def _start_deadlines(self) -> None:
         limits = self.site.limits
         clock = self.site.reactor
-        self._header_timer = clock.callLater(limits.header_timeout_seconds, self._expired, "headers")
-        self._request_timer = clock.callLater(limits.request_timeout_seconds, self._expired, "request")
+        self._request_deadline_at = clock.seconds() + limits.request_timeout_seconds
+        if limits.header_timeout_seconds < limits.request_timeout_seconds:
+            self._awaiting = "headers"
+            self._deadline = clock.callLater(limits.header_timeout_seconds, self._expired)
+        else:
+            self._awaiting = "request"
+            self._deadline = clock.callLater(limits.request_timeout_seconds, self._expired)
 
-    def _expired(self, what: str) -> None:
-        setattr(self, "_header_timer" if what == "headers" else "_request_timer", None)
-        self._cancel("_header_timer")
-        self._cancel("_request_timer")
+    def _expired(self) -> None:
+        self._deadline = None
+        what = self._awaiting
         seconds = (
             self.site.limits.header_timeout_seconds if what == "headers" else self.site.limits.request_timeout_seconds
         )
@@ -370,15 +410,14 @@ class GuardedChannel(HTTPChannel):
             # A client that does not read must not keep the socket either.
             self.site.reactor.callLater(5.0, abort)
 
-    def _cancel(self, name: str) -> None:
-        timer = getattr(self, name)
-        setattr(self, name, None)
+    def _cancel(self) -> None:
+        timer = self._deadline
+        self._deadline = None
         if timer is not None and timer.active():
             timer.cancel()
 
     def connectionLost(self, reason: Any = None) -> None:
-        self._cancel("_header_timer")
-        self._cancel("_request_timer")
+        self._cancel()
         super().connectionLost(reason)
 
 
@@ -419,6 +458,20 @@ class GuardedSite(Site):
         #: Set by :meth:`stop_accepting`: new requests get 503 ``shutting_down``.
         self.stopping = False
         self._open: set[Any] = set()
+        #: Host header -> whether it names this server (the rule depends on
+        #: the header and this site's fixed limits only), at most
+        #: HOST_VERDICTS_KEPT entries.
+        self._host_verdicts: dict[bytes, bool] = {}
+
+    def host_allowed(self, host_header: bytes) -> bool:
+        """:func:`host_allowed` for this site's names, remembered per header value."""
+        verdict = self._host_verdicts.get(host_header)
+        if verdict is None:
+            verdict = host_allowed(host_header, self.limits.allowed_hosts)
+            if len(self._host_verdicts) >= HOST_VERDICTS_KEPT:
+                self._host_verdicts.clear()
+            self._host_verdicts[host_header] = verdict
+        return verdict
 
     def buildProtocol(self, addr: Optional[IAddress]) -> Any:
         host = str(getattr(addr, "host", ""))

@@ -204,8 +204,10 @@ async def test_resume_gap_is_signalled() -> None:
         await eventually(lambda: len(seen.events) == 1, timeout=5, message="first event")
         before = subscription.last_sequence
         subscription.abort_connection()
+        # Recorded in this reactor turn, before any reconnect can resume
+        # (the retry delay is jittered and may be near zero).
         for i in range(12):
-            edge.event("provider.health_changed", node_id="node-1", message=f"change {i}")
+            cp.registry.record("edge-a", "provider.health_changed", node_id="node-1", message=f"change {i}")
         await eventually(lambda: seen.lost and len(seen.events) >= 6, timeout=10, message="lost notice and the rest")
         (lost,) = seen.lost
         assert lost.reason == "resume_gap" and lost.first_sequence == (before or 0) + 1

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import pytest_twisted
 import treq
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.internet.task import Clock
 
 from twisted_iop.configuration import ConfigError
@@ -361,3 +363,34 @@ def test_a_disconnected_edge_keeps_a_compact_catalog_until_it_returns() -> None:
     registry.connect("edge-a", _Peer(), full)  # type: ignore[arg-type]
     assert registry.get("edge-a").hello.commands[0].description == "Stop new leases"
     assert registry.disconnected_bytes == 0
+
+
+_short = st.text(max_size=8)
+_long = st.text(min_size=250, max_size=300)
+
+
+@st.composite
+def _status_responses(draw: st.DrawFn) -> pb.EdgeStatusResponse:
+    """Snapshots near the bounds: strings around MAX_TEXT, labels around MAX_LABELS."""
+    response = pb.EdgeStatusResponse(edge_id="e")
+    for _ in range(draw(st.integers(0, 6))):
+        node = response.nodes.add(node_id=draw(st.one_of(_short, _long)))
+        labels = draw(st.integers(0, 70))
+        node.labels.update({f"k{i}": "" for i in range(labels)})
+        if draw(st.booleans()):
+            node.labels["x"] = draw(st.one_of(_short, _long))
+        for _p in range(draw(st.integers(0, 3))):
+            node.providers.add(
+                provider_id=draw(st.one_of(_short, _long)),
+                kind=draw(_short),
+                models=draw(st.lists(st.one_of(_short, _long), max_size=3)),
+                health_reason=draw(st.one_of(_short, st.text(min_size=1000, max_size=1100))),
+            )
+    return response
+
+
+@settings(max_examples=200, deadline=None)
+@given(_status_responses())
+def test_status_problem_shortcut_agrees_with_the_full_check(response: pb.EdgeStatusResponse) -> None:
+    """Judging a small snapshot by its wire sizes finds exactly what checking every bound finds."""
+    assert (bounds.status_problem(response) is None) == (bounds.full_status_problem(response) is None)

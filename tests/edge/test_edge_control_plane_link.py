@@ -90,6 +90,14 @@ def results(d: Any) -> list[Any]:
     return out
 
 
+class StatusAnswers(list[tuple[Any, Any]]):
+    """A status listener that keeps every (response, error) it hears."""
+
+    def status_answered(self, response: Any, error: Any) -> None:
+        """Keep the answer."""
+        self.append((response, error))
+
+
 def test_hello_announces_identity_and_catalog() -> None:
     """Hello (in prepareConnection) carries id, version, labels, credential and catalog; the CP enrolls it."""
     edge = Edge(credentials=EdgeCredentials.from_secrets(per_edge={"edge-a": "k"}), credential="k")
@@ -149,9 +157,11 @@ def test_status_request_answered_with_same_request_id() -> None:
     edge = Edge()
     pump = edge.accept()
     peer: Any = edge.record().peer
-    got = results(peer.request_status(5))
+    got = StatusAnswers()
+    peer.ask_status(5, True, got)
     pump.flush()
-    [snapshot] = got
+    [(snapshot, error)] = got
+    assert error is None
     assert [n.node_id for n in snapshot.nodes] == ["node-1", "node-2"]
     assert not any(n.connected for n in snapshot.nodes)
 

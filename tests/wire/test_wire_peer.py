@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 import pytest
+from twisted.internet.defer import CancelledError
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
@@ -239,6 +241,49 @@ def test_serialized_request_is_numbered_and_answered_like_request() -> None:
     protocol.dataReceived(frame(make_envelope("edge_status_response", pb.EdgeStatusResponse(edge_id="e"), 2)))
     assert [a.edge_status_response.edge_id for a in answers] == ["e"]
     assert not first.called
+
+
+def _calls(into: list[tuple[str, object, object]]) -> Callable[[str, object, object], None]:
+    """A plain answer call that keeps ``(arg, envelope, error)``."""
+    return lambda arg, envelope, error: into.append((arg, envelope, error))
+
+
+def test_serialized_call_is_ended_by_a_plain_call() -> None:
+    """request_serialized_call: the answer, an error frame, the deadline, a cancel and a
+    disconnect each end their own request with one call, and nothing else happens after."""
+    protocol, transport, clock = connected()
+    request = SerializedRequest("edge_status_request", pb.EdgeStatusRequest())
+    ends: list[tuple[str, object, object]] = []
+    answered, refused, late, cancelled, dropped = (
+        protocol.request_serialized_call(request, _calls(ends), name, 5.0, deadline=name == "late")
+        for name in ("answered", "refused", "late", "cancelled", "dropped")
+    )
+    assert [e.request_id for e in sent(transport)] == [1, 2, 3, 4, 5] == [answered, refused, late, cancelled, dropped]
+    protocol.dataReceived(frame(make_envelope("edge_status_response", pb.EdgeStatusResponse(edge_id="e"), answered)))
+    protocol.dataReceived(frame(make_envelope("error", pb.Error(code=pb.ERROR_CODE_INTERNAL, message="no"), refused)))
+    clock.advance(5.0)
+    protocol.cancel_request(cancelled)
+    protocol.cancel_request(cancelled)  # twice: the second changes nothing
+    protocol.connectionLost(Failure(ConnectionError()))
+    by_name = {name: (envelope, error) for name, envelope, error in ends}
+    assert [name for name, _, _ in ends] == ["answered", "refused", "late", "cancelled", "dropped"]
+    envelope, error = by_name["answered"]
+    assert error is None and isinstance(envelope, pb.Envelope) and envelope.edge_status_response.edge_id == "e"
+    assert isinstance(by_name["refused"][1], RemoteError)
+    assert isinstance(by_name["late"][1], RequestTimeout)
+    assert isinstance(by_name["cancelled"][1], CancelledError)
+    assert isinstance(by_name["dropped"][1], PeerDisconnected)
+    assert clock.getDelayedCalls() == [] and protocol.pending_requests == 0
+
+
+def test_serialized_call_on_a_closed_connection_ends_at_once() -> None:
+    """On a closing connection nothing is sent and the call says PeerDisconnected at once."""
+    protocol, transport, _ = connected()
+    protocol.close()
+    ends: list[tuple[str, object, object]] = []
+    request = SerializedRequest("edge_status_request", pb.EdgeStatusRequest())
+    assert protocol.request_serialized_call(request, _calls(ends), "x") == 0
+    assert transport.value() == b"" and len(ends) == 1 and isinstance(ends[0][2], PeerDisconnected)
 
 
 def test_varint_matches_protobuf() -> None:

@@ -10,7 +10,7 @@ edge goes away. Hello bounds live in :mod:`twisted_iop.wire.hello`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Optional
 
 import attrs
@@ -101,8 +101,32 @@ class ClippedEvent:
     truncated: bool
 
 
+#: An event of at most this many bytes on the wire has no text over its
+#: bound (a character takes at least one byte).
+SMALL_EVENT_BYTES = min(MAX_EVENT_ID, MAX_EVENT_MESSAGE, MAX_KEY, MAX_ATTRIBUTE_VALUE)
+
+
 def clip_event(event: pb.EdgeEvent) -> ClippedEvent:
-    """The bounded fields of ``event``; marked ``truncated`` if anything was cut."""
+    """The bounded fields of ``event``; marked ``truncated`` if anything was cut.
+
+    A small event (:data:`SMALL_EVENT_BYTES`, within the attribute count)
+    cannot be over any bound and is taken whole without a look at each text.
+    """
+    if len(event.attributes) <= MAX_EVENT_ATTRIBUTES and event.ByteSize() <= SMALL_EVENT_BYTES:
+        return ClippedEvent(
+            event.kind,
+            event.node_id,
+            event.provider_id,
+            event.command_id,
+            event.message,
+            dict(event.attributes),
+            False,
+        )
+    return full_clip_event(event)
+
+
+def full_clip_event(event: pb.EdgeEvent) -> ClippedEvent:
+    """:func:`clip_event` looking at every text and attribute."""
     cut = False
     fields = []
     for text, limit in (
@@ -132,15 +156,44 @@ def clip_reason(reason: str) -> str:
     return clip(reason, MAX_REASON)[0]
 
 
+#: A snapshot of at most this many bytes on the wire cannot hold more
+#: providers, node labels or models in all than the bounds allow: every
+#: element of a repeated field takes at least two bytes (tag and length).
+SMALL_STATUS_BYTES = 2 * min(MAX_STATUS_PROVIDERS, MAX_STATUS_LABELS, MAX_STATUS_MODELS)
+#: A node of at most this many bytes on the wire has no string longer than
+#: the bounds (a character takes at least one byte) and at most half as
+#: many providers (every one at least two bytes) as a node may have.
+SMALL_NODE_BYTES = min(MAX_TEXT, MAX_DESCRIPTION, 2 * MAX_PROVIDERS)
+
+
 def status_problem(response: pb.EdgeStatusResponse) -> Optional[str]:
     """Why a status snapshot is too large to keep, or None.
 
     Bounds: its size on the wire, the number of nodes, of providers in all,
     of models per provider, of labels per node, and every string.
+
+    Most snapshots are small, and their wire sizes alone rule out every
+    count and string bound but labels per node (:data:`SMALL_STATUS_BYTES`,
+    :data:`SMALL_NODE_BYTES`): those are checked without visiting each
+    string. Any other snapshot gets every bound checked one by one.
     """
     size = response.ByteSize()
     if size > MAX_STATUS_BYTES:
         return f"status snapshot is {size} bytes (more than {MAX_STATUS_BYTES})"
+    if len(response.nodes) > MAX_STATUS_NODES:
+        return f"status snapshot has {len(response.nodes)} nodes (more than {MAX_STATUS_NODES})"
+    if size <= SMALL_STATUS_BYTES:
+        for node in response.nodes:
+            if len(node.labels) > MAX_LABELS or node.ByteSize() > SMALL_NODE_BYTES:
+                return full_status_problem(response)
+        return None
+    return full_status_problem(response)
+
+
+def full_status_problem(response: pb.EdgeStatusResponse) -> Optional[str]:
+    """:func:`status_problem` checking every count and string one by one."""
+    if response.ByteSize() > MAX_STATUS_BYTES:
+        return f"status snapshot is {response.ByteSize()} bytes (more than {MAX_STATUS_BYTES})"
     if len(response.nodes) > MAX_STATUS_NODES:
         return f"status snapshot has {len(response.nodes)} nodes (more than {MAX_STATUS_NODES})"
     providers = labels = models = 0
@@ -186,6 +239,48 @@ def compact_catalog(commands: Iterable[pb.CommandSpec]) -> tuple[pb.CommandSpec,
     )
 
 
+#: Announced catalogs one :class:`CatalogCache` shares at most, and the
+#: largest (serialized) it shares: so the cache holds at most 4 MiB of them.
+SHARED_CATALOGS = 256
+SHARED_CATALOG_BYTES = 16 * 1024
+
+
+class CatalogCache:
+    """One copy of each announced catalog for every edge that announces it.
+
+    A fleet runs a few Edge versions, so thousands of edges announce the
+    same catalog; each kept its own copy (about 0.6 KiB per command). The
+    cache hands out one detached copy per distinct catalog (keyed by its
+    serialized bytes), for catalogs up to :data:`SHARED_CATALOG_BYTES`,
+    and forgets the oldest beyond :data:`SHARED_CATALOGS` (edges holding
+    it keep their copy). Catalogs are never changed once kept.
+    """
+
+    def __init__(self) -> None:
+        self._catalogs: dict[bytes, tuple[pb.CommandSpec, ...]] = {}
+
+    def __len__(self) -> int:
+        return len(self._catalogs)
+
+    def detached(self, commands: Sequence[pb.CommandSpec]) -> tuple[pb.CommandSpec, ...]:
+        """The catalog as :func:`detached_catalog` makes it, shared with every
+        earlier hello that announced the same one."""
+        key = b"".join(_length_prefixed(spec.SerializeToString()) for spec in commands)
+        if len(key) > SHARED_CATALOG_BYTES:
+            return detached_catalog(commands)
+        shared = self._catalogs.get(key)
+        if shared is None:
+            shared = detached_catalog(commands)
+            if len(self._catalogs) >= SHARED_CATALOGS:
+                del self._catalogs[next(iter(self._catalogs))]
+            self._catalogs[key] = shared
+        return shared
+
+
+def _length_prefixed(data: bytes) -> bytes:
+    return len(data).to_bytes(4, "big") + data
+
+
 def detached_catalog(commands: Iterable[pb.CommandSpec]) -> tuple[pb.CommandSpec, ...]:
     """Copies of an announced catalog that do not keep the hello frame alive."""
     copies = []
@@ -211,18 +306,10 @@ def catalog_size(commands: Iterable[pb.CommandSpec]) -> int:
     return size
 
 
-def status_size(response: pb.EdgeStatusResponse) -> int:
-    """Estimated bytes of a kept status snapshot: its messages and twice its wire size."""
-    messages = 1 + len(response.nodes)
-    models = 0
-    for node in response.nodes:
-        messages += len(node.providers) + len(node.labels)
-        models += sum(len(provider.models) for provider in node.providers)
-    return MESSAGE_BYTES * messages + REPEATED_BYTES * models + 2 * response.ByteSize()
-
-
-#: The largest estimates of :func:`catalog_size` (a hello frame is at most
-#: 64 KiB) and :func:`status_size` that the bounds allow.
+#: The largest estimate of :func:`catalog_size` (a hello frame is at most
+#: 64 KiB) that the bounds allow, and what the largest snapshot would hold
+#: parsed: an upper bound of a kept snapshot, which the registry keeps as
+#: its serialized bytes (at most MAX_STATUS_BYTES) and its counts.
 MAX_HELLO_FRAME_BYTES = PeerSettings().max_hello_frame_bytes
 MAX_CATALOG_BYTES = MESSAGE_BYTES * (MAX_COMMANDS + MAX_CATALOG_ARGUMENTS) + 2 * MAX_HELLO_FRAME_BYTES
 MAX_SNAPSHOT_BYTES = (

@@ -33,6 +33,7 @@ from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.ids import id_problem
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.peer import varint
 
 FEATURES = ("events.subscribe", "events.resume", "events.backpressure")
 
@@ -80,6 +81,17 @@ def fleet_event_message(event: EventRecord) -> pb.FleetEvent:
         message=event.message,
         attributes=event.attributes,
     )
+
+
+#: The tag of ``ClientEnvelope.event`` (field 16, length-delimited).
+_EVENT_TAG = varint((16 << 3) | 2)
+
+
+def event_payload(event: EventRecord) -> bytes:
+    """The WebSocket message of a live event: a ``ClientEnvelope`` whose
+    body is the event (request_id 0), serialized without building the envelope."""
+    data = fleet_event_message(event).SerializeToString()
+    return _EVENT_TAG + varint(len(data)) + data
 
 
 @implementer(IPushProducer)
@@ -360,10 +372,13 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
             )
             self._lost = 0
             self._send_envelope("events_lost", lost)
+        payload_of = self.factory.event_payload
         while self._queue and not self.paused:
             event = self._queue.popleft()
             self.queued_bytes -= event.size_bytes
-            self._send_envelope("event", fleet_event_message(event))
+            if self.state != WebSocketProtocol.STATE_OPEN:
+                continue
+            self.sendMessage(payload_of(event), isBinary=True)
 
 
 class ClientWireFactory(WebSocketServerFactory):
@@ -395,6 +410,18 @@ class ClientWireFactory(WebSocketServerFactory):
             autoPingTimeout=settings.auto_ping_timeout_seconds,
             failByDrop=False,
         )
+        #: The newest event serialized, and its message: every subscriber it
+        #: goes to now shares one serialization.
+        self._last_event: Optional[EventRecord] = None
+        self._last_payload = b""
+
+    def event_payload(self, event: EventRecord) -> bytes:
+        """``event``'s WebSocket message (:func:`event_payload`), serialized once
+        for all the subscribers it goes to in a row."""
+        if self._last_event is not event:
+            self._last_payload = event_payload(event)
+            self._last_event = event
+        return self._last_payload
 
     def close_all(self) -> None:
         """Close every client connection (the Control Plane is stopping)."""

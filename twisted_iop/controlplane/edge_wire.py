@@ -26,8 +26,8 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 import twisted_iop
-from twisted_iop.controlplane.bounds import detached_catalog
-from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry
+from twisted_iop.controlplane.bounds import CatalogCache
+from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry, StatusListener
 from twisted_iop.credentials import Digests, digest_of, matches
 from twisted_iop.tls import EDGE, peer_identity
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
@@ -161,8 +161,9 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
             labels=dict(hello.labels),
             software_version=hello.software_version[:MAX_TEXT],
             protocol_version=f"{hello.protocol_major}.{hello.protocol_minor}",
-            # Copies, so the kept catalog does not hold the whole hello frame.
-            commands=detached_catalog(hello.commands),
+            # Copies, so the kept catalog does not hold the whole hello
+            # frame; one copy for every edge announcing the same catalog.
+            commands=self.factory.catalogs.detached(hello.commands),
         )
         # Answer first so the edge learns it is accepted before any request
         # (status, command) that the registry's listeners might send.
@@ -198,10 +199,13 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
 
     # -- the EdgePeer interface ------------------------------------------------
 
-    def request_status(self, timeout: float, own_deadline: bool = True) -> Deferred[pb.EdgeStatusResponse]:
-        """Ask the edge for its status snapshot."""
-        d = self.request_serialized(_STATUS_REQUEST, timeout, deadline=own_deadline)
-        return d.addCallback(_status_response)
+    def ask_status(self, timeout: float, own_deadline: bool, listener: StatusListener) -> int:
+        """Ask the edge for its status snapshot (a plain call ends it, no Deferred)."""
+        return self.request_serialized_call(_STATUS_REQUEST, _status_envelope, listener, timeout, deadline=own_deadline)
+
+    def cancel_status(self, request_id: int) -> None:
+        """Stop waiting for the status ask ``request_id``."""
+        self.cancel_request(request_id)
 
     def request_command(self, request: pb.EdgeCommandRequest) -> Deferred[pb.EdgeCommandResponse]:
         """Send a command to the edge.
@@ -223,8 +227,17 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
 _STATUS_REQUEST = SerializedRequest("edge_status_request", pb.EdgeStatusRequest())
 
 
-def _status_response(envelope: pb.Envelope) -> pb.EdgeStatusResponse:
-    return _expect(envelope, "edge_status_response").edge_status_response
+def _status_envelope(listener: StatusListener, envelope: Optional[pb.Envelope], error: Optional[Exception]) -> None:
+    """The end of one status ask: the answer's snapshot, or the error, to ``listener``."""
+    if envelope is None:
+        listener.status_answered(None, error)
+    elif envelope.WhichOneof("body") != "edge_status_response":
+        got = envelope.WhichOneof("body")
+        listener.status_answered(
+            None, RemoteError(pb.ERROR_CODE_UNEXPECTED_MESSAGE, f"expected edge_status_response, got {got}")
+        )
+    else:
+        listener.status_answered(envelope.edge_status_response, None)
 
 
 def _expect(envelope: pb.Envelope, body: str) -> pb.Envelope:
@@ -259,6 +272,8 @@ class EdgeWireFactory(PeerServerFactory):
         super().__init__(clock, settings)
         self.registry = registry
         self.credentials = credentials
+        #: The announced catalogs, one copy each for every edge announcing it.
+        self.catalogs = CatalogCache()
         self.require_certificate = require_certificate
         self.failed_hellos = FailedHelloLimiter(clock, failed_hellos, "edge_wire")
         self.hello_rate = HelloRateLimit(clock, max_hellos_per_second)

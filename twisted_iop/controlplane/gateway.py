@@ -40,6 +40,7 @@ from twisted_iop.controlplane import bounds, records
 from twisted_iop.controlplane.records import OperationRecord
 from twisted_iop.controlplane.registry import (
     EdgeNotConnected,
+    EdgePeer,
     EdgeRecord,
     EdgeRegistry,
     StatusSnapshot,
@@ -141,15 +142,35 @@ class FleetRound:
 
 @attrs.define(eq=False)
 class _StatusAsk:
-    """One ``EdgeStatusRequest`` in flight on one connection of one edge."""
+    """One ``EdgeStatusRequest`` in flight on one connection of one edge.
 
+    It is the request's listener: the wire ends it with a plain call
+    (:meth:`status_answered`), no Deferred per edge and round.
+    """
+
+    gateway: EdgeGateway
     edge_id: str
     token: int
     own_deadline: bool
     waiters: list[StatusWaiter]
-    request: Optional[Deferred[pb.EdgeStatusResponse]] = None
+    peer: Optional[EdgePeer] = None
+    #: The request id on ``peer`` (0: not sent, or ended at once).
+    request_id: int = 0
     #: Set when the ask was moved to a newer connection or settled otherwise.
     settled: bool = False
+
+    def status_answered(self, response: Optional[pb.EdgeStatusResponse], error: Optional[Exception]) -> None:
+        """The wire's answer to this ask (a snapshot, or why not)."""
+        if error is None:
+            assert response is not None
+            self.gateway._status_answered(response, self)
+        else:
+            self.gateway._status_failed(error, self)
+
+    def cancel(self) -> None:
+        """Stop waiting for the answer (it ends with CancelledError if still pending)."""
+        if self.peer is not None and self.request_id:
+            self.peer.cancel_status(self.request_id)
 
 
 @attrs.define(eq=False)
@@ -202,15 +223,14 @@ class _Command:
     abandoned: bool = False
 
 
-def _translate(edge_id: str, seconds: float, failure: Failure) -> Exception:
-    if failure.check(RequestTimeout, CancelledError):
+def _translate(edge_id: str, seconds: float, error: Exception) -> Exception:
+    if isinstance(error, (RequestTimeout, CancelledError)):
         return EdgeTimeout(edge_id, seconds)
-    if failure.check(PeerDisconnected):
+    if isinstance(error, PeerDisconnected):
         return EdgeDisconnected(edge_id)
-    if failure.check(RemoteError):
-        return EdgeErrorAnswer(edge_id, str(failure.value))
-    error = failure.value
-    return error if isinstance(error, Exception) else RuntimeError(str(error))
+    if isinstance(error, RemoteError):
+        return EdgeErrorAnswer(edge_id, str(error))
+    return error
 
 
 def _settle_deferred(
@@ -309,8 +329,7 @@ class EdgeGateway:
         for ask in asks:
             ask.settled = True
             self._deliver(ask.waiters, None, ShuttingDown())
-            if ask.request is not None:
-                ask.request.cancel()
+            ask.cancel()
         for command in list(self._commands.values()):
             self._forget(command)
             if not command.operation.finished:
@@ -351,8 +370,7 @@ class EdgeGateway:
                 self._issue(record, ask.own_deadline, ask.waiters)
             else:
                 self._deliver(ask.waiters, None, EdgeDisconnected(edge_id))
-            if ask.request is not None:
-                ask.request.cancel()
+            ask.cancel()
         for operation_id in list(self._by_token.pop(token, {})):
             command = self._commands.pop(operation_id, None)
             if command is None:
@@ -433,12 +451,13 @@ class EdgeGateway:
         self._issue(record, own_deadline, [waiter])
 
     def _issue(self, record: EdgeRecord, own_deadline: bool, waiters: list[StatusWaiter]) -> None:
-        assert record.token is not None and record.peer is not None
-        ask = _StatusAsk(record.edge_id, record.token, own_deadline, waiters)
+        peer = record.peer
+        assert record.token is not None and peer is not None
+        ask = _StatusAsk(self, record.edge_id, record.token, own_deadline, waiters, peer)
         self._asks[record.edge_id] = ask
-        request = record.peer.request_status(self.status_timeout_seconds, own_deadline)
-        ask.request = request
-        request.addCallbacks(self._status_answered, self._status_failed, callbackArgs=(ask,), errbackArgs=(ask,))
+        # The answer may come at once (a closed connection): then the ask
+        # is settled before its request id is known, and cancel is moot.
+        ask.request_id = peer.ask_status(self.status_timeout_seconds, own_deadline, ask)
 
     def _status_answered(self, response: pb.EdgeStatusResponse, ask: _StatusAsk) -> None:
         if self._asks.get(ask.edge_id) is ask:
@@ -460,7 +479,7 @@ class EdgeGateway:
         else:
             self._deliver(ask.waiters, snapshot, None)
 
-    def _status_failed(self, failure: Failure, ask: _StatusAsk) -> None:
+    def _status_failed(self, failure: Exception, ask: _StatusAsk) -> None:
         if self._asks.get(ask.edge_id) is ask:
             del self._asks[ask.edge_id]
         if ask.settled:
@@ -547,8 +566,8 @@ class EdgeGateway:
                 return
             if round_.rows[index] is None:
                 ask = self._asks.get(round_.records[index].edge_id)
-                if ask is not None and ask.request is not None:
-                    ask.request.cancel()
+                if ask is not None:
+                    ask.cancel()
                 if round_.rows[index] is None:
                     # No ask carried this row (it cannot happen, but a row
                     # must never hold the round open).

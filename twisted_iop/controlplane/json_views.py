@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import bisect
 import datetime
+import math
+import time
 from typing import Any, Optional, Union
 from weakref import WeakKeyDictionary
 
@@ -36,11 +38,36 @@ from twisted_iop.controlplane.registry import (
 )
 from twisted_iop.wire import control_pb2 as pb
 
+#: The last instant ISO 8601 views show by the fast path (9999-12-31T23:59:59).
+_LAST_FAST_SECOND = 253_402_300_799
+#: The date-and-time text of the last whole second :func:`iso` rendered:
+#: views render thousands of times a second, mostly within one second.
+_last_second: list[Any] = [None, ""]
+
 
 def iso(seconds: Optional[float]) -> Optional[str]:
     """``seconds`` since the epoch as ISO 8601 UTC with milliseconds."""
     if seconds is None or seconds <= 0:
         return None
+    if seconds < _LAST_FAST_SECOND:
+        # What datetime.fromtimestamp does (microseconds rounded half to
+        # even, carried into the second), with the second's text reused.
+        fraction, whole = math.modf(seconds)
+        micros = round(fraction * 1e6)
+        second = int(whole)
+        if micros >= 1_000_000:
+            second += 1
+            micros -= 1_000_000
+        cached = _last_second
+        if cached[0] != second:
+            cached[1] = time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(second))
+            cached[0] = second
+        return f"{cached[1]}{micros // 1000:03d}Z"
+    return iso_by_datetime(seconds)
+
+
+def iso_by_datetime(seconds: float) -> Optional[str]:
+    """:func:`iso` by way of ``datetime`` alone (what its fast path must match)."""
     try:
         moment = datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC)
     except (OverflowError, OSError, ValueError):
@@ -243,7 +270,9 @@ def fleet_row_json(row: StatusRow, counts: tuple[int, ...]) -> dict[str, Any]:
         "error": {"code": row.error_code, "message": row.error_message} if row.error_code else None,
         "received_at": iso(row.snapshot.received_at) if row.snapshot else None,
         "stale": row.state != "ok",
-        "labels": dict(record.hello.labels),
+        # The hello's own map, not a copy: the page is encoded at once and
+        # the encoder only reads it (a hello is replaced, never changed).
+        "labels": record.hello.labels,
     }
     item.update(row_counts_json(counts))
     return item

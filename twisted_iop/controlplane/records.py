@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import sys
-from collections import OrderedDict, deque
 from collections.abc import Iterator, Mapping
-from typing import Optional
+from typing import Optional, cast
 
 import attrs
 
@@ -83,6 +82,11 @@ def event_size(event: EventRecord) -> int:
     )
 
 
+#: Slots left empty at the head of an event buffer's list before they are
+#: removed in one move (amortized O(1) per dropped event).
+_COMPACT_AFTER = 64
+
+
 class EventBuffer:
     """A bounded, sequence-numbered event buffer.
 
@@ -91,12 +95,21 @@ class EventBuffer:
     (the newest event is always kept); beyond either the oldest leave it
     and ``dropped`` counts them (``dropped_by_bytes`` those that left for
     the byte budget).
+
+    Every edge has one, and most hold a handful of events: the events live
+    in a plain list created on the first append (not a deque, whose first
+    block alone is about 600 bytes), oldest first from ``_head``.
     """
+
+    __slots__ = ("capacity", "byte_budget", "_events", "_head", "last_sequence", "dropped", "dropped_by_bytes", "bytes")
 
     def __init__(self, capacity: int, byte_budget: int) -> None:
         self.capacity = capacity
         self.byte_budget = byte_budget
-        self._events: deque[EventRecord] = deque()
+        #: Kept events from index ``_head`` on (slots before it are empty);
+        #: None until the first event.
+        self._events: Optional[list[Optional[EventRecord]]] = None
+        self._head = 0
         self.last_sequence = 0
         self.dropped = 0
         self.dropped_by_bytes = 0
@@ -104,7 +117,12 @@ class EventBuffer:
         self.bytes = 0
 
     def __len__(self) -> int:
-        return len(self._events)
+        return 0 if self._events is None else len(self._events) - self._head
+
+    @property
+    def allocated(self) -> bool:
+        """Whether the buffer has made room for events yet (it does on the first)."""
+        return self._events is not None
 
     def next_sequence(self) -> int:
         """The sequence the next appended event must carry."""
@@ -113,32 +131,45 @@ class EventBuffer:
     def append(self, event: EventRecord, sequence: int) -> None:
         """Add ``event`` whose sequence (edge or fleet) is ``sequence``."""
         events = self._events
+        if events is None:
+            events = self._events = []
         events.append(event)
         self.bytes += event.size_bytes
         self.last_sequence = sequence
-        if len(events) > self.capacity:
-            self.bytes -= events.popleft().size_bytes
-            self.dropped += 1
-        while self.bytes > self.byte_budget and len(events) > 1:
-            self.bytes -= events.popleft().size_bytes
-            self.dropped += 1
+        if len(events) - self._head > self.capacity:
+            self._drop_oldest()
+        while self.bytes > self.byte_budget and len(events) - self._head > 1:
+            self._drop_oldest()
             self.dropped_by_bytes += 1
+        if self._head >= _COMPACT_AFTER and 2 * self._head >= len(events):
+            del events[: self._head]
+            self._head = 0
+
+    def _drop_oldest(self) -> None:
+        events = self._events
+        assert events is not None
+        oldest = events[self._head]
+        assert oldest is not None
+        events[self._head] = None
+        self._head += 1
+        self.bytes -= oldest.size_bytes
+        self.dropped += 1
 
     @property
     def first_sequence(self) -> int:
         """The oldest sequence still kept (``last_sequence + 1`` when empty)."""
-        return self.last_sequence - len(self._events) + 1
+        return self.last_sequence - len(self) + 1
 
     def since(self, sequence: int, limit: int) -> list[EventRecord]:
         """Up to ``limit`` events with a sequence greater than ``sequence``."""
+        events = self._events
+        kept = len(self)
         first = self.first_sequence
         start = max(sequence + 1, first) - first
-        if start >= len(self._events) or limit <= 0:
+        if events is None or start >= kept or limit <= 0:
             return []
-        # deque slicing is O(n); indexing from the nearer end keeps it cheap
-        # for the common case of a reader that is close to the head.
-        end = min(len(self._events), start + limit)
-        return [self._events[i] for i in range(start, end)]
+        begin = self._head + start
+        return cast(list[EventRecord], events[begin : begin + min(limit, kept - start)])
 
 
 @attrs.frozen
@@ -249,40 +280,57 @@ class OperationBuffer:
     operations are never evicted, so the buffer may briefly exceed either
     bound by what is in flight. An operation's size is estimated when it is
     added and again when it changes (finished, late outcome).
+
+    Every edge has one and most edges never run a command: its tables are
+    created on the first :meth:`add`.
     """
+
+    __slots__ = ("capacity", "byte_budget", "_operations", "_sizes", "_by_key", "dropped", "dropped_by_bytes", "bytes")
 
     def __init__(self, capacity: int, byte_budget: int) -> None:
         self.capacity = capacity
         self.byte_budget = byte_budget
-        self._operations: OrderedDict[str, OperationRecord] = OrderedDict()
-        self._sizes: dict[str, int] = {}
-        self._by_key: dict[str, str] = {}
+        #: Operations by id (oldest first), their estimated sizes and the
+        #: idempotency index; None until the first operation.
+        self._operations: Optional[dict[str, OperationRecord]] = None
+        self._sizes: Optional[dict[str, int]] = None
+        self._by_key: Optional[dict[str, str]] = None
         self.dropped = 0
         self.dropped_by_bytes = 0
         #: Estimated bytes of the kept operations.
         self.bytes = 0
 
     def __len__(self) -> int:
-        return len(self._operations)
+        return 0 if self._operations is None else len(self._operations)
 
     def __iter__(self) -> Iterator[OperationRecord]:
-        return iter(self._operations.values())
+        return iter(() if self._operations is None else self._operations.values())
+
+    @property
+    def allocated(self) -> bool:
+        """Whether the buffer has made room for operations yet (it does on the first)."""
+        return self._operations is not None
 
     def newest_first(self) -> list[OperationRecord]:
         """All kept operations, newest first."""
-        return list(reversed(self._operations.values()))
+        return [] if self._operations is None else list(reversed(self._operations.values()))
 
     def get(self, operation_id: str) -> Optional[OperationRecord]:
         """The operation with ``operation_id``, if kept."""
-        return self._operations.get(operation_id)
+        return None if self._operations is None else self._operations.get(operation_id)
 
     def by_key(self, key: str) -> Optional[OperationRecord]:
         """The operation dispatched with idempotency key ``key``, if kept."""
+        if self._by_key is None or self._operations is None:
+            return None
         operation_id = self._by_key.get(key)
         return None if operation_id is None else self._operations.get(operation_id)
 
     def add(self, operation: OperationRecord) -> None:
         """Keep ``operation``, evicting the oldest finished ones if over a bound."""
+        if self._operations is None:
+            self._operations, self._sizes, self._by_key = {}, {}, {}
+        assert self._by_key is not None
         self._operations[operation.operation_id] = operation
         if operation.idempotency_key:
             self._by_key[operation.idempotency_key] = operation.operation_id
@@ -290,32 +338,35 @@ class OperationBuffer:
         self._evict()
 
     def _resize(self, operation: OperationRecord) -> None:
+        sizes = self._sizes
+        assert sizes is not None
         size = operation.size()
-        self.bytes += size - self._sizes.get(operation.operation_id, 0)
-        self._sizes[operation.operation_id] = size
+        self.bytes += size - sizes.get(operation.operation_id, 0)
+        sizes[operation.operation_id] = size
 
     def _over(self) -> Optional[bool]:
         """None when within bounds, else whether the byte budget is what is exceeded."""
-        if len(self._operations) > self.capacity:
+        if len(self) > self.capacity:
             return False
         if self.bytes > self.byte_budget:
             return True
         return None
 
     def _evict(self) -> None:
-        if self._over() is None:
+        operations, sizes, by_key = self._operations, self._sizes, self._by_key
+        if operations is None or sizes is None or by_key is None or self._over() is None:
             return
-        for operation_id in list(self._operations):
+        for operation_id in list(operations):
             over = self._over()
             if over is None:
                 break
-            operation = self._operations[operation_id]
+            operation = operations[operation_id]
             if not operation.finished:
                 continue
-            del self._operations[operation_id]
-            self.bytes -= self._sizes.pop(operation_id)
+            del operations[operation_id]
+            self.bytes -= sizes.pop(operation_id)
             if operation.idempotency_key:
-                self._by_key.pop(operation.idempotency_key, None)
+                by_key.pop(operation.idempotency_key, None)
             self.dropped += 1
             if over:
                 self.dropped_by_bytes += 1
@@ -323,6 +374,6 @@ class OperationBuffer:
     def operation_changed(self, operation: OperationRecord) -> None:
         """Estimate ``operation`` again (it finished or got a late outcome) and
         evict what was kept only because it was in flight."""
-        if operation.operation_id in self._sizes:
+        if self._sizes is not None and operation.operation_id in self._sizes:
             self._resize(operation)
         self._evict()

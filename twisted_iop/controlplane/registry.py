@@ -108,13 +108,29 @@ def response_counts(response: pb.EdgeStatusResponse) -> tuple[int, ...]:
 QUOTED_KIND_CHARS = 80
 
 
+class StatusListener(Protocol):
+    """Who hears the end of one status ask (:meth:`EdgePeer.ask_status`)."""
+
+    def status_answered(self, response: Optional[pb.EdgeStatusResponse], error: Optional[Exception]) -> None:
+        """The edge's snapshot, or why there is none (exactly one is set)."""
+
+
 class EdgePeer(Protocol):
     """What the registry needs of a connection: identity and a way to close it."""
 
     last_received: float
 
-    def request_status(self, timeout: float, own_deadline: bool = True) -> Deferred[pb.EdgeStatusResponse]:
-        """Ask the edge for a status snapshot (without a timer if not ``own_deadline``)."""
+    def ask_status(self, timeout: float, own_deadline: bool, listener: StatusListener) -> int:
+        """Ask the edge for a status snapshot; return the ask's request id.
+
+        ``listener.status_answered`` is called exactly once: with the
+        snapshot, or with the failure (``CancelledError`` after
+        :meth:`cancel_status`). Without ``own_deadline`` no timer is set:
+        the caller cancels the ask when it stops waiting.
+        """
+
+    def cancel_status(self, request_id: int) -> None:
+        """Stop waiting for the status ask ``request_id`` (if it still waits)."""
 
     def request_command(self, request: pb.EdgeCommandRequest) -> Deferred[pb.EdgeCommandResponse]:
         """Send a command; the answer is awaited until it comes, the caller
@@ -259,15 +275,33 @@ class EdgeHello:
 class StatusSnapshot:
     """The last status an edge sent, and when it arrived (compared by identity).
 
-    Its counts (:func:`response_counts`) are computed once, here, when the
-    snapshot arrives; every fleet round and view that needs them reads them.
+    It is kept as its serialized bytes (about a fifth of what the parsed
+    message and its arena hold) with its counts (:func:`response_counts`),
+    taken once, when it arrives: fleet rounds need only the counts, and a
+    view that shows the nodes parses the bytes (json_views keeps that
+    rendering per snapshot).
     """
 
-    response: pb.EdgeStatusResponse
+    #: The serialized ``EdgeStatusResponse``.
+    data: bytes
     received_at: float
-    counts: tuple[int, ...] = attrs.field(
-        init=False, default=attrs.Factory(lambda self: response_counts(self.response), takes_self=True)
-    )
+    counts: tuple[int, ...]
+
+    @classmethod
+    def of(cls, response: pb.EdgeStatusResponse, received_at: float) -> StatusSnapshot:
+        """The snapshot of ``response``, received at ``received_at``."""
+        return cls(response.SerializeToString(), received_at, response_counts(response))
+
+    @property
+    def response(self) -> pb.EdgeStatusResponse:
+        """The snapshot parsed from its bytes (a new message on every call)."""
+        response = pb.EdgeStatusResponse()
+        response.ParseFromString(self.data)
+        return response
+
+    def size(self) -> int:
+        """Estimated bytes this snapshot keeps: itself, its bytes and its counts."""
+        return sys.getsizeof(self) + sys.getsizeof(self.data) + sys.getsizeof(self.counts)
 
 
 @attrs.define(eq=False)
@@ -307,7 +341,7 @@ class EdgeRecord:
 
     def kept_bytes(self) -> int:
         """Estimated bytes the registry keeps for this edge (hello, snapshot, buffers)."""
-        snapshot = 0 if self.snapshot is None else bounds.status_size(self.snapshot.response)
+        snapshot = 0 if self.snapshot is None else self.snapshot.size()
         return self.hello.size() + snapshot + self.events.bytes + self.operations.bytes
 
     @property
@@ -502,7 +536,7 @@ class EdgeRegistry(Service):
             return None
         now = self._clock.seconds()
         record.last_seen = now
-        record.snapshot = StatusSnapshot(response=response, received_at=now)
+        record.snapshot = StatusSnapshot.of(response, now)
         return record.snapshot
 
     # -- observers and listeners ---------------------------------------------

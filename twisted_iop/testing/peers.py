@@ -22,7 +22,7 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.interfaces import ITransport
 from twisted.python.failure import Failure
 
-from twisted_iop.controlplane.registry import EdgePeer
+from twisted_iop.controlplane.registry import EdgePeer, StatusListener
 from twisted_iop.edge.registry import NodePeer
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
@@ -301,14 +301,24 @@ class HeldEdgePeer(EdgePeer):
         self.commands_cancelled = 0
         self.disconnects: list[pb.ErrorCode] = []
 
-    def request_status(self, timeout: float, own_deadline: bool = True) -> Deferred[pb.EdgeStatusResponse]:
+    def ask_status(self, timeout: float, own_deadline: bool, listener: StatusListener) -> int:
+        """Keep the ask as a Deferred in ``requests`` (its request id is its index + 1)."""
+
         def cancel(d: Deferred[Any]) -> None:
             self.cancelled += 1
 
+        def failed(failure: Failure) -> None:
+            listener.status_answered(None, cast(Exception, failure.value))
+
         d: Deferred[pb.EdgeStatusResponse] = Deferred(cancel)
+        d.addCallbacks(lambda response: listener.status_answered(response, None), failed)
         self.requests.append(d)
         self.deadlines.append(own_deadline)
-        return d
+        return len(self.requests)
+
+    def cancel_status(self, request_id: int) -> None:
+        """Cancel the ask's Deferred (the listener hears CancelledError)."""
+        self.requests[request_id - 1].cancel()
 
     def request_command(self, request: pb.EdgeCommandRequest) -> Deferred[pb.EdgeCommandResponse]:
         def cancel(d: Deferred[Any]) -> None:
@@ -346,9 +356,14 @@ class AnsweringEdgePeer(EdgePeer):
         self.status_requests = 0
         self.disconnects: list[pb.ErrorCode] = []
 
-    def request_status(self, timeout: float, own_deadline: bool = True) -> Deferred[pb.EdgeStatusResponse]:
+    def ask_status(self, timeout: float, own_deadline: bool, listener: StatusListener) -> int:
+        """Answer at once."""
         self.status_requests += 1
-        return succeed(snapshot(self.edge_id))
+        listener.status_answered(snapshot(self.edge_id), None)
+        return 0
+
+    def cancel_status(self, request_id: int) -> None:
+        """Nothing waits: every ask was answered at once."""
 
     def request_command(self, request: pb.EdgeCommandRequest) -> Deferred[pb.EdgeCommandResponse]:
         self.commands.append(request)

@@ -29,7 +29,7 @@ requests.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Optional
+from typing import Any, Optional
 
 from google.protobuf.message import DecodeError, Message
 from twisted.internet.defer import Deferred, fail
@@ -42,7 +42,7 @@ from twisted.python.failure import Failure
 from twisted_iop.metrics import WireCounters
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.enums import enum_name
-from twisted_iop.wire.pending import PendingRequests
+from twisted_iop.wire.pending import AnswerCall, PendingRequests
 from twisted_iop.wire.settings import PeerSettings
 
 #: Bodies that answer a request; only these are matched against pending
@@ -399,6 +399,40 @@ class FramedPeerProtocol(Protocol):
         request_id, d = self._add_pending(timeout, deadline)
         self.sendString(request.envelope_bytes(request_id))
         return d
+
+    def request_serialized_call(
+        self,
+        request: SerializedRequest,
+        answered: AnswerCall[pb.Envelope],
+        arg: Any,
+        timeout: Optional[float] = None,
+        *,
+        deadline: bool = True,
+    ) -> int:
+        """:meth:`request_serialized` ended by a plain call instead of a Deferred.
+
+        ``answered(arg, envelope, error)`` is called once, with the answering
+        envelope or with the error :meth:`request` would fail with
+        (``CancelledError`` after :meth:`cancel_request`). Returns the
+        request id (0 when the connection is closed: ``answered`` has then
+        already been called with :class:`PeerDisconnected`).
+        """
+        if self.closing or self.transport is None:
+            answered(arg, None, PeerDisconnected("connection is closed"))
+            return 0
+        if deadline:
+            seconds = self._settings.request_timeout_seconds if timeout is None else timeout
+            request_id = self._pending.add_call(
+                self._clock, seconds, lambda: RequestTimeout(f"no answer within {seconds:g}s"), answered, arg
+            )
+        else:
+            request_id = self._pending.add_call(None, 0.0, _disconnected, answered, arg)
+        self.sendString(request.envelope_bytes(request_id))
+        return request_id
+
+    def cancel_request(self, request_id: int) -> None:
+        """Stop waiting for ``request_id`` (from :meth:`request_serialized_call`)."""
+        self._pending.cancel(request_id)
 
     def _add_pending(self, timeout: Optional[float], deadline: bool) -> tuple[int, Deferred[pb.Envelope]]:
         if deadline:

@@ -1,0 +1,207 @@
+"""What the registry keeps per edge, kept compactly: snapshots as bytes, buffers on demand."""
+
+from __future__ import annotations
+
+import sys
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from twisted.internet.task import Clock
+
+from twisted_iop.controlplane import bounds
+from twisted_iop.controlplane import json_views as views
+from twisted_iop.controlplane.client_wire import ClientWireFactory, event_payload, fleet_event_message
+from twisted_iop.controlplane.records import EventBuffer, EventRecord, OperationRecord
+from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry, StatusSnapshot, response_counts
+from twisted_iop.testing.peers import HeldEdgePeer, snapshot
+from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.pending import PendingRequests
+
+
+def _registry_with_edge(edge_id: str = "edge-1") -> tuple[EdgeRegistry, int]:
+    """A registry with one connected edge, and its connection token."""
+    registry = EdgeRegistry(Clock())
+    hello = EdgeHello(labels={"site": "a"}, software_version="1", protocol_version="1.0", commands=())
+    return registry, registry.connect(edge_id, HeldEdgePeer(), hello)
+
+
+def test_a_snapshot_is_kept_as_bytes_and_renders_what_the_message_renders() -> None:
+    """The kept snapshot holds the serialized response and its counts; its JSON is
+    the JSON of the message it came from, rendered once per snapshot."""
+    registry, token = _registry_with_edge()
+    response = snapshot("edge-1", nodes=3)
+    response.nodes[1].labels["rack"] = "r7"
+    response.nodes[2].providers[0].health_reason = "warming up"
+    kept = registry.record_status("edge-1", token, response)
+    assert kept is not None
+    assert kept.data == response.SerializeToString() and kept.counts == response_counts(response)
+    assert kept.response == response and kept.response is not kept.response
+    record = registry.get("edge-1")
+    rendered = views.snapshot_json(record, kept, False)
+    assert rendered["nodes"] == [views.node_json(node) for node in response.nodes]
+    assert rendered["totals"] == views.counts_json(response_counts(response))
+    assert rendered["generated_at"] == views.iso_ms(response.generated_at_ms)
+    again = views.snapshot_json(record, kept, True)
+    assert again["nodes"] is rendered["nodes"] and again["stale"] is True
+    assert record.kept_bytes() >= len(kept.data)
+
+
+def test_a_snapshot_is_smaller_than_the_parsed_message_it_replaces() -> None:
+    """The estimate of a kept snapshot counts its bytes, not a parsed message tree."""
+    response = snapshot("edge-1", nodes=4)
+    kept = StatusSnapshot.of(response, 1.0)
+    assert len(kept.data) <= kept.size() < len(kept.data) + 512
+    assert isinstance(kept.response, pb.EdgeStatusResponse)
+
+
+def test_buffers_make_room_on_first_use() -> None:
+    """An edge's operation buffer holds no tables until its first command; a fresh
+    event buffer none until its first event; empty ones read as empty."""
+    registry, _ = _registry_with_edge()
+    record = registry.get("edge-1")
+    assert record.events.allocated and len(record.events) == 1  # edge.connected
+    operations = record.operations
+    assert not operations.allocated
+    assert len(operations) == 0 and list(operations) == [] and operations.newest_first() == []
+    assert operations.get("x") is None and operations.by_key("k") is None
+    operations.operation_changed(OperationRecord("op", "edge-1", "n", "", {}, "", 1.0, 2.0))
+    assert not operations.allocated
+    operations.add(OperationRecord("op", "edge-1", "n", "", {}, "k", 1.0, 2.0))
+    assert operations.allocated and operations.by_key("k") is operations.get("op")
+    events = EventBuffer(10, 1 << 20)
+    assert not events.allocated and len(events) == 0 and events.since(0, 10) == []
+    assert events.first_sequence == 1
+
+
+def _event(sequence: int, message: str) -> EventRecord:
+    return EventRecord(sequence, sequence, "e", "k", 1.0, 1.0, message=message)
+
+
+class _ModelBuffer:
+    """The event buffer's rules over a plain list (the reference)."""
+
+    def __init__(self, capacity: int, budget: int) -> None:
+        self.capacity, self.budget = capacity, budget
+        self.events: list[EventRecord] = []
+        self.dropped = self.dropped_by_bytes = 0
+
+    def append(self, event: EventRecord) -> None:
+        self.events.append(event)
+        if len(self.events) > self.capacity:
+            self.events.pop(0)
+            self.dropped += 1
+        while sum(e.size_bytes for e in self.events) > self.budget and len(self.events) > 1:
+            self.events.pop(0)
+            self.dropped += 1
+            self.dropped_by_bytes += 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    capacity=st.integers(1, 150),
+    budget_events=st.integers(1, 200),
+    messages=st.lists(st.integers(0, 300), max_size=400),
+    reads=st.lists(st.tuples(st.integers(-5, 450), st.integers(0, 200)), max_size=5),
+)
+def test_event_buffer_matches_its_model(
+    capacity: int, budget_events: int, messages: list[int], reads: list[tuple[int, int]]
+) -> None:
+    """Whatever is appended (past the head compaction too), the buffer keeps, drops
+    and returns exactly what the plain-list model does."""
+    budget = budget_events * _event(1, "").size_bytes
+    buffer, model = EventBuffer(capacity, budget), _ModelBuffer(capacity, budget)
+    for sequence, length in enumerate(messages, start=1):
+        event = _event(sequence, "m" * length)
+        buffer.append(event, sequence)
+        model.append(event)
+    assert len(buffer) == len(model.events)
+    assert buffer.bytes == sum(e.size_bytes for e in model.events)
+    assert (buffer.dropped, buffer.dropped_by_bytes) == (model.dropped, model.dropped_by_bytes)
+    assert buffer.since(0, 10_000) == model.events
+    for after, limit in reads:
+        assert buffer.since(after, limit) == [e for e in model.events if e.sequence > after][:limit]
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.one_of(
+        st.floats(min_value=-1.0, max_value=3e11, allow_nan=False),
+        st.integers(0, 2**38).map(lambda ms: ms / 1000.0),
+        st.integers(0, 2**31).map(lambda s: s + 0.9995),
+    )
+)
+def test_iso_matches_datetime(seconds: float) -> None:
+    """The fast ISO 8601 rendering (second text reused) says what datetime says, to the millisecond."""
+    expected = None if seconds <= 0 else views.iso_by_datetime(seconds)
+    assert views.iso(seconds) == expected
+    assert views.iso(seconds + 0.25) == (None if seconds + 0.25 <= 0 else views.iso_by_datetime(seconds + 0.25))
+
+
+def test_an_event_message_is_the_envelope_the_protobuf_library_builds() -> None:
+    """The live event's message, serialized without an envelope object, parses as the
+    ClientEnvelope carrying the event; subscribers in a row share one serialization."""
+    registry, _ = _registry_with_edge()
+    recorded = registry.record("edge-1", "bench.tick", message="m" * 300, attributes={"a": "b"})
+    payload = event_payload(recorded)
+    envelope = pb.ClientEnvelope()
+    envelope.ParseFromString(payload)
+    assert envelope.WhichOneof("body") == "event" and envelope.request_id == 0
+    assert envelope.event == fleet_event_message(recorded)
+    assert payload == pb.ClientEnvelope(event=fleet_event_message(recorded)).SerializeToString()
+    factory = ClientWireFactory(registry, clock=Clock())
+    assert factory.event_payload(recorded) is factory.event_payload(recorded)
+    later = registry.record("edge-1", "bench.tock")
+    assert fleet_event_message(later) == _parsed(factory.event_payload(later)).event
+
+
+def _parsed(payload: bytes) -> pb.ClientEnvelope:
+    envelope = pb.ClientEnvelope()
+    envelope.ParseFromString(payload)
+    return envelope
+
+
+_texts = st.one_of(st.text(max_size=8), st.text(min_size=240, max_size=300))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    kind=_texts,
+    node=_texts,
+    message=st.one_of(_texts, st.text(min_size=4090, max_size=4100)),
+    attributes=st.dictionaries(st.one_of(st.text(max_size=4), _texts), _texts, max_size=40),
+)
+def test_event_clip_shortcut_agrees_with_the_full_clip(
+    kind: str, node: str, message: str, attributes: dict[str, str]
+) -> None:
+    """Taking a small event whole keeps exactly what clipping every text keeps."""
+    event = pb.EdgeEvent(kind=kind, node_id=node, message=message, attributes=attributes)
+    assert bounds.clip_event(event) == bounds.full_clip_event(event)
+
+
+def test_edges_announcing_one_catalog_share_one_copy() -> None:
+    """The same catalog gives the same detached copy; another catalog its own; the
+    cache forgets its oldest beyond its count, and large catalogs are not shared."""
+    cache = bounds.CatalogCache()
+    catalog = [pb.CommandSpec(name="edge.diagnostics", description="Versions", target_kind="edge")]
+    first = cache.detached(catalog)
+    assert cache.detached([pb.CommandSpec(name="edge.diagnostics", description="Versions", target_kind="edge")]) is (
+        first
+    )
+    assert list(first) == catalog and first[0] is not catalog[0]
+    other = cache.detached([pb.CommandSpec(name="node.drain", target_kind="node")])
+    assert other is not first and other[0].name == "node.drain"
+    for i in range(bounds.SHARED_CATALOGS + 5):
+        cache.detached([pb.CommandSpec(name=f"c{i}")])
+    assert len(cache) == bounds.SHARED_CATALOGS
+    assert cache.detached(catalog) is not first  # forgotten, copied again
+    big = [pb.CommandSpec(name="x", description="d" * 1000) for _ in range(20)]
+    assert cache.detached(big) is not cache.detached(big) and len(cache) == bounds.SHARED_CATALOGS
+
+
+def test_pending_requests_hold_no_table_when_idle() -> None:
+    """After the last outstanding request ends, the table is a fresh empty dict."""
+    pending: PendingRequests[str] = PendingRequests()
+    ids = [pending.add(None, 0, TimeoutError)[0] for _ in range(6)]
+    for request_id in ids:
+        pending.answer(request_id, "ok")
+    assert len(pending) == 0 and sys.getsizeof(pending._pending) == sys.getsizeof({})

@@ -257,9 +257,15 @@ class DaemonService(MultiService):
             self._log.error("start-up failed: {error}", error=str(e))
             raise SystemExit(f"{self.daemon_name}: {e}") from None
 
+    def exposures(self) -> list[str]:
+        """Listeners reachable from other machines without authentication, in words."""
+        return []
+
     def startService(self) -> None:
         for notice in self.notices:
             self._log.warn("configuration: {notice}", notice=notice)
+        for exposure in self.exposures():
+            self._log.warn("SECURITY WARNING: {exposure}", exposure=exposure)
         super().startService()
 
     # -- stopping ---------------------------------------------------------------

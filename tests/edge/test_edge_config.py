@@ -11,7 +11,10 @@ import pytest
 from twisted_iop.configuration import ConfigError
 from twisted_iop.credentials import token_digest
 from twisted_iop.edge.config import load_edge_config, parse_edge_config
-from twisted_iop.testing.configs import edge_mapping
+from twisted_iop.edge.config import unauthenticated_exposures as edge_unauthenticated_exposures
+from twisted_iop.node.config import parse_node_config
+from twisted_iop.node.config import unauthenticated_exposures as node_unauthenticated_exposures
+from twisted_iop.testing.configs import edge_mapping, node_yaml
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -152,3 +155,28 @@ def test_metrics_listen_default_override_and_off() -> None:
     assert parse_edge_config(data, {}).metrics_listen == ""
     with pytest.raises(ConfigError, match=r"IOP_EDGE_METRICS_LISTEN \(overrides metrics.listen\)"):
         parse_edge_config(data, {"IOP_EDGE_METRICS_LISTEN": "nowhere"})
+
+
+def test_exposed_listeners_without_authentication_are_named() -> None:
+    """Edge listeners beyond loopback without credentials, keys or TLS are reported for a loud warning."""
+    assert edge_unauthenticated_exposures(parse_edge_config(edge_mapping(), {})) == []
+    data = edge_mapping()
+    data["node_server"]["listen"] = "tcp:7444:interface=0.0.0.0"
+    data["inference"] = {"listen": "tcp:8090:interface=0.0.0.0"}
+    data["metrics"] = {"listen": "tcp:9101:interface=0.0.0.0"}
+    found = edge_unauthenticated_exposures(parse_edge_config(data, {}))
+    assert [line.split(" ", 1)[0] for line in found] == ["node_server.listen", "inference.listen", "metrics.listen"]
+    for node in data["nodes"]:
+        node["credential"] = "a-node-secret"
+    data["inference"]["api_keys"] = ["a-key"]
+    del data["metrics"]
+    assert edge_unauthenticated_exposures(parse_edge_config(data, {})) == []
+
+
+def test_node_metrics_beyond_loopback_are_named() -> None:
+    """A Node's metrics listener beyond loopback is reported; on loopback it is not."""
+    mapping = node_yaml("node-1", 7444)
+    config = parse_node_config(mapping, {})
+    assert node_unauthenticated_exposures(config) == []
+    exposed = parse_node_config(dict(mapping, metrics={"listen": "tcp:9102:interface=0.0.0.0"}), {})
+    assert [line.split(" ", 1)[0] for line in node_unauthenticated_exposures(exposed)] == ["metrics.listen"]

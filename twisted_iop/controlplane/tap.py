@@ -115,11 +115,13 @@ class ControlPlaneService(DaemonService):
         self.add_listener("client_wire", config.wire_listen, self.client_factory, reactor)
         self.add_listener("http", config.http_listen, site, reactor)
 
+    def exposures(self) -> list[str]:
+        """Listeners reachable from other machines without authentication."""
+        return unauthenticated_exposures(self.config)
+
     def startService(self) -> None:
         if self.tune_gc:
             tune_garbage_collector()
-        for exposure in unauthenticated_exposures(self.config):
-            self._log.warn("SECURITY WARNING: {exposure}", exposure=exposure)
         super().startService()
 
     # -- the graceful stop (see twisted_iop.daemon) ------------------------------

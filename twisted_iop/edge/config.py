@@ -37,6 +37,7 @@ from twisted_iop.configuration import (
 )
 from twisted_iop.credentials import Digests
 from twisted_iop.edge.inference_config import InferenceConfig, parse_inference_config
+from twisted_iop.endpoints import is_loopback_listen
 from twisted_iop.tls import TLSListenConfig
 from twisted_iop.wire import DEFAULT_MAX_FRAME_BYTES
 from twisted_iop.wire.limits import FailedHelloLimits
@@ -280,3 +281,23 @@ def parse_provider(section: Section) -> ProviderConfig:
         capacity=section.integer("capacity", 1, minimum=0, maximum=100_000),
         long_context_capacity=section.integer("long_context_capacity", 0, minimum=0, maximum=100_000),
     )
+
+
+def unauthenticated_exposures(config: EdgeConfig) -> list[str]:
+    """The Edge's listeners reachable from other machines with no authentication, in words."""
+    found = []
+    nodes_authenticated = config.node_server.tls is not None or all(node.credentials for node in config.nodes)
+    if not nodes_authenticated and not is_loopback_listen(config.node_server.listen):
+        found.append(
+            f"node_server.listen ({config.node_server.listen}) is reachable from other machines and not every "
+            "node has a credential (nor is node_server.tls set): anyone can take a node's place"
+        )
+    if not config.inference.api_keys and not is_loopback_listen(config.inference.listen):
+        found.append(
+            f"inference.listen ({config.inference.listen}) is reachable from other machines and no API key is set"
+        )
+    if config.metrics_listen and not is_loopback_listen(config.metrics_listen):
+        found.append(
+            f"metrics.listen ({config.metrics_listen}) is reachable from other machines (metrics are not authenticated)"
+        )
+    return found

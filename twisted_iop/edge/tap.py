@@ -11,7 +11,7 @@ from twisted.internet.interfaces import IProtocolFactory
 
 from twisted_iop.daemon import CLOSE_WAIT_SECONDS, DaemonOptions, DaemonService, compose, wait_until
 from twisted_iop.edge.commands import CommandRunner
-from twisted_iop.edge.config import EdgeConfig, load_edge_config
+from twisted_iop.edge.config import EdgeConfig, load_edge_config, unauthenticated_exposures
 from twisted_iop.edge.control_plane_link import ControlPlaneLink
 from twisted_iop.edge.inference import InferenceGateway
 from twisted_iop.edge.inference_api import InferenceAPI, inference_site
@@ -92,6 +92,10 @@ class EdgeService(DaemonService):
         self.control_plane = self.add_dialer(
             "control-plane", self.link.client_service(clientFromString(reactor, config.control_plane.address))
         )
+
+    def exposures(self) -> list[str]:
+        """Listeners reachable from other machines without authentication."""
+        return unauthenticated_exposures(self.config)
 
     @property
     def node_port(self) -> int:

@@ -29,6 +29,7 @@ from twisted_iop.configuration import (
     parse_shutdown,
     parse_unique_list,
 )
+from twisted_iop.endpoints import is_loopback_listen
 
 #: Where a Node dials its Edge unless configured otherwise.
 DEFAULT_EDGE_ADDRESS = "127.0.0.1:7444"
@@ -207,3 +208,12 @@ def _mock_inference(section: Section) -> dict[str, Any]:
         "failure_rate": failure_rate,
         "completion_tokens": section.integer("completion_tokens", 16, minimum=1, maximum=100_000),
     }
+
+
+def unauthenticated_exposures(config: NodeRuntimeConfig) -> list[str]:
+    """The Node's listeners reachable from other machines with no authentication, in words."""
+    if config.metrics_listen and not is_loopback_listen(config.metrics_listen):
+        return [
+            f"metrics.listen ({config.metrics_listen}) is reachable from other machines (metrics are not authenticated)"
+        ]
+    return []

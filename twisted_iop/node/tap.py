@@ -10,7 +10,7 @@ from twisted.internet.endpoints import clientFromString
 from twisted_iop.daemon import DaemonOptions, DaemonService, compose
 from twisted_iop.listeners import ListenerService
 from twisted_iop.metrics import metrics_site
-from twisted_iop.node.config import NodeRuntimeConfig, load_node_config
+from twisted_iop.node.config import NodeRuntimeConfig, load_node_config, unauthenticated_exposures
 from twisted_iop.node.edge_link import EdgeLink
 from twisted_iop.node.inference import InferenceHTTPClient, InferenceRunner
 from twisted_iop.node.metrics import node_registry
@@ -70,6 +70,10 @@ class NodeService(DaemonService):
         )
 
     # -- the graceful stop (see twisted_iop.daemon) ------------------------------
+
+    def exposures(self) -> list[str]:
+        """Listeners reachable from other machines without authentication."""
+        return unauthenticated_exposures(self.config)
 
     def stop_accepting(self) -> None:
         """New inference requests from the Edge are refused."""

@@ -82,10 +82,16 @@ CONTROL_PLANES: list[ControlPlaneProcess] = []
 # -- the fake edge -----------------------------------------------------------
 
 
-def edge_snapshot(edge_id: str) -> pb.EdgeStatusResponse:
-    """The snapshot every fake edge reports: 2 nodes, with 1 and 2 providers."""
+#: The providers of each node of the default fake snapshot (2 nodes: 1 and 2 providers).
+DEFAULT_NODES: tuple[tuple[str, ...], ...] = (("vllm",), ("vllm", "ollama"))
+#: The snapshot of docs/performance.md: 4 nodes with 2 providers each.
+NODES_4X2: tuple[tuple[str, ...], ...] = (("vllm", "ollama"),) * 4
+
+
+def edge_snapshot(edge_id: str, nodes: tuple[tuple[str, ...], ...] = DEFAULT_NODES) -> pb.EdgeStatusResponse:
+    """The snapshot a fake edge reports: one node per entry of ``nodes``, with those provider kinds."""
     response = pb.EdgeStatusResponse(edge_id=edge_id, generated_at_ms=1_700_000_000_000)
-    for n, kinds in enumerate((("vllm",), ("vllm", "ollama")), start=1):
+    for n, kinds in enumerate(nodes, start=1):
         node = response.nodes.add(
             node_id=f"node-{n}", connected=True, connected_since_ms=1_700_000_000_000, last_seen_ms=1_700_000_000_000
         )

@@ -44,27 +44,6 @@ BENCH_DIR = Path(__file__).resolve().parent
 # -- the fake edges: a 4-node x 2-provider snapshot, and commands answered ----------
 
 
-def snapshot_4x2(edge_id: str) -> pb.EdgeStatusResponse:
-    """The snapshot of docs/performance.md: 4 nodes with 2 providers each."""
-    response = pb.EdgeStatusResponse(edge_id=edge_id, generated_at_ms=1_700_000_000_000)
-    for n in range(1, 5):
-        node = response.nodes.add(node_id=f"node-{n}", connected=True, connected_since_ms=1_700_000_000_000)
-        for p, kind in enumerate(("vllm", "ollama"), start=1):
-            node.providers.add(
-                provider_id=f"{kind}-{n}-{p}",
-                kind=kind,
-                models=["llama-3-8b"],
-                status=pb.PROVIDER_STATUS_AVAILABLE,
-                health=pb.PROVIDER_HEALTH_HEALTHY,
-                capacity=8,
-                in_flight=3,
-                queued=1,
-                long_context_capacity=2,
-                long_context_in_flight=1,
-            )
-    return response
-
-
 class BenchEdge(ff.FakeEdge):
     """A fake edge that also answers commands at once (succeeded) and relays events."""
 
@@ -182,7 +161,7 @@ class BenchFleet(ff.FakeFleet):
         tail = self._tails.get(edge_id)
         if tail is None:
             tail = self._tails[edge_id] = make_envelope(
-                "edge_status_response", snapshot_4x2(edge_id)
+                "edge_status_response", ff.edge_snapshot(edge_id, ff.NODES_4X2)
             ).SerializeToString()
         return tail
 

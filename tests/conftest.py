@@ -16,6 +16,8 @@ settings.register_profile(
 settings.load_profile("ci")
 
 # Edges and Nodes started by the tests (in process through their taps, or as
-# twistd daemons) serve their metrics on a free port, never the fixed defaults.
+# twistd daemons) serve their metrics and inference API on a free port, never
+# the fixed defaults.
 os.environ.setdefault("IOP_EDGE_METRICS_LISTEN", "tcp:0:interface=127.0.0.1")
 os.environ.setdefault("IOP_NODE_METRICS_LISTEN", "tcp:0:interface=127.0.0.1")
+os.environ.setdefault("IOP_EDGE_INFERENCE_LISTEN", "tcp:0:interface=127.0.0.1")

@@ -23,6 +23,7 @@ from twisted_iop.wire import control_pb2 as pb
 def test_make_service_listens_and_dials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The Edge listens for nodes, inference clients and scrapes (metrics on its default port) and dials the Control Plane."""
     monkeypatch.delenv("IOP_EDGE_METRICS_LISTEN", raising=False)
+    monkeypatch.delenv("IOP_EDGE_INFERENCE_LISTEN", raising=False)
     data = edge_mapping(address="127.0.0.1:7999")
     data["node_server"]["listen"] = "tcp:7555:interface=127.0.0.1"
     path = tmp_path / "edge.yaml"

@@ -764,6 +764,42 @@ def _print_profile(path: Path, top: int) -> None:
     stats.sort_stats("cumulative").print_stats(top)
 
 
+def run_bounded(timeout: float, work: Callable[[], Any], report: Callable[[bool], None]) -> None:
+    """Run the coroutine ``work()`` on the reactor within ``timeout`` seconds, then ``report(failed)``.
+
+    A SIGALRM a minute past the deadline is the backstop in case the reactor
+    itself is stuck: a benchmark never outlives its deadline and never leaves
+    a Control Plane behind. Exits 1 when the run failed or timed out.
+    """
+
+    def hard_deadline(signum: int, frame: Any) -> None:
+        print(f"hard deadline of {timeout + 60:g} s passed; killing everything", flush=True)
+        for cp in CONTROL_PLANES:
+            cp.process.kill()
+        os._exit(3)
+
+    signal.signal(signal.SIGALRM, hard_deadline)
+    signal.alarm(int(timeout + 60))
+
+    async def body(_reactor: Any) -> None:
+        d = defer.ensureDeferred(work())
+        d.addTimeout(timeout, reactor)
+        failed = False
+        try:
+            await d
+        except defer.CancelledError:
+            print(f"the benchmark did not finish within {timeout:g} s", flush=True)
+            failed = True
+        except Exception:
+            Failure().printTraceback()
+            failed = True
+        report(failed)
+        if failed:
+            raise SystemExit(1)
+
+    task.react(lambda r: defer.ensureDeferred(body(r)))
+
+
 def main() -> None:
     """Parse arguments, run the benchmark under a hard deadline, print figures."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -803,29 +839,7 @@ def main() -> None:
     figures = Figures()
     workdir = Path(tempfile.mkdtemp(prefix="iop-bench-"))
 
-    def hard_deadline(signum: int, frame: Any) -> None:
-        # Backstop in case the reactor itself is stuck: never outlive the
-        # deadline, never leave the Control Plane behind.
-        print(f"hard deadline of {args.timeout + 60:g} s passed; killing everything", flush=True)
-        for cp in CONTROL_PLANES:
-            cp.process.kill()
-        os._exit(3)
-
-    signal.signal(signal.SIGALRM, hard_deadline)
-    signal.alarm(int(args.timeout + 60))
-
-    async def body(_reactor: Any) -> None:
-        d = defer.ensureDeferred(run(args, workdir, figures))
-        d.addTimeout(args.timeout, reactor)
-        failed = False
-        try:
-            await d
-        except defer.CancelledError:
-            print(f"the benchmark did not finish within {args.timeout:g} s", flush=True)
-            failed = True
-        except Exception:
-            Failure().printTraceback()
-            failed = True
+    def report(failed: bool) -> None:
         print("\n== fleet_fanout figures" + (" (INCOMPLETE)" if failed else ""))
         print(figures.table(), flush=True)
         if args.json:
@@ -848,10 +862,8 @@ def main() -> None:
             print(f"Control Plane log kept in {workdir}", flush=True)
         else:
             shutil.rmtree(workdir, ignore_errors=True)
-        if failed:
-            raise SystemExit(1)
 
-    task.react(lambda r: defer.ensureDeferred(body(r)))
+    run_bounded(args.timeout, lambda: run(args, workdir, figures), report)
 
 
 if __name__ == "__main__":

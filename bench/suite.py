@@ -21,7 +21,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -32,7 +31,7 @@ from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fleet_fanout as ff  # noqa: E402  (installs the epoll reactor)
-from twisted.internet import defer, reactor, task  # noqa: E402
+from twisted.internet import defer, reactor  # noqa: E402
 from twisted.internet.task import LoopingCall  # noqa: E402
 
 from twisted_iop.wire import control_pb2 as pb  # noqa: E402
@@ -552,33 +551,14 @@ def main() -> None:
     results = Results()
     workdir = Path(tempfile.mkdtemp(prefix="iop-bench-suite-"))
 
-    def hard_deadline(signum: int, frame: Any) -> None:
-        print("hard deadline passed; killing everything", flush=True)
-        for cp in ff.CONTROL_PLANES:
-            cp.process.kill()
-        os._exit(3)
-
-    signal.signal(signal.SIGALRM, hard_deadline)
-    signal.alarm(int(args.timeout + 30))
-
-    async def body(_reactor: Any) -> None:
-        d = defer.ensureDeferred(run(args, results, workdir))
-        d.addTimeout(args.timeout, reactor)
-        failed = False
-        try:
-            await d
-        except Exception:
-            ff.Failure().printTraceback()
-            failed = True
+    def report(failed: bool) -> None:
         print("\n== twisted-iop benchmark suite" + (" (INCOMPLETE)" if failed else ""))
         print(results.table(), flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(results.rows, indent=2) + "\n")
         shutil.rmtree(workdir, ignore_errors=True)
-        if failed:
-            raise SystemExit(1)
 
-    task.react(lambda r: defer.ensureDeferred(body(r)))
+    ff.run_bounded(args.timeout, lambda: run(args, results, workdir), report)
 
 
 if __name__ == "__main__":

@@ -65,7 +65,8 @@ from twisted.web.client import Agent, HTTPConnectionPool  # noqa: E402
 from twisted_iop.testing.harness import Daemon  # noqa: E402
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR  # noqa: E402
 from twisted_iop.wire import control_pb2 as pb  # noqa: E402
-from twisted_iop.wire.peer import FramedPeerProtocol, PeerSettings, make_envelope  # noqa: E402
+from twisted_iop.wire.peer import FramedPeerProtocol, make_envelope  # noqa: E402
+from twisted_iop.wire.settings import PeerSettings
 
 BENCH_DIR = Path(__file__).resolve().parent
 TWISTD = str(Path(sys.executable).parent / "twistd")

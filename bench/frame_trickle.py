@@ -22,7 +22,8 @@ from twisted.internet.testing import StringTransport
 from twisted.protocols.basic import Int32StringReceiver
 
 from twisted_iop.wire import control_pb2 as pb
-from twisted_iop.wire.peer import FramedPeerProtocol, PeerSettings, frame, make_envelope
+from twisted_iop.wire.peer import FramedPeerProtocol, frame, make_envelope
+from twisted_iop.wire.settings import PeerSettings
 
 
 class CountingPeer(FramedPeerProtocol):

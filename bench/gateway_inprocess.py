@@ -51,7 +51,8 @@ from twisted_iop.controlplane.http_routes import ControlPlaneHttp, ListenerReadi
 from twisted_iop.controlplane.registry import EdgeRegistry  # noqa: E402
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR  # noqa: E402
 from twisted_iop.wire import control_pb2 as pb  # noqa: E402
-from twisted_iop.wire.peer import PeerSettings, frame, make_envelope  # noqa: E402
+from twisted_iop.wire.peer import frame, make_envelope  # noqa: E402
+from twisted_iop.wire.settings import PeerSettings
 
 
 class ListClock:

@@ -36,7 +36,8 @@ from twisted_iop.testing.wire import (
 )
 from twisted_iop.wire import PROTOCOL_MAJOR
 from twisted_iop.wire import control_pb2 as pb
-from twisted_iop.wire.peer import PeerSettings, make_envelope
+from twisted_iop.wire.peer import make_envelope
+from twisted_iop.wire.settings import PeerSettings
 
 SETTINGS = PeerSettings(max_frame_bytes=256 * 1024, max_hello_frame_bytes=8 * 1024)
 WIRES = ("edge", "node", "client")

@@ -27,7 +27,6 @@ from twisted_iop.tls import TLSConfigError, TLSListenConfig, server_tls_options
 from twisted_iop.wire import DEFAULT_MAX_FRAME_BYTES
 from twisted_iop.wire.limits import FailedHelloLimits
 from twisted_iop.wire.settings import BackoffConfig, KeepaliveConfig
-from twisted_iop.wire.settings import DialConfig as DialConfig  # re-exported for the daemons' config modules
 
 T = TypeVar("T")
 C = TypeVar("C")

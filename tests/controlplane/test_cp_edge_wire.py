@@ -17,7 +17,8 @@ from twisted_iop.testing.frames import decode_frames
 from twisted_iop.wire import PROTOCOL_MAJOR
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.hello import MAX_COMMANDS, MAX_LABELS, MAX_TEXT, RejectionCode
-from twisted_iop.wire.peer import PeerSettings, frame, make_envelope
+from twisted_iop.wire.peer import frame, make_envelope
+from twisted_iop.wire.settings import PeerSettings
 
 
 def connect(

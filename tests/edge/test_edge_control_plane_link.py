@@ -21,7 +21,7 @@ from twisted_iop.testing.peers import FakeControlPlane, FakeNodePeer
 from twisted_iop.wire import PROTOCOL_MAJOR
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.dialer import backoff_delay
-from twisted_iop.wire.peer import PeerSettings
+from twisted_iop.wire.settings import PeerSettings
 
 CP_PORT = 7443
 

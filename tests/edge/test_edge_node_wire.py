@@ -13,7 +13,8 @@ from twisted_iop.testing.configs import edge_config, healthy, node_hello
 from twisted_iop.testing.frames import decode_frames
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.hello import MAX_PROVIDERS, RejectionCode
-from twisted_iop.wire.peer import PeerSettings, frame, make_envelope
+from twisted_iop.wire.peer import frame, make_envelope
+from twisted_iop.wire.settings import PeerSettings
 
 
 def connect(start: float = 0.0) -> tuple[Clock, NodeRegistry, NodeServerProtocol, StringTransport, list[pb.EdgeEvent]]:

@@ -16,7 +16,7 @@ from twisted_iop.node.config import load_node_config, parse_node_config
 from twisted_iop.node.edge_link import EdgeLink, EdgeLinkProtocol
 from twisted_iop.node.runtime import NodeRuntime
 from twisted_iop.wire import control_pb2 as pb
-from twisted_iop.wire.peer import PeerSettings
+from twisted_iop.wire.settings import PeerSettings
 
 EDGE = {
     "control_plane": {"edge_id": "edge-a"},

@@ -29,7 +29,8 @@ from twisted_iop.testing.wire import (
 )
 from twisted_iop.wire import PROTOCOL_MAJOR
 from twisted_iop.wire import control_pb2 as pb
-from twisted_iop.wire.peer import PeerSettings, frame, make_envelope
+from twisted_iop.wire.peer import frame, make_envelope
+from twisted_iop.wire.settings import PeerSettings
 
 #: Examples per fuzz test (the suite's profile scales them, see conftest.py).
 EXAMPLES = 100

@@ -19,7 +19,7 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.logger import ILogObserver, LogEvent, formatEvent, globalLogPublisher
 
-from twisted_iop.configuration import BackoffConfig, ConfigError, DialConfig
+from twisted_iop.configuration import ConfigError
 from twisted_iop.controlplane.config import config_from_text
 from twisted_iop.controlplane.edge_wire import EdgeCredentials, EdgeWireFactory, EdgeWireProtocol
 from twisted_iop.controlplane.registry import EdgeRegistry
@@ -31,7 +31,7 @@ from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.dialer import DialerLink, HelloDialerProtocol
 from twisted_iop.wire.hello import PERMANENT_CODES, RejectionCode, check_node_hello
 from twisted_iop.wire.limits import FailedHelloLimiter, FailedHelloLimits, HelloRateLimit, RefusedConnection
-from twisted_iop.wire.peer import PeerSettings
+from twisted_iop.wire.settings import BackoffConfig, DialConfig, PeerSettings
 
 # -- certificate identity -------------------------------------------------------
 

@@ -10,7 +10,6 @@ import attrs
 
 from twisted_iop.configuration import (
     ConfigError,
-    KeepaliveConfig,
     Section,
     ShutdownConfig,
     parse_checked_credentials,
@@ -33,7 +32,7 @@ from twisted_iop.http_site import SiteLimits
 from twisted_iop.ids import id_problem
 from twisted_iop.tls import TLSListenConfig
 from twisted_iop.wire.limits import FailedHelloLimits
-from twisted_iop.wire.peer import PeerSettings
+from twisted_iop.wire.settings import KeepaliveConfig, PeerSettings
 
 DEFAULT_HTTP_LISTEN = "tcp:8080:interface=127.0.0.1"
 DEFAULT_WIRE_LISTEN = "tcp:8081:interface=127.0.0.1"

@@ -14,8 +14,6 @@ import attrs
 
 from twisted_iop.configuration import (
     ConfigError,
-    DialConfig,
-    KeepaliveConfig,
     Section,
     ShutdownConfig,
     load_config,
@@ -41,7 +39,7 @@ from twisted_iop.endpoints import is_loopback_listen
 from twisted_iop.tls import TLSListenConfig
 from twisted_iop.wire import DEFAULT_MAX_FRAME_BYTES
 from twisted_iop.wire.limits import FailedHelloLimits
-from twisted_iop.wire.peer import PeerSettings
+from twisted_iop.wire.settings import DialConfig, KeepaliveConfig, PeerSettings
 
 #: Where the Edge dials the Control Plane unless configured otherwise.
 DEFAULT_CONTROL_PLANE_ADDRESS = "127.0.0.1:7443"
@@ -66,7 +64,7 @@ class ControlPlaneLinkConfig(DialConfig):
     """Section ``control_plane``: how this Edge enrolls with the Control Plane.
 
     The dialling settings (address, backoff, keepalive, frame size, request
-    deadline) are those of :class:`~twisted_iop.configuration.DialConfig`.
+    deadline) are those of :class:`~twisted_iop.wire.settings.DialConfig`.
     """
 
     edge_id: str

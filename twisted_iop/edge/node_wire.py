@@ -39,7 +39,8 @@ from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.hello import FAILED_PROOF_CODES
 from twisted_iop.wire.limits import FailedHelloLimiter, FailedHelloLimits, RefusedConnection, source_of
-from twisted_iop.wire.peer import AcceptedPeerProtocol, PeerServerFactory, PeerSettings
+from twisted_iop.wire.peer import AcceptedPeerProtocol, PeerServerFactory
+from twisted_iop.wire.settings import PeerSettings
 
 
 class NodeServerProtocol(AcceptedPeerProtocol):

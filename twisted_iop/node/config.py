@@ -15,7 +15,6 @@ import attrs
 
 from twisted_iop.configuration import (
     ConfigError,
-    DialConfig,
     Section,
     ShutdownConfig,
     load_config,
@@ -30,6 +29,7 @@ from twisted_iop.configuration import (
     parse_unique_list,
 )
 from twisted_iop.endpoints import is_loopback_listen
+from twisted_iop.wire.settings import DialConfig
 
 #: Where a Node dials its Edge unless configured otherwise.
 DEFAULT_EDGE_ADDRESS = "127.0.0.1:7444"

@@ -26,7 +26,8 @@ from twisted_iop.controlplane.registry import EdgePeer, StatusListener
 from twisted_iop.edge.registry import NodePeer
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
-from twisted_iop.wire.peer import FramedPeerProtocol, PeerSettings
+from twisted_iop.wire.peer import FramedPeerProtocol
+from twisted_iop.wire.settings import PeerSettings
 
 
 class TransportAccess:

@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 PYTEST_ARGS ?=
 
-.PHONY: setup run run-edge run-node test lint browser proto mypy bench bench-full bench-inference clean
+.PHONY: setup run run-edge run-node test lint browser redis proto mypy bench bench-full bench-inference clean
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,12 +32,19 @@ browser:
 	  echo "installing chromium (Debian package) for the console tests"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
+# redis-server for the cluster tests (each test starts its own on a free
+# port in a temp dir), from Debian's packages.
+redis:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  echo "installing redis-server (Debian package) for the cluster tests"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+
 # The linter and formatter (a small rule set, see pyproject.toml).
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: setup browser lint mypy
+test: setup browser redis lint mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 proto: setup

@@ -24,6 +24,13 @@ from twisted_iop.configuration import (
 from twisted_iop.configuration import load_config as load_config_file
 from twisted_iop.controlplane.auth import ROLES, ApiToken, ApiTokens, token_digest
 from twisted_iop.controlplane.client_wire import ClientWireSettings
+from twisted_iop.controlplane.cluster.settings import (
+    BACKENDS,
+    MEMORY,
+    ClusterConfig,
+    default_replica_id,
+    parse_redis_url,
+)
 from twisted_iop.controlplane.edge_wire import DEFAULT_MAX_HELLOS_PER_SECOND, EdgeCredentials
 from twisted_iop.controlplane.http_routes import HttpSettings
 from twisted_iop.controlplane.registry import RegistryLimits
@@ -76,6 +83,8 @@ class ControlPlaneConfig:
     fleet_max_age_seconds: float = 1.0
     #: How a stop drains (SIGTERM).
     shutdown: ShutdownConfig = ShutdownConfig()
+    #: Cluster mode (several replicas through Redis); the default is memory.
+    cluster: ClusterConfig = ClusterConfig()
 
 
 def load_config(path: Optional[str], environ: Mapping[str, str] = os.environ) -> ControlPlaneConfig:
@@ -94,7 +103,7 @@ def config_from_text(text: str, environ: Mapping[str, str] = {}) -> ControlPlane
 def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}) -> ControlPlaneConfig:
     """Build the config from parsed YAML plus environment overrides."""
     root = Section(data, "")
-    root.reject_unknown({"http", "client_wire", "edge_wire", "registry", "status", "shutdown"})
+    root.reject_unknown({"http", "client_wire", "edge_wire", "registry", "status", "shutdown", "cluster"})
     notices: list[str] = []
     http = root.section("http")
     http.reject_unknown(
@@ -254,6 +263,66 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
         notices=tuple(notices),
         fleet_max_age_seconds=status.number("fleet_max_age_seconds", 1.0, minimum=0.0, exclusive_minimum=False),
         shutdown=parse_shutdown(root.section("shutdown")),
+        cluster=parse_cluster(root.section("cluster"), environ),
+    )
+
+
+#: Environment variable overriding ``cluster.redis_url``.
+ENV_REDIS_URL = "IOP_REDIS_URL"
+#: Environment variable overriding ``cluster.replica_id``.
+ENV_REPLICA_ID = "IOP_REPLICA_ID"
+
+
+def parse_cluster(section: Section, environ: Mapping[str, str]) -> ClusterConfig:
+    """``cluster``: memory (the default) or redis, and how replicas share the fleet."""
+    section.reject_unknown(
+        {
+            "backend",
+            "redis_url",
+            "replica_id",
+            "key_prefix",
+            "lease_ttl_seconds",
+            "heartbeat_seconds",
+            "redis_timeout_seconds",
+            "idempotency_ttl_seconds",
+            "fleet_stream_length",
+        }
+    )
+    backend = section.string("backend", MEMORY)
+    if backend not in BACKENDS:
+        raise ConfigError(
+            f"{section.field_path('backend')}: must be one of {', '.join(BACKENDS)}, not {backend[:40]!r}"
+        )
+    url = environ.get(ENV_REDIS_URL) or section.string("redis_url", "redis://127.0.0.1:6379/0")
+    try:
+        address = parse_redis_url(url)
+    except ValueError as e:
+        where = ENV_REDIS_URL if environ.get(ENV_REDIS_URL) else section.field_path("redis_url")
+        raise ConfigError(f"{where}: {e}") from None
+    replica_id = environ.get(ENV_REPLICA_ID) or section.string("replica_id", "") or default_replica_id()
+    problem = id_problem("replica_id", replica_id)
+    if problem is not None:
+        where = ENV_REPLICA_ID if environ.get(ENV_REPLICA_ID) else section.field_path("replica_id")
+        raise ConfigError(f"{where}: {problem}")
+    prefix = section.string("key_prefix", "iop")
+    if not prefix or len(prefix) > 64 or any(c.isspace() for c in prefix):
+        raise ConfigError(f"{section.field_path('key_prefix')}: must be 1 to 64 characters without spaces")
+    heartbeat = section.number("heartbeat_seconds", 2.0)
+    ttl = section.number("lease_ttl_seconds", 6.0)
+    if ttl < 2 * heartbeat:
+        raise ConfigError(
+            f"{section.field_path('lease_ttl_seconds')}: must be at least twice heartbeat_seconds ({heartbeat:g})"
+        )
+    return ClusterConfig(
+        backend=backend,
+        redis=address,
+        replica_id=replica_id,
+        key_prefix=prefix,
+        lease_ttl_seconds=ttl,
+        heartbeat_seconds=heartbeat,
+        redis_timeout_seconds=section.number("redis_timeout_seconds", 5.0),
+        idempotency_ttl_seconds=section.number("idempotency_ttl_seconds", 24 * 3600.0),
+        fleet_stream_length=section.integer("fleet_stream_length", 100_000, minimum=1000),
     )
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Optional, Union, overload
+from typing import Optional, Protocol, Union, overload
 
 import attrs
 from twisted.internet.defer import Deferred
@@ -50,6 +50,16 @@ from twisted_iop.wire.peer import (
 
 #: Accepted hellos per second unless configured (burst: twice as many).
 DEFAULT_MAX_HELLOS_PER_SECOND = 500.0
+#: The retry hint of a hello refused because the replica is not in its cluster.
+CLUSTER_RETRY_MS = 2000
+
+
+class HelloGate(Protocol):
+    """Cluster mode: whether this replica may accept hellos now."""
+
+    @property
+    def accepting(self) -> bool:
+        """Loaded and connected to the shared store."""
 
 
 @attrs.frozen
@@ -145,6 +155,17 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
             if rejection.code in FAILED_PROOF_CODES:
                 factory.failed_hellos.failed(self._source())
             self._reject(envelope.request_id, rejection)
+            return
+        cluster = factory.cluster
+        if cluster is not None and not cluster.accepting:
+            # A replica that cannot reach the shared store (or has not
+            # loaded the fleet yet) sends the edge to try again: with a
+            # list of addresses it tries another replica meanwhile.
+            self._reject(
+                envelope.request_id,
+                Rejection(RejectionCode.RETRY_LATER, "this Control Plane replica is not in its cluster right now"),
+                CLUSTER_RETRY_MS,
+            )
             return
         wait = factory.hello_rate.take()
         if wait is not None:
@@ -277,6 +298,8 @@ class EdgeWireFactory(PeerServerFactory):
         self.require_certificate = require_certificate
         self.failed_hellos = FailedHelloLimiter(clock, failed_hellos, "edge_wire")
         self.hello_rate = HelloRateLimit(clock, max_hellos_per_second)
+        #: Cluster mode: hellos wait until the replica is in its cluster.
+        self.cluster: Optional[HelloGate] = None
 
     @overload  # type: ignore[override]
     def buildProtocol(self, addr: None) -> EdgeWireProtocol: ...

@@ -396,6 +396,13 @@ class EdgeGateway:
         if not command.operation.finished:
             self._registry.advance_operation(edge_id, command.operation.operation_id, state)
 
+    def operation_updated(self, operation: OperationRecord) -> None:
+        """Another replica changed an operation (cluster mode): callers here
+        waiting for it (a replayed idempotency key) get its end."""
+        if operation.finished:
+            for d in self._waiters.pop(operation.operation_id, []):
+                d.callback(operation)
+
     # -- status -------------------------------------------------------------------
 
     def status(self, edge_id: str) -> Deferred[StatusSnapshot]:
@@ -606,6 +613,7 @@ class EdgeGateway:
         timeout_seconds: float,
         idempotency_key: str = "",
         requested_by: str = "",
+        operation_id: str = "",
     ) -> Dispatched:
         """Send a command; return its operation and a Deferred of its end.
 
@@ -613,7 +621,9 @@ class EdgeGateway:
         (name, target, arguments) returns the existing operation (and its
         end) without dispatching again; the key with a different command
         raises IdempotencyConflict. Raises UnknownEdge, EdgeNotConnected or
-        UnknownCommand before anything is sent.
+        UnknownCommand before anything is sent. ``operation_id`` names the
+        new operation (cluster mode reserves the idempotency key under it
+        first); by default a fresh one is made.
         """
         if self.stopping:
             raise ShuttingDown()
@@ -630,7 +640,7 @@ class EdgeGateway:
             raise UnknownCommand(edge_id, name, record.command_names)
         now = self._clock.seconds()
         operation = OperationRecord(
-            operation_id=uuid.uuid4().hex,
+            operation_id=operation_id or uuid.uuid4().hex,
             edge_id=edge_id,
             name=name,
             target=target,

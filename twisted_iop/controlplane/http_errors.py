@@ -8,6 +8,7 @@ from typing import Any
 
 from twisted.web.iweb import IRequest
 
+from twisted_iop.controlplane.cluster.store import ClusterUnavailable
 from twisted_iop.controlplane.gateway import (
     EdgeDisconnected,
     EdgeErrorAnswer,
@@ -61,6 +62,7 @@ DOMAIN_ERRORS: dict[type[Exception], tuple[int, str]] = {
     EdgeDisconnected: (503, "edge_disconnected"),
     EdgeTimeout: (504, "edge_timeout"),
     ShuttingDown: (503, "shutting_down"),
+    ClusterUnavailable: (503, "cluster_unavailable"),
 }
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import bisect
 import json
+import uuid
 from collections.abc import Sequence
 from importlib import resources
-from typing import Any, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 from urllib.parse import urlsplit
 
 import attrs
@@ -21,6 +22,7 @@ from twisted.web.static import File
 from twisted_iop.controlplane import json_views as views
 from twisted_iop.controlplane.auth import OPERATOR, VIEWER, ApiToken, ApiTokens
 from twisted_iop.controlplane.bounds import MAX_ARGUMENT_VALUE
+from twisted_iop.controlplane.cluster.store import ClusterUnavailable
 from twisted_iop.controlplane.console_files import CONSOLE_DIR, ConsoleFiles
 from twisted_iop.controlplane.gateway import SHUTTING_DOWN_REASON, EdgeGateway, IdempotencyConflict
 from twisted_iop.controlplane.http_errors import (
@@ -39,6 +41,9 @@ from twisted_iop.http_site import WRITE_METHODS, Refusal
 from twisted_iop.ids import id_problem
 from twisted_iop.metrics import render as render_metrics
 from twisted_iop.wire.hello import MAX_COMMAND_ARGUMENTS, MAX_TEXT
+
+if TYPE_CHECKING:
+    from twisted_iop.controlplane.cluster.replica import ClusterReplica
 
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
@@ -148,7 +153,9 @@ class ControlPlaneHttp:
         readiness: ListenerReadiness,
         settings: HttpSettings = HttpSettings(),
         metrics: Optional[CollectorRegistry] = None,
+        cluster: Optional[ClusterReplica] = None,
     ) -> None:
+        self._cluster = cluster
         self._registry = registry
         self._gateway = gateway
         self._clock = clock
@@ -206,6 +213,18 @@ class ControlPlaneHttp:
             raise Forbidden(f"token {token.name!r} is a {token.role} token; this needs the {role} role")
         return token
 
+    def _shared(self, request: IRequest) -> Optional[ApiToken]:
+        """Authorize a view of shared state; in cluster mode it needs the store.
+
+        A replica cut off from Redis would answer from a mirror that no
+        longer follows the fleet: it says 503 ``cluster_unavailable``
+        instead, so a client (or load balancer) goes to another replica.
+        """
+        caller = self._authorize(request)
+        if self._cluster is not None and not self._cluster.available:
+            raise ClusterUnavailable("this replica cannot reach the shared store; try another replica")
+        return caller
+
     def check_headers(self, request: IRequest) -> Optional[Refusal]:
         """The HTTP site's check before a write's body is read: a token that may write."""
         if request.method not in WRITE_METHODS:
@@ -219,7 +238,7 @@ class ControlPlaneHttp:
         return None
 
     def _edge(self, request: IRequest, edge_id: str) -> Any:
-        self._authorize(request)
+        self._shared(request)
         if id_problem("edge_id", edge_id) is not None:
             raise UnknownEdge(edge_id[:80])
         return self._registry.get(edge_id)
@@ -255,7 +274,20 @@ class ControlPlaneHttp:
     def readyz(self, request: IRequest) -> bytes:
         """Readiness: every listener is bound and the Control Plane is not stopping."""
         ready = self._readiness.ready
-        body = {"ready": ready, "stopping": self._readiness.stopping, "listeners": dict(self._readiness.listeners)}
+        body: dict[str, Any] = {
+            "ready": ready,
+            "stopping": self._readiness.stopping,
+            "listeners": dict(self._readiness.listeners),
+        }
+        if self._cluster is not None:
+            available = self._cluster.available
+            ready = ready and available
+            body["ready"] = ready
+            body["cluster"] = {
+                "replica_id": self._cluster.replica_id,
+                "available": available,
+                "loaded": self._cluster.loaded,
+            }
         return json_body(request, 200 if ready else 503, body)
 
     @app.route("/metrics", methods=["GET"])
@@ -282,7 +314,7 @@ class ControlPlaneHttp:
     @app.route("/edges", methods=["GET"])
     def edges(self, request: IRequest) -> bytes:
         """A page of edge summaries, sorted by id."""
-        self._authorize(request)
+        self._shared(request)
         ids = self._registry.edge_ids()
         chosen, next_cursor = _page(request, ids)
         items = [views.edge_summary(self._registry.get(i)) for i in chosen]
@@ -413,9 +445,25 @@ class ControlPlaneHttp:
             key = body.get("command_id")
         if key is not None and (not isinstance(key, str) or len(key) > 200):
             raise BadRequest("the idempotency key must be a string of at most 200 characters")
+        operation_id = ""
+        if self._cluster is not None and key and self._registry.get(edge_id).operations.by_key(key) is None:
+            # The key is taken cluster-wide first (SET NX): a retry of this
+            # POST on another replica finds the same operation.
+            operation_id = uuid.uuid4().hex
+            holder = await self._cluster.reserve_key(edge_id, key, operation_id)
+            if holder:
+                operation_id = ""
+                await self._cluster.operation(edge_id, holder)
         try:
             dispatched = self._gateway.dispatch(
-                edge_id, name, target, args, float(timeout), key or "", caller.name if caller is not None else ""
+                edge_id,
+                name,
+                target,
+                args,
+                float(timeout),
+                key or "",
+                caller.name if caller is not None else "",
+                operation_id,
             )
         except IdempotencyConflict as conflict:
             return error_body(
@@ -445,7 +493,7 @@ class ControlPlaneHttp:
     async def fleet_status(self, request: IRequest) -> bytes:
         """A row per edge (fresh where possible) and fleet totals, from the
         shared fleet round (joined while it runs, reused within its max age)."""
-        self._authorize(request)
+        self._shared(request)
         limit = _int_arg(request, "limit", MAX_PAGE, 1, 10000)
         cursor = _arg(request, "cursor") or ""
         round_ = await self._gateway.fleet_status()
@@ -454,13 +502,13 @@ class ControlPlaneHttp:
     @app.route("/fleet/events", methods=["GET"])
     def fleet_events(self, request: IRequest) -> bytes:
         """Events of every edge after fleet sequence ``since``."""
-        self._authorize(request)
+        self._shared(request)
         return json_body(request, 200, self._events_page(request, self._registry.fleet_events, "fleet_sequence"))
 
     @app.route("/fleet/operations", methods=["GET"])
     def fleet_operations(self, request: IRequest) -> bytes:
         """Operations of every edge, newest first."""
-        self._authorize(request)
+        self._shared(request)
         return json_body(request, 200, self._operations_page(request, self._registry.fleet_operations()))
 
     # -- console ------------------------------------------------------------

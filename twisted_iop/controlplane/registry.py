@@ -20,7 +20,7 @@ import itertools
 import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from typing import Optional, Protocol
+from typing import Any, Optional, Protocol
 
 import attrs
 from twisted.application.service import Service
@@ -103,6 +103,8 @@ def response_counts(response: pb.EdgeStatusResponse) -> tuple[int, ...]:
             counts[LONG_AT + 2] += p.long_context_queued
     return tuple(counts)
 
+
+SUPERSEDED_MESSAGE = "a newer connection of this edge took over"
 
 #: How much of an offending event kind is quoted in events and logs.
 QUOTED_KIND_CHARS = 80
@@ -366,6 +368,37 @@ class ConnectionObserver(Protocol):
     def command_event_relayed(self, edge_id: str, token: int, event: pb.EdgeEvent) -> None:
         """Connection ``token`` (current) relayed an event naming a command."""
 
+    def operation_updated(self, operation: OperationRecord) -> None:
+        """Another replica changed ``operation`` (cluster mode: the mirror applied it)."""
+
+
+class Journal(Protocol):
+    """Where a registry in cluster mode sends its changes (the shared store).
+
+    In cluster mode the registry keeps its connections' state at once, but
+    events (and the operations they stand for) are recorded only when the
+    store has numbered them: they come back through the fleet stream to
+    every replica, this one included (:meth:`EdgeRegistry.apply_event`).
+    """
+
+    def claimed(self, edge_id: str, token: int, hello: EdgeHello, now: float) -> None:
+        """Connection ``token`` of ``edge_id`` was accepted here."""
+
+    def released(self, edge_id: str, token: int, reason: str, now: float) -> None:
+        """Connection ``token`` of ``edge_id`` (current here) closed."""
+
+    def status_kept(self, edge_id: str, token: int, snapshot: StatusSnapshot) -> None:
+        """Connection ``token`` answered a status ask."""
+
+    def append(
+        self,
+        event: EventRecord,
+        token: Optional[int],
+        change: dict[str, Any],
+        operation: Optional[OperationRecord],
+    ) -> None:
+        """Record ``event`` (fenced by ``token`` when a connection caused it)."""
+
 
 class EdgeRegistry(Service):
     """All edges, their connections (by token), events and operations."""
@@ -391,6 +424,8 @@ class EdgeRegistry(Service):
         self.connected_count = 0
         #: Accepted hellos since start (for metrics).
         self.enrollments_total = 0
+        #: Cluster mode: the shared store that numbers and keeps the events.
+        self.journal: Optional[Journal] = None
 
     # -- lookups ------------------------------------------------------------
 
@@ -456,24 +491,33 @@ class EdgeRegistry(Service):
         self.connected_count += 1
         if old_peer is not None and old_token is not None:
             self._log.info("edge {edge_id} superseded by a newer connection", edge_id=edge_id)
-            self.record(edge_id, "edge.superseded", message="a newer connection of this edge took over")
-            # Requests in flight on the old connection are settled now, not
-            # when its socket finally closes (which a stuck peer may delay).
-            for observer in list(self._observers):
-                observer.connection_superseded(edge_id, old_token)
-            old_peer.disconnect(pb.ERROR_CODE_SUPERSEDED, "a newer connection of this edge took over")
+            if self.journal is None:
+                self.record(edge_id, "edge.superseded", message=SUPERSEDED_MESSAGE)
+            self._superseded(edge_id, old_token, old_peer)
         self._log.info(
             "edge {edge_id} connected (enrollment {enrollments})",
             edge_id=edge_id,
             enrollments=record.enrollments,
         )
-        self.record(
-            edge_id,
-            "edge.connected",
-            message=f"edge {edge_id} connected",
-            attributes={"software_version": hello.software_version},
-        )
+        if self.journal is None:
+            self.record(
+                edge_id,
+                "edge.connected",
+                message=f"edge {edge_id} connected",
+                attributes={"software_version": hello.software_version},
+            )
+        else:
+            # The store records edge.superseded / edge.connected: it alone
+            # knows whether another replica held the edge.
+            self.journal.claimed(edge_id, token, hello, now)
         return token
+
+    def _superseded(self, edge_id: str, old_token: int, old_peer: EdgePeer) -> None:
+        # Requests in flight on the old connection are settled now, not
+        # when its socket finally closes (which a stuck peer may delay).
+        for observer in list(self._observers):
+            observer.connection_superseded(edge_id, old_token)
+        old_peer.disconnect(pb.ERROR_CODE_SUPERSEDED, SUPERSEDED_MESSAGE)
 
     def disconnect(self, edge_id: str, token: int, reason: str) -> bool:
         """Record that connection ``token`` closed; False if it was stale."""
@@ -481,13 +525,21 @@ class EdgeRegistry(Service):
         if record is None or record.token != token:
             return False
         now = self._clock.seconds()
+        self._log.info("edge {edge_id} disconnected: {reason}", edge_id=edge_id, reason=reason)
+        if self.journal is None:
+            self.record(edge_id, "edge.disconnected", message=reason)
+        else:
+            self.journal.released(edge_id, token, reason, now)
+        self._mark_disconnected(record, token, now)
+        return True
+
+    def _mark_disconnected(self, record: EdgeRecord, token: int, now: float) -> None:
+        edge_id = record.edge_id
         record.last_seen = record.seen_at()
         record.token = None
         record.peer = None
         record.disconnected_at = now
         self.connected_count -= 1
-        self._log.info("edge {edge_id} disconnected: {reason}", edge_id=edge_id, reason=reason)
-        self.record(edge_id, "edge.disconnected", message=reason)
         for observer in list(self._observers):
             observer.connection_closed(edge_id, token)
         # A disconnected edge keeps a compact catalog: names, target kinds
@@ -497,7 +549,6 @@ class EdgeRegistry(Service):
         self._disconnected[edge_id] = kept
         self.disconnected_bytes += kept
         self._forget_excess_disconnected()
-        return True
 
     def _forget_excess_disconnected(self) -> None:
         """Forget the edges that went away first, beyond the count or byte bound.
@@ -537,6 +588,8 @@ class EdgeRegistry(Service):
         now = self._clock.seconds()
         record.last_seen = now
         record.snapshot = StatusSnapshot.of(response, now)
+        if self.journal is not None:
+            self.journal.status_kept(edge_id, token, record.snapshot)
         return record.snapshot
 
     # -- observers and listeners ---------------------------------------------
@@ -569,10 +622,35 @@ class EdgeRegistry(Service):
         command_id: str = "",
         message: str = "",
         attributes: Optional[dict[str, str]] = None,
+        token: Optional[int] = None,
+        change: Optional[dict[str, Any]] = None,
+        operation: Optional[OperationRecord] = None,
     ) -> EventRecord:
-        """Append an event to the edge's buffer and the fleet buffer."""
+        """Append an event to the edge's buffer and the fleet buffer.
+
+        In cluster mode the event goes to the journal instead (fenced by
+        ``token`` when a connection caused it, with the ``change`` or the
+        ``operation`` it stands for) and is appended when the fleet stream
+        brings it back numbered; the record returned has sequence 0.
+        """
         record = self._edges[edge_id]
         now = self._clock.seconds()
+        if self.journal is not None:
+            provisional = EventRecord(
+                sequence=0,
+                fleet_sequence=0,
+                edge_id=edge_id,
+                kind=kind,
+                occurred_at=now if occurred_at is None else occurred_at,
+                recorded_at=now,
+                node_id=node_id,
+                provider_id=provider_id,
+                command_id=command_id,
+                message=message,
+                attributes=attributes or {},
+            )
+            self.journal.append(provisional, token, change or {"kind": "event"}, operation)
+            return provisional
         sequence = record.events.next_sequence()
         fleet_sequence = self.fleet_events.next_sequence()
         event = EventRecord(
@@ -610,7 +688,7 @@ class EdgeRegistry(Service):
             return None
         now = self._clock.seconds()
         record.last_seen = now
-        self._check_edge_sequence(record, event.edge_sequence)
+        self._check_edge_sequence(record, event.edge_sequence, token)
         if event.kind.startswith(RESERVED_KIND_PREFIXES):
             self._protocol_violation(record, token, event.kind, now)
             return None
@@ -629,6 +707,8 @@ class EdgeRegistry(Service):
             command_id=clipped.command_id,
             message=clipped.message,
             attributes=clipped.attributes,
+            token=token,
+            change={"kind": "relayed", "edge_sequence": event.edge_sequence},
         )
         if event.command_id:
             for observer in list(self._observers):
@@ -657,9 +737,10 @@ class EdgeRegistry(Service):
             "edge.protocol_violation",
             message=f"dropped {dropped} event(s) of kinds reserved for the Control Plane (operation.*, edge.*)",
             attributes={"kind": quoted, "dropped": str(dropped)},
+            token=token,
         )
 
-    def _check_edge_sequence(self, record: EdgeRecord, sequence: int) -> None:
+    def _check_edge_sequence(self, record: EdgeRecord, sequence: int, token: int) -> None:
         """Record ``edge.events_lost`` when the edge's own sequence skips.
 
         Events written to a connection that dies before they are read are
@@ -681,6 +762,7 @@ class EdgeRegistry(Service):
                     "first_edge_sequence": str(last + 1),
                     "last_edge_sequence": str(sequence - 1),
                 },
+                token=token,
             )
 
     # -- operations -----------------------------------------------------------
@@ -741,6 +823,7 @@ class EdgeRegistry(Service):
         self.record(
             edge_id,
             "operation.late_outcome",
+            operation=operation,
             node_id=self._node_of(operation),
             command_id=operation_id,
             message=f"{operation.name} answered {state} after it ended {operation.state}"
@@ -772,6 +855,7 @@ class EdgeRegistry(Service):
             command_id=operation.operation_id,
             message=f"{operation.name} {operation.state}" + (f": {operation.reason}" if operation.reason else ""),
             attributes={"name": operation.name, "target": operation.target, "state": operation.state},
+            operation=operation,
         )
 
     def fleet_operations(self) -> list[OperationRecord]:
@@ -779,3 +863,139 @@ class EdgeRegistry(Service):
         ops = [op for record in self._edges.values() for op in record.operations]
         ops.sort(key=lambda op: (op.created_at, op.operation_id), reverse=True)
         return ops
+
+    # -- cluster mode: the mirror of what other replicas changed --------------------
+
+    def _new_record(self, edge_id: str, hello: EdgeHello) -> EdgeRecord:
+        record = EdgeRecord(
+            edge_id=edge_id,
+            hello=hello,
+            events=EventBuffer(self.limits.events_per_edge, self.limits.event_bytes_per_edge),
+            operations=OperationBuffer(self.limits.operations_per_edge, self.limits.operation_bytes_per_edge),
+        )
+        self._edges[edge_id] = record
+        return record
+
+    def adopt_remote(
+        self, edge_id: str, peer: EdgePeer, hello: EdgeHello, connected_at: float, enrollments: int
+    ) -> int:
+        """Another replica accepted a connection of ``edge_id`` (cluster mode).
+
+        The edge becomes connected here through ``peer`` (a routed peer)
+        under a fresh local token; a connection that was current here (a
+        local one or another routed one) is superseded: what was in flight
+        on it is settled and a local one is closed with SUPERSEDED. No
+        event is recorded: the replica that accepted the hello did.
+        """
+        token = next(self._tokens)
+        record = self._edges.get(edge_id)
+        old_peer: Optional[EdgePeer] = None
+        old_token: Optional[int] = None
+        if record is None:
+            record = self._new_record(edge_id, hello)
+        else:
+            self.disconnected_bytes -= self._disconnected.pop(edge_id, 0)
+            if record.token is not None:
+                old_peer, old_token = record.peer, record.token
+                self.connected_count -= 1
+        record.hello = hello
+        record.token = token
+        record.peer = peer
+        record.connected_at = connected_at
+        record.disconnected_at = None
+        record.last_seen = max(record.last_seen, connected_at)
+        record.enrollments = enrollments
+        self.connected_count += 1
+        if old_peer is not None and old_token is not None:
+            self._superseded(edge_id, old_token, old_peer)
+        return token
+
+    def apply_remote_disconnect(self, edge_id: str, token: int, at: float) -> bool:
+        """The routed connection ``token`` of ``edge_id`` closed on its replica."""
+        record = self._edges.get(edge_id)
+        if record is None or record.token != token:
+            return False
+        self._mark_disconnected(record, token, at)
+        return True
+
+    def load_edge(
+        self,
+        edge_id: str,
+        hello: EdgeHello,
+        connected_at: Optional[float],
+        disconnected_at: Optional[float],
+        last_seen: float,
+        enrollments: int,
+        snapshot: Optional[StatusSnapshot],
+    ) -> EdgeRecord:
+        """A disconnected edge as the shared store keeps it (cluster mode, at start-up)."""
+        record = self._edges.get(edge_id) or self._new_record(edge_id, hello)
+        record.hello = attrs.evolve(hello, commands=bounds.compact_catalog(hello.commands))
+        record.connected_at = connected_at
+        record.disconnected_at = disconnected_at
+        record.last_seen = last_seen
+        record.enrollments = enrollments
+        if snapshot is not None:
+            record.snapshot = snapshot
+        if record.token is None and edge_id not in self._disconnected:
+            kept = record.kept_bytes()
+            self._disconnected[edge_id] = kept
+            self.disconnected_bytes += kept
+            self._forget_excess_disconnected()
+        return record
+
+    def apply_event(
+        self,
+        event: EventRecord,
+        fleet: bool = True,
+        relayed_by: Optional[int] = None,
+        command_event: Optional[pb.EdgeEvent] = None,
+        notify: bool = True,
+    ) -> bool:
+        """Append an event numbered by the shared store (cluster mode).
+
+        Events already kept (by sequence) are skipped, so reading a stretch
+        of the stream twice changes nothing. Listeners hear it when it is
+        new to the fleet buffer; a command event relayed by the current
+        connection (``relayed_by``) goes to the observers, as on the
+        replica that received it.
+        """
+        record = self._edges.get(event.edge_id)
+        if record is not None and event.sequence > record.events.last_sequence:
+            record.events.append(event, event.sequence)
+        if not fleet or event.fleet_sequence <= self.fleet_events.last_sequence:
+            return False
+        self.fleet_events.append(event, event.fleet_sequence)
+        if notify:
+            for listener in list(self._listeners):
+                try:
+                    listener(event)
+                except Exception:
+                    self._log.failure("event listener failed")
+        if record is not None and relayed_by is not None and command_event is not None:
+            if record.token == relayed_by:
+                for observer in list(self._observers):
+                    observer.command_event_relayed(event.edge_id, relayed_by, command_event)
+        return True
+
+    def apply_operation(self, operation: OperationRecord) -> bool:
+        """An operation as another replica recorded it (cluster mode); False if its edge is unknown."""
+        record = self._edges.get(operation.edge_id)
+        if record is None:
+            return False
+        kept = record.operations.get(operation.operation_id)
+        if kept is None:
+            record.operations.add(operation)
+            kept = operation
+        else:
+            kept.state = operation.state
+            kept.reason = operation.reason
+            kept.result = operation.result
+            kept.updated_at = operation.updated_at
+            kept.finished_at = operation.finished_at
+            kept.history = operation.history
+            kept.late_outcome = operation.late_outcome
+            record.operations.operation_changed(kept)
+        for observer in list(self._observers):
+            observer.operation_updated(kept)
+        return True

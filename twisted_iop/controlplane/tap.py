@@ -12,6 +12,7 @@ from twisted.web.resource import IResource, Resource
 from twisted.web.server import Request
 
 from twisted_iop.controlplane.client_wire import ClientWireFactory
+from twisted_iop.controlplane.cluster.replica import ClusterReplica
 from twisted_iop.controlplane.config import ControlPlaneConfig, load_config, unauthenticated_exposures
 from twisted_iop.controlplane.edge_wire import EdgeWireFactory
 from twisted_iop.controlplane.gateway import SHUTTING_DOWN_REASON, EdgeGateway
@@ -36,9 +37,12 @@ class Options(DaemonOptions[ControlPlaneConfig]):
 
     def summary(self, config: ControlPlaneConfig) -> str:
         """Where it listens."""
-        return (
+        where = (
             f"http on {config.http_listen}, client_wire on {config.wire_listen}, edge_wire on {config.edge_wire_listen}"
         )
+        if config.cluster.enabled:
+            where += f"; cluster replica {config.cluster.replica_id} on {config.cluster.redis}"
+        return where
 
     def notices(self, config: ControlPlaneConfig) -> tuple[str, ...]:
         """Deprecated spellings found in the file."""
@@ -95,9 +99,20 @@ class ControlPlaneService(DaemonService):
         self.registry = EdgeRegistry(reactor, config.registry)
         self.add_state(self.registry)
         self.gateway = EdgeGateway(self.registry, reactor, config.status_timeout_seconds, config.fleet_max_age_seconds)
+        #: Cluster mode: this replica's link to the shared fleet (None: memory).
+        self.cluster: Optional[ClusterReplica] = None
+        if config.cluster.enabled:
+            self.cluster = ClusterReplica(config.cluster, self.registry, self.gateway, reactor)
+            self.add_state(self.cluster)
         self.readiness = ListenerReadiness(self.listeners)
         self.http = ControlPlaneHttp(
-            self.registry, self.gateway, reactor, self.readiness, config.http, metrics=control_plane_registry(self)
+            self.registry,
+            self.gateway,
+            reactor,
+            self.readiness,
+            config.http,
+            metrics=control_plane_registry(self),
+            cluster=self.cluster,
         )
         self.edge_factory = EdgeWireFactory(
             self.registry,
@@ -108,6 +123,8 @@ class ControlPlaneService(DaemonService):
             failed_hellos=config.edge_wire_failed_hellos,
             max_hellos_per_second=config.max_hellos_per_second,
         )
+        if self.cluster is not None:
+            self.edge_factory.cluster = self.cluster
         self.client_factory = ClientWireFactory(self.registry, config.client_wire, reactor)
         root = HttpRoot(self.http.app.resource(), WebSocketResource(self.client_factory))
         site = self.http_site = GuardedSite(root, config.http_site, self.http.check_headers, reactor)

@@ -1,0 +1,234 @@
+"""What replicas write to Redis and read back: JSON shapes, checked on the way in.
+
+Redis is shared by every replica, so what is read from it is checked like
+anything read from a wire: a value of the wrong type raises
+:class:`BadRecord`, and the reader skips that entry (counted and logged)
+instead of failing.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from typing import Any, Optional
+
+from twisted_iop.controlplane.records import EventRecord, LateOutcome, OperationRecord
+from twisted_iop.controlplane.registry import EdgeHello
+from twisted_iop.wire import control_pb2 as pb
+
+
+class BadRecord(ValueError):
+    """Something read from Redis does not have the shape this code writes."""
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON."""
+    return json.dumps(value, separators=(",", ":"))
+
+
+def loads_object(text: Any, what: str) -> dict[str, Any]:
+    """A JSON object from ``text``; BadRecord names ``what`` otherwise."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    if not isinstance(text, str):
+        raise BadRecord(f"{what}: not a string")
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise BadRecord(f"{what}: not JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise BadRecord(f"{what}: not a JSON object")
+    return value
+
+
+def _str(data: Mapping[str, Any], key: str, default: Optional[str] = None) -> str:
+    value = data.get(key, default)
+    if not isinstance(value, str):
+        raise BadRecord(f"field {key!r} must be a string")
+    return value
+
+
+def _num(data: Mapping[str, Any], key: str, default: Optional[float] = None) -> float:
+    value = data.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadRecord(f"field {key!r} must be a number")
+    return float(value)
+
+
+def _opt_num(data: Mapping[str, Any], key: str) -> Optional[float]:
+    return None if data.get(key) is None else _num(data, key)
+
+
+def _str_map(data: Mapping[str, Any], key: str) -> dict[str, str]:
+    value = data.get(key, {})
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise BadRecord(f"field {key!r} must be an object of strings")
+    return dict(value)
+
+
+def b64(data: bytes) -> str:
+    """Bytes as base64 text."""
+    return base64.b64encode(data).decode("ascii")
+
+
+def unb64(text: str, what: str) -> bytes:
+    """base64 text as bytes; BadRecord names ``what`` otherwise."""
+    try:
+        return base64.b64decode(text.encode("ascii"), validate=True)
+    except (ValueError, UnicodeEncodeError):
+        raise BadRecord(f"{what}: not base64") from None
+
+
+# -- hello ----------------------------------------------------------------------
+
+
+def hello_json(hello: EdgeHello) -> str:
+    """What an edge said in hello, as JSON (the catalog as protobuf bytes)."""
+    catalog = pb.EdgeHelloRequest(commands=list(hello.commands)).SerializeToString()
+    return dumps(
+        {
+            "labels": hello.labels,
+            "software_version": hello.software_version,
+            "protocol_version": hello.protocol_version,
+            "commands": b64(catalog),
+        }
+    )
+
+
+def hello_from(data: Mapping[str, Any]) -> EdgeHello:
+    """The hello of :func:`hello_json`, parsed."""
+    catalog = pb.EdgeHelloRequest()
+    try:
+        catalog.ParseFromString(unb64(_str(data, "commands", ""), "hello commands"))
+    except Exception as e:
+        raise BadRecord(f"hello commands: {e}") from None
+    return EdgeHello(
+        labels=_str_map(data, "labels"),
+        software_version=_str(data, "software_version", ""),
+        protocol_version=_str(data, "protocol_version", ""),
+        commands=tuple(catalog.commands),
+    )
+
+
+# -- events -----------------------------------------------------------------------
+
+
+def event_json(
+    edge_id: str,
+    kind: str,
+    occurred_at: float,
+    recorded_at: float,
+    node_id: str = "",
+    provider_id: str = "",
+    command_id: str = "",
+    message: str = "",
+    attributes: Optional[dict[str, str]] = None,
+) -> str:
+    """An event without its sequences (Redis numbers it)."""
+    return dumps(
+        {
+            "edge_id": edge_id,
+            "kind": kind,
+            "occurred_at": occurred_at,
+            "recorded_at": recorded_at,
+            "node_id": node_id,
+            "provider_id": provider_id,
+            "command_id": command_id,
+            "message": message,
+            "attributes": attributes or {},
+        }
+    )
+
+
+def event_from(data: Mapping[str, Any], sequence: int, fleet_sequence: int) -> EventRecord:
+    """The event of :func:`event_json` with the sequences Redis gave it."""
+    return EventRecord(
+        sequence=sequence,
+        fleet_sequence=fleet_sequence,
+        edge_id=_str(data, "edge_id"),
+        kind=_str(data, "kind"),
+        occurred_at=_num(data, "occurred_at"),
+        recorded_at=_num(data, "recorded_at"),
+        node_id=_str(data, "node_id", ""),
+        provider_id=_str(data, "provider_id", ""),
+        command_id=_str(data, "command_id", ""),
+        message=_str(data, "message", ""),
+        attributes=_str_map(data, "attributes"),
+    )
+
+
+# -- operations ---------------------------------------------------------------------
+
+
+def operation_dict(op: OperationRecord) -> dict[str, Any]:
+    """An operation as a JSON-ready dict (everything it records)."""
+    late = op.late_outcome
+    return {
+        "operation_id": op.operation_id,
+        "edge_id": op.edge_id,
+        "name": op.name,
+        "target": op.target,
+        "arguments": op.arguments,
+        "idempotency_key": op.idempotency_key,
+        "created_at": op.created_at,
+        "deadline_at": op.deadline_at,
+        "state": op.state,
+        "reason": op.reason,
+        "result": op.result,
+        "updated_at": op.updated_at,
+        "finished_at": op.finished_at,
+        "history": [list(entry) for entry in op.history],
+        "late_outcome": None
+        if late is None
+        else {"state": late.state, "reason": late.reason, "result": late.result, "received_at": late.received_at},
+        "requested_by": op.requested_by,
+    }
+
+
+def operation_from(data: Mapping[str, Any]) -> OperationRecord:
+    """The operation of :func:`operation_dict`, parsed and checked."""
+    history_raw = data.get("history", [])
+    if not isinstance(history_raw, list):
+        raise BadRecord("field 'history' must be a list")
+    history: list[tuple[str, float, str]] = []
+    for entry in history_raw:
+        if (
+            not isinstance(entry, list)
+            or len(entry) != 3
+            or not isinstance(entry[0], str)
+            or isinstance(entry[1], bool)
+            or not isinstance(entry[1], (int, float))
+            or not isinstance(entry[2], str)
+        ):
+            raise BadRecord("field 'history' has a malformed entry")
+        history.append((entry[0], float(entry[1]), entry[2]))
+    late_raw = data.get("late_outcome")
+    late = None
+    if late_raw is not None:
+        if not isinstance(late_raw, dict):
+            raise BadRecord("field 'late_outcome' must be an object")
+        late = LateOutcome(
+            _str(late_raw, "state"),
+            _str(late_raw, "reason", ""),
+            _str_map(late_raw, "result"),
+            _num(late_raw, "received_at"),
+        )
+    return OperationRecord(
+        operation_id=_str(data, "operation_id"),
+        edge_id=_str(data, "edge_id"),
+        name=_str(data, "name"),
+        target=_str(data, "target", ""),
+        arguments=_str_map(data, "arguments"),
+        idempotency_key=_str(data, "idempotency_key", ""),
+        created_at=_num(data, "created_at"),
+        deadline_at=_num(data, "deadline_at"),
+        state=_str(data, "state"),
+        reason=_str(data, "reason", ""),
+        result=_str_map(data, "result"),
+        updated_at=_num(data, "updated_at", 0.0),
+        finished_at=_opt_num(data, "finished_at"),
+        history=history,
+        late_outcome=late,
+        requested_by=_str(data, "requested_by", ""),
+    )

@@ -31,8 +31,8 @@ async def test_every_replica_shows_the_whole_fleet_and_routes_status_and_command
             status, body = await replica.get_json("/edges")
             return status == 200 and _connected(body) == {"edge-1": True, "edge-2": True}
 
-        for replica in (a, b):
-            await eventually(lambda r=replica: both_connected(r), timeout=5, message="fleet visible")
+        await eventually(lambda: both_connected(a), timeout=5, message="fleet visible on A")
+        await eventually(lambda: both_connected(b), timeout=5, message="fleet visible on B")
 
         status, body = await a.get_json("/edges/edge-2/status")
         assert status == 200, body

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest_twisted
+import treq
 from twisted.internet.defer import ensureDeferred, gatherResults
 
 from twisted_iop.testing.cluster import start_replica
@@ -51,6 +52,10 @@ async def test_every_replica_shows_the_whole_fleet_and_routes_status_and_command
             return status == 200 and [o["state"] for o in page["items"]] == ["succeeded"]
 
         await eventually(operation_on_b, timeout=5, message="operation visible on B")
+
+        metrics = await (await treq.get(a.http_url + "/metrics")).text()
+        assert "iop_cluster_available 1.0" in metrics
+        assert "iop_cluster_routed_requests_total 2.0" in metrics  # the status ask and the command
 
         status, fleet = await a.get_json("/fleet/status")
         assert status == 200

@@ -31,7 +31,7 @@ from twisted_iop.edge.config import load_edge_config
 from twisted_iop.edge.control_plane_link import ControlPlaneLink
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.edge.status import StatusProvider
-from twisted_iop.edge.tap import EdgeService
+from twisted_iop.edge.tap import EdgeService, Options, makeService
 from twisted_iop.testing.configs import edge_config, edge_yaml, write_yaml
 from twisted_iop.testing.harness import ControlPlaneHarness, eventually, start_control_plane, stop
 from twisted_iop.testing.peers import FakeControlPlane
@@ -306,3 +306,26 @@ async def test_edge_skips_a_stopped_control_plane_in_its_shuffled_order(tmp_path
         await stop(edge)
         for cp in (a, b, c):
             await cp.stop()
+
+
+def test_twistd_options_and_make_service_dial_one_of_the_listed_addresses(tmp_path: Path) -> None:
+    """`twistd iop-edge` with control_plane.addresses: the summary names them all; the first dial is one of them."""
+    data = edge_yaml("127.0.0.1:1")
+    del data["control_plane"]["address"]
+    data["control_plane"]["addresses"] = ["127.0.0.1:7801", "127.0.0.1:7802"]
+    options = Options()
+    options.parseOptions(["--config", write_yaml(tmp_path / "edge.yaml", data)])
+    assert "control plane at tcp:host=127.0.0.1:port=7801, tcp:host=127.0.0.1:port=7802" in options.summary(
+        options.config
+    )
+    reactor = MemoryReactorClock()
+    service = makeService(options, reactor=reactor)
+    assert sorted(service.control_plane.rotation.addresses) == [
+        "tcp:host=127.0.0.1:port=7801",
+        "tcp:host=127.0.0.1:port=7802",
+    ]
+    service.privilegedStartService()
+    service.startService()
+    [(host, port, *_)] = reactor.tcpClients
+    assert (host, f"tcp:host={host}:port={port}") == ("127.0.0.1", service.control_plane.rotation.addresses[0])
+    service.stopService()

@@ -6,8 +6,10 @@ from typing import Any
 
 import pytest_twisted
 import treq
+from twisted.internet import reactor
 from twisted.internet.defer import ensureDeferred, gatherResults
 
+from twisted_iop.client.wire import ClientWireClient
 from twisted_iop.testing.cluster import start_replica
 from twisted_iop.testing.harness import eventually
 from twisted_iop.testing.peers import connect_edge
@@ -231,3 +233,42 @@ async def test_a_silent_replica_is_reaped_and_its_edges_show_disconnected(redis_
 def _connected_in(replica: Any, edge_id: str) -> bool:
     record = replica.registry.find(edge_id)
     return record is not None and record.connected
+
+
+@pytest_twisted.ensureDeferred
+async def test_live_events_follow_the_fleet_and_resume_on_another_replica(redis_server: RedisServer) -> None:
+    """A /client subscriber on B hears an edge connected to A; its cursor
+    (the fleet sequence) resumes on A with exactly the events it missed."""
+    a = await start_replica(redis_server.url, "a")
+    b = await start_replica(redis_server.url, "b")
+    on_b = ClientWireClient(b.wire_url, reactor=reactor)
+    on_a = ClientWireClient(a.wire_url, reactor=reactor)
+    heard_b: list[pb.FleetEvent] = []
+    heard_a: list[pb.FleetEvent] = []
+    try:
+        edge, _ = await connect_edge(a.edge_wire_port, "edge-1")
+        subscription = await on_b.subscribe(on_event=heard_b.append)
+        edge.event("node.ready", message="one")
+        await eventually(lambda: [e.message for e in heard_b if e.kind == "node.ready"] == ["one"], timeout=5)
+        cursor = [e for e in heard_b if e.kind == "node.ready"][0].fleet_sequence
+        await subscription.stop()
+        edge.event("node.ready", message="two")  # while the client is away
+        await eventually(lambda: _fleet_last(a) > cursor, timeout=5, message="two recorded")
+        await on_a.subscribe(since=cursor, on_event=heard_a.append)
+        edge.event("node.ready", message="three")
+        await eventually(
+            lambda: [e.message for e in heard_a if e.kind == "node.ready"] == ["two", "three"],
+            timeout=5,
+            message="resumed",
+        )
+        assert all(e.fleet_sequence > cursor for e in heard_a)
+    finally:
+        await on_a.close()
+        await on_b.close()
+        await a.stop()
+        await b.stop()
+
+
+def _fleet_last(replica: Any) -> int:
+    last: int = replica.registry.fleet_events.last_sequence
+    return last

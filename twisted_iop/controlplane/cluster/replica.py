@@ -70,6 +70,11 @@ READ_RETRY_SECONDS = 0.5
 COMMAND_GRACE_SECONDS = 60.0
 #: At most one warning per this many seconds about writes that failed.
 LOST_WRITE_LOG_INTERVAL_SECONDS = 10.0
+#: An edge's snapshot is written to Redis at most this often (the first
+#: one at once). Other replicas ask the owner for fresh ones; the stored one
+#: only seeds a replica that starts, so a fleet round does not cost one
+#: Redis write per edge.
+SNAPSHOT_WRITE_INTERVAL_SECONDS = 10.0
 #: How long a replayed idempotency key waits for its operation to appear.
 OPERATION_FETCH_ATTEMPTS = 20
 OPERATION_FETCH_PAUSE_SECONDS = 0.05
@@ -151,6 +156,8 @@ class ClusterReplica(Service):
         self._pending_claims: set[str] = set()
         #: The current fence of each connected edge, as the stream says.
         self._current: dict[str, str] = {}
+        #: When each of our edges' snapshot was last written.
+        self._snapshot_written: dict[str, float] = {}
         self.router = Router(self.replica_id, clock, self._send_inbox)
         self._fleet_cursor = "0-0"
         self._inbox_cursor = "0-0"
@@ -510,6 +517,7 @@ class ClusterReplica(Service):
         """A hello accepted here: claim the edge under a new epoch."""
         fence = f"{self.fence_prefix}{token}"
         self.local[edge_id] = (token, fence)
+        self._snapshot_written.pop(edge_id, None)
         self._pending_claims.add(fence)
         self._write(
             "a connection",
@@ -539,6 +547,7 @@ class ClusterReplica(Service):
             return
         del self.local[edge_id]
         self._pending_claims.discard(fence)
+        self._snapshot_written.pop(edge_id, None)
         self._write(
             "a disconnect",
             self.link.run(
@@ -556,6 +565,10 @@ class ClusterReplica(Service):
         fence = self._fence(edge_id, token)
         if fence is None:
             return
+        written = self._snapshot_written.get(edge_id)
+        if written is not None and snapshot.received_at - written < SNAPSHOT_WRITE_INTERVAL_SECONDS:
+            return
+        self._snapshot_written[edge_id] = snapshot.received_at
         self._write(
             "a status snapshot",
             self.link.run(

@@ -272,3 +272,32 @@ async def test_live_events_follow_the_fleet_and_resume_on_another_replica(redis_
 def _fleet_last(replica: Any) -> int:
     last: int = replica.registry.fleet_events.last_sequence
     return last
+
+
+@pytest_twisted.ensureDeferred
+async def test_commands_left_open_by_a_dead_replica_end_failed(redis_server: RedisServer) -> None:
+    """A replica dies with a command in flight: the replica that reaps it
+    ends the operation failed, saying why, instead of leaving it open."""
+    a = await start_replica(redis_server.url, "a")
+    b = await start_replica(redis_server.url, "b")
+    try:
+        edge, _ = await connect_edge(b.edge_wire_port, "edge-1", command_behaviour="hold")
+        await eventually(lambda: _connected_in(a, "edge-1"), timeout=5, message="A shows edge-1")
+        posted = ensureDeferred(a.post_json("/edges/edge-1/commands", {"name": "node.drain", "target": "node-1"}))
+        await eventually(lambda: len(edge.held_commands) == 1, timeout=5, message="command held by the edge")
+        cluster = a.service.cluster
+        assert cluster is not None
+        cluster._heartbeat.stop()  # A stops refreshing its lease, as a killed replica would
+
+        async def ended_on_b() -> bool:
+            status, page = await b.get_json("/edges/edge-1/operations")
+            return status == 200 and [o["state"] for o in page["items"]] == ["failed"]
+
+        await eventually(ended_on_b, timeout=10, message="B ended A's operation")
+        status, page = await b.get_json("/edges/edge-1/operations")
+        assert "replica a" in page["items"][0]["reason"]
+        status, body = await posted  # A's caller, still served by A, hears the end too
+        assert status == 200 and body["state"] == "failed"
+    finally:
+        await a.stop()
+        await b.stop()

@@ -38,6 +38,7 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from twisted_iop.controlplane import records
 from twisted_iop.controlplane.cluster import codec, scripts
 from twisted_iop.controlplane.cluster.remote import (
     DISCONNECTED,
@@ -75,6 +76,8 @@ LOST_WRITE_LOG_INTERVAL_SECONDS = 10.0
 #: only seeds a replica that starts, so a fleet round does not cost one
 #: Redis write per edge.
 SNAPSHOT_WRITE_INTERVAL_SECONDS = 10.0
+#: Why an operation ended when the replica that sent it died first.
+ORPHANED_REASON = "the Control Plane replica {replica} that sent this command stopped before its answer"
 #: How long a replayed idempotency key waits for its operation to appear.
 OPERATION_FETCH_ATTEMPTS = 20
 OPERATION_FETCH_PAUSE_SECONDS = 0.05
@@ -270,7 +273,32 @@ class ClusterReplica(Service):
                 yield self._reap(
                     replica, "", f"the Control Plane replica {replica} holding this edge stopped answering"
                 )
-                yield self.link.call("HDEL", self.keys.replicas, replica)
+                removed = yield self.link.call("HDEL", self.keys.replicas, replica)
+                if str(removed) == "1":
+                    # Only the replica that removed it ends what it left open.
+                    self._end_orphaned_operations(replica)
+
+    def _end_orphaned_operations(self, replica: str) -> None:
+        """Operations a dead replica dispatched and never saw end: ``failed``, saying why.
+
+        Their answers went to the dead replica; no one else could ever
+        record them. This is the one case where a replica sets the state
+        of an operation it did not dispatch (its dispatcher is gone).
+        """
+        ended = 0
+        for record in list(self._registry.edges()):
+            for operation in list(record.operations):
+                if operation.replica == replica and not operation.finished:
+                    if self._registry.advance_operation(
+                        record.edge_id, operation.operation_id, records.FAILED, ORPHANED_REASON.format(replica=replica)
+                    ):
+                        ended += 1
+        if ended:
+            self._log.warn(
+                "cluster: {count} operations sent by replica {replica} ended failed (it stopped before their answers)",
+                count=ended,
+                replica=replica,
+            )
 
     @inlineCallbacks
     def _reap(self, replica: str, keep: str, message: str) -> Any:
@@ -592,6 +620,8 @@ class ClusterReplica(Service):
             event.attributes,
         )
         if operation is not None:
+            if not operation.replica:
+                operation.replica = self.replica_id
             op_text = codec.dumps(codec.operation_dict(operation))
             self._write(
                 "an operation",

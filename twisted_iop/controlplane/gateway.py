@@ -400,6 +400,12 @@ class EdgeGateway:
         """Another replica changed an operation (cluster mode): callers here
         waiting for it (a replayed idempotency key) get its end."""
         if operation.finished:
+            command = self._commands.get(operation.operation_id)
+            if command is not None:
+                # Ours, ended by the replica that reaped us while we were
+                # cut off: stop listening for it.
+                self._forget(command)
+                self._abandon(command)
             for d in self._waiters.pop(operation.operation_id, []):
                 d.callback(operation)
 

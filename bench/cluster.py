@@ -265,7 +265,10 @@ class Fleet:
         for k in range(replicas):
             directory = workdir / f"{label}-replica-{k + 1}"
             directory.mkdir(parents=True)
-            config = "status:\n  fleet_max_age_seconds: 0\n"
+            # No hello rate limit (default 500/s, burst 1000, over it retry_later):
+            # enrollment measures what the replicas can take, and the bench
+            # edges do not retry.
+            config = "status:\n  fleet_max_age_seconds: 0\nedge_wire:\n  max_hellos_per_second: 1000000\n"
             if redis is not None:
                 config += (
                     "cluster:\n"

@@ -270,12 +270,7 @@ class Fleet:
             # edges do not retry.
             config = "status:\n  fleet_max_age_seconds: 0\nedge_wire:\n  max_hellos_per_second: 1000000\n"
             if redis is not None:
-                config += (
-                    "cluster:\n"
-                    "  backend: redis\n"
-                    f"  redis_url: {redis.url}\n"
-                    f"  replica_id: replica-{k + 1}\n"
-                )
+                config += f"cluster:\n  backend: redis\n  redis_url: {redis.url}\n  replica_id: replica-{k + 1}\n"
             cp = ff.ControlPlaneProcess(directory, f"tcp:0:interface={ff.LOOPBACK}", config_text=config)
             ff.CONTROL_PLANES.append(cp)
             self.cps.append(cp)
@@ -290,7 +285,9 @@ class Fleet:
             http = ff.Http(ports["http"])
             await ff.eventually(lambda http=http: ff._ready(http), 60, f"GET /readyz of replica {k + 1}")
             self.https.append(http)
-            self.edges.append(EdgeProcess(ports["edge_wire"], ids[k :: len(self.cps)], self.workdir, f"{self.label}-{k}"))
+            self.edges.append(
+                EdgeProcess(ports["edge_wire"], ids[k :: len(self.cps)], self.workdir, f"{self.label}-{k}")
+            )
         for edge in self.edges:
             await edge.ready()
 
@@ -304,8 +301,12 @@ class Fleet:
 
     async def known(self, http: ff.Http) -> int:
         """How many edges one replica knows."""
-        _, body, _, _ = await http.get_json("/edges?limit=1")
-        return int(body["total"])
+        try:
+            code, body, _, _ = await http.get_json("/edges?limit=1", timeout=10)
+        except Exception:
+            return -1
+        # 503 cluster_unavailable while a replica has lost Redis: it knows nothing for now.
+        return int(body["total"]) if code == 200 else -1
 
     async def enroll(self, timeout: float) -> dict[str, Any]:
         """Every edge dials at once: until all hellos are accepted, and until every replica knows all N."""
@@ -420,6 +421,13 @@ async def cluster_phase(args: Any, results: suite.Results, workdir: Path, figure
         figures["cluster_enroll"] = enrolled
         print(f"  enrollment: {enrolled}", flush=True)
         if enrolled["known_seconds"] is None:
+            for k, cp in enumerate(fleet.cps):
+                log = cp.log()
+                print(
+                    f"  replica-{k + 1}: {log.count('writes lost so far')} 'could not write' warnings, "
+                    f"{log.count(' is gone; ')} replicas reaped, {log.count('reachable again')} reconciles",
+                    flush=True,
+                )
             raise RuntimeError(f"not every replica knows all {n} edges after {args.enroll_timeout:g} s: {enrolled}")
         await ff.sleep(args.settle_seconds)
 
@@ -573,6 +581,9 @@ async def run(args: Any, results: suite.Results, workdir: Path, figures: dict[st
         await reference_phase(args, workdir, figures)
         await ff.sleep(1.0)
         await cluster_phase(args, results, workdir, figures)
+    except Exception as e:
+        print(f"\nFAILED: {type(e).__name__}: {e}", flush=True)
+        raise
     finally:
         compare(args, results, figures)
 

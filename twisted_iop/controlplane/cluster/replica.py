@@ -169,6 +169,7 @@ class ClusterReplica(Service):
         #: Loaded and connected to Redis: ready, accepting hellos, serving views.
         self.available = False
         self._reconciling = False
+        self._renewing = False
         self._reading = False
         self._heartbeat = LoopingCall(self._beat)
         self._heartbeat.clock = clock
@@ -214,8 +215,8 @@ class ClusterReplica(Service):
     def _leave(self) -> Deferred[Any]:
         """A clean stop: our edges are released by the edge wire's own closes;
         the lease goes now, so no one waits for it to expire."""
-        d = self.link.call("DEL", self.keys.alive(self.replica_id))
-        d.addCallback(lambda _: self.link.call("HDEL", self.keys.replicas, self.replica_id))
+        d = self.link.lease("DEL", self.keys.alive(self.replica_id))
+        d.addCallback(lambda _: self.link.lease("HDEL", self.keys.replicas, self.replica_id))
         d.addErrback(lambda _: None)
         return d
 
@@ -239,15 +240,32 @@ class ClusterReplica(Service):
                     redis=str(self.config.redis),
                 )
             return
-        if self._reconciling:
-            return
-        if not self.loaded or not self.available:
+        if (not self.loaded or not self.available) and not self._reconciling:
             self._reconciling = True
-            d = self._join() if not self.loaded else self._reconcile()
-            d.addErrback(self._join_failed)
-            d.addBoth(self._reconciled)
-            return
-        self._renew().addErrback(self._lost, "lease")
+            joining = self._join() if not self.loaded else self._reconcile()
+            joining.addErrback(self._join_failed)
+            joining.addBoth(self._reconciled)
+        if self._renewing:
+            return  # the last renewal is still waiting for Redis
+        # Renewed on every beat, also while joining or reconciling (loading
+        # a large fleet may take longer than the lease).
+        self._renewing = True
+        d = self._renew()
+        d.addErrback(self._lease_failed)
+        d.addBoth(self._renewed)
+
+    def _renewed(self, _: Any) -> None:
+        self._renewing = False
+
+    def _lease_failed(self, failure: Failure) -> None:
+        """The heartbeat could not renew the lease: the store is away for us."""
+        self.writes_lost += 1
+        if self.available:
+            self.available = False
+            self._log.warn(
+                "cluster: could not renew this replica's lease ({error}): not ready until it is reconciled",
+                error=failure.getErrorMessage(),
+            )
 
     def _reconciled(self, _: Any) -> None:
         self._reconciling = False
@@ -262,18 +280,18 @@ class ClusterReplica(Service):
     def _renew(self) -> Any:
         """Refresh our lease; reap replicas whose lease expired."""
         ttl_ms = int(self.config.lease_ttl_seconds * 1000)
-        yield self.link.call("SET", self.keys.alive(self.replica_id), self.boot, "PX", ttl_ms)
-        yield self.link.call("HSET", self.keys.replicas, self.replica_id, self.boot)
-        replicas = _pairs((yield self.link.call("HGETALL", self.keys.replicas)))
+        yield self.link.lease("SET", self.keys.alive(self.replica_id), self.boot, "PX", ttl_ms)
+        yield self.link.lease("HSET", self.keys.replicas, self.replica_id, self.boot)
+        replicas = _pairs((yield self.link.lease("HGETALL", self.keys.replicas)))
         for replica in replicas:
             if replica == self.replica_id:
                 continue
-            alive = yield self.link.call("EXISTS", self.keys.alive(replica))
+            alive = yield self.link.lease("EXISTS", self.keys.alive(replica))
             if str(alive) == "0":
                 yield self._reap(
                     replica, "", f"the Control Plane replica {replica} holding this edge stopped answering"
                 )
-                removed = yield self.link.call("HDEL", self.keys.replicas, replica)
+                removed = yield self.link.lease("HDEL", self.keys.replicas, replica)
                 if str(removed) == "1":
                     # Only the replica that removed it ends what it left open.
                     self._end_orphaned_operations(replica)
@@ -302,7 +320,7 @@ class ClusterReplica(Service):
 
     @inlineCallbacks
     def _reap(self, replica: str, keep: str, message: str) -> Any:
-        count = yield self.link.run(scripts.REAP, *self._common(), replica, keep, self._clock.seconds(), message)
+        count = yield self.link.run_lease(scripts.REAP, *self._common(), replica, keep, self._clock.seconds(), message)
         count = int(count or 0)
         if count:
             self.reaped_edges += count
@@ -317,8 +335,8 @@ class ClusterReplica(Service):
     def _join(self) -> Any:
         """Register, let go of what an earlier run of this replica held, load the fleet, start reading."""
         ttl_ms = int(self.config.lease_ttl_seconds * 1000)
-        yield self.link.call("SET", self.keys.alive(self.replica_id), self.boot, "PX", ttl_ms)
-        yield self.link.call("HSET", self.keys.replicas, self.replica_id, self.boot)
+        yield self.link.lease("SET", self.keys.alive(self.replica_id), self.boot, "PX", ttl_ms)
+        yield self.link.lease("HSET", self.keys.replicas, self.replica_id, self.boot)
         yield self._reap(self.replica_id, self.fence_prefix, "the Control Plane replica holding this edge restarted")
         self._fleet_cursor = yield self._last_id(self.keys.fleet)
         self._inbox_cursor = yield self._last_id(self.keys.inbox(self.replica_id))
@@ -433,8 +451,8 @@ class ClusterReplica(Service):
     def _reconcile(self) -> Any:
         """Our connections are reasserted, edges we let go meanwhile released."""
         ttl_ms = int(self.config.lease_ttl_seconds * 1000)
-        yield self.link.call("SET", self.keys.alive(self.replica_id), self.boot, "PX", ttl_ms)
-        yield self.link.call("HSET", self.keys.replicas, self.replica_id, self.boot)
+        yield self.link.lease("SET", self.keys.alive(self.replica_id), self.boot, "PX", ttl_ms)
+        yield self.link.lease("HSET", self.keys.replicas, self.replica_id, self.boot)
         stored = yield self.link.call("GET", self.keys.fleet_seq)
         if int(stored or 0) < _id_number(self._fleet_cursor):
             self._log.error(
@@ -446,21 +464,32 @@ class ClusterReplica(Service):
             self._fleet_cursor = "0-0"
         now = self._clock.seconds()
         superseded = 0
-        for edge_id, (token, fence) in list(self.local.items()):
-            record = self._registry.find(edge_id)
-            if record is None or record.token != token:
-                continue
-            answer = yield self.link.run(
-                scripts.REASSERT,
-                *self._common(),
-                edge_id,
-                fence,
-                self.replica_id,
-                codec.hello_json(record.hello),
-                now,
-                self._event_json(edge_id, "edge.connected", now, f"edge {edge_id} connected", {"reconciled": "true"}),
-            )
+        held = [
+            (edge_id, token, fence, record)
+            for edge_id, (token, fence) in list(self.local.items())
+            if (record := self._registry.find(edge_id)) is not None and record.token == token
+        ]
+        answers = yield _gather(
+            [
+                self.link.run(
+                    scripts.REASSERT,
+                    *self._common(),
+                    edge_id,
+                    fence,
+                    self.replica_id,
+                    codec.hello_json(record.hello),
+                    now,
+                    self._event_json(
+                        edge_id, "edge.connected", now, f"edge {edge_id} connected", {"reconciled": "true"}
+                    ),
+                )
+                for edge_id, _, fence, record in held
+            ]
+        )
+        for (edge_id, token, fence, record), answer in zip(held, answers, strict=True):
             self._pending_claims.discard(fence)
+            if self.local.get(edge_id) != (token, fence) or record.token != token:
+                continue  # closed or superseded meanwhile
             if str(answer) == "0":
                 superseded += 1
                 self.local.pop(edge_id, None)
@@ -514,12 +543,13 @@ class ClusterReplica(Service):
         d.addErrback(self._lost, what)
 
     def _lost(self, failure: Failure, what: str) -> None:
-        """A write that did not reach Redis: counted, logged (rate-limited), reconciled later."""
+        """A write that did not reach Redis: counted, logged (rate-limited), reconciled later.
+
+        A connection that dropped makes the link down (the heartbeat then
+        says not ready and reconciles when it is back); an error reply
+        (a script refusing what it was given) is counted and logged only.
+        """
         self.writes_lost += 1
-        if self.available and not failure.check(ClusterUnavailable):
-            # A failing command (timeout, error reply): treat the store as
-            # away until the next heartbeat reconciles.
-            self.available = False
         now = self._clock.seconds()
         if self._lost_logged_at is not None and now - self._lost_logged_at < LOST_WRITE_LOG_INTERVAL_SECONDS:
             self._lost_unlogged += 1

@@ -80,13 +80,25 @@ def test_environment_overrides_url_and_replica_id() -> None:
     "text, environ, expected",
     [
         ("cluster: {backend: etcd}", {}, "cluster.backend: must be one of memory, redis, not 'etcd'"),
-        ("cluster: {redis_url: 'http://r:6379/0'}", {}, "cluster.redis_url: must be a redis://host:port/db URL"),
+        (
+            "cluster: {redis_url: 'http://r:6379/0'}",
+            {},
+            "cluster.redis_url: must be a redis://[user:password@]host:port/db URL",
+        ),
         ("cluster: {redis_url: 'redis://r:99999/0'}", {}, "cluster.redis_url: has a port that is not a number"),
         ("cluster: {redis_url: 'redis://r:6379/zero'}", {}, "cluster.redis_url: database must be a number"),
         ("cluster: {redis_url: 'redis://'}", {}, "cluster.redis_url: names no host"),
-        ("cluster: {}", {"IOP_REDIS_URL": "r:6379"}, "IOP_REDIS_URL: must be a redis://host:port/db URL"),
+        (
+            "cluster: {}",
+            {"IOP_REDIS_URL": "r:6379"},
+            "environment variable IOP_REDIS_URL (overrides cluster.redis_url): must be a redis://",
+        ),
         ("cluster: {replica_id: 'cp 1'}", {}, "cluster.replica_id: replica_id 'cp 1' is malformed"),
-        ("cluster: {}", {"IOP_REPLICA_ID": "-cp"}, "IOP_REPLICA_ID: replica_id '-cp' is malformed"),
+        (
+            "cluster: {}",
+            {"IOP_REPLICA_ID": "-cp"},
+            "environment variable IOP_REPLICA_ID (overrides cluster.replica_id): replica_id '-cp' is malformed",
+        ),
         (
             "cluster: {lease_ttl_seconds: 3, heartbeat_seconds: 2}",
             {},
@@ -132,3 +144,14 @@ def test_sample_cluster_config_parses() -> None:
     from_file = load_config(str(SAMPLE), {}).cluster
     assert from_file.redis == RedisAddress("10.0.0.10", 6379, 0, None, None)
     assert from_file.lease_ttl_seconds >= 2 * from_file.heartbeat_seconds
+
+
+def test_a_bad_redis_url_never_shows_its_password() -> None:
+    """A URL with a password that is not accepted is refused without echoing it,
+    and the parsed address does not show the password in its repr or text."""
+    with pytest.raises(ConfigError) as raised:
+        config_from_text("cluster: {redis_url: 'rediss://user:s3cret@r:6379/0'}")
+    assert "s3cret" not in str(raised.value)
+    config = config_from_text("cluster: {backend: redis, redis_url: 'redis://user:s3cret@r:6379/0'}")
+    assert config.cluster.redis.password == "s3cret"
+    assert "s3cret" not in repr(config) and "s3cret" not in str(config.cluster.redis)

@@ -301,3 +301,22 @@ async def test_commands_left_open_by_a_dead_replica_end_failed(redis_server: Red
     finally:
         await a.stop()
         await b.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_replica_that_stops_cleanly_leaves_nothing_connected(redis_server: RedisServer) -> None:
+    """A replica stopped the normal way releases its edges and unregisters:
+    the others show its edge disconnected and it is gone from the replicas."""
+    a = await start_replica(redis_server.url, "a")
+    b = await start_replica(redis_server.url, "b")
+    try:
+        await connect_edge(a.edge_wire_port, "edge-1")
+        await eventually(lambda: _connected_in(b, "edge-1"), timeout=5, message="B shows edge-1")
+        await a.stop()
+        await eventually(lambda: not _connected_in(b, "edge-1"), timeout=5, message="released on B")
+        assert redis_server.command("HEXISTS", "iop:replicas", "a").startswith(b":0")
+        assert redis_server.command("EXISTS", "iop:inbox:a").startswith(b":0")
+        assert redis_server.command("HGET", "iop:edge:edge-1", "connected") == b"$1\r\n0\r\n"
+    finally:
+        await a.stop()
+        await b.stop()

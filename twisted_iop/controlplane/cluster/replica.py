@@ -76,6 +76,8 @@ LOST_WRITE_LOG_INTERVAL_SECONDS = 10.0
 #: only seeds a replica that starts, so a fleet round does not cost one
 #: Redis write per edge.
 SNAPSHOT_WRITE_INTERVAL_SECONDS = 10.0
+#: Why an edge is disconnected when its replica stopped without releasing it.
+LEFT_MESSAGE = "the Control Plane replica holding this edge stopped"
 #: Why an operation ended when the replica that sent it died first.
 ORPHANED_REASON = "the Control Plane replica {replica} that sent this command stopped before its answer"
 #: How long a replayed idempotency key waits for its operation to appear.
@@ -213,12 +215,23 @@ class ClusterReplica(Service):
         return stopped
 
     def _leave(self) -> Deferred[Any]:
-        """A clean stop: our edges are released by the edge wire's own closes;
-        the lease goes now, so no one waits for it to expire."""
-        d = self.link.lease("DEL", self.keys.alive(self.replica_id))
-        d.addCallback(lambda _: self.link.lease("HDEL", self.keys.replicas, self.replica_id))
+        """A clean stop: our edges were released by the edge wire's own
+        closes; whatever is still ours (a release that did not get through)
+        is reaped after them on the same ordered connection; then the lease,
+        the registration and the inbox go, so no one waits for the lease
+        to expire."""
+        d = self.link.run(scripts.REAP, *self._common(), self.replica_id, "", self._clock.seconds(), LEFT_MESSAGE)
+        for command in (
+            ("DEL", self.keys.alive(self.replica_id)),
+            ("HDEL", self.keys.replicas, self.replica_id),
+            ("DEL", self.keys.inbox(self.replica_id)),
+        ):
+            d.addBoth(self._lease_command, command)
         d.addErrback(lambda _: None)
         return d
+
+    def _lease_command(self, _: Any, command: tuple[str, ...]) -> Deferred[Any]:
+        return self.link.lease(*command)
 
     @property
     def accepting(self) -> bool:
@@ -293,8 +306,10 @@ class ClusterReplica(Service):
                 )
                 removed = yield self.link.lease("HDEL", self.keys.replicas, replica)
                 if str(removed) == "1":
-                    # Only the replica that removed it ends what it left open.
+                    # Only the replica that removed it ends what it left
+                    # open, and removes what it kept in Redis.
                     self._end_orphaned_operations(replica)
+                    yield self.link.lease("DEL", self.keys.inbox(replica), f"{self.keys.prefix}:owned:{replica}")
 
     def _end_orphaned_operations(self, replica: str) -> None:
         """Operations a dead replica dispatched and never saw end: ``failed``, saying why.

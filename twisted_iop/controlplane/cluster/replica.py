@@ -875,6 +875,7 @@ class ClusterReplica(Service):
             raise codec.BadRecord(f"inbox entry: {e}") from None
         if not isinstance(messages, list):
             raise codec.BadRecord("inbox entry is not a list")
+        asks: list[dict[str, Any]] = []
         for message in messages:
             if not isinstance(message, dict):
                 continue
@@ -882,9 +883,11 @@ class ClusterReplica(Service):
             if kind == "reply":
                 self.router.answered_message(message)
             elif kind == "status":
-                self._routed_status(message)
+                asks.append(message)
             elif kind == "command":
                 self._routed_command(message)
+        if asks:
+            self._routed_statuses(asks)
 
     def _local_edge(self, message: dict[str, Any]) -> Optional[str]:
         edge_id, fence = message.get("edge"), message.get("fence")
@@ -895,24 +898,31 @@ class ClusterReplica(Service):
             return None
         return edge_id
 
-    def _routed_status(self, message: dict[str, Any]) -> None:
-        edge_id = self._local_edge(message)
-        if edge_id is None:
-            self.router.answer(message, None, DISCONNECTED, "the edge's connection is no longer held by this replica")
-            return
-
-        def answered(snapshot: StatusSnapshot) -> None:
-            self.router.answer(message, snapshot.data)
-
-        def failed(failure: Failure) -> None:
-            if failure.check(EdgeTimeout):
-                self.router.answer(message, None, TIMEOUT, failure.getErrorMessage())
-            elif failure.check(EdgeDisconnected, EdgeNotConnected):
-                self.router.answer(message, None, DISCONNECTED, failure.getErrorMessage())
+    def _routed_statuses(self, messages: list[dict[str, Any]]) -> None:
+        """Status asks routed here (a whole inbox entry's, under one deadline)."""
+        asked: list[dict[str, Any]] = []
+        for message in messages:
+            if self._local_edge(message) is None:
+                self.router.answer(
+                    message, None, DISCONNECTED, "the edge's connection is no longer held by this replica"
+                )
             else:
-                self.router.answer(message, None, ERROR, failure.getErrorMessage())
+                asked.append(message)
 
-        self._gateway.status(edge_id).addCallbacks(answered, failed)
+        def answered(index: int, snapshot: Optional[StatusSnapshot], error: Optional[Exception]) -> None:
+            message = asked[index]
+            if error is None:
+                assert snapshot is not None
+                self.router.answer(message, snapshot.data)
+            elif isinstance(error, EdgeTimeout):
+                self.router.answer(message, None, TIMEOUT, str(error))
+            elif isinstance(error, (EdgeDisconnected, EdgeNotConnected)):
+                self.router.answer(message, None, DISCONNECTED, str(error))
+            else:
+                self.router.answer(message, None, ERROR, str(error))
+
+        if asked:
+            self._gateway.status_group([str(m["edge"]) for m in asked], answered)
 
     def _routed_command(self, message: dict[str, Any]) -> None:
         edge_id = self._local_edge(message)

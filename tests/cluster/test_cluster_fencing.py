@@ -344,7 +344,8 @@ class FencingMachine(RuleBasedStateMachine):
 
     @invariant()
     def replaying_the_fleet_stream_gives_the_current_owner(self) -> None:
-        """What a mirror does: connects set the owner, a disconnect of the current fence clears it."""
+        """What a mirror does: connects set the owner, a disconnect of the current fence clears it
+        (and a superseded entry names the connection that was current)."""
         mirror: dict[str, tuple[str, str, bool, int]] = {}
         for _, fields in self.fleet_store.stream("fleet"):
             change = json.loads(fields["c"])
@@ -352,6 +353,9 @@ class FencingMachine(RuleBasedStateMachine):
             if change["kind"] == "connect":
                 assert fields["o"] == change["owner"]
                 mirror[edge] = (change["fence"], change["owner"], True, change["epoch"])
+            elif change["kind"] == "superseded":
+                # A claim supersedes exactly the connection that was current.
+                assert edge in mirror and mirror[edge][0] == change["fence"] and mirror[edge][2]
             elif change["kind"] == "disconnect" and edge in mirror and mirror[edge][0] == change["fence"]:
                 mirror[edge] = mirror[edge][:2] + (False, mirror[edge][3])
         expected = {

@@ -14,7 +14,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 #: How long a starting redis-server may take to answer PING.
 START_SECONDS = 10.0
@@ -120,3 +120,76 @@ class RedisServer:
             self.process.kill()
             self.process.wait(5)
         self.process = None
+
+
+class RedisReplyError(Exception):
+    """An error reply (``-ERR ...``, ``-NOSCRIPT ...``) from the server."""
+
+
+#: The largest bulk string or array the synchronous client accepts.
+MAX_REPLY_ITEMS = 1 << 24
+
+
+class SyncRedis:
+    """A blocking RESP2 client on one socket to a :class:`RedisServer`.
+
+    For tests that run the cluster's Lua scripts step by step without the
+    reactor. Replies come back as Python values: integers as ``int``, simple
+    and bulk strings as ``str``, nil as ``None``, arrays as ``list``; an
+    error reply raises :class:`RedisReplyError`.
+    """
+
+    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 5.0) -> None:
+        self._socket = socket.create_connection((host, port), timeout=timeout)
+        self._reader = self._socket.makefile("rb")
+
+    def call(self, *args: object) -> Any:
+        """Send one command (each argument as ``str``) and return its reply."""
+        parts = [str(a).encode() for a in args]
+        request = b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
+        self._socket.sendall(request)
+        return self._reply()
+
+    def eval(self, source: str, *args: object) -> Any:
+        """``EVAL`` a Lua script with no keys and ``args`` as ARGV; return its reply."""
+        return self.call("EVAL", source, 0, *args)
+
+    def close(self) -> None:
+        """Close the socket."""
+        self._reader.close()
+        self._socket.close()
+
+    def __enter__(self) -> SyncRedis:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _line(self) -> bytes:
+        line = self._reader.readline(65536)
+        if not line.endswith(b"\r\n"):
+            raise ConnectionError("redis-server closed the connection or sent an overlong line")
+        return line[:-2]
+
+    def _reply(self) -> Any:
+        line = self._line()
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            return rest.decode()
+        if kind == b"-":
+            raise RedisReplyError(rest.decode(errors="replace"))
+        if kind == b":":
+            return int(rest)
+        if kind in (b"$", b"*"):
+            size = int(rest)
+            if size < 0:
+                return None
+            if size > MAX_REPLY_ITEMS:
+                raise ConnectionError(f"reply of {size} items or bytes is over the client's bound")
+            if kind == b"*":
+                return [self._reply() for _ in range(size)]
+            data = self._reader.read(size + 2)
+            if len(data) != size + 2 or not data.endswith(b"\r\n"):
+                raise ConnectionError("redis-server closed the connection inside a bulk string")
+            return data[:-2].decode()
+        raise ConnectionError(f"unknown RESP reply type {kind!r}")

@@ -20,7 +20,7 @@ from twisted.internet.defer import Deferred, ensureDeferred, gatherResults
 
 from twisted_iop.client.wire import ClientWireClient
 from twisted_iop.testing.cluster import cluster_config
-from twisted_iop.testing.configs import CONTROL_PLANE_LOOPBACK_ENV
+from twisted_iop.testing.configs import CONTROL_PLANE_LOOPBACK_ENV, edge_yaml, node_yaml, write_yaml
 from twisted_iop.testing.harness import Daemon, eventually, start_daemon, wait_for_ports
 from twisted_iop.testing.http import get_json, post_json
 from twisted_iop.testing.peers import ScriptedEdge, connect_edge
@@ -373,3 +373,42 @@ async def test_a_fleet_cursor_read_on_one_replica_resumes_on_another(redis_serve
 
 async def _equals(got: Any, expected: Any) -> bool:
     return bool(await got == expected)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_real_edge_on_one_replica_is_driven_through_another(redis_server: RedisServer, tmp_path: Path) -> None:
+    """A real ``iop-edge`` daemon with a real Node, enrolled on B: A shows its
+    live status (the node connected) and drains the node through B.
+
+    (The Edge dials one Control Plane address; it has no list of replicas
+    to fail over between, so this test does not kill B.)
+    """
+    async with replicas(redis_server, tmp_path, ("a", "b")) as cluster:
+        a, b = cluster
+        edge_config = write_yaml(tmp_path / "edge.yaml", edge_yaml(f"127.0.0.1:{b.edge_wire_port}"))
+        edge = start_daemon(["iop-edge", "--config", edge_config], tmp_path, name="edge")
+        node = None
+        try:
+            edge_ports = await wait_for_ports(edge, {"node_server"})
+            node_config = write_yaml(tmp_path / "node-1.yaml", node_yaml("node-1", edge_ports["node_server"]))
+            node = start_daemon(["iop-node", "--config", node_config], tmp_path, name="node-1")
+            await all_show(cluster, {"edge-a": True}, "the real edge connected")
+
+            async def node_connected() -> bool:
+                code, status = await a.get_json("/edges/edge-a/status")
+                nodes = {n["node_id"]: n["connected"] for n in status["nodes"]} if code == 200 else {}
+                return nodes == {"node-1": True, "node-2": False}
+
+            await eventually(node_connected, timeout=CONVERGE_SECONDS, message="node-1 connected, seen through A")
+
+            code, operation = await a.post_json(
+                "/edges/edge-a/commands", {"name": "node.drain", "target": "node-1", "timeout_seconds": 5}
+            )
+            assert code == 200 and operation["state"] == "succeeded", operation
+            code, status = await a.get_json("/edges/edge-a/status")
+            assert code == 200 and {n["node_id"]: n["drained"] for n in status["nodes"]}["node-1"] is True
+        finally:
+            if node is not None:
+                node.stop()
+            edge.stop()
+        assert "Server Shut Down." in edge.log()

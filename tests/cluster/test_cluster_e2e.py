@@ -34,7 +34,7 @@ pytestmark = pytest.mark.e2e
 LEASE_TTL_SECONDS = 1.0
 HEARTBEAT_SECONDS = 0.25
 #: Bound of every wait for the cluster to converge (never reached when it works).
-CONVERGE_SECONDS = 10.0
+CONVERGE_SECONDS = 15.0
 #: How long a stopping replica may take before it is killed.
 STOP_SECONDS = 15.0
 

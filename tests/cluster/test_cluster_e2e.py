@@ -29,11 +29,9 @@ from twisted_iop.wire import control_pb2 as pb
 
 pytestmark = pytest.mark.e2e
 
-#: The test configs' lease (cluster_config): a killed replica's edges are
-#: reaped within about this plus a heartbeat; the waits allow generously more.
-LEASE_TTL_SECONDS = 1.0
-HEARTBEAT_SECONDS = 0.25
-#: Bound of every wait for the cluster to converge (never reached when it works).
+#: Bound of every wait for the cluster to converge (never reached when it
+#: works). The replicas' configs (cluster_config) have a 1 s lease and a
+#: 0.25 s heartbeat, so a killed replica's edges are let go in about 1.25 s.
 CONVERGE_SECONDS = 15.0
 #: How long a stopping replica may take before it is killed.
 STOP_SECONDS = 15.0
@@ -276,7 +274,8 @@ async def test_a_killed_replica_lets_go_of_its_edges(redis_server: RedisServer, 
         c.daemon.kill()
         await held.lost
         await other.lost
-        await all_show(a_and_b := [a, b], {"edge-s": True, "edge-h": False, "edge-o": False}, "C's edges reaped")
+        a_and_b = [a, b]
+        await all_show(a_and_b, {"edge-s": True, "edge-h": False, "edge-o": False}, "C's edges reaped")
 
         code, answer = await command
         assert code == 503, answer

@@ -294,7 +294,8 @@ async def test_a_killed_replica_lets_go_of_its_edges(redis_server: RedisServer, 
 @pytest_twisted.ensureDeferred
 async def test_redis_away_and_back(redis_server: RedisServer, tmp_path: Path) -> None:
     """While Redis is stopped every replica is not ready (503, cluster
-    unavailable) and refuses shared views with 503 cluster_unavailable;
+    unavailable), refuses shared views with 503 cluster_unavailable and
+    sends new edges to retry later, while its own edges stay connected;
     once Redis is back they are ready again and agree on the fleet."""
     async with replicas(redis_server, tmp_path) as cluster:
         a, b, c = cluster
@@ -313,6 +314,11 @@ async def test_redis_away_and_back(redis_server: RedisServer, tmp_path: Path) ->
             assert code == 503 and body["error"]["code"] == "cluster_unavailable", body
             code, body = await replica.get_json("/fleet/events")
             assert code == 503 and body["error"]["code"] == "cluster_unavailable", body
+        # A new edge is sent to try again later (it could not be claimed).
+        refused, hello = await connect_edge(a.edge_wire_port, "edge-4")
+        assert hello is not None and not hello.accepted, hello
+        assert hello.reason_code == "retry_later" and not hello.permanent and hello.retry_after_ms > 0, hello
+        await refused.lost
 
         redis_server.start()
         await on_every(cluster, _ready, "ready again")

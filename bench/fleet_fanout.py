@@ -228,6 +228,7 @@ class ControlPlaneProcess:
         instrument: Optional[Path] = None,
         cprofile: bool = False,
         gc_mode: str = "",
+        config_text: str = "status:\n  fleet_max_age_seconds: 0\n",
     ) -> None:
         self.log_path = workdir / "control-plane.log"
         #: Output prefix of bench/cp_instrumented.py (None: plain twistd).
@@ -244,7 +245,7 @@ class ControlPlaneProcess:
         # Max age 0: every fleet round of the benchmark asks every edge
         # again instead of reusing the previous round's rows.
         config_path = workdir / "control-plane.yaml"
-        config_path.write_text("status:\n  fleet_max_age_seconds: 0\n")
+        config_path.write_text(config_text)
         twistd_args = ["-n", "--pidfile=", "iop-control-plane", "--config", str(config_path)]
         if instrument is not None:
             command = [sys.executable, str(BENCH_DIR / "cp_instrumented.py"), str(instrument), *twistd_args]

@@ -19,6 +19,7 @@ from twisted_iop.controlplane.gateway import (
     LATE_ANSWERS_PER_CONNECTION,
     SHUTTING_DOWN_REASON,
     EdgeGateway,
+    EdgeTimeout,
     FleetRound,
     IdempotencyConflict,
     ShuttingDown,
@@ -513,3 +514,21 @@ def test_shut_down_gives_every_waiting_caller_its_answer() -> None:
     assert [f.check(ShuttingDown) for f in refused] == [ShuttingDown, ShuttingDown]
     clock.advance(120)
     assert operation.state == records.FAILED
+
+
+def test_a_status_group_answers_each_edge_once_under_one_deadline() -> None:
+    """A group ask: an answer, a silent edge ended at the one deadline, and an
+    unknown edge, each answered exactly once; no deadline of its own per ask."""
+    gateway, clock, peers = fleet(2)
+    answers: list[tuple[int, Optional[StatusSnapshot], Optional[Exception]]] = []
+    gateway.status_group(["e00000", "e00001", "nobody"], lambda i, s, e: answers.append((i, s, e)))
+    assert [a[0] for a in answers] == [2] and isinstance(answers[0][2], EdgeNotConnected)
+    assert peers[0].deadlines == [False] and peers[1].deadlines == [False]
+    peers[0].requests[0].callback(pb.EdgeStatusResponse(edge_id="e00000"))
+    assert answers[1][0] == 0 and answers[1][1] is not None and answers[1][2] is None
+    clock.advance(gateway.status_timeout_seconds)
+    assert [a[0] for a in answers] == [2, 0, 1]
+    assert isinstance(answers[2][2], EdgeTimeout)
+    assert peers[1].cancelled == 1
+    clock.advance(60)
+    assert len(answers) == 3

@@ -6,9 +6,10 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
-from twisted_iop.configuration import ConfigError
+from twisted_iop.configuration import ConfigError, EnvironmentConfigError
 from twisted_iop.credentials import token_digest
 from twisted_iop.edge.config import load_edge_config, parse_edge_config
 from twisted_iop.edge.config import unauthenticated_exposures as edge_unauthenticated_exposures
@@ -61,6 +62,104 @@ def test_environment_overrides_addresses() -> None:
     )
     assert config.control_plane.address == "tcp:host=10.0.0.1:port=9000"
     assert config.node_server.listen == "tcp:9001:interface=127.0.0.1"
+
+
+def _addresses(value: Any) -> dict[str, Any]:
+    """:func:`edge_mapping` with ``control_plane.addresses: value`` instead of ``address``."""
+    data = edge_mapping()
+    del data["control_plane"]["address"]
+    data["control_plane"]["addresses"] = value
+    return data
+
+
+def test_addresses_list_is_read_in_order() -> None:
+    """control_plane.addresses takes host:port and endpoint strings, normalized, in the configured order."""
+    config = parse_edge_config(_addresses(["10.0.0.2:7443", "tcp:host=10.0.0.1:port=7443", "cp-3.example:7443"]))
+    assert config.control_plane.addresses == (
+        "tcp:host=10.0.0.2:port=7443",
+        "tcp:host=10.0.0.1:port=7443",
+        "tcp:host=cp-3.example:port=7443",
+    )
+    assert config.control_plane.address == "tcp:host=10.0.0.2:port=7443"
+
+
+def test_single_address_is_a_list_of_one() -> None:
+    """The old control_plane.address still works, and so does leaving it out (the default)."""
+    assert parse_edge_config(edge_mapping(address="10.0.0.5:9000")).control_plane.addresses == (
+        "tcp:host=10.0.0.5:port=9000",
+    )
+    data = edge_mapping()
+    del data["control_plane"]["address"]
+    assert parse_edge_config(data).control_plane.addresses == ("tcp:host=127.0.0.1:port=7443",)
+
+
+def test_environment_may_list_several_addresses() -> None:
+    """IOP_CONTROL_PLANE_EDGE_WIRE holds one address or a comma-separated list; it wins over the file."""
+    config = parse_edge_config(
+        _addresses(["10.0.0.9:1"]), {"IOP_CONTROL_PLANE_EDGE_WIRE": "10.0.0.1:9000, tcp:host=10.0.0.2:port=9000"}
+    )
+    assert config.control_plane.addresses == ("tcp:host=10.0.0.1:port=9000", "tcp:host=10.0.0.2:port=9000")
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (
+            "10.0.0.1:1,",
+            r"^environment variable IOP_CONTROL_PLANE_EDGE_WIRE \(overrides control_plane.address\): "
+            r"entry 2: empty address$",
+        ),
+        ("10.0.0.1:1,nowhere", r"^environment variable IOP_CONTROL_PLANE_EDGE_WIRE .*: entry 2: cannot understand"),
+        ("10.0.0.1:1,10.0.0.1:1", r"entry 2: '10.0.0.1:1' is listed twice \(also .*entry 1\)$"),
+    ],
+)
+def test_bad_environment_list_names_the_variable_and_entry(value: str, message: str) -> None:
+    """A bad entry of the environment's list is one line naming the variable and the entry."""
+    with pytest.raises(EnvironmentConfigError, match=message):
+        parse_edge_config(edge_mapping(), {"IOP_CONTROL_PLANE_EDGE_WIRE": value})
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ([], r"^control_plane.addresses: list at least one address$"),
+        ("10.0.0.1:7443", r"^control_plane.addresses: must be a list of addresses"),
+        ({"a": "10.0.0.1:7443"}, r"^control_plane.addresses: must be a list of addresses"),
+        (None, r"^control_plane.addresses: must be a list of addresses"),
+        (["10.0.0.1:1", "10.0.0.2:1", 7443], r"^control_plane.addresses\[2\]: must be an address string, not 7443$"),
+        (
+            ["10.0.0.1:1", "10.0.0.2:1", "nowhere"],
+            r"^control_plane.addresses\[2\]: cannot understand address 'nowhere'",
+        ),
+        (["10.0.0.1:1", " "], r"^control_plane.addresses\[1\]: empty address$"),
+        (["10.0.0.1:http"], r"^control_plane.addresses\[0\]: "),
+        (
+            ["10.0.0.1:1", "10.0.0.2:1", "tcp:host=10.0.0.1:port=1"],
+            r"^control_plane.addresses\[2\]: 'tcp:host=10.0.0.1:port=1' is listed twice "
+            r"\(also control_plane.addresses\[0\]\)$",
+        ),
+        ([f"10.0.0.1:{port}" for port in range(1, 66)], r"^control_plane.addresses: at most 64 addresses, not 65$"),
+    ],
+)
+def test_bad_addresses_give_one_line_naming_the_field(value: Any, message: str) -> None:
+    """Each bad form of control_plane.addresses is one error line naming the dotted field (and entry)."""
+    with pytest.raises(ConfigError, match=message) as caught:
+        parse_edge_config(_addresses(value))
+    assert "\n" not in str(caught.value)
+
+
+def test_address_and_addresses_together_is_an_error() -> None:
+    """Giving both forms is a config error naming the field, not a silent choice."""
+    data = edge_mapping(addresses=["10.0.0.2:7443"])
+    with pytest.raises(ConfigError, match=r"^control_plane.addresses: give either address or addresses, not both"):
+        parse_edge_config(data)
+
+
+def test_config_addresses_must_start_with_address() -> None:
+    """The frozen config keeps address and addresses consistent: address is the first of the list."""
+    config = parse_edge_config(_addresses(["10.0.0.2:7443", "10.0.0.3:7443"]))
+    with pytest.raises(ValueError, match="addresses must start with address"):
+        attrs.evolve(config.control_plane, address="tcp:host=10.0.0.3:port=7443")
 
 
 def _with(path: list[Any], value: Any) -> dict[str, Any]:

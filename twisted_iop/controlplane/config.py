@@ -10,6 +10,7 @@ import attrs
 
 from twisted_iop.configuration import (
     ConfigError,
+    EnvironmentConfigError,
     Section,
     ShutdownConfig,
     parse_checked_credentials,
@@ -293,17 +294,25 @@ def parse_cluster(section: Section, environ: Mapping[str, str]) -> ClusterConfig
         raise ConfigError(
             f"{section.field_path('backend')}: must be one of {', '.join(BACKENDS)}, not {backend[:40]!r}"
         )
-    url = environ.get(ENV_REDIS_URL) or section.string("redis_url", "redis://127.0.0.1:6379/0")
+    env_url = environ.get(ENV_REDIS_URL)
+    url = env_url or section.string("redis_url", "redis://127.0.0.1:6379/0")
     try:
         address = parse_redis_url(url)
     except ValueError as e:
-        where = ENV_REDIS_URL if environ.get(ENV_REDIS_URL) else section.field_path("redis_url")
-        raise ConfigError(f"{where}: {e}") from None
-    replica_id = environ.get(ENV_REPLICA_ID) or section.string("replica_id", "") or default_replica_id()
+        if env_url:
+            raise EnvironmentConfigError(
+                f"environment variable {ENV_REDIS_URL} (overrides {section.field_path('redis_url')}): {e}"
+            ) from None
+        raise ConfigError(f"{section.field_path('redis_url')}: {e}") from None
+    env_replica = environ.get(ENV_REPLICA_ID)
+    replica_id = env_replica or section.string("replica_id", "") or default_replica_id()
     problem = id_problem("replica_id", replica_id)
     if problem is not None:
-        where = ENV_REPLICA_ID if environ.get(ENV_REPLICA_ID) else section.field_path("replica_id")
-        raise ConfigError(f"{where}: {problem}")
+        if env_replica:
+            raise EnvironmentConfigError(
+                f"environment variable {ENV_REPLICA_ID} (overrides {section.field_path('replica_id')}): {problem}"
+            )
+        raise ConfigError(f"{section.field_path('replica_id')}: {problem}")
     prefix = section.string("key_prefix", "iop")
     if not prefix or len(prefix) > 64 or any(c.isspace() for c in prefix):
         raise ConfigError(f"{section.field_path('key_prefix')}: must be 1 to 64 characters without spaces")

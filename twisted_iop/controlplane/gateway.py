@@ -400,6 +400,12 @@ class EdgeGateway:
         """Another replica changed an operation (cluster mode): callers here
         waiting for it (a replayed idempotency key) get its end."""
         if operation.finished:
+            command = self._commands.get(operation.operation_id)
+            if command is not None:
+                # Ours, ended by the replica that reaped us while we were
+                # cut off: stop listening for it.
+                self._forget(command)
+                self._abandon(command)
             for d in self._waiters.pop(operation.operation_id, []):
                 d.callback(operation)
 
@@ -438,6 +444,49 @@ class EdgeGateway:
         """Status requests on the wire and commands not yet ended (for /metrics)."""
         late = sum(len(ids) for ids in self._late_by_token.values())
         return {"status": len(self._asks), "command": len(self._commands) - late}
+
+    def status_group(
+        self,
+        edge_ids: list[str],
+        answered: Callable[[int, Optional[StatusSnapshot], Optional[Exception]], None],
+    ) -> None:
+        """Ask several edges at once, under one deadline for them all.
+
+        ``answered(index, snapshot, error)`` is called exactly once per
+        edge id (by its index). This is a fleet round's way of asking,
+        for callers that are not a round (cluster mode: the asks another
+        replica routed here for its round): no Deferred and no timer per
+        edge, and the single-status latency histogram is left alone.
+        """
+        pending: dict[int, str] = {}
+
+        def one_answered(index: int, snapshot: Optional[StatusSnapshot], error: Optional[Exception]) -> None:
+            if pending.pop(index, None) is None:
+                return
+            answered(index, snapshot, error)
+            if not pending and timer.active():
+                timer.cancel()
+
+        def deadline() -> None:
+            for index, edge_id in list(pending.items()):
+                ask = self._asks.get(edge_id)
+                if ask is not None:
+                    ask.cancel()  # ends its waiters (this one too) with a timeout
+                if index in pending:
+                    one_answered(index, None, EdgeTimeout(edge_id, self.status_timeout_seconds))
+
+        timer = self._clock.callLater(self.status_timeout_seconds, deadline)
+        for index, edge_id in enumerate(edge_ids):
+            record = self._registry.find(edge_id)
+            if self.stopping:
+                answered(index, None, ShuttingDown())
+            elif record is None or record.token is None or record.peer is None:
+                answered(index, None, EdgeNotConnected(edge_id))
+            else:
+                pending[index] = edge_id
+                self._join(record, False, (one_answered, index))
+        if not pending and timer.active():
+            timer.cancel()
 
     def status_waiters(self, edge_id: str) -> int:
         """How many callers wait on the edge's status request in flight (0: none)."""

@@ -84,3 +84,24 @@ def control_plane_metrics(service: ControlPlaneService) -> Iterator[Metric]:
     yield gauge("iop_http_connections", "Open HTTP connections", site.connections)
     yield counter("iop_http_refused_connections", "HTTP connections refused at a cap", site.refused_connections)
     yield counter("iop_http_timed_out_requests", "HTTP requests cut at a deadline", site.timed_out_requests)
+    cluster = service.cluster
+    if cluster is not None:
+        yield gauge(
+            "iop_cluster_available",
+            "1 when this replica reaches the shared store with the fleet loaded",
+            cluster.available,
+        )
+        yield gauge("iop_cluster_local_edges", "Edges whose connection this replica holds", len(cluster.local))
+        yield counter("iop_cluster_writes_lost", "Writes to the shared store that failed", cluster.writes_lost)
+        yield counter(
+            "iop_cluster_records_rejected",
+            "Malformed records read from the shared store and skipped",
+            cluster.entries_rejected,
+        )
+        yield counter(
+            "iop_cluster_reaped_edges", "Edges of dead replicas this replica disconnected", cluster.reaped_edges
+        )
+        router = cluster.router
+        yield counter("iop_cluster_routed_requests", "Status asks and commands routed to other replicas", router.sent)
+        yield counter("iop_cluster_routed_answers", "Answers received to routed requests", router.answered)
+        yield gauge("iop_cluster_routed_waiting", "Routed requests waiting for their answer", router.waiting)

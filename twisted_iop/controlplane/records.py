@@ -207,6 +207,9 @@ class OperationRecord:
     late_outcome: Optional[LateOutcome] = None
     #: The name of the API token that sent the command ("" when access is open).
     requested_by: str = ""
+    #: Cluster mode: the replica that dispatched it (the only one that sets
+    #: its state, unless that replica dies; "" in memory mode).
+    replica: str = ""
 
     @property
     def finished(self) -> bool:
@@ -249,6 +252,7 @@ class OperationRecord:
             + _getsizeof(self.target)
             + _getsizeof(self.idempotency_key)
             + _getsizeof(self.requested_by)
+            + _getsizeof(self.replica)
             + _getsizeof(self.state)
             + _getsizeof(self.reason)
             + map_size(self.arguments)

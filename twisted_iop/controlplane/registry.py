@@ -227,6 +227,7 @@ MAX_OPERATION_RECORD_BYTES = (
     + text_bytes(64)
     + 3 * text_bytes(MAX_TEXT)
     + text_bytes(16)
+    + text_bytes(64)
     + text_bytes(bounds.MAX_REASON)
     + _map_bytes(MAX_COMMAND_ARGUMENTS, MAX_TEXT, bounds.MAX_ARGUMENT_VALUE)
     + _RESULT_BYTES

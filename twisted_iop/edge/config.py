@@ -7,19 +7,20 @@ else in the Edge reads YAML or passes raw mappings around.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
 import attrs
 
 from twisted_iop.configuration import (
     ConfigError,
+    EnvironmentConfigError,
     Section,
     ShutdownConfig,
+    check_connect_endpoint,
     load_config,
     parse_backoff,
     parse_checked_credentials,
-    parse_connect_setting,
     parse_dialer_secret,
     parse_failed_hellos,
     parse_keepalive,
@@ -46,8 +47,11 @@ DEFAULT_CONTROL_PLANE_ADDRESS = "127.0.0.1:7443"
 #: Where Nodes dial this Edge unless configured otherwise.
 DEFAULT_NODE_LISTEN = "tcp:7444:interface=127.0.0.1"
 
-#: Environment variable overriding ``control_plane.address``.
+#: Environment variable overriding ``control_plane.address``/``addresses``
+#: (one address, or several separated by commas).
 ENV_CONTROL_PLANE_EDGE_WIRE = "IOP_CONTROL_PLANE_EDGE_WIRE"
+#: At most this many Control Plane addresses (replicas) in ``control_plane.addresses``.
+MAX_CONTROL_PLANE_ADDRESSES = 64
 #: Environment variable overriding ``node_server.listen``.
 ENV_NODE_LISTEN = "IOP_EDGE_NODE_LISTEN"
 #: Where the Edge serves ``GET /metrics`` unless configured otherwise.
@@ -65,14 +69,23 @@ class ControlPlaneLinkConfig(DialConfig):
 
     The dialling settings (address, backoff, keepalive, frame size, request
     deadline) are those of :class:`~twisted_iop.wire.settings.DialConfig`.
+    ``addresses`` lists every Control Plane replica the Edge may dial, in
+    the configured order (the dialer shuffles them); ``address`` is the
+    first of them, and alone it is a list of one.
     """
 
     edge_id: str
+    addresses: tuple[str, ...] = attrs.field(default=attrs.Factory(lambda self: (self.address,), takes_self=True))
     credential: str = attrs.field(default="", repr=False)
     labels: Mapping[str, str] = attrs.field(factory=dict)
     outbox_size: int = 1000
     #: Estimated bytes of the events the outbox may hold.
     outbox_bytes: int = 4 * 1024 * 1024
+
+    @addresses.validator
+    def _starts_with_address(self, attribute: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]) -> None:
+        if not value or value[0] != self.address:
+            raise ValueError("addresses must start with address")
 
 
 @attrs.frozen
@@ -179,6 +192,7 @@ def _control_plane(section: Section, environ: Mapping[str, str]) -> ControlPlane
     section.reject_unknown(
         {
             "address",
+            "addresses",
             "edge_id",
             "credential",
             "credential_file",
@@ -191,12 +205,11 @@ def _control_plane(section: Section, environ: Mapping[str, str]) -> ControlPlane
             "request_timeout_seconds",
         }
     )
-    address = parse_connect_setting(
-        section, "address", DEFAULT_CONTROL_PLANE_ADDRESS, environ, ENV_CONTROL_PLANE_EDGE_WIRE
-    )
+    addresses = _control_plane_addresses(section, environ)
     edge_id = section.identifier("edge_id")
     return ControlPlaneLinkConfig(
-        address=address,
+        address=addresses[0],
+        addresses=addresses,
         edge_id=edge_id,
         credential=parse_dialer_secret(section, "credential", "credential_file"),
         labels=section.string_map("labels"),
@@ -207,6 +220,53 @@ def _control_plane(section: Section, environ: Mapping[str, str]) -> ControlPlane
         max_frame_bytes=parse_max_frame_bytes(section),
         request_timeout_seconds=section.number("request_timeout_seconds", 10.0),
     )
+
+
+def _control_plane_addresses(section: Section, environ: Mapping[str, str]) -> tuple[str, ...]:
+    """``control_plane.addresses`` (or ``address``, a list of one), or the environment's list."""
+    if section.has("address") and section.has("addresses"):
+        raise ConfigError(
+            f"{section.field_path('addresses')}: give either address or addresses, not both (address is a list of one)"
+        )
+    override = environ.get(ENV_CONTROL_PLANE_EDGE_WIRE, "").strip()
+    if override:
+        # The environment wins over the file, so its errors name the variable.
+        field = section.field_path("addresses" if section.has("addresses") else "address")
+        where = f"environment variable {ENV_CONTROL_PLANE_EDGE_WIRE} (overrides {field})"
+        try:
+            return _address_list(override.split(","), where, lambda index: f"{where}: entry {index + 1}")
+        except ConfigError as e:
+            raise EnvironmentConfigError(str(e)) from None
+    if not section.has("addresses"):
+        return (section.connect("address", DEFAULT_CONTROL_PLANE_ADDRESS),)
+    raw = section.raw("addresses")
+    path = section.field_path("addresses")
+    if not isinstance(raw, list):
+        raise ConfigError(f"{path}: must be a list of addresses (host:port or endpoint strings)")
+    return _address_list(raw, path, lambda index: f"{path}[{index}]")
+
+
+def _address_list(raw: list[Any], path: str, entry: Callable[[int], str]) -> tuple[str, ...]:
+    """Check each item of ``raw`` as a dial address; errors name ``path`` or ``entry(index)``."""
+    if not raw:
+        raise ConfigError(f"{path}: list at least one address")
+    if len(raw) > MAX_CONTROL_PLANE_ADDRESSES:
+        raise ConfigError(f"{path}: at most {MAX_CONTROL_PLANE_ADDRESSES} addresses, not {len(raw)}")
+    addresses: list[str] = []
+    for index, item in enumerate(raw):
+        if isinstance(item, bool) or not isinstance(item, str):
+            shown = repr(item) if len(repr(item)) <= 60 else repr(item)[:57] + "..."
+            raise ConfigError(f"{entry(index)}: must be an address string, not {shown}")
+        if not item.strip():
+            raise ConfigError(f"{entry(index)}: empty address")
+        problem, description = check_connect_endpoint(item.strip())
+        if problem is not None:
+            raise ConfigError(f"{entry(index)}: {problem}")
+        if description in addresses:
+            first = entry(addresses.index(description))
+            raise ConfigError(f"{entry(index)}: {item.strip()!r} is listed twice (also {first})")
+        addresses.append(description)
+    return tuple(addresses)
 
 
 def _node_server(section: Section, environ: Mapping[str, str]) -> NodeServerConfig:

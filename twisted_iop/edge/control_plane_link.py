@@ -8,6 +8,12 @@ events are flushed in order and from then on events go straight out,
 status requests are answered from the status provider and commands are run
 by the command runner.
 
+With several Control Plane replicas (``control_plane.addresses``) the
+service dials them in an order shuffled once per Edge process, moving to
+the next address on every failed attempt or lost connection (see
+:class:`~twisted_iop.wire.dialer.EndpointRotation`); log lines name the
+address it connected to.
+
 Hello, the retry policy (exponential backoff with full jitter) and
 rejections (a permanent one is logged once and retried only after a
 hold-off near the maximum delay) are :mod:`twisted_iop.wire.dialer`'s,
@@ -103,7 +109,7 @@ class ControlPlaneLink(DialerLink[ControlPlaneProtocol]):
         super().connection_made(protocol)
         self._log.info(
             "connected to the control plane at {address}; enrolling as edge {edge_id}",
-            address=self.config.address,
+            address=self.address,
             edge_id=self.config.edge_id,
         )
 
@@ -112,7 +118,9 @@ class ControlPlaneLink(DialerLink[ControlPlaneProtocol]):
         self.enrolled_since = self.registry.now()
         flushed = self.registry.relay.attach(lambda event: protocol.send("edge_event", event))
         self._log.info(
-            "enrolled with the control plane as edge {edge_id} (server {server_version}, {flushed} queued events sent)",
+            "enrolled with the control plane at {address} as edge {edge_id} "
+            "(server {server_version}, {flushed} queued events sent)",
+            address=self.address,
             edge_id=self.config.edge_id,
             server_version=response.server_version or "unknown",
             flushed=flushed,
@@ -122,7 +130,10 @@ class ControlPlaneLink(DialerLink[ControlPlaneProtocol]):
         """The connection is gone: queue events until the next enrollment."""
         if protocol.enrolled:
             self.registry.relay.detach()
-            self._log.info("lost the control plane connection; queueing events until it is back")
+            self._log.info(
+                "lost the control plane connection at {address}; queueing events until enrolled again",
+                address=self.address,
+            )
 
     @property
     def enrollments(self) -> int:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import random
+from collections.abc import Callable, Mapping
 from typing import Any, Optional, cast
 
 from twisted.internet.defer import Deferred
@@ -42,7 +43,7 @@ class Options(DaemonOptions[EdgeConfig]):
             f"edge {config.control_plane.edge_id}, nodes: {len(config.nodes)}, "
             f"node_server on {config.node_server.listen}, inference on {config.inference.listen}, "
             f"metrics on {config.metrics_listen or 'nothing (disabled)'}, "
-            f"control plane at {config.control_plane.address}"
+            f"control plane at {', '.join(config.control_plane.addresses)}"
         )
 
 
@@ -55,7 +56,7 @@ class EdgeService(DaemonService):
 
     daemon_name = "iop-edge"
 
-    def __init__(self, config: EdgeConfig, reactor: Any) -> None:
+    def __init__(self, config: EdgeConfig, reactor: Any, rand: Callable[[], float] = random.random) -> None:
         super().__init__(reactor, config.shutdown.grace_seconds)
         self.config = config
         clock: Any = reactor
@@ -65,7 +66,8 @@ class EdgeService(DaemonService):
         self.commands = CommandRunner(
             self.registry, clock, probe_timeout_seconds=config.node_server.probe_timeout_seconds
         )
-        self.link = ControlPlaneLink(config.control_plane, self.registry, self.status, self.commands, clock)
+        # rand shuffles the Control Plane addresses (once) and jitters the backoff.
+        self.link = ControlPlaneLink(config.control_plane, self.registry, self.status, self.commands, clock, rand)
         self.node_factory = NodeServerFactory(
             self.registry,
             clock,
@@ -90,7 +92,10 @@ class EdgeService(DaemonService):
                 "metrics", config.metrics_listen, metrics_site(edge_registry(self), reactor), reactor
             )
         self.control_plane = self.add_dialer(
-            "control-plane", self.link.client_service(clientFromString(reactor, config.control_plane.address))
+            "control-plane",
+            self.link.client_service_for(
+                config.control_plane.addresses, lambda address: clientFromString(reactor, address)
+            ),
         )
 
     def exposures(self) -> list[str]:

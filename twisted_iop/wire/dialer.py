@@ -13,7 +13,12 @@ subscription. All of them are a :class:`DialingService`, Twisted's
   the first one included, so a fleet that lost its peer at the same moment
   does not come back in lockstep (:func:`backoff_delay`);
 * log lines that name the peer by its address (the endpoint string or the
-  URL), never by an object's repr.
+  URL), never by an object's repr;
+* one or several addresses of the same peer (replicas): an
+  :class:`EndpointRotation` shuffles them once per process and dials the
+  next one on every attempt, so a failed attempt or a lost connection moves
+  on to the next address, and processes given the same list spread over
+  it. A single address is a rotation of one.
 
 For the framed TCP wires, :class:`DialerLink` (one outbound link: its
 hello, what happens once the peer accepts it, and its retry policy) and
@@ -35,7 +40,7 @@ afterwards) implement the rest once:
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Generic, Optional, Protocol, TypeVar
 
 import attrs
@@ -62,6 +67,7 @@ from twisted_iop.wire.enums import enum_name
 from twisted_iop.wire.peer import FramedPeerProtocol, KeepaliveSweeper, WireError
 from twisted_iop.wire.settings import DialConfig
 
+T = TypeVar("T")
 LinkT = TypeVar("LinkT", bound="DialerLink[Any]")
 ProtocolT = TypeVar("ProtocolT", bound="HelloDialerProtocol[Any]")
 
@@ -92,6 +98,66 @@ def hold_off_delay(maximum: float, rand: Callable[[], float] = random.random) ->
     return maximum * (0.5 + 0.5 * rand())
 
 
+def shuffled(items: Sequence[T], rand: Callable[[], float] = random.random) -> list[T]:
+    """``items`` in a random order drawn from ``rand`` (Fisher-Yates).
+
+    ``rand`` returns floats in ``[0, 1)`` like :func:`random.random`; one
+    that always returns values near 1 keeps the order as it is.
+    """
+    out = list(items)
+    for i in range(len(out) - 1, 0, -1):
+        j = min(i, max(0, int(rand() * (i + 1))))
+        out[i], out[j] = out[j], out[i]
+    return out
+
+
+@implementer(IStreamClientEndpoint)
+class EndpointRotation:
+    """Several addresses of one peer, each ``connect()`` dialling the next one.
+
+    ``endpoints`` pairs each address (as log lines name it) with its
+    endpoint. Their order is shuffled once, here, with ``rand``, so that
+    processes given the same list start on different addresses; from then
+    on every ``connect()`` takes the next address in that order and wraps
+    around at the end. Under a ``ClientService`` that means a refused
+    connect, a failed hello and a lost connection all move on to the next
+    address, while the service's retry count (and so its backoff) keeps
+    growing across the list until a connection is made.
+
+    Its repr is the address the next ``connect()`` dials (what
+    ``ClientService`` names when it schedules a retry).
+    """
+
+    def __init__(
+        self, endpoints: Sequence[tuple[str, IStreamClientEndpoint]], rand: Callable[[], float] = random.random
+    ) -> None:
+        if not endpoints:
+            raise ValueError("an endpoint rotation needs at least one endpoint")
+        self.order: tuple[tuple[str, IStreamClientEndpoint], ...] = tuple(shuffled(endpoints, rand))
+        self._next = 0
+        #: The address of the latest ``connect()`` (before any: the first to dial).
+        self.current = self.order[0][0]
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        """The addresses in the order they are dialled."""
+        return tuple(address for address, _ in self.order)
+
+    @property
+    def upcoming(self) -> str:
+        """The address the next ``connect()`` dials."""
+        return self.order[self._next][0]
+
+    def connect(self, protocolFactory: IProtocolFactory) -> Deferred[IProtocol]:
+        address, endpoint = self.order[self._next]
+        self._next = (self._next + 1) % len(self.order)
+        self.current = address
+        return endpoint.connect(protocolFactory)
+
+    def __repr__(self) -> str:
+        return self.upcoming
+
+
 class HelloRefused(WireError):
     """The peer answered hello with ``accepted=false``."""
 
@@ -119,6 +185,10 @@ class DialingService(ClientService):
     ``retry_policy`` sees refused hellos in its attempt count.
 
     ``target`` names the peer in log lines (an endpoint string or a URL).
+    ``endpoint`` is one endpoint, or an :class:`EndpointRotation` over
+    several addresses of the peer (each attempt then dials the next one;
+    ``target`` names them all and :attr:`rotation` says which one an attempt
+    dialled); a single endpoint is a rotation of one named ``target``.
     ``attempt_failed``, if given, hears why each attempt failed (a refused
     TCP connect or a failed ``prepare``); it runs outside the service's
     state machine, so it may stop the service.
@@ -132,7 +202,7 @@ class DialingService(ClientService):
 
     def __init__(
         self,
-        endpoint: IStreamClientEndpoint,
+        endpoint: IStreamClientEndpoint | EndpointRotation,
         target: str,
         factory: IProtocolFactory,
         prepare: PrepareConnection,
@@ -141,10 +211,12 @@ class DialingService(ClientService):
         attempt_failed: Optional[Callable[[Failure], None]] = None,
     ) -> None:
         self.target = target
+        #: The peer's addresses, dialled in turn.
+        self.rotation = endpoint if isinstance(endpoint, EndpointRotation) else EndpointRotation([(target, endpoint)])
         self._prepare_connection = prepare
         self._attempt_failed = attempt_failed
         remembering = _RememberingFactory(factory)
-        self._endpoint = _GuardedEndpoint(endpoint, target, remembering, self._report_failure)
+        self._endpoint = _GuardedEndpoint(self.rotation, remembering, self._report_failure)
         super().__init__(
             self._endpoint,
             remembering,
@@ -206,20 +278,19 @@ class _RememberingFactory:
 
 @implementer(IStreamClientEndpoint)
 class _GuardedEndpoint:
-    """The real endpoint, with each connection behind a :class:`_ConnectionGuard`.
+    """The real endpoints, with each connection behind a :class:`_ConnectionGuard`.
 
-    Its repr is the target, which is what ``ClientService`` logs.
+    Its repr is the address the next attempt dials, which is what
+    ``ClientService`` logs when it schedules a retry.
     """
 
     def __init__(
         self,
-        endpoint: IStreamClientEndpoint,
-        target: str,
+        endpoint: EndpointRotation,
         built: _RememberingFactory,
         connect_failed: Callable[[Failure], None],
     ) -> None:
         self._endpoint = endpoint
-        self._target = target
         self._built = built
         self._connect_failed = connect_failed
         #: The guard of the latest connection made.
@@ -242,7 +313,7 @@ class _GuardedEndpoint:
         return d
 
     def __repr__(self) -> str:
-        return self._target
+        return repr(self._endpoint)
 
 
 @implementer(IProtocolFactory)
@@ -459,15 +530,39 @@ class DialerLink(Generic[ProtocolT]):
         self.retry_after_seconds = 0.0
         #: Frames and bytes of every connection of this link (for /metrics).
         self.wire_counters = WireCounters()
+        self._rotation: Optional[EndpointRotation] = None
         self._sweeper = KeepaliveSweeper(
             clock, dial.peer_settings(), lambda: [self.current] if self.current is not None else []
         )
 
     def client_service(self, endpoint: IStreamClientEndpoint) -> DialingService:
         """The service that dials ``endpoint`` (made from ``dial.address``) and keeps this link up."""
+        return self.client_service_for([self.dial.address], lambda _: endpoint)
+
+    def client_service_for(
+        self, addresses: Sequence[str], endpoint_for: Callable[[str], IStreamClientEndpoint]
+    ) -> DialingService:
+        """The service that keeps this link up over ``addresses`` (replicas of the peer).
+
+        ``endpoint_for`` makes each address's endpoint. The addresses are
+        shuffled once, with this link's random source, and dialled in turn
+        (see :class:`EndpointRotation`); the retry policy's count keeps
+        growing across them until a hello is accepted.
+        """
+        self._rotation = EndpointRotation([(address, endpoint_for(address)) for address in addresses], self._rand)
         return DialingService(
-            endpoint, self.dial.address, self.factory(), self.prepare_connection, self.retry_delay, self.clock
+            self._rotation,
+            ", ".join(addresses),
+            self.factory(),
+            self.prepare_connection,
+            self.retry_delay,
+            self.clock,
         )
+
+    @property
+    def address(self) -> str:
+        """The peer's address this link dialled last (the one it is on while connected)."""
+        return self._rotation.current if self._rotation is not None else self.dial.address
 
     def factory(self) -> Factory:
         """The protocol factory for the ``ClientService``."""
@@ -551,7 +646,7 @@ class DialerLink(Generic[ProtocolT]):
                     "{peer} at {address} rejected {own} permanently ({code}): {reason}; "
                     "fix the configuration; retrying every {low:g} to {high:g}s",
                     peer=self.peer_name,
-                    address=self.dial.address,
+                    address=self.address,
                     own=self.own_name(),
                     code=code,
                     reason=response.reason,
@@ -563,7 +658,7 @@ class DialerLink(Generic[ProtocolT]):
             self._log.warn(
                 "{peer} at {address} rejected {own} for now ({code}): {reason}; retrying in at least {delay:g}s",
                 peer=self.peer_name,
-                address=self.dial.address,
+                address=self.address,
                 own=self.own_name(),
                 code=code,
                 reason=response.reason,

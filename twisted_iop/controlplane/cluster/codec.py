@@ -183,6 +183,7 @@ def operation_dict(op: OperationRecord) -> dict[str, Any]:
         if late is None
         else {"state": late.state, "reason": late.reason, "result": late.result, "received_at": late.received_at},
         "requested_by": op.requested_by,
+        "replica": op.replica,
     }
 
 
@@ -231,4 +232,5 @@ def operation_from(data: Mapping[str, Any]) -> OperationRecord:
         history=history,
         late_outcome=late,
         requested_by=_str(data, "requested_by", ""),
+        replica=_str(data, "replica", ""),
     )

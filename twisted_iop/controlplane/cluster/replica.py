@@ -38,6 +38,7 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from twisted_iop.controlplane import records
 from twisted_iop.controlplane.cluster import codec, scripts
 from twisted_iop.controlplane.cluster.remote import (
     DISCONNECTED,
@@ -70,6 +71,15 @@ READ_RETRY_SECONDS = 0.5
 COMMAND_GRACE_SECONDS = 60.0
 #: At most one warning per this many seconds about writes that failed.
 LOST_WRITE_LOG_INTERVAL_SECONDS = 10.0
+#: An edge's snapshot is written to Redis at most this often (the first
+#: one at once). Other replicas ask the owner for fresh ones; the stored one
+#: only seeds a replica that starts, so a fleet round does not cost one
+#: Redis write per edge.
+SNAPSHOT_WRITE_INTERVAL_SECONDS = 10.0
+#: Why an edge is disconnected when its replica stopped without releasing it.
+LEFT_MESSAGE = "the Control Plane replica holding this edge stopped"
+#: Why an operation ended when the replica that sent it died first.
+ORPHANED_REASON = "the Control Plane replica {replica} that sent this command stopped before its answer"
 #: How long a replayed idempotency key waits for its operation to appear.
 OPERATION_FETCH_ATTEMPTS = 20
 OPERATION_FETCH_PAUSE_SECONDS = 0.05
@@ -151,6 +161,8 @@ class ClusterReplica(Service):
         self._pending_claims: set[str] = set()
         #: The current fence of each connected edge, as the stream says.
         self._current: dict[str, str] = {}
+        #: When each of our edges' snapshot was last written.
+        self._snapshot_written: dict[str, float] = {}
         self.router = Router(self.replica_id, clock, self._send_inbox)
         self._fleet_cursor = "0-0"
         self._inbox_cursor = "0-0"
@@ -159,6 +171,7 @@ class ClusterReplica(Service):
         #: Loaded and connected to Redis: ready, accepting hellos, serving views.
         self.available = False
         self._reconciling = False
+        self._renewing = False
         self._reading = False
         self._heartbeat = LoopingCall(self._beat)
         self._heartbeat.clock = clock
@@ -202,12 +215,23 @@ class ClusterReplica(Service):
         return stopped
 
     def _leave(self) -> Deferred[Any]:
-        """A clean stop: our edges are released by the edge wire's own closes;
-        the lease goes now, so no one waits for it to expire."""
-        d = self.link.call("DEL", self.keys.alive(self.replica_id))
-        d.addCallback(lambda _: self.link.call("HDEL", self.keys.replicas, self.replica_id))
+        """A clean stop: our edges were released by the edge wire's own
+        closes; whatever is still ours (a release that did not get through)
+        is reaped after them on the same ordered connection; then the lease,
+        the registration and the inbox go, so no one waits for the lease
+        to expire."""
+        d = self.link.run(scripts.REAP, *self._common(), self.replica_id, "", self._clock.seconds(), LEFT_MESSAGE)
+        for command in (
+            ("DEL", self.keys.alive(self.replica_id)),
+            ("HDEL", self.keys.replicas, self.replica_id),
+            ("DEL", self.keys.inbox(self.replica_id)),
+        ):
+            d.addBoth(self._lease_command, command)
         d.addErrback(lambda _: None)
         return d
+
+    def _lease_command(self, _: Any, command: tuple[str, ...]) -> Deferred[Any]:
+        return self.link.lease(*command)
 
     @property
     def accepting(self) -> bool:
@@ -229,15 +253,32 @@ class ClusterReplica(Service):
                     redis=str(self.config.redis),
                 )
             return
-        if self._reconciling:
-            return
-        if not self.loaded or not self.available:
+        if (not self.loaded or not self.available) and not self._reconciling:
             self._reconciling = True
-            d = self._join() if not self.loaded else self._reconcile()
-            d.addErrback(self._join_failed)
-            d.addBoth(self._reconciled)
-            return
-        self._renew().addErrback(self._lost, "lease")
+            joining = self._join() if not self.loaded else self._reconcile()
+            joining.addErrback(self._join_failed)
+            joining.addBoth(self._reconciled)
+        if self._renewing:
+            return  # the last renewal is still waiting for Redis
+        # Renewed on every beat, also while joining or reconciling (loading
+        # a large fleet may take longer than the lease).
+        self._renewing = True
+        d = self._renew()
+        d.addErrback(self._lease_failed)
+        d.addBoth(self._renewed)
+
+    def _renewed(self, _: Any) -> None:
+        self._renewing = False
+
+    def _lease_failed(self, failure: Failure) -> None:
+        """The heartbeat could not renew the lease: the store is away for us."""
+        self.writes_lost += 1
+        if self.available:
+            self.available = False
+            self._log.warn(
+                "cluster: could not renew this replica's lease ({error}): not ready until it is reconciled",
+                error=failure.getErrorMessage(),
+            )
 
     def _reconciled(self, _: Any) -> None:
         self._reconciling = False
@@ -252,22 +293,49 @@ class ClusterReplica(Service):
     def _renew(self) -> Any:
         """Refresh our lease; reap replicas whose lease expired."""
         ttl_ms = int(self.config.lease_ttl_seconds * 1000)
-        yield self.link.call("SET", self.keys.alive(self.replica_id), self.boot, "PX", ttl_ms)
-        yield self.link.call("HSET", self.keys.replicas, self.replica_id, self.boot)
-        replicas = _pairs((yield self.link.call("HGETALL", self.keys.replicas)))
+        yield self.link.lease("SET", self.keys.alive(self.replica_id), self.boot, "PX", ttl_ms)
+        yield self.link.lease("HSET", self.keys.replicas, self.replica_id, self.boot)
+        replicas = _pairs((yield self.link.lease("HGETALL", self.keys.replicas)))
         for replica in replicas:
             if replica == self.replica_id:
                 continue
-            alive = yield self.link.call("EXISTS", self.keys.alive(replica))
+            alive = yield self.link.lease("EXISTS", self.keys.alive(replica))
             if str(alive) == "0":
                 yield self._reap(
                     replica, "", f"the Control Plane replica {replica} holding this edge stopped answering"
                 )
-                yield self.link.call("HDEL", self.keys.replicas, replica)
+                removed = yield self.link.lease("HDEL", self.keys.replicas, replica)
+                if str(removed) == "1":
+                    # Only the replica that removed it ends what it left
+                    # open, and removes what it kept in Redis.
+                    self._end_orphaned_operations(replica)
+                    yield self.link.lease("DEL", self.keys.inbox(replica), f"{self.keys.prefix}:owned:{replica}")
+
+    def _end_orphaned_operations(self, replica: str) -> None:
+        """Operations a dead replica dispatched and never saw end: ``failed``, saying why.
+
+        Their answers went to the dead replica; no one else could ever
+        record them. This is the one case where a replica sets the state
+        of an operation it did not dispatch (its dispatcher is gone).
+        """
+        ended = 0
+        for record in list(self._registry.edges()):
+            for operation in list(record.operations):
+                if operation.replica == replica and not operation.finished:
+                    if self._registry.advance_operation(
+                        record.edge_id, operation.operation_id, records.FAILED, ORPHANED_REASON.format(replica=replica)
+                    ):
+                        ended += 1
+        if ended:
+            self._log.warn(
+                "cluster: {count} operations sent by replica {replica} ended failed (it stopped before their answers)",
+                count=ended,
+                replica=replica,
+            )
 
     @inlineCallbacks
     def _reap(self, replica: str, keep: str, message: str) -> Any:
-        count = yield self.link.run(scripts.REAP, *self._common(), replica, keep, self._clock.seconds(), message)
+        count = yield self.link.run_lease(scripts.REAP, *self._common(), replica, keep, self._clock.seconds(), message)
         count = int(count or 0)
         if count:
             self.reaped_edges += count
@@ -282,8 +350,8 @@ class ClusterReplica(Service):
     def _join(self) -> Any:
         """Register, let go of what an earlier run of this replica held, load the fleet, start reading."""
         ttl_ms = int(self.config.lease_ttl_seconds * 1000)
-        yield self.link.call("SET", self.keys.alive(self.replica_id), self.boot, "PX", ttl_ms)
-        yield self.link.call("HSET", self.keys.replicas, self.replica_id, self.boot)
+        yield self.link.lease("SET", self.keys.alive(self.replica_id), self.boot, "PX", ttl_ms)
+        yield self.link.lease("HSET", self.keys.replicas, self.replica_id, self.boot)
         yield self._reap(self.replica_id, self.fence_prefix, "the Control Plane replica holding this edge restarted")
         self._fleet_cursor = yield self._last_id(self.keys.fleet)
         self._inbox_cursor = yield self._last_id(self.keys.inbox(self.replica_id))
@@ -398,8 +466,8 @@ class ClusterReplica(Service):
     def _reconcile(self) -> Any:
         """Our connections are reasserted, edges we let go meanwhile released."""
         ttl_ms = int(self.config.lease_ttl_seconds * 1000)
-        yield self.link.call("SET", self.keys.alive(self.replica_id), self.boot, "PX", ttl_ms)
-        yield self.link.call("HSET", self.keys.replicas, self.replica_id, self.boot)
+        yield self.link.lease("SET", self.keys.alive(self.replica_id), self.boot, "PX", ttl_ms)
+        yield self.link.lease("HSET", self.keys.replicas, self.replica_id, self.boot)
         stored = yield self.link.call("GET", self.keys.fleet_seq)
         if int(stored or 0) < _id_number(self._fleet_cursor):
             self._log.error(
@@ -411,21 +479,32 @@ class ClusterReplica(Service):
             self._fleet_cursor = "0-0"
         now = self._clock.seconds()
         superseded = 0
-        for edge_id, (token, fence) in list(self.local.items()):
-            record = self._registry.find(edge_id)
-            if record is None or record.token != token:
-                continue
-            answer = yield self.link.run(
-                scripts.REASSERT,
-                *self._common(),
-                edge_id,
-                fence,
-                self.replica_id,
-                codec.hello_json(record.hello),
-                now,
-                self._event_json(edge_id, "edge.connected", now, f"edge {edge_id} connected", {"reconciled": "true"}),
-            )
+        held = [
+            (edge_id, token, fence, record)
+            for edge_id, (token, fence) in list(self.local.items())
+            if (record := self._registry.find(edge_id)) is not None and record.token == token
+        ]
+        answers = yield _gather(
+            [
+                self.link.run(
+                    scripts.REASSERT,
+                    *self._common(),
+                    edge_id,
+                    fence,
+                    self.replica_id,
+                    codec.hello_json(record.hello),
+                    now,
+                    self._event_json(
+                        edge_id, "edge.connected", now, f"edge {edge_id} connected", {"reconciled": "true"}
+                    ),
+                )
+                for edge_id, _, fence, record in held
+            ]
+        )
+        for (edge_id, token, fence, record), answer in zip(held, answers, strict=True):
             self._pending_claims.discard(fence)
+            if self.local.get(edge_id) != (token, fence) or record.token != token:
+                continue  # closed or superseded meanwhile
             if str(answer) == "0":
                 superseded += 1
                 self.local.pop(edge_id, None)
@@ -479,12 +558,13 @@ class ClusterReplica(Service):
         d.addErrback(self._lost, what)
 
     def _lost(self, failure: Failure, what: str) -> None:
-        """A write that did not reach Redis: counted, logged (rate-limited), reconciled later."""
+        """A write that did not reach Redis: counted, logged (rate-limited), reconciled later.
+
+        A connection that dropped makes the link down (the heartbeat then
+        says not ready and reconciles when it is back); an error reply
+        (a script refusing what it was given) is counted and logged only.
+        """
         self.writes_lost += 1
-        if self.available and not failure.check(ClusterUnavailable):
-            # A failing command (timeout, error reply): treat the store as
-            # away until the next heartbeat reconciles.
-            self.available = False
         now = self._clock.seconds()
         if self._lost_logged_at is not None and now - self._lost_logged_at < LOST_WRITE_LOG_INTERVAL_SECONDS:
             self._lost_unlogged += 1
@@ -510,6 +590,7 @@ class ClusterReplica(Service):
         """A hello accepted here: claim the edge under a new epoch."""
         fence = f"{self.fence_prefix}{token}"
         self.local[edge_id] = (token, fence)
+        self._snapshot_written.pop(edge_id, None)
         self._pending_claims.add(fence)
         self._write(
             "a connection",
@@ -539,6 +620,7 @@ class ClusterReplica(Service):
             return
         del self.local[edge_id]
         self._pending_claims.discard(fence)
+        self._snapshot_written.pop(edge_id, None)
         self._write(
             "a disconnect",
             self.link.run(
@@ -556,6 +638,10 @@ class ClusterReplica(Service):
         fence = self._fence(edge_id, token)
         if fence is None:
             return
+        written = self._snapshot_written.get(edge_id)
+        if written is not None and snapshot.received_at - written < SNAPSHOT_WRITE_INTERVAL_SECONDS:
+            return
+        self._snapshot_written[edge_id] = snapshot.received_at
         self._write(
             "a status snapshot",
             self.link.run(
@@ -579,6 +665,8 @@ class ClusterReplica(Service):
             event.attributes,
         )
         if operation is not None:
+            if not operation.replica:
+                operation.replica = self.replica_id
             op_text = codec.dumps(codec.operation_dict(operation))
             self._write(
                 "an operation",
@@ -787,6 +875,7 @@ class ClusterReplica(Service):
             raise codec.BadRecord(f"inbox entry: {e}") from None
         if not isinstance(messages, list):
             raise codec.BadRecord("inbox entry is not a list")
+        asks: list[dict[str, Any]] = []
         for message in messages:
             if not isinstance(message, dict):
                 continue
@@ -794,9 +883,11 @@ class ClusterReplica(Service):
             if kind == "reply":
                 self.router.answered_message(message)
             elif kind == "status":
-                self._routed_status(message)
+                asks.append(message)
             elif kind == "command":
                 self._routed_command(message)
+        if asks:
+            self._routed_statuses(asks)
 
     def _local_edge(self, message: dict[str, Any]) -> Optional[str]:
         edge_id, fence = message.get("edge"), message.get("fence")
@@ -807,24 +898,31 @@ class ClusterReplica(Service):
             return None
         return edge_id
 
-    def _routed_status(self, message: dict[str, Any]) -> None:
-        edge_id = self._local_edge(message)
-        if edge_id is None:
-            self.router.answer(message, None, DISCONNECTED, "the edge's connection is no longer held by this replica")
-            return
-
-        def answered(snapshot: StatusSnapshot) -> None:
-            self.router.answer(message, snapshot.data)
-
-        def failed(failure: Failure) -> None:
-            if failure.check(EdgeTimeout):
-                self.router.answer(message, None, TIMEOUT, failure.getErrorMessage())
-            elif failure.check(EdgeDisconnected, EdgeNotConnected):
-                self.router.answer(message, None, DISCONNECTED, failure.getErrorMessage())
+    def _routed_statuses(self, messages: list[dict[str, Any]]) -> None:
+        """Status asks routed here (a whole inbox entry's, under one deadline)."""
+        asked: list[dict[str, Any]] = []
+        for message in messages:
+            if self._local_edge(message) is None:
+                self.router.answer(
+                    message, None, DISCONNECTED, "the edge's connection is no longer held by this replica"
+                )
             else:
-                self.router.answer(message, None, ERROR, failure.getErrorMessage())
+                asked.append(message)
 
-        self._gateway.status(edge_id).addCallbacks(answered, failed)
+        def answered(index: int, snapshot: Optional[StatusSnapshot], error: Optional[Exception]) -> None:
+            message = asked[index]
+            if error is None:
+                assert snapshot is not None
+                self.router.answer(message, snapshot.data)
+            elif isinstance(error, EdgeTimeout):
+                self.router.answer(message, None, TIMEOUT, str(error))
+            elif isinstance(error, (EdgeDisconnected, EdgeNotConnected)):
+                self.router.answer(message, None, DISCONNECTED, str(error))
+            else:
+                self.router.answer(message, None, ERROR, str(error))
+
+        if asked:
+            self._gateway.status_group([str(m["edge"]) for m in asked], answered)
 
     def _routed_command(self, message: dict[str, Any]) -> None:
         edge_id = self._local_edge(message)

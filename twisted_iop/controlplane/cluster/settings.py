@@ -27,8 +27,8 @@ class RedisAddress:
     host: str = "127.0.0.1"
     port: int = 6379
     db: int = 0
-    username: Optional[str] = None
-    password: Optional[str] = None
+    username: Optional[str] = attrs.field(default=None, repr=False)
+    password: Optional[str] = attrs.field(default=None, repr=False)
 
     def __str__(self) -> str:
         """The address without credentials (for logs)."""
@@ -39,7 +39,10 @@ def parse_redis_url(url: str) -> RedisAddress:
     """The address in ``url``; ValueError says what is wrong with it."""
     parts = urlsplit(url)
     if parts.scheme != "redis":
-        raise ValueError(f"must be a redis://host:port/db URL, not {url[:80]!r}")
+        # Never echo the URL: it may hold a password.
+        raise ValueError(
+            f"must be a redis://[user:password@]host:port/db URL (scheme {parts.scheme[:20]!r} is not redis)"
+        )
     if not parts.hostname:
         raise ValueError("names no host")
     try:

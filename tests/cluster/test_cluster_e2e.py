@@ -384,17 +384,20 @@ async def _equals(got: Any, expected: Any) -> bool:
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_real_edge_on_one_replica_is_driven_through_another(redis_server: RedisServer, tmp_path: Path) -> None:
-    """A real ``iop-edge`` daemon with a real Node, enrolled on B: A shows its
-    live status (the node connected) and drains the node through B.
-
-    (The Edge dials one Control Plane address; it has no list of replicas
-    to fail over between, so this test does not kill B.)
-    """
-    async with replicas(redis_server, tmp_path, ("a", "b")) as cluster:
-        a, b = cluster
-        edge_config = write_yaml(tmp_path / "edge.yaml", edge_yaml(f"127.0.0.1:{b.edge_wire_port}"))
-        edge = start_daemon(["iop-edge", "--config", edge_config], tmp_path, name="edge")
+async def test_a_real_edge_fails_over_between_replicas(redis_server: RedisServer, tmp_path: Path) -> None:
+    """A real ``iop-edge`` daemon (with a real Node) that lists B and C as its
+    Control Plane addresses: A shows its live status and drains the node
+    through the replica holding it; when that replica is killed (-9) the
+    Edge enrolls on the other one, and A lists it once, connected, and
+    drives it again."""
+    async with replicas(redis_server, tmp_path) as cluster:
+        a, b, c = cluster
+        mapping = edge_yaml(f"127.0.0.1:{b.edge_wire_port}")
+        del mapping["control_plane"]["address"]
+        mapping["control_plane"]["addresses"] = [f"127.0.0.1:{r.edge_wire_port}" for r in (b, c)]
+        edge = start_daemon(
+            ["iop-edge", "--config", write_yaml(tmp_path / "edge.yaml", mapping)], tmp_path, name="edge"
+        )
         node = None
         try:
             edge_ports = await wait_for_ports(edge, {"node_server"})
@@ -408,13 +411,29 @@ async def test_a_real_edge_on_one_replica_is_driven_through_another(redis_server
                 return nodes == {"node-1": True, "node-2": False}
 
             await eventually(node_connected, timeout=CONVERGE_SECONDS, message="node-1 connected, seen through A")
-
             code, operation = await a.post_json(
                 "/edges/edge-a/commands", {"name": "node.drain", "target": "node-1", "timeout_seconds": 5}
             )
             assert code == 200 and operation["state"] == "succeeded", operation
-            code, status = await a.get_json("/edges/edge-a/status")
-            assert code == 200 and {n["node_id"]: n["drained"] for n in status["nodes"]}["node-1"] is True
+
+            holders = [r for r in (b, c) if "edge edge-a connected" in r.daemon.log()]
+            assert len(holders) == 1, [r.replica_id for r in holders]
+            holder = holders[0]
+            survivors = [r for r in cluster if r is not holder]
+            holder.daemon.kill()
+
+            async def enrolled_again(replica: Replica) -> bool:
+                code, detail = await replica.get_json("/edges/edge-a")
+                return code == 200 and detail["connected"] is True and detail["enrollments"] == 2
+
+            await on_every(survivors, enrolled_again, "the edge enrolled on the other replica")
+            for replica in survivors:
+                assert await listing(replica) == [("edge-a", True)]
+            await eventually(node_connected, timeout=CONVERGE_SECONDS, message="node-1 still connected, through A")
+            code, operation = await a.post_json(
+                "/edges/edge-a/commands", {"name": "node.undrain", "target": "node-1", "timeout_seconds": 5}
+            )
+            assert code == 200 and operation["state"] == "succeeded", operation
         finally:
             if node is not None:
                 node.stop()

@@ -43,10 +43,22 @@ class ClusterUnavailable(Exception):
         super().__init__("the cluster store (Redis) is unavailable" + (f": {detail}" if detail else ""))
 
 
+class _Protocol(txredisapi.RedisProtocol):  # type: ignore[misc]
+    """A Redis connection with Nagle's algorithm off: a routed request is a
+    small write answered by another replica, and must not wait for an ACK."""
+
+    def connectionMade(self) -> Any:
+        set_nodelay = getattr(self.transport, "setTcpNoDelay", None)
+        if set_nodelay is not None:
+            set_nodelay(True)
+        return super().connectionMade()
+
+
 class _Factory(txredisapi.RedisFactory):  # type: ignore[misc]
     """A pool of one, logging quietly."""
 
     noisy = False
+    protocol = _Protocol
 
 
 class RedisLink:

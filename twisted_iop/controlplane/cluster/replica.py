@@ -76,6 +76,8 @@ LOST_WRITE_LOG_INTERVAL_SECONDS = 10.0
 #: only seeds a replica that starts, so a fleet round does not cost one
 #: Redis write per edge.
 SNAPSHOT_WRITE_INTERVAL_SECONDS = 10.0
+#: Hellos are refused (``retry_later``) while this many writes wait for Redis.
+HELLO_WRITE_BACKLOG = 5000
 #: Why an edge is disconnected when its replica stopped without releasing it.
 LEFT_MESSAGE = "the Control Plane replica holding this edge stopped"
 #: Why an operation ended when the replica that sent it died first.
@@ -235,8 +237,10 @@ class ClusterReplica(Service):
 
     @property
     def accepting(self) -> bool:
-        """Whether hellos may be accepted (loaded, and Redis reachable)."""
-        return self.available and self.link.up
+        """Whether hellos may be accepted: loaded, Redis reachable, and not
+        too many writes waiting for Redis (a hello herd is spread out with
+        ``retry_later`` instead of piling claims up behind one another)."""
+        return self.available and self.link.up and self.link.pending_writes < HELLO_WRITE_BACKLOG
 
     # -- heartbeat: joining, leases, reaping, noticing Redis trouble ----------------------
 

@@ -13,7 +13,7 @@ from twisted.internet.task import Clock
 from twisted_iop.controlplane.cluster import codec
 from twisted_iop.controlplane.cluster.remote import RemotePeer, Router
 from twisted_iop.controlplane.records import LateOutcome, OperationRecord
-from twisted_iop.controlplane.registry import EdgeHello
+from twisted_iop.controlplane.registry import EdgeHello, StatusSnapshot, response_counts
 from twisted_iop.testing.peers import CATALOG, snapshot
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import PeerDisconnected, RemoteError, RequestTimeout
@@ -169,3 +169,37 @@ def test_a_routed_command_answer_and_a_cancelled_command() -> None:
     answered.addCallback(results.append)
     assert results and results[0].command_id == "c1"
     assert router.waiting == 0
+
+
+class _SnapshotListener(_Listener):
+    def __init__(self) -> None:
+        super().__init__()
+        self.snapshots: list[StatusSnapshot] = []
+
+    def snapshot_answered(self, snapshot: StatusSnapshot) -> None:
+        self.snapshots.append(snapshot)
+
+
+def test_a_status_answer_with_the_owners_counts_is_kept_without_parsing_again() -> None:
+    """An answer carrying well-formed counts becomes a snapshot as is; one
+    with malformed counts is parsed and counted here instead."""
+    router, clock, _ = _router()
+    good, bad = _SnapshotListener(), _SnapshotListener()
+    owner_side = StatusSnapshot.of(snapshot("edge-1"), 12.5)
+    ids = [router.ask_status(RemotePeer(router, "b", "b/x/1", "edge-1"), 5, False, lst) for lst in (good, bad)]
+    clock.advance(0)
+    reply = {
+        "t": "reply",
+        "id": ids[0],
+        "ok": codec.b64(owner_side.data),
+        "counts": list(owner_side.counts),
+        "at": 12.5,
+    }
+    router.answered_message(reply)
+    assert [(s.data, s.counts, s.received_at) for s in good.snapshots] == [(owner_side.data, owner_side.counts, 12.5)]
+    assert good.answers == []
+    forged = dict(reply, id=ids[1], counts=[-1] * len(owner_side.counts))
+    router.answered_message(forged)
+    assert bad.snapshots == []
+    response, error = bad.answers[0]
+    assert error is None and response is not None and response_counts(response) == owner_side.counts

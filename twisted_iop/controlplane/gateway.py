@@ -167,6 +167,10 @@ class _StatusAsk:
         else:
             self.gateway._status_failed(error, self)
 
+    def snapshot_answered(self, snapshot: StatusSnapshot) -> None:
+        """An answer already checked and counted (a routed one: its owner did both)."""
+        self.gateway._snapshot_answered(snapshot, self)
+
     def cancel(self) -> None:
         """Stop waiting for the answer (it ends with CancelledError if still pending)."""
         if self.peer is not None and self.request_id:
@@ -534,6 +538,17 @@ class EdgeGateway:
             self._deliver(ask.waiters, None, EdgeDisconnected(ask.edge_id))
         else:
             self._deliver(ask.waiters, snapshot, None)
+
+    def _snapshot_answered(self, snapshot: StatusSnapshot, ask: _StatusAsk) -> None:
+        if self._asks.get(ask.edge_id) is ask:
+            del self._asks[ask.edge_id]
+        if ask.settled:
+            return
+        ask.settled = True
+        if self._registry.keep_snapshot(ask.edge_id, ask.token, snapshot):
+            self._deliver(ask.waiters, snapshot, None)
+        else:
+            self._deliver(ask.waiters, None, EdgeDisconnected(ask.edge_id))
 
     def _status_failed(self, failure: Exception, ask: _StatusAsk) -> None:
         if self._asks.get(ask.edge_id) is ask:

@@ -593,6 +593,18 @@ class EdgeRegistry(Service):
             self.journal.status_kept(edge_id, token, record.snapshot)
         return record.snapshot
 
+    def keep_snapshot(self, edge_id: str, token: int, snapshot: StatusSnapshot) -> bool:
+        """Keep a snapshot already checked and counted (cluster mode: a routed
+        answer the owner checked); False if ``token`` is stale."""
+        record = self._edges.get(edge_id)
+        if record is None or record.token != token:
+            return False
+        record.last_seen = max(record.last_seen, snapshot.received_at)
+        record.snapshot = snapshot
+        if self.journal is not None:
+            self.journal.status_kept(edge_id, token, snapshot)
+        return True
+
     # -- observers and listeners ---------------------------------------------
 
     def add_observer(self, observer: ConnectionObserver) -> None:

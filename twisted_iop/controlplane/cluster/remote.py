@@ -22,8 +22,9 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
+from twisted_iop.controlplane.bounds import MAX_SNAPSHOT_BYTES
 from twisted_iop.controlplane.cluster.codec import b64, dumps, unb64
-from twisted_iop.controlplane.registry import StatusListener
+from twisted_iop.controlplane.registry import COUNTS_LEN, StatusListener, StatusSnapshot
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import PeerDisconnected, RemoteError, RequestTimeout
 
@@ -180,6 +181,12 @@ class Router:
         try:
             data = unb64(str(message.get("ok", "")), "answer")
             if pending.listener is not None:
+                snapshot = _checked_snapshot(data, message.get("counts"), message.get("at"))
+                keep = getattr(pending.listener, "snapshot_answered", None)
+                if snapshot is not None and keep is not None:
+                    # The owner checked and counted it: no second parse here.
+                    keep(snapshot)
+                    return
                 status = pb.EdgeStatusResponse()
                 status.ParseFromString(data)
                 pending.listener.status_answered(status, None)
@@ -205,18 +212,51 @@ class Router:
 
     # -- the answering side ----------------------------------------------------------
 
-    def answer(self, message: dict[str, Any], data: Optional[bytes], error: str = "", text: str = "") -> None:
-        """Answer the request ``message`` (to the replica that sent it)."""
+    def answer(
+        self,
+        message: dict[str, Any],
+        data: Optional[bytes],
+        error: str = "",
+        text: str = "",
+        snapshot: Optional[StatusSnapshot] = None,
+    ) -> None:
+        """Answer the request ``message`` (to the replica that sent it); a
+        status answer carries the snapshot's counts and time with its bytes."""
         reply: dict[str, Any] = {"t": "reply", "id": message.get("id")}
         if error:
             reply["error"] = error
             reply["message"] = text
+        elif snapshot is not None:
+            reply["ok"] = b64(snapshot.data)
+            reply["counts"] = list(snapshot.counts)
+            reply["at"] = snapshot.received_at
         else:
             assert data is not None
             reply["ok"] = b64(data)
         sender = message.get("from")
         if isinstance(sender, str) and sender:
             self.post(sender, reply)
+
+
+#: The most a count of a routed snapshot may say (far above any real fleet).
+MAX_COUNT = 2**40
+
+
+def _checked_snapshot(data: bytes, counts: Any, at: Any) -> Optional[StatusSnapshot]:
+    """The snapshot of a routed answer with the owner's counts, if they have
+    the right shape (else None: the answer is parsed and counted here)."""
+    if (
+        not isinstance(counts, list)
+        or len(counts) != COUNTS_LEN
+        or isinstance(at, bool)
+        or not isinstance(at, (int, float))
+        or len(data) > MAX_SNAPSHOT_BYTES
+    ):
+        return None
+    for value in counts:
+        if type(value) is not int or not 0 <= value < MAX_COUNT:
+            return None
+    return StatusSnapshot(data, float(at), tuple(counts))
 
 
 class RemotePeer:

@@ -917,7 +917,7 @@ class ClusterReplica(Service):
             message = asked[index]
             if error is None:
                 assert snapshot is not None
-                self.router.answer(message, snapshot.data)
+                self.router.answer(message, None, snapshot=snapshot)
             elif isinstance(error, EdgeTimeout):
                 self.router.answer(message, None, TIMEOUT, str(error))
             elif isinstance(error, (EdgeDisconnected, EdgeNotConnected)):

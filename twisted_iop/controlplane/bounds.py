@@ -10,8 +10,8 @@ edge goes away. Hello bounds live in :mod:`twisted_iop.wire.hello`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Optional
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import Any, Optional, TypeVar, cast
 
 import attrs
 
@@ -25,6 +25,8 @@ from twisted_iop.wire.hello import (
     MAX_TEXT,
 )
 from twisted_iop.wire.settings import PeerSettings
+
+T = TypeVar("T")
 
 #: Characters of an event kind, node, provider or command id that are kept.
 MAX_EVENT_ID = MAX_TEXT
@@ -317,3 +319,49 @@ MAX_SNAPSHOT_BYTES = (
     + REPEATED_BYTES * MAX_STATUS_MODELS
     + 2 * MAX_STATUS_BYTES
 )
+
+
+#: Distinct values one :class:`SharedValues` table keeps at most by
+#: default: a table of snapshot counts (about 180 bytes each) holds about
+#: 0.7 MiB.
+SHARED_VALUES = 4096
+#: Distinct label maps shared, and the largest (estimated bytes,
+#: :func:`records.map_size`) that edges share (a larger one stays the
+#: edge's own): the table holds at most 1 MiB of maps, and as much again
+#: of their keys.
+SHARED_LABEL_MAPS = 1024
+SHARED_LABELS_BYTES = 1024
+#: Distinct ``edge.connected`` attribute maps (one per software version) shared.
+SHARED_ATTRIBUTES = 256
+
+
+class SharedValues:
+    """One copy of each value that many edges repeat, up to :data:`SHARED_VALUES`.
+
+    Thousands of edges announce the same labels (a site, a region) and
+    report snapshots with the same counts; each kept its own copy. A
+    table hands out the first copy of an equal value (keyed by ``key``,
+    the value itself when hashable) and forgets the oldest beyond its
+    capacity (edges holding it keep their copy). Shared values are never
+    changed once kept.
+    """
+
+    __slots__ = ("capacity", "_values")
+
+    def __init__(self, capacity: int = SHARED_VALUES) -> None:
+        self.capacity = capacity
+        self._values: dict[Hashable, Any] = {}
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def shared(self, key: Hashable, value: T) -> T:
+        """The kept value equal to ``value`` (whose key is ``key``), or ``value``, now kept."""
+        values = self._values
+        kept = values.get(key)
+        if kept is not None:
+            return cast(T, kept)
+        if len(values) >= self.capacity:
+            del values[next(iter(values))]
+        values[key] = value
+        return value

@@ -426,6 +426,11 @@ class EdgeRegistry(Service):
         self.enrollments_total = 0
         #: Cluster mode: the shared store that numbers and keeps the events.
         self.journal: Optional[Journal] = None
+        #: One copy of each label map, snapshot counts and ``edge.connected``
+        #: attributes that many edges repeat (bounded: :class:`bounds.SharedValues`).
+        self._shared_labels = bounds.SharedValues(bounds.SHARED_LABEL_MAPS)
+        self._shared_counts = bounds.SharedValues()
+        self._shared_attributes = bounds.SharedValues(bounds.SHARED_ATTRIBUTES)
 
     # -- lookups ------------------------------------------------------------
 
@@ -455,6 +460,23 @@ class EdgeRegistry(Service):
 
     # -- connections --------------------------------------------------------
 
+    def shared_hello(self, hello: EdgeHello) -> EdgeHello:
+        """``hello`` with its texts interned and its label map shared with
+        every edge that announced an equal one (small maps only).
+
+        Shared maps are never changed: a hello is replaced, never edited,
+        and views copy the map or only read it.
+        """
+        labels = {sys.intern(key): sys.intern(value) for key, value in hello.labels.items()}
+        if labels and map_size(labels) <= bounds.SHARED_LABELS_BYTES:
+            labels = self._shared_labels.shared(frozenset(labels.items()), labels)
+        return attrs.evolve(
+            hello,
+            labels=labels,
+            software_version=sys.intern(hello.software_version),
+            protocol_version=sys.intern(hello.protocol_version),
+        )
+
     def connect(self, edge_id: str, peer: EdgePeer, hello: EdgeHello) -> int:
         """Record a new accepted connection; return its token.
 
@@ -463,17 +485,12 @@ class EdgeRegistry(Service):
         """
         now = self._clock.seconds()
         token = next(self._tokens)
+        hello = self.shared_hello(hello)
         record = self._edges.get(edge_id)
         old_peer: Optional[EdgePeer] = None
         old_token: Optional[int] = None
         if record is None:
-            record = EdgeRecord(
-                edge_id=edge_id,
-                hello=hello,
-                events=EventBuffer(self.limits.events_per_edge, self.limits.event_bytes_per_edge),
-                operations=OperationBuffer(self.limits.operations_per_edge, self.limits.operation_bytes_per_edge),
-            )
-            self._edges[edge_id] = record
+            record = self._new_record(edge_id, hello)
         else:
             self.disconnected_bytes -= self._disconnected.pop(edge_id, 0)
             if record.token is not None:
@@ -504,7 +521,9 @@ class EdgeRegistry(Service):
                 edge_id,
                 "edge.connected",
                 message=f"edge {edge_id} connected",
-                attributes={"software_version": hello.software_version},
+                attributes=self._shared_attributes.shared(
+                    hello.software_version, {"software_version": hello.software_version}
+                ),
             )
         else:
             # The store records edge.superseded / edge.connected: it alone
@@ -587,7 +606,8 @@ class EdgeRegistry(Service):
             return None
         now = self._clock.seconds()
         record.last_seen = now
-        record.snapshot = StatusSnapshot.of(response, now)
+        counts = response_counts(response)
+        record.snapshot = StatusSnapshot(response.SerializeToString(), now, self._shared_counts.shared(counts, counts))
         if self.journal is not None:
             self.journal.status_kept(edge_id, token, record.snapshot)
         return record.snapshot
@@ -891,6 +911,7 @@ class EdgeRegistry(Service):
         record = self._edges.get(edge_id)
         old_peer: Optional[EdgePeer] = None
         old_token: Optional[int] = None
+        hello = self.shared_hello(hello)
         if record is None:
             record = self._new_record(edge_id, hello)
         else:
@@ -930,7 +951,7 @@ class EdgeRegistry(Service):
     ) -> EdgeRecord:
         """A disconnected edge as the shared store keeps it (cluster mode, at start-up)."""
         record = self._edges.get(edge_id) or self._new_record(edge_id, hello)
-        record.hello = attrs.evolve(hello, commands=bounds.compact_catalog(hello.commands))
+        record.hello = attrs.evolve(self.shared_hello(hello), commands=bounds.compact_catalog(hello.commands))
         record.connected_at = connected_at
         record.disconnected_at = disconnected_at
         record.last_seen = last_seen

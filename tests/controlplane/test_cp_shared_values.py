@@ -1,0 +1,98 @@
+"""Values many edges repeat are kept once: label maps, their texts, snapshot
+counts and the ``edge.connected`` attributes; every edge still shows its own."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+from twisted.internet.task import Clock
+
+from twisted_iop.controlplane import bounds
+from twisted_iop.controlplane import json_views as views
+from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry, response_counts
+from twisted_iop.testing.peers import HeldEdgePeer, snapshot
+
+
+def _hello(labels: dict[str, str], version: str = "1.2.3") -> EdgeHello:
+    """A hello with fresh copies of ``labels``' texts (as each wire read makes them)."""
+    fresh = {"".join(list(key)): "".join(list(value)) for key, value in labels.items()}
+    return EdgeHello(labels=fresh, software_version="".join(list(version)), protocol_version="1.0", commands=())
+
+
+def test_equal_label_maps_are_kept_once_and_each_edge_shows_its_own() -> None:
+    """Edges announcing equal labels (in any order) share one map; an edge with
+    other labels keeps its own; summaries show each edge's labels."""
+    registry = EdgeRegistry(Clock())
+    registry.connect("edge-a", HeldEdgePeer(), _hello({"site": "lab", "region": "eu"}))
+    registry.connect("edge-b", HeldEdgePeer(), _hello({"region": "eu", "site": "lab"}))
+    registry.connect("edge-c", HeldEdgePeer(), _hello({"site": "lab", "region": "us"}))
+    a, b, c = (registry.get(e).hello for e in ("edge-a", "edge-b", "edge-c"))
+    assert a.labels is b.labels and a.labels is not c.labels
+    assert views.edge_summary(registry.get("edge-b"))["labels"] == {"site": "lab", "region": "eu"}
+    assert views.edge_summary(registry.get("edge-c"))["labels"] == {"site": "lab", "region": "us"}
+    # The texts are kept once too, across maps and versions.
+    assert next(iter(a.labels)) is next(k for k in c.labels if k == next(iter(a.labels)))
+    assert a.software_version is c.software_version
+
+
+def test_a_new_hello_replaces_a_shared_map_without_changing_other_edges() -> None:
+    """When an edge reconnects with other labels, edges that shared its old map keep it."""
+    registry = EdgeRegistry(Clock())
+    registry.connect("edge-a", HeldEdgePeer(), _hello({"site": "lab"}))
+    registry.connect("edge-b", HeldEdgePeer(), _hello({"site": "lab"}))
+    registry.connect("edge-a", HeldEdgePeer(), _hello({"site": "moved"}))
+    assert registry.get("edge-a").hello.labels == {"site": "moved"}
+    assert registry.get("edge-b").hello.labels == {"site": "lab"}
+
+
+def test_large_label_maps_stay_the_edges_own() -> None:
+    """A map over the shared size is kept as the edge's own (equal, not the same object)."""
+    registry = EdgeRegistry(Clock())
+    labels = {f"key-{i}": "v" * 200 for i in range(8)}
+    registry.connect("edge-a", HeldEdgePeer(), _hello(labels))
+    registry.connect("edge-b", HeldEdgePeer(), _hello(labels))
+    a, b = registry.get("edge-a").hello.labels, registry.get("edge-b").hello.labels
+    assert a == b == labels and a is not b
+
+
+def test_equal_snapshot_counts_are_kept_once() -> None:
+    """Snapshots with equal counts share one counts tuple; other counts are their own and right."""
+    registry = EdgeRegistry(Clock())
+    tokens = {e: registry.connect(e, HeldEdgePeer(), _hello({})) for e in ("edge-a", "edge-b", "edge-c")}
+    kept = {
+        e: registry.record_status(e, tokens[e], snapshot(e, nodes=2, capacity=4 if e != "edge-c" else 9))
+        for e in tokens
+    }
+    a, b, c = (kept[e] for e in ("edge-a", "edge-b", "edge-c"))
+    assert a is not None and b is not None and c is not None
+    assert a.counts is b.counts and a.counts is not c.counts
+    assert c.counts == response_counts(snapshot("edge-c", nodes=2, capacity=9)) != a.counts
+
+
+def test_the_connected_event_reads_the_same_in_the_edge_and_fleet_views() -> None:
+    """``edge.connected`` is one record in the edge's and the fleet's buffer, and
+    renders the same in both views; its attributes say the edge's own version."""
+    registry = EdgeRegistry(Clock())
+    registry.connect("edge-a", HeldEdgePeer(), _hello({}, version="2.0"))
+    registry.connect("edge-b", HeldEdgePeer(), _hello({}, version="2.0"))
+    registry.connect("edge-c", HeldEdgePeer(), _hello({}, version="3.1"))
+    fleet = {event.edge_id: event for event in registry.fleet_events.since(0, 10)}
+    for edge_id, version in (("edge-a", "2.0"), ("edge-b", "2.0"), ("edge-c", "3.1")):
+        [own] = registry.get(edge_id).events.since(0, 10)
+        assert own is fleet[edge_id]
+        assert views.event_json(own) == views.event_json(fleet[edge_id])
+        rendered = views.event_json(own)
+        assert rendered["kind"] == "edge.connected" and rendered["edge_id"] == edge_id
+        assert rendered["attributes"] == {"software_version": version}
+        assert rendered["message"] == f"edge {edge_id} connected"
+    assert fleet["edge-a"].attributes is fleet["edge-b"].attributes
+
+
+@given(st.lists(st.integers(0, 40), max_size=200), st.integers(1, 16))
+def test_a_shared_values_table_is_bounded_and_hands_out_equal_values(keys: list[int], capacity: int) -> None:
+    """A table keeps at most its capacity, and always hands out a value equal to the one given."""
+    table = bounds.SharedValues(capacity)
+    for key in keys:
+        value = (key, "x")
+        assert table.shared(value, value) == value
+        assert len(table) <= capacity

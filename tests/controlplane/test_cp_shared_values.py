@@ -12,8 +12,21 @@ from twisted.internet.task import Clock
 from twisted_iop.controlplane import bounds
 from twisted_iop.controlplane import json_views as views
 from twisted_iop.controlplane.gateway import FleetRound, StatusRow
-from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry, response_counts
+from twisted_iop.controlplane.registry import (
+    COUNTS_LEN,
+    GENERAL_AT,
+    HEALTH_AT,
+    HEALTH_NAMES,
+    LONG_AT,
+    STATUS_AT,
+    STATUS_NAMES,
+    EdgeHello,
+    EdgeRegistry,
+    StatusSnapshot,
+    response_counts,
+)
 from twisted_iop.testing.peers import HeldEdgePeer, snapshot
+from twisted_iop.wire import control_pb2 as pb
 
 
 def _hello(labels: dict[str, str], version: str = "1.2.3") -> EdgeHello:
@@ -148,3 +161,78 @@ def test_the_fleet_page_bytes_are_the_json_of_the_page(
             totals = [a + b for a, b in zip(totals, row.snapshot.counts, strict=True)]
     page = json.loads(expected)
     assert {k: v for k, v in page["totals"].items() if not k.startswith("edges_")} == views.counts_json(totals)
+
+
+def _reference_counts(response: pb.EdgeStatusResponse) -> tuple[int, ...]:
+    """The counts written plainly, field by field into the layout (the model)."""
+    counts = [0] * COUNTS_LEN
+    for node in response.nodes:
+        counts[1] += 1
+        counts[0] += 1 if node.connected else 0
+        for p in node.providers:
+            counts[2] += 1
+            counts[STATUS_AT[STATUS_NAMES.get(p.status, "unavailable")]] += 1
+            counts[HEALTH_AT[HEALTH_NAMES.get(p.health, "unknown")]] += 1
+            for at, value in (
+                (GENERAL_AT, p.capacity),
+                (GENERAL_AT + 1, p.in_flight),
+                (GENERAL_AT + 2, p.queued),
+                (LONG_AT, p.long_context_capacity),
+                (LONG_AT + 1, p.long_context_in_flight),
+                (LONG_AT + 2, p.long_context_queued),
+            ):
+                counts[at] += value
+    return tuple(counts)
+
+
+#: Unknown fields a newer Edge might send: numbers this side does not know,
+#: and a known number with another wire type (kept as unknown by the parser).
+def _unknown_fields(*known_numbers_other_wire_type: bytes) -> st.SearchStrategy[bytes]:
+    """Fields 100 and 101 (varint, bytes), and the given known fields sent with another wire type."""
+    return st.lists(
+        st.sampled_from([b"\xa0\x06\x05", b"\xaa\x06\x02hi", *known_numbers_other_wire_type]), max_size=2
+    ).map(b"".join)
+
+
+_uint32 = st.integers(0, 2**32 - 1)
+_provider = st.tuples(
+    st.integers(-2, 9),
+    st.integers(-2, 9),
+    st.lists(_uint32, min_size=6, max_size=6),
+    # capacity (7) as bytes, status (4) as fixed32
+    _unknown_fields(b"\x3a\x01\x07", b"\x25\x01\x00\x00\x00"),
+)
+# connected (2) as fixed32
+_node = st.tuples(st.booleans(), st.lists(_provider, max_size=4), _unknown_fields(b"\x15\x01\x00\x00\x00"))
+
+
+# nodes (3) as fixed32
+@given(st.lists(_node, max_size=5), _unknown_fields(b"\x1d\x00\x00\x00\x00"))
+def test_counts_are_the_plain_sums_on_any_snapshot(
+    nodes: list[tuple[bool, list[tuple[int, int, list[int], bytes]], bytes]], unknown: bytes
+) -> None:
+    """:func:`response_counts` equals the plain field-by-field counts on any
+    snapshot, unknown enum values and unknown fields included."""
+    response = pb.EdgeStatusResponse(edge_id="e")
+    for connected, providers, node_unknown in nodes:
+        node = pb.EdgeNodeSnapshot(node_id="n", connected=connected)
+        for status, health, numbers, provider_unknown in providers:
+            provider = pb.ProviderSnapshot(provider_id="p", status=status, health=health)  # type: ignore[arg-type]
+            for name, value in zip(_COUNTERS, numbers, strict=True):
+                setattr(provider, name, value)
+            node.providers.add().MergeFromString(provider.SerializeToString() + provider_unknown)
+        response.nodes.add().MergeFromString(node.SerializeToString() + node_unknown)
+    response.MergeFromString(unknown)
+    assert response_counts(response) == _reference_counts(response)
+    kept = StatusSnapshot(response.SerializeToString(), 1.0, response_counts(response))
+    assert response_counts(kept.response) == kept.counts
+
+
+_COUNTERS = (
+    "capacity",
+    "in_flight",
+    "queued",
+    "long_context_capacity",
+    "long_context_in_flight",
+    "long_context_queued",
+)

@@ -168,8 +168,11 @@ SMALL_STATUS_BYTES = 2 * min(MAX_STATUS_PROVIDERS, MAX_STATUS_LABELS, MAX_STATUS
 SMALL_NODE_BYTES = min(MAX_TEXT, MAX_DESCRIPTION, 2 * MAX_PROVIDERS)
 
 
-def status_problem(response: pb.EdgeStatusResponse) -> Optional[str]:
+def status_problem(response: pb.EdgeStatusResponse, size: Optional[int] = None) -> Optional[str]:
     """Why a status snapshot is too large to keep, or None.
+
+    ``size`` is its size on the wire when the caller knows it (the length
+    of its serialization); otherwise it is computed.
 
     Bounds: its size on the wire, the number of nodes, of providers in all,
     of models per provider, of labels per node, and every string.
@@ -179,7 +182,8 @@ def status_problem(response: pb.EdgeStatusResponse) -> Optional[str]:
     :data:`SMALL_NODE_BYTES`): those are checked without visiting each
     string. Any other snapshot gets every bound checked one by one.
     """
-    size = response.ByteSize()
+    if size is None:
+        size = response.ByteSize()
     if size > MAX_STATUS_BYTES:
         return f"status snapshot is {size} bytes (more than {MAX_STATUS_BYTES})"
     if len(response.nodes) > MAX_STATUS_NODES:

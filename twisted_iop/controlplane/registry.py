@@ -82,26 +82,54 @@ _HEALTH_INDEX = {code: HEALTH_AT[name] for code, name in HEALTH_NAMES.items()}
 EMPTY_COUNTS: tuple[int, ...] = (0,) * COUNTS_LEN
 
 
+#: Provider status and health codes -> their place in the by-status and
+#: by-health parts of the counts (unknown codes: "unavailable", "unknown").
+_STATUS_PART = {code: at - STATUS_AT["available"] for code, at in _STATUS_INDEX.items()}
+_HEALTH_PART = {code: at - HEALTH_AT["healthy"] for code, at in _HEALTH_INDEX.items()}
+_UNAVAILABLE_PART = STATUS_AT["unavailable"] - STATUS_AT["available"]
+_UNKNOWN_PART = HEALTH_AT["unknown"] - HEALTH_AT["healthy"]
+
+
 def response_counts(response: pb.EdgeStatusResponse) -> tuple[int, ...]:
-    """Counts over one status response as a flat tuple (layout above)."""
-    counts = [0] * COUNTS_LEN
-    unavailable = STATUS_AT["unavailable"]
-    unknown = HEALTH_AT["unknown"]
+    """Counts over one status response as a flat tuple (layout above).
+
+    Sums in local variables: reading the protobuf fields is most of the
+    cost (about 70 reads for 4 nodes of 2 providers), and the sums add
+    no more than they must.
+    """
+    connected = configured = providers = 0
+    capacity = in_flight = queued = long_capacity = long_in_flight = long_queued = 0
+    by_status = [0] * len(STATUSES)
+    by_health = [0] * len(HEALTHS)
+    status_part = _STATUS_PART.get
+    health_part = _HEALTH_PART.get
     for node in response.nodes:
-        counts[1] += 1
+        configured += 1
         if node.connected:
-            counts[0] += 1
+            connected += 1
         for p in node.providers:
-            counts[2] += 1
-            counts[_STATUS_INDEX.get(p.status, unavailable)] += 1
-            counts[_HEALTH_INDEX.get(p.health, unknown)] += 1
-            counts[GENERAL_AT] += p.capacity
-            counts[GENERAL_AT + 1] += p.in_flight
-            counts[GENERAL_AT + 2] += p.queued
-            counts[LONG_AT] += p.long_context_capacity
-            counts[LONG_AT + 1] += p.long_context_in_flight
-            counts[LONG_AT + 2] += p.long_context_queued
-    return tuple(counts)
+            providers += 1
+            by_status[status_part(p.status, _UNAVAILABLE_PART)] += 1
+            by_health[health_part(p.health, _UNKNOWN_PART)] += 1
+            capacity += p.capacity
+            in_flight += p.in_flight
+            queued += p.queued
+            long_capacity += p.long_context_capacity
+            long_in_flight += p.long_context_in_flight
+            long_queued += p.long_context_queued
+    return (
+        connected,
+        configured,
+        providers,
+        *by_status,
+        *by_health,
+        capacity,
+        in_flight,
+        queued,
+        long_capacity,
+        long_in_flight,
+        long_queued,
+    )
 
 
 SUPERSEDED_MESSAGE = "a newer connection of this edge took over"
@@ -599,15 +627,22 @@ class EdgeRegistry(Service):
 
     # -- status -------------------------------------------------------------
 
-    def record_status(self, edge_id: str, token: int, response: pb.EdgeStatusResponse) -> Optional[StatusSnapshot]:
-        """Keep a status reply from connection ``token``; None if stale."""
+    def record_status(
+        self, edge_id: str, token: int, response: pb.EdgeStatusResponse, data: Optional[bytes] = None
+    ) -> Optional[StatusSnapshot]:
+        """Keep a status reply from connection ``token``; None if stale.
+
+        ``data`` is the response serialized, when the caller has it already.
+        """
         record = self._edges.get(edge_id)
         if record is None or record.token != token:
             return None
         now = self._clock.seconds()
         record.last_seen = now
         counts = response_counts(response)
-        record.snapshot = StatusSnapshot(response.SerializeToString(), now, self._shared_counts.shared(counts, counts))
+        if data is None:
+            data = response.SerializeToString()
+        record.snapshot = StatusSnapshot(data, now, self._shared_counts.shared(counts, counts))
         if self.journal is not None:
             self.journal.status_kept(edge_id, token, record.snapshot)
         return record.snapshot

@@ -51,6 +51,20 @@ def test_equal_label_maps_are_kept_once_and_each_edge_shows_its_own() -> None:
     assert a.software_version is c.software_version
 
 
+def test_edges_that_said_the_same_share_one_hello() -> None:
+    """Equal labels, versions and catalog copy: one hello for all those edges;
+    another version or catalog: a hello of its own, with the same label map."""
+    registry = EdgeRegistry(Clock())
+    catalog = (pb.CommandSpec(name="node.drain"),)
+    for edge_id, version, commands in (("a", "1", catalog), ("b", "1", catalog), ("c", "2", catalog), ("d", "1", ())):
+        hello = _hello({"site": "lab"}, version=version)
+        registry.connect(edge_id, HeldEdgePeer(), EdgeHello(hello.labels, hello.software_version, "1.0", commands))
+    a, b, c, d = (registry.get(e).hello for e in "abcd")
+    assert a is b and a is not c and a is not d
+    assert a.labels is c.labels is d.labels
+    assert (c.software_version, d.commands, a.commands) == ("2", (), catalog)
+
+
 def test_a_new_hello_replaces_a_shared_map_without_changing_other_edges() -> None:
     """When an edge reconnects with other labels, edges that shared its old map keep it."""
     registry = EdgeRegistry(Clock())

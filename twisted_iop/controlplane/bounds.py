@@ -359,6 +359,10 @@ class SharedValues:
     def __len__(self) -> int:
         return len(self._values)
 
+    def get(self, key: Hashable) -> Any:
+        """The kept value whose key is ``key``, or None."""
+        return self._values.get(key)
+
     def shared(self, key: Hashable, value: T) -> T:
         """The kept value equal to ``value`` (whose key is ``key``), or ``value``, now kept."""
         values = self._values

@@ -457,6 +457,7 @@ class EdgeRegistry(Service):
         #: One copy of each label map, snapshot counts and ``edge.connected``
         #: attributes that many edges repeat (bounded: :class:`bounds.SharedValues`).
         self._shared_labels = bounds.SharedValues(bounds.SHARED_LABEL_MAPS)
+        self._shared_hellos = bounds.SharedValues(bounds.SHARED_LABEL_MAPS)
         self._shared_counts = bounds.SharedValues()
         self._shared_attributes = bounds.SharedValues(bounds.SHARED_ATTRIBUTES)
 
@@ -490,19 +491,33 @@ class EdgeRegistry(Service):
 
     def shared_hello(self, hello: EdgeHello) -> EdgeHello:
         """``hello`` with its texts interned and its label map shared with
-        every edge that announced an equal one (small maps only).
+        every edge that announced an equal one (small maps only); with a
+        shared map, the hello itself is shared with every edge that said
+        the same (same labels, versions and catalog copy).
 
-        Shared maps are never changed: a hello is replaced, never edited,
-        and views copy the map or only read it.
+        Shared maps and hellos are never changed: a hello is replaced,
+        never edited, and views copy the map or only read it.
         """
         labels = {sys.intern(key): sys.intern(value) for key, value in hello.labels.items()}
-        if labels and map_size(labels) <= bounds.SHARED_LABELS_BYTES:
-            labels = self._shared_labels.shared(frozenset(labels.items()), labels)
-        return attrs.evolve(
-            hello,
-            labels=labels,
-            software_version=sys.intern(hello.software_version),
-            protocol_version=sys.intern(hello.protocol_version),
+        if map_size(labels) > bounds.SHARED_LABELS_BYTES:
+            return attrs.evolve(
+                hello,
+                labels=labels,
+                software_version=sys.intern(hello.software_version),
+                protocol_version=sys.intern(hello.protocol_version),
+            )
+        labels = self._shared_labels.shared(frozenset(labels.items()), labels)
+        software_version = sys.intern(hello.software_version)
+        protocol_version = sys.intern(hello.protocol_version)
+        # The kept hello holds its map and catalog, so while it is kept no
+        # other object can have their ids: equal keys mean the same objects.
+        key = (id(labels), software_version, protocol_version, id(hello.commands))
+        kept: Optional[EdgeHello] = self._shared_hellos.get(key)
+        if kept is not None:
+            return kept
+        return self._shared_hellos.shared(
+            key,
+            attrs.evolve(hello, labels=labels, software_version=software_version, protocol_version=protocol_version),
         )
 
     def connect(self, edge_id: str, peer: EdgePeer, hello: EdgeHello) -> int:

@@ -341,7 +341,12 @@ class EdgeRecord:
     edge_id: str
     hello: EdgeHello
     events: EventBuffer
-    operations: OperationBuffer
+    #: The edge's operations (:attr:`operations`); None until first asked
+    #: for: most edges never run a command.
+    _operations: Optional[OperationBuffer] = None
+    #: The capacity and byte budget its operation buffer gets (one tuple
+    #: shared by a registry's records).
+    operation_limits: tuple[int, int] = (500, 1024 * 1024)
     token: Optional[int] = None
     peer: Optional[EdgePeer] = None
     connected_at: Optional[float] = None
@@ -362,6 +367,19 @@ class EdgeRecord:
         """Whether the edge has a current connection."""
         return self.token is not None
 
+    @property
+    def operations(self) -> OperationBuffer:
+        """The edge's operation buffer (made on first use)."""
+        operations = self._operations
+        if operations is None:
+            operations = self._operations = OperationBuffer(*self.operation_limits)
+        return operations
+
+    @property
+    def operations_kept(self) -> Optional[OperationBuffer]:
+        """The operation buffer if it was made (fleet-wide walks: none made)."""
+        return self._operations
+
     def seen_at(self) -> float:
         """When the edge was last heard from: any frame of its current
         connection counts, keepalive pings and pongs included."""
@@ -372,7 +390,8 @@ class EdgeRecord:
     def kept_bytes(self) -> int:
         """Estimated bytes the registry keeps for this edge (hello, snapshot, buffers)."""
         snapshot = 0 if self.snapshot is None else self.snapshot.size()
-        return self.hello.size() + snapshot + self.events.bytes + self.operations.bytes
+        operations = 0 if self._operations is None else self._operations.bytes
+        return self.hello.size() + snapshot + self.events.bytes + operations
 
     @property
     def command_names(self) -> list[str]:
@@ -458,6 +477,7 @@ class EdgeRegistry(Service):
         #: attributes that many edges repeat (bounded: :class:`bounds.SharedValues`).
         self._shared_labels = bounds.SharedValues(bounds.SHARED_LABEL_MAPS)
         self._shared_hellos = bounds.SharedValues(bounds.SHARED_LABEL_MAPS)
+        self._operation_limits = (limits.operations_per_edge, limits.operation_bytes_per_edge)
         self._shared_counts = bounds.SharedValues()
         self._shared_attributes = bounds.SharedValues(bounds.SHARED_ATTRIBUTES)
 
@@ -630,7 +650,9 @@ class EdgeRegistry(Service):
             if excess_count <= 0 and excess_bytes <= 0:
                 break
             record = self._edges.get(edge_id)
-            if record is not None and (record.token is not None or any(not op.finished for op in record.operations)):
+            if record is not None and (
+                record.token is not None or any(not op.finished for op in record.operations_kept or ())
+            ):
                 continue
             chosen.append(edge_id)
             excess_count -= 1
@@ -930,7 +952,7 @@ class EdgeRegistry(Service):
 
     def fleet_operations(self) -> list[OperationRecord]:
         """Every kept operation of every edge, newest first."""
-        ops = [op for record in self._edges.values() for op in record.operations]
+        ops = [op for record in self._edges.values() for op in record.operations_kept or ()]
         ops.sort(key=lambda op: (op.created_at, op.operation_id), reverse=True)
         return ops
 
@@ -941,7 +963,7 @@ class EdgeRegistry(Service):
             edge_id=edge_id,
             hello=hello,
             events=EventBuffer(self.limits.events_per_edge, self.limits.event_bytes_per_edge),
-            operations=OperationBuffer(self.limits.operations_per_edge, self.limits.operation_bytes_per_edge),
+            operation_limits=self._operation_limits,
         )
         self._edges[edge_id] = record
         return record

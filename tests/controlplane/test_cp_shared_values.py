@@ -269,3 +269,33 @@ def test_an_operation_buffer_is_made_only_for_an_edge_that_runs_a_command() -> N
     assert [op.operation_id for op in registry.fleet_operations()] == ["op-1"]
     assert registry.disconnect("edge-b", registry.get("edge-b").token or 0, "gone")
     assert registry.get("edge-b").operations_kept is None and registry.get("edge-b").kept_bytes() > 0
+
+
+def test_a_hello_with_a_large_catalog_is_not_shared() -> None:
+    """A catalog larger than the catalog cache shares stays with its edges' own hellos
+    (a shared hello would keep it after they are gone)."""
+    registry = EdgeRegistry(Clock())
+    catalog = tuple(pb.CommandSpec(name=f"command-{i}", description="d" * 1000) for i in range(20))
+    assert sum(spec.ByteSize() for spec in catalog) > bounds.SHARED_CATALOG_BYTES
+    for edge_id in ("a", "b"):
+        registry.connect(edge_id, HeldEdgePeer(), EdgeHello({"site": "lab"}, "1", "1.0", catalog))
+    a, b = registry.get("a").hello, registry.get("b").hello
+    assert a == b and a is not b and a.labels is b.labels
+
+
+def test_the_fleet_page_keeps_few_and_short_fragments() -> None:
+    """However many distinct label maps a fleet has, the page keeps at most
+    FRAGMENTS_KEPT of their texts, none longer than FRAGMENT_MAX_CHARS."""
+    clock = Clock()
+    registry = EdgeRegistry(clock)
+    rows = []
+    for i in range(views.FRAGMENTS_KEPT + 50):
+        labels = {"edge": f"e{i}"} if i % 10 else {f"key-{k}": "v" * 200 for k in range(8)}
+        registry.connect(f"edge-{i:05d}", HeldEdgePeer(), _hello(labels))
+        rows.append(StatusRow(registry.get(f"edge-{i:05d}"), "disconnected", None, False))
+    round_ = FleetRound(1.0, 1.0, rows, [row.record.edge_id for row in rows])
+    body = views.fleet_status_body(round_, "", len(rows), 1.0)
+    assert body == json.dumps(views.fleet_status_json(round_, "", len(rows), 1.0), separators=(",", ":")).encode()
+    kept = views._label_fragments
+    assert len(kept) <= views.FRAGMENTS_KEPT
+    assert all(len(text) <= views.FRAGMENT_MAX_CHARS for _, text in kept.values())

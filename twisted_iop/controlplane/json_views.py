@@ -318,22 +318,26 @@ def fleet_status_json(round_: FleetRound, cursor: str, limit: int, generated_at:
 # with equal counts share one tuple).
 
 _encode_text = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]
-#: Encoded fragments kept at most (per kind); beyond it a table starts over.
-FRAGMENTS_KEPT = 4096
+#: Encoded fragments kept at most (per kind; beyond it a table starts
+#: over), and the longest kept (a longer one is encoded for each row): so
+#: the tables hold at most about 1,024 small maps and their texts.
+FRAGMENTS_KEPT = 1024
+FRAGMENT_MAX_CHARS = 1024
 #: ``id(value) -> (value, its JSON)``: the value is held, so its id is not reused while kept.
 _label_fragments: dict[int, tuple[Any, str]] = {}
 _count_fragments: dict[int, tuple[Any, str]] = {}
 
 
 def _fragment(table: dict[int, tuple[Any, str]], value: Any, encode: Any) -> str:
-    """The JSON of ``value`` (kept in ``table`` by identity)."""
+    """The JSON of ``value`` (kept in ``table`` by identity when short)."""
     kept = table.get(id(value))
     if kept is not None and kept[0] is value:
         return kept[1]
-    if len(table) >= FRAGMENTS_KEPT:
-        table.clear()
     text: str = encode(value)
-    table[id(value)] = (value, text)
+    if len(text) <= FRAGMENT_MAX_CHARS:
+        if len(table) >= FRAGMENTS_KEPT:
+            table.clear()
+        table[id(value)] = (value, text)
     return text
 
 

@@ -476,7 +476,7 @@ class EdgeRegistry(Service):
         #: One copy of each label map, snapshot counts and ``edge.connected``
         #: attributes that many edges repeat (bounded: :class:`bounds.SharedValues`).
         self._shared_labels = bounds.SharedValues(bounds.SHARED_LABEL_MAPS)
-        self._shared_hellos = bounds.SharedValues(bounds.SHARED_LABEL_MAPS)
+        self._shared_hellos = bounds.SharedValues(bounds.SHARED_CATALOGS)
         self._operation_limits = (limits.operations_per_edge, limits.operation_bytes_per_edge)
         self._shared_counts = bounds.SharedValues()
         self._shared_attributes = bounds.SharedValues(bounds.SHARED_ATTRIBUTES)
@@ -529,6 +529,13 @@ class EdgeRegistry(Service):
         labels = self._shared_labels.shared(frozenset(labels.items()), labels)
         software_version = sys.intern(hello.software_version)
         protocol_version = sys.intern(hello.protocol_version)
+        if sum(spec.ByteSize() for spec in hello.commands) > bounds.SHARED_CATALOG_BYTES:
+            # A shared hello keeps its catalog: only catalogs as small as
+            # those the catalog cache shares (so the table holds at most
+            # as many bytes of catalogs as that cache).
+            return attrs.evolve(
+                hello, labels=labels, software_version=software_version, protocol_version=protocol_version
+            )
         # The kept hello holds its map and catalog, so while it is kept no
         # other object can have their ids: equal keys mean the same objects.
         key = (id(labels), software_version, protocol_version, id(hello.commands))

@@ -117,7 +117,8 @@ class Rig:
         # Max age 0: every round of the benchmark asks every edge again.
         self.gateway = EdgeGateway(self.registry, clock, 5.0, fleet_max_age_seconds=0.0)
         self.http = ControlPlaneHttp(self.registry, self.gateway, clock, ListenerReadiness())
-        self.factory = EdgeWireFactory(self.registry, clock, PeerSettings())
+        # Every edge says hello at once here: no hello rate limit.
+        self.factory = EdgeWireFactory(self.registry, clock, PeerSettings(), max_hellos_per_second=1e9)
         self.protocols: list[EdgeWireProtocol] = []
         self.tails: list[bytes] = []
         for i in range(n):

@@ -540,8 +540,16 @@ def main() -> None:
     parser.add_argument("--enroll-timeout", type=float, default=60.0, help="deadline for all edges to enroll")
     parser.add_argument("--timeout", type=float, default=280.0, help="overall deadline in seconds")
     parser.add_argument("--json", metavar="PATH", help="also write the table as JSON")
+    parser.add_argument(
+        "--edges",
+        metavar="N[,N...]",
+        help="run only these fleet phases (edge counts); the first also runs the HTTP, event and command figures",
+    )
     args = parser.parse_args()
-    args.edges = [1000] if args.quick else [1000, 10000, 20000]
+    if args.edges:
+        args.edges = [int(n) for n in args.edges.split(",")]
+    else:
+        args.edges = [1000] if args.quick else [1000, 10000, 20000]
     args.rounds = args.rounds or (10 if args.quick else 5)
     print(
         f"python {sys.version.split()[0]}; {os.cpu_count()} cores; load average "

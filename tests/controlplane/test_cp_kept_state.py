@@ -55,11 +55,16 @@ def test_a_snapshot_is_smaller_than_the_parsed_message_it_replaces() -> None:
 
 
 def test_buffers_make_room_on_first_use() -> None:
-    """An edge's operation buffer holds no tables until its first command; a fresh
-    event buffer none until its first event; empty ones read as empty."""
+    """An edge's operation buffer holds no tables until its first command; an
+    event buffer keeps its first event alone and makes a list for the second;
+    empty ones read as empty."""
     registry, _ = _registry_with_edge()
     record = registry.get("edge-1")
-    assert record.events.allocated and len(record.events) == 1  # edge.connected
+    assert not record.events.allocated and len(record.events) == 1  # edge.connected, kept alone
+    [connected] = record.events.since(0, 10)
+    assert connected.kind == "edge.connected" and record.events.since(connected.sequence, 10) == []
+    registry.record("edge-1", "note")
+    assert record.events.allocated and [e.kind for e in record.events.since(0, 10)] == ["edge.connected", "note"]
     operations = record.operations
     assert not operations.allocated
     assert len(operations) == 0 and list(operations) == [] and operations.newest_first() == []

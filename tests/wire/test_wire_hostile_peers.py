@@ -187,17 +187,28 @@ def test_a_large_frame_after_hello_is_accepted() -> None:
 
 
 def test_a_trickled_frame_is_kept_in_one_growing_buffer() -> None:
-    """A frame fed 200 bytes at a time grows one bytearray (no copy per read) and arrives once."""
+    """A frame fed 200 bytes at a time grows one bytearray (no copy per read) and
+    arrives once; whole frames keep no buffer at all."""
     protocol = Recorder()
     connection = FramedConnection(protocol)
     data = frame(make_envelope("edge_event", pb.EdgeEvent(message="x" * 100_000)))
+    assert protocol._buffer == b""
+    first, *middle, last = [data[i : i + 200] for i in range(0, len(data), 200)]
+    connection.feed(first)
     buffer = protocol._buffer
-    for i in range(0, len(data) - 200, 200):
-        connection.feed(data[i : i + 200])
+    assert isinstance(buffer, bytearray) and len(buffer) == 200
+    for piece in middle:
+        connection.feed(piece)
         assert protocol._buffer is buffer
-    connection.feed(data[(len(data) - 200) // 200 * 200 :])
-    assert protocol.received == ["edge_event"]
-    assert len(protocol._buffer) == 0
+    connection.feed(last)
+    assert protocol.received == ["edge_event"] and not protocol.closing
+    assert protocol._buffer == b""
+    # Two whole frames and half of a third in one read: the half is kept.
+    small = frame(make_envelope("edge_event", pb.EdgeEvent(message="y")))
+    connection.feed(small + small + small[:5])
+    assert protocol.received == ["edge_event"] * 3 and bytes(protocol._buffer) == small[:5]
+    connection.feed(small[5:])
+    assert protocol.received == ["edge_event"] * 4 and protocol._buffer == b""
 
 
 # -- 3. log flooding and the violation limit --------------------------------------------

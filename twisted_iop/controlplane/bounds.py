@@ -10,8 +10,8 @@ edge goes away. Hello bounds live in :mod:`twisted_iop.wire.hello`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Optional
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import Any, Optional, TypeVar, cast
 
 import attrs
 
@@ -25,6 +25,8 @@ from twisted_iop.wire.hello import (
     MAX_TEXT,
 )
 from twisted_iop.wire.settings import PeerSettings
+
+T = TypeVar("T")
 
 #: Characters of an event kind, node, provider or command id that are kept.
 MAX_EVENT_ID = MAX_TEXT
@@ -166,8 +168,11 @@ SMALL_STATUS_BYTES = 2 * min(MAX_STATUS_PROVIDERS, MAX_STATUS_LABELS, MAX_STATUS
 SMALL_NODE_BYTES = min(MAX_TEXT, MAX_DESCRIPTION, 2 * MAX_PROVIDERS)
 
 
-def status_problem(response: pb.EdgeStatusResponse) -> Optional[str]:
+def status_problem(response: pb.EdgeStatusResponse, size: Optional[int] = None) -> Optional[str]:
     """Why a status snapshot is too large to keep, or None.
+
+    ``size`` is its size on the wire when the caller knows it (the length
+    of its serialization); otherwise it is computed.
 
     Bounds: its size on the wire, the number of nodes, of providers in all,
     of models per provider, of labels per node, and every string.
@@ -177,7 +182,8 @@ def status_problem(response: pb.EdgeStatusResponse) -> Optional[str]:
     :data:`SMALL_NODE_BYTES`): those are checked without visiting each
     string. Any other snapshot gets every bound checked one by one.
     """
-    size = response.ByteSize()
+    if size is None:
+        size = response.ByteSize()
     if size > MAX_STATUS_BYTES:
         return f"status snapshot is {size} bytes (more than {MAX_STATUS_BYTES})"
     if len(response.nodes) > MAX_STATUS_NODES:
@@ -317,3 +323,53 @@ MAX_SNAPSHOT_BYTES = (
     + REPEATED_BYTES * MAX_STATUS_MODELS
     + 2 * MAX_STATUS_BYTES
 )
+
+
+#: Distinct values one :class:`SharedValues` table keeps at most by
+#: default: a table of snapshot counts (about 180 bytes each) holds about
+#: 0.7 MiB.
+SHARED_VALUES = 4096
+#: Distinct label maps shared, and the largest (estimated bytes,
+#: :func:`records.map_size`) that edges share (a larger one stays the
+#: edge's own): the table holds at most 1 MiB of maps, and as much again
+#: of their keys.
+SHARED_LABEL_MAPS = 1024
+SHARED_LABELS_BYTES = 1024
+#: Distinct ``edge.connected`` attribute maps (one per software version) shared.
+SHARED_ATTRIBUTES = 256
+
+
+class SharedValues:
+    """One copy of each value that many edges repeat, up to :data:`SHARED_VALUES`.
+
+    Thousands of edges announce the same labels (a site, a region) and
+    report snapshots with the same counts; each kept its own copy. A
+    table hands out the first copy of an equal value (keyed by ``key``,
+    the value itself when hashable) and forgets the oldest beyond its
+    capacity (edges holding it keep their copy). Shared values are never
+    changed once kept.
+    """
+
+    __slots__ = ("capacity", "_values")
+
+    def __init__(self, capacity: int = SHARED_VALUES) -> None:
+        self.capacity = capacity
+        self._values: dict[Hashable, Any] = {}
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def get(self, key: Hashable) -> Any:
+        """The kept value whose key is ``key``, or None."""
+        return self._values.get(key)
+
+    def shared(self, key: Hashable, value: T) -> T:
+        """The kept value equal to ``value`` (whose key is ``key``), or ``value``, now kept."""
+        values = self._values
+        kept = values.get(key)
+        if kept is not None:
+            return cast(T, kept)
+        if len(values) >= self.capacity:
+            del values[next(iter(values))]
+        values[key] = value
+        return value

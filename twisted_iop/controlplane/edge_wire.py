@@ -177,7 +177,9 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
                 retry_after_ms,
             )
             return
-        self.edge_id = hello.edge_id
+        # One text for the connection and the registry's record (each read
+        # of a protobuf string field makes a new one).
+        edge_id = self.edge_id = hello.edge_id
         info = EdgeHello(
             labels=dict(hello.labels),
             software_version=hello.software_version[:MAX_TEXT],
@@ -198,7 +200,7 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
             keepalive_deadline_ms=int(settings.keepalive_deadline_seconds * 1000),
         )
         self.send("edge_hello_response", response, envelope.request_id)
-        self.token = self.factory.registry.connect(hello.edge_id, self, info)
+        self.token = self.factory.registry.connect(edge_id, self, info)
 
     def _reject(self, request_id: int, rejection: Rejection, retry_after_ms: int = 0) -> None:
         self.factory.count_rejection(rejection.code.value)

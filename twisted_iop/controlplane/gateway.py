@@ -525,14 +525,17 @@ class EdgeGateway:
         if ask.settled:
             return
         ask.settled = True
-        problem = bounds.status_problem(response)
+        # Serialized once: its length is the size the bounds check needs,
+        # and the bytes are what the registry keeps.
+        data = response.SerializeToString()
+        problem = bounds.status_problem(response, len(data))
         if problem is not None:
             self._log.warn(
                 "edge {edge_id} sent a status snapshot over its bounds: {problem}", edge_id=ask.edge_id, problem=problem
             )
             self._deliver(ask.waiters, None, EdgeErrorAnswer(ask.edge_id, problem))
             return
-        snapshot = self._registry.record_status(ask.edge_id, ask.token, response)
+        snapshot = self._registry.record_status(ask.edge_id, ask.token, response, data)
         if snapshot is None:
             # The connection is no longer current (closed meanwhile).
             self._deliver(ask.waiters, None, EdgeDisconnected(ask.edge_id))

@@ -67,10 +67,15 @@ DOMAIN_ERRORS: dict[type[Exception], tuple[int, str]] = {
 
 
 def json_body(request: IRequest, status: int, payload: Any) -> bytes:
+    return encoded_json_body(request, status, json.dumps(payload, separators=(",", ":")).encode("utf-8"))
+
+
+def encoded_json_body(request: IRequest, status: int, body: bytes) -> bytes:
+    """:func:`json_body` for a body already encoded as compact JSON."""
     request.setResponseCode(status)
     request.setHeader(b"Content-Type", b"application/json")
     request.setHeader(b"Cache-Control", b"no-store")
-    return json.dumps(payload, separators=(",", ":")).encode("utf-8")
+    return body
 
 
 def error_body(request: IRequest, status: int, code: str, message: str, **extra: Any) -> bytes:

@@ -32,6 +32,7 @@ from twisted_iop.controlplane.http_errors import (
     Forbidden,
     NotFound,
     Unauthorized,
+    encoded_json_body,
     error_body,
     json_body,
 )
@@ -497,7 +498,7 @@ class ControlPlaneHttp:
         limit = _int_arg(request, "limit", MAX_PAGE, 1, 10000)
         cursor = _arg(request, "cursor") or ""
         round_ = await self._gateway.fleet_status()
-        return json_body(request, 200, views.fleet_status_json(round_, cursor, limit, self._clock.seconds()))
+        return encoded_json_body(request, 200, views.fleet_status_body(round_, cursor, limit, self._clock.seconds()))
 
     @app.route("/fleet/events", methods=["GET"])
     def fleet_events(self, request: IRequest) -> bytes:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import datetime
+import json
 import math
 import time
 from typing import Any, Optional, Union
@@ -242,16 +243,27 @@ def round_summary(round_: FleetRound) -> RoundSummary:
     summary = _round_summaries.get(round_)
     if summary is not None:
         return summary
-    totals = [0] * COUNTS_LEN
     row_counts: list[tuple[int, ...]] = []
     edges_connected = 0
+    # Fresh rows' counts, each distinct tuple once with how many rows have
+    # it (snapshots with equal counts share one tuple): one sum per tuple,
+    # not one per row.
+    fresh: dict[int, list[Any]] = {}
     for row in round_.rows:
         counts = row.snapshot.counts if row.snapshot is not None else EMPTY_COUNTS
         row_counts.append(counts)
         if row.connected:
             edges_connected += 1
         if row.state == "ok":
-            add_counts(totals, counts)
+            seen = fresh.get(id(counts))
+            if seen is None:
+                fresh[id(counts)] = [counts, 1]
+            else:
+                seen[1] += 1
+    totals = [0] * COUNTS_LEN
+    for counts, rows in fresh.values():
+        for i, value in enumerate(counts):
+            totals[i] += value * rows
     out = counts_json(totals)
     out["edges_known"] = len(round_.rows)
     out["edges_connected"] = edges_connected
@@ -293,6 +305,85 @@ def fleet_status_json(round_: FleetRound, cursor: str, limit: int, generated_at:
         "next_cursor": next_cursor,
         "totals": summary.totals,
     }
+
+
+# -- the fleet page as bytes, from fragments ---------------------------------------
+#
+# A fleet page is most of a round's rendering: 1,000 rows of mostly the same
+# shape. :func:`fleet_status_body` writes the bytes that
+# ``json.dumps(fleet_status_json(...), separators=(",", ":"))`` writes (a
+# Hypothesis test holds the two to the same bytes), from fragments encoded
+# once: each label map's JSON (edges share their maps, see
+# :meth:`EdgeRegistry.shared_hello`) and each counts tuple's (snapshots
+# with equal counts share one tuple).
+
+_encode_text = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]
+#: Encoded fragments kept at most (per kind; beyond it a table starts
+#: over), and the longest kept (a longer one is encoded for each row): so
+#: the tables hold at most about 1,024 small maps and their texts.
+FRAGMENTS_KEPT = 1024
+FRAGMENT_MAX_CHARS = 1024
+#: ``id(value) -> (value, its JSON)``: the value is held, so its id is not reused while kept.
+_label_fragments: dict[int, tuple[Any, str]] = {}
+_count_fragments: dict[int, tuple[Any, str]] = {}
+
+
+def _fragment(table: dict[int, tuple[Any, str]], value: Any, encode: Any) -> str:
+    """The JSON of ``value`` (kept in ``table`` by identity when short)."""
+    kept = table.get(id(value))
+    if kept is not None and kept[0] is value:
+        return kept[1]
+    text: str = encode(value)
+    if len(text) <= FRAGMENT_MAX_CHARS:
+        if len(table) >= FRAGMENTS_KEPT:
+            table.clear()
+        table[id(value)] = (value, text)
+    return text
+
+
+def _labels_fragment(labels: dict[str, str]) -> str:
+    return json.dumps(labels, separators=(",", ":"))
+
+
+def _counts_fragment(counts: tuple[int, ...]) -> str:
+    """The row's counts members, without braces (they end the row)."""
+    return json.dumps(row_counts_json(counts), separators=(",", ":"))[1:-1]
+
+
+def fleet_row_text(row: StatusRow, counts: tuple[int, ...]) -> str:
+    """:func:`fleet_row_json` as compact JSON text."""
+    record = row.record
+    state = row.state
+    error = (
+        f'{{"code":{_encode_text(row.error_code)},"message":{_encode_text(row.error_message)}}}'
+        if row.error_code
+        else "null"
+    )
+    received = iso(row.snapshot.received_at) if row.snapshot else None
+    return (
+        f'{{"edge_id":{_encode_text(record.edge_id)},"connected":{"true" if row.connected else "false"},'
+        f'"state":{_encode_text(state)},"error":{error},'
+        f'"received_at":{"null" if received is None else _encode_text(received)},'
+        f'"stale":{"false" if state == "ok" else "true"},'
+        f'"labels":{_fragment(_label_fragments, record.hello.labels, _labels_fragment)},'
+        f"{_fragment(_count_fragments, counts, _counts_fragment)}}}"
+    )
+
+
+def fleet_status_body(round_: FleetRound, cursor: str, limit: int, generated_at: float) -> bytes:
+    """:func:`fleet_status_json` encoded as compact JSON bytes, row by row from fragments."""
+    summary = round_summary(round_)
+    rows = round_.rows
+    start = bisect.bisect_right(round_.edge_ids, cursor) if cursor else 0
+    end = min(start + limit, len(rows))
+    row_counts = summary.row_counts
+    items = ",".join([fleet_row_text(rows[i], row_counts[i]) for i in range(start, end)])
+    next_cursor = rows[end - 1].record.edge_id if end < len(rows) and end > start else None
+    head = json.dumps({"generated_at": iso(generated_at), "round_at": iso(round_.round_at)}, separators=(",", ":"))[:-1]
+    tail = json.dumps(
+        {"total": len(rows), "next_cursor": next_cursor, "totals": summary.totals}, separators=(",", ":")
+    )[1:]
+    return f'{head},"items":[{items}],{tail}'.encode("ascii")
 
 
 def event_json(event: EventRecord) -> dict[str, Any]:

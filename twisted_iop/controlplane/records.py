@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator, Mapping
-from typing import Optional, cast
+from typing import Optional, Union, cast
 
 import attrs
 
@@ -96,9 +96,10 @@ class EventBuffer:
     and ``dropped`` counts them (``dropped_by_bytes`` those that left for
     the byte budget).
 
-    Every edge has one, and most hold a handful of events: the events live
-    in a plain list created on the first append (not a deque, whose first
-    block alone is about 600 bytes), oldest first from ``_head``.
+    Every edge has one, and most hold one event (``edge.connected``): the
+    first event is kept as itself, and a plain list (not a deque, whose
+    first block alone is about 600 bytes) holds them from the second on,
+    oldest first from ``_head``.
     """
 
     __slots__ = ("capacity", "byte_budget", "_events", "_head", "last_sequence", "dropped", "dropped_by_bytes", "bytes")
@@ -106,9 +107,10 @@ class EventBuffer:
     def __init__(self, capacity: int, byte_budget: int) -> None:
         self.capacity = capacity
         self.byte_budget = byte_budget
-        #: Kept events from index ``_head`` on (slots before it are empty);
-        #: None until the first event.
-        self._events: Optional[list[Optional[EventRecord]]] = None
+        #: None until the first event; then that event alone; from the
+        #: second on, the kept events from index ``_head`` on (slots before
+        #: it are empty).
+        self._events: Union[None, EventRecord, list[Optional[EventRecord]]] = None
         self._head = 0
         self.last_sequence = 0
         self.dropped = 0
@@ -117,12 +119,17 @@ class EventBuffer:
         self.bytes = 0
 
     def __len__(self) -> int:
-        return 0 if self._events is None else len(self._events) - self._head
+        events = self._events
+        if events is None:
+            return 0
+        if type(events) is EventRecord:
+            return 1
+        return len(cast(list[Optional[EventRecord]], events)) - self._head
 
     @property
     def allocated(self) -> bool:
-        """Whether the buffer has made room for events yet (it does on the first)."""
-        return self._events is not None
+        """Whether the buffer has made room for more than one event yet (it does on the second)."""
+        return type(self._events) is list
 
     def next_sequence(self) -> int:
         """The sequence the next appended event must carry."""
@@ -130,12 +137,21 @@ class EventBuffer:
 
     def append(self, event: EventRecord, sequence: int) -> None:
         """Add ``event`` whose sequence (edge or fleet) is ``sequence``."""
-        events = self._events
-        if events is None:
-            events = self._events = []
-        events.append(event)
+        kept = self._events
         self.bytes += event.size_bytes
         self.last_sequence = sequence
+        if kept is None:
+            self._events = event
+            if self.capacity < 1:
+                self._drop_oldest()
+            return
+        if type(kept) is EventRecord:
+            events: list[Optional[EventRecord]] = [cast(EventRecord, kept)]
+            self._events = events
+            self._head = 0
+        else:
+            events = cast(list[Optional[EventRecord]], kept)
+        events.append(event)
         if len(events) - self._head > self.capacity:
             self._drop_oldest()
         while self.bytes > self.byte_budget and len(events) - self._head > 1:
@@ -146,12 +162,17 @@ class EventBuffer:
             self._head = 0
 
     def _drop_oldest(self) -> None:
-        events = self._events
-        assert events is not None
-        oldest = events[self._head]
+        kept = self._events
+        assert kept is not None
+        if type(kept) is EventRecord:
+            oldest: Optional[EventRecord] = cast(EventRecord, kept)
+            self._events = None
+        else:
+            events = cast(list[Optional[EventRecord]], kept)
+            oldest = events[self._head]
+            events[self._head] = None
+            self._head += 1
         assert oldest is not None
-        events[self._head] = None
-        self._head += 1
         self.bytes -= oldest.size_bytes
         self.dropped += 1
 
@@ -168,8 +189,11 @@ class EventBuffer:
         start = max(sequence + 1, first) - first
         if events is None or start >= kept or limit <= 0:
             return []
+        if type(events) is EventRecord:
+            return [cast(EventRecord, events)]
         begin = self._head + start
-        return cast(list[EventRecord], events[begin : begin + min(limit, kept - start)])
+        listed = cast(list[EventRecord], events)
+        return listed[begin : begin + min(limit, kept - start)]
 
 
 @attrs.frozen

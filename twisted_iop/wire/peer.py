@@ -29,7 +29,7 @@ requests.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, Optional
+from typing import Any, Optional, Union, cast
 
 from google.protobuf.message import DecodeError, Message
 from twisted.internet.defer import Deferred, fail
@@ -162,9 +162,10 @@ class FramedPeerProtocol(Protocol):
         self._hello_timer: Optional[IDelayedCall] = None
         self._abort_timer: Optional[IDelayedCall] = None
         # Received bytes not yet decoded: at most one partial frame between
-        # calls. Appending to a bytearray is amortized O(1), so a frame
-        # trickled in tiny pieces is never re-copied per piece.
-        self._buffer = bytearray()
+        # calls, in a bytearray (appending to it is amortized O(1), so a
+        # frame trickled in tiny pieces is never re-copied per piece); b""
+        # when there is none, as between most reads of most connections.
+        self._buffer: Union[bytearray, bytes] = b""
         #: Whether the hello deadline runs (the small hello frame limit applies).
         self.awaiting_hello = False
         self._first_envelope_seen = False
@@ -215,29 +216,37 @@ class FramedPeerProtocol(Protocol):
         counters = self.wire_counters
         counters.bytes_in += len(data)  # metrics: one add per read
         buffer = self._buffer
-        buffer += data
+        if buffer:
+            # The rest of a partial frame (bytearray: appended in place).
+            buffer += data
+            source: Union[bytearray, bytes] = buffer
+        else:
+            # Whole frames are read from ``data`` itself, without a copy.
+            source = data
         start = 0
-        available = len(buffer)
+        available = len(source)
         while not self.closing and available - start >= PREFIX_BYTES:
-            length = int.from_bytes(buffer[start : start + PREFIX_BYTES], "big")
+            length = int.from_bytes(source[start : start + PREFIX_BYTES], "big")
             limit = self.frame_limit()
             if length > limit:
-                self._buffer = bytearray()
+                self._buffer = b""
                 self.frame_too_large(length, limit)
                 return
             end = start + PREFIX_BYTES + length
             if available < end:
                 break
-            payload = bytes(buffer[start + PREFIX_BYTES : end])
+            payload = bytes(source[start + PREFIX_BYTES : end])
             start = end
             counters.frames_in += 1  # metrics: one add per frame
             self.frame_received(payload)
-        if self.closing:
-            self._buffer = bytearray()
+        if self.closing or start == available:
+            self._buffer = b""
+        elif source is data:
+            self._buffer = bytearray(data[start:] if start else data)
         elif start:
             # One move per read, however many frames it carried (CPython
             # deletes a bytearray's head without copying the rest).
-            del buffer[:start]
+            del cast(bytearray, buffer)[:start]
 
     def frame_limit(self) -> int:
         """The largest frame this side accepts now."""
@@ -300,7 +309,7 @@ class FramedPeerProtocol(Protocol):
 
     def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:
         self.closing = True
-        self._buffer = bytearray()
+        self._buffer = b""
         for timer in (self._hello_timer, self._abort_timer):
             if timer is not None and timer.active():
                 timer.cancel()

@@ -27,15 +27,27 @@ T = TypeVar("T")
 AnswerCall = Callable[[Any, Optional[T], Optional[Exception]], None]
 
 
+#: The table of every PendingRequests with nothing pending (never written to).
+_NONE_PENDING: dict[Any, Any] = {}
+
+
 class PendingRequests(Generic[T]):
     """Outstanding requests by request id (ids start at 1)."""
 
     __slots__ = ("_pending", "_next_id")
 
     def __init__(self) -> None:
-        #: Request id -> (Deferred or plain call, the call's argument, deadline timer).
-        self._pending: dict[int, tuple[Union[Deferred[T], AnswerCall[T]], Any, Optional[IDelayedCall]]] = {}
+        #: Request id -> (Deferred or plain call, the call's argument, deadline
+        #: timer); while none waits, the one shared empty table (never
+        #: changed: most connections are idle between requests, 20,000 of them).
+        self._pending: dict[int, tuple[Union[Deferred[T], AnswerCall[T]], Any, Optional[IDelayedCall]]] = _NONE_PENDING
         self._next_id = 1
+
+    def _table(self) -> dict[int, tuple[Union[Deferred[T], AnswerCall[T]], Any, Optional[IDelayedCall]]]:
+        """The table to add to (a new one in place of the shared empty one)."""
+        if self._pending is _NONE_PENDING:
+            self._pending = {}
+        return self._pending
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -60,7 +72,7 @@ class PendingRequests(Generic[T]):
         self._next_id += 1
         d: Deferred[T] = Deferred(lambda _: self._cancelled(request_id))
         timer = None if clock is None else clock.callLater(timeout, self._expire, request_id, timed_out)
-        self._pending[request_id] = (d, None, timer)
+        self._table()[request_id] = (d, None, timer)
         return request_id, d
 
     def add_call(
@@ -79,7 +91,7 @@ class PendingRequests(Generic[T]):
         request_id = self._next_id
         self._next_id += 1
         timer = None if clock is None else clock.callLater(timeout, self._expire, request_id, timed_out)
-        self._pending[request_id] = (answered, arg, timer)
+        self._table()[request_id] = (answered, arg, timer)
         return request_id
 
     def answer(self, request_id: int, result: T) -> None:
@@ -128,7 +140,7 @@ class PendingRequests(Generic[T]):
         if entry is None:
             return
         if not self._pending:
-            self._pending = {}
+            self._pending = _NONE_PENDING
         target, arg, _ = entry
         if isinstance(target, Deferred):
             target.errback(timed_out())
@@ -141,9 +153,8 @@ class PendingRequests(Generic[T]):
         if entry is None:
             return None
         if not pending:
-            # An emptied dict keeps its table; a fresh one holds none (most
-            # connections are idle between requests, 20,000 of them).
-            self._pending = {}
+            # An emptied dict keeps its table: back to the shared empty one.
+            self._pending = _NONE_PENDING
         target, arg, timer = entry
         if timer is not None and timer.active():
             timer.cancel()

@@ -31,6 +31,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, Optional
 
+import attrs
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.interfaces import IReactorTime
@@ -39,6 +40,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from twisted_iop.controlplane import records
+from twisted_iop.controlplane.bounds import CatalogCache
 from twisted_iop.controlplane.cluster import codec, scripts
 from twisted_iop.controlplane.cluster.remote import (
     DISCONNECTED,
@@ -166,6 +168,7 @@ class ClusterReplica(Service):
         #: When each of our edges' snapshot was last written.
         self._snapshot_written: dict[str, float] = {}
         self.router = Router(self.replica_id, clock, self._send_inbox)
+        self._catalogs = CatalogCache()
         self._fleet_cursor = "0-0"
         self._inbox_cursor = "0-0"
         #: The start-up load finished (the mirror holds the fleet).
@@ -436,7 +439,7 @@ class ClusterReplica(Service):
         return len(edge_ids)
 
     def _load_edge(self, edge_id: str, fields: dict[str, str]) -> None:
-        hello = codec.hello_from(codec.loads_object(fields.get("hello", "{}"), "hello"))
+        hello = self._hello(fields.get("hello", "{}"))
         snapshot = None
         if fields.get("snapshot"):
             response = pb.EdgeStatusResponse()
@@ -829,7 +832,7 @@ class ClusterReplica(Service):
             return  # our own claim of this edge comes later in the stream: it wins
         at = change.get("at")
         enrollments = change.get("enrollments")
-        hello = codec.hello_from(codec.loads_object(hello_text, "hello"))
+        hello = self._hello(hello_text)
         self.local.pop(edge_id, None)
         self._registry.adopt_remote(
             edge_id,
@@ -844,6 +847,12 @@ class ClusterReplica(Service):
                 edge_id=edge_id,
                 owner=owner,
             )
+
+    def _hello(self, text: str) -> EdgeHello:
+        """A hello read from the store, its catalog shared with every equal one
+        (as the edge wire shares the catalogs of the hellos it accepts)."""
+        hello = codec.hello_from(codec.loads_object(text, "hello"))
+        return attrs.evolve(hello, commands=self._catalogs.detached(hello.commands))
 
     def _apply_disconnect(self, edge_id: str, change: dict[str, Any]) -> None:
         fence = change.get("fence")

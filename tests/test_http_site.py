@@ -380,3 +380,47 @@ def test_a_kept_alive_connections_next_request_has_its_own_header_deadline() -> 
     clock.advance(0.5)
     assert site.timed_out_requests == 1
     assert b"the headers did not arrive within 10s" in transport.value()
+
+
+class Addresses(Resource):
+    """Answers with what the request says of its connection: local and remote address, TLS."""
+
+    isLeaf = True
+
+    def render_GET(self, request: Any) -> bytes:
+        request.setHeader(b"content-type", b"application/json")
+        host, peer = request.getHost(), request.getClientAddress()
+        body = json.dumps({"host": host.port, "peer": peer.port, "secure": request.isSecure()}).encode()
+        request.setHeader(b"content-length", b"%d" % len(body))
+        return body
+
+
+class CountingTransport(StringTransport):
+    """A transport that counts how often it is asked for its addresses."""
+
+    def __init__(self) -> None:
+        super().__init__(IPv4Address("TCP", "127.0.0.1", 8080), IPv4Address("TCP", "127.0.0.1", 40000))
+        self.asked = 0
+
+    def getHost(self) -> IPv4Address:
+        self.asked += 1
+        return super().getHost()  # type: ignore[no-any-return]
+
+    def getPeer(self) -> IPv4Address:
+        self.asked += 1
+        return super().getPeer()  # type: ignore[no-any-return]
+
+
+def test_a_connection_is_asked_for_its_addresses_once() -> None:
+    """Every request on a kept-alive connection sees its addresses and TLS state; the
+    transport is asked for them once per connection, not per request."""
+    site = GuardedSite(Addresses(), reactor=Clock())
+    channel = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000))
+    transport = CountingTransport()
+    channel.makeConnection(transport)
+    for _ in range(3):
+        channel.dataReceived(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    decoder = json.JSONDecoder()
+    bodies = [decoder.raw_decode(part.decode())[0] for part in transport.value().split(b"\r\n\r\n")[1:]]
+    assert bodies == [{"host": 8080, "peer": 40000, "secure": False}] * 3
+    assert transport.asked <= 2

@@ -301,6 +301,12 @@ class GuardedChannel(HTTPChannel):
         self._awaiting = "headers"
         self._request_deadline_at = 0.0
         self._refused = False
+        #: Whether the transport is TLS, asked once (Twisted asks twice a request).
+        self._secure: Optional[bool] = None
+        #: The connection's two addresses, asked once (every request asks both;
+        #: the local one is a getsockname call on a TCP socket).
+        self._peer: Optional[IAddress] = None
+        self._host: Optional[IAddress] = None
 
     def connectionMade(self) -> None:
         super().connectionMade()
@@ -333,6 +339,29 @@ class GuardedChannel(HTTPChannel):
             self._awaiting = "request"
             self._deadline_at = self._request_deadline_at
         super().allHeadersReceived()
+
+    def isSecure(self) -> bool:
+        """Whether the connection is TLS: adapting the transport to
+        ``ISSLTransport`` once, not on every request (a connection does not
+        change its transport while it speaks HTTP)."""
+        secure = self._secure
+        if secure is None:
+            secure = self._secure = bool(super().isSecure())
+        return secure
+
+    def getPeer(self) -> IAddress:
+        """The remote address (the connection's, kept once asked)."""
+        peer = self._peer
+        if peer is None:
+            peer = self._peer = super().getPeer()
+        return peer
+
+    def getHost(self) -> IAddress:
+        """The local address (the connection's, kept once asked)."""
+        host = self._host
+        if host is None:
+            host = self._host = super().getHost()
+        return host
 
     def request_complete(self) -> None:
         """The whole request arrived: its deadlines no longer apply (the
@@ -447,6 +476,29 @@ class GuardedChannel(HTTPChannel):
         super().connectionLost(reason)
 
 
+class _CountedConnection(ProtocolWrapper):
+    """What the site puts in front of each channel: it sees the socket close
+    (counted) even after a WebSocket upgrade took the connection over.
+
+    The producer methods are its own, not forwarded by attribute lookup:
+    the channel pauses and resumes the transport on every request.
+    """
+
+    peer_host = ""
+
+    def pauseProducing(self) -> None:
+        transport: Any = self.transport
+        transport.pauseProducing()
+
+    def resumeProducing(self) -> None:
+        transport: Any = self.transport
+        transport.resumeProducing()
+
+    def stopProducing(self) -> None:
+        transport: Any = self.transport
+        transport.stopProducing()
+
+
 class GuardedSite(Site):
     """A Site with per-listener and per-address connection caps and guarded requests."""
 
@@ -525,8 +577,8 @@ class GuardedSite(Site):
         self.by_address[host] = self.by_address.get(host, 0) + 1
         # The wrapper sees the socket close even after a WebSocket upgrade
         # has taken the connection away from the HTTP channel.
-        counted = ProtocolWrapper(self, channel)  # type: ignore[arg-type]
-        counted.peer_host = host  # type: ignore[attr-defined]
+        counted = _CountedConnection(self, channel)  # type: ignore[arg-type]
+        counted.peer_host = host
         self._open.add(counted)
         return counted
 

@@ -319,14 +319,15 @@ class GuardedChannel(HTTPChannel):
     def lineReceived(self, line: bytes) -> None:
         if self._refused:
             return
-        if self._deadline_at is None and line:
-            # The first line of a new request on a kept-alive connection.
-            self._start_deadlines()
-        if self._deadline_at is not None and not self.request_method and line:
+        if not self.request_method and line:
+            # The request line: on a kept-alive connection, a new request.
+            if self._deadline_at is None:
+                self._start_deadlines()
             parts = line.split(b" ", 2)
             self.request_method = parts[0].upper()
             self.request_path = parts[1].split(b"?", 1)[0] if len(parts) > 1 else b""
-        super().lineReceived(line)
+        # Called directly (a header line costs no super() lookup).
+        HTTPChannel.lineReceived(self, line)
 
     def rawDataReceived(self, data: bytes) -> None:
         if self._refused:

@@ -229,3 +229,25 @@ def test_binary_frames_parse_back(payload: bytes) -> None:
     envelope = pb.ClientEnvelope(event=pb.FleetEvent(message=payload.hex()))
     messages, close_code = ws_messages(binary_frame(envelope.SerializeToString()))
     assert close_code is None and messages == [envelope]
+
+
+def test_each_event_is_framed_once_for_all_subscribers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Subscribers flushed in one turn share each event's serialization."""
+    import twisted_iop.controlplane.client_wire as client_wire
+
+    fleet = Fleet()
+    sockets = [fleet.subscriber() for _ in range(3)]
+    framed: list[int] = []
+    frame = client_wire.binary_frame
+
+    def counting(payload: bytes) -> bytes:
+        framed.append(len(payload))
+        return frame(payload)
+
+    monkeypatch.setattr(client_wire, "binary_frame", counting)
+    fleet.record(4)
+    fleet.clock.advance(0)
+    assert len(framed) == 4
+    for socket_ in sockets:
+        assert event_sequences(socket_) == [2, 3, 4, 5]
+    assert fleet.factory._turn_frames is None  # nothing kept after the turn

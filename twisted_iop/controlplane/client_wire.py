@@ -13,8 +13,9 @@ unmasked, one message each) and written as one write of at most
 :data:`BATCH_BYTES`, instead of one Autobahn ``sendMessage`` per event.
 A turn that queues :data:`BATCH_EVENTS` events (or reaches the queue's
 bounds) for one subscriber writes them at once, so the queue's bounds drop
-events of a full socket only, as before. Whatever the client sends is answered after the events recorded
-before it.
+events of a full socket only, as before. Whatever the client sends is
+answered after the events recorded before it. Each event is serialized
+once, however many subscribers it goes to.
 
 A socket that has not said hello within ``hello_timeout_seconds`` is
 closed (code 4003), and so is one that keeps sending what the protocol
@@ -521,6 +522,9 @@ class ClientWireFactory(WebSocketServerFactory):
         self._last_payload = b""
         self._last_frame_event: Optional[EventRecord] = None
         self._last_frame = b""
+        #: While a turn's writes run for several subscribers: the frames
+        #: built in it (by event identity), so each event is framed once.
+        self._turn_frames: Optional[dict[int, tuple[EventRecord, bytes]]] = None
         #: Subscribers with events queued in this turn, and the call that
         #: writes them at the start of the next.
         self._flushing: list[ClientWireServerProtocol] = []
@@ -536,11 +540,21 @@ class ClientWireFactory(WebSocketServerFactory):
 
     def event_frame(self, event: EventRecord) -> bytes:
         """``event``'s WebSocket frame (:func:`binary_frame` of its message),
-        built once for all the subscribers it goes to in a row."""
-        if self._last_frame_event is not event:
-            self._last_frame = binary_frame(self.event_payload(event))
-            self._last_frame_event = event
-        return self._last_frame
+        built once for all the subscribers it goes to in a row, and once in
+        a turn whose writes go to several subscribers."""
+        if self._last_frame_event is event:
+            return self._last_frame
+        frames = self._turn_frames
+        kept = frames.get(id(event)) if frames is not None else None
+        if kept is not None and kept[0] is event:
+            frame = kept[1]
+        else:
+            frame = binary_frame(self.event_payload(event))
+            if frames is not None:
+                frames[id(event)] = (event, frame)
+        self._last_frame = frame
+        self._last_frame_event = event
+        return frame
 
     def flush_next_turn(self, protocol: ClientWireServerProtocol) -> None:
         """Write ``protocol``'s queued events at the start of the next reactor turn."""
@@ -552,13 +566,19 @@ class ClientWireFactory(WebSocketServerFactory):
         """Every subscriber with events from the last turn: one write each."""
         self._flush_call = None
         flushing, self._flushing = self._flushing, []
-        for protocol in flushing:
-            protocol.flush_due = False
-            if not protocol.paused:
-                try:
-                    protocol.flush()
-                except Exception:
-                    self._log.failure("client wire flush failed")
+        # Several subscribers mostly get the same events: frame each once.
+        # The frames live only as long as this turn's writes.
+        self._turn_frames = {} if len(flushing) > 1 else None
+        try:
+            for protocol in flushing:
+                protocol.flush_due = False
+                if not protocol.paused:
+                    try:
+                        protocol.flush()
+                    except Exception:
+                        self._log.failure("client wire flush failed")
+        finally:
+            self._turn_frames = None
 
     def close_all(self) -> None:
         """Close every client connection (the Control Plane is stopping)."""

@@ -201,7 +201,8 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
 
     @property
     def queued_events(self) -> int:
-        """Events waiting for this subscriber's socket to drain."""
+        """Events waiting for this subscriber's socket to drain (and, within
+        a reactor turn, those waiting for the turn's write)."""
         return len(self._queue)
 
     # -- Twisted and Autobahn hooks (Autobahn swallows exceptions in its ------

@@ -38,6 +38,9 @@ from twisted_iop.wire import control_pb2 as pb  # noqa: E402
 from twisted_iop.wire.peer import make_envelope  # noqa: E402
 
 BENCH_DIR = Path(__file__).resolve().parent
+#: The phases ``--only`` may name: fleet rounds, CPU and RSS against the echo
+#: reference; GET /edges/{id} against Klein; live events; commands.
+PHASES = ("fleet", "http", "events", "commands")
 
 
 # -- the fake edges: a 4-node x 2-provider snapshot, and commands answered ----------
@@ -349,26 +352,32 @@ async def commands(http: ff.Http, edge_ids: list[str], rate: float, seconds: flo
 
 
 async def fleet_phase(args: Any, n: int, results: Results, workdir: Path) -> None:
-    """Echo, then the Control Plane, at ``n`` edges: enrollment, rounds, CPU, RSS."""
+    """Echo, then the Control Plane, at ``n`` edges: enrollment, rounds, CPU, RSS.
+
+    Without ``fleet`` in ``--only``, the echo reference and the fleet
+    figures are left out: the Control Plane only enrolls the edges for the
+    other phases.
+    """
     label = f"{n:,} edges"
-    print(f"\n== {label}: bare echo", flush=True)
-    echo = Reference("echo_server.py")
-    try:
-        http = ff.Http(echo.ports["http_port"])
-        rss_idle = echo.rss_bytes()
-        fleet = BenchFleet(echo.ports["edge_port"])
+    if "fleet" in args.only:
+        print(f"\n== {label}: bare echo", flush=True)
+        echo = Reference("echo_server.py")
+        try:
+            http = ff.Http(echo.ports["http_port"])
+            rss_idle = echo.rss_bytes()
+            fleet = BenchFleet(echo.ports["edge_port"])
 
-        async def echo_count() -> int:
-            _, body, _ = await http.get("/count")
-            return int(body)
+            async def echo_count() -> int:
+                _, body, _ = await http.get("/count")
+                return int(body)
 
-        echo_enroll = await enroll(fleet, n, echo_count, args.enroll_timeout)
-        echo_rounds = await rounds(http, "/round", fleet, echo.pid, args.rounds)
-        echo_rss = (echo.rss_bytes() - rss_idle) / n
-        fleet.close()
-    finally:
-        echo.stop()
-    await ff.sleep(1.0)
+            echo_enroll = await enroll(fleet, n, echo_count, args.enroll_timeout)
+            echo_rounds = await rounds(http, "/round", fleet, echo.pid, args.rounds)
+            echo_rss = (echo.rss_bytes() - rss_idle) / n
+            fleet.close()
+        finally:
+            echo.stop()
+        await ff.sleep(1.0)
 
     print(f"== {label}: twisted-iop Control Plane", flush=True)
     cp = ff.ControlPlaneProcess(workdir, f"tcp:0:interface={ff.LOOPBACK}")
@@ -387,14 +396,17 @@ async def fleet_phase(args: Any, n: int, results: Results, workdir: Path) -> Non
             return int(body["total"])
 
         cp_enroll = await enroll(fleet, n, cp_count, args.enroll_timeout)
-        cp_rounds = await rounds(http, "/fleet/status", fleet, cp.pid, args.rounds)
-        await ff.sleep(1.0)
-        cp_rss = (cp.rss_bytes() - rss_idle) / n
+        if "fleet" in args.only:
+            cp_rounds = await rounds(http, "/fleet/status", fleet, cp.pid, args.rounds)
+            await ff.sleep(1.0)
+            cp_rss = (cp.rss_bytes() - rss_idle) / n
         if args.extras:
             await extras(args, http, fleet, cp.pid, results)
         fleet.close()
     finally:
         cp.stop()
+    if "fleet" not in args.only:
+        return
 
     p50, p99 = statistics.median(cp_rounds["walls"]), percentile(cp_rounds["walls"], 0.99)
     e50, e99 = statistics.median(echo_rounds["walls"]), percentile(echo_rounds["walls"], 0.99)
@@ -435,8 +447,29 @@ async def fleet_phase(args: Any, n: int, results: Results, workdir: Path) -> Non
 
 
 async def extras(args: Any, http: ff.Http, fleet: BenchFleet, pid: int, results: Results) -> None:
-    """Against the running Control Plane: GET /edges/{id} (vs Klein) and commands."""
+    """Against the running Control Plane: GET /edges/{id} (vs Klein), live
+    events and commands (those of them ``--only`` names)."""
     edge_ids = [edge.edge_id for edge in fleet.edges[:1000]]
+    if "http" in args.only:
+        await edge_detail_rate(args, http, edge_ids, results)
+    if "events" in args.only:
+        await live_events(args, http, fleet, pid, results)
+    if "commands" not in args.only:
+        return
+    latencies = await commands(http, edge_ids, 100.0, args.command_seconds)
+    p50, p99 = statistics.median(latencies), percentile(latencies, 0.99)
+    results.add(
+        f"command round trip at 100/s ({len(latencies)} commands) p50 / p99",
+        f"{p50 * 1000:.1f} / {p99 * 1000:.1f} ms",
+        "-",
+        None,
+        "p99 <= 5 ms",
+        p99 <= 0.005,
+    )
+
+
+async def edge_detail_rate(args: Any, http: ff.Http, edge_ids: list[str], results: Results) -> None:
+    """``GET /edges/{id}`` requests per second, the Control Plane's then Klein's."""
     http.pool.maxPersistentPerHost = 8
     ours = await http_rate(http, [f"/edges/{e}" for e in edge_ids], args.http_seconds)
     klein = Reference("klein_app.py")
@@ -453,17 +486,6 @@ async def extras(args: Any, http: ff.Http, fleet: BenchFleet, pid: int, results:
         ours / theirs,
         ">= 0.90x Klein",
         ours >= 0.9 * theirs,
-    )
-    await live_events(args, http, fleet, pid, results)
-    latencies = await commands(http, edge_ids, 100.0, args.command_seconds)
-    p50, p99 = statistics.median(latencies), percentile(latencies, 0.99)
-    results.add(
-        f"command round trip at 100/s ({len(latencies)} commands) p50 / p99",
-        f"{p50 * 1000:.1f} / {p99 * 1000:.1f} ms",
-        "-",
-        None,
-        "p99 <= 5 ms",
-        p99 <= 0.005,
     )
 
 
@@ -541,6 +563,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=280.0, help="overall deadline in seconds")
     parser.add_argument("--json", metavar="PATH", help="also write the table as JSON")
     parser.add_argument(
+<<<<<<< HEAD
         "--edges",
         metavar="N[,N...]",
         help="run only these fleet phases (edge counts); the first also runs the HTTP, event and command figures",
@@ -550,6 +573,19 @@ def main() -> None:
         args.edges = [int(n) for n in args.edges.split(",")]
     else:
         args.edges = [1000] if args.quick else [1000, 10000, 20000]
+=======
+        "--only",
+        default=",".join(PHASES),
+        help=f"comma-separated phases to run, of {', '.join(PHASES)} (default: all); "
+        "without fleet the Control Plane only enrolls the edges (no echo reference)",
+    )
+    args = parser.parse_args()
+    args.only = {name.strip() for name in args.only.split(",") if name.strip()}
+    unknown = args.only - set(PHASES)
+    if unknown:
+        parser.error(f"unknown phases in --only: {', '.join(sorted(unknown))}")
+    args.edges = [1000] if args.quick or "fleet" not in args.only else [1000, 10000, 20000]
+>>>>>>> perf-events-http
     args.rounds = args.rounds or (10 if args.quick else 5)
     print(
         f"python {sys.version.split()[0]}; {os.cpu_count()} cores; load average "

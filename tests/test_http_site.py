@@ -322,9 +322,18 @@ def test_host_verdicts_are_remembered_within_a_bound() -> None:
     assert b" 200 " in _answer_head(site, b"iop.example").split(b"\r\n")[0]
 
 
+def _deadline_timers(clock: Clock) -> list[Any]:
+    """The pending deadline timers of every channel on ``clock``."""
+    return [
+        call
+        for call in clock.getDelayedCalls()
+        if getattr(getattr(call, "func", None), "__name__", "") == "_deadline_passed"
+    ]
+
+
 def test_one_timer_carries_the_header_then_the_request_deadline() -> None:
-    """Headers in time move the request's single timer to the request deadline,
-    counted from the request's start; a finished request leaves no timer behind."""
+    """Headers in time move the request's single timer on to the request deadline,
+    counted from the request's start; a finished request's timer ends without a 408."""
     clock = Clock()
     site = GuardedSite(Echo(), SiteLimits(header_timeout_seconds=10, request_timeout_seconds=30), reactor=clock)
     channel = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000))
@@ -335,6 +344,7 @@ def test_one_timer_carries_the_header_then_the_request_deadline() -> None:
     channel.dataReceived(b"Content-Type: application/json\r\nContent-Length: 10\r\n\r\n{")
     clock.advance(20.5)
     assert transport.value() == b"" and site.timed_out_requests == 0
+    assert len(_deadline_timers(clock)) == 1
     clock.advance(0.5)
     assert b" 408 " in transport.value().split(b"\r\n")[0] and b"the request did not arrive" in transport.value()
     assert site.timed_out_requests == 1
@@ -344,7 +354,73 @@ def test_one_timer_carries_the_header_then_the_request_deadline() -> None:
     channel.makeConnection(transport)
     channel.dataReceived(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     assert b" 200 " in transport.value().split(b"\r\n")[0]
-    request_timers = [
-        call for call in clock.getDelayedCalls() if getattr(getattr(call, "func", None), "__name__", "") == "_expired"
-    ]
-    assert request_timers == []
+    assert len(_deadline_timers(clock)) <= 1  # the connection's one timer, never one per request
+    clock.advance(60)
+    assert site.timed_out_requests == 1 and transport.value().count(b"HTTP/1.1") == 1
+    assert _deadline_timers(clock) == []  # an idle connection keeps no timer
+
+
+def test_a_kept_alive_connections_next_request_has_its_own_header_deadline() -> None:
+    """After a request whose timer waited for its longer request deadline, the next
+    request's headers must still arrive within the header deadline of that request."""
+    clock = Clock()
+    site = GuardedSite(Echo(), SiteLimits(header_timeout_seconds=10, request_timeout_seconds=30), reactor=clock)
+    channel = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000))
+    transport = StringTransport()
+    channel.makeConnection(transport)
+    channel.dataReceived(b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n")
+    channel.dataReceived(b"Content-Length: 2\r\n\r\n{")
+    clock.advance(12)  # the timer passed the header deadline and now waits for second 30
+    channel.dataReceived(b"}")
+    assert b" 200 " in transport.value().split(b"\r\n")[0]
+    clock.advance(1)
+    channel.dataReceived(b"GET / HTTP/1.1\r\n")  # headers never finish
+    clock.advance(9.5)
+    assert site.timed_out_requests == 0
+    clock.advance(0.5)
+    assert site.timed_out_requests == 1
+    assert b"the headers did not arrive within 10s" in transport.value()
+
+
+class Addresses(Resource):
+    """Answers with what the request says of its connection: local and remote address, TLS."""
+
+    isLeaf = True
+
+    def render_GET(self, request: Any) -> bytes:
+        request.setHeader(b"content-type", b"application/json")
+        host, peer = request.getHost(), request.getClientAddress()
+        body = json.dumps({"host": host.port, "peer": peer.port, "secure": request.isSecure()}).encode()
+        request.setHeader(b"content-length", b"%d" % len(body))
+        return body
+
+
+class CountingTransport(StringTransport):
+    """A transport that counts how often it is asked for its addresses."""
+
+    def __init__(self) -> None:
+        super().__init__(IPv4Address("TCP", "127.0.0.1", 8080), IPv4Address("TCP", "127.0.0.1", 40000))
+        self.asked = 0
+
+    def getHost(self) -> IPv4Address:
+        self.asked += 1
+        return super().getHost()  # type: ignore[no-any-return]
+
+    def getPeer(self) -> IPv4Address:
+        self.asked += 1
+        return super().getPeer()  # type: ignore[no-any-return]
+
+
+def test_a_connection_is_asked_for_its_addresses_once() -> None:
+    """Every request on a kept-alive connection sees its addresses and TLS state; the
+    transport is asked for them once per connection, not per request."""
+    site = GuardedSite(Addresses(), reactor=Clock())
+    channel = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000))
+    transport = CountingTransport()
+    channel.makeConnection(transport)
+    for _ in range(3):
+        channel.dataReceived(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    decoder = json.JSONDecoder()
+    bodies = [decoder.raw_decode(part.decode())[0] for part in transport.value().split(b"\r\n\r\n")[1:]]
+    assert bodies == [{"host": 8080, "peer": 40000, "secure": False}] * 3
+    assert transport.asked <= 2

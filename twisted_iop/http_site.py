@@ -290,13 +290,23 @@ class GuardedChannel(HTTPChannel):
         self.peer_host = ""
         self.request_method = b""
         self.request_path = b""
-        #: One timer per request: first the header deadline, then (reset
-        #: when the headers are in) the rest of the request deadline.
+        #: The connection's one deadline timer. It is never moved later or
+        #: cancelled when a request ends (both cost a reactor operation per
+        #: request): when it fires it looks at the deadline of now and
+        #: either answers 408 or waits again for what is left.
         self._deadline: Optional[IDelayedCall] = None
-        #: What the timer waits for now: "headers" or "request".
+        #: When the current deadline passes (None: no request under way).
+        self._deadline_at: Optional[float] = None
+        #: What the deadline waits for now: "headers" or "request".
         self._awaiting = "headers"
         self._request_deadline_at = 0.0
         self._refused = False
+        #: Whether the transport is TLS, asked once (Twisted asks twice a request).
+        self._secure: Optional[bool] = None
+        #: The connection's two addresses, asked once (every request asks both;
+        #: the local one is a getsockname call on a TCP socket).
+        self._peer: Optional[IAddress] = None
+        self._host: Optional[IAddress] = None
 
     def connectionMade(self) -> None:
         super().connectionMade()
@@ -309,14 +319,15 @@ class GuardedChannel(HTTPChannel):
     def lineReceived(self, line: bytes) -> None:
         if self._refused:
             return
-        if self._deadline is None and line:
-            # The first line of a new request on a kept-alive connection.
-            self._start_deadlines()
-        if self._deadline is not None and not self.request_method and line:
+        if not self.request_method and line:
+            # The request line: on a kept-alive connection, a new request.
+            if self._deadline_at is None:
+                self._start_deadlines()
             parts = line.split(b" ", 2)
             self.request_method = parts[0].upper()
             self.request_path = parts[1].split(b"?", 1)[0] if len(parts) > 1 else b""
-        super().lineReceived(line)
+        # Called directly (a header line costs no super() lookup).
+        HTTPChannel.lineReceived(self, line)
 
     def rawDataReceived(self, data: bytes) -> None:
         if self._refused:
@@ -324,16 +335,39 @@ class GuardedChannel(HTTPChannel):
         super().rawDataReceived(data)
 
     def allHeadersReceived(self) -> None:
-        deadline = self._deadline
-        if deadline is not None and self._awaiting == "headers":
+        if self._deadline_at is not None and self._awaiting == "headers":
+            # The timer fires at the header deadline and waits again for the rest.
             self._awaiting = "request"
-            if deadline.active():
-                deadline.reset(max(0.0, self._request_deadline_at - self.site.reactor.seconds()))
+            self._deadline_at = self._request_deadline_at
         super().allHeadersReceived()
 
+    def isSecure(self) -> bool:
+        """Whether the connection is TLS: adapting the transport to
+        ``ISSLTransport`` once, not on every request (a connection does not
+        change its transport while it speaks HTTP)."""
+        secure = self._secure
+        if secure is None:
+            secure = self._secure = bool(super().isSecure())
+        return secure
+
+    def getPeer(self) -> IAddress:
+        """The remote address (the connection's, kept once asked)."""
+        peer = self._peer
+        if peer is None:
+            peer = self._peer = super().getPeer()
+        return peer
+
+    def getHost(self) -> IAddress:
+        """The local address (the connection's, kept once asked)."""
+        host = self._host
+        if host is None:
+            host = self._host = super().getHost()
+        return host
+
     def request_complete(self) -> None:
-        """The whole request arrived: its deadlines no longer apply."""
-        self._cancel()
+        """The whole request arrived: its deadlines no longer apply (the
+        timer, when it fires, finds no request and ends)."""
+        self._deadline_at = None
         self.request_method = b""
         self.request_path = b""
 
@@ -389,16 +423,37 @@ class GuardedChannel(HTTPChannel):
     def _start_deadlines(self) -> None:
         limits = self.site.limits
         clock = self.site.reactor
-        self._request_deadline_at = clock.seconds() + limits.request_timeout_seconds
+        now = clock.seconds()
+        self._request_deadline_at = now + limits.request_timeout_seconds
         if limits.header_timeout_seconds < limits.request_timeout_seconds:
             self._awaiting = "headers"
-            self._deadline = clock.callLater(limits.header_timeout_seconds, self._expired)
+            deadline_at = now + limits.header_timeout_seconds
         else:
             self._awaiting = "request"
-            self._deadline = clock.callLater(limits.request_timeout_seconds, self._expired)
+            deadline_at = self._request_deadline_at
+        self._deadline_at = deadline_at
+        timer = self._deadline
+        if timer is None:
+            self._deadline = clock.callLater(deadline_at - now, self._deadline_passed)
+        elif timer.getTime() > deadline_at:
+            # Left waiting for an earlier request's longer deadline: sooner now.
+            timer.reset(deadline_at - now)
+
+    def _deadline_passed(self) -> None:
+        """The timer fired: 408 if the current deadline passed, else wait for what is left."""
+        self._deadline = None
+        deadline_at = self._deadline_at
+        if deadline_at is None:
+            return  # no request under way: the next one starts a timer
+        clock = self.site.reactor
+        left = deadline_at - clock.seconds()
+        if left > 0:
+            self._deadline = clock.callLater(left, self._deadline_passed)
+            return
+        self._expired()
 
     def _expired(self) -> None:
-        self._deadline = None
+        self._deadline_at = None
         what = self._awaiting
         seconds = (
             self.site.limits.header_timeout_seconds if what == "headers" else self.site.limits.request_timeout_seconds
@@ -411,6 +466,7 @@ class GuardedChannel(HTTPChannel):
             self.site.reactor.callLater(5.0, abort)
 
     def _cancel(self) -> None:
+        self._deadline_at = None
         timer = self._deadline
         self._deadline = None
         if timer is not None and timer.active():
@@ -419,6 +475,29 @@ class GuardedChannel(HTTPChannel):
     def connectionLost(self, reason: Any = None) -> None:
         self._cancel()
         super().connectionLost(reason)
+
+
+class _CountedConnection(ProtocolWrapper):
+    """What the site puts in front of each channel: it sees the socket close
+    (counted) even after a WebSocket upgrade took the connection over.
+
+    The producer methods are its own, not forwarded by attribute lookup:
+    the channel pauses and resumes the transport on every request.
+    """
+
+    peer_host = ""
+
+    def pauseProducing(self) -> None:
+        transport: Any = self.transport
+        transport.pauseProducing()
+
+    def resumeProducing(self) -> None:
+        transport: Any = self.transport
+        transport.resumeProducing()
+
+    def stopProducing(self) -> None:
+        transport: Any = self.transport
+        transport.stopProducing()
 
 
 class GuardedSite(Site):
@@ -499,8 +578,8 @@ class GuardedSite(Site):
         self.by_address[host] = self.by_address.get(host, 0) + 1
         # The wrapper sees the socket close even after a WebSocket upgrade
         # has taken the connection away from the HTTP channel.
-        counted = ProtocolWrapper(self, channel)  # type: ignore[arg-type]
-        counted.peer_host = host  # type: ignore[attr-defined]
+        counted = _CountedConnection(self, channel)  # type: ignore[arg-type]
+        counted.peer_host = host
         self._open.add(counted)
         return counted
 

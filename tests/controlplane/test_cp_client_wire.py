@@ -11,12 +11,14 @@ from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientPr
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint
+from twisted.internet.interfaces import IPushProducer
 from twisted.internet.task import Clock
 
 from twisted_iop.controlplane.client_wire import ClientWireFactory, ClientWireServerProtocol, ClientWireSettings
 from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry
 from twisted_iop.testing.harness import eventually, start_control_plane
 from twisted_iop.testing.peers import HeldEdgePeer, connect_edge
+from twisted_iop.testing.wire import ClientConnection
 from twisted_iop.wire import PROTOCOL_MAJOR
 from twisted_iop.wire import control_pb2 as pb
 
@@ -155,31 +157,52 @@ class RecordingWire(ClientWireServerProtocol):
         self.sent.append(envelope)
 
 
+def subscribed_socket(
+    settings: ClientWireSettings = ClientWireSettings(),
+) -> tuple[EdgeRegistry, Clock, ClientConnection]:
+    """A registry and a ``/client`` socket (opened over a StringTransport) subscribed to the fleet.
+
+    Events reach the socket at the next turn of ``clock``.
+    """
+    clock = Clock()
+    registry = EdgeRegistry(clock)
+    factory = ClientWireFactory(registry, attrs.evolve(settings, auto_ping_interval_seconds=0.0), clock)
+    socket_ = ClientConnection(factory.buildProtocol(None))
+    socket_.send("client_hello_request", hello(), 1)
+    socket_.send("subscribe_request", pb.SubscribeRequest(), 2)
+    socket_.transport.clear()
+    return registry, clock, socket_
+
+
+def flow(socket_: ClientConnection) -> IPushProducer:
+    """The flow control the server side registered on ``socket_``'s transport."""
+    producer = socket_.transport.producer
+    assert producer is not None
+    return cast(IPushProducer, producer)
+
+
 def test_slow_consumer_is_told_how_many_events_it_lost() -> None:
     """While paused, events beyond the bounded queue are dropped and reported, never buffered."""
-    registry = EdgeRegistry(Clock())
-    factory = ClientWireFactory(registry, ClientWireSettings(subscriber_queue=5))
-    protocol = RecordingWire()
-    protocol.factory = factory
-    protocol.state = ClientWireServerProtocol.STATE_OPEN
-    protocol._on_message(pb.ClientEnvelope(client_hello_request=hello()).SerializeToString(), True)
-    protocol._on_message(pb.ClientEnvelope(subscribe_request=pb.SubscribeRequest()).SerializeToString(), True)
-    protocol.sent.clear()
+    registry, clock, socket_ = subscribed_socket(ClientWireSettings(subscriber_queue=5))
+    protocol = socket_.protocol
     hello_info = EdgeHello(labels={}, software_version="t", protocol_version="1.0", commands=())
 
     registry.connect("edge-a", HeldEdgePeer(), hello_info)
-    assert [m.event.fleet_sequence for m in protocol.sent] == [1]
-    protocol.paused = True
+    clock.advance(0)
+    assert [m.event.fleet_sequence for m in socket_.received()[0]] == [1]
+    producer = flow(socket_)
+    producer.pauseProducing()  # the socket is full
     for i in range(20):
         registry.record("edge-a", "node.ready", node_id=f"n{i}")
+    clock.advance(0)
     assert len(protocol._queue) == 5  # bounded while the socket is full
-    protocol.sent.clear()
-    protocol.paused = False
-    protocol.flush()
-    assert protocol.sent[0].WhichOneof("body") == "events_lost"
-    lost = protocol.sent[0].events_lost
+    socket_.transport.clear()
+    producer.resumeProducing()
+    sent = socket_.received()[0]
+    assert sent[0].WhichOneof("body") == "events_lost"
+    lost = sent[0].events_lost
     assert (lost.count, lost.first_sequence, lost.last_sequence, lost.reason) == (15, 2, 16, "slow_consumer")
-    assert [m.event.fleet_sequence for m in protocol.sent[1:]] == [17, 18, 19, 20, 21]
+    assert [m.event.fleet_sequence for m in sent[1:]] == [17, 18, 19, 20, 21]
 
 
 @pytest_twisted.ensureDeferred
@@ -265,14 +288,11 @@ async def test_unknown_body_is_answered_and_the_socket_stays_open() -> None:
 def test_a_slow_consumers_queue_is_bounded_in_bytes() -> None:
     """Large events fill a subscriber's byte budget before its count: the
     oldest are dropped and reported, and the queue's bytes stay in budget."""
-    registry = EdgeRegistry(Clock())
     budget = 64 * 1024
-    factory = ClientWireFactory(registry, ClientWireSettings(subscriber_queue=1000, subscriber_queue_bytes=budget))
-    protocol = RecordingWire()
-    protocol.factory = factory
-    protocol.state = ClientWireServerProtocol.STATE_OPEN
-    protocol._on_message(pb.ClientEnvelope(client_hello_request=hello()).SerializeToString(), True)
-    protocol._on_message(pb.ClientEnvelope(subscribe_request=pb.SubscribeRequest()).SerializeToString(), True)
+    registry, clock, socket_ = subscribed_socket(
+        ClientWireSettings(subscriber_queue=1000, subscriber_queue_bytes=budget)
+    )
+    protocol = socket_.protocol
 
     class Peer:
         last_received = 0.0
@@ -281,16 +301,17 @@ def test_a_slow_consumers_queue_is_bounded_in_bytes() -> None:
             pass
 
     registry.connect("edge-a", Peer(), EdgeHello({}, "t", "1.0", ()))  # type: ignore[arg-type]
-    protocol.paused = True
+    flow(socket_).pauseProducing()
     for _ in range(50):
         registry.record("edge-a", "node.note", message="m" * 4000)
     assert 0 < protocol.queued_events < 50
     assert protocol.queued_bytes <= budget
-    protocol.sent.clear()
-    protocol.paused = False
-    protocol.flush()
-    lost = protocol.sent[0].events_lost
-    assert lost.reason == "slow_consumer" and lost.count == 50 - (len(protocol.sent) - 1)
+    socket_.transport.clear()
+    flow(socket_).resumeProducing()
+    sent = socket_.received()[0]
+    lost = sent[0].events_lost
+    # 51 events: edge.connected and the 50 notes.
+    assert lost.reason == "slow_consumer" and lost.count == 51 - (len(sent) - 1)
     assert protocol.queued_bytes == 0
 
 

@@ -7,6 +7,16 @@ per-subscriber queue; what overflows it is counted and the subscriber is
 told with ``EventsLost(reason="slow_consumer")`` before the next event, so
 the server never buffers without bound and the client always knows.
 
+The events recorded in one reactor turn reach each subscriber together at
+the start of the next turn: their WebSocket frames are built here (binary,
+unmasked, one message each) and written as one write of at most
+:data:`BATCH_BYTES`, instead of one Autobahn ``sendMessage`` per event.
+A turn that queues :data:`BATCH_EVENTS` events (or reaches the queue's
+bounds) for one subscriber writes them at once, so the queue's bounds drop
+events of a full socket only, as before. Whatever the client sends is
+answered after the events recorded before it. Each event is serialized
+once, however many subscribers it goes to.
+
 A socket that has not said hello within ``hello_timeout_seconds`` is
 closed (code 4003), and so is one that keeps sending what the protocol
 does not allow (code 4004 after ``max_violations``): an unidentified or
@@ -45,6 +55,12 @@ CLOSE_HELLO_TIMEOUT = 4003
 CLOSE_TOO_MANY_VIOLATIONS = 4004
 #: How many buffered events a resume replays at most per request.
 RESUME_BATCH = 10000
+#: Events queued for one open subscriber within a turn that are written at
+#: once instead of at the start of the next turn.
+BATCH_EVENTS = 256
+#: Wire bytes of events given to one subscriber's transport in one write;
+#: between writes a full socket pauses the subscriber (flow control).
+BATCH_BYTES = 64 * 1024
 
 
 @attrs.frozen
@@ -68,19 +84,27 @@ class ClientWireSettings:
 
 def fleet_event_message(event: EventRecord) -> pb.FleetEvent:
     """The wire form of a recorded event."""
-    return pb.FleetEvent(
+    message = pb.FleetEvent(
         sequence=event.sequence,
         fleet_sequence=event.fleet_sequence,
         edge_id=event.edge_id,
         kind=event.kind,
         occurred_at_ms=int(event.occurred_at * 1000),
         recorded_at_ms=int(event.recorded_at * 1000),
-        node_id=event.node_id,
-        provider_id=event.provider_id,
-        command_id=event.command_id,
-        message=event.message,
-        attributes=event.attributes,
     )
+    # Most events leave these empty: set only what is there (cheaper than
+    # passing empty values, and the same message).
+    if event.node_id:
+        message.node_id = event.node_id
+    if event.provider_id:
+        message.provider_id = event.provider_id
+    if event.command_id:
+        message.command_id = event.command_id
+    if event.message:
+        message.message = event.message
+    if event.attributes:
+        message.attributes.update(event.attributes)
+    return message
 
 
 #: The tag of ``ClientEnvelope.event`` (field 16, length-delimited).
@@ -92,6 +116,21 @@ def event_payload(event: EventRecord) -> bytes:
     body is the event (request_id 0), serialized without building the envelope."""
     data = fleet_event_message(event).SerializeToString()
     return _EVENT_TAG + varint(len(data)) + data
+
+
+#: The header of an unmasked, final, binary WebSocket frame of each length up to 125.
+_SMALL_FRAME_HEADERS = tuple(bytes((0x82, n)) for n in range(126))
+
+
+def binary_frame(payload: bytes) -> bytes:
+    """``payload`` as one server-to-client WebSocket frame: final, binary,
+    unmasked, uncompressed (RFC 6455 section 5.2)."""
+    n = len(payload)
+    if n < 126:
+        return _SMALL_FRAME_HEADERS[n] + payload
+    if n <= 0xFFFF:
+        return b"\x82\x7e" + n.to_bytes(2, "big") + payload
+    return b"\x82\x7f" + n.to_bytes(8, "big") + payload
 
 
 @implementer(IPushProducer)
@@ -137,6 +176,10 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
 
     _log = Logger()
     factory: ClientWireFactory
+    # Autobahn copies these from the factory when the connection is made
+    # (annotations only: a class value would stop it doing so).
+    maxMessagePayloadSize: int
+    maskServerFrames: bool
 
     def __init__(self) -> None:
         super().__init__()
@@ -153,10 +196,13 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
         self._hello_timer: Optional[IDelayedCall] = None
         #: Messages refused so far (malformed, before hello, unexpected).
         self.violations = 0
+        #: Whether the factory will flush this subscriber at the next turn.
+        self.flush_due = False
 
     @property
     def queued_events(self) -> int:
-        """Events waiting for this subscriber's socket to drain."""
+        """Events waiting for this subscriber's socket to drain (and, within
+        a reactor turn, those waiting for the turn's write)."""
         return len(self._queue)
 
     # -- Twisted and Autobahn hooks (Autobahn swallows exceptions in its ------
@@ -231,6 +277,9 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
         self._hello_timer = None
 
     def _on_message(self, payload: bytes, is_binary: bool) -> None:
+        if self._queue and not self.paused:
+            # What was recorded before this message goes out before its answer.
+            self.flush()
         if not is_binary:
             self._refuse(pb.ERROR_CODE_MALFORMED_FRAME, "messages must be binary ClientEnvelopes", 0)
             return
@@ -336,20 +385,32 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
         self._enqueue(event)
 
     def _enqueue(self, event: EventRecord) -> None:
-        """Queue ``event``; beyond the queue's count or byte bound the oldest
-        queued events are dropped (and reported as lost)."""
+        """Queue ``event`` for the next turn's write.
+
+        An open socket is written at once when the queue reaches a bound
+        (:data:`BATCH_EVENTS`, or the queue's own count or byte bound): only
+        a full socket's events wait beyond them, and of those the oldest
+        are dropped (and reported as lost).
+        """
         queue = self._queue
         settings = self.factory.settings
         queue.append(event)
         self.queued_bytes += event.size_bytes
+        if not self.paused and (
+            len(queue) >= BATCH_EVENTS
+            or len(queue) > settings.subscriber_queue
+            or self.queued_bytes > settings.subscriber_queue_bytes
+        ):
+            self.flush()
         while len(queue) > 1 and (
             len(queue) > settings.subscriber_queue or self.queued_bytes > settings.subscriber_queue_bytes
         ):
             dropped = queue.popleft()
             self.queued_bytes -= dropped.size_bytes
             self._note_lost(dropped)
-        if not self.paused:
-            self.flush()
+        if queue and not self.paused and not self.flush_due:
+            self.flush_due = True
+            self.factory.flush_next_turn(self)
 
     def _sequence(self, event: EventRecord) -> int:
         return event.sequence if self._subscribed_edge is not None else event.fleet_sequence
@@ -362,7 +423,9 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
         self._lost_last = seq
 
     def flush(self) -> None:
-        """Send queued events while the socket takes them."""
+        """Send queued events while the socket takes them: a lost-events
+        notice first if any were dropped, then the events, at most
+        :data:`BATCH_BYTES` of frames per write."""
         if self._lost:
             lost = pb.EventsLost(
                 count=self._lost,
@@ -372,6 +435,40 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
             )
             self._lost = 0
             self._send_envelope("events_lost", lost)
+        queue = self._queue
+        if self.state != WebSocketProtocol.STATE_OPEN:
+            self._clear_queue()
+            return
+        if not self.frames_direct():
+            self._flush_by_messages()
+            return
+        frame_of = self.factory.event_frame
+        limit = self.maxMessagePayloadSize
+        while queue and not self.paused:
+            frames = []
+            size = 0
+            while queue and size < BATCH_BYTES:
+                event = queue.popleft()
+                self.queued_bytes -= event.size_bytes
+                frame = frame_of(event)
+                if 0 < limit < len(frame):
+                    self._oversized(event)
+                    continue
+                frames.append(frame)
+                size += len(frame)
+            if frames:
+                self.sendData(b"".join(frames))
+            if self.state != WebSocketProtocol.STATE_OPEN:
+                self._clear_queue()
+                return
+
+    def frames_direct(self) -> bool:
+        """Whether events may be framed here: a server that neither masks
+        its frames nor compresses messages on this socket (the defaults)."""
+        return self._perMessageCompress is None and not self.maskServerFrames
+
+    def _flush_by_messages(self) -> None:
+        """:meth:`flush` by Autobahn's ``sendMessage``, one event at a time."""
         payload_of = self.factory.event_payload
         while self._queue and not self.paused:
             event = self._queue.popleft()
@@ -380,10 +477,20 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
                 continue
             self.sendMessage(payload_of(event), isBinary=True)
 
+    def _oversized(self, event: EventRecord) -> None:
+        """An event whose frame exceeds the message bound (events are
+        clipped far below it): dropped and logged, never sent."""
+        self._log.warn(
+            "event {sequence} of edge {edge_id} exceeds the client message bound; not sent",
+            sequence=event.sequence,
+            edge_id=event.edge_id,
+        )
+
 
 class ClientWireFactory(WebSocketServerFactory):
     """Serves ``/client`` over one registry, with explicit Autobahn limits."""
 
+    _log = Logger()
     protocol = ClientWireServerProtocol  # type: ignore[assignment]
     noisy = False  # no "Starting factory <... object at 0x...>" lines
 
@@ -410,10 +517,19 @@ class ClientWireFactory(WebSocketServerFactory):
             autoPingTimeout=settings.auto_ping_timeout_seconds,
             failByDrop=False,
         )
-        #: The newest event serialized, and its message: every subscriber it
-        #: goes to now shares one serialization.
+        #: The newest event serialized, and its message and frame: every
+        #: subscriber it goes to now shares one serialization.
         self._last_event: Optional[EventRecord] = None
         self._last_payload = b""
+        self._last_frame_event: Optional[EventRecord] = None
+        self._last_frame = b""
+        #: While a turn's writes run for several subscribers: the frames
+        #: built in it (by event identity), so each event is framed once.
+        self._turn_frames: Optional[dict[int, tuple[EventRecord, bytes]]] = None
+        #: Subscribers with events queued in this turn, and the call that
+        #: writes them at the start of the next.
+        self._flushing: list[ClientWireServerProtocol] = []
+        self._flush_call: Optional[IDelayedCall] = None
 
     def event_payload(self, event: EventRecord) -> bytes:
         """``event``'s WebSocket message (:func:`event_payload`), serialized once
@@ -422,6 +538,48 @@ class ClientWireFactory(WebSocketServerFactory):
             self._last_payload = event_payload(event)
             self._last_event = event
         return self._last_payload
+
+    def event_frame(self, event: EventRecord) -> bytes:
+        """``event``'s WebSocket frame (:func:`binary_frame` of its message),
+        built once for all the subscribers it goes to in a row, and once in
+        a turn whose writes go to several subscribers."""
+        if self._last_frame_event is event:
+            return self._last_frame
+        frames = self._turn_frames
+        kept = frames.get(id(event)) if frames is not None else None
+        if kept is not None and kept[0] is event:
+            frame = kept[1]
+        else:
+            frame = binary_frame(self.event_payload(event))
+            if frames is not None:
+                frames[id(event)] = (event, frame)
+        self._last_frame = frame
+        self._last_frame_event = event
+        return frame
+
+    def flush_next_turn(self, protocol: ClientWireServerProtocol) -> None:
+        """Write ``protocol``'s queued events at the start of the next reactor turn."""
+        self._flushing.append(protocol)
+        if self._flush_call is None:
+            self._flush_call = self.clock.callLater(0, self._flush_turn)
+
+    def _flush_turn(self) -> None:
+        """Every subscriber with events from the last turn: one write each."""
+        self._flush_call = None
+        flushing, self._flushing = self._flushing, []
+        # Several subscribers mostly get the same events: frame each once.
+        # The frames live only as long as this turn's writes.
+        self._turn_frames = {} if len(flushing) > 1 else None
+        try:
+            for protocol in flushing:
+                protocol.flush_due = False
+                if not protocol.paused:
+                    try:
+                        protocol.flush()
+                    except Exception:
+                        self._log.failure("client wire flush failed")
+        finally:
+            self._turn_frames = None
 
     def close_all(self) -> None:
         """Close every client connection (the Control Plane is stopping)."""

@@ -323,8 +323,13 @@ class ControlPlaneHttp:
 
     @app.route("/edges/<edge_id>", methods=["GET"])
     def edge(self, request: IRequest, edge_id: str) -> bytes:
-        """One edge."""
-        return json_body(request, 200, views.edge_detail(self._edge(request, edge_id)))
+        """One edge (rendered by ``edge_detail_json``: what ``edge_detail`` says, as bytes)."""
+        body = views.edge_detail_json(self._edge(request, edge_id))
+        request.setHeader(b"Content-Type", b"application/json")
+        request.setHeader(b"Cache-Control", b"no-store")
+        # A known length: the answer goes out whole, not chunked.
+        request.setHeader(b"Content-Length", b"%d" % len(body))
+        return body
 
     @app.route("/edges/<edge_id>/status", methods=["GET"])
     async def edge_status(self, request: IRequest, edge_id: str) -> bytes:

@@ -34,6 +34,7 @@ from twisted_iop.controlplane.registry import (
     STATUS_AT,
     STATUS_NAMES,
     STATUSES,
+    EdgeHello,
     EdgeRecord,
     StatusSnapshot,
 )
@@ -122,6 +123,96 @@ def edge_detail(record: EdgeRecord) -> dict[str, Any]:
     ops = record.operations
     out["operations"] = {"capacity": ops.capacity, "kept": len(ops), "dropped": ops.dropped, **byte_facts(ops)}
     return out
+
+
+#: Edges whose enrollment-time JSON :func:`edge_detail_json` keeps (the
+#: oldest kept is dropped first beyond this).
+HELLO_JSON_KEPT = 4096
+#: edge id -> (the hello rendered, its three JSON pieces).
+_hello_json: dict[str, tuple[EdgeHello, bytes, bytes, bytes]] = {}
+
+
+def _json_text(value: Optional[str]) -> bytes:
+    """An ISO time (ASCII, nothing to escape) or None as JSON."""
+    return b"null" if value is None else b'"' + value.encode("ascii") + b'"'
+
+
+def _hello_pieces(record: EdgeRecord) -> tuple[EdgeHello, bytes, bytes, bytes]:
+    """The parts of an edge's JSON that change only when it enrolls: before
+    ``connected``, between it and ``connected_at``, and ``commands`` up to
+    the status's ``available``."""
+    hello = record.hello
+    kept = _hello_json.get(record.edge_id)
+    if kept is not None and kept[0] is hello:
+        return kept
+    dumps = _compact_json
+    pieces = (
+        hello,
+        b'{"edge_id":' + dumps(record.edge_id) + b',"connected":',
+        b',"labels":'
+        + dumps(dict(hello.labels))
+        + b',"software_version":'
+        + dumps(hello.software_version)
+        + b',"protocol_version":'
+        + dumps(hello.protocol_version)
+        + b',"connected_at":',
+        b',"commands":' + dumps(record.command_names) + b',"status":{"available":',
+    )
+    if kept is None and len(_hello_json) >= HELLO_JSON_KEPT:
+        del _hello_json[next(iter(_hello_json))]
+    _hello_json[record.edge_id] = pieces
+    return pieces
+
+
+def _compact_json(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode("utf-8")
+
+
+def edge_detail_json(record: EdgeRecord) -> bytes:
+    """``GET /edges/{id}``: :func:`edge_detail` as compact JSON bytes.
+
+    What the edge said at enrollment (id, labels, versions, catalog names)
+    is rendered once per enrollment and kept; each call renders only the
+    times, counters and buffer facts around it. The bytes are those of
+    ``json.dumps(edge_detail(record), separators=(",", ":"))``.
+    """
+    _, head, hello_part, commands_part = _hello_pieces(record)
+    snapshot = record.snapshot
+    connected = record.connected
+    events = record.events
+    ops = record.operations
+    return b"".join(
+        (
+            head,
+            b"true" if connected else b"false",
+            hello_part,
+            _json_text(iso(record.connected_at)),
+            b',"last_seen":',
+            _json_text(iso(record.seen_at())),
+            b',"disconnected_at":',
+            _json_text(iso(record.disconnected_at)),
+            b',"enrollments":%d' % record.enrollments,
+            commands_part,
+            b"false" if snapshot is None else b"true",
+            b',"stale":',
+            b"true" if snapshot is None or not connected else b"false",
+            b',"received_at":',
+            _json_text(iso(snapshot.received_at) if snapshot else None),
+            b'},"events":{"capacity":%d,"kept":%d,"dropped":%d,"last_sequence":%d'
+            b',"byte_budget":%d,"bytes":%d,"dropped_by_bytes":%d}'
+            % (
+                events.capacity,
+                len(events),
+                events.dropped,
+                events.last_sequence,
+                events.byte_budget,
+                events.bytes,
+                events.dropped_by_bytes,
+            ),
+            b',"operations":{"capacity":%d,"kept":%d,"dropped":%d,"byte_budget":%d,"bytes":%d,"dropped_by_bytes":%d}}'
+            % (ops.capacity, len(ops), ops.dropped, ops.byte_budget, ops.bytes, ops.dropped_by_bytes),
+        )
+    )
 
 
 def byte_facts(buffer: Union[EventBuffer, OperationBuffer]) -> dict[str, int]:

@@ -67,23 +67,26 @@ class HttpRoot(Resource):
 
     With ``/client`` on the HTTP port, one port (behind one reverse proxy)
     serves the views, the console and the live events.
+
+    It is a leaf: the site hands it every request with the whole path
+    still to route, and it renders the request with the resource the path
+    names, which sees the request as the site's own root would (the Klein
+    app routes on the whole path). No traversal step per request.
     """
+
+    isLeaf = True
 
     def __init__(self, app: IResource, client: IResource) -> None:
         super().__init__()
         self._app = app
         self._client = client
 
-    def getChildWithDefault(self, path: bytes, request: Request) -> IResource:  # type: ignore[override]
-        prepath, postpath = request.prepath, request.postpath
-        assert prepath is not None and postpath is not None  # set by the Site before traversal
-        if path == b"client" and not postpath:
+    def render(self, request: Request) -> Any:  # type: ignore[override]
+        if request.postpath == [b"client"]:
             # The socket outlives the HTTP request: no HTTP idle timeout on it.
             request.channel.setTimeout(None)
-            return self._client
-        # Everything else is the Klein app's, which routes on the whole path.
-        postpath.insert(0, prepath.pop())
-        return self._app
+            return self._client.render(request)
+        return self._app.render(request)
 
 
 class ControlPlaneService(DaemonService):

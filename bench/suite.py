@@ -563,17 +563,11 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=280.0, help="overall deadline in seconds")
     parser.add_argument("--json", metavar="PATH", help="also write the table as JSON")
     parser.add_argument(
-<<<<<<< HEAD
         "--edges",
         metavar="N[,N...]",
         help="run only these fleet phases (edge counts); the first also runs the HTTP, event and command figures",
     )
-    args = parser.parse_args()
-    if args.edges:
-        args.edges = [int(n) for n in args.edges.split(",")]
-    else:
-        args.edges = [1000] if args.quick else [1000, 10000, 20000]
-=======
+    parser.add_argument(
         "--only",
         default=",".join(PHASES),
         help=f"comma-separated phases to run, of {', '.join(PHASES)} (default: all); "
@@ -584,8 +578,10 @@ def main() -> None:
     unknown = args.only - set(PHASES)
     if unknown:
         parser.error(f"unknown phases in --only: {', '.join(sorted(unknown))}")
-    args.edges = [1000] if args.quick or "fleet" not in args.only else [1000, 10000, 20000]
->>>>>>> perf-events-http
+    if args.edges:
+        args.edges = [int(n) for n in args.edges.split(",")]
+    else:
+        args.edges = [1000] if args.quick or "fleet" not in args.only else [1000, 10000, 20000]
     args.rounds = args.rounds or (10 if args.quick else 5)
     print(
         f"python {sys.version.split()[0]}; {os.cpu_count()} cores; load average "

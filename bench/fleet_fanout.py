@@ -124,6 +124,18 @@ def request_id_field(request_id: int) -> bytes:
     return bytes(out)
 
 
+class RetryLater(Exception):
+    """The Control Plane answered the hello with retry_later."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"retry in {seconds:g} s")
+        self.seconds = seconds
+
+
+#: At most this many retry_later answers per edge before it gives up.
+MAX_HELLO_RETRIES = 20
+
+
 class FakeEdge(FramedPeerProtocol):
     """One fake Edge: says hello, answers status requests from a cached frame.
 
@@ -157,6 +169,9 @@ class FakeEdge(FramedPeerProtocol):
         if answer.accepted:
             self.fleet.accepted += 1
             self.accepted.callback(None)
+        elif answer.retry_after_ms and not answer.permanent:
+            # As a real Edge does: dial again after the hint (connect() does).
+            self.accepted.errback(RetryLater(answer.retry_after_ms / 1000.0))
         else:
             self.accepted.errback(RuntimeError(f"hello of {self.edge_id} rejected: {answer.reason}"))
 
@@ -189,6 +204,8 @@ class FakeFleet:
         self.port = port
         self.edges: list[FakeEdge] = []
         self.accepted = 0
+        #: Hellos dialed again after a retry_later answer.
+        self.retried = 0
         self.lost = 0
         self.status_requests = 0
         #: When the first and the last status request of a round arrived.
@@ -204,8 +221,21 @@ class FakeFleet:
             tail = self._tails[edge_id] = envelope.SerializeToString()
         return tail
 
-    def connect(self, edge_id: str) -> Deferred[None]:
-        """Connect one edge; fire once its hello is accepted."""
+    def connect(self, edge_id: str, attempt: int = 0) -> Deferred[None]:
+        """Connect one edge; fire once its hello is accepted (dialing again,
+        with jitter, after a retry_later answer, as a real Edge does)."""
+        accepted = self._dial(edge_id)
+
+        def retry(failure: Failure) -> Any:
+            if not failure.check(RetryLater) or attempt >= MAX_HELLO_RETRIES:
+                return failure
+            self.retried += 1
+            delay = failure.value.seconds * (0.5 + random.random())
+            return task.deferLater(reactor, delay, self.connect, edge_id, attempt + 1)
+
+        return accepted.addErrback(retry)
+
+    def _dial(self, edge_id: str) -> Deferred[None]:
         edge = FakeEdge(self, edge_id)
         self.edges.append(edge)
         self.status_tail(edge_id)

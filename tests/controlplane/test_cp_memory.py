@@ -288,7 +288,7 @@ async def test_300_events_of_one_mebibyte_do_not_grow_the_daemon_by_hundreds_of_
     env = {"IOP_HTTP_LISTEN": loopback, "IOP_WIRE_LISTEN": loopback, "IOP_EDGE_WIRE_LISTEN": loopback}
     daemon = start_daemon(["iop-control-plane"], tmp_path, env=env, name="cp")
     try:
-        ports = await wait_for_ports(daemon, {"edge_wire"})
+        ports = await wait_for_ports(daemon, {"edge_wire", "http"})
         edge, answer = await connect_edge(ports["edge_wire"], "edge-flood")
         assert answer is not None and answer.accepted
         http = ports["http"]

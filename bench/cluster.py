@@ -69,6 +69,8 @@ class EdgeCommands(LineReceiver):
         self.ids = ids
         self.done = done
         self.failed = 0
+        #: Why dials failed, with counts (printed with the enrollment figure).
+        self.reasons: dict[str, int] = {}
 
     def lineReceived(self, line: bytes) -> None:
         command = line.strip()
@@ -82,6 +84,7 @@ class EdgeCommands(LineReceiver):
                 "accepted": fleet.accepted,
                 "lost": fleet.lost,
                 "failed": self.failed,
+                "reasons": dict(sorted(self.reasons.items(), key=lambda kv: -kv[1])[:5]),
                 "status_requests": fleet.status_requests,
                 "cpu": suite._cpu(os.getpid()),
             }
@@ -91,6 +94,8 @@ class EdgeCommands(LineReceiver):
 
     def _dial_failed(self, failure: Any) -> None:
         self.failed += 1
+        reason = f"{type(failure.value).__name__}: {failure.getErrorMessage()}"[:120]
+        self.reasons[reason] = self.reasons.get(reason, 0) + 1
 
     def _quit(self) -> None:
         if not self.done.called:
@@ -337,6 +342,7 @@ class Fleet:
             "known_seconds": known_at,
             "accepted": sum(s["accepted"] for s in stats),
             "failed": sum(s["failed"] for s in stats),
+            "failure_reasons": [s.get("reasons", {}) for s in stats],
             "known": known,
             "overflows": ff.listen_overflows() - overflows,
             "cpu": [after - before for before, after in zip(cpu, self.cpu(), strict=True)],

@@ -200,6 +200,9 @@ class FakeEdge(FramedPeerProtocol):
 class FakeFleet:
     """N fake edges on this process's reactor."""
 
+    #: The protocol of each edge (the suite's bench edges answer a 4x2 snapshot).
+    edge_class: type[FakeEdge] = FakeEdge
+
     def __init__(self, port: int) -> None:
         self.port = port
         self.edges: list[FakeEdge] = []
@@ -236,7 +239,7 @@ class FakeFleet:
         return accepted.addErrback(retry)
 
     def _dial(self, edge_id: str) -> Deferred[None]:
-        edge = FakeEdge(self, edge_id)
+        edge = self.edge_class(self, edge_id)
         self.edges.append(edge)
         self.status_tail(edge_id)
         endpoint = TCP4ClientEndpoint(reactor, LOOPBACK, self.port, timeout=60)

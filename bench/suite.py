@@ -159,6 +159,8 @@ class Subscriber:
 class BenchFleet(ff.FakeFleet):
     """N bench edges; all of them may dial at once."""
 
+    edge_class = BenchEdge
+
     def status_tail(self, edge_id: str) -> bytes:
         tail = self._tails.get(edge_id)
         if tail is None:
@@ -166,15 +168,6 @@ class BenchFleet(ff.FakeFleet):
                 "edge_status_response", ff.edge_snapshot(edge_id, ff.NODES_4X2)
             ).SerializeToString()
         return tail
-
-    def connect(self, edge_id: str) -> defer.Deferred[None]:
-        edge = BenchEdge(self, edge_id)
-        self.edges.append(edge)
-        self.status_tail(edge_id)
-        endpoint = ff.TCP4ClientEndpoint(reactor, ff.LOOPBACK, self.port, timeout=60)
-        connected = ff.connectProtocol(endpoint, edge)
-        connected.addErrback(lambda f: edge.accepted.errback(f) if not edge.accepted.called else None)
-        return edge.accepted
 
     def close(self) -> None:
         """Drop every edge's connection."""

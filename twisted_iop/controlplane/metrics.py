@@ -93,6 +93,11 @@ def control_plane_metrics(service: ControlPlaneService) -> Iterator[Metric]:
         )
         yield gauge("iop_cluster_local_edges", "Edges whose connection this replica holds", len(cluster.local))
         yield counter("iop_cluster_writes_lost", "Writes to the shared store that failed", cluster.writes_lost)
+        yield gauge(
+            "iop_cluster_writes_pending",
+            "Writes sent to the shared store and not yet answered",
+            cluster.link.pending_writes,
+        )
         yield counter(
             "iop_cluster_records_rejected",
             "Malformed records read from the shared store and skipped",

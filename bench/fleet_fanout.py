@@ -150,6 +150,8 @@ class FakeEdge(FramedPeerProtocol):
         self.edge_id = edge_id
         self.silent = False
         self.accepted: Deferred[None] = Deferred()
+        #: Set when the hello was accepted.
+        self.enrolled = False
 
     def peer_connected(self) -> None:
         hello = pb.EdgeHelloRequest(
@@ -167,6 +169,7 @@ class FakeEdge(FramedPeerProtocol):
     def _hello_answered(self, envelope: pb.Envelope) -> None:
         answer = envelope.edge_hello_response
         if answer.accepted:
+            self.enrolled = True
             self.fleet.accepted += 1
             self.accepted.callback(None)
         elif answer.retry_after_ms and not answer.permanent:
@@ -192,7 +195,8 @@ class FakeEdge(FramedPeerProtocol):
             self.sendString(request_id_field(envelope.request_id) + self.fleet.status_tail(self.edge_id))
 
     def peer_disconnected(self, reason: Failure) -> None:
-        self.fleet.lost += 1
+        if self.enrolled:
+            self.fleet.lost += 1  # a refused hello (retry_later) is not a lost edge
         if not self.accepted.called:
             self.accepted.errback(reason)
 

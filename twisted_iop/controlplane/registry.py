@@ -747,24 +747,10 @@ class EdgeRegistry(Service):
         """
         record = self._edges[edge_id]
         now = self._clock.seconds()
-        if self.journal is not None:
-            provisional = EventRecord(
-                sequence=0,
-                fleet_sequence=0,
-                edge_id=edge_id,
-                kind=kind,
-                occurred_at=now if occurred_at is None else occurred_at,
-                recorded_at=now,
-                node_id=node_id,
-                provider_id=provider_id,
-                command_id=command_id,
-                message=message,
-                attributes=attributes or {},
-            )
-            self.journal.append(provisional, token, change or {"kind": "event"}, operation)
-            return provisional
-        sequence = record.events.next_sequence()
-        fleet_sequence = self.fleet_events.next_sequence()
+        journal = self.journal
+        # In cluster mode the store numbers the event (sequence 0 until then).
+        sequence = 0 if journal is not None else record.events.next_sequence()
+        fleet_sequence = 0 if journal is not None else self.fleet_events.next_sequence()
         event = EventRecord(
             sequence=sequence,
             fleet_sequence=fleet_sequence,
@@ -778,6 +764,9 @@ class EdgeRegistry(Service):
             message=message,
             attributes=attributes or {},
         )
+        if journal is not None:
+            journal.append(event, token, change or {"kind": "event"}, operation)
+            return event
         record.events.append(event, sequence)
         self.fleet_events.append(event, fleet_sequence)
         for listener in list(self._listeners):

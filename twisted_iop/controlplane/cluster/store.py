@@ -136,11 +136,7 @@ class RedisLink:
         conn = self._writing()
         if conn is None:
             return fail(ClusterUnavailable("not connected, or too many writes waiting"))
-        try:
-            d: Deferred[Any] = conn.execute_command(*args)
-        except Exception as e:  # the connection went away in this very turn
-            return fail(ClusterUnavailable(str(e)))
-        return self._counted(d)
+        return self._counted(self._command(conn, args))
 
     def run(self, script: Script, *args: Any) -> Deferred[Any]:
         """Run ``script`` with ``args`` on the writer (EVALSHA, loading it once per connection)."""
@@ -161,22 +157,18 @@ class RedisLink:
 
     def lease(self, *args: Any) -> Deferred[Any]:
         """One command on the lease connection (the only one with a reply deadline)."""
-        conn = self._connection(self._lease)
-        if conn is None:
-            return fail(ClusterUnavailable("not connected"))
-        try:
-            d: Deferred[Any] = conn.execute_command(*args)
-        except Exception as e:
-            return fail(ClusterUnavailable(str(e)))
-        return d
+        return self._command(self._connection(self._lease), args)
 
     def read(self, *args: Any) -> Deferred[Any]:
         """One (blocking) command on the reader connection."""
-        conn = self._connection(self._reader)
+        return self._command(self._connection(self._reader), args)
+
+    @staticmethod
+    def _command(conn: Optional[Any], args: tuple[Any, ...]) -> Deferred[Any]:
         if conn is None:
             return fail(ClusterUnavailable("not connected"))
         try:
             d: Deferred[Any] = conn.execute_command(*args)
-        except Exception as e:
+        except Exception as e:  # the connection went away in this very turn
             return fail(ClusterUnavailable(str(e)))
         return d

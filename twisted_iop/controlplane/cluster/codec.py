@@ -27,18 +27,30 @@ def dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def loads_object(text: Any, what: str) -> dict[str, Any]:
-    """A JSON object from ``text``; BadRecord names ``what`` otherwise."""
+def _loads(text: Any, what: str) -> Any:
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
     if not isinstance(text, str):
         raise BadRecord(f"{what}: not a string")
     try:
-        value = json.loads(text)
+        return json.loads(text)
     except ValueError as e:
         raise BadRecord(f"{what}: not JSON ({e})") from None
+
+
+def loads_object(text: Any, what: str) -> dict[str, Any]:
+    """A JSON object from ``text``; BadRecord names ``what`` otherwise."""
+    value = _loads(text, what)
     if not isinstance(value, dict):
         raise BadRecord(f"{what}: not a JSON object")
+    return value
+
+
+def loads_list(text: Any, what: str) -> list[Any]:
+    """A JSON list from ``text``; BadRecord names ``what`` otherwise."""
+    value = _loads(text, what)
+    if not isinstance(value, list):
+        raise BadRecord(f"{what}: not a JSON list")
     return value
 
 

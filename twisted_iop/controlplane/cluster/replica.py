@@ -33,9 +33,9 @@ from typing import Any, Optional
 
 import attrs
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.defer import Deferred, gatherResults, inlineCallbacks
 from twisted.internet.interfaces import IReactorTime
-from twisted.internet.task import LoopingCall
+from twisted.internet.task import LoopingCall, deferLater
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -123,6 +123,10 @@ class Keys:
         """The request stream of one replica."""
         return f"{self.prefix}:inbox:{replica}"
 
+    def owned(self, replica: str) -> str:
+        """The edges one replica holds (a set the scripts keep)."""
+        return f"{self.prefix}:owned:{replica}"
+
 
 def _pairs(flat: Any) -> dict[str, str]:
     """A Redis flat ``[k1, v1, k2, v2 ...]`` reply as a dict."""
@@ -133,6 +137,16 @@ def _pairs(flat: Any) -> dict[str, str]:
 
 def _id_number(entry_id: str) -> int:
     return int(str(entry_id).split("-", 1)[0])
+
+
+def _stream_event(entry_id: str, fields: dict[str, str], fleet: bool) -> EventRecord:
+    """The event of one stream entry: in the fleet stream the entry id is its
+    fleet sequence and ``s`` its edge sequence; in an edge's stream the other
+    way round (``f``)."""
+    event = codec.loads_object(fields.get("e"), "event")
+    if fleet:
+        return codec.event_from(event, int(fields.get("s", 0)), _id_number(entry_id))
+    return codec.event_from(event, _id_number(entry_id), int(fields.get("f", 0)))
 
 
 class ClusterReplica(Service):
@@ -297,11 +311,16 @@ class ClusterReplica(Service):
             self._log.failure("cluster: joining failed", failure)
 
     @inlineCallbacks
-    def _renew(self) -> Any:
-        """Refresh our lease; reap replicas whose lease expired."""
+    def _register(self) -> Any:
+        """Set this replica's lease and registration (every heartbeat, at join and reconcile)."""
         ttl_ms = int(self.config.lease_ttl_seconds * 1000)
         yield self.link.lease("SET", self.keys.alive(self.replica_id), self.boot, "PX", ttl_ms)
         yield self.link.lease("HSET", self.keys.replicas, self.replica_id, self.boot)
+
+    @inlineCallbacks
+    def _renew(self) -> Any:
+        """Refresh our lease; reap replicas whose lease expired."""
+        yield self._register()
         replicas = _pairs((yield self.link.lease("HGETALL", self.keys.replicas)))
         for replica in replicas:
             if replica == self.replica_id:
@@ -316,7 +335,7 @@ class ClusterReplica(Service):
                     # Only the replica that removed it ends what it left
                     # open, and removes what it kept in Redis.
                     self._end_orphaned_operations(replica)
-                    yield self.link.lease("DEL", self.keys.inbox(replica), f"{self.keys.prefix}:owned:{replica}")
+                    yield self.link.lease("DEL", self.keys.inbox(replica), self.keys.owned(replica))
 
     def _end_orphaned_operations(self, replica: str) -> None:
         """Operations a dead replica dispatched and never saw end: ``failed``, saying why.
@@ -327,7 +346,7 @@ class ClusterReplica(Service):
         """
         ended = 0
         for record in list(self._registry.edges()):
-            for operation in list(record.operations):
+            for operation in list(record.operations_kept or ()):
                 if operation.replica == replica and not operation.finished:
                     if self._registry.advance_operation(
                         record.edge_id, operation.operation_id, records.FAILED, ORPHANED_REASON.format(replica=replica)
@@ -356,9 +375,7 @@ class ClusterReplica(Service):
     @inlineCallbacks
     def _join(self) -> Any:
         """Register, let go of what an earlier run of this replica held, load the fleet, start reading."""
-        ttl_ms = int(self.config.lease_ttl_seconds * 1000)
-        yield self.link.lease("SET", self.keys.alive(self.replica_id), self.boot, "PX", ttl_ms)
-        yield self.link.lease("HSET", self.keys.replicas, self.replica_id, self.boot)
+        yield self._register()
         yield self._reap(self.replica_id, self.fence_prefix, "the Control Plane replica holding this edge restarted")
         self._fleet_cursor = yield self._last_id(self.keys.fleet)
         self._inbox_cursor = yield self._last_id(self.keys.inbox(self.replica_id))
@@ -401,10 +418,7 @@ class ClusterReplica(Service):
         for entries in streams:
             for entry_id, fields in reversed(entries or []):
                 try:
-                    values = _pairs(fields)
-                    event = codec.event_from(
-                        codec.loads_object(values.get("e"), "event"), _id_number(entry_id), int(values.get("f", 0))
-                    )
+                    event = _stream_event(str(entry_id), _pairs(fields), fleet=False)
                 except (codec.BadRecord, ValueError) as e:
                     self._rejected(f"event: {e}")
                     continue
@@ -414,10 +428,7 @@ class ClusterReplica(Service):
         )
         for entry_id, fields in reversed(fleet or []):
             try:
-                values = _pairs(fields)
-                event = codec.event_from(
-                    codec.loads_object(values.get("e"), "event"), int(values.get("s", 0)), _id_number(entry_id)
-                )
+                event = _stream_event(str(entry_id), _pairs(fields), fleet=True)
             except (codec.BadRecord, ValueError) as e:
                 self._rejected(f"fleet event: {e}")
                 continue
@@ -425,10 +436,10 @@ class ClusterReplica(Service):
         indexes = yield _gather(
             [self.link.call("ZREVRANGE", self.keys.operations(e), 0, limits.operations_per_edge - 1) for e in edge_ids]
         )
-        for ids in indexes:
-            if not ids:
-                continue
-            values = yield self.link.call("MGET", *[self.keys.operation(str(i)) for i in reversed(ids)])
+        kept = yield _gather(
+            [self.link.call("MGET", *[self.keys.operation(str(i)) for i in reversed(ids)]) for ids in indexes if ids]
+        )
+        for values in kept:
             for text in values or []:
                 if text is None:
                     continue
@@ -472,9 +483,7 @@ class ClusterReplica(Service):
     @inlineCallbacks
     def _reconcile(self) -> Any:
         """Our connections are reasserted, edges we let go meanwhile released."""
-        ttl_ms = int(self.config.lease_ttl_seconds * 1000)
-        yield self.link.lease("SET", self.keys.alive(self.replica_id), self.boot, "PX", ttl_ms)
-        yield self.link.lease("HSET", self.keys.replicas, self.replica_id, self.boot)
+        yield self._register()
         stored = yield self.link.call("GET", self.keys.fleet_seq)
         if int(stored or 0) < _id_number(self._fleet_cursor):
             self._log.error(
@@ -519,13 +528,11 @@ class ClusterReplica(Service):
                 self._registry.disconnect(edge_id, token, "superseded while the cluster store was unreachable")
                 if peer is not None:
                     peer.disconnect(pb.ERROR_CODE_SUPERSEDED, "a newer connection of this edge took over")
-        owned = yield self.link.call("SMEMBERS", f"{self.keys.prefix}:owned:{self.replica_id}")
+        owned = yield self.link.call("SMEMBERS", self.keys.owned(self.replica_id))
+        let_go = [str(edge_id) for edge_id in owned or [] if str(edge_id) not in self.local]
+        fences = yield _gather([self.link.call("HGET", self.keys.edge(edge_id), "fence") for edge_id in let_go])
         released = 0
-        for edge_id in owned or []:
-            edge_id = str(edge_id)
-            if edge_id in self.local:
-                continue
-            fence = yield self.link.call("HGET", self.keys.edge(edge_id), "fence")
+        for edge_id, fence in zip(let_go, fences, strict=True):
             if fence and str(fence).startswith(self.fence_prefix):
                 done = yield self.link.run(
                     scripts.RELEASE,
@@ -578,7 +585,7 @@ class ClusterReplica(Service):
             return
         self._log.warn(
             "cluster: could not write {what} to the cluster store ({error}); {lost} writes lost so far "
-            "({unlogged} not logged); they are reconciled when it is back",
+            "({unlogged} not logged); connections are reconciled when it is back, events are not",
             what=what,
             error=failure.getErrorMessage(),
             lost=self.writes_lost,
@@ -721,7 +728,7 @@ class ClusterReplica(Service):
                 kept = self._registry.operation(edge_id, operation_id)
                 if kept is not None:
                     return kept
-            yield _pause(self._clock, OPERATION_FETCH_PAUSE_SECONDS)
+            yield deferLater(self._clock, OPERATION_FETCH_PAUSE_SECONDS)
         raise ClusterUnavailable(f"operation {operation_id} holds the idempotency key but could not be read")
 
     # -- reading: the fleet stream and our inbox -----------------------------------------------
@@ -784,9 +791,7 @@ class ClusterReplica(Service):
         self._log.warn("cluster: skipped a malformed record in the store: {what}", what=what[:300])
 
     def _apply_fleet_entry(self, entry_id: str, fields: dict[str, str]) -> None:
-        event = codec.event_from(
-            codec.loads_object(fields.get("e"), "event"), int(fields.get("s", 0)), _id_number(entry_id)
-        )
+        event = _stream_event(entry_id, fields, fleet=True)
         change = codec.loads_object(fields.get("c", "{}"), "change")
         origin = fields.get("o", "")
         kind = change.get("kind")
@@ -879,15 +884,7 @@ class ClusterReplica(Service):
         )
 
     def _inbox_entry(self, fields: dict[str, str]) -> None:
-        text = fields.get("m", "[]")
-        try:
-            import json
-
-            messages = json.loads(text)
-        except ValueError as e:
-            raise codec.BadRecord(f"inbox entry: {e}") from None
-        if not isinstance(messages, list):
-            raise codec.BadRecord("inbox entry is not a list")
+        messages = codec.loads_list(fields.get("m", "[]"), "inbox entry")
         asks: list[dict[str, Any]] = []
         for message in messages:
             if not isinstance(message, dict):
@@ -950,7 +947,7 @@ class ClusterReplica(Service):
             self.router.answer(message, None, ERROR, "the routed command did not parse")
             return
         d = record.peer.request_command(request)
-        timer = self._clock.callLater(request.timeout_ms / 1000.0 + COMMAND_GRACE_SECONDS, d.cancel)
+        d.addTimeout(request.timeout_ms / 1000.0 + COMMAND_GRACE_SECONDS, self._clock)
 
         def answered(response: pb.EdgeCommandResponse) -> None:
             self.router.answer(message, response.SerializeToString())
@@ -962,22 +959,8 @@ class ClusterReplica(Service):
                 reason = "edge disconnected before answering" if failure.check(PeerDisconnected) else "no answer"
                 self.router.answer(message, None, DISCONNECTED, reason)
 
-        def stop_timer(result: Any) -> Any:
-            if timer.active():
-                timer.cancel()
-            return result
-
-        d.addBoth(stop_timer)
         d.addCallbacks(answered, failed)
 
 
 def _gather(ds: list[Deferred[Any]]) -> Deferred[list[Any]]:
-    from twisted.internet.defer import gatherResults
-
     return gatherResults(ds, consumeErrors=True)
-
-
-def _pause(clock: IReactorTime, seconds: float) -> Deferred[None]:
-    d: Deferred[None] = Deferred()
-    clock.callLater(seconds, d.callback, None)
-    return d

@@ -22,7 +22,7 @@ import uuid
 from typing import Any, Optional
 
 import txredisapi
-from twisted.internet.defer import Deferred, fail
+from twisted.internet.defer import Deferred, fail, gatherResults
 from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.logger import Logger
 
@@ -100,9 +100,7 @@ class RedisLink:
             f.startConnecting(TCP4ClientEndpoint(self._reactor, self.address.host, self.address.port, timeout=5))
 
     def stop(self) -> Deferred[Any]:
-        """Close both connections and stop reconnecting."""
-        from twisted.internet.defer import gatherResults
-
+        """Close the connections and stop reconnecting."""
         return gatherResults([f.disconnect() for f in self._factories], consumeErrors=True)
 
     @property

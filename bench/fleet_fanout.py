@@ -67,6 +67,7 @@ from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR  # noqa: E402
 from twisted_iop.wire import control_pb2 as pb  # noqa: E402
 from twisted_iop.wire.peer import FramedPeerProtocol, make_envelope  # noqa: E402
 from twisted_iop.wire.settings import PeerSettings
+from twisted_iop.wire.status_totals import with_totals  # noqa: E402
 
 BENCH_DIR = Path(__file__).resolve().parent
 TWISTD = str(Path(sys.executable).parent / "twistd")
@@ -90,7 +91,8 @@ NODES_4X2: tuple[tuple[str, ...], ...] = (("vllm", "ollama"),) * 4
 
 
 def edge_snapshot(edge_id: str, nodes: tuple[tuple[str, ...], ...] = DEFAULT_NODES) -> pb.EdgeStatusResponse:
-    """The snapshot a fake edge reports: one node per entry of ``nodes``, with those provider kinds."""
+    """The snapshot a fake edge reports: one node per entry of ``nodes``, with those provider kinds,
+    and its totals (as a real Edge sends them)."""
     response = pb.EdgeStatusResponse(edge_id=edge_id, generated_at_ms=1_700_000_000_000)
     for n, kinds in enumerate(nodes, start=1):
         node = response.nodes.add(
@@ -110,7 +112,7 @@ def edge_snapshot(edge_id: str, nodes: tuple[tuple[str, ...], ...] = DEFAULT_NOD
                 long_context_in_flight=1,
                 long_context_queued=0,
             )
-    return response
+    return with_totals(response)
 
 
 def request_id_field(request_id: int) -> bytes:

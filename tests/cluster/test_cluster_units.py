@@ -13,10 +13,11 @@ from twisted.internet.task import Clock
 from twisted_iop.controlplane.cluster import codec
 from twisted_iop.controlplane.cluster.remote import RemotePeer, Router
 from twisted_iop.controlplane.records import LateOutcome, OperationRecord
-from twisted_iop.controlplane.registry import EdgeHello, StatusSnapshot, response_counts
+from twisted_iop.controlplane.registry import EdgeHello, StatusSnapshot
 from twisted_iop.testing.peers import CATALOG, snapshot
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import PeerDisconnected, RemoteError, RequestTimeout
+from twisted_iop.wire.status_totals import response_counts
 
 texts = st.text(max_size=20)
 maps = st.dictionaries(texts, texts, max_size=4)

@@ -14,10 +14,13 @@ from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
 from twisted_iop.controlplane import records
+from twisted_iop.controlplane.bounds import MAX_STATUS_NODES
 from twisted_iop.controlplane.gateway import (
     FANOUT_SLICE,
     LATE_ANSWERS_PER_CONNECTION,
+    RECOUNT_SHARE,
     SHUTTING_DOWN_REASON,
+    EdgeErrorAnswer,
     EdgeGateway,
     EdgeTimeout,
     FleetRound,
@@ -26,9 +29,10 @@ from twisted_iop.controlplane.gateway import (
 )
 from twisted_iop.controlplane.records import OperationRecord
 from twisted_iop.controlplane.registry import EdgeHello, EdgeNotConnected, EdgeRegistry, StatusSnapshot
-from twisted_iop.testing.peers import HeldEdgePeer
+from twisted_iop.testing.peers import HeldEdgePeer, snapshot
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import PeerDisconnected
+from twisted_iop.wire.status_totals import carried_counts, response_counts, totals_message
 
 CATALOG = (pb.CommandSpec(name="node.drain", target_kind="node"), pb.CommandSpec(name="edge.diagnostics"))
 HELLO = EdgeHello(labels={}, software_version="t", protocol_version="1.0", commands=CATALOG)
@@ -532,3 +536,60 @@ def test_a_status_group_answers_each_edge_once_under_one_deadline() -> None:
     assert peers[1].cancelled == 1
     clock.advance(60)
     assert len(answers) == 3
+
+
+def _asked(draw: float, response: pb.EdgeStatusResponse) -> tuple[EdgeGateway, list[Any], list[Failure]]:
+    """One status ask of one edge answered with ``response``, recounting
+    when ``draw`` falls under RECOUNT_SHARE."""
+    clock = Clock()
+    registry = EdgeRegistry(clock)
+    peer = HeldEdgePeer()
+    registry.connect("e00000", peer, HELLO)
+    gateway = EdgeGateway(registry, clock, draw=lambda: draw)
+    kept: list[Any] = []
+    failed: list[Failure] = []
+    gateway.status("e00000").addCallbacks(kept.append, failed.append)
+    peer.requests[0].callback(response)
+    return gateway, kept, failed
+
+
+def test_carried_totals_are_kept_as_the_snapshots_counts() -> None:
+    """An answer with totals is kept with those totals, recounted or not."""
+    response = snapshot("e00000", nodes=3, totals=True)
+    for draw in (0.0, 0.99):
+        gateway, kept, failed = _asked(draw, response)
+        assert not failed and kept[0].counts == carried_counts(response) == response_counts(response)
+        assert gateway.status_refused == {}
+
+
+def test_an_answer_whose_totals_do_not_add_up_is_refused() -> None:
+    """Totals that cannot be the snapshot's (here: a node more than it has)
+    refuse the answer on every answer, sampled or not, and are counted."""
+    response = snapshot("e00000", nodes=2)
+    response.totals.CopyFrom(totals_message(response_counts(snapshot("e00000", nodes=3))))
+    gateway, kept, failed = _asked(0.99, response)
+    assert not kept and failed[0].check(EdgeErrorAnswer) and "nodes" in str(failed[0].value)
+    assert gateway.status_refused == {"totals": 1}
+    assert gateway._registry.get("e00000").snapshot is None
+
+
+def test_a_recount_refuses_totals_that_add_up_but_are_wrong() -> None:
+    """Totals consistent in themselves but not the providers' (capacity
+    doubled) pass unless the answer is recounted; a recount refuses them."""
+    response = snapshot("e00000", nodes=2, capacity=4)
+    response.totals.CopyFrom(totals_message(response_counts(snapshot("e00000", nodes=2, capacity=8))))
+    gateway, kept, failed = _asked(0.99, response)
+    assert kept and not failed
+    gateway, kept, failed = _asked(RECOUNT_SHARE / 2, response)
+    assert not kept and "differ" in str(failed[0].value)
+    assert gateway.status_refused == {"totals": 1}
+
+
+def test_an_answer_over_its_bounds_is_counted_as_refused() -> None:
+    """A snapshot over a bound is refused before its totals are read."""
+    response = pb.EdgeStatusResponse(edge_id="e00000")
+    for _ in range(MAX_STATUS_NODES + 1):
+        response.nodes.add(node_id="n")
+    gateway, kept, failed = _asked(0.0, response)
+    assert not kept and failed[0].check(EdgeErrorAnswer)
+    assert gateway.status_refused == {"bounds": 1}

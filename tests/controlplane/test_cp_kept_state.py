@@ -12,10 +12,11 @@ from twisted_iop.controlplane import bounds
 from twisted_iop.controlplane import json_views as views
 from twisted_iop.controlplane.client_wire import ClientWireFactory, event_payload, fleet_event_message
 from twisted_iop.controlplane.records import EventBuffer, EventRecord, OperationRecord
-from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry, StatusSnapshot, response_counts
+from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry, StatusSnapshot
 from twisted_iop.testing.peers import HeldEdgePeer, snapshot
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.pending import PendingRequests
+from twisted_iop.wire.status_totals import response_counts
 
 
 def _registry_with_edge(edge_id: str = "edge-1") -> tuple[EdgeRegistry, int]:

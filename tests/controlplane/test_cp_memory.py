@@ -376,7 +376,12 @@ def _status_responses(draw: st.DrawFn) -> pb.EdgeStatusResponse:
     for _ in range(draw(st.integers(0, 6))):
         node = response.nodes.add(node_id=draw(st.one_of(_short, _long)))
         labels = draw(st.integers(0, 70))
-        node.labels.update({f"k{i}": "" for i in range(labels)})
+        # The shortest labels there are (one-character keys, empty values)
+        # or a little longer ones.
+        if draw(st.booleans()):
+            node.labels.update({chr(0x21 + i): "" for i in range(labels)})
+        else:
+            node.labels.update({f"k{i}": "" for i in range(labels)})
         if draw(st.booleans()):
             node.labels["x"] = draw(st.one_of(_short, _long))
         for _p in range(draw(st.integers(0, 3))):

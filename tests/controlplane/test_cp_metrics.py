@@ -131,6 +131,8 @@ async def test_requests_latencies_operations_and_frames_follow_the_gateway() -> 
         assert samples[("iop_operations_total", (("state", "timed_out"),))] == 0
         # One round over two edges: one observation, not one per edge.
         assert samples[("iop_fleet_round_seconds_count", ())] == 1
+        assert samples[("iop_status_answers_refused_total", (("reason", "bounds"),))] == 0
+        assert samples[("iop_status_answers_refused_total", (("reason", "totals"),))] == 0
         assert second.status_requests == 1
         assert samples[("iop_requests_in_flight", (("kind", "status"),))] == 0
         assert samples[("iop_requests_in_flight", (("kind", "command"),))] == 0

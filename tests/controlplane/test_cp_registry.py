@@ -10,19 +10,14 @@ from twisted.logger import LogLevel, capturedLogs
 from twisted_iop.controlplane import records
 from twisted_iop.controlplane.records import EventBuffer, OperationBuffer, OperationRecord
 from twisted_iop.controlplane.registry import (
-    GENERAL_AT,
-    HEALTH_AT,
-    HEALTHS,
-    LONG_AT,
     PROTOCOL_VIOLATION_INTERVAL_SECONDS,
-    STATUS_AT,
-    STATUSES,
     EdgeHello,
     EdgeRegistry,
     RegistryLimits,
 )
 from twisted_iop.testing.peers import HeldEdgePeer
 from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.status_totals import GENERAL_AT, HEALTH_AT, HEALTHS, LONG_AT, STATUS_AT, STATUSES
 
 HELLO = EdgeHello(labels={}, software_version="t", protocol_version="1.0", commands=(pb.CommandSpec(name="x"),))
 

@@ -13,7 +13,10 @@ from twisted_iop.controlplane import bounds
 from twisted_iop.controlplane import json_views as views
 from twisted_iop.controlplane.gateway import FleetRound, StatusRow
 from twisted_iop.controlplane.records import OperationRecord
-from twisted_iop.controlplane.registry import (
+from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry, RegistryLimits, StatusSnapshot
+from twisted_iop.testing.peers import HeldEdgePeer, snapshot
+from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.status_totals import (
     COUNTS_LEN,
     GENERAL_AT,
     HEALTH_AT,
@@ -21,14 +24,8 @@ from twisted_iop.controlplane.registry import (
     LONG_AT,
     STATUS_AT,
     STATUS_NAMES,
-    EdgeHello,
-    EdgeRegistry,
-    RegistryLimits,
-    StatusSnapshot,
     response_counts,
 )
-from twisted_iop.testing.peers import HeldEdgePeer, snapshot
-from twisted_iop.wire import control_pb2 as pb
 
 
 def _hello(labels: dict[str, str], version: str = "1.2.3") -> EdgeHello:

@@ -20,6 +20,7 @@ from twisted_iop.testing.harness import (
     start_node,
     stop,
 )
+from twisted_iop.wire.status_totals import carried_counts, response_counts
 
 
 class Fleet:
@@ -188,5 +189,43 @@ async def test_edge_reenrolls_after_control_plane_restart(tmp_path: Path) -> Non
         assert ("node.disconnected", "node-2") in [(e["kind"], e["node_id"]) for e in events["items"]]
         nodes = await fleet.nodes_by_id()
         assert nodes["node-1"]["connected"] and offline(nodes["node-2"])
+    finally:
+        await fleet.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_edges_totals_are_the_counts_the_control_plane_shows(tmp_path: Path) -> None:
+    """The real Edge sends totals with each snapshot; the Control Plane
+    keeps them, and its status and fleet views add up to the nodes they
+    show, with a node ready and with a node lost."""
+    fleet = await Fleet(tmp_path).start()
+    try:
+        assert fleet.cp is not None
+        for step in ("both ready", "node-1 lost"):
+            if step == "node-1 lost":
+                await stop(fleet.nodes.pop("node-1"))
+
+                async def node1_offline() -> bool:
+                    return offline((await fleet.nodes_by_id())["node-1"])
+
+                await eventually(node1_offline, timeout=5, message="node-1 offline")
+            code, body = await fleet.status()
+            assert code == 200
+            kept = fleet.cp.registry.get("edge-a").snapshot
+            assert carried_counts(kept.response) == response_counts(kept.response) == kept.counts
+            providers = [p for node in body["nodes"] for p in node["providers"]]
+            totals = body["totals"]
+            assert totals["nodes_configured"] == len(body["nodes"])
+            assert totals["nodes_connected"] == sum(1 for node in body["nodes"] if node["connected"])
+            assert totals["general"]["capacity"] == sum(p["general"]["capacity"] for p in providers)
+            assert totals["providers_by_health"]["offline"] == sum(1 for p in providers if p["health"] == "offline")
+
+            async def fleet_agrees(general: dict[str, int] = totals["general"]) -> bool:
+                # A fleet round is reused for up to a second: wait for a new one.
+                assert fleet.cp is not None
+                code, page = await fleet.cp.get_json("/fleet/status")
+                return code == 200 and page["totals"]["general"] == general
+
+            await eventually(fleet_agrees, timeout=5, message=f"fleet totals as the edge's ({step})")
     finally:
         await fleet.stop()

@@ -10,6 +10,7 @@ from twisted_iop.testing.configs import edge_config, healthy, node_hello
 from twisted_iop.testing.peers import FakeNodePeer
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.hello import RejectionCode
+from twisted_iop.wire.status_totals import GENERAL_AT, carried_counts, counts_problem, response_counts
 
 
 def make() -> tuple[Clock, NodeRegistry, StatusProvider, list[pb.EdgeEvent]]:
@@ -213,3 +214,22 @@ def test_undrain_is_seen_by_the_pool_without_telling_it_the_state() -> None:
     assert waiting.called
     p = node(status.snapshot(), "node-1").providers[0]
     assert (p.status, p.in_flight, p.queued) == (pb.PROVIDER_STATUS_AVAILABLE, 1, 0)
+
+
+def test_every_snapshot_carries_its_own_totals() -> None:
+    """The totals sent with a snapshot are the counts of its nodes and
+    providers, as the Control Plane would count them, in every state."""
+    _, registry, status, _ = make()
+    first = status.snapshot()
+    counts = carried_counts(first)
+    assert counts is not None and counts == response_counts(first) and counts[1] == len(first.nodes)
+    token = registry.node_accepted(node_hello("node-1"), FakeNodePeer())
+    registry.node_ready(token, healthy("mock-a"))
+    registry.pool.try_acquire("llama-3-8b")
+    registry.pool.admit("llama-3-8b")
+    busy = status.snapshot()
+    counts = carried_counts(busy)
+    assert counts == response_counts(busy) != carried_counts(first)
+    in_flight = node(busy, "node-1").providers[0].in_flight
+    assert counts is not None and counts[0] == 1 and counts[GENERAL_AT + 1] == in_flight > 0
+    assert counts_problem(counts, len(busy.nodes)) is None

@@ -166,6 +166,13 @@ SMALL_STATUS_BYTES = 2 * min(MAX_STATUS_PROVIDERS, MAX_STATUS_LABELS, MAX_STATUS
 #: the bounds (a character takes at least one byte) and at most half as
 #: many providers (every one at least two bytes) as a node may have.
 SMALL_NODE_BYTES = min(MAX_TEXT, MAX_DESCRIPTION, 2 * MAX_PROVIDERS)
+#: The fewest bytes a node's labels take on the wire with more than
+#: MAX_LABELS distinct keys: every map entry takes a tag and a length, and
+#: every key but one (the empty key) at least a tag, a length and a
+#: character, so each but one entry takes at least 5 bytes.
+MANY_LABELS_BYTES = 2 + 5 * MAX_LABELS
+# A small node cannot carry more labels than a node may have.
+assert SMALL_NODE_BYTES < MANY_LABELS_BYTES
 
 
 def status_problem(response: pb.EdgeStatusResponse, size: Optional[int] = None) -> Optional[str]:
@@ -178,9 +185,10 @@ def status_problem(response: pb.EdgeStatusResponse, size: Optional[int] = None) 
     of models per provider, of labels per node, and every string.
 
     Most snapshots are small, and their wire sizes alone rule out every
-    count and string bound but labels per node (:data:`SMALL_STATUS_BYTES`,
-    :data:`SMALL_NODE_BYTES`): those are checked without visiting each
-    string. Any other snapshot gets every bound checked one by one.
+    count and string bound (:data:`SMALL_STATUS_BYTES`,
+    :data:`SMALL_NODE_BYTES`, :data:`MANY_LABELS_BYTES`): those are
+    checked with one size per node, without visiting each string or
+    label. Any other snapshot gets every bound checked one by one.
     """
     if size is None:
         size = response.ByteSize()
@@ -190,7 +198,7 @@ def status_problem(response: pb.EdgeStatusResponse, size: Optional[int] = None) 
         return f"status snapshot has {len(response.nodes)} nodes (more than {MAX_STATUS_NODES})"
     if size <= SMALL_STATUS_BYTES:
         for node in response.nodes:
-            if len(node.labels) > MAX_LABELS or node.ByteSize() > SMALL_NODE_BYTES:
+            if node.ByteSize() > SMALL_NODE_BYTES:
                 return full_status_problem(response)
         return None
     return full_status_problem(response)

@@ -26,6 +26,7 @@ errors that the HTTP views map to status codes.
 
 from __future__ import annotations
 
+import random
 import uuid
 from collections.abc import Callable
 from typing import Any, Optional
@@ -49,6 +50,7 @@ from twisted_iop.metrics import LatencyHistogram
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.enums import enum_name
 from twisted_iop.wire.peer import PeerDisconnected, RemoteError, RequestTimeout
+from twisted_iop.wire.status_totals import carried_counts, counts_problem, response_counts
 
 
 class EdgeTimeout(Exception):
@@ -104,6 +106,13 @@ class IdempotencyConflict(Exception):
 
 #: Status requests a fleet fan-out issues per reactor turn.
 FANOUT_SLICE = 500
+
+#: The share of status answers carrying totals that are also recounted
+#: from their providers: the totals are the Edge's own figures, checked
+#: against each other on every answer; a recount that differs refuses
+#: the answer, so an Edge whose totals are wrong is found within a few
+#: dozen answers while an honest one costs a sixteenth of a count.
+RECOUNT_SHARE = 1 / 16
 #: Commands past their deadline whose late answer one connection may still
 #: deliver; beyond this the oldest stops listening.
 LATE_ANSWERS_PER_CONNECTION = 64
@@ -276,9 +285,12 @@ class EdgeGateway:
         clock: IReactorTime,
         status_timeout_seconds: float = 5.0,
         fleet_max_age_seconds: float = 1.0,
+        draw: Callable[[], float] = random.random,
     ) -> None:
         self._registry = registry
         self._clock = clock
+        #: Draws which answers carrying totals are recounted (:data:`RECOUNT_SHARE`).
+        self._draw = draw
         self.status_timeout_seconds = status_timeout_seconds
         self.fleet_max_age_seconds = fleet_max_age_seconds
         #: Edge id -> its status ask in flight.
@@ -301,6 +313,8 @@ class EdgeGateway:
         self.command_seconds = LatencyHistogram()
         self.round_seconds = LatencyHistogram()
         self.operations_ended: dict[str, int] = {}
+        #: Status answers refused, by reason: "bounds" or "totals".
+        self.status_refused: dict[str, int] = {}
         registry.add_observer(self)
 
     # -- stopping ---------------------------------------------------------------
@@ -530,17 +544,29 @@ class EdgeGateway:
         data = response.SerializeToString()
         problem = bounds.status_problem(response, len(data))
         if problem is not None:
-            self._log.warn(
-                "edge {edge_id} sent a status snapshot over its bounds: {problem}", edge_id=ask.edge_id, problem=problem
-            )
-            self._deliver(ask.waiters, None, EdgeErrorAnswer(ask.edge_id, problem))
+            self._refuse_status(ask, "bounds", problem)
             return
-        snapshot = self._registry.record_status(ask.edge_id, ask.token, response, data)
+        counts = carried_counts(response)
+        if counts is None:
+            counts = response_counts(response)
+        else:
+            problem = counts_problem(counts, len(response.nodes))
+            if problem is None and self._draw() < RECOUNT_SHARE and response_counts(response) != counts:
+                problem = "status totals differ from the counts of its providers"
+            if problem is not None:
+                self._refuse_status(ask, "totals", problem)
+                return
+        snapshot = self._registry.record_status(ask.edge_id, ask.token, response, data, counts)
         if snapshot is None:
             # The connection is no longer current (closed meanwhile).
             self._deliver(ask.waiters, None, EdgeDisconnected(ask.edge_id))
         else:
             self._deliver(ask.waiters, snapshot, None)
+
+    def _refuse_status(self, ask: _StatusAsk, reason: str, problem: str) -> None:
+        self.status_refused[reason] = self.status_refused.get(reason, 0) + 1
+        self._log.warn("edge {edge_id} sent a status snapshot refused: {problem}", edge_id=ask.edge_id, problem=problem)
+        self._deliver(ask.waiters, None, EdgeErrorAnswer(ask.edge_id, problem))
 
     def _snapshot_answered(self, snapshot: StatusSnapshot, ask: _StatusAsk) -> None:
         if self._asks.get(ask.edge_id) is ask:

@@ -23,7 +23,9 @@ import attrs
 
 from twisted_iop.controlplane.gateway import FleetRound, StatusRow
 from twisted_iop.controlplane.records import EventBuffer, EventRecord, LateOutcome, OperationBuffer, OperationRecord
-from twisted_iop.controlplane.registry import (
+from twisted_iop.controlplane.registry import EdgeHello, EdgeRecord, StatusSnapshot
+from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.status_totals import (
     COUNTS_LEN,
     EMPTY_COUNTS,
     GENERAL_AT,
@@ -34,11 +36,7 @@ from twisted_iop.controlplane.registry import (
     STATUS_AT,
     STATUS_NAMES,
     STATUSES,
-    EdgeHello,
-    EdgeRecord,
-    StatusSnapshot,
 )
-from twisted_iop.wire import control_pb2 as pb
 
 #: The last instant ISO 8601 views show by the fast path (9999-12-31T23:59:59).
 _LAST_FAST_SECOND = 253_402_300_799

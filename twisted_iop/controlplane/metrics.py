@@ -52,6 +52,13 @@ def control_plane_metrics(service: ControlPlaneService) -> Iterator[Metric]:
     yield histogram("iop_fleet_round_seconds", "Fleet status rounds, start to last row", gateway.round_seconds)
     yield labelled(
         CounterMetricFamily,
+        "iop_status_answers_refused",
+        "Status answers refused, by reason (bounds: over a size, count or length bound; totals: wrong totals)",
+        ["reason"],
+        count_by(gateway.status_refused, ["bounds", "totals"]),
+    )
+    yield labelled(
+        CounterMetricFamily,
         "iop_operations",
         "Operations that reached a terminal state, by state",
         ["state"],

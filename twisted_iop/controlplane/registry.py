@@ -39,6 +39,7 @@ from twisted_iop.controlplane.records import (
 )
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.hello import MAX_COMMAND_ARGUMENTS, MAX_LABELS, MAX_TEXT
+from twisted_iop.wire.status_totals import response_counts
 
 #: 9999-12-31T23:59:59.999Z, the last instant ISO 8601 views can show.
 MAX_TIME_MS = 253_402_300_799_999
@@ -47,89 +48,6 @@ MAX_TIME_MS = 253_402_300_799_999
 RESERVED_KIND_PREFIXES = ("operation.", "edge.")
 #: At most one ``edge.protocol_violation`` event per edge in this many seconds.
 PROTOCOL_VIOLATION_INTERVAL_SECONDS = 60.0
-
-
-# -- what a snapshot counts (derived once, when the snapshot arrives) ----------
-
-STATUS_NAMES = {
-    pb.PROVIDER_STATUS_UNSPECIFIED: "unavailable",
-    pb.PROVIDER_STATUS_AVAILABLE: "available",
-    pb.PROVIDER_STATUS_DRAINED: "drained",
-    pb.PROVIDER_STATUS_UNAVAILABLE: "unavailable",
-}
-HEALTH_NAMES = {
-    pb.PROVIDER_HEALTH_UNSPECIFIED: "unknown",
-    pb.PROVIDER_HEALTH_HEALTHY: "healthy",
-    pb.PROVIDER_HEALTH_DEGRADED: "degraded",
-    pb.PROVIDER_HEALTH_UNHEALTHY: "unhealthy",
-    pb.PROVIDER_HEALTH_OFFLINE: "offline",
-    pb.PROVIDER_HEALTH_UNKNOWN: "unknown",
-}
-STATUSES = ("available", "drained", "unavailable")
-HEALTHS = ("healthy", "degraded", "unhealthy", "offline", "unknown")
-
-#: Layout of a snapshot's counts as a flat tuple (cheap to keep and to sum
-#: for 10,000 edges per fleet round; dicts are built only for output):
-#: nodes connected, nodes configured, providers, providers by status, by
-#: health, then capacity / in flight / queued, general and long context.
-STATUS_AT = {name: 3 + i for i, name in enumerate(STATUSES)}
-HEALTH_AT = {name: 3 + len(STATUSES) + i for i, name in enumerate(HEALTHS)}
-GENERAL_AT = 3 + len(STATUSES) + len(HEALTHS)
-LONG_AT = GENERAL_AT + 3
-COUNTS_LEN = LONG_AT + 3
-_STATUS_INDEX = {code: STATUS_AT[name] for code, name in STATUS_NAMES.items()}
-_HEALTH_INDEX = {code: HEALTH_AT[name] for code, name in HEALTH_NAMES.items()}
-EMPTY_COUNTS: tuple[int, ...] = (0,) * COUNTS_LEN
-
-
-#: Provider status and health codes -> their place in the by-status and
-#: by-health parts of the counts (unknown codes: "unavailable", "unknown").
-_STATUS_PART = {code: at - STATUS_AT["available"] for code, at in _STATUS_INDEX.items()}
-_HEALTH_PART = {code: at - HEALTH_AT["healthy"] for code, at in _HEALTH_INDEX.items()}
-_UNAVAILABLE_PART = STATUS_AT["unavailable"] - STATUS_AT["available"]
-_UNKNOWN_PART = HEALTH_AT["unknown"] - HEALTH_AT["healthy"]
-
-
-def response_counts(response: pb.EdgeStatusResponse) -> tuple[int, ...]:
-    """Counts over one status response as a flat tuple (layout above).
-
-    Sums in local variables: reading the protobuf fields is most of the
-    cost (about 70 reads for 4 nodes of 2 providers), and the sums add
-    no more than they must.
-    """
-    connected = configured = providers = 0
-    capacity = in_flight = queued = long_capacity = long_in_flight = long_queued = 0
-    by_status = [0] * len(STATUSES)
-    by_health = [0] * len(HEALTHS)
-    status_part = _STATUS_PART.get
-    health_part = _HEALTH_PART.get
-    for node in response.nodes:
-        configured += 1
-        if node.connected:
-            connected += 1
-        for p in node.providers:
-            providers += 1
-            by_status[status_part(p.status, _UNAVAILABLE_PART)] += 1
-            by_health[health_part(p.health, _UNKNOWN_PART)] += 1
-            capacity += p.capacity
-            in_flight += p.in_flight
-            queued += p.queued
-            long_capacity += p.long_context_capacity
-            long_in_flight += p.long_context_in_flight
-            long_queued += p.long_context_queued
-    return (
-        connected,
-        configured,
-        providers,
-        *by_status,
-        *by_health,
-        capacity,
-        in_flight,
-        queued,
-        long_capacity,
-        long_in_flight,
-        long_queued,
-    )
 
 
 SUPERSEDED_MESSAGE = "a newer connection of this edge took over"
@@ -673,18 +591,25 @@ class EdgeRegistry(Service):
     # -- status -------------------------------------------------------------
 
     def record_status(
-        self, edge_id: str, token: int, response: pb.EdgeStatusResponse, data: Optional[bytes] = None
+        self,
+        edge_id: str,
+        token: int,
+        response: pb.EdgeStatusResponse,
+        data: Optional[bytes] = None,
+        counts: Optional[tuple[int, ...]] = None,
     ) -> Optional[StatusSnapshot]:
         """Keep a status reply from connection ``token``; None if stale.
 
-        ``data`` is the response serialized, when the caller has it already.
+        ``data`` is the response serialized and ``counts`` its counts,
+        when the caller has them already (the gateway has checked both).
         """
         record = self._edges.get(edge_id)
         if record is None or record.token != token:
             return None
         now = self._clock.seconds()
         record.last_seen = now
-        counts = response_counts(response)
+        if counts is None:
+            counts = response_counts(response)
         if data is None:
             data = response.SerializeToString()
         record.snapshot = StatusSnapshot(data, now, self._shared_counts.shared(counts, counts))

@@ -18,6 +18,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted_iop.edge.config import NodeConfig, ProviderConfig
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.status_totals import with_totals
 
 
 class StatusProvider:
@@ -28,14 +29,16 @@ class StatusProvider:
         self._clock = clock
 
     def snapshot(self) -> pb.EdgeStatusResponse:
-        """A fresh ``EdgeStatusResponse`` listing every configured Node."""
+        """A fresh ``EdgeStatusResponse`` listing every configured Node, with its totals."""
         response = pb.EdgeStatusResponse(
             edge_id=self._registry.edge_id,
             generated_at_ms=_ms(self._clock.seconds()),
         )
         for node in self._registry.nodes():
             response.nodes.append(self.node_snapshot(node))
-        return response
+        # Counted here, once, so the Control Plane need not visit every
+        # provider of every answer (it recounts a sample).
+        return with_totals(response)
 
     def node_snapshot(self, node: NodeConfig) -> pb.EdgeNodeSnapshot:
         """The snapshot of one configured Node."""

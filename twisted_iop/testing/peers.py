@@ -28,6 +28,7 @@ from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import FramedPeerProtocol
 from twisted_iop.wire.settings import PeerSettings
+from twisted_iop.wire.status_totals import with_totals
 
 
 class TransportAccess:
@@ -51,8 +52,10 @@ CATALOG = [
 ]
 
 
-def snapshot(edge_id: str, nodes: int = 2, capacity: int = 4) -> pb.EdgeStatusResponse:
-    """A status response with ``nodes`` connected nodes, one provider each."""
+def snapshot(edge_id: str, nodes: int = 2, capacity: int = 4, totals: bool = False) -> pb.EdgeStatusResponse:
+    """A status response with ``nodes`` connected nodes, one provider each;
+    with ``totals``, it carries its totals as a current Edge sends them
+    (without, it is what an older Edge sends)."""
     response = pb.EdgeStatusResponse(edge_id=edge_id, generated_at_ms=1_700_000_000_000)
     for i in range(nodes):
         node = response.nodes.add(node_id=f"node-{i + 1}", connected=True, connected_since_ms=1_700_000_000_000)
@@ -69,7 +72,7 @@ def snapshot(edge_id: str, nodes: int = 2, capacity: int = 4) -> pb.EdgeStatusRe
             long_context_in_flight=0,
             long_context_queued=1,
         )
-    return response
+    return with_totals(response) if totals else response
 
 
 class ScriptedEdge(TransportAccess, FramedPeerProtocol):

@@ -249,15 +249,55 @@ class EdgeNodeSnapshot(_message.Message):
     labels: _containers.ScalarMap[str, str]
     def __init__(self, node_id: _Optional[str] = ..., connected: _Optional[bool] = ..., drained: _Optional[bool] = ..., connected_since_ms: _Optional[int] = ..., last_seen_ms: _Optional[int] = ..., providers: _Optional[_Iterable[_Union[ProviderSnapshot, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
+class StatusTotals(_message.Message):
+    __slots__ = ("nodes_connected", "nodes_configured", "providers", "providers_available", "providers_drained", "providers_unavailable", "providers_healthy", "providers_degraded", "providers_unhealthy", "providers_offline", "providers_unknown", "capacity", "in_flight", "queued", "long_context_capacity", "long_context_in_flight", "long_context_queued")
+    NODES_CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    NODES_CONFIGURED_FIELD_NUMBER: _ClassVar[int]
+    PROVIDERS_FIELD_NUMBER: _ClassVar[int]
+    PROVIDERS_AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    PROVIDERS_DRAINED_FIELD_NUMBER: _ClassVar[int]
+    PROVIDERS_UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    PROVIDERS_HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    PROVIDERS_DEGRADED_FIELD_NUMBER: _ClassVar[int]
+    PROVIDERS_UNHEALTHY_FIELD_NUMBER: _ClassVar[int]
+    PROVIDERS_OFFLINE_FIELD_NUMBER: _ClassVar[int]
+    PROVIDERS_UNKNOWN_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    LONG_CONTEXT_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    LONG_CONTEXT_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    LONG_CONTEXT_QUEUED_FIELD_NUMBER: _ClassVar[int]
+    nodes_connected: int
+    nodes_configured: int
+    providers: int
+    providers_available: int
+    providers_drained: int
+    providers_unavailable: int
+    providers_healthy: int
+    providers_degraded: int
+    providers_unhealthy: int
+    providers_offline: int
+    providers_unknown: int
+    capacity: int
+    in_flight: int
+    queued: int
+    long_context_capacity: int
+    long_context_in_flight: int
+    long_context_queued: int
+    def __init__(self, nodes_connected: _Optional[int] = ..., nodes_configured: _Optional[int] = ..., providers: _Optional[int] = ..., providers_available: _Optional[int] = ..., providers_drained: _Optional[int] = ..., providers_unavailable: _Optional[int] = ..., providers_healthy: _Optional[int] = ..., providers_degraded: _Optional[int] = ..., providers_unhealthy: _Optional[int] = ..., providers_offline: _Optional[int] = ..., providers_unknown: _Optional[int] = ..., capacity: _Optional[int] = ..., in_flight: _Optional[int] = ..., queued: _Optional[int] = ..., long_context_capacity: _Optional[int] = ..., long_context_in_flight: _Optional[int] = ..., long_context_queued: _Optional[int] = ...) -> None: ...
+
 class EdgeStatusResponse(_message.Message):
-    __slots__ = ("edge_id", "generated_at_ms", "nodes")
+    __slots__ = ("edge_id", "generated_at_ms", "nodes", "totals")
     EDGE_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
+    TOTALS_FIELD_NUMBER: _ClassVar[int]
     edge_id: str
     generated_at_ms: int
     nodes: _containers.RepeatedCompositeFieldContainer[EdgeNodeSnapshot]
-    def __init__(self, edge_id: _Optional[str] = ..., generated_at_ms: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[EdgeNodeSnapshot, _Mapping]]] = ...) -> None: ...
+    totals: StatusTotals
+    def __init__(self, edge_id: _Optional[str] = ..., generated_at_ms: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[EdgeNodeSnapshot, _Mapping]]] = ..., totals: _Optional[_Union[StatusTotals, _Mapping]] = ...) -> None: ...
 
 class EdgeCommandRequest(_message.Message):
     __slots__ = ("command_id", "name", "target", "arguments", "timeout_ms")

@@ -24,9 +24,10 @@ from twisted.logger import Logger
 
 from twisted_iop.controlplane.bounds import MAX_SNAPSHOT_BYTES
 from twisted_iop.controlplane.cluster.codec import b64, dumps, unb64
-from twisted_iop.controlplane.registry import COUNTS_LEN, StatusListener, StatusSnapshot
+from twisted_iop.controlplane.registry import StatusListener, StatusSnapshot
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import PeerDisconnected, RemoteError, RequestTimeout
+from twisted_iop.wire.status_totals import COUNTS_LEN
 
 #: Entries kept in an inbox stream (``MAXLEN ~``); a replica reads its own
 #: as they come, so this only bounds what a dead replica leaves behind.

@@ -94,6 +94,7 @@ class NodeServerConfig:
 
     listen: str = DEFAULT_NODE_LISTEN
     hello_timeout_seconds: float = 10.0
+    tls_handshake_timeout_seconds: float = 30.0
     keepalive: KeepaliveConfig = KeepaliveConfig()
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     probe_timeout_seconds: float = 10.0
@@ -110,6 +111,7 @@ class NodeServerConfig:
             max_hello_frame_bytes=self.max_hello_frame_bytes,
             max_violations=self.max_violations,
             hello_timeout_seconds=self.hello_timeout_seconds,
+            tls_handshake_timeout_seconds=self.tls_handshake_timeout_seconds,
             keepalive_interval_seconds=self.keepalive.interval_seconds,
             keepalive_deadline_seconds=self.keepalive.deadline_seconds,
             request_timeout_seconds=self.probe_timeout_seconds,
@@ -274,6 +276,7 @@ def _node_server(section: Section, environ: Mapping[str, str]) -> NodeServerConf
         {
             "listen",
             "hello_timeout_seconds",
+            "tls_handshake_timeout_seconds",
             "keepalive",
             "max_frame_bytes",
             "max_hello_frame_bytes",
@@ -292,6 +295,7 @@ def _node_server(section: Section, environ: Mapping[str, str]) -> NodeServerConf
         tls=parse_tls_listen(section, "tls", listen),
         failed_hellos=parse_failed_hellos(section.section("failed_hellos")),
         hello_timeout_seconds=section.number("hello_timeout_seconds", 10.0),
+        tls_handshake_timeout_seconds=section.number("tls_handshake_timeout_seconds", 30.0),
         keepalive=parse_keepalive(section.section("keepalive")),
         max_frame_bytes=max_frame_bytes,
         probe_timeout_seconds=section.number("probe_timeout_seconds", 10.0),

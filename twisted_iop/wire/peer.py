@@ -33,11 +33,13 @@ from typing import Any, Optional, Union, cast
 
 from google.protobuf.message import DecodeError, Message
 from twisted.internet.defer import Deferred, fail
-from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IAddress, IDelayedCall, IHandshakeListener, IReactorTime
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
+from twisted.protocols.tls import TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from twisted_iop.metrics import WireCounters
 from twisted_iop.wire import control_pb2 as pb
@@ -585,8 +587,13 @@ class KeepaliveSweeper:
             connection.check_keepalive(now)
 
 
+@implementer(IHandshakeListener)
 class AcceptedPeerProtocol(FramedPeerProtocol):
     """The accepting end of a connection: tracked by its factory, hello on a deadline.
+
+    Over TLS the hello deadline starts when the handshake is done, and the
+    handshake has a deadline of its own
+    (``PeerSettings.tls_handshake_timeout_seconds``).
 
     The first frame must be a hello: anything else (a ping, a pong, an
     answer, an empty or unknown body) gets ``Error{HELLO_REQUIRED}`` and a
@@ -602,7 +609,33 @@ class AcceptedPeerProtocol(FramedPeerProtocol):
 
     def peer_connected(self) -> None:
         self.factory.connections.add(self)
+        if isinstance(self.transport, TLSMemoryBIOProtocol):
+            # The hello deadline starts when the TLS handshake is done: in
+            # a reconnect herd the handshakes queue for the CPU, and a
+            # deadline from the accept cut them all at once, so that every
+            # peer dialed again and none got through.
+            self.awaiting_hello = True
+            seconds = self._settings.tls_handshake_timeout_seconds
+            self._hello_timer = self._clock.callLater(seconds, self._handshake_expired, seconds)
+        else:
+            self.start_hello_timer()
+
+    def handshakeCompleted(self) -> None:
+        """The TLS handshake is done (``IHandshakeListener``): the hello deadline starts."""
+        if self.closing or not self.awaiting_hello:
+            return
+        if self._hello_timer is not None and self._hello_timer.active():
+            self._hello_timer.cancel()
         self.start_hello_timer()
+
+    def _handshake_expired(self, seconds: float) -> None:
+        self._hello_timer = None
+        self._log.warn(
+            "closing {peer}: no TLS handshake within {seconds:g}s", peer=self.describe_peer(), seconds=seconds
+        )
+        # No error frame: without a finished handshake nothing can be said.
+        self.closing = True
+        self._abort()
 
     def first_envelope_received(self, envelope: pb.Envelope, body: Optional[str]) -> bool:
         if body in self.hello_bodies:

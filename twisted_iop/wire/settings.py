@@ -24,7 +24,10 @@ class PeerSettings:
     max_hello_frame_bytes: int = 64 * 1024
     #: Protocol violations after which a peer is closed.
     max_violations: int = 10
+    #: From the accept to the peer's hello; over TLS, from the finished handshake.
     hello_timeout_seconds: float = 10.0
+    #: From the accept to the finished TLS handshake (TLS listeners only).
+    tls_handshake_timeout_seconds: float = 30.0
     keepalive_interval_seconds: float = 15.0
     keepalive_deadline_seconds: float = 45.0
     request_timeout_seconds: float = 10.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator, Mapping
-from typing import Optional, Union, cast
+from typing import NamedTuple, Optional, Union, cast
 
 import attrs
 
@@ -41,30 +41,98 @@ def map_size(values: Mapping[str, str]) -> int:
     return size
 
 
-@attrs.frozen
-class EventRecord:
-    """One recorded event of one edge."""
-
+class _EventFields(NamedTuple):
     sequence: int
     fleet_sequence: int
     edge_id: str
     kind: str
     occurred_at: float
     recorded_at: float
-    node_id: str = ""
-    provider_id: str = ""
-    command_id: str = ""
-    message: str = ""
-    attributes: dict[str, str] = attrs.field(factory=dict)
+    node_id: str
+    provider_id: str
+    command_id: str
+    message: str
+    attributes: dict[str, str]
     #: Estimated bytes this record holds (computed once, when it is made).
-    size_bytes: int = attrs.field(init=False, eq=False, repr=False)
+    size_bytes: int
 
-    def __attrs_post_init__(self) -> None:
-        object.__setattr__(self, "size_bytes", event_size(self))
+
+_new_tuple = tuple.__new__
+#: What an empty text, an empty map and the record itself take.
+_EMPTY_TEXT_BYTES = _getsizeof("")
+_EMPTY_MAP_BYTES = _getsizeof({})
+_RECORD_BYTES = _getsizeof(tuple(range(len(_EventFields._fields))))
+#: The part of :func:`event_size` that is the same for every event: the
+#: record, its three numbers, and its optional texts and map when empty.
+_FIXED_EVENT_BYTES = _RECORD_BYTES + 3 * _NUMBER_BYTES + 4 * _EMPTY_TEXT_BYTES + _EMPTY_MAP_BYTES
+
+
+class EventRecord(_EventFields):
+    """One recorded event of one edge.
+
+    Immutable, and as cheap to make as a tuple (it is one: every relayed
+    event makes one); its size estimate (:func:`event_size`) is computed
+    once, when it is made.
+    """
+
+    __slots__ = ()
+
+    def __new__(
+        cls,
+        sequence: int,
+        fleet_sequence: int,
+        edge_id: str,
+        kind: str,
+        occurred_at: float,
+        recorded_at: float,
+        node_id: str = "",
+        provider_id: str = "",
+        command_id: str = "",
+        message: str = "",
+        attributes: Optional[dict[str, str]] = None,
+    ) -> EventRecord:
+        # event_size, with what most events leave empty not asked for.
+        size = _FIXED_EVENT_BYTES + _getsizeof(edge_id) + _getsizeof(kind)
+        if node_id:
+            size += _getsizeof(node_id) - _EMPTY_TEXT_BYTES
+        if provider_id:
+            size += _getsizeof(provider_id) - _EMPTY_TEXT_BYTES
+        if command_id:
+            size += _getsizeof(command_id) - _EMPTY_TEXT_BYTES
+        if message:
+            size += _getsizeof(message) - _EMPTY_TEXT_BYTES
+        if attributes:
+            size += map_size(attributes) - _EMPTY_MAP_BYTES
+        elif attributes is None:
+            attributes = {}
+        return _new_tuple(
+            cls,
+            (
+                sequence,
+                fleet_sequence,
+                edge_id,
+                kind,
+                occurred_at,
+                recorded_at,
+                node_id,
+                provider_id,
+                command_id,
+                message,
+                attributes,
+                size,
+            ),
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"EventRecord(sequence={self.sequence}, fleet_sequence={self.fleet_sequence}, "
+            f"edge_id={self.edge_id!r}, kind={self.kind!r})"
+        )
 
 
 def event_size(event: EventRecord) -> int:
-    """Estimated bytes of ``event``: the record, its strings and its attributes.
+    """Estimated bytes of ``event``: the record, its strings and its attributes
+    (:attr:`EventRecord.size_bytes` holds it, computed when the record is made).
 
     Strings that events share (the edge id) are counted in every event, so
     the estimate errs on the high side.
@@ -81,6 +149,9 @@ def event_size(event: EventRecord) -> int:
         + map_size(event.attributes)
     )
 
+
+#: An event buffer's list (alias: ``cast`` would build the type on every call).
+_EventList = list[Optional[EventRecord]]
 
 #: Slots left empty at the head of an event buffer's list before they are
 #: removed in one move (amortized O(1) per dropped event).
@@ -124,7 +195,7 @@ class EventBuffer:
             return 0
         if type(events) is EventRecord:
             return 1
-        return len(cast(list[Optional[EventRecord]], events)) - self._head
+        return len(cast(_EventList, events)) - self._head
 
     @property
     def allocated(self) -> bool:
@@ -146,11 +217,11 @@ class EventBuffer:
                 self._drop_oldest()
             return
         if type(kept) is EventRecord:
-            events: list[Optional[EventRecord]] = [cast(EventRecord, kept)]
+            events: _EventList = [cast(EventRecord, kept)]
             self._events = events
             self._head = 0
         else:
-            events = cast(list[Optional[EventRecord]], kept)
+            events = cast(_EventList, kept)
         events.append(event)
         if len(events) - self._head > self.capacity:
             self._drop_oldest()
@@ -168,7 +239,7 @@ class EventBuffer:
             oldest: Optional[EventRecord] = cast(EventRecord, kept)
             self._events = None
         else:
-            events = cast(list[Optional[EventRecord]], kept)
+            events = cast(_EventList, kept)
             oldest = events[self._head]
             events[self._head] = None
             self._head += 1
@@ -192,8 +263,8 @@ class EventBuffer:
         if type(events) is EventRecord:
             return [cast(EventRecord, events)]
         begin = self._head + start
-        listed = cast(list[EventRecord], events)
-        return listed[begin : begin + min(limit, kept - start)]
+        listed = cast(_EventList, events)
+        return cast(list[EventRecord], listed[begin : begin + min(limit, kept - start)])
 
 
 @attrs.frozen

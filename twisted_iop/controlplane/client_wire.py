@@ -102,8 +102,14 @@ def fleet_event_message(event: EventRecord) -> pb.FleetEvent:
         message.command_id = event.command_id
     if event.message:
         message.message = event.message
-    if event.attributes:
-        message.attributes.update(event.attributes)
+    attributes = event.attributes
+    if attributes:
+        # One item at a time: the map's update() (and the constructor's
+        # attributes=) go through Python's MutableMapping.update. The same
+        # insertions in the same order: the same message and bytes.
+        kept = message.attributes
+        for key, value in attributes.items():
+            kept[key] = value
     return message
 
 

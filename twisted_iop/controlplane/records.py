@@ -150,9 +150,6 @@ def event_size(event: EventRecord) -> int:
     )
 
 
-#: An event buffer's list (alias: ``cast`` would build the type on every call).
-_EventList = list[Optional[EventRecord]]
-
 #: Slots left empty at the head of an event buffer's list before they are
 #: removed in one move (amortized O(1) per dropped event).
 _COMPACT_AFTER = 64
@@ -193,9 +190,9 @@ class EventBuffer:
         events = self._events
         if events is None:
             return 0
-        if type(events) is EventRecord:
-            return 1
-        return len(cast(_EventList, events)) - self._head
+        if isinstance(events, list):
+            return len(events) - self._head
+        return 1
 
     @property
     def allocated(self) -> bool:
@@ -216,12 +213,12 @@ class EventBuffer:
             if self.capacity < 1:
                 self._drop_oldest()
             return
-        if type(kept) is EventRecord:
-            events: _EventList = [cast(EventRecord, kept)]
+        if isinstance(kept, list):
+            events = kept
+        else:
+            events = [kept]
             self._events = events
             self._head = 0
-        else:
-            events = cast(_EventList, kept)
         events.append(event)
         if len(events) - self._head > self.capacity:
             self._drop_oldest()
@@ -235,14 +232,14 @@ class EventBuffer:
     def _drop_oldest(self) -> None:
         kept = self._events
         assert kept is not None
-        if type(kept) is EventRecord:
-            oldest: Optional[EventRecord] = cast(EventRecord, kept)
-            self._events = None
-        else:
-            events = cast(_EventList, kept)
+        if isinstance(kept, list):
+            events = kept
             oldest = events[self._head]
             events[self._head] = None
             self._head += 1
+        else:
+            oldest = kept
+            self._events = None
         assert oldest is not None
         self.bytes -= oldest.size_bytes
         self.dropped += 1
@@ -260,11 +257,11 @@ class EventBuffer:
         start = max(sequence + 1, first) - first
         if events is None or start >= kept or limit <= 0:
             return []
-        if type(events) is EventRecord:
-            return [cast(EventRecord, events)]
+        if not isinstance(events, list):
+            return [events]
         begin = self._head + start
-        listed = cast(_EventList, events)
-        return cast(list[EventRecord], listed[begin : begin + min(limit, kept - start)])
+        # The slots from _head on are all set.
+        return cast(list[EventRecord], events[begin : begin + min(limit, kept - start)])
 
 
 @attrs.frozen

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import pytest
@@ -9,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet.task import Clock
 
-from twisted_iop.controlplane import bounds
+from twisted_iop.controlplane import bounds, records
 from twisted_iop.controlplane import json_views as views
 from twisted_iop.controlplane.client_wire import ClientWireFactory, event_payload, fleet_event_message
 from twisted_iop.controlplane.records import EventBuffer, EventRecord, OperationRecord, event_size
@@ -188,6 +189,37 @@ def test_an_event_record_is_sized_as_event_size_says(
     assert event.attributes == (attributes or {})
     assert (event.sequence, event.fleet_sequence, event.edge_id, event.kind) == (3, 7, edge_id, kind)
     assert (event.node_id, event.provider_id, event.command_id, event.message) == (node, provider, command, message)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    message=_maybe_texts,
+    attributes=st.one_of(st.none(), st.dictionaries(st.text(max_size=10), st.text(max_size=40), max_size=8)),
+)
+def test_a_kept_event_gives_back_its_record(message: str, attributes: dict[str, str] | None) -> None:
+    """What a buffer keeps of an event gives back an equal record, attributes in their order."""
+    event = EventRecord(5, 8, "edge-1", "node.note", 1.5, 2.5, "n1", "", "c1", message, attributes)
+    again = records.record_of(records.kept_form(event))
+    assert again == event and type(again) is EventRecord
+    assert list(again.attributes.items()) == list(event.attributes.items())
+    assert again.size_bytes == event.size_bytes
+
+
+def test_kept_events_leave_the_garbage_collectors_sight() -> None:
+    """After one young-generation collection the collector no longer tracks what the
+    buffers keep of events (so older-generation collections never walk them), while
+    a record, or a tuple holding a dict, stays tracked for as long as it lives."""
+    registry, _ = _registry_with_edge()
+    for i in range(50):
+        registry.record("edge-1", "node.note", node_id=f"n{i}", attributes={"a": str(i), "b": "x"})
+    registry.record("edge-1", "node.bare")
+    gc.collect(0)
+    kept = list(registry.get("edge-1").events._events or [])  # type: ignore[arg-type]
+    assert len(kept) == 52 and all(type(k) is tuple and not gc.is_tracked(k) for k in kept)
+    assert all(not gc.is_tracked(k) for k in registry.fleet_events._events or [])  # type: ignore[union-attr]
+    record = registry.fleet_events.since(0, 100)[-2]
+    gc.collect(0)
+    assert gc.is_tracked(record) and record.attributes == {"a": "49", "b": "x"}
 
 
 def test_an_event_record_cannot_be_changed() -> None:

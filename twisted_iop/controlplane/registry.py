@@ -804,8 +804,10 @@ class EdgeRegistry(Service):
             message,
             attributes,
         )
-        events.append(event, sequence)
-        fleet.append(event, fleet_sequence)
+        # One kept form for both buffers.
+        kept = records.kept_form(event)
+        events.append_kept(kept, sequence)
+        fleet.append_kept(kept, fleet_sequence)
         for listener in tuple(self._listeners):
             try:
                 listener(event)
@@ -1105,11 +1107,12 @@ class EdgeRegistry(Service):
         replica that received it.
         """
         record = self._edges.get(event.edge_id)
+        kept = records.kept_form(event)
         if record is not None and event.sequence > record.events.last_sequence:
-            record.events.append(event, event.sequence)
+            record.events.append_kept(kept, event.sequence)
         if not fleet or event.fleet_sequence <= self.fleet_events.last_sequence:
             return False
-        self.fleet_events.append(event, event.fleet_sequence)
+        self.fleet_events.append_kept(kept, event.fleet_sequence)
         if notify:
             for listener in list(self._listeners):
                 try:

@@ -8,7 +8,7 @@ from typing import cast
 import attrs
 import pytest
 from autobahn.websocket.protocol import WebSocketProtocol
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.task import Clock
@@ -19,7 +19,10 @@ from twisted_iop.controlplane.client_wire import (
     ClientWireFactory,
     ClientWireSettings,
     binary_frame,
+    event_frame,
+    event_payload,
 )
+from twisted_iop.controlplane.records import EventRecord
 from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry
 from twisted_iop.testing.frames import ws_messages
 from twisted_iop.testing.peers import HeldEdgePeer
@@ -238,16 +241,34 @@ def test_each_event_is_framed_once_for_all_subscribers(monkeypatch: pytest.Monke
     fleet = Fleet()
     sockets = [fleet.subscriber() for _ in range(3)]
     framed: list[int] = []
-    frame = client_wire.binary_frame
+    frame = client_wire.event_frame
 
-    def counting(payload: bytes) -> bytes:
-        framed.append(len(payload))
-        return frame(payload)
+    def counting(event: EventRecord) -> bytes:
+        framed.append(event.fleet_sequence)
+        return frame(event)
 
-    monkeypatch.setattr(client_wire, "binary_frame", counting)
+    monkeypatch.setattr(client_wire, "event_frame", counting)
     fleet.record(4)
     fleet.clock.advance(0)
     assert len(framed) == 4
     for socket_ in sockets:
         assert event_sequences(socket_) == [2, 3, 4, 5]
     assert fleet.factory._turn_frames is None  # nothing kept after the turn
+
+
+@settings(max_examples=200, deadline=None)
+@given(message=st.one_of(st.integers(0, 200), st.integers(65_000, 66_000)), attributes=st.integers(0, 3))
+def test_an_event_frame_is_the_frame_of_its_message(message: int, attributes: int) -> None:
+    """Framing an event in one step gives the frame of its message, for every length
+    (small frames with their prefix from a table, and 16- and 64-bit lengths)."""
+    event = EventRecord(
+        1,
+        2,
+        "edge-a",
+        "node.note",
+        1.0,
+        2.0,
+        message="m" * message,
+        attributes={f"k{i}": "v" for i in range(attributes)},
+    )
+    assert event_frame(event) == binary_frame(event_payload(event))

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet.task import Clock
 
-from twisted_iop.controlplane import bounds
+from twisted_iop.controlplane import bounds, records
 from twisted_iop.controlplane import json_views as views
 from twisted_iop.controlplane.client_wire import ClientWireFactory, event_payload, fleet_event_message
-from twisted_iop.controlplane.records import EventBuffer, EventRecord, OperationRecord
+from twisted_iop.controlplane.records import EventBuffer, EventRecord, OperationRecord, event_size
 from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry, StatusSnapshot
 from twisted_iop.testing.peers import HeldEdgePeer, snapshot
 from twisted_iop.wire import control_pb2 as pb
@@ -158,6 +160,100 @@ def test_an_event_message_is_the_envelope_the_protobuf_library_builds() -> None:
     assert factory.event_payload(recorded) is factory.event_payload(recorded)
     later = registry.record("edge-1", "bench.tock")
     assert fleet_event_message(later) == _parsed(factory.event_payload(later)).event
+
+
+_maybe_texts = st.one_of(st.just(""), st.text(max_size=20), st.text(min_size=100, max_size=200))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    edge_id=st.text(min_size=1, max_size=64),
+    kind=st.text(min_size=1, max_size=64),
+    node=_maybe_texts,
+    provider=_maybe_texts,
+    command=_maybe_texts,
+    message=_maybe_texts,
+    attributes=st.one_of(st.none(), st.dictionaries(st.text(max_size=10), st.text(max_size=40), max_size=8)),
+)
+def test_an_event_record_is_sized_as_event_size_says(
+    edge_id: str,
+    kind: str,
+    node: str,
+    provider: str,
+    command: str,
+    message: str,
+    attributes: dict[str, str] | None,
+) -> None:
+    """The size a record computes when it is made (skipping empty fields) is the full estimate."""
+    event = EventRecord(3, 7, edge_id, kind, 1.5, 2.5, node, provider, command, message, attributes)
+    assert event.size_bytes == event_size(event)
+    assert event.attributes == (attributes or {})
+    assert (event.sequence, event.fleet_sequence, event.edge_id, event.kind) == (3, 7, edge_id, kind)
+    assert (event.node_id, event.provider_id, event.command_id, event.message) == (node, provider, command, message)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    message=_maybe_texts,
+    attributes=st.one_of(st.none(), st.dictionaries(st.text(max_size=10), st.text(max_size=40), max_size=8)),
+)
+def test_a_kept_event_gives_back_its_record(message: str, attributes: dict[str, str] | None) -> None:
+    """What a buffer keeps of an event gives back an equal record, attributes in their order."""
+    event = EventRecord(5, 8, "edge-1", "node.note", 1.5, 2.5, "n1", "", "c1", message, attributes)
+    again = records.record_of(records.kept_form(event))
+    assert again == event and type(again) is EventRecord
+    assert list(again.attributes.items()) == list(event.attributes.items())
+    assert again.size_bytes == event.size_bytes
+
+
+def test_kept_events_leave_the_garbage_collectors_sight() -> None:
+    """After one young-generation collection the collector no longer tracks what the
+    buffers keep of events (so older-generation collections never walk them), while
+    a record, or a tuple holding a dict, stays tracked for as long as it lives."""
+    registry, _ = _registry_with_edge()
+    for i in range(50):
+        registry.record("edge-1", "node.note", node_id=f"n{i}", attributes={"a": str(i), "b": "x"})
+    registry.record("edge-1", "node.bare")
+    gc.collect(0)
+    kept = list(registry.get("edge-1").events._events or [])  # type: ignore[arg-type]
+    assert len(kept) == 52 and all(type(k) is tuple and not gc.is_tracked(k) for k in kept)
+    assert all(not gc.is_tracked(k) for k in registry.fleet_events._events or [])  # type: ignore[union-attr]
+    record = registry.fleet_events.since(0, 100)[-2]
+    gc.collect(0)
+    assert gc.is_tracked(record) and record.attributes == {"a": "49", "b": "x"}
+
+
+def test_an_event_record_cannot_be_changed() -> None:
+    """A recorded event is immutable: its fields cannot be set, nor new ones added."""
+    event = EventRecord(1, 1, "e", "k", 1.0, 1.0, attributes={"a": "b"})
+    with pytest.raises(AttributeError):
+        event.kind = "other"  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        event.extra = 1  # type: ignore[attr-defined]
+    assert event == EventRecord(1, 1, "e", "k", 1.0, 1.0, attributes={"a": "b"})
+    assert event != EventRecord(1, 1, "e", "k", 1.0, 1.0, attributes={"a": "c"})
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    message=_maybe_texts,
+    attributes=st.dictionaries(st.text(max_size=12), st.text(max_size=60), max_size=40),
+)
+def test_an_event_message_is_the_one_built_from_a_whole_map(message: str, attributes: dict[str, str]) -> None:
+    """Setting the attributes one by one gives the bytes the protobuf library gives
+    for the map passed whole (the same insertions in the same order)."""
+    event = EventRecord(4, 9, "edge-1", "bench.tick", 1.25, 2.5, message=message, attributes=attributes)
+    whole = pb.FleetEvent(
+        sequence=4,
+        fleet_sequence=9,
+        edge_id="edge-1",
+        kind="bench.tick",
+        occurred_at_ms=1250,
+        recorded_at_ms=2500,
+        message=message,
+        attributes=attributes,
+    )
+    assert fleet_event_message(event).SerializeToString() == whole.SerializeToString()
 
 
 def _parsed(payload: bytes) -> pb.ClientEnvelope:

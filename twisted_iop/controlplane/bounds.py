@@ -11,9 +11,7 @@ edge goes away. Hello bounds live in :mod:`twisted_iop.wire.hello`.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping, Sequence
-from typing import Any, Optional, TypeVar, cast
-
-import attrs
+from typing import Any, NamedTuple, Optional, TypeVar, cast
 
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.hello import (
@@ -90,9 +88,9 @@ def clip_map(values: Mapping[str, str], max_entries: int, max_value: int) -> tup
     return kept, True
 
 
-@attrs.frozen
-class ClippedEvent:
-    """The fields of an edge's event that the registry may store."""
+class ClippedEvent(NamedTuple):
+    """The fields of an edge's event that the registry may store (a tuple:
+    every relayed event makes one)."""
 
     kind: str
     node_id: str
@@ -114,14 +112,17 @@ def clip_event(event: pb.EdgeEvent) -> ClippedEvent:
     A small event (:data:`SMALL_EVENT_BYTES`, within the attribute count)
     cannot be over any bound and is taken whole without a look at each text.
     """
-    if len(event.attributes) <= MAX_EVENT_ATTRIBUTES and event.ByteSize() <= SMALL_EVENT_BYTES:
+    attributes = event.attributes
+    if len(attributes) <= MAX_EVENT_ATTRIBUTES and event.ByteSize() <= SMALL_EVENT_BYTES:
         return ClippedEvent(
             event.kind,
             event.node_id,
             event.provider_id,
             event.command_id,
             event.message,
-            dict(event.attributes),
+            # The same dict as dict(attributes), in half the time: the
+            # protobuf map's keys() and items() are Python-level views.
+            {key: attributes[key] for key in attributes},
             False,
         )
     return full_clip_event(event)

@@ -26,6 +26,7 @@ misbehaving client holds a socket only for a bounded time.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Optional
 
 import attrs
@@ -102,8 +103,14 @@ def fleet_event_message(event: EventRecord) -> pb.FleetEvent:
         message.command_id = event.command_id
     if event.message:
         message.message = event.message
-    if event.attributes:
-        message.attributes.update(event.attributes)
+    attributes = event.attributes
+    if attributes:
+        # One item at a time: the map's update() (and the constructor's
+        # attributes=) go through Python's MutableMapping.update. The same
+        # insertions in the same order: the same message and bytes.
+        kept = message.attributes
+        for key, value in attributes.items():
+            kept[key] = value
     return message
 
 
@@ -120,6 +127,22 @@ def event_payload(event: EventRecord) -> bytes:
 
 #: The header of an unmasked, final, binary WebSocket frame of each length up to 125.
 _SMALL_FRAME_HEADERS = tuple(bytes((0x82, n)) for n in range(126))
+#: The largest serialized event whose frame header, envelope tag and
+#: one-byte length come from :data:`_SMALL_EVENT_PREFIXES`.
+_SMALL_EVENT_BYTES = 125 - len(_EVENT_TAG) - 1
+#: Everything before a small event's bytes in its frame, by the event's length.
+_SMALL_EVENT_PREFIXES = tuple(
+    _SMALL_FRAME_HEADERS[len(_EVENT_TAG) + 1 + n] + _EVENT_TAG + bytes((n,)) for n in range(_SMALL_EVENT_BYTES + 1)
+)
+
+
+def event_frame(event: EventRecord) -> bytes:
+    """``binary_frame(event_payload(event))``, with one concatenation for a small event."""
+    data = fleet_event_message(event).SerializeToString()
+    n = len(data)
+    if n <= _SMALL_EVENT_BYTES:
+        return _SMALL_EVENT_PREFIXES[n] + data
+    return binary_frame(_EVENT_TAG + varint(n) + data)
 
 
 def binary_frame(payload: bytes) -> bytes:
@@ -187,6 +210,13 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
         self.paused = False
         self._subscribed_edge: Optional[str] = None
         self._subscribed = False
+        #: The queue length, and its estimated bytes, past which
+        #: :meth:`_enqueue` looks at its bounds (set from the settings when
+        #: the connection is made; until then at every event).
+        self._write_at = 0
+        self._max_queued_bytes = -1
+        #: What the registry calls with each event while subscribed.
+        self._listener: Callable[[EventRecord], None] = self._enqueue
         self._queue: deque[EventRecord] = deque()
         #: Estimated bytes of the queued events.
         self.queued_bytes = 0
@@ -211,6 +241,9 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
     def connectionMade(self) -> None:
         super().connectionMade()
         set_no_delay(self.transport)
+        settings = self.factory.settings
+        self._write_at = min(BATCH_EVENTS, settings.subscriber_queue + 1)
+        self._max_queued_bytes = settings.subscriber_queue_bytes
 
     def onConnect(self, request: object) -> None:
         path = getattr(request, "path", "")
@@ -366,12 +399,15 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
                 )
             for event in buffer.since(since, RESUME_BATCH):
                 self._enqueue(event)
-        registry.add_listener(self._event_recorded)
+        # A subscriber of the whole fleet takes every event: its queue is
+        # the listener itself, without a filter call per event.
+        self._listener = self._event_recorded if self._subscribed_edge is not None else self._enqueue
+        registry.add_listener(self._listener)
         self.flush()
 
     def _unsubscribe(self) -> None:
         if self._subscribed:
-            self.factory.registry.remove_listener(self._event_recorded)
+            self.factory.registry.remove_listener(self._listener)
         self._subscribed = False
         self._clear_queue()
 
@@ -393,9 +429,19 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
         are dropped (and reported as lost).
         """
         queue = self._queue
-        settings = self.factory.settings
         queue.append(event)
         self.queued_bytes += event.size_bytes
+        if len(queue) >= self._write_at or self.queued_bytes > self._max_queued_bytes:
+            self._queue_at_bound()
+        if not self.flush_due and queue and not self.paused:
+            self.flush_due = True
+            self.factory.flush_next_turn(self)
+
+    def _queue_at_bound(self) -> None:
+        """A bound of :meth:`_enqueue` reached: an open socket is written at
+        once; a paused one drops its oldest events (reported as lost)."""
+        queue = self._queue
+        settings = self.factory.settings
         if not self.paused and (
             len(queue) >= BATCH_EVENTS
             or len(queue) > settings.subscriber_queue
@@ -408,9 +454,6 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
             dropped = queue.popleft()
             self.queued_bytes -= dropped.size_bytes
             self._note_lost(dropped)
-        if queue and not self.paused and not self.flush_due:
-            self.flush_due = True
-            self.factory.flush_next_turn(self)
 
     def _sequence(self, event: EventRecord) -> int:
         return event.sequence if self._subscribed_edge is not None else event.fleet_sequence
@@ -550,7 +593,7 @@ class ClientWireFactory(WebSocketServerFactory):
         if kept is not None and kept[0] is event:
             frame = kept[1]
         else:
-            frame = binary_frame(self.event_payload(event))
+            frame = event_frame(event)
             if frames is not None:
                 frames[id(event)] = (event, frame)
         self._last_frame = frame

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator, Mapping
-from typing import Optional, Union, cast
+from itertools import chain
+from typing import Any, NamedTuple, Optional, Union, cast
 
 import attrs
 
@@ -41,30 +42,98 @@ def map_size(values: Mapping[str, str]) -> int:
     return size
 
 
-@attrs.frozen
-class EventRecord:
-    """One recorded event of one edge."""
-
+class _EventFields(NamedTuple):
     sequence: int
     fleet_sequence: int
     edge_id: str
     kind: str
     occurred_at: float
     recorded_at: float
-    node_id: str = ""
-    provider_id: str = ""
-    command_id: str = ""
-    message: str = ""
-    attributes: dict[str, str] = attrs.field(factory=dict)
+    node_id: str
+    provider_id: str
+    command_id: str
+    message: str
+    attributes: dict[str, str]
     #: Estimated bytes this record holds (computed once, when it is made).
-    size_bytes: int = attrs.field(init=False, eq=False, repr=False)
+    size_bytes: int
 
-    def __attrs_post_init__(self) -> None:
-        object.__setattr__(self, "size_bytes", event_size(self))
+
+_new_tuple = tuple.__new__
+#: What an empty text, an empty map and the record itself take.
+_EMPTY_TEXT_BYTES = _getsizeof("")
+_EMPTY_MAP_BYTES = _getsizeof({})
+_RECORD_BYTES = _getsizeof(tuple(range(len(_EventFields._fields))))
+#: The part of :func:`event_size` that is the same for every event: the
+#: record, its three numbers, and its optional texts and map when empty.
+_FIXED_EVENT_BYTES = _RECORD_BYTES + 3 * _NUMBER_BYTES + 4 * _EMPTY_TEXT_BYTES + _EMPTY_MAP_BYTES
+
+
+class EventRecord(_EventFields):
+    """One recorded event of one edge.
+
+    Immutable, and as cheap to make as a tuple (it is one: every relayed
+    event makes one); its size estimate (:func:`event_size`) is computed
+    once, when it is made.
+    """
+
+    __slots__ = ()
+
+    def __new__(
+        cls,
+        sequence: int,
+        fleet_sequence: int,
+        edge_id: str,
+        kind: str,
+        occurred_at: float,
+        recorded_at: float,
+        node_id: str = "",
+        provider_id: str = "",
+        command_id: str = "",
+        message: str = "",
+        attributes: Optional[dict[str, str]] = None,
+    ) -> EventRecord:
+        # event_size, with what most events leave empty not asked for.
+        size = _FIXED_EVENT_BYTES + _getsizeof(edge_id) + _getsizeof(kind)
+        if node_id:
+            size += _getsizeof(node_id) - _EMPTY_TEXT_BYTES
+        if provider_id:
+            size += _getsizeof(provider_id) - _EMPTY_TEXT_BYTES
+        if command_id:
+            size += _getsizeof(command_id) - _EMPTY_TEXT_BYTES
+        if message:
+            size += _getsizeof(message) - _EMPTY_TEXT_BYTES
+        if attributes:
+            size += map_size(attributes) - _EMPTY_MAP_BYTES
+        elif attributes is None:
+            attributes = {}
+        return _new_tuple(
+            cls,
+            (
+                sequence,
+                fleet_sequence,
+                edge_id,
+                kind,
+                occurred_at,
+                recorded_at,
+                node_id,
+                provider_id,
+                command_id,
+                message,
+                attributes,
+                size,
+            ),
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"EventRecord(sequence={self.sequence}, fleet_sequence={self.fleet_sequence}, "
+            f"edge_id={self.edge_id!r}, kind={self.kind!r})"
+        )
 
 
 def event_size(event: EventRecord) -> int:
-    """Estimated bytes of ``event``: the record, its strings and its attributes.
+    """Estimated bytes of ``event``: the record, its strings and its attributes
+    (:attr:`EventRecord.size_bytes` holds it, computed when the record is made).
 
     Strings that events share (the edge id) are counted in every event, so
     the estimate errs on the high side.
@@ -82,6 +151,44 @@ def event_size(event: EventRecord) -> int:
     )
 
 
+#: What an event buffer keeps of an event (:func:`kept_form`): one plain
+#: tuple of its fields, its size, then its attributes' keys and values.
+KeptEvent = tuple[Any, ...]
+#: The index of the size in a kept event; the attributes follow it.
+_KEPT_SIZE = 10
+_KEPT_ATTRIBUTES = _KEPT_SIZE + 1
+
+
+def kept_form(event: EventRecord) -> KeptEvent:
+    """What a buffer keeps of ``event``: one plain tuple of its fields (but
+    the attributes), its size, then ``key, value, key, value, ...``.
+
+    A record is an instance of a class and holds a dict: the cyclic garbage
+    collector walks both in every collection of the generation they are
+    in, for as long as they live. A plain tuple of texts and numbers holds
+    nothing it could walk, so the collector stops tracking it in its first
+    young-generation collection: however many events the buffers keep (up
+    to a million with the default limits and 1,000 edges), the older
+    generations' collections no longer walk them (one walked 550,000 kept
+    records for 265 ms). The attributes are in the same tuple, not one of
+    their own: the collector may look at the outer tuple first.
+    """
+    attributes = event.attributes
+    if attributes:
+        return (*event[:_KEPT_SIZE], event.size_bytes, *chain.from_iterable(attributes.items()))
+    return (*event[:_KEPT_SIZE], event.size_bytes)
+
+
+def record_of(kept: KeptEvent) -> EventRecord:
+    """The record a kept event (:func:`kept_form`) stands for."""
+    attributes = (
+        dict(zip(kept[_KEPT_ATTRIBUTES::2], kept[_KEPT_ATTRIBUTES + 1 :: 2], strict=True))
+        if len(kept) > _KEPT_ATTRIBUTES
+        else {}
+    )
+    return cast(EventRecord, _new_tuple(EventRecord, (*kept[:_KEPT_SIZE], attributes, kept[_KEPT_SIZE])))
+
+
 #: Slots left empty at the head of an event buffer's list before they are
 #: removed in one move (amortized O(1) per dropped event).
 _COMPACT_AFTER = 64
@@ -96,10 +203,12 @@ class EventBuffer:
     and ``dropped`` counts them (``dropped_by_bytes`` those that left for
     the byte budget).
 
-    Every edge has one, and most hold one event (``edge.connected``): the
-    first event is kept as itself, and a plain list (not a deque, whose
-    first block alone is about 600 bytes) holds them from the second on,
-    oldest first from ``_head``.
+    It keeps each event in its :func:`kept_form` (out of the garbage
+    collector's sight), and :meth:`since` gives records back. Every edge
+    has one, and most hold one event (``edge.connected``): the first event
+    is kept as itself, and a plain list (not a deque, whose first block
+    alone is about 600 bytes) holds them from the second on, oldest first
+    from ``_head``.
     """
 
     __slots__ = ("capacity", "byte_budget", "_events", "_head", "last_sequence", "dropped", "dropped_by_bytes", "bytes")
@@ -110,7 +219,7 @@ class EventBuffer:
         #: None until the first event; then that event alone; from the
         #: second on, the kept events from index ``_head`` on (slots before
         #: it are empty).
-        self._events: Union[None, EventRecord, list[Optional[EventRecord]]] = None
+        self._events: Union[None, KeptEvent, list[Optional[KeptEvent]]] = None
         self._head = 0
         self.last_sequence = 0
         self.dropped = 0
@@ -122,9 +231,9 @@ class EventBuffer:
         events = self._events
         if events is None:
             return 0
-        if type(events) is EventRecord:
-            return 1
-        return len(cast(list[Optional[EventRecord]], events)) - self._head
+        if isinstance(events, list):
+            return len(events) - self._head
+        return 1
 
     @property
     def allocated(self) -> bool:
@@ -137,20 +246,25 @@ class EventBuffer:
 
     def append(self, event: EventRecord, sequence: int) -> None:
         """Add ``event`` whose sequence (edge or fleet) is ``sequence``."""
+        self.append_kept(kept_form(event), sequence)
+
+    def append_kept(self, event: KeptEvent, sequence: int) -> None:
+        """Add an event in its :func:`kept_form` (one kept form can be in
+        several buffers: an edge's and the fleet's)."""
         kept = self._events
-        self.bytes += event.size_bytes
+        self.bytes += event[_KEPT_SIZE]
         self.last_sequence = sequence
         if kept is None:
             self._events = event
             if self.capacity < 1:
                 self._drop_oldest()
             return
-        if type(kept) is EventRecord:
-            events: list[Optional[EventRecord]] = [cast(EventRecord, kept)]
+        if isinstance(kept, list):
+            events = kept
+        else:
+            events = [kept]
             self._events = events
             self._head = 0
-        else:
-            events = cast(list[Optional[EventRecord]], kept)
         events.append(event)
         if len(events) - self._head > self.capacity:
             self._drop_oldest()
@@ -164,16 +278,16 @@ class EventBuffer:
     def _drop_oldest(self) -> None:
         kept = self._events
         assert kept is not None
-        if type(kept) is EventRecord:
-            oldest: Optional[EventRecord] = cast(EventRecord, kept)
-            self._events = None
-        else:
-            events = cast(list[Optional[EventRecord]], kept)
+        if isinstance(kept, list):
+            events = kept
             oldest = events[self._head]
             events[self._head] = None
             self._head += 1
+        else:
+            oldest = kept
+            self._events = None
         assert oldest is not None
-        self.bytes -= oldest.size_bytes
+        self.bytes -= oldest[_KEPT_SIZE]
         self.dropped += 1
 
     @property
@@ -189,11 +303,11 @@ class EventBuffer:
         start = max(sequence + 1, first) - first
         if events is None or start >= kept or limit <= 0:
             return []
-        if type(events) is EventRecord:
-            return [cast(EventRecord, events)]
+        if not isinstance(events, list):
+            return [record_of(events)]
         begin = self._head + start
-        listed = cast(list[EventRecord], events)
-        return listed[begin : begin + min(limit, kept - start)]
+        # The slots from _head on are all set.
+        return [record_of(cast(KeptEvent, event)) for event in events[begin : begin + min(limit, kept - start)]]
 
 
 @attrs.frozen

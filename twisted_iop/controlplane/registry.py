@@ -670,31 +670,70 @@ class EdgeRegistry(Service):
         ``operation`` it stands for) and is appended when the fleet stream
         brings it back numbered; the record returned has sequence 0.
         """
-        record = self._edges[edge_id]
         now = self._clock.seconds()
-        journal = self.journal
-        # In cluster mode the store numbers the event (sequence 0 until then).
-        sequence = 0 if journal is not None else record.events.next_sequence()
-        fleet_sequence = 0 if journal is not None else self.fleet_events.next_sequence()
-        event = EventRecord(
-            sequence=sequence,
-            fleet_sequence=fleet_sequence,
-            edge_id=edge_id,
-            kind=kind,
-            occurred_at=now if occurred_at is None else occurred_at,
-            recorded_at=now,
-            node_id=node_id,
-            provider_id=provider_id,
-            command_id=command_id,
-            message=message,
-            attributes=attributes or {},
+        return self._record(
+            self._edges[edge_id],
+            edge_id,
+            kind,
+            now if occurred_at is None else occurred_at,
+            now,
+            node_id,
+            provider_id,
+            command_id,
+            message,
+            attributes,
+            token,
+            change,
+            operation,
         )
+
+    def _record(
+        self,
+        record: EdgeRecord,
+        edge_id: str,
+        kind: str,
+        occurred_at: float,
+        now: float,
+        node_id: str,
+        provider_id: str,
+        command_id: str,
+        message: str,
+        attributes: Optional[dict[str, str]],
+        token: Optional[int],
+        change: Optional[dict[str, Any]],
+        operation: Optional[OperationRecord],
+    ) -> EventRecord:
+        """:meth:`record` once the edge's record and the time are known."""
+        journal = self.journal
         if journal is not None:
+            # In cluster mode the store numbers the event (sequence 0 until then).
+            event = EventRecord(
+                0, 0, edge_id, kind, occurred_at, now, node_id, provider_id, command_id, message, attributes
+            )
             journal.append(event, token, change or {"kind": "event"}, operation)
             return event
-        record.events.append(event, sequence)
-        self.fleet_events.append(event, fleet_sequence)
-        for listener in list(self._listeners):
+        events = record.events
+        fleet = self.fleet_events
+        sequence = events.last_sequence + 1
+        fleet_sequence = fleet.last_sequence + 1
+        event = EventRecord(
+            sequence,
+            fleet_sequence,
+            edge_id,
+            kind,
+            occurred_at,
+            now,
+            node_id,
+            provider_id,
+            command_id,
+            message,
+            attributes,
+        )
+        # One kept form for both buffers.
+        kept = records.kept_form(event)
+        events.append_kept(kept, sequence)
+        fleet.append_kept(kept, fleet_sequence)
+        for listener in tuple(self._listeners):
             try:
                 listener(event)
             except Exception:
@@ -714,29 +753,34 @@ class EdgeRegistry(Service):
             return None
         now = self._clock.seconds()
         record.last_seen = now
-        self._check_edge_sequence(record, event.edge_sequence, token)
-        if event.kind.startswith(RESERVED_KIND_PREFIXES):
+        edge_sequence = event.edge_sequence
+        self._check_edge_sequence(record, edge_sequence, token)
+        # Never stored whole: over-long texts are cut, extra attributes
+        # dropped, and the event says so (attribute truncated: "true").
+        kind, node_id, provider_id, command_id, message, attributes, _ = bounds.clip_event(event)
+        if kind.startswith(RESERVED_KIND_PREFIXES):
+            # The kind as sent (the clipped one may end in "...").
             self._protocol_violation(record, token, event.kind, now)
             return None
         # An Edge's clock is its own: a time outside the calendar (or none)
         # is recorded as the time the event arrived.
-        occurred = event.occurred_at_ms / 1000.0 if 0 < event.occurred_at_ms < MAX_TIME_MS else None
-        # Never stored whole: over-long texts are cut, extra attributes
-        # dropped, and the event says so (attribute truncated: "true").
-        clipped = bounds.clip_event(event)
-        recorded = self.record(
+        occurred_ms = event.occurred_at_ms
+        recorded = self._record(
+            record,
             edge_id,
-            clipped.kind,
-            occurred_at=occurred,
-            node_id=clipped.node_id,
-            provider_id=clipped.provider_id,
-            command_id=clipped.command_id,
-            message=clipped.message,
-            attributes=clipped.attributes,
-            token=token,
-            change={"kind": "relayed", "edge_sequence": event.edge_sequence},
+            kind,
+            occurred_ms / 1000.0 if 0 < occurred_ms < MAX_TIME_MS else now,
+            now,
+            node_id,
+            provider_id,
+            command_id,
+            message,
+            attributes,
+            token,
+            None if self.journal is None else {"kind": "relayed", "edge_sequence": edge_sequence},
+            None,
         )
-        if event.command_id:
+        if command_id:
             for observer in list(self._observers):
                 observer.command_event_relayed(edge_id, token, event)
         return recorded
@@ -988,11 +1032,12 @@ class EdgeRegistry(Service):
         replica that received it.
         """
         record = self._edges.get(event.edge_id)
+        kept = records.kept_form(event)
         if record is not None and event.sequence > record.events.last_sequence:
-            record.events.append(event, event.sequence)
+            record.events.append_kept(kept, event.sequence)
         if not fleet or event.fleet_sequence <= self.fleet_events.last_sequence:
             return False
-        self.fleet_events.append(event, event.fleet_sequence)
+        self.fleet_events.append_kept(kept, event.fleet_sequence)
         if notify:
             for listener in list(self._listeners):
                 try:

@@ -49,10 +49,16 @@ class Options(DaemonOptions[ControlPlaneConfig]):
         return config.notices
 
 
-#: Young-generation threshold of the garbage collector in the daemon. A
-#: fleet fan-out creates tens of thousands of short-lived objects per round;
-#: with the default (700) they trigger several full collections per round.
-GC_THRESHOLD = (50_000, 20, 100)
+#: Thresholds of the garbage collector in the daemon. A fleet fan-out
+#: creates tens of thousands of short-lived objects per round; with the
+#: defaults (700, 10, 10) they trigger several full collections per round.
+#: The young generation's threshold is also the longest pause: kept events
+#: wait in it for their first collection (one object each), so at 50,000 a
+#: young collection walked 50,000 events (13-80 ms in one reactor turn, a
+#: miss of the 5 ms live-event latency); at 10,000 it takes 2-5 ms, and a
+#: fleet round at 10,000 edges runs about 4 of them (within the noise of its
+#: CPU per edge, bench/gateway_inprocess.py).
+GC_THRESHOLD = (10_000, 20, 100)
 
 
 def tune_garbage_collector() -> None:

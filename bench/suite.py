@@ -169,12 +169,6 @@ class BenchFleet(ff.FakeFleet):
             ).SerializeToString()
         return tail
 
-    def close(self) -> None:
-        """Drop every edge's connection."""
-        for edge in self.edges:
-            if edge.transport is not None:
-                edge.transport.abortConnection()
-
 
 # -- the processes ----------------------------------------------------------------------
 
@@ -266,7 +260,13 @@ class Results:
 
 
 async def enroll(fleet: BenchFleet, n: int, count: Any, timeout: float) -> dict[str, Any]:
-    """Dial ``n`` edges at once; seconds until ``count()`` says ``n`` (or the deadline)."""
+    """Dial ``n`` edges at once; seconds until ``count()`` says ``n``, every
+    dial has ended with some refused or failed, or the deadline passed.
+
+    Dials that failed (no descriptor left, refused, timed out) are counted
+    by reason in ``dial_failures``, so a short enrollment says why instead
+    of waiting out the deadline in silence.
+    """
     overflows = ff.listen_overflows()
     started = time.perf_counter()
     dialed = [fleet.connect(f"edge-{i:05d}") for i in range(n)]
@@ -275,12 +275,27 @@ async def enroll(fleet: BenchFleet, n: int, count: Any, timeout: float) -> dict[
     enrolled = 0
     while time.monotonic() < deadline:
         enrolled = await count()
-        if enrolled >= n:
+        if enrolled >= n or (results.called and fleet.accepted < n):
             break
         await ff.sleep(0.05)
     seconds = time.perf_counter() - started
     await results if enrolled >= n else None
-    return {"seconds": seconds, "enrolled": enrolled, "overflows": ff.listen_overflows() - overflows}
+    return {
+        "seconds": seconds,
+        "enrolled": enrolled,
+        "overflows": ff.listen_overflows() - overflows,
+        "dial_failures": dict(fleet.dial_failures),
+    }
+
+
+def enrollment_text(result: dict[str, Any], n: int) -> str:
+    """Seconds, edges never enrolled, listen overflows and failed dials by reason."""
+    text = f"{result['seconds']:.2f} s, {n - result['enrolled']} never, {result['overflows']} overflows"
+    failures = result["dial_failures"]
+    if failures:
+        reasons = "; ".join(f"{count} x {reason}" for reason, count in sorted(failures.items(), key=lambda i: -i[1]))
+        text += f" (dials failed: {reasons})"
+    return text
 
 
 async def rounds(http: ff.Http, path: str, fleet: BenchFleet, pid: int, count: int) -> dict[str, Any]:
@@ -367,7 +382,9 @@ async def fleet_phase(args: Any, n: int, results: Results, workdir: Path) -> Non
             echo_enroll = await enroll(fleet, n, echo_count, args.enroll_timeout)
             echo_rounds = await rounds(http, "/round", fleet, echo.pid, args.rounds)
             echo_rss = (echo.rss_bytes() - rss_idle) / n
-            fleet.close()
+            # Every edge's descriptor closed before the next dials (the
+            # load generator holds one per edge, up to its hard limit).
+            await fleet.close()
         finally:
             echo.stop()
         await ff.sleep(1.0)
@@ -395,7 +412,7 @@ async def fleet_phase(args: Any, n: int, results: Results, workdir: Path) -> Non
             cp_rss = (cp.rss_bytes() - rss_idle) / n
         if args.extras:
             await extras(args, http, fleet, cp.pid, results)
-        fleet.close()
+        await fleet.close()
     finally:
         cp.stop()
     if "fleet" not in args.only:
@@ -403,13 +420,17 @@ async def fleet_phase(args: Any, n: int, results: Results, workdir: Path) -> Non
 
     p50, p99 = statistics.median(cp_rounds["walls"]), percentile(cp_rounds["walls"], 0.99)
     e50, e99 = statistics.median(echo_rounds["walls"]), percentile(echo_rounds["walls"], 0.99)
+    # Rounds over fewer edges than the Control Plane's are no reference (polls
+    # per CPU-second are per poll and stay comparable).
+    short = echo_enroll["enrolled"] < n
+    no_reference = f" (echo held only {echo_enroll['enrolled']:,} edges: no reference)" if short else ""
     results.add(
         f"{label}: fleet round p50 / p99 ({args.rounds} rounds)",
         f"{p50 * 1000:.0f} / {p99 * 1000:.0f} ms",
-        f"{e50 * 1000:.0f} / {e99 * 1000:.0f} ms",
+        f"{e50 * 1000:.0f} / {e99 * 1000:.0f} ms{no_reference}",
         p50 / e50,
         "<= 1.5x echo",
-        p50 <= 1.5 * e50,
+        None if short else p50 <= 1.5 * e50,
     )
     ours_rate = cp_rounds["polls"] / max(cp_rounds["cpu"], 1e-9)
     echo_rate = echo_rounds["polls"] / max(echo_rounds["cpu"], 1e-9)
@@ -424,18 +445,25 @@ async def fleet_phase(args: Any, n: int, results: Results, workdir: Path) -> Non
     results.add(
         f"{label}: RSS per connected edge, last snapshot kept",
         f"{cp_rss / 1024:.1f} KiB",
-        f"{echo_rss / 1024:.1f} KiB",
+        f"{echo_rss / 1024:.1f} KiB{no_reference}",
         cp_rss / max(echo_rss, 1.0),
         "<= 4 KiB (at 20k)",
         cp_rss <= 4096 if n >= 20000 else None,
     )
     results.add(
         f"{label}: all dialing at once, until all enrolled",
-        f"{cp_enroll['seconds']:.2f} s, {n - cp_enroll['enrolled']} never, {cp_enroll['overflows']} overflows",
-        f"{echo_enroll['seconds']:.2f} s, {n - echo_enroll['enrolled']} never, {echo_enroll['overflows']} overflows",
+        enrollment_text(cp_enroll, n),
+        enrollment_text(echo_enroll, n),
         cp_enroll["seconds"] / echo_enroll["seconds"],
         "all, <= 1.5x echo (at 20k)",
-        (cp_enroll["enrolled"] == n and cp_enroll["seconds"] <= 1.5 * echo_enroll["seconds"]) if n >= 20000 else None,
+        # An echo reference that enrolled fewer edges is no reference.
+        (
+            cp_enroll["enrolled"] == n
+            and echo_enroll["enrolled"] == n
+            and cp_enroll["seconds"] <= 1.5 * echo_enroll["seconds"]
+        )
+        if n >= 20000
+        else None,
     )
 
 

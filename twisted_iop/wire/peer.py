@@ -124,7 +124,8 @@ _REQUEST_ID_TAG = b"\x08"
 
 
 class SerializedRequest:
-    """A request body serialized once, for requests sent over and over.
+    """A request body serialized once, for requests sent over and over
+    (and answers: the Control Plane's answer to every accepted hello).
 
     A fleet round sends the same empty ``EdgeStatusRequest`` to every edge;
     only the request id differs. The envelope without a request id is

@@ -267,9 +267,15 @@ async def enroll(fleet: BenchFleet, n: int, count: Any, timeout: float) -> dict[
     by reason in ``dial_failures``, so a short enrollment says why instead
     of waiting out the deadline in silence.
     """
+    edge_ids = [f"edge-{i:05d}" for i in range(n)]
+    for edge_id in edge_ids:
+        # Each edge's status answer is built before the clock starts: the
+        # window measures the server taking the burst, not this process
+        # building snapshots.
+        fleet.status_tail(edge_id)
     overflows = ff.listen_overflows()
     started = time.perf_counter()
-    dialed = [fleet.connect(f"edge-{i:05d}") for i in range(n)]
+    dialed = [fleet.connect(edge_id) for edge_id in edge_ids]
     results = defer.DeferredList(dialed, consumeErrors=True)
     deadline = time.monotonic() + timeout
     enrolled = 0
@@ -289,12 +295,15 @@ async def enroll(fleet: BenchFleet, n: int, count: Any, timeout: float) -> dict[
 
 
 def enrollment_text(result: dict[str, Any], n: int) -> str:
-    """Seconds, edges never enrolled, listen overflows and failed dials by reason."""
+    """Seconds, edges never enrolled, listen overflows, failed dials by reason and
+    connections the server closed for want of a hello in time."""
     text = f"{result['seconds']:.2f} s, {n - result['enrolled']} never, {result['overflows']} overflows"
     failures = result["dial_failures"]
     if failures:
         reasons = "; ".join(f"{count} x {reason}" for reason, count in sorted(failures.items(), key=lambda i: -i[1]))
         text += f" (dials failed: {reasons})"
+    if result.get("hello_timeouts"):
+        text += f" ({result['hello_timeouts']} closed by the hello deadline)"
     return text
 
 
@@ -406,6 +415,7 @@ async def fleet_phase(args: Any, n: int, results: Results, workdir: Path) -> Non
             return int(body["total"])
 
         cp_enroll = await enroll(fleet, n, cp_count, args.enroll_timeout)
+        cp_enroll["hello_timeouts"] = cp.log().count("HELLO_TIMEOUT")
         if "fleet" in args.only:
             cp_rounds = await rounds(http, "/fleet/status", fleet, cp.pid, args.rounds)
             await ff.sleep(1.0)

@@ -368,13 +368,16 @@ async def commands(http: ff.Http, edge_ids: list[str], rate: float, seconds: flo
     return latencies
 
 
-async def fleet_phase(args: Any, n: int, results: Results, workdir: Path) -> None:
-    """Echo, then the Control Plane, at ``n`` edges: enrollment, rounds, CPU, RSS.
+async def fleet_phase(args: Any, n: int, results: Results, workdir: Path, phase: int = 0) -> None:
+    """Echo, then the Control Plane, at ``n`` edges (of the ``phase`` asked for): enrollment, rounds, CPU, RSS.
 
     Without ``fleet`` in ``--only``, the echo reference and the fleet
     figures are left out: the Control Plane only enrolls the edges for the
     other phases.
     """
+    # The targets "at 20k" judge the 20,000-edge phase, which runs as many
+    # edges as the open-file limit allows (19,800 here).
+    at_20k = (phase or n) >= 20000
     label = f"{n:,} edges"
     if "fleet" in args.only:
         print(f"\n== {label}: bare echo", flush=True)
@@ -458,7 +461,7 @@ async def fleet_phase(args: Any, n: int, results: Results, workdir: Path) -> Non
         f"{echo_rss / 1024:.1f} KiB{no_reference}",
         cp_rss / max(echo_rss, 1.0),
         "<= 4 KiB (at 20k)",
-        cp_rss <= 4096 if n >= 20000 else None,
+        cp_rss <= 4096 if at_20k else None,
     )
     results.add(
         f"{label}: all dialing at once, until all enrolled",
@@ -472,7 +475,7 @@ async def fleet_phase(args: Any, n: int, results: Results, workdir: Path) -> Non
             and echo_enroll["enrolled"] == n
             and cp_enroll["seconds"] <= 1.5 * echo_enroll["seconds"]
         )
-        if n >= 20000
+        if at_20k
         else None,
     )
 
@@ -579,7 +582,7 @@ async def run(args: Any, results: Results, workdir: Path) -> None:
                 f"\n{n:,} edges need {n + ff.SPARE_FDS} descriptors here; the hard limit is {limit}: running {fits:,}"
             )
         args.extras = n == args.edges[0]
-        await fleet_phase(args, fits, results, workdir)
+        await fleet_phase(args, fits, results, workdir, phase=n)
 
 
 def main() -> None:

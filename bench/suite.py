@@ -259,7 +259,7 @@ class Results:
 # -- phases ------------------------------------------------------------------------------------
 
 
-async def enroll(fleet: BenchFleet, n: int, count: Any, timeout: float) -> dict[str, Any]:
+async def enroll(fleet: BenchFleet, n: int, count: Any, timeout: float, pid: int) -> dict[str, Any]:
     """Dial ``n`` edges at once; seconds until ``count()`` says ``n``, every
     dial has ended with some refused or failed, or the deadline passed.
 
@@ -274,6 +274,7 @@ async def enroll(fleet: BenchFleet, n: int, count: Any, timeout: float) -> dict[
         # building snapshots.
         fleet.status_tail(edge_id)
     overflows = ff.listen_overflows()
+    cpu = _cpu(pid)
     started = time.perf_counter()
     dialed = [fleet.connect(edge_id) for edge_id in edge_ids]
     results = defer.DeferredList(dialed, consumeErrors=True)
@@ -285,9 +286,11 @@ async def enroll(fleet: BenchFleet, n: int, count: Any, timeout: float) -> dict[
             break
         await ff.sleep(0.05)
     seconds = time.perf_counter() - started
+    cpu = _cpu(pid) - cpu
     await results if enrolled >= n else None
     return {
         "seconds": seconds,
+        "cpu": cpu,
         "enrolled": enrolled,
         "overflows": ff.listen_overflows() - overflows,
         "dial_failures": dict(fleet.dial_failures),
@@ -297,7 +300,10 @@ async def enroll(fleet: BenchFleet, n: int, count: Any, timeout: float) -> dict[
 def enrollment_text(result: dict[str, Any], n: int) -> str:
     """Seconds, edges never enrolled, listen overflows, failed dials by reason and
     connections the server closed for want of a hello in time."""
-    text = f"{result['seconds']:.2f} s, {n - result['enrolled']} never, {result['overflows']} overflows"
+    text = (
+        f"{result['seconds']:.2f} s (server CPU {result['cpu']:.2f} s), "
+        f"{n - result['enrolled']} never, {result['overflows']} overflows"
+    )
     failures = result["dial_failures"]
     if failures:
         reasons = "; ".join(f"{count} x {reason}" for reason, count in sorted(failures.items(), key=lambda i: -i[1]))
@@ -391,7 +397,7 @@ async def fleet_phase(args: Any, n: int, results: Results, workdir: Path, phase:
                 _, body, _ = await http.get("/count")
                 return int(body)
 
-            echo_enroll = await enroll(fleet, n, echo_count, args.enroll_timeout)
+            echo_enroll = await enroll(fleet, n, echo_count, args.enroll_timeout, echo.pid)
             echo_rounds = await rounds(http, "/round", fleet, echo.pid, args.rounds)
             echo_rss = (echo.rss_bytes() - rss_idle) / n
             # Every edge's descriptor closed before the next dials (the
@@ -417,7 +423,7 @@ async def fleet_phase(args: Any, n: int, results: Results, workdir: Path, phase:
             _, body, _, _ = await http.get_json("/edges?limit=1")
             return int(body["total"])
 
-        cp_enroll = await enroll(fleet, n, cp_count, args.enroll_timeout)
+        cp_enroll = await enroll(fleet, n, cp_count, args.enroll_timeout, cp.pid)
         cp_enroll["hello_timeouts"] = cp.log().count("HELLO_TIMEOUT")
         if "fleet" in args.only:
             cp_rounds = await rounds(http, "/fleet/status", fleet, cp.pid, args.rounds)

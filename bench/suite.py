@@ -439,10 +439,12 @@ async def fleet_phase(args: Any, n: int, results: Results, workdir: Path, phase:
 
     p50, p99 = statistics.median(cp_rounds["walls"]), percentile(cp_rounds["walls"], 0.99)
     e50, e99 = statistics.median(echo_rounds["walls"]), percentile(echo_rounds["walls"], 0.99)
-    # Rounds over fewer edges than the Control Plane's are no reference (polls
-    # per CPU-second are per poll and stay comparable).
-    short = echo_enroll["enrolled"] < n
+    # Rounds and RSS over fewer edges than the phase's are no figure for it
+    # (polls per CPU-second are per poll and stay comparable).
+    short = echo_enroll["enrolled"] < n or cp_enroll["enrolled"] < n
     no_reference = f" (echo held only {echo_enroll['enrolled']:,} edges: no reference)" if short else ""
+    if cp_enroll["enrolled"] < n:
+        no_reference = f" (the Control Plane held only {cp_enroll['enrolled']:,} edges: no verdict)"
     results.add(
         f"{label}: fleet round p50 / p99 ({args.rounds} rounds)",
         f"{p50 * 1000:.0f} / {p99 * 1000:.0f} ms",
@@ -467,7 +469,7 @@ async def fleet_phase(args: Any, n: int, results: Results, workdir: Path, phase:
         f"{echo_rss / 1024:.1f} KiB{no_reference}",
         cp_rss / max(echo_rss, 1.0),
         "<= 4 KiB (at 20k)",
-        cp_rss <= 4096 if at_20k else None,
+        cp_rss <= 4096 if at_20k and not short else None,
     )
     results.add(
         f"{label}: all dialing at once, until all enrolled",

@@ -169,12 +169,6 @@ class BenchFleet(ff.FakeFleet):
             ).SerializeToString()
         return tail
 
-    def close(self) -> None:
-        """Drop every edge's connection."""
-        for edge in self.edges:
-            if edge.transport is not None:
-                edge.transport.abortConnection()
-
 
 # -- the processes ----------------------------------------------------------------------
 
@@ -265,22 +259,58 @@ class Results:
 # -- phases ------------------------------------------------------------------------------------
 
 
-async def enroll(fleet: BenchFleet, n: int, count: Any, timeout: float) -> dict[str, Any]:
-    """Dial ``n`` edges at once; seconds until ``count()`` says ``n`` (or the deadline)."""
+async def enroll(fleet: BenchFleet, n: int, count: Any, timeout: float, pid: int) -> dict[str, Any]:
+    """Dial ``n`` edges at once; seconds until ``count()`` says ``n``, every
+    dial has ended with some refused or failed, or the deadline passed.
+
+    Dials that failed (no descriptor left, refused, timed out) are counted
+    by reason in ``dial_failures``, so a short enrollment says why instead
+    of waiting out the deadline in silence.
+    """
+    edge_ids = [f"edge-{i:05d}" for i in range(n)]
+    for edge_id in edge_ids:
+        # Each edge's status answer is built before the clock starts: the
+        # window measures the server taking the burst, not this process
+        # building snapshots.
+        fleet.status_tail(edge_id)
     overflows = ff.listen_overflows()
+    cpu = _cpu(pid)
     started = time.perf_counter()
-    dialed = [fleet.connect(f"edge-{i:05d}") for i in range(n)]
+    dialed = [fleet.connect(edge_id) for edge_id in edge_ids]
     results = defer.DeferredList(dialed, consumeErrors=True)
     deadline = time.monotonic() + timeout
     enrolled = 0
     while time.monotonic() < deadline:
         enrolled = await count()
-        if enrolled >= n:
+        if enrolled >= n or (results.called and fleet.accepted < n):
             break
         await ff.sleep(0.05)
     seconds = time.perf_counter() - started
+    cpu = _cpu(pid) - cpu
     await results if enrolled >= n else None
-    return {"seconds": seconds, "enrolled": enrolled, "overflows": ff.listen_overflows() - overflows}
+    return {
+        "seconds": seconds,
+        "cpu": cpu,
+        "enrolled": enrolled,
+        "overflows": ff.listen_overflows() - overflows,
+        "dial_failures": dict(fleet.dial_failures),
+    }
+
+
+def enrollment_text(result: dict[str, Any], n: int) -> str:
+    """Seconds, edges never enrolled, listen overflows, failed dials by reason and
+    connections the server closed for want of a hello in time."""
+    text = (
+        f"{result['seconds']:.2f} s (server CPU {result['cpu']:.2f} s), "
+        f"{n - result['enrolled']} never, {result['overflows']} overflows"
+    )
+    failures = result["dial_failures"]
+    if failures:
+        reasons = "; ".join(f"{count} x {reason}" for reason, count in sorted(failures.items(), key=lambda i: -i[1]))
+        text += f" (dials failed: {reasons})"
+    if result.get("hello_timeouts"):
+        text += f" ({result['hello_timeouts']} closed by the hello deadline)"
+    return text
 
 
 async def rounds(http: ff.Http, path: str, fleet: BenchFleet, pid: int, count: int) -> dict[str, Any]:
@@ -344,13 +374,16 @@ async def commands(http: ff.Http, edge_ids: list[str], rate: float, seconds: flo
     return latencies
 
 
-async def fleet_phase(args: Any, n: int, results: Results, workdir: Path) -> None:
-    """Echo, then the Control Plane, at ``n`` edges: enrollment, rounds, CPU, RSS.
+async def fleet_phase(args: Any, n: int, results: Results, workdir: Path, phase: int = 0) -> None:
+    """Echo, then the Control Plane, at ``n`` edges (of the ``phase`` asked for): enrollment, rounds, CPU, RSS.
 
     Without ``fleet`` in ``--only``, the echo reference and the fleet
     figures are left out: the Control Plane only enrolls the edges for the
     other phases.
     """
+    # The targets "at 20k" judge the 20,000-edge phase, which runs as many
+    # edges as the open-file limit allows (19,800 here).
+    at_20k = (phase or n) >= 20000
     label = f"{n:,} edges"
     if "fleet" in args.only:
         print(f"\n== {label}: bare echo", flush=True)
@@ -364,10 +397,12 @@ async def fleet_phase(args: Any, n: int, results: Results, workdir: Path) -> Non
                 _, body, _ = await http.get("/count")
                 return int(body)
 
-            echo_enroll = await enroll(fleet, n, echo_count, args.enroll_timeout)
+            echo_enroll = await enroll(fleet, n, echo_count, args.enroll_timeout, echo.pid)
             echo_rounds = await rounds(http, "/round", fleet, echo.pid, args.rounds)
             echo_rss = (echo.rss_bytes() - rss_idle) / n
-            fleet.close()
+            # Every edge's descriptor closed before the next dials (the
+            # load generator holds one per edge, up to its hard limit).
+            await fleet.close()
         finally:
             echo.stop()
         await ff.sleep(1.0)
@@ -388,14 +423,15 @@ async def fleet_phase(args: Any, n: int, results: Results, workdir: Path) -> Non
             _, body, _, _ = await http.get_json("/edges?limit=1")
             return int(body["total"])
 
-        cp_enroll = await enroll(fleet, n, cp_count, args.enroll_timeout)
+        cp_enroll = await enroll(fleet, n, cp_count, args.enroll_timeout, cp.pid)
+        cp_enroll["hello_timeouts"] = cp.log().count("HELLO_TIMEOUT")
         if "fleet" in args.only:
             cp_rounds = await rounds(http, "/fleet/status", fleet, cp.pid, args.rounds)
             await ff.sleep(1.0)
             cp_rss = (cp.rss_bytes() - rss_idle) / n
         if args.extras:
             await extras(args, http, fleet, cp.pid, results)
-        fleet.close()
+        await fleet.close()
     finally:
         cp.stop()
     if "fleet" not in args.only:
@@ -403,13 +439,19 @@ async def fleet_phase(args: Any, n: int, results: Results, workdir: Path) -> Non
 
     p50, p99 = statistics.median(cp_rounds["walls"]), percentile(cp_rounds["walls"], 0.99)
     e50, e99 = statistics.median(echo_rounds["walls"]), percentile(echo_rounds["walls"], 0.99)
+    # Rounds and RSS over fewer edges than the phase's are no figure for it
+    # (polls per CPU-second are per poll and stay comparable).
+    short = echo_enroll["enrolled"] < n or cp_enroll["enrolled"] < n
+    no_reference = f" (echo held only {echo_enroll['enrolled']:,} edges: no reference)" if short else ""
+    if cp_enroll["enrolled"] < n:
+        no_reference = f" (the Control Plane held only {cp_enroll['enrolled']:,} edges: no verdict)"
     results.add(
         f"{label}: fleet round p50 / p99 ({args.rounds} rounds)",
         f"{p50 * 1000:.0f} / {p99 * 1000:.0f} ms",
-        f"{e50 * 1000:.0f} / {e99 * 1000:.0f} ms",
+        f"{e50 * 1000:.0f} / {e99 * 1000:.0f} ms{no_reference}",
         p50 / e50,
         "<= 1.5x echo",
-        p50 <= 1.5 * e50,
+        None if short else p50 <= 1.5 * e50,
     )
     ours_rate = cp_rounds["polls"] / max(cp_rounds["cpu"], 1e-9)
     echo_rate = echo_rounds["polls"] / max(echo_rounds["cpu"], 1e-9)
@@ -424,18 +466,25 @@ async def fleet_phase(args: Any, n: int, results: Results, workdir: Path) -> Non
     results.add(
         f"{label}: RSS per connected edge, last snapshot kept",
         f"{cp_rss / 1024:.1f} KiB",
-        f"{echo_rss / 1024:.1f} KiB",
+        f"{echo_rss / 1024:.1f} KiB{no_reference}",
         cp_rss / max(echo_rss, 1.0),
         "<= 4 KiB (at 20k)",
-        cp_rss <= 4096 if n >= 20000 else None,
+        cp_rss <= 4096 if at_20k and not short else None,
     )
     results.add(
         f"{label}: all dialing at once, until all enrolled",
-        f"{cp_enroll['seconds']:.2f} s, {n - cp_enroll['enrolled']} never, {cp_enroll['overflows']} overflows",
-        f"{echo_enroll['seconds']:.2f} s, {n - echo_enroll['enrolled']} never, {echo_enroll['overflows']} overflows",
+        enrollment_text(cp_enroll, n),
+        enrollment_text(echo_enroll, n),
         cp_enroll["seconds"] / echo_enroll["seconds"],
         "all, <= 1.5x echo (at 20k)",
-        (cp_enroll["enrolled"] == n and cp_enroll["seconds"] <= 1.5 * echo_enroll["seconds"]) if n >= 20000 else None,
+        # An echo reference that enrolled fewer edges is no reference.
+        (
+            cp_enroll["enrolled"] == n
+            and echo_enroll["enrolled"] == n
+            and cp_enroll["seconds"] <= 1.5 * echo_enroll["seconds"]
+        )
+        if at_20k
+        else None,
     )
 
 
@@ -541,7 +590,7 @@ async def run(args: Any, results: Results, workdir: Path) -> None:
                 f"\n{n:,} edges need {n + ff.SPARE_FDS} descriptors here; the hard limit is {limit}: running {fits:,}"
             )
         args.extras = n == args.edges[0]
-        await fleet_phase(args, fits, results, workdir)
+        await fleet_phase(args, fits, results, workdir, phase=n)
 
 
 def main() -> None:

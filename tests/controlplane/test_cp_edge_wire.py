@@ -10,7 +10,12 @@ from hypothesis import strategies as st
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from twisted_iop.controlplane.edge_wire import EdgeCredentials, EdgeWireFactory, EdgeWireProtocol
+from twisted_iop.controlplane.edge_wire import (
+    EdgeCredentials,
+    EdgeWireFactory,
+    EdgeWireProtocol,
+    accepted_hello_response,
+)
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.ids import id_problem
 from twisted_iop.testing.frames import decode_frames
@@ -201,3 +206,22 @@ def test_any_hello_gets_an_answer(edge_id: str, major: int, credential: str) -> 
     valid = major == PROTOCOL_MAJOR and id_problem("edge_id", edge_id) is None
     assert answer.accepted == valid
     assert answer.accepted or (answer.reason and answer.reason_code and transport.disconnecting)
+
+
+@pytest.mark.parametrize("request_id", [1, 127, 128, 300, 2**40])
+def test_the_accepted_answer_is_the_full_response_with_the_hellos_request_id(request_id: int) -> None:
+    """The answer serialized once per factory carries the hello's request id and
+    the same versions and keepalive timing a fresh response would."""
+    clock = Clock()
+    settings = PeerSettings(keepalive_interval_seconds=7.5, keepalive_deadline_seconds=22.0)
+    factory = EdgeWireFactory(EdgeRegistry(clock), clock, settings)
+    protocol = factory.buildProtocol(None)  # type: ignore[arg-type]
+    transport = StringTransport()
+    protocol.makeConnection(transport)
+    hello = pb.EdgeHelloRequest(edge_id="edge-a", protocol_major=PROTOCOL_MAJOR)
+    protocol.dataReceived(frame(make_envelope("edge_hello_request", hello, request_id)))
+    [answer] = decode_frames(transport.value())
+    assert answer == make_envelope("edge_hello_response", accepted_hello_response(settings), request_id)
+    response = answer.edge_hello_response
+    assert response.accepted and response.keepalive_interval_ms == 7500 and response.keepalive_deadline_ms == 22000
+    assert response.server_version and response.protocol_major == PROTOCOL_MAJOR

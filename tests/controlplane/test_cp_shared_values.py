@@ -300,3 +300,49 @@ def test_the_fleet_page_keeps_few_and_short_fragments() -> None:
     kept = views._label_fragments
     assert len(kept) <= views.FRAGMENTS_KEPT
     assert all(len(text) <= views.FRAGMENT_MAX_CHARS for _, text in kept.values())
+
+
+_SMALL_CATALOG = (pb.CommandSpec(name="node.drain"),)
+_LARGE_CATALOG = tuple(pb.CommandSpec(name=f"command-{i}", description="d" * 1000) for i in range(20))
+_LABEL_MAPS: tuple[dict[str, str], ...] = (
+    {"site": "lab"},
+    {"site": "lab", "region": "eu"},
+    {},
+    {f"key-{i}": "v" * 200 for i in range(8)},
+)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from("abcdef"),
+            st.sampled_from(range(len(_LABEL_MAPS))),
+            st.sampled_from(("1", "2")),
+            st.sampled_from(((), _SMALL_CATALOG, _LARGE_CATALOG)),
+        ),
+        max_size=30,
+    )
+)
+def test_every_edge_keeps_what_it_said_and_equal_small_hellos_are_one(
+    hellos: list[tuple[str, int, str, tuple[pb.CommandSpec, ...]]],
+) -> None:
+    """Whatever the order of enrollments (repeats found at once or built anew):
+    each edge's kept hello equals what it said; edges that said the same with
+    small labels and the same small catalog copy share one hello; a large
+    catalog or label map is never in a shared hello."""
+    registry = EdgeRegistry(Clock())
+    said: dict[str, tuple[int, str, tuple[pb.CommandSpec, ...]]] = {}
+    for edge_id, labels, version, commands in hellos:
+        fresh = _hello(_LABEL_MAPS[labels], version)
+        registry.connect(edge_id, HeldEdgePeer(), EdgeHello(fresh.labels, fresh.software_version, "1.0", commands))
+        said[edge_id] = (labels, version, commands)
+    for edge_id, (labels, version, commands) in said.items():
+        kept = registry.get(edge_id).hello
+        assert kept == EdgeHello(dict(_LABEL_MAPS[labels]), version, "1.0", commands)
+        assert kept.commands is commands
+        for other_id, other in said.items():
+            shareable = labels < 3 and commands is not _LARGE_CATALOG
+            if other == said[edge_id] and shareable:
+                assert registry.get(other_id).hello is kept
+            elif other_id != edge_id and not shareable:
+                assert registry.get(other_id).hello is not kept

@@ -186,21 +186,13 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
             protocol_version=f"{hello.protocol_major}.{hello.protocol_minor}",
             # Copies, so the kept catalog does not hold the whole hello
             # frame; one copy for every edge announcing the same catalog.
-            commands=self.factory.catalogs.detached(hello.commands),
+            commands=factory.catalogs.detached(hello.commands),
         )
         # Answer first so the edge learns it is accepted before any request
         # (status, command) that the registry's listeners might send.
-        settings = self.factory.settings
-        response = pb.EdgeHelloResponse(
-            accepted=True,
-            protocol_major=PROTOCOL_MAJOR,
-            protocol_minor=PROTOCOL_MINOR,
-            server_version=twisted_iop.__version__,
-            keepalive_interval_ms=int(settings.keepalive_interval_seconds * 1000),
-            keepalive_deadline_ms=int(settings.keepalive_deadline_seconds * 1000),
-        )
-        self.send("edge_hello_response", response, envelope.request_id)
-        self.token = self.factory.registry.connect(edge_id, self, info)
+        if not self.closing:
+            self.sendString(factory.hello_accepted.envelope_bytes(envelope.request_id))
+        self.token = factory.registry.connect(edge_id, self, info)
 
     def _reject(self, request_id: int, rejection: Rejection, retry_after_ms: int = 0) -> None:
         self.factory.count_rejection(rejection.code.value)
@@ -243,6 +235,18 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
     def disconnect(self, code: pb.ErrorCode, message: str) -> None:
         """Close this connection with an error frame saying why."""
         self.fail_connection(code, message)
+
+
+def accepted_hello_response(settings: PeerSettings) -> pb.EdgeHelloResponse:
+    """What the Control Plane answers to an accepted hello: versions and keepalive timing."""
+    return pb.EdgeHelloResponse(
+        accepted=True,
+        protocol_major=PROTOCOL_MAJOR,
+        protocol_minor=PROTOCOL_MINOR,
+        server_version=twisted_iop.__version__,
+        keepalive_interval_ms=int(settings.keepalive_interval_seconds * 1000),
+        keepalive_deadline_ms=int(settings.keepalive_deadline_seconds * 1000),
+    )
 
 
 #: Every status request is the same empty message: serialized once, and
@@ -302,6 +306,9 @@ class EdgeWireFactory(PeerServerFactory):
         self.hello_rate = HelloRateLimit(clock, max_hellos_per_second)
         #: Cluster mode: hellos wait until the replica is in its cluster.
         self.cluster: Optional[HelloGate] = None
+        #: The answer to every accepted hello, serialized once: only the
+        #: request id differs from one edge to the next.
+        self.hello_accepted = SerializedRequest("edge_hello_response", accepted_hello_response(settings))
 
     @overload  # type: ignore[override]
     def buildProtocol(self, addr: None) -> EdgeWireProtocol: ...

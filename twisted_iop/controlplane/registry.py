@@ -437,6 +437,16 @@ class EdgeRegistry(Service):
         Shared maps and hellos are never changed: a hello is replaced,
         never edited, and views copy the map or only read it.
         """
+        # Most hellos of a fleet repeat an earlier one: found by value
+        # first, before any text is interned or any size estimated (only
+        # small maps and hellos with small catalogs are ever kept).
+        labels_key = frozenset(hello.labels.items())
+        kept_labels: Optional[dict[str, str]] = self._shared_labels.get(labels_key)
+        if kept_labels is not None:
+            key = (id(kept_labels), hello.software_version, hello.protocol_version, id(hello.commands))
+            kept: Optional[EdgeHello] = self._shared_hellos.get(key)
+            if kept is not None:
+                return kept
         labels = {sys.intern(key): sys.intern(value) for key, value in hello.labels.items()}
         if map_size(labels) > bounds.SHARED_LABELS_BYTES:
             return attrs.evolve(
@@ -445,7 +455,7 @@ class EdgeRegistry(Service):
                 software_version=sys.intern(hello.software_version),
                 protocol_version=sys.intern(hello.protocol_version),
             )
-        labels = self._shared_labels.shared(frozenset(labels.items()), labels)
+        labels = self._shared_labels.shared(labels_key, labels)
         software_version = sys.intern(hello.software_version)
         protocol_version = sys.intern(hello.protocol_version)
         if sum(spec.ByteSize() for spec in hello.commands) > bounds.SHARED_CATALOG_BYTES:
@@ -458,7 +468,7 @@ class EdgeRegistry(Service):
         # The kept hello holds its map and catalog, so while it is kept no
         # other object can have their ids: equal keys mean the same objects.
         key = (id(labels), software_version, protocol_version, id(hello.commands))
-        kept: Optional[EdgeHello] = self._shared_hellos.get(key)
+        kept = self._shared_hellos.get(key)
         if kept is not None:
             return kept
         return self._shared_hellos.shared(
@@ -510,9 +520,8 @@ class EdgeRegistry(Service):
                 edge_id,
                 "edge.connected",
                 message=f"edge {edge_id} connected",
-                attributes=self._shared_attributes.shared(
-                    hello.software_version, {"software_version": hello.software_version}
-                ),
+                attributes=self._shared_attributes.get(hello.software_version)
+                or self._shared_attributes.shared(hello.software_version, {"software_version": hello.software_version}),
             )
         else:
             # The store records edge.superseded / edge.connected: it alone

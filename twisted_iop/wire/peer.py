@@ -126,7 +126,8 @@ _REQUEST_ID_TAG = b"\x08"
 
 
 class SerializedRequest:
-    """A request body serialized once, for requests sent over and over.
+    """A request body serialized once, for requests sent over and over
+    (and answers: the Control Plane's answer to every accepted hello).
 
     A fleet round sends the same empty ``EdgeStatusRequest`` to every edge;
     only the request id differs. The envelope without a request id is
@@ -497,14 +498,25 @@ class FramedPeerProtocol(Protocol):
 
     def start_hello_timer(self) -> None:
         """Close the connection unless :meth:`hello_done` runs in time."""
-        seconds = self._settings.hello_timeout_seconds
         self.awaiting_hello = True
-        self._hello_timer = self._clock.callLater(
-            seconds,
-            self.fail_connection,
-            pb.ERROR_CODE_HELLO_TIMEOUT,
-            f"no hello within {seconds:g}s",
-        )
+        self._hello_timer = self._clock.callLater(self._settings.hello_timeout_seconds, self._hello_deadline_passed)
+
+    def _hello_deadline_passed(self) -> None:
+        """The deadline passed: one more pass of the reactor's I/O, then close.
+
+        The reactor runs its due timers before it reads the sockets that
+        became readable meanwhile. When thousands of edges dial at once, the
+        Control Plane accepts their connections faster than it reads their
+        hellos, so a hello may sit unread in the socket past the deadline
+        through no fault of the edge. A timed call scheduled from a timed
+        call runs only after the next poll for I/O has been handled, so a
+        hello already received is read (and stops this) before the close.
+        """
+        self._hello_timer = self._clock.callLater(0, self._hello_timed_out)
+
+    def _hello_timed_out(self) -> None:
+        self._hello_timer = None
+        self.fail_connection(pb.ERROR_CODE_HELLO_TIMEOUT, f"no hello within {self._settings.hello_timeout_seconds:g}s")
 
     def hello_done(self) -> None:
         """Stop the hello deadline (and the small frame limit that goes with it)."""

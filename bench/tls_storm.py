@@ -39,7 +39,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fleet_fanout as ff  # noqa: E402
 from twisted.internet import defer, reactor, task  # noqa: E402
 from twisted.internet.defer import Deferred  # noqa: E402
-from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol, wrapClientTLS  # noqa: E402
 from twisted.internet.ssl import Certificate, CertificateOptions  # noqa: E402
 from twisted.python.failure import Failure  # noqa: E402
 
@@ -82,13 +81,12 @@ class StormFleet(ff.FakeFleet):
         return accepted.addErrback(again)
 
     def _dial(self, edge_id: str) -> Deferred[None]:
+        if self.tls is None:
+            return super()._dial(edge_id)
         edge = self.edge_class(self, edge_id)
         self.edges.append(edge)
-        endpoint: Any = TCP4ClientEndpoint(reactor, ff.LOOPBACK, self.port, timeout=60)
-        if self.tls is not None:
-            endpoint = wrapClientTLS(self.tls, endpoint)
-        connected = connectProtocol(endpoint, edge)
-        connected.addErrback(lambda f: edge.accepted.errback(f) if not edge.accepted.called else None)
+        self.status_tail(edge_id)
+        reactor.connectSSL(ff.LOOPBACK, self.port, ff._EdgeDialer(self, edge), self.tls, timeout=60)
         return edge.accepted
 
 
@@ -135,9 +133,8 @@ async def storm(
             "rss_per_edge": cp.rss_bytes() / max(enrolled, 1),
         }
     finally:
-        for edge in fleet.edges if "fleet" in locals() else []:
-            if edge.transport is not None:
-                edge.transport.abortConnection()
+        if "fleet" in locals():
+            await fleet.close()
         cp.stop()
         ff.CONTROL_PLANES.remove(cp)
 

@@ -554,11 +554,14 @@ def _asked(draw: float, response: pb.EdgeStatusResponse) -> tuple[EdgeGateway, l
 
 
 def test_carried_totals_are_kept_as_the_snapshots_counts() -> None:
-    """An answer with totals is kept with those totals, recounted or not."""
-    response = snapshot("e00000", nodes=3, totals=True)
+    """An answer with totals is kept with those totals as its counts,
+    recounted or not; the kept bytes are the snapshot without them."""
     for draw in (0.0, 0.99):
+        response = snapshot("e00000", nodes=3, totals=True)
+        carried = carried_counts(response)
         gateway, kept, failed = _asked(draw, response)
-        assert not failed and kept[0].counts == carried_counts(response) == response_counts(response)
+        assert not failed and kept[0].counts == carried == response_counts(response)
+        assert kept[0].data == snapshot("e00000", nodes=3).SerializeToString()
         assert gateway.status_refused == {}
 
 
@@ -576,11 +579,15 @@ def test_an_answer_whose_totals_do_not_add_up_is_refused() -> None:
 def test_a_recount_refuses_totals_that_add_up_but_are_wrong() -> None:
     """Totals consistent in themselves but not the providers' (capacity
     doubled) pass unless the answer is recounted; a recount refuses them."""
-    response = snapshot("e00000", nodes=2, capacity=4)
-    response.totals.CopyFrom(totals_message(response_counts(snapshot("e00000", nodes=2, capacity=8))))
-    gateway, kept, failed = _asked(0.99, response)
+
+    def wrong() -> pb.EdgeStatusResponse:
+        response = snapshot("e00000", nodes=2, capacity=4)
+        response.totals.CopyFrom(totals_message(response_counts(snapshot("e00000", nodes=2, capacity=8))))
+        return response
+
+    gateway, kept, failed = _asked(0.99, wrong())
     assert kept and not failed
-    gateway, kept, failed = _asked(RECOUNT_SHARE / 2, response)
+    gateway, kept, failed = _asked(RECOUNT_SHARE / 2, wrong())
     assert not kept and "differ" in str(failed[0].value)
     assert gateway.status_refused == {"totals": 1}
 

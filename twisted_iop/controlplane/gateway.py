@@ -539,6 +539,10 @@ class EdgeGateway:
         if ask.settled:
             return
         ask.settled = True
+        counts = carried_counts(response)
+        if counts is not None:
+            # Kept as counts: the kept bytes need not carry them too.
+            response.ClearField("totals")
         # Serialized once: its length is the size the bounds check needs,
         # and the bytes are what the registry keeps.
         data = response.SerializeToString()
@@ -546,7 +550,6 @@ class EdgeGateway:
         if problem is not None:
             self._refuse_status(ask, "bounds", problem)
             return
-        counts = carried_counts(response)
         if counts is None:
             counts = response_counts(response)
         else:

@@ -51,6 +51,9 @@ PROTOCOL_VIOLATION_INTERVAL_SECONDS = 60.0
 
 
 SUPERSEDED_MESSAGE = "a newer connection of this edge took over"
+#: The message of every ``edge.connected`` event: one text for all edges
+#: (the event names its edge), not one kept per edge.
+CONNECTED_MESSAGE = "connected"
 
 #: How much of an offending event kind is quoted in events and logs.
 QUOTED_KIND_CHARS = 80
@@ -519,7 +522,7 @@ class EdgeRegistry(Service):
             self.record(
                 edge_id,
                 "edge.connected",
-                message=f"edge {edge_id} connected",
+                message=CONNECTED_MESSAGE,
                 attributes=self._shared_attributes.get(hello.software_version)
                 or self._shared_attributes.shared(hello.software_version, {"software_version": hello.software_version}),
             )

@@ -56,6 +56,7 @@ from twisted_iop.controlplane.cluster.store import BLOCK_MILLISECONDS, ClusterUn
 from twisted_iop.controlplane.gateway import EdgeDisconnected, EdgeGateway, EdgeTimeout
 from twisted_iop.controlplane.records import EventRecord, OperationRecord
 from twisted_iop.controlplane.registry import (
+    CONNECTED_MESSAGE,
     EdgeHello,
     EdgeNotConnected,
     EdgeRegistry,
@@ -511,7 +512,7 @@ class ClusterReplica(Service):
                     codec.hello_json(record.hello),
                     now,
                     self._event_json(
-                        edge_id, "edge.connected", now, f"edge {edge_id} connected", {"reconciled": "true"}
+                        edge_id, "edge.connected", now, CONNECTED_MESSAGE, {"reconciled": "true"}
                     ),
                 )
                 for edge_id, _, fence, record in held
@@ -620,7 +621,7 @@ class ClusterReplica(Service):
                     edge_id,
                     "edge.connected",
                     now,
-                    f"edge {edge_id} connected",
+                    CONNECTED_MESSAGE,
                     {"software_version": hello.software_version, "replica": self.replica_id},
                 ),
                 self._event_json(edge_id, "edge.superseded", now, "a newer connection of this edge took over"),

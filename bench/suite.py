@@ -21,6 +21,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -144,9 +145,15 @@ class Subscriber:
         report: dict[str, Any] = json.loads(self._ask("report"))
         return report
 
+    def stall(self) -> None:
+        """Stop the process (SIGSTOP): it reads nothing more, as a stalled
+        subscriber does, until :meth:`stop`."""
+        self.process.send_signal(signal.SIGSTOP)
+
     def stop(self) -> None:
         """Close its stdin; kill it if it does not exit."""
         if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
             try:
                 assert self.process.stdin is not None
                 self.process.stdin.close()
@@ -534,10 +541,18 @@ async def edge_detail_rate(args: Any, http: ff.Http, edge_ids: list[str], result
 async def live_events(args: Any, http: ff.Http, fleet: BenchFleet, pid: int, results: Results) -> None:
     """A ``/client`` subscriber (its own process) to the whole fleet while edges
     relay events: latency at 10k/s, then whether 30k/s arrive without loss."""
-    subscriber = Subscriber(http.base.replace("http://", "ws://", 1) + "/client")
+    url = http.base.replace("http://", "ws://", 1) + "/client"
+    subscriber = Subscriber(url)
+    stalled: Optional[Subscriber] = None
     sender = EventSender([edge for edge in fleet.edges if edge.transport is not None][:1000])
+    alone_p99 = 0.0
     try:
-        for rate in (10_000.0, 30_000.0):
+        for rate in (10_000.0, 30_000.0, "stalled"):
+            if rate == "stalled":
+                # 10k/s again, with a second subscriber that stops reading.
+                stalled = Subscriber(url)
+                stalled.stall()
+                rate = 10_000.0
             subscriber.reset()
             before = sender.sent
             started_ns = time.perf_counter_ns()
@@ -552,7 +567,18 @@ async def live_events(args: Any, http: ff.Http, fleet: BenchFleet, pid: int, res
             per_event = (_cpu(pid) - cpu) / max(sent, 1)
             received, lost = report["received"], report["lost"]
             server = f"server CPU {per_event * 1e6:.0f} us/event"
-            if rate == 10_000.0:
+            if stalled is not None:
+                p99 = report["p99"]
+                results.add(
+                    f"live events at 10k/s with a second subscriber stalled ({sent} sent): p99 of the healthy one",
+                    f"{p99 * 1000:.1f} ms (alone: {alone_p99 * 1000:.1f} ms), {received} arrived, {lost} lost; {server}",
+                    "-",
+                    None,
+                    "adds < 10 ms",
+                    received == sent and p99 - alone_p99 < 0.010,
+                )
+            elif rate == 10_000.0:
+                alone_p99 = report["p99"]
                 p50, p99 = report["p50"], report["p99"]
                 results.add(
                     f"live events at 10k/s to a /client subscriber ({sent} sent in {took:.1f} s) p50 / p99",
@@ -578,6 +604,8 @@ async def live_events(args: Any, http: ff.Http, fleet: BenchFleet, pid: int, res
                 )
     finally:
         subscriber.stop()
+        if stalled is not None:
+            stalled.stop()
 
 
 async def run(args: Any, results: Results, workdir: Path) -> None:

@@ -58,10 +58,12 @@ mypy: setup
 # PASS/MISS. bench: 1,000 edges (about a minute); bench-full: 1k, 10k, 20k.
 bench: setup
 	$(PY) bench/suite.py --quick
+	$(PY) bench/tls_storm.py --edges 1000
 	$(PY) bench/inference_gateway.py --quick
 
 bench-full: setup
 	$(PY) bench/suite.py
+	$(PY) bench/tls_storm.py --edges 10000
 
 # The inference gateway against its targets (under a minute).
 bench-inference: setup

@@ -603,3 +603,28 @@ async def test_client_websocket_on_the_http_port_is_counted_until_it_closes() ->
         await eventually(lambda: site.connections == 0, message="closed by close_all")
     finally:
         await cp.stop()
+
+
+def test_cross_origin_websocket_upgrades_are_refused() -> None:
+    """A WebSocket upgrade (a GET) from a page of another origin is refused 403;
+    the same origin, or no Origin (not a browser), reaches the resource."""
+    site = GuardedSite(Echo(), reactor=Clock())
+    cases = (
+        (b"Origin: http://evil.example\r\n", b" 403 "),
+        (b"Origin: null\r\n", b" 403 "),
+        (b"Origin: http://127.0.0.1:8080\r\n", b" 200 "),
+        (b"", b" 200 "),
+    )
+    for origin, status in cases:
+        channel = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000))
+        transport = StringTransport()
+        channel.makeConnection(transport)
+        channel.dataReceived(
+            b"GET /ws HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            + origin
+            + b"\r\n"
+        )
+        head = transport.value().split(b"\r\n", 1)[0]
+        assert status in head, (origin, head)
+        if status == b" 403 ":
+            assert b"cross-origin WebSockets are not allowed" in transport.value()

@@ -231,24 +231,33 @@ class GuardedRequest(Request):
             return Refusal(
                 413, "body_too_large", f"request body of {length} bytes exceeds {limits.max_body_bytes} bytes"
             )
-        upgrade = headers.getRawHeaders(b"upgrade", [b""])[0].lower() == b"websocket"
-        if upgrade:
+        # Each header is read once: a WebSocket upgrade is a GET (RFC 6455,
+        # 4.1), so only a GET is asked for one; Origin serves both rules.
+        if method == b"GET":
+            upgrade = headers.getRawHeaders(b"upgrade")
+            if upgrade is None or upgrade[0].lower() != b"websocket":
+                return None
+            write = False
+        elif method in WRITE_METHODS:
+            write = True
+        else:
+            return None
+        origins = headers.getRawHeaders(b"origin")
+        origin = None if origins is None else origins[0]
+        if not write:
             # Cross-site WebSocket hijacking: a page elsewhere may not open
             # the live wire with the operator's browser.
-            origin = headers.getRawHeaders(b"origin", [None])[0]
             if origin is not None and _origin_host(origin) != host.decode("ascii", "replace").lower():
                 return Refusal(403, "cross_origin", "cross-origin WebSockets are not allowed")
-        if method in WRITE_METHODS:
-            origin = headers.getRawHeaders(b"origin", [None])[0]
-            if origin is not None and origin != b"null":
-                if _origin_host(origin) != host.decode("ascii", "replace").lower():
-                    return Refusal(403, "cross_origin", "cross-origin writes are not allowed")
-            elif origin == b"null":
-                return Refusal(403, "cross_origin", "cross-origin writes are not allowed")
-            content_type = headers.getRawHeaders(b"content-type", [b""])[0]
-            media = content_type.split(b";", 1)[0].strip().lower()
-            if media != b"application/json":
-                return Refusal(415, "unsupported_media_type", "the request body must be sent as application/json")
+            return None
+        if origin is not None and (
+            origin == b"null" or _origin_host(origin) != host.decode("ascii", "replace").lower()
+        ):
+            return Refusal(403, "cross_origin", "cross-origin writes are not allowed")
+        content_type = headers.getRawHeaders(b"content-type", [b""])[0]
+        media = content_type.split(b";", 1)[0].strip().lower()
+        if media != b"application/json":
+            return Refusal(415, "unsupported_media_type", "the request body must be sent as application/json")
         return None
 
     def handleContentChunk(self, data: bytes) -> None:

@@ -24,7 +24,10 @@ call of ``operator.call``, so callgrind counts only them::
     callgrind_annotate /tmp/http.cg | head -30   # total / --requests; per-function profile
 
 ``--callgrind`` does that for each app (about 30 s each) and prints
-instructions per request and the ratio to Klein. Without valgrind the
+instructions per request and the ratio to Klein. ``--log-file PATH``
+writes the log (each request's access-log line) to a file as ``twistd``
+does; by default it is discarded, as the suite's Klein reference, which
+starts no logging, effectively does. Without valgrind the
 script only checks that every answer was a 200 (quick).
 """
 
@@ -46,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from twisted.internet import reactor  # noqa: E402
 from twisted.internet.address import IPv4Address  # noqa: E402
 from twisted.internet.testing import StringTransport  # noqa: E402
-from twisted.logger import globalLogBeginner  # noqa: E402
+from twisted.logger import globalLogBeginner, textFileLogObserver  # noqa: E402
 from twisted.web.server import Site  # noqa: E402
 
 EDGES = 1000
@@ -104,9 +107,14 @@ def drive(channel: Any, requests: list[bytes]) -> None:
         received(request)
 
 
-def run(app: str, count: int) -> None:
+def run(app: str, count: int, log_file: str = "") -> None:
     """Build ``app``, warm it up, drive ``count`` requests, check the answers."""
-    globalLogBeginner.beginLoggingTo([lambda event: None], redirectStandardIO=False)
+    if log_file:
+        # As twistd does: every log event, the access log's too, as a text line in a file.
+        observer = textFileLogObserver(open(log_file, "a"))  # noqa: SIM115
+    else:
+        observer = lambda event: None  # noqa: E731
+    globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False)
     site = build_site(app)
     site.doStart()  # as a listening port does: the access log opens
     channel = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000))
@@ -124,7 +132,7 @@ def run(app: str, count: int) -> None:
     print(f"{app}: {count} requests answered 200")
 
 
-def count_with_callgrind(apps: list[str], count: int) -> None:
+def count_with_callgrind(apps: list[str], count: int, log_file: str = "") -> None:
     """Run each app under callgrind and print instructions per request."""
     per_request: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -143,6 +151,7 @@ def count_with_callgrind(apps: list[str], count: int) -> None:
                     app,
                     "--requests",
                     str(count),
+                    *(["--log-file", log_file] if log_file else []),
                 ],
                 check=True,
                 stderr=subprocess.DEVNULL,
@@ -165,11 +174,14 @@ def main() -> None:
         "--callgrind", action="store_true", help="count each app (or --apps) under valgrind and print the figures"
     )
     parser.add_argument("--apps", default=",".join(APPS), help="with --callgrind: the apps, comma-separated")
+    parser.add_argument(
+        "--log-file", default="", help="write log events (the access log's too) to this file, as twistd does"
+    )
     args = parser.parse_args()
     if args.callgrind:
-        count_with_callgrind(args.apps.split(","), args.requests)
+        count_with_callgrind(args.apps.split(","), args.requests, args.log_file)
     else:
-        run(args.app, args.requests)
+        run(args.app, args.requests, args.log_file)
 
 
 if __name__ == "__main__":

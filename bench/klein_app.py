@@ -2,8 +2,9 @@
 """The reference for ``GET /edges/{id}``: a minimal Klein app.
 
 One route answering a JSON body of the same shape and size as the Control
-Plane's edge detail, from a dict kept in memory. It prints
-``klein http_port=N`` once listening (loopback only).
+Plane's edge detail, from a dict kept in memory. Run as a script, it
+prints ``klein http_port=N`` once listening (loopback only);
+``bench/http_instructions.py`` imports its ``app``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import json
 
 from klein import Klein
-from twisted.internet import reactor
 from twisted.web.server import Site
 
 app = Klein()
@@ -46,6 +46,9 @@ def edge(request, edge_id):  # type: ignore[no-untyped-def]
     return json.dumps(found).encode()
 
 
-port = reactor.listenTCP(0, Site(app.resource()), interface="127.0.0.1")
-print(f"klein http_port={port.getHost().port}", flush=True)
-reactor.run()
+if __name__ == "__main__":
+    from twisted.internet import reactor
+
+    port = reactor.listenTCP(0, Site(app.resource()), interface="127.0.0.1")
+    print(f"klein http_port={port.getHost().port}", flush=True)
+    reactor.run()

@@ -3,19 +3,36 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any, Optional, cast
 
+import pytest
 import pytest_twisted
+from autobahn.twisted.resource import WebSocketResource
+from autobahn.twisted.websocket import (
+    WebSocketClientFactory,
+    WebSocketClientProtocol,
+    WebSocketServerFactory,
+    WebSocketServerProtocol,
+)
 from twisted.internet import reactor
 from twisted.internet.address import IPv4Address
-from twisted.internet.endpoints import TCP4ServerEndpoint
+from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import (
+    SSL4ClientEndpoint,
+    TCP4ClientEndpoint,
+    TCP4ServerEndpoint,
+    connectProtocol,
+    serverFromString,
+)
+from twisted.internet.ssl import Certificate, optionsForClientTLS
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.web.resource import Resource
 
 from twisted_iop.http_site import HOST_VERDICTS_KEPT, GuardedRequest, GuardedSite, Refusal, SiteLimits, host_allowed
-from twisted_iop.testing.harness import eventually
-from twisted_iop.testing.http import connect, request_head
+from twisted_iop.testing.harness import eventually, self_signed, start_control_plane
+from twisted_iop.testing.http import RawClient, connect, request_head
 
 
 class Echo(Resource):
@@ -424,3 +441,190 @@ def test_a_connection_is_asked_for_its_addresses_once() -> None:
     bodies = [decoder.raw_decode(part.decode())[0] for part in transport.value().split(b"\r\n\r\n")[1:]]
     assert bodies == [{"host": 8080, "peer": 40000, "secure": False}] * 3
     assert transport.asked <= 2
+
+
+# -- connection counts on TLS and after a WebSocket upgrade ---------------------------
+
+
+class EchoServer(WebSocketServerProtocol):
+    """Sends every message back."""
+
+    def onMessage(self, payload: bytes, isBinary: bool) -> None:
+        self.sendMessage(payload, isBinary)
+
+
+class EchoClient(WebSocketClientProtocol):
+    """Keeps what it receives; fires ``opened`` and ``closed``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened: Deferred[None] = Deferred()
+        self.closed: Deferred[None] = Deferred()
+        self.messages: list[bytes] = []
+
+    def onOpen(self) -> None:
+        self.opened.callback(None)
+
+    def onMessage(self, payload: bytes, isBinary: bool) -> None:
+        self.messages.append(payload)
+
+    def onClose(self, wasClean: bool, code: Optional[int], reason: Optional[str]) -> None:
+        if not self.closed.called:
+            self.closed.callback(None)
+
+
+class TakeOver(Resource):
+    """Hands every request to a WebSocket resource, as the Control Plane's ``/client`` does."""
+
+    isLeaf = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        factory = WebSocketServerFactory()
+        factory.protocol = EchoServer
+        self._websocket = WebSocketResource(factory)
+
+    def render(self, request: Any) -> Any:
+        request.channel.prepare_takeover()
+        return self._websocket.render(request)
+
+
+class Listener:
+    """A guarded site on 127.0.0.1:0 over plain TCP or TLS, and how to dial it."""
+
+    def __init__(self, tls: bool, directory: Path) -> None:
+        self.tls = tls
+        self._key, self._certificate = self_signed(directory)
+
+    async def serve(self, site: GuardedSite) -> int:
+        """Listen with ``site``; return the port."""
+        description = "tcp:0:interface=127.0.0.1"
+        if self.tls:
+            description = f"ssl:0:interface=127.0.0.1:privateKey={self._key}:certKey={self._certificate}"
+        self.port = await serverFromString(reactor, description).listen(site)
+        number: int = self.port.getHost().port
+        return number
+
+    def endpoint(self, number: int) -> Any:
+        """A client endpoint to the listener (trusting its certificate on TLS)."""
+        if not self.tls:
+            return TCP4ClientEndpoint(reactor, "127.0.0.1", number)
+        trust = Certificate.loadPEM(self._certificate.read_bytes())
+        return SSL4ClientEndpoint(reactor, "127.0.0.1", number, optionsForClientTLS("localhost", trust))
+
+    async def raw(self, number: int) -> RawClient:
+        """A raw HTTP client connection."""
+        return await connectProtocol(self.endpoint(number), RawClient())
+
+    async def websocket(self, number: int) -> EchoClient:
+        """An open WebSocket to the listener."""
+        scheme = "wss" if self.tls else "ws"
+        factory = WebSocketClientFactory(f"{scheme}://localhost:{number}/ws")
+        factory.protocol = EchoClient
+        client: EchoClient = await self.endpoint(number).connect(factory)
+        await client.opened
+        return client
+
+
+@pytest_twisted.ensureDeferred
+@pytest.mark.parametrize("tls", [False, True], ids=["tcp", "tls"])
+async def test_connections_are_counted_until_they_close(tls: bool, tmp_path: Path) -> None:
+    """On TCP and TLS alike: the per-address cap refuses a third connection,
+    a closed one is forgotten at once, and close_all closes the rest."""
+    listener = Listener(tls, tmp_path)
+    site = GuardedSite(Echo(), SiteLimits(max_connections_per_address=2), reactor=reactor)
+    number = await listener.serve(site)
+    try:
+        first, second = await listener.raw(number), await listener.raw(number)
+        await eventually(lambda: site.connections == 2, message="two connections counted")
+        third = await listener.raw(number)
+        await third.closed
+        assert site.refused_connections == 1
+        first.tcp.write(request_head("GET", number, "Connection: close\r\n"))
+        await first.closed
+        assert first.status == 200
+        await eventually(lambda: site.connections == 1, message="the closed connection forgotten")
+        site.close_all()
+        await second.closed
+        await eventually(lambda: site.connections == 0 and site.by_address == {}, message="all forgotten")
+    finally:
+        await listener.port.stopListening()
+
+
+@pytest_twisted.ensureDeferred
+@pytest.mark.parametrize("tls", [False, True], ids=["tcp", "tls"])
+async def test_a_websocket_that_took_the_socket_over_stays_counted(tls: bool, tmp_path: Path) -> None:
+    """After a WebSocket upgrade took the socket from the HTTP channel, the
+    connection still counts against the caps until the socket closes, and
+    close_all still closes it."""
+    listener = Listener(tls, tmp_path)
+    site = GuardedSite(TakeOver(), SiteLimits(max_connections_per_address=1), reactor=reactor)
+    number = await listener.serve(site)
+    try:
+        client = await listener.websocket(number)
+        client.sendMessage(b"ping", isBinary=True)
+        await eventually(lambda: client.messages == [b"ping"], message="echo over the taken-over socket")
+        assert site.connections == 1
+        refused = await listener.raw(number)
+        await refused.closed
+        assert site.refused_connections == 1
+        client.sendClose()
+        await client.closed
+        await eventually(lambda: site.connections == 0 and site.by_address == {}, message="closed socket forgotten")
+        again = await listener.websocket(number)
+        assert site.connections == 1
+        site.close_all()
+        await again.closed
+        await eventually(lambda: site.connections == 0 and site.by_address == {}, message="all forgotten")
+    finally:
+        await listener.port.stopListening()
+
+
+@pytest_twisted.ensureDeferred
+async def test_client_websocket_on_the_http_port_is_counted_until_it_closes() -> None:
+    """The Control Plane's /client on its HTTP port: counted by the HTTP site
+    while open, forgotten when it closes, closed by the site's close_all."""
+    cp = await start_control_plane()
+    try:
+        site = cp.service.http_site
+        number = cp.service.port("http")
+        factory = WebSocketClientFactory(f"ws://127.0.0.1:{number}/client")
+        factory.protocol = EchoClient
+        client = cast(EchoClient, await TCP4ClientEndpoint(reactor, "127.0.0.1", number).connect(factory))
+        await client.opened
+        assert site.connections == 1
+        client.sendClose()
+        await client.closed
+        await eventually(lambda: site.connections == 0 and site.by_address == {}, message="closed socket forgotten")
+        again = cast(EchoClient, await TCP4ClientEndpoint(reactor, "127.0.0.1", number).connect(factory))
+        await again.opened
+        site.close_all()
+        await again.closed
+        await eventually(lambda: site.connections == 0, message="closed by close_all")
+    finally:
+        await cp.stop()
+
+
+def test_cross_origin_websocket_upgrades_are_refused() -> None:
+    """A WebSocket upgrade (a GET) from a page of another origin is refused 403;
+    the same origin, or no Origin (not a browser), reaches the resource."""
+    site = GuardedSite(Echo(), reactor=Clock())
+    cases = (
+        (b"Origin: http://evil.example\r\n", b" 403 "),
+        (b"Origin: null\r\n", b" 403 "),
+        (b"Origin: http://127.0.0.1:8080\r\n", b" 200 "),
+        (b"", b" 200 "),
+    )
+    for origin, status in cases:
+        channel = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000))
+        transport = StringTransport()
+        channel.makeConnection(transport)
+        channel.dataReceived(
+            b"GET /ws HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            + origin
+            + b"\r\n"
+        )
+        head = transport.value().split(b"\r\n", 1)[0]
+        assert status in head, (origin, head)
+        if status == b" 403 ":
+            assert b"cross-origin WebSockets are not allowed" in transport.value()

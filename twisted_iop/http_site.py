@@ -10,7 +10,9 @@ application, checked before a request reaches a route:
   byte, so a trickling client held a socket forever);
 * **connection caps**: at most ``max_connections`` per listener and
   ``max_connections_per_address`` per peer address, refused by closing the
-  socket at once;
+  socket at once (on ``ssl:`` listeners too). The channel counts its
+  connection; a socket a resource takes over (a WebSocket upgrade, see
+  :meth:`GuardedChannel.prepare_takeover`) stays counted until it closes;
 * **bodies**: a ``Content-Length`` above ``max_body_bytes`` is refused with
   413 before a byte of the body is read, a chunked body is cut off at the
   limit, and the site's ``authorize`` check runs on the headers before the
@@ -41,6 +43,7 @@ from urllib.parse import urlsplit
 
 import attrs
 from twisted.internet.interfaces import IAddress, IDelayedCall
+from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.protocols.policies import ProtocolWrapper
 from twisted.web.http import HTTPChannel
@@ -228,24 +231,33 @@ class GuardedRequest(Request):
             return Refusal(
                 413, "body_too_large", f"request body of {length} bytes exceeds {limits.max_body_bytes} bytes"
             )
-        upgrade = headers.getRawHeaders(b"upgrade", [b""])[0].lower() == b"websocket"
-        if upgrade:
+        # Each header is read once: a WebSocket upgrade is a GET (RFC 6455,
+        # 4.1), so only a GET is asked for one; Origin serves both rules.
+        if method == b"GET":
+            upgrade = headers.getRawHeaders(b"upgrade")
+            if upgrade is None or upgrade[0].lower() != b"websocket":
+                return None
+            write = False
+        elif method in WRITE_METHODS:
+            write = True
+        else:
+            return None
+        origins = headers.getRawHeaders(b"origin")
+        origin = None if origins is None else origins[0]
+        if not write:
             # Cross-site WebSocket hijacking: a page elsewhere may not open
             # the live wire with the operator's browser.
-            origin = headers.getRawHeaders(b"origin", [None])[0]
             if origin is not None and _origin_host(origin) != host.decode("ascii", "replace").lower():
                 return Refusal(403, "cross_origin", "cross-origin WebSockets are not allowed")
-        if method in WRITE_METHODS:
-            origin = headers.getRawHeaders(b"origin", [None])[0]
-            if origin is not None and origin != b"null":
-                if _origin_host(origin) != host.decode("ascii", "replace").lower():
-                    return Refusal(403, "cross_origin", "cross-origin writes are not allowed")
-            elif origin == b"null":
-                return Refusal(403, "cross_origin", "cross-origin writes are not allowed")
-            content_type = headers.getRawHeaders(b"content-type", [b""])[0]
-            media = content_type.split(b";", 1)[0].strip().lower()
-            if media != b"application/json":
-                return Refusal(415, "unsupported_media_type", "the request body must be sent as application/json")
+            return None
+        if origin is not None and (
+            origin == b"null" or _origin_host(origin) != host.decode("ascii", "replace").lower()
+        ):
+            return Refusal(403, "cross_origin", "cross-origin writes are not allowed")
+        content_type = headers.getRawHeaders(b"content-type", [b""])[0]
+        media = content_type.split(b";", 1)[0].strip().lower()
+        if media != b"application/json":
+            return Refusal(415, "unsupported_media_type", "the request body must be sent as application/json")
         return None
 
     def handleContentChunk(self, data: bytes) -> None:
@@ -301,6 +313,8 @@ class GuardedChannel(HTTPChannel):
         self._awaiting = "headers"
         self._request_deadline_at = 0.0
         self._refused = False
+        #: Whether a resource was handed the socket (prepare_takeover ran).
+        self._taken_over = False
         #: Whether the transport is TLS, asked once (Twisted asks twice a request).
         self._secure: Optional[bool] = None
         #: The connection's two addresses, asked once (every request asks both;
@@ -311,10 +325,39 @@ class GuardedChannel(HTTPChannel):
     def connectionMade(self) -> None:
         super().connectionMade()
         transport: Any = self.transport
+        self.site.connection_made(self, transport)
         if self.site.tcp_nodelay and hasattr(transport, "setTcpNoDelay"):
             # Small streamed writes must leave at once (no Nagle delay).
             transport.setTcpNoDelay(True)
         self._start_deadlines()
+
+    def prepare_takeover(self) -> None:
+        """A resource is about to take the socket over (a WebSocket upgrade).
+
+        The protocol that takes over gets the socket's events from then on,
+        and this channel no longer sees it close. So a wrapper goes in at
+        the socket, between the reactor's transport and the protocol it
+        delivers to (this channel on TCP, the TLS protocol on ``ssl:``):
+        it tells the site when the socket closes. On TCP the resource
+        wires its protocol to that wrapper (Autobahn does so for a
+        transport whose protocol is a ``ProtocolWrapper``); on TLS to the
+        TLS protocol above it, which stays the WebSocket's transport.
+
+        The channel also stops being the producer of its transport: the
+        protocol that takes over may register its own flow control, and a
+        TLS transport would not close while a producer is registered.
+        """
+        below: Any = self
+        transport: Any = self.transport
+        if transport is None or self._taken_over:
+            return
+        self._taken_over = True
+        transport.unregisterProducer()  # registered by HTTPChannel.connectionMade
+        while isinstance(transport, ProtocolWrapper):  # TLS: down to the socket
+            below, transport = transport, transport.transport
+        watch = _SocketWatch(self, below)
+        watch.transport = transport
+        transport.protocol = watch
 
     def lineReceived(self, line: bytes) -> None:
         if self._refused:
@@ -474,30 +517,36 @@ class GuardedChannel(HTTPChannel):
 
     def connectionLost(self, reason: Any = None) -> None:
         self._cancel()
+        self.site.connection_lost(self)
         super().connectionLost(reason)
 
 
-class _CountedConnection(ProtocolWrapper):
-    """What the site puts in front of each channel: it sees the socket close
-    (counted) even after a WebSocket upgrade took the connection over.
+class _SocketWatch(ProtocolWrapper):
+    """What the socket's transport delivers to once a resource is about to
+    take the socket over from a channel (see
+    :meth:`GuardedChannel.prepare_takeover`): it passes everything on and
+    tells the site when the socket closes, so the connection stays counted
+    until then."""
 
-    The producer methods are its own, not forwarded by attribute lookup:
-    the channel pauses and resumes the transport on every request.
-    """
+    def __init__(self, channel: GuardedChannel, protocol: Any) -> None:
+        # Never made connected (the socket already is), and it forgets the
+        # connection itself: it needs no wrapping factory.
+        super().__init__(None, protocol)  # type: ignore[arg-type]
+        self._channel = channel
 
-    peer_host = ""
+    def connectionLost(self, reason: Any = None) -> None:
+        try:
+            self.wrappedProtocol.connectionLost(reason)
+        finally:
+            self._channel.site.connection_lost(self._channel)
 
-    def pauseProducing(self) -> None:
+
+class _Refused(Protocol):
+    """A connection over the caps: closed as soon as it is made, nothing read or written."""
+
+    def connectionMade(self) -> None:
         transport: Any = self.transport
-        transport.pauseProducing()
-
-    def resumeProducing(self) -> None:
-        transport: Any = self.transport
-        transport.resumeProducing()
-
-    def stopProducing(self) -> None:
-        transport: Any = self.transport
-        transport.stopProducing()
+        transport.abortConnection()
 
 
 class GuardedSite(Site):
@@ -528,6 +577,7 @@ class GuardedSite(Site):
         self.realm = realm
         self.access_log = access_log
         self.tcp_nodelay = tcp_nodelay
+        #: Open connections: on this listener, and per peer address.
         self.connections = 0
         self.by_address: dict[str, int] = {}
         #: Connections refused at the caps, and requests cut at a deadline.
@@ -536,7 +586,8 @@ class GuardedSite(Site):
         self._last_refusal_log = -1e9
         #: Set by :meth:`stop_accepting`: new requests get 503 ``shutting_down``.
         self.stopping = False
-        self._open: set[Any] = set()
+        #: Each open connection's channel and the transport of its socket.
+        self._open: dict[GuardedChannel, Any] = {}
         #: Host header -> whether it names this server (the rule depends on
         #: the header and this site's fixed limits only), at most
         #: HOST_VERDICTS_KEPT entries.
@@ -566,7 +617,9 @@ class GuardedSite(Site):
                     "HTTP connection limit reached; {count} connections refused so far",
                     count=self.refused_connections,
                 )
-            return None
+            # A protocol that closes at once, not None: on an ``ssl:``
+            # listener the TLS wrapper would wrap None and fail.
+            return _Refused()
         channel = GuardedChannel()
         channel.site = self
         channel.factory = self
@@ -574,28 +627,26 @@ class GuardedSite(Site):
         channel.peer_host = host
         channel.callLater = self.reactor.callLater  # type: ignore[method-assign, assignment]
         channel.timeOut = self.timeOut  # type: ignore[assignment]
-        self.connections += 1
-        self.by_address[host] = self.by_address.get(host, 0) + 1
-        # The wrapper sees the socket close even after a WebSocket upgrade
-        # has taken the connection away from the HTTP channel.
-        counted = _CountedConnection(self, channel)  # type: ignore[arg-type]
-        counted.peer_host = host
-        self._open.add(counted)
-        return counted
+        return channel
 
     def log(self, request: Any) -> None:
         """One access-log line per request, unless the listener's volume makes it noise."""
         if self.access_log:
             super().log(request)
 
-    def registerProtocol(self, protocol: Any) -> None:
-        """Called by the wrapper when its connection is made (counted already)."""
+    def connection_made(self, channel: GuardedChannel, transport: Any) -> None:
+        """Count a connection made (``transport`` is its socket's)."""
+        self._open[channel] = transport
+        self.connections += 1
+        host = channel.peer_host
+        self.by_address[host] = self.by_address.get(host, 0) + 1
 
-    def unregisterProtocol(self, protocol: Any) -> None:
-        """Forget a closed connection in the counts."""
-        host = getattr(protocol, "peer_host", "")
-        self._open.discard(protocol)
+    def connection_lost(self, channel: GuardedChannel) -> None:
+        """Forget a closed connection in the counts (once, however often told)."""
+        if self._open.pop(channel, None) is None:
+            return
         self.connections -= 1
+        host = channel.peer_host
         left = self.by_address.get(host, 0) - 1
         if left > 0:
             self.by_address[host] = left
@@ -608,10 +659,8 @@ class GuardedSite(Site):
 
     def close_all(self) -> None:
         """Close every connection once what was written to it is sent."""
-        for protocol in list(self._open):
-            transport = getattr(protocol, "transport", None)
-            if transport is not None:
-                transport.loseConnection()
+        for transport in list(self._open.values()):
+            transport.loseConnection()
 
     def count_timeout(self) -> None:
         """Count a request cut at its deadline."""

@@ -89,8 +89,12 @@ class HttpRoot(Resource):
 
     def render(self, request: Request) -> Any:  # type: ignore[override]
         if request.postpath == [b"client"]:
+            channel: Any = request.channel  # the GuardedSite's GuardedChannel
             # The socket outlives the HTTP request: no HTTP idle timeout on it.
-            request.channel.setTimeout(None)
+            channel.setTimeout(None)
+            # The WebSocket takes the socket over; the site still counts it
+            # until it closes.
+            channel.prepare_takeover()
             return self._client.render(request)
         return self._app.render(request)
 

@@ -45,10 +45,6 @@ from twisted.python.failure import Failure  # noqa: E402
 from twisted_iop.testing.pki import CertificateAuthority  # noqa: E402
 
 TARGET_SECONDS = 15.0
-#: The benchmark's Control Plane settings (as bench/fleet_fanout.py's):
-#: the hello rate limit is lifted, so the figure is how fast the Control
-#: Plane takes a burst, not the configured rate.
-CONFIG = "status:\n  fleet_max_age_seconds: 0\nedge_wire:\n  max_hellos_per_second: 1000000\n"
 #: Dials of one edge at most (the first and the retries after a failed one).
 MAX_DIALS = 20
 
@@ -152,7 +148,9 @@ def describe(label: str, figures: dict[str, Any]) -> str:
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     """The plain storm (unless skipped), then the TLS storm; print and return the figures."""
     results: dict[str, Any] = {}
-    config = CONFIG + "".join(f"  {line}\n" for line in args.edge_wire)
+    config = ff.BENCH_CONFIG.replace(
+        "edge_wire:\n", "edge_wire:\n" + "".join(f"  {line}\n" for line in args.edge_wire), 1
+    )
     if not args.no_plain:
         results["tcp"] = await storm(
             workdir / "tcp", args.edges, f"tcp:0:interface={ff.LOOPBACK}", None, args.timeout, config

@@ -5,10 +5,13 @@ from __future__ import annotations
 import gc
 import hashlib
 from pathlib import Path
+from typing import cast
 
 import attrs
 import pytest
+import pytest_twisted
 from twisted.internet.testing import MemoryReactor
+from twisted.logger import ILogObserver, formatEvent, globalLogPublisher
 
 from twisted_iop.configuration import ConfigError
 from twisted_iop.controlplane import tap
@@ -16,7 +19,7 @@ from twisted_iop.controlplane.config import config_from_text, load_config, unaut
 from twisted_iop.daemon import ConfigurationExit
 from twisted_iop.endpoints import EndpointError, connect_endpoint, listen_endpoint
 from twisted_iop.listeners import DEFAULT_BACKLOG
-from twisted_iop.testing.harness import self_signed
+from twisted_iop.testing.harness import self_signed, start_control_plane
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -294,3 +297,28 @@ def test_stop_and_wire_limits_reach_the_services() -> None:
     assert service.edge_factory.settings.max_hello_frame_bytes == 4096
     assert service.edge_factory.settings.max_violations == 3
     assert config.client_wire.hello_timeout_seconds == 2.0 and config.client_wire.max_violations == 4
+
+
+async def _access_lines(enabled: bool) -> list[str]:
+    """The log lines of one GET /healthz on a Control Plane with http.access_log ``enabled``."""
+    cp = await start_control_plane(config_text=f"http: {{access_log: {str(enabled).lower()}}}")
+    lines: list[str] = []
+    observer = cast(ILogObserver, lambda event: lines.append(formatEvent(event)))
+    globalLogPublisher.addObserver(observer)
+    try:
+        code, _ = await cp.get_json("/healthz")
+        assert code == 200
+        await cp.stop()
+    finally:
+        globalLogPublisher.removeObserver(observer)
+    return lines
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_access_log_can_be_turned_off() -> None:
+    """http.access_log: true (the default) writes one line per request;
+    false writes none, and the request is served the same."""
+    assert config_from_text("").http_access_log is True
+    for enabled in (True, False):
+        lines = await _access_lines(enabled)
+        assert any('"GET /healthz HTTP/1.1" 200' in line for line in lines) is enabled

@@ -67,6 +67,8 @@ class ControlPlaneConfig:
     edge_wire_listen: str = DEFAULT_EDGE_WIRE_LISTEN
     http: HttpSettings = HttpSettings()
     http_site: SiteLimits = SiteLimits()
+    #: One access-log line per HTTP request (``http.access_log``).
+    http_access_log: bool = True
     client_wire: ClientWireSettings = ClientWireSettings()
     edge_wire: PeerSettings = PeerSettings()
     credentials: EdgeCredentials = EdgeCredentials()
@@ -122,6 +124,7 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
             "idle_timeout_seconds",
             "max_connections",
             "max_connections_per_address",
+            "access_log",
         }
     )
     wire = root.section("client_wire")
@@ -255,6 +258,7 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
         edge_wire_listen=edge_wire_listen,
         http=http_settings,
         http_site=site_limits,
+        http_access_log=http.boolean("access_log", True),
         client_wire=client_wire,
         edge_wire=edge_settings,
         credentials=credentials,

@@ -140,7 +140,9 @@ class ControlPlaneService(DaemonService):
             self.edge_factory.cluster = self.cluster
         self.client_factory = ClientWireFactory(self.registry, config.client_wire, reactor)
         root = HttpRoot(self.http.app.resource(), WebSocketResource(self.client_factory))
-        site = self.http_site = GuardedSite(root, config.http_site, self.http.check_headers, reactor)
+        site = self.http_site = GuardedSite(
+            root, config.http_site, self.http.check_headers, reactor, access_log=config.http_access_log
+        )
         self.add_listener("edge_wire", config.edge_wire_listen, self.edge_factory, reactor, config.edge_wire_tls)
         self.add_listener("client_wire", config.wire_listen, self.client_factory, reactor)
         self.add_listener("http", config.http_listen, site, reactor)

@@ -511,9 +511,7 @@ class ClusterReplica(Service):
                     self.replica_id,
                     codec.hello_json(record.hello),
                     now,
-                    self._event_json(
-                        edge_id, "edge.connected", now, CONNECTED_MESSAGE, {"reconciled": "true"}
-                    ),
+                    self._event_json(edge_id, "edge.connected", now, CONNECTED_MESSAGE, {"reconciled": "true"}),
                 )
                 for edge_id, _, fence, record in held
             ]

@@ -61,6 +61,9 @@ TOTALS_FIELDS: tuple[str, ...] = (
     "long_context_queued",
 )
 assert len(TOTALS_FIELDS) == COUNTS_LEN
+# counts_problem unpacks the counts in this order.
+assert STATUSES == ("available", "drained", "unavailable")
+assert HEALTHS == ("healthy", "degraded", "unhealthy", "offline", "unknown")
 
 #: All the totals' fields in one call of C code.
 _read_totals = operator.attrgetter(*TOTALS_FIELDS)
@@ -145,15 +148,28 @@ def counts_problem(counts: tuple[int, ...], nodes: int) -> Optional[str]:
     one status and one health, and no counter exceeds what that many
     providers' ``uint32`` fields can add up to.
     """
-    connected, configured, providers = counts[0], counts[1], counts[2]
+    (
+        connected,
+        configured,
+        providers,
+        available,
+        drained,
+        unavailable,
+        healthy,
+        degraded,
+        unhealthy,
+        offline,
+        unknown,
+        *counters,
+    ) = counts
     if configured != nodes:
         return f"status totals say {configured} nodes, the snapshot has {nodes}"
     if connected > configured:
         return "status totals say more nodes connected than configured"
-    if sum(counts[STATUS_AT["available"] : HEALTH_AT["healthy"]]) != providers:
+    if available + drained + unavailable != providers:
         return "status totals by provider status do not add up to the providers"
-    if sum(counts[HEALTH_AT["healthy"] : GENERAL_AT]) != providers:
+    if healthy + degraded + unhealthy + offline + unknown != providers:
         return "status totals by provider health do not add up to the providers"
-    if max(counts[GENERAL_AT:]) > providers * MAX_COUNTER:
+    if max(counters) > providers * MAX_COUNTER:
         return "status totals count more than the providers can hold"
     return None

@@ -218,12 +218,19 @@ class FakeFleet:
     #: The protocol of each edge (the suite's bench edges answer a 4x2 snapshot).
     edge_class: type[FakeEdge] = FakeEdge
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, tls: Optional[Any] = None, redial_after_failure: bool = False) -> None:
         self.port = port
+        #: Client TLS options (a context factory): the edges dial with TLS.
+        self.tls = tls
+        #: Whether an edge whose connection or hello failed dials again
+        #: (after a jittered second or two, as a real Edge's backoff does).
+        self.redial_after_failure = redial_after_failure
         self.edges: list[FakeEdge] = []
         self.accepted = 0
         #: Hellos dialed again after a retry_later answer.
         self.retried = 0
+        #: Edges dialed again after a failed connection or hello.
+        self.redials = 0
         self.lost = 0
         #: Edges whose connection is up (their descriptor is open).
         self.open_connections = 0
@@ -245,14 +252,21 @@ class FakeFleet:
 
     def connect(self, edge_id: str, attempt: int = 0) -> Deferred[None]:
         """Connect one edge; fire once its hello is accepted (dialing again,
-        with jitter, after a retry_later answer, as a real Edge does)."""
+        with jitter, after a retry_later answer, as a real Edge does, and
+        after any failure with ``redial_after_failure``)."""
         accepted = self._dial(edge_id)
 
         def retry(failure: Failure) -> Any:
-            if not failure.check(RetryLater) or attempt >= MAX_HELLO_RETRIES:
+            if attempt >= MAX_HELLO_RETRIES:
                 return failure
-            self.retried += 1
-            delay = cast(RetryLater, failure.value).seconds * (0.5 + random.random())
+            if failure.check(RetryLater):
+                self.retried += 1
+                delay = cast(RetryLater, failure.value).seconds * (0.5 + random.random())
+            elif self.redial_after_failure:
+                self.redials += 1
+                delay = 1.0 + random.random()
+            else:
+                return failure
             return task.deferLater(reactor, delay, self.connect, edge_id, attempt + 1)
 
         return accepted.addErrback(retry)
@@ -264,7 +278,10 @@ class FakeFleet:
         # connectTCP with one small factory per edge: an endpoint's
         # connectProtocol defines a factory class per call, and each such
         # factory logs its start and stop (about 100 us an edge here).
-        reactor.connectTCP(LOOPBACK, self.port, _EdgeDialer(self, edge), timeout=60)
+        if self.tls is None:
+            reactor.connectTCP(LOOPBACK, self.port, _EdgeDialer(self, edge), timeout=60)
+        else:
+            reactor.connectSSL(LOOPBACK, self.port, _EdgeDialer(self, edge), self.tls, timeout=60)
         return edge.accepted
 
     def _dial_failed(self, failure: Failure, edge: FakeEdge) -> None:

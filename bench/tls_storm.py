@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shutil
 import sys
 import tempfile
@@ -37,53 +36,12 @@ from typing import Any, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fleet_fanout as ff  # noqa: E402
-from twisted.internet import defer, reactor, task  # noqa: E402
-from twisted.internet.defer import Deferred  # noqa: E402
+from twisted.internet import defer  # noqa: E402
 from twisted.internet.ssl import Certificate, CertificateOptions  # noqa: E402
-from twisted.python.failure import Failure  # noqa: E402
 
 from twisted_iop.testing.pki import CertificateAuthority  # noqa: E402
 
 TARGET_SECONDS = 15.0
-#: Dials of one edge at most (the first and the retries after a failed one).
-MAX_DIALS = 20
-
-
-class StormFleet(ff.FakeFleet):
-    """Fake edges that dial over TLS when given client options, and dial
-    again after any failure (not only retry_later), as a real Edge does."""
-
-    def __init__(self, port: int, tls: Optional[Any]) -> None:
-        super().__init__(port)
-        self.tls = tls
-        #: Dials again after a failed connection or hello.
-        self.redials = 0
-
-    def connect(self, edge_id: str, attempt: int = 0) -> Deferred[None]:
-        """Dial ``edge_id`` until its hello is accepted (at most MAX_DIALS times)."""
-        accepted = self._dial(edge_id)
-
-        def again(failure: Failure) -> Any:
-            if attempt + 1 >= MAX_DIALS:
-                return failure
-            if failure.check(ff.RetryLater):
-                self.retried += 1
-                delay = failure.value.seconds * (0.5 + random.random())
-            else:
-                self.redials += 1
-                delay = 1.0 + random.random()
-            return task.deferLater(reactor, delay, self.connect, edge_id, attempt + 1)
-
-        return accepted.addErrback(again)
-
-    def _dial(self, edge_id: str) -> Deferred[None]:
-        if self.tls is None:
-            return super()._dial(edge_id)
-        edge = self.edge_class(self, edge_id)
-        self.edges.append(edge)
-        self.status_tail(edge_id)
-        reactor.connectSSL(ff.LOOPBACK, self.port, ff._EdgeDialer(self, edge), self.tls, timeout=60)
-        return edge.accepted
 
 
 async def storm(
@@ -97,7 +55,7 @@ async def storm(
         ports = await ff.eventually(lambda: ff._ports_or_fail(cp, {"edge_wire", "http"}), 30, "the ports")
         http = ff.Http(ports["http"])
         await ff.eventually(lambda: ff._ready(http), 30, "GET /readyz")
-        fleet = StormFleet(ports["edge_wire"], tls)
+        fleet = ff.FakeFleet(ports["edge_wire"], tls, redial_after_failure=True)
         cp_cpu = cp.cpu_seconds()
         own_cpu = time.process_time()
         overflows = ff.listen_overflows()

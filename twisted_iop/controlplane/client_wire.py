@@ -121,7 +121,11 @@ _EVENT_TAG = varint((16 << 3) | 2)
 def event_payload(event: EventRecord) -> bytes:
     """The WebSocket message of a live event: a ``ClientEnvelope`` whose
     body is the event (request_id 0), serialized without building the envelope."""
-    data = fleet_event_message(event).SerializeToString()
+    return _event_envelope(fleet_event_message(event).SerializeToString())
+
+
+def _event_envelope(data: bytes) -> bytes:
+    """A serialized ``FleetEvent`` as the body of a ``ClientEnvelope`` (request_id 0)."""
     return _EVENT_TAG + varint(len(data)) + data
 
 
@@ -142,7 +146,7 @@ def event_frame(event: EventRecord) -> bytes:
     n = len(data)
     if n <= _SMALL_EVENT_BYTES:
         return _SMALL_EVENT_PREFIXES[n] + data
-    return binary_frame(_EVENT_TAG + varint(n) + data)
+    return binary_frame(_event_envelope(data))
 
 
 def binary_frame(payload: bytes) -> bytes:

@@ -43,13 +43,15 @@ from pathlib import Path
 from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import fleet_fanout as ff  # noqa: E402  (installs the epoll reactor)
-import suite  # noqa: E402
-from twisted.internet import defer, protocol, reactor, stdio  # noqa: E402
-from twisted.protocols.basic import LineReceiver  # noqa: E402
+import contextlib
 
-from twisted_iop.testing.redis import RedisServer  # noqa: E402
-from twisted_iop.wire.settings import PeerSettings  # noqa: E402
+import fleet_fanout as ff
+import suite
+from twisted.internet import defer, protocol, reactor, stdio
+from twisted.protocols.basic import LineReceiver
+
+from twisted_iop.testing.redis import RedisServer
+from twisted_iop.wire.settings import PeerSettings
 
 BENCH_SCRIPT = str(Path(__file__).resolve())
 #: The edge heartbeat the Redis target is counted against: the edge wire's keepalive interval.
@@ -182,10 +184,8 @@ class EdgeProcess(protocol.ProcessProtocol):
 
     def kill(self) -> None:
         """SIGKILL, if still running."""
-        try:
+        with contextlib.suppress(OSError):
             os.kill(self.pid, 9)
-        except OSError:
-            pass
 
     async def stop(self) -> None:
         """Close its stdin (it aborts its connections and exits); kill it after 10 s."""

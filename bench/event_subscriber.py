@@ -60,7 +60,7 @@ class Counts:
         ordered = sorted(self.latencies)
 
         def at(q: float) -> float:
-            return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered) + 0.5)) - 1))] if ordered else -1.0
+            return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))] if ordered else -1.0
 
         return {
             "received": self.received,

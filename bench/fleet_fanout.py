@@ -55,20 +55,20 @@ if "twisted.internet.reactor" not in sys.modules:
     # this module after a reactor exists).
     epollreactor.install()
 
-from treq.client import HTTPClient  # noqa: E402
-from twisted.internet import defer, reactor, task  # noqa: E402
-from twisted.internet.defer import Deferred  # noqa: E402
-from twisted.internet.interfaces import ITCPTransport  # noqa: E402
-from twisted.internet.protocol import ClientFactory  # noqa: E402
-from twisted.python.failure import Failure  # noqa: E402
-from twisted.web.client import Agent, HTTPConnectionPool  # noqa: E402
+from treq.client import HTTPClient
+from twisted.internet import defer, reactor, task
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import ITCPTransport
+from twisted.internet.protocol import ClientFactory
+from twisted.python.failure import Failure
+from twisted.web.client import Agent, HTTPConnectionPool
 
-from twisted_iop.testing.harness import Daemon  # noqa: E402
-from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR  # noqa: E402
-from twisted_iop.wire import control_pb2 as pb  # noqa: E402
-from twisted_iop.wire.peer import FramedPeerProtocol, make_envelope  # noqa: E402
+from twisted_iop.testing.harness import Daemon
+from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
+from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.peer import FramedPeerProtocol, make_envelope
 from twisted_iop.wire.settings import PeerSettings
-from twisted_iop.wire.status_totals import with_totals  # noqa: E402
+from twisted_iop.wire.status_totals import with_totals
 
 BENCH_DIR = Path(__file__).resolve().parent
 TWISTD = str(Path(sys.executable).parent / "twistd")
@@ -529,7 +529,7 @@ def mib(size: float) -> str:
 def spread(values: list[float]) -> dict[str, float]:
     """min / median / p95 / max of ``values``."""
     ordered = sorted(values)
-    p95 = ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
+    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
     return {"min": ordered[0], "median": statistics.median(ordered), "p95": p95, "max": ordered[-1]}
 
 
@@ -784,7 +784,7 @@ async def run(args: argparse.Namespace, workdir: Path, figures: Figures) -> None
         )
 
         # -- 1% silent
-        silent = fleet.edges[:: max(1, int(round(100 / args.silent_percent)))] if args.silent_percent > 0 else []
+        silent = fleet.edges[:: max(1, round(100 / args.silent_percent))] if args.silent_percent > 0 else []
         for edge in silent:
             edge.silent = True
         result = await fleet_round(http, cp, fleet, 10000, probe_healthz=True)

@@ -37,21 +37,21 @@ from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fleet_fanout import edge_snapshot, request_id_field  # noqa: E402
-from twisted.internet.base import DelayedCall  # noqa: E402
-from twisted.internet.defer import ensureDeferred  # noqa: E402
-from twisted.internet.interfaces import IReactorTime  # noqa: E402
-from twisted.internet.testing import StringTransport  # noqa: E402
-from twisted.web.iweb import IRequest  # noqa: E402
-from twisted.web.test.requesthelper import DummyRequest  # noqa: E402
+from fleet_fanout import edge_snapshot, request_id_field
+from twisted.internet.base import DelayedCall
+from twisted.internet.defer import ensureDeferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.testing import StringTransport
+from twisted.web.iweb import IRequest
+from twisted.web.test.requesthelper import DummyRequest
 
-from twisted_iop.controlplane.edge_wire import EdgeWireFactory, EdgeWireProtocol  # noqa: E402
-from twisted_iop.controlplane.gateway import EdgeGateway  # noqa: E402
-from twisted_iop.controlplane.http_routes import ControlPlaneHttp, ListenerReadiness  # noqa: E402
-from twisted_iop.controlplane.registry import EdgeRegistry  # noqa: E402
-from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR  # noqa: E402
-from twisted_iop.wire import control_pb2 as pb  # noqa: E402
-from twisted_iop.wire.peer import frame, make_envelope  # noqa: E402
+from twisted_iop.controlplane.edge_wire import EdgeWireFactory, EdgeWireProtocol
+from twisted_iop.controlplane.gateway import EdgeGateway
+from twisted_iop.controlplane.http_routes import ControlPlaneHttp, ListenerReadiness
+from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
+from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.peer import frame, make_envelope
 from twisted_iop.wire.settings import PeerSettings
 
 

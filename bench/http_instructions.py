@@ -46,11 +46,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from twisted.internet import reactor  # noqa: E402
-from twisted.internet.address import IPv4Address  # noqa: E402
-from twisted.internet.testing import StringTransport  # noqa: E402
-from twisted.logger import globalLogBeginner, textFileLogObserver  # noqa: E402
-from twisted.web.server import Site  # noqa: E402
+from twisted.internet import reactor
+from twisted.internet.address import IPv4Address
+from twisted.internet.testing import StringTransport
+from twisted.logger import globalLogBeginner, textFileLogObserver
+from twisted.web.server import Site
 
 EDGES = 1000
 APPS = ("cp", "cp-plain", "klein")
@@ -109,11 +109,8 @@ def drive(channel: Any, requests: list[bytes]) -> None:
 
 def run(app: str, count: int, log_file: str = "") -> None:
     """Build ``app``, warm it up, drive ``count`` requests, check the answers."""
-    if log_file:
-        # As twistd does: every log event, the access log's too, as a text line in a file.
-        observer = textFileLogObserver(open(log_file, "a"))  # noqa: SIM115
-    else:
-        observer = lambda event: None  # noqa: E731
+    # As twistd does: every log event, the access log's too, as a text line in a file.
+    observer = textFileLogObserver(open(log_file, "a")) if log_file else lambda event: None  # noqa: SIM115
     globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False)
     site = build_site(app)
     site.doStart()  # as a listening port does: the access log opens

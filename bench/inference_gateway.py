@@ -29,6 +29,7 @@ Run: ``.venv/bin/python bench/inference_gateway.py`` (about 45 s), or
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -60,7 +61,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     """Start a process with its output in ``log``."""
-    handle = open(log, "wb")
+    handle = open(log, "wb")  # noqa: SIM115 (the child process writes it)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
 
@@ -85,10 +86,8 @@ def run_delay_seconds(pid: int) -> float:
     """Time ``pid``'s threads were runnable but waiting for a CPU (``/proc/PID/schedstat``)."""
     total = 0
     for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
+        with contextlib.suppress(OSError, IndexError, ValueError):
             total += int((task / "schedstat").read_text().split()[1])
-        except (OSError, IndexError, ValueError):
-            pass
     return total / 1e9
 
 

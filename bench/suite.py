@@ -31,12 +31,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import fleet_fanout as ff  # noqa: E402  (installs the epoll reactor)
-from twisted.internet import defer, reactor  # noqa: E402
-from twisted.internet.task import LoopingCall  # noqa: E402
+import fleet_fanout as ff
+from twisted.internet import defer, reactor
+from twisted.internet.task import LoopingCall
 
-from twisted_iop.wire import control_pb2 as pb  # noqa: E402
-from twisted_iop.wire.peer import make_envelope  # noqa: E402
+from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.peer import make_envelope
 
 BENCH_DIR = Path(__file__).resolve().parent
 #: The phases ``--only`` may name: fleet rounds, CPU and RSS against the echo
@@ -220,7 +220,7 @@ def _cpu(pid: int) -> float:
 def percentile(values: list[float], q: float) -> float:
     """The ``q`` quantile (nearest rank) of ``values``."""
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered) + 0.5)) - 1))]
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
 
 
 # -- the results ------------------------------------------------------------------------------

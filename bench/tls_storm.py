@@ -35,11 +35,11 @@ from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import fleet_fanout as ff  # noqa: E402
-from twisted.internet import defer  # noqa: E402
-from twisted.internet.ssl import Certificate, CertificateOptions  # noqa: E402
+import fleet_fanout as ff
+from twisted.internet import defer
+from twisted.internet.ssl import Certificate, CertificateOptions
 
-from twisted_iop.testing.pki import CertificateAuthority  # noqa: E402
+from twisted_iop.testing.pki import CertificateAuthority
 
 TARGET_SECONDS = 15.0
 

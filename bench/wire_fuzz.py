@@ -18,6 +18,7 @@ to ``--crash-dir`` and the run stops.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import random
 import sys
@@ -53,7 +54,7 @@ def run_one(data: bytes) -> None:
     # Split the stream at points taken from its own bytes, so the fuzzer
     # controls how reads are cut too.
     cuts = sorted({b * 7 % (len(stream) + 1) for b in stream[:8]} | {0, len(stream)})
-    pieces = [stream[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
+    pieces = [stream[a:b] for a, b in itertools.pairwise(cuts)]
     with LogCapture().active() as log:
         if wire == "client":
             client = ClientWireDriver()

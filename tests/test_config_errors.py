@@ -118,7 +118,7 @@ def test_a_bad_field_in_each_daemon(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "plugin, config",
+    ("plugin", "config"),
     [
         ("iop-control-plane", "control-plane.yaml"),
         ("iop-edge", "edge.yaml"),

@@ -124,9 +124,9 @@ def document_commands(path: Path) -> Iterator[DocCommand]:
         for span in _INLINE.findall(line):
             # Inline code mostly names things ("`twistd -n`"); a command has a plugin or a target.
             for command in _command(f"{name}:{number}", span, in_block=False):
-                if command.program == "twistd" and any(w.startswith("iop-") for w in command.words):
-                    yield command
-                elif command.program == "make" and len(command.words) > 1:
+                if (command.program == "twistd" and any(w.startswith("iop-") for w in command.words)) or (
+                    command.program == "make" and len(command.words) > 1
+                ):
                     yield command
 
 
@@ -200,7 +200,9 @@ def test_iopctl_lines_parse(command: DocCommand, capsys: pytest.CaptureFixture[s
     except UsageError as e:
         pytest.fail(f"{command.where}: iopctl rejects it: {e.message}")
     except SystemExit as e:  # --version and --help print and exit 0
-        assert e.code == 0 and capsys.readouterr().out.startswith(("iopctl", "usage: iopctl"))
+        exit_code = e.code
+        assert exit_code == 0, f"{command.where}: iopctl exits {exit_code}"
+        assert capsys.readouterr().out.startswith(("iopctl", "usage: iopctl"))
         return
     assert args.command in iopctl_commands()
 

@@ -75,7 +75,7 @@ def test_unit_is_consistent_and_hardened(name: str, tmp_path: Path) -> None:
         f"{INSTALLED_TWISTD} -n --pidfile= --logfile=- {name} --config /etc/iop/{conf}.yaml"
     )
     assert service["EnvironmentFile"] == f"-/etc/iop/{conf}.env"
-    assert HARDENING <= set(service)
+    assert set(service) >= HARDENING
     assert service["LimitNOFILE"] == "65536"
     # Apart from what names the daemon, the three [Service] sections are identical.
     reference = read_unit("iop-control-plane")["Service"]

@@ -67,7 +67,7 @@ class DaemonOptions(usage.Options, Generic[ConfigT]):
     :meth:`load` and :meth:`summary`.
     """
 
-    optFlags = [
+    optFlags: ClassVar[list[list[Any]]] = [
         ["check", None, "Validate the configuration and exit: 0 and one OK line, or 1 and the error on stderr."],
     ]
 

@@ -59,7 +59,7 @@ class LatencyHistogram:
     summed up only when a scrape renders them.
     """
 
-    __slots__ = ("bounds", "counts", "total", "count")
+    __slots__ = ("bounds", "count", "counts", "total")
 
     def __init__(self, bounds: tuple[float, ...] = LATENCY_BUCKETS) -> None:
         self.bounds = bounds

@@ -503,7 +503,7 @@ async def test_events_follow_json_lines() -> None:
         event = json.loads(result.out.splitlines()[0])
         contract_validator("Event").validate(event)
         assert (event["edge_id"], event["kind"], event["node_id"]) == ("edge-a", "node.ready", "node-1")
-        code, served = await fleet.cp.get_json(f"/edges/edge-a/events?since={event['sequence'] - 1}&limit=1")
+        _code, served = await fleet.cp.get_json(f"/edges/edge-a/events?since={event['sequence'] - 1}&limit=1")
         assert without_volatile(served["items"][0]) == without_volatile(event)
     finally:
         await fleet.stop()

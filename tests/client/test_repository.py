@@ -95,7 +95,7 @@ async def test_every_view_reads_the_real_answers() -> None:
         assert detail.operations.last_sequence is None
 
         catalog = await repo.commands("edge-a")
-        assert catalog.connected and [c.name for c in catalog.commands][0] == "node.drain"
+        assert catalog.connected and next(c.name for c in catalog.commands) == "node.drain"
 
         events = await repo.events("edge-a")
         assert events.edge_id == "edge-a" and "edge.connected" in [e.kind for e in events.items]

@@ -65,7 +65,7 @@ def test_url_from_argument_environment_and_default(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv(WIRE_URL_ENV, "ws://cp.example:9/client")
     assert ClientWireClient(reactor=reactor).url == "ws://cp.example:9/client"
     assert ClientWireClient("wss://x:1/client", reactor=reactor).url == "wss://x:1/client"
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not a ws:"):
         ClientWireClient("http://x:1/client", reactor=reactor)
 
 

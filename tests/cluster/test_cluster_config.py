@@ -77,7 +77,7 @@ def test_environment_overrides_url_and_replica_id() -> None:
 
 
 @pytest.mark.parametrize(
-    "text, environ, expected",
+    ("text", "environ", "expected"),
     [
         ("cluster: {backend: etcd}", {}, "cluster.backend: must be one of memory, redis, not 'etcd'"),
         (

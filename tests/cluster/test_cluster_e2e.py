@@ -216,7 +216,7 @@ async def test_newest_connection_wins_across_replicas(redis_server: RedisServer,
     connection (SUPERSEDED), every replica lists the edge once, connected,
     and the old connection's close does not mark it disconnected."""
     async with replicas(redis_server, tmp_path) as cluster:
-        a, b, c = cluster
+        a, b, _c = cluster
         old = await enroll(a, "edge-n")
         await all_show(cluster, {"edge-n": True}, "edge-n connected through A")
 

@@ -357,7 +357,7 @@ class FencingMachine(RuleBasedStateMachine):
                 # A claim supersedes exactly the connection that was current.
                 assert edge in mirror and mirror[edge][0] == change["fence"] and mirror[edge][2]
             elif change["kind"] == "disconnect" and edge in mirror and mirror[edge][0] == change["fence"]:
-                mirror[edge] = mirror[edge][:2] + (False, mirror[edge][3])
+                mirror[edge] = (*mirror[edge][:2], False, mirror[edge][3])
         expected = {
             edge: (model.fence, model.owner, model.connected, model.epoch)
             for edge, model in self.edges.items()

@@ -28,7 +28,7 @@ async def test_every_replica_shows_the_whole_fleet_and_routes_status_and_command
     a = await start_replica(redis_server.url, "a")
     b = await start_replica(redis_server.url, "b")
     try:
-        e1, r1 = await connect_edge(a.edge_wire_port, "edge-1")
+        _e1, r1 = await connect_edge(a.edge_wire_port, "edge-1")
         e2, r2 = await connect_edge(b.edge_wire_port, "edge-2")
         assert r1 is not None and r1.accepted and r2 is not None and r2.accepted
 
@@ -153,7 +153,7 @@ async def test_events_carry_the_same_sequences_on_every_replica(redis_server: Re
             (e["fleet_sequence"], e["node_id"]) for e in on_b
         ]
         cursor = on_a[1]["fleet_sequence"]
-        status, page = await b.get_json(f"/fleet/events?since={cursor}&limit=100")
+        _status, page = await b.get_json(f"/fleet/events?since={cursor}&limit=100")
         assert [e["node_id"] for e in page["items"] if e["kind"] == "node.ready"] == ["node-2", "node-3", "node-4"]
     finally:
         await a.stop()
@@ -213,16 +213,16 @@ async def test_a_silent_replica_is_reaped_and_its_edges_show_disconnected(redis_
     a = await start_replica(redis_server.url, "a")
     b = await start_replica(redis_server.url, "b")
     try:
-        edge, _ = await connect_edge(a.edge_wire_port, "edge-1")
+        _edge, _ = await connect_edge(a.edge_wire_port, "edge-1")
         await eventually(lambda: _connected_in(b, "edge-1"), timeout=5, message="B shows edge-1 connected")
         cluster = a.service.cluster
         assert cluster is not None
         cluster._heartbeat.stop()  # the lease is no longer refreshed
         await eventually(lambda: not _connected_in(b, "edge-1"), timeout=10, message="B reaped A's edge")
-        status, events = await b.get_json("/edges/edge-1/events")
+        _status, events = await b.get_json("/edges/edge-1/events")
         last = events["items"][-1]
         assert last["kind"] == "edge.disconnected" and last["attributes"] == {"reason": "owner_lost"}
-        again, answer = await connect_edge(b.edge_wire_port, "edge-1")
+        _again, answer = await connect_edge(b.edge_wire_port, "edge-1")
         assert answer is not None and answer.accepted
         await eventually(lambda: _connected_in(b, "edge-1"), timeout=5, message="re-enrolled on B")
     finally:
@@ -250,7 +250,7 @@ async def test_live_events_follow_the_fleet_and_resume_on_another_replica(redis_
         subscription = await on_b.subscribe(on_event=heard_b.append)
         edge.event("node.ready", message="one")
         await eventually(lambda: [e.message for e in heard_b if e.kind == "node.ready"] == ["one"], timeout=5)
-        cursor = [e for e in heard_b if e.kind == "node.ready"][0].fleet_sequence
+        cursor = next(e for e in heard_b if e.kind == "node.ready").fleet_sequence
         await subscription.stop()
         edge.event("node.ready", message="two")  # while the client is away
         await eventually(lambda: _fleet_last(a) > cursor, timeout=5, message="two recorded")

@@ -112,7 +112,7 @@ def test_asks_of_one_turn_go_in_one_batch_per_replica() -> None:
 
 def test_an_answer_ends_its_ask_and_errors_keep_their_kind() -> None:
     """Snapshots parse; timeout, disconnected and error answers map to the wire's errors."""
-    router, clock, outbox = _router()
+    router, clock, _outbox = _router()
     listeners = [_Listener() for _ in range(4)]
     ids = [router.ask_status(RemotePeer(router, "b", "b/x/1", "edge-1"), 5, False, lst) for lst in listeners]
     clock.advance(0)

@@ -289,7 +289,7 @@ def test_a_slow_consumers_queue_is_bounded_in_bytes() -> None:
     """Large events fill a subscriber's byte budget before its count: the
     oldest are dropped and reported, and the queue's bytes stay in budget."""
     budget = 64 * 1024
-    registry, clock, socket_ = subscribed_socket(
+    registry, _clock, socket_ = subscribed_socket(
         ClientWireSettings(subscriber_queue=1000, subscriber_queue_bytes=budget)
     )
     protocol = socket_.protocol

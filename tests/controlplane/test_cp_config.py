@@ -53,7 +53,7 @@ def test_environment_overrides_listeners() -> None:
 
 
 @pytest.mark.parametrize(
-    "text, field",
+    ("text", "field"),
     [
         ("http: [1, 2]", "http"),
         ("htp: {}", "htp"),
@@ -189,7 +189,7 @@ def test_make_service_listens_where_configured(monkeypatch: pytest.MonkeyPatch) 
     options.parseOptions([])
     reactor = MemoryReactor()
     service = tap.makeService(options, reactor=reactor)
-    assert [s.name for s in service][0] == "registry"
+    assert next(s.name for s in service) == "registry"
     service.privilegedStartService()
     service.startService()
     ports = sorted((port, interface) for port, _, _, interface in reactor.tcpServers)

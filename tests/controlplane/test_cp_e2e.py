@@ -91,7 +91,7 @@ async def test_client_wire_on_the_http_port(tmp_path: Path) -> None:
 
 
 async def _disconnected(cp: ProcessHarness) -> bool:
-    code, body = await cp.get_json("/edges/edge-e2e")
+    _code, body = await cp.get_json("/edges/edge-e2e")
     return body["connected"] is False
 
 

@@ -24,7 +24,7 @@ async def test_empty_edge_id_is_rejected_and_closed() -> None:
         assert response.reason_code == "invalid_id"
         assert "empty" in response.reason
         await edge.lost
-        code, body = await cp.get_json("/edges")
+        _code, body = await cp.get_json("/edges")
         assert body["total"] == 0
     finally:
         await cp.stop()
@@ -258,11 +258,11 @@ async def test_relayed_events_are_recorded_with_sequences() -> None:
         edge.event("node.ready", node_id="node-1", message="ready")
         edge.event("node.disconnected", node_id="node-1", message="gone")
         await eventually(lambda: cp.registry.get("edge-a").events.last_sequence >= 3, message="events")
-        code, events = await cp.get_json("/edges/edge-a/events?since=1")
+        _code, events = await cp.get_json("/edges/edge-a/events?since=1")
         assert [(e["sequence"], e["kind"]) for e in events["items"]] == [(2, "node.ready"), (3, "node.disconnected")]
         assert events["items"][0]["node_id"] == "node-1"
         assert events["capacity"] == 1000 and events["dropped"] == 0
-        code, fleet = await cp.get_json("/fleet/events")
+        _code, fleet = await cp.get_json("/fleet/events")
         assert [e["fleet_sequence"] for e in fleet["items"]] == [1, 2, 3]
         edge.tcp.loseConnection()
     finally:
@@ -299,8 +299,8 @@ async def test_no_view_leaks_credentials_addresses_or_transport_internals() -> N
         edge.tcp.loseConnection()
         await eventually(lambda: not cp.registry.get("edge-a").connected, message="disconnect")
         # Once more while disconnected: the stale views are checked too.
-        for path in views + ["/edges/edge-a/status"]:
-            code, body = await cp.get_json(path)
+        for path in [*views, "/edges/edge-a/status"]:
+            _code, body = await cp.get_json(path)
             text = json.dumps(body)
             assert secret not in text, path
             assert "127.0.0.1" not in text, path

@@ -65,7 +65,7 @@ def test_valid_hello_byte_by_byte_enrolls() -> None:
 
 
 @pytest.mark.parametrize(
-    "edge_id, major, code",
+    ("edge_id", "major", "code"),
     [
         ("", PROTOCOL_MAJOR, "invalid_id"),
         ("has space", PROTOCOL_MAJOR, "invalid_id"),
@@ -130,23 +130,23 @@ def test_every_edge_rejection_code_is_a_shared_code() -> None:
 def test_wrong_credential_is_rejected() -> None:
     """With per-edge credentials, a wrong one is refused; the right one is accepted."""
     credentials = EdgeCredentials.from_secrets(per_edge={"edge-a": "s3cret"})
-    protocol, transport, registry, _ = connect(credentials)
+    protocol, transport, _registry, _ = connect(credentials)
     protocol.dataReceived(hello_frame("edge-a", credential="guess"))
     answer = decode_frames(transport.value())[0].edge_hello_response
     assert not answer.accepted and answer.reason_code == "bad_credential"
     assert "guess" not in answer.reason and "s3cret" not in answer.reason
-    protocol, transport, registry, _ = connect(credentials)
+    protocol, transport, _registry, _ = connect(credentials)
     protocol.dataReceived(hello_frame("edge-a", credential="s3cret"))
     assert decode_frames(transport.value())[0].edge_hello_response.accepted
     # An edge without its own secret has no credential to match.
-    protocol, transport, registry, _ = connect(credentials)
+    protocol, transport, _registry, _ = connect(credentials)
     protocol.dataReceived(hello_frame("edge-b", credential=""))
     assert not decode_frames(transport.value())[0].edge_hello_response.accepted
 
 
 def test_first_message_must_be_hello() -> None:
     """Any other first message gets HELLO_REQUIRED and a close."""
-    protocol, transport, registry, _ = connect()
+    protocol, transport, _registry, _ = connect()
     protocol.dataReceived(frame(make_envelope("edge_event", pb.EdgeEvent(kind="x"))))
     assert decode_frames(transport.value())[0].error.code == pb.ERROR_CODE_HELLO_REQUIRED
     assert transport.disconnecting
@@ -154,7 +154,7 @@ def test_first_message_must_be_hello() -> None:
 
 def test_hello_timeout() -> None:
     """A connection that never says hello is closed at the hello deadline."""
-    protocol, transport, _, clock = connect()
+    _protocol, transport, _, clock = connect()
     clock.advance(5.1)
     assert decode_frames(transport.value())[0].error.code == pb.ERROR_CODE_HELLO_TIMEOUT
     assert transport.disconnecting
@@ -162,7 +162,7 @@ def test_hello_timeout() -> None:
 
 def test_unexpected_request_after_hello_gets_error_and_stays_open() -> None:
     """A request the Control Plane does not serve is answered with an error, not a close."""
-    protocol, transport, registry, _ = connect()
+    protocol, transport, _registry, _ = connect()
     protocol.dataReceived(hello_frame("edge-a"))
     transport.clear()
     protocol.dataReceived(frame(make_envelope("edge_status_request", pb.EdgeStatusRequest(), 5)))
@@ -173,7 +173,7 @@ def test_unexpected_request_after_hello_gets_error_and_stays_open() -> None:
 
 def test_connection_loss_marks_edge_disconnected() -> None:
     """Losing the transport disconnects the edge in the registry with a reason."""
-    protocol, transport, registry, _ = connect()
+    protocol, _transport, registry, _ = connect()
     protocol.dataReceived(hello_frame("edge-a"))
     protocol.connectionLost()
     record = registry.get("edge-a")
@@ -200,7 +200,7 @@ def test_arbitrary_bytes_never_escape_as_exceptions(chunks: list[bytes], with_he
 @given(edge_id=st.text(max_size=80), major=st.integers(min_value=0, max_value=5), credential=st.text(max_size=20))
 def test_any_hello_gets_an_answer(edge_id: str, major: int, credential: str) -> None:
     """Every well-framed hello is answered: accepted with a valid id and version, rejected with a reason otherwise."""
-    protocol, transport, registry, _ = connect()
+    protocol, transport, _registry, _ = connect()
     protocol.dataReceived(hello_frame(edge_id, major, credential))
     answer = decode_frames(transport.value())[0].edge_hello_response
     valid = major == PROTOCOL_MAJOR and id_problem("edge_id", edge_id) is None

@@ -85,7 +85,7 @@ def test_round_deadline_cancels_only_the_silent_edges() -> None:
 
 def test_single_status_joins_a_fleet_round() -> None:
     """A status view during a fleet round shares the round's request for that edge."""
-    gateway, clock, peers = fleet(1)
+    gateway, _clock, peers = fleet(1)
     rows: list[FleetRound] = []
     gateway.fleet_status().addCallback(rows.append)
     single: list[Any] = []
@@ -136,7 +136,7 @@ def test_a_round_is_reused_within_its_max_age_only() -> None:
 
 def test_status_in_flight_moves_to_the_new_connection_at_takeover() -> None:
     """A status ask on a superseded connection is re-asked of the new one at once."""
-    gateway, clock, peers = fleet(1)
+    gateway, _clock, peers = fleet(1)
     registry = gateway._registry
     waiting: list[Any] = []
     gateway.status("e00000").addBoth(waiting.append)
@@ -152,7 +152,7 @@ def test_status_in_flight_moves_to_the_new_connection_at_takeover() -> None:
 
 def test_a_new_status_view_after_takeover_asks_the_new_connection() -> None:
     """A view issued after the takeover never joins an ask of the old connection."""
-    gateway, clock, peers = fleet(1)
+    gateway, _clock, _peers = fleet(1)
     first: list[Any] = []
     gateway.status("e00000").addBoth(first.append)
     new = HeldEdgePeer()
@@ -167,7 +167,7 @@ def test_a_new_status_view_after_takeover_asks_the_new_connection() -> None:
 
 def test_a_fleet_round_survives_a_takeover() -> None:
     """A round's row for a superseded edge is answered by the new connection."""
-    gateway, clock, peers = fleet(2)
+    gateway, _clock, peers = fleet(2)
     rounds: list[FleetRound] = []
     gateway.fleet_status().addCallback(rounds.append)
     new = HeldEdgePeer()
@@ -242,7 +242,7 @@ def test_command_in_flight_ends_superseded_at_takeover() -> None:
 
 def test_disconnect_ends_the_command_edge_disconnected() -> None:
     """The connection dropping before the answer ends the operation edge_disconnected."""
-    gateway, clock, peers = fleet(1)
+    gateway, _clock, peers = fleet(1)
     operation, ended, _ = dispatch(gateway)
     peers[0].commands[0][1].errback(Failure(PeerDisconnected("gone")))
     assert operation.state == records.EDGE_DISCONNECTED and ended == [operation]
@@ -262,7 +262,7 @@ def test_a_forged_answer_then_a_disconnect_ends_the_command_edge_disconnected() 
 
 def test_idempotent_replay_and_conflict() -> None:
     """The same key and command replays (no second dispatch); a different command conflicts."""
-    gateway, clock, peers = fleet(1)
+    gateway, _clock, peers = fleet(1)
     operation, ended, replayed = dispatch(gateway, key="k1")
     again, again_ended, again_replayed = dispatch(gateway, key="k1")
     assert again is operation and again_replayed and not replayed
@@ -282,7 +282,7 @@ def test_forged_command_id_in_an_answer_is_never_a_success() -> None:
     """An answer naming another command id is ignored; the operation ends at its deadline."""
     gateway, clock, peers = fleet(2)
     victim, victim_ended, _ = dispatch(gateway, edge_id="e00000")
-    mine, mine_ended, _ = dispatch(gateway, edge_id="e00001", timeout=3)
+    mine, _mine_ended, _ = dispatch(gateway, edge_id="e00001", timeout=3)
     peers[1].answer(command_id=victim.operation_id)
     assert victim.state == records.SENT and mine.state == records.SENT
     clock.advance(3)
@@ -295,7 +295,7 @@ def test_forged_command_id_in_an_answer_is_never_a_success() -> None:
 @pytest.mark.parametrize("spoofer", ["same", "other"])
 def test_spoofed_events_cannot_finish_or_advance_an_operation(spoofer: str) -> None:
     """operation.* events from any edge are dropped; command.* from another edge or connection change nothing."""
-    gateway, clock, peers = fleet(2)
+    gateway, _clock, peers = fleet(2)
     registry = gateway._registry
     operation, ended, _ = dispatch(gateway, edge_id="e00000")
     edge_id = "e00000" if spoofer == "same" else "e00001"
@@ -316,9 +316,9 @@ def test_spoofed_events_cannot_finish_or_advance_an_operation(spoofer: str) -> N
 
 def test_command_events_advance_only_on_the_connection_the_command_went_out_on() -> None:
     """command.accepted/started move their own operation forward, never from a newer connection."""
-    gateway, clock, peers = fleet(1)
+    gateway, _clock, _peers = fleet(1)
     registry = gateway._registry
-    operation, ended, _ = dispatch(gateway)
+    operation, _ended, _ = dispatch(gateway)
     token = registry.get("e00000").token
     assert token is not None
     registry.record_edge_event(
@@ -339,7 +339,7 @@ def test_command_events_advance_only_on_the_connection_the_command_went_out_on()
 
 def test_status_of_a_disconnected_edge_fails_at_once() -> None:
     """An edge whose connection closed fails new status views with EdgeNotConnected."""
-    gateway, clock, peers = fleet(1)
+    gateway, _clock, peers = fleet(1)
     token = gateway._registry.get("e00000").token
     assert token is not None
     gateway._registry.disconnect("e00000", token, "bye")

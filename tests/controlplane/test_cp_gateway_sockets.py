@@ -68,7 +68,7 @@ async def test_takeover_with_a_stuck_old_socket_asks_the_new_connection(monkeypa
         assert cp_side.closing and cp_side in server_side(cp, "edge-a")  # A's socket is still open
         code, late_view = await cp.get_json("/edges/edge-a/status")
         assert code == 200 and late_view["connected"] is True
-        code, early_view = await early
+        code, _early_view = await early
         assert code == 200
         assert new.status_requests >= 1 and old.status_requests == 0  # A never even read its request
         for code, body in [await d for d in commands]:
@@ -185,16 +185,16 @@ async def test_keepalive_traffic_advances_last_seen() -> None:
     try:
         edge: ScriptedEdge
         edge, _ = await connect_edge(cp.edge_wire_port, "edge-a")
-        code, first = await cp.get_json("/edges/edge-a")
+        _code, first = await cp.get_json("/edges/edge-a")
         pongs_before = edge.last_ping_sent
 
         async def advanced() -> bool:
-            code, now = await cp.get_json("/edges/edge-a")
+            _code, now = await cp.get_json("/edges/edge-a")
             return bool(now["last_seen"] > first["last_seen"])
 
         await eventually(advanced, message="last_seen advanced by keepalive")
         assert edge.last_ping_sent == pongs_before  # the edge sent only pongs, no traffic of its own
-        code, summary = await cp.get_json("/edges")
+        _code, summary = await cp.get_json("/edges")
         assert summary["items"][0]["last_seen"] > first["last_seen"]
         edge.tcp.loseConnection()
     finally:

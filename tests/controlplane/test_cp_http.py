@@ -232,17 +232,17 @@ async def test_fleet_pages_within_the_max_age_share_one_round() -> None:
     clock.advance(1_700_000_000)
     treq, registry, _ = make_api(edges=3, clock=clock)
     peers = [cast(AnsweringEdgePeer, record.peer) for record in registry.edges()]
-    code, first = await get(treq, "/fleet/status?limit=2")
+    _code, first = await get(treq, "/fleet/status?limit=2")
     assert first["round_at"] == "2023-11-14T22:13:20.000Z"
     clock.advance(0.5)
-    code, second = await get(treq, "/fleet/status?limit=2&cursor=edge-01")
-    code, refresh = await get(treq, "/fleet/status")
+    _code, second = await get(treq, "/fleet/status?limit=2&cursor=edge-01")
+    _code, refresh = await get(treq, "/fleet/status")
     assert second["round_at"] == refresh["round_at"] == first["round_at"]
     assert second["generated_at"] == "2023-11-14T22:13:20.500Z"
     assert [p.status_requests for p in peers] == [1, 1, 1]
     assert refresh["totals"] == first["totals"] and refresh["total"] == 3
     clock.advance(0.5)  # the default max age (1 s) has passed: a new round
-    code, later = await get(treq, "/fleet/status")
+    _code, later = await get(treq, "/fleet/status")
     assert later["round_at"] == "2023-11-14T22:13:21.000Z"
     assert [p.status_requests for p in peers] == [2, 2, 2]
 
@@ -250,7 +250,7 @@ async def test_fleet_pages_within_the_max_age_share_one_round() -> None:
 @pytest_twisted.ensureDeferred
 async def test_command_answer_says_whether_it_was_replayed() -> None:
     """The POST answer carries replayed (false, then true for the same key) and late_outcome."""
-    treq, registry, _ = make_api(edges=1)
+    treq, _registry, _ = make_api(edges=1)
     body = b'{"name": "node.drain", "target": "n1", "idempotency_key": "k"}'
     code, first = await post(treq, "/edges/edge-00/commands", body)
     assert code == 200 and first["replayed"] is False and first["late_outcome"] is None

@@ -6,6 +6,7 @@ with certificates made here by a throw-away CA.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, cast
 
@@ -225,7 +226,7 @@ def test_tls_section_errors_name_the_field(tmp_path: Path) -> None:
             }
         )
     )
-    with pytest.raises(ConfigurationExit, match="edge_wire.tls: needs a tcp: listen address"):
+    with pytest.raises(ConfigurationExit, match=re.escape("edge_wire.tls: needs a tcp: listen address")):
         tap.Options().parseOptions(["--config", str(config)])
 
 

@@ -131,11 +131,13 @@ async def test_openai_client_through_edge_and_nodes(tmp_path: Path, daemon_fleet
         client = fleet.client()
         whole = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3)
         pieces = []
-        for chunk in client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True
-        ):
-            if chunk.choices and chunk.choices[0].delta.content:
-                pieces.append(chunk.choices[0].delta.content)
+        pieces = [
+            chunk.choices[0].delta.content
+            for chunk in client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True
+            )
+            if chunk.choices and chunk.choices[0].delta.content
+        ]
         vectors = client.embeddings.create(model=MODEL, input=["a", "b", "c"])
         models = [m.id for m in client.models.list()]
         return whole.choices[0].message.content or "", "".join(pieces), len(vectors.data), models

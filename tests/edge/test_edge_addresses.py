@@ -112,7 +112,7 @@ def test_different_draws_spread_edges_over_the_replicas() -> None:
 
 def test_a_rotation_needs_an_endpoint() -> None:
     """An empty list is a programming error, caught at once."""
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="at least one endpoint"):
         EndpointRotation([])
 
 

@@ -99,7 +99,7 @@ async def test_status_view_follows_node_loss_and_return(tmp_path: Path) -> None:
         nodes = await fleet.nodes_by_id()
         assert nodes["node-1"]["providers"][0]["general"]["capacity"] == 4
         assert fleet.cp is not None
-        code, events = await fleet.cp.get_json("/edges/edge-a/events?limit=1000")
+        _code, events = await fleet.cp.get_json("/edges/edge-a/events?limit=1000")
         kinds = [(e["kind"], e["node_id"]) for e in events["items"]]
         assert ("node.disconnected", "node-1") in kinds
         assert kinds.count(("node.ready", "node-1")) == 2
@@ -185,7 +185,7 @@ async def test_edge_reenrolls_after_control_plane_restart(tmp_path: Path) -> Non
             return code == 200 and body["connected"]
 
         await eventually(reconnected, timeout=10, message="edge re-enrolled")
-        code, events = await fleet.cp.get_json("/edges/edge-a/events?limit=1000")
+        _code, events = await fleet.cp.get_json("/edges/edge-a/events?limit=1000")
         assert ("node.disconnected", "node-2") in [(e["kind"], e["node_id"]) for e in events["items"]]
         nodes = await fleet.nodes_by_id()
         assert nodes["node-1"]["connected"] and offline(nodes["node-2"])

@@ -59,7 +59,7 @@ def test_hello_byte_by_byte_then_ready() -> None:
 
 def test_frames_in_one_chunk() -> None:
     """Hello and NodeReady arriving in one chunk are both handled."""
-    _, registry, proto, transport, _ = connect()
+    _, registry, proto, _transport, _ = connect()
     chunk = frame(make_envelope("node_hello_request", node_hello("node-1"), 1)) + frame(
         make_envelope("node_ready", pb.NodeReady(providers=healthy("mock-a")))
     )

@@ -53,7 +53,7 @@ def test_bad_edge_config_ends_option_parsing(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(ConfigurationExit, match=rf"^iop-edge: {path}: nodes\[0\].providers\[0\].kind: "):
         Options().parseOptions(["--config", str(path)])
-    with pytest.raises(ConfigurationExit, match="^iop-edge: --config PATH is required"):
+    with pytest.raises(ConfigurationExit, match=r"^iop-edge: --config PATH is required"):
         Options().parseOptions([])
 
 

@@ -157,7 +157,7 @@ def test_the_end_of_a_request_comes_after_its_events() -> None:
 
 def test_lost_node_sends_the_events_then_the_error() -> None:
     """A Node lost after output: what arrived is written, then the error (no retry)."""
-    gateway, node, clock = gateway_with_node()
+    gateway, node, _clock = gateway_with_node()
     inference_id, sink = submit_stream(gateway)
     gateway.node_message(node, chunk(inference_id, b"a"), "inference_chunk")
     gateway.connection_lost(node)

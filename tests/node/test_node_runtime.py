@@ -87,7 +87,7 @@ def test_wrong_credential_is_rejected_permanently() -> None:
     """A wrong credential: rejected, closed, retried only at the maximum delay; no event."""
     config = parse_node_config(node_mapping(credential="wrong", edge={"backoff": {"max_seconds": 40}}))
     pair = Pair(config)
-    _, client, pump = pair.connect()
+    _, client, _pump = pair.connect()
     assert not client.accepted
     assert pair.link.permanent_rejection is not None and "bad_credential" in pair.link.permanent_rejection
     assert pair.link.retry_delay(1) == 40

@@ -14,6 +14,7 @@ docs/wire.md says, and a good peer on the same factory served afterwards.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from hypothesis import given, settings
@@ -116,9 +117,7 @@ def hostile_payload(draw: st.DrawFn) -> bytes:
 @st.composite
 def hostile_frames(draw: st.DrawFn) -> bytes:
     """A stream of frames, an oversize length prefix now and then."""
-    frames = []
-    for payload in draw(st.lists(hostile_payload(), max_size=12)):
-        frames.append(length_prefixed(payload))
+    frames = [length_prefixed(payload) for payload in draw(st.lists(hostile_payload(), max_size=12))]
     if draw(st.booleans()) and draw(st.booleans()):
         frames.append((SETTINGS.max_frame_bytes + draw(st.integers(1, 2**20))).to_bytes(4, "big") + b"junk")
     return b"".join(frames)
@@ -129,7 +128,7 @@ def split(data: bytes, cuts: list[int]) -> list[bytes]:
     if not data:
         return []
     points = sorted({c % len(data) for c in cuts} | {0, len(data)})
-    return [data[a:b] for a, b in zip(points, points[1:], strict=False)]
+    return [data[a:b] for a, b in itertools.pairwise(points)]
 
 
 def run_framed(driver: Any, say_hello: bool, ready: bool, stream: bytes, cuts: list[int]) -> None:

@@ -113,7 +113,7 @@ def test_unknown_enum_values_in_a_status_answer_reach_the_views_as_unknown() -> 
     driver = EdgeWireDriver()
     connection = enrolled(driver)
     driver.open_requests(connection)
-    request = [e for e in connection.sent() if e.WhichOneof("body") == "edge_status_request"][0]
+    request = next(e for e in connection.sent() if e.WhichOneof("body") == "edge_status_request")
     provider = pb.ProviderSnapshot(provider_id="p", status=99, health=77)  # type: ignore[arg-type]
     answer = pb.EdgeStatusResponse(edge_id="edge-1", nodes=[pb.EdgeNodeSnapshot(node_id="n", providers=[provider])])
     with LogCapture().active() as log:
@@ -130,12 +130,12 @@ def test_unknown_command_outcome_fails_the_operation_with_a_reason() -> None:
     driver = EdgeWireDriver()
     connection = enrolled(driver)
     driver.open_requests(connection)
-    request = [e for e in connection.sent() if e.WhichOneof("body") == "edge_command_request"][0]
+    request = next(e for e in connection.sent() if e.WhichOneof("body") == "edge_command_request")
     answer = pb.EdgeCommandResponse(command_id=request.edge_command_request.command_id, outcome=99)  # type: ignore[arg-type]
     with LogCapture().active() as log:
         connection.send("edge_command_response", answer, request.request_id)
     assert log.errors() == [], log.describe(log.errors())
-    operation = [o for o in driver.outcomes if isinstance(o, records.OperationRecord)][0]
+    operation = next(o for o in driver.outcomes if isinstance(o, records.OperationRecord))
     assert operation.state == records.FAILED
     assert "COMMAND_OUTCOME_99" in operation.reason
 
@@ -176,7 +176,7 @@ def test_a_large_frame_after_hello_is_accepted() -> None:
     driver = EdgeWireDriver(PeerSettings(max_hello_frame_bytes=1024))
     connection = enrolled(driver)
     driver.open_requests(connection)
-    request = [e for e in connection.sent() if e.WhichOneof("body") == "edge_status_request"][0]
+    request = next(e for e in connection.sent() if e.WhichOneof("body") == "edge_status_request")
     nodes = [pb.EdgeNodeSnapshot(node_id=f"n{i}", labels={"k": "v" * 100}) for i in range(100)]
     data = frame(make_envelope("edge_status_response", pb.EdgeStatusResponse(nodes=nodes), request.request_id))
     assert len(data) > 10_000

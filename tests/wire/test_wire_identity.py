@@ -4,6 +4,7 @@ files, the failed-hello limiter, the hello rate and the dialer's retry hint."""
 from __future__ import annotations
 
 import datetime
+import re
 from pathlib import Path
 from typing import Any, cast
 
@@ -144,7 +145,7 @@ def test_credentials_file_is_read_hashed_and_its_permissions_checked(tmp_path: P
 
 
 @pytest.mark.parametrize(
-    "content, message",
+    ("content", "message"),
     [
         ("edge-a: sha256:1234\n", r"edge_wire.credentials_file\[.*\].edge-a: a sha256: value must be"),
         ("- a\n- b\n", "must be a mapping of id: secret"),
@@ -169,9 +170,11 @@ def test_an_id_in_both_places_and_a_missing_file_are_errors(tmp_path: Path) -> N
     secrets = tmp_path / "edges.yaml"
     secrets.write_text("edge-a: x\n")
     secrets.chmod(0o600)
-    with pytest.raises(ConfigError, match="edge_wire.credentials.edge-a: also given in edge_wire.credentials_file"):
+    with pytest.raises(
+        ConfigError, match=re.escape("edge_wire.credentials.edge-a: also given in edge_wire.credentials_file")
+    ):
         config_from_text(f"edge_wire:\n  credentials_file: {secrets}\n  credentials: {{edge-a: y}}\n")
-    with pytest.raises(ConfigError, match="edge_wire.credentials_file: cannot read"):
+    with pytest.raises(ConfigError, match=re.escape("edge_wire.credentials_file: cannot read")):
         config_from_text(f"edge_wire:\n  credentials_file: {tmp_path / 'missing.yaml'}\n")
 
 
@@ -191,7 +194,7 @@ def test_edge_node_credentials_file(tmp_path: Path) -> None:
     node = parse_edge_config(_edge_mapping(credentials_file=str(secrets))).node("node-1")
     assert node is not None and matches("n1-secret", node.credentials) and not matches("x", node.credentials)
     secrets.write_text("node-9: x\n")
-    with pytest.raises(ConfigError, match="node_server.credentials.node-9: no such node"):
+    with pytest.raises(ConfigError, match=re.escape("node_server.credentials.node-9: no such node")):
         parse_edge_config(_edge_mapping(credentials_file=str(secrets)))
 
 
@@ -213,7 +216,7 @@ def test_dialers_read_their_secret_from_a_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="credential_file: the dialling side must hold the secret itself"):
         parse_node_config({"node_id": "node-1", "credential_file": str(secret_file)})
     secret_file.write_text("\n")
-    with pytest.raises(ConfigError, match="credential_file: .* is empty"):
+    with pytest.raises(ConfigError, match=re.escape("credential_file: .* is empty")):
         parse_node_config({"node_id": "node-1", "credential_file": str(secret_file)})
 
 

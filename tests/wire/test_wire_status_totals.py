@@ -72,7 +72,7 @@ def test_the_layout_names_every_total_once() -> None:
 
 
 def _changed(counts: tuple[int, ...], at: int, value: int) -> tuple[int, ...]:
-    return counts[:at] + (value,) + counts[at + 1 :]
+    return (*counts[:at], value, *counts[at + 1 :])
 
 
 def test_totals_that_cannot_be_the_snapshots_are_named() -> None:

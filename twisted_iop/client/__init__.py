@@ -60,7 +60,7 @@ __all__ = [
     "UnauthorizedError",
     "UnknownCommandError",
     "UnknownEdgeError",
-    "WireConnectionLost",
     "WireClientError",
+    "WireConnectionLost",
     "WireRequestError",
 ]

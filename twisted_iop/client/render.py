@@ -179,26 +179,25 @@ def render_status(status: EdgeStatus) -> str:
             numeric=(3,),
         )
     )
-    provider_rows = []
-    for n in status.nodes:
-        for p in n.providers:
-            provider_rows.append(
-                (
-                    n.node_id,
-                    p.provider_id,
-                    p.kind or NONE,
-                    p.status,
-                    p.health,
-                    p.general.capacity,
-                    p.general.in_flight,
-                    p.general.queued,
-                    p.long_context.capacity,
-                    p.long_context.in_flight,
-                    p.long_context.queued,
-                    ",".join(p.models) or NONE,
-                    p.health_reason,
-                )
-            )
+    provider_rows = [
+        (
+            n.node_id,
+            p.provider_id,
+            p.kind or NONE,
+            p.status,
+            p.health,
+            p.general.capacity,
+            p.general.in_flight,
+            p.general.queued,
+            p.long_context.capacity,
+            p.long_context.in_flight,
+            p.long_context.queued,
+            ",".join(p.models) or NONE,
+            p.health_reason,
+        )
+        for n in status.nodes
+        for p in n.providers
+    ]
     if provider_rows:
         parts.append(
             render_table(

@@ -22,7 +22,7 @@ VIEWER = "viewer"
 OPERATOR = "operator"
 ROLES = (VIEWER, OPERATOR)
 
-__all__ = ["ApiToken", "ApiTokens", "ROLES", "OPERATOR", "VIEWER", "token_digest"]
+__all__ = ["OPERATOR", "ROLES", "VIEWER", "ApiToken", "ApiTokens", "token_digest"]
 
 
 @attrs.frozen

@@ -359,7 +359,7 @@ class SharedValues:
     changed once kept.
     """
 
-    __slots__ = ("capacity", "_values")
+    __slots__ = ("_values", "capacity")
 
     def __init__(self, capacity: int = SHARED_VALUES) -> None:
         self.capacity = capacity

@@ -25,6 +25,7 @@ misbehaving client holds a socket only for a bounded time.
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from collections.abc import Callable
 from typing import Optional
@@ -191,11 +192,9 @@ def set_no_delay(transport: object) -> None:
     set_tcp_no_delay = getattr(transport, "setTcpNoDelay", None)
     if set_tcp_no_delay is None:
         return
-    try:
+    # A UNIX socket refuses: there is no Nagle to turn off.
+    with contextlib.suppress(OSError):
         set_tcp_no_delay(True)
-    except OSError:
-        # A UNIX socket: there is no Nagle to turn off.
-        pass
 
 
 class ClientWireServerProtocol(WebSocketServerProtocol):

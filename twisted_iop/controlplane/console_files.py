@@ -14,7 +14,7 @@ CONSOLE_DIR = Path(__file__).resolve().parent.parent / "console" / "static"
 class ConsoleFiles(File):
     """Static console files; never a directory listing."""
 
-    indexNames = ["index.html"]
+    indexNames = ["index.html"]  # noqa: RUF012 (twisted.web.static.File declares it an instance attribute)
 
     def directoryListing(self) -> Any:
         return notFound("Not Found", "no such console page")

@@ -211,7 +211,7 @@ class EventBuffer:
     from ``_head``.
     """
 
-    __slots__ = ("capacity", "byte_budget", "_events", "_head", "last_sequence", "dropped", "dropped_by_bytes", "bytes")
+    __slots__ = ("_events", "_head", "byte_budget", "bytes", "capacity", "dropped", "dropped_by_bytes", "last_sequence")
 
     def __init__(self, capacity: int, byte_budget: int) -> None:
         self.capacity = capacity
@@ -219,7 +219,7 @@ class EventBuffer:
         #: None until the first event; then that event alone; from the
         #: second on, the kept events from index ``_head`` on (slots before
         #: it are empty).
-        self._events: Union[None, KeptEvent, list[Optional[KeptEvent]]] = None
+        self._events: Union[KeptEvent, list[Optional[KeptEvent]], None] = None
         self._head = 0
         self.last_sequence = 0
         self.dropped = 0
@@ -427,7 +427,7 @@ class OperationBuffer:
     created on the first :meth:`add`.
     """
 
-    __slots__ = ("capacity", "byte_budget", "_operations", "_sizes", "_by_key", "dropped", "dropped_by_bytes", "bytes")
+    __slots__ = ("_by_key", "_operations", "_sizes", "byte_budget", "bytes", "capacity", "dropped", "dropped_by_bytes")
 
     def __init__(self, capacity: int, byte_budget: int) -> None:
         self.capacity = capacity

@@ -16,6 +16,7 @@ connection changes and relayed command events through a
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import sys
 from collections import OrderedDict
@@ -655,10 +656,8 @@ class EdgeRegistry(Service):
 
     def remove_listener(self, listener: EventListener) -> None:
         """Stop calling ``listener``."""
-        try:
+        with contextlib.suppress(ValueError):
             self._listeners.remove(listener)
-        except ValueError:
-            pass
 
     def record(
         self,
@@ -1056,10 +1055,9 @@ class EdgeRegistry(Service):
                     listener(event)
                 except Exception:
                     self._log.failure("event listener failed")
-        if record is not None and relayed_by is not None and command_event is not None:
-            if record.token == relayed_by:
-                for observer in list(self._observers):
-                    observer.command_event_relayed(event.edge_id, relayed_by, command_event)
+        if record is not None and relayed_by is not None and command_event is not None and record.token == relayed_by:
+            for observer in list(self._observers):
+                observer.command_event_relayed(event.edge_id, relayed_by, command_event)
         return True
 
     def apply_operation(self, operation: OperationRecord) -> bool:

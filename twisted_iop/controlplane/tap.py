@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from autobahn.twisted.resource import WebSocketResource
 from twisted.internet.defer import Deferred
@@ -27,7 +27,7 @@ class Options(DaemonOptions[ControlPlaneConfig]):
     """Command line of ``twistd iop-control-plane``."""
 
     daemon_name = "iop-control-plane"
-    optParameters = [
+    optParameters: ClassVar[list[list[Any]]] = [
         ["config", "c", None, "Path to control-plane.yaml (default: embedded defaults)."],
     ]
 

@@ -177,11 +177,10 @@ class CommandRunner:
                 raise CommandRejected(f"no node named {request.target!r} is configured on this edge")
             if request.name == "node.disconnect" and not self._registry.ownership.tokens(request.target):
                 raise CommandRejected(f"node {request.target!r} has no connection to close")
-        elif definition.target_kind == "edge":
-            if request.target not in ("", self._registry.edge_id):
-                raise CommandRejected(
-                    f"{request.name} targets this edge; target must be empty or {self._registry.edge_id!r}"
-                )
+        elif definition.target_kind == "edge" and request.target not in ("", self._registry.edge_id):
+            raise CommandRejected(
+                f"{request.name} targets this edge; target must be empty or {self._registry.edge_id!r}"
+            )
 
     def run(self, request: pb.EdgeCommandRequest) -> Deferred[pb.EdgeCommandResponse]:
         """Validate, run and answer ``request``, relaying its lifecycle events."""

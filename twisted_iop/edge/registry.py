@@ -374,11 +374,8 @@ class NodeRegistry(Service):
         added: list[str] = []
         removed: list[str] = []
         changed: list[str] = []
-        ignored: list[str] = []
         fresh = {node.node_id: node for node in nodes}
-        for node_id in fresh:
-            if node_id not in self._nodes:
-                ignored.append(node_id)
+        ignored = [node_id for node_id in fresh if node_id not in self._nodes]
         for node_id, node in list(self._nodes.items()):
             new = fresh.get(node_id)
             if new is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping
-from typing import Any, Optional, cast
+from typing import Any, ClassVar, Optional, cast
 
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import clientFromString
@@ -29,7 +29,7 @@ class Options(DaemonOptions[EdgeConfig]):
 
     daemon_name = "iop-edge"
     sample_config = "configs/edge.yaml"
-    optParameters = [
+    optParameters: ClassVar[list[list[Any]]] = [
         ["config", "c", None, "Path to edge.yaml (see configs/edge.yaml)."],
     ]
 

@@ -43,7 +43,7 @@ ENV_METRICS_LISTEN = "IOP_NODE_METRICS_LISTEN"
 #: Provider kinds probed over the OpenAI-compatible ``GET /v1/models``.
 HTTP_KINDS = ("openai", "vllm", "ollama")
 #: Every provider kind.
-PROVIDER_KINDS = HTTP_KINDS + ("mock",)
+PROVIDER_KINDS = (*HTTP_KINDS, "mock")
 #: Health values a mock provider (or its health file) may take.
 MOCK_HEALTH_VALUES = ("healthy", "degraded", "unhealthy", "offline")
 

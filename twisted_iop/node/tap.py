@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Optional, cast
+from typing import Any, ClassVar, Optional, cast
 
 from twisted.internet.endpoints import clientFromString
 
@@ -23,7 +23,7 @@ class Options(DaemonOptions[NodeRuntimeConfig]):
 
     daemon_name = "iop-node"
     sample_config = "configs/node.yaml"
-    optParameters = [
+    optParameters: ClassVar[list[list[Any]]] = [
         ["config", "c", None, "Path to node.yaml (see configs/node.yaml)."],
     ]
 

@@ -51,7 +51,7 @@ class RedisServer:
         if shutil.which("redis-server") is None:
             raise RuntimeError("redis-server is not installed (make redis installs it)")
         self.directory.mkdir(parents=True, exist_ok=True)
-        log = open(self.directory / "redis.log", "ab")
+        log = open(self.directory / "redis.log", "ab")  # noqa: SIM115 (the server process writes it)
         self.process = subprocess.Popen(
             [
                 "redis-server",

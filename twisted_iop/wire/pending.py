@@ -34,7 +34,7 @@ _NONE_PENDING: dict[Any, Any] = {}
 class PendingRequests(Generic[T]):
     """Outstanding requests by request id (ids start at 1)."""
 
-    __slots__ = ("_pending", "_next_id")
+    __slots__ = ("_next_id", "_pending")
 
     def __init__(self) -> None:
         #: Request id -> (Deferred or plain call, the call's argument, deadline

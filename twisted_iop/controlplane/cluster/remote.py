@@ -42,7 +42,7 @@ Sender = Callable[[str, list[dict[str, Any]]], Deferred[Any]]
 class _Pending:
     """A routed request waiting for its answer."""
 
-    __slots__ = ("listener", "deferred", "timer", "edge_id")
+    __slots__ = ("deferred", "edge_id", "listener", "timer")
 
     def __init__(
         self,

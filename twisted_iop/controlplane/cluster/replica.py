@@ -348,11 +348,14 @@ class ClusterReplica(Service):
         ended = 0
         for record in list(self._registry.edges()):
             for operation in list(record.operations_kept or ()):
-                if operation.replica == replica and not operation.finished:
-                    if self._registry.advance_operation(
+                if (
+                    operation.replica == replica
+                    and not operation.finished
+                    and self._registry.advance_operation(
                         record.edge_id, operation.operation_id, records.FAILED, ORPHANED_REASON.format(replica=replica)
-                    ):
-                        ended += 1
+                    )
+                ):
+                    ended += 1
         if ended:
             self._log.warn(
                 "cluster: {count} operations sent by replica {replica} ended failed (it stopped before their answers)",
@@ -869,11 +872,15 @@ class ClusterReplica(Service):
             return
         record = self._registry.find(edge_id)
         at = change.get("at")
-        if record is not None and record.token is not None and isinstance(record.peer, RemotePeer):
-            if record.peer.fence == fence:
-                self._registry.apply_remote_disconnect(
-                    edge_id, record.token, float(at) if isinstance(at, (int, float)) else self._clock.seconds()
-                )
+        if (
+            record is not None
+            and record.token is not None
+            and isinstance(record.peer, RemotePeer)
+            and record.peer.fence == fence
+        ):
+            self._registry.apply_remote_disconnect(
+                edge_id, record.token, float(at) if isinstance(at, (int, float)) else self._clock.seconds()
+            )
 
     # -- the inbox: routed requests for our edges, answers to ours ----------------------------------
 

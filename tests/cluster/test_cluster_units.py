@@ -12,8 +12,9 @@ from twisted.internet.task import Clock
 
 from twisted_iop.controlplane.cluster import codec
 from twisted_iop.controlplane.cluster.remote import RemotePeer, Router
+from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.records import LateOutcome, OperationRecord
-from twisted_iop.controlplane.registry import EdgeHello, StatusSnapshot
+from twisted_iop.controlplane.snapshots import StatusSnapshot, checked_snapshot
 from twisted_iop.testing.peers import CATALOG, snapshot
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import PeerDisconnected, RemoteError, RequestTimeout
@@ -186,7 +187,7 @@ def test_a_status_answer_with_the_owners_counts_is_kept_without_parsing_again() 
     with malformed counts is parsed and counted here instead."""
     router, clock, _ = _router()
     good, bad = _SnapshotListener(), _SnapshotListener()
-    owner_side = StatusSnapshot.of(snapshot("edge-1"), 12.5)
+    owner_side = checked_snapshot(snapshot("edge-1"), 12.5)
     ids = [router.ask_status(RemotePeer(router, "b", "b/x/1", "edge-1"), 5, False, lst) for lst in (good, bad)]
     clock.advance(0)
     reply = {

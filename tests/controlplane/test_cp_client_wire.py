@@ -15,7 +15,8 @@ from twisted.internet.interfaces import IPushProducer
 from twisted.internet.task import Clock
 
 from twisted_iop.controlplane.client_wire import ClientWireFactory, ClientWireServerProtocol, ClientWireSettings
-from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry
+from twisted_iop.controlplane.edge_hello import EdgeHello
+from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.testing.harness import eventually, start_control_plane
 from twisted_iop.testing.peers import HeldEdgePeer, connect_edge
 from twisted_iop.testing.wire import ClientConnection

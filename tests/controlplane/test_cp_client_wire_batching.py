@@ -22,8 +22,9 @@ from twisted_iop.controlplane.client_wire import (
     event_frame,
     event_payload,
 )
-from twisted_iop.controlplane.records import EventRecord
-from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry
+from twisted_iop.controlplane.edge_hello import EdgeHello
+from twisted_iop.controlplane.event_record import EventRecord
+from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.testing.frames import ws_messages
 from twisted_iop.testing.peers import HeldEdgePeer
 from twisted_iop.testing.wire import ClientConnection

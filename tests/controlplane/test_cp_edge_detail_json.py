@@ -10,7 +10,9 @@ from hypothesis import strategies as st
 from twisted.internet.task import Clock
 
 from twisted_iop.controlplane import json_views as views
-from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry, StatusSnapshot
+from twisted_iop.controlplane.edge_hello import EdgeHello
+from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.snapshots import checked_snapshot
 from twisted_iop.testing.peers import HeldEdgePeer
 from twisted_iop.wire import control_pb2 as pb
 
@@ -54,7 +56,7 @@ def test_edge_detail_json_is_edge_detail_dumped(
     for i in range(events):
         registry.record("edge-1", "node.note", message=f"n{i}")
     if snapshot_at is not None:
-        record.snapshot = StatusSnapshot.of(pb.EdgeStatusResponse(edge_id="edge-1"), snapshot_at)
+        record.snapshot = checked_snapshot(pb.EdgeStatusResponse(edge_id="edge-1"), snapshot_at)
     clock.advance(1.25)
     if disconnected:
         assert record.token is not None

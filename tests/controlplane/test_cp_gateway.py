@@ -15,6 +15,7 @@ from twisted.python.failure import Failure
 
 from twisted_iop.controlplane import records
 from twisted_iop.controlplane.bounds import MAX_STATUS_NODES
+from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.gateway import (
     FANOUT_SLICE,
     LATE_ANSWERS_PER_CONNECTION,
@@ -28,7 +29,8 @@ from twisted_iop.controlplane.gateway import (
     ShuttingDown,
 )
 from twisted_iop.controlplane.records import OperationRecord
-from twisted_iop.controlplane.registry import EdgeHello, EdgeNotConnected, EdgeRegistry, StatusSnapshot
+from twisted_iop.controlplane.registry import EdgeNotConnected, EdgeRegistry
+from twisted_iop.controlplane.snapshots import StatusSnapshot
 from twisted_iop.testing.peers import HeldEdgePeer, snapshot
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import PeerDisconnected
@@ -92,7 +94,7 @@ def test_single_status_joins_a_fleet_round() -> None:
     gateway.status("e00000").addCallback(single.append)
     assert len(peers[0].requests) == 1
     peers[0].requests[0].callback(pb.EdgeStatusResponse(edge_id="e00000"))
-    assert rows[0].rows[0].state == "ok" and single[0].response.edge_id == "e00000"
+    assert rows[0].rows[0].state == "ok" and single[0].parse().edge_id == "e00000"
 
 
 def answer_all(peers: list[HeldEdgePeer]) -> None:
@@ -147,7 +149,7 @@ def test_status_in_flight_moves_to_the_new_connection_at_takeover() -> None:
     assert old.cancelled == 1  # the old request is abandoned, not awaited
     assert len(new.requests) == 1 and waiting == []
     new.requests[0].callback(pb.EdgeStatusResponse(edge_id="from-new"))
-    assert isinstance(waiting[0], StatusSnapshot) and waiting[0].response.edge_id == "from-new"
+    assert isinstance(waiting[0], StatusSnapshot) and waiting[0].parse().edge_id == "from-new"
 
 
 def test_a_new_status_view_after_takeover_asks_the_new_connection() -> None:
@@ -176,7 +178,7 @@ def test_a_fleet_round_survives_a_takeover() -> None:
     assert rounds == []
     new.requests[0].callback(pb.EdgeStatusResponse(edge_id="new"))
     assert [row.state for row in rounds[0].rows] == ["ok", "ok"]
-    assert rounds[0].rows[1].snapshot is not None and rounds[0].rows[1].snapshot.response.edge_id == "new"
+    assert rounds[0].rows[1].snapshot is not None and rounds[0].rows[1].snapshot.parse().edge_id == "new"
 
 
 def dispatch(

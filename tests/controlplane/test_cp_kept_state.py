@@ -10,11 +10,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet.task import Clock
 
-from twisted_iop.controlplane import bounds, records
+from twisted_iop.controlplane import bounds, memory
 from twisted_iop.controlplane import json_views as views
 from twisted_iop.controlplane.client_wire import ClientWireFactory, event_payload, fleet_event_message
-from twisted_iop.controlplane.records import EventBuffer, EventRecord, OperationRecord, event_size
-from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry, StatusSnapshot
+from twisted_iop.controlplane.edge_hello import EdgeHello
+from twisted_iop.controlplane.event_log import EventBuffer, relayed_record
+from twisted_iop.controlplane.event_record import EventRecord
+from twisted_iop.controlplane.memory import event_size
+from twisted_iop.controlplane.records import OperationRecord
+from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.snapshots import checked_snapshot
 from twisted_iop.testing.peers import HeldEdgePeer, snapshot
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.pending import PendingRequests
@@ -35,10 +40,10 @@ def test_a_snapshot_is_kept_as_bytes_and_renders_what_the_message_renders() -> N
     response = snapshot("edge-1", nodes=3)
     response.nodes[1].labels["rack"] = "r7"
     response.nodes[2].providers[0].health_reason = "warming up"
-    kept = registry.record_status("edge-1", token, response)
-    assert kept is not None
+    kept = checked_snapshot(response, 1.0)
+    assert registry.record_status("edge-1", token, kept)
     assert kept.data == response.SerializeToString() and kept.counts == response_counts(response)
-    assert kept.response == response and kept.response is not kept.response
+    assert kept.parse() == response and kept.parse() is not kept.parse()
     record = registry.get("edge-1")
     rendered = views.snapshot_json(record, kept, False)
     assert rendered["nodes"] == [views.node_json(node) for node in response.nodes]
@@ -52,22 +57,21 @@ def test_a_snapshot_is_kept_as_bytes_and_renders_what_the_message_renders() -> N
 def test_a_snapshot_is_smaller_than_the_parsed_message_it_replaces() -> None:
     """The estimate of a kept snapshot counts its bytes, not a parsed message tree."""
     response = snapshot("edge-1", nodes=4)
-    kept = StatusSnapshot.of(response, 1.0)
+    kept = checked_snapshot(response, 1.0)
     assert len(kept.data) <= kept.size() < len(kept.data) + 512
-    assert isinstance(kept.response, pb.EdgeStatusResponse)
+    assert isinstance(kept.parse(), pb.EdgeStatusResponse)
 
 
 def test_buffers_make_room_on_first_use() -> None:
-    """An edge's operation buffer holds no tables until its first command; an
-    event buffer keeps its first event alone and makes a list for the second;
-    empty ones read as empty."""
+    """An edge's operation buffer holds no tables until its first command; event
+    buffers read back what they keep; empty ones read as empty."""
     registry, _ = _registry_with_edge()
     record = registry.get("edge-1")
-    assert not record.events.allocated and len(record.events) == 1  # edge.connected, kept alone
+    assert len(record.events) == 1
     [connected] = record.events.since(0, 10)
     assert connected.kind == "edge.connected" and record.events.since(connected.sequence, 10) == []
     registry.record("edge-1", "note")
-    assert record.events.allocated and [e.kind for e in record.events.since(0, 10)] == ["edge.connected", "note"]
+    assert [e.kind for e in record.events.since(0, 10)] == ["edge.connected", "note"]
     operations = record.operations
     assert not operations.allocated
     assert len(operations) == 0 and list(operations) == [] and operations.newest_first() == []
@@ -77,7 +81,7 @@ def test_buffers_make_room_on_first_use() -> None:
     operations.add(OperationRecord("op", "edge-1", "n", "", {}, "k", 1.0, 2.0))
     assert operations.allocated and operations.by_key("k") is operations.get("op")
     events = EventBuffer(10, 1 << 20)
-    assert not events.allocated and len(events) == 0 and events.since(0, 10) == []
+    assert len(events) == 0 and events.since(0, 10) == []
     assert events.first_sequence == 1
 
 
@@ -98,7 +102,7 @@ class _ModelBuffer:
         if len(self.events) > self.capacity:
             self.events.pop(0)
             self.dropped += 1
-        while sum(e.size_bytes for e in self.events) > self.budget and len(self.events) > 1:
+        while sum(event_size(e) for e in self.events) > self.budget and len(self.events) > 1:
             self.events.pop(0)
             self.dropped += 1
             self.dropped_by_bytes += 1
@@ -116,14 +120,14 @@ def test_event_buffer_matches_its_model(
 ) -> None:
     """Whatever is appended (past the head compaction too), the buffer keeps, drops
     and returns exactly what the plain-list model does."""
-    budget = budget_events * _event(1, "").size_bytes
+    budget = budget_events * event_size(_event(1, ""))
     buffer, model = EventBuffer(capacity, budget), _ModelBuffer(capacity, budget)
     for sequence, length in enumerate(messages, start=1):
         event = _event(sequence, "m" * length)
         buffer.append(event, sequence)
         model.append(event)
     assert len(buffer) == len(model.events)
-    assert buffer.bytes == sum(e.size_bytes for e in model.events)
+    assert buffer.bytes == sum(event_size(e) for e in model.events)
     assert (buffer.dropped, buffer.dropped_by_bytes) == (model.dropped, model.dropped_by_bytes)
     assert buffer.since(0, 10_000) == model.events
     for after, limit in reads:
@@ -184,9 +188,13 @@ def test_an_event_record_is_sized_as_event_size_says(
     message: str,
     attributes: dict[str, str] | None,
 ) -> None:
-    """The size a record computes when it is made (skipping empty fields) is the full estimate."""
-    event = EventRecord(3, 7, edge_id, kind, 1.5, 2.5, node, provider, command, message, attributes)
-    assert event.size_bytes == event_size(event)
+    """An event's size estimate counts every text and attribute it holds, and an
+    event keeps the fields it was made with."""
+    event = EventRecord(3, 7, edge_id, kind, 1.5, 2.5, node, provider, command, message, attributes or {})
+    bare = EventRecord(3, 7, edge_id, kind, 1.5, 2.5)
+    texts = sum(sys.getsizeof(t) - sys.getsizeof("") for t in (node, provider, command, message))
+    extra = memory.map_size(attributes) - sys.getsizeof({}) if attributes else 0
+    assert event_size(event) == event_size(bare) + texts + extra
     assert event.attributes == (attributes or {})
     assert (event.sequence, event.fleet_sequence, event.edge_id, event.kind) == (3, 7, edge_id, kind)
     assert (event.node_id, event.provider_id, event.command_id, event.message) == (node, provider, command, message)
@@ -199,28 +207,30 @@ def test_an_event_record_is_sized_as_event_size_says(
 )
 def test_a_kept_event_gives_back_its_record(message: str, attributes: dict[str, str] | None) -> None:
     """What a buffer keeps of an event gives back an equal record, attributes in their order."""
-    event = EventRecord(5, 8, "edge-1", "node.note", 1.5, 2.5, "n1", "", "c1", message, attributes)
-    again = records.record_of(records.kept_form(event))
+    event = EventRecord(5, 8, "edge-1", "node.note", 1.5, 2.5, "n1", "", "c1", message, attributes or {})
+    buffer = EventBuffer(10, 1 << 20)
+    buffer.append(event, 5)
+    [again] = buffer.since(0, 10)
     assert again == event and type(again) is EventRecord
     assert list(again.attributes.items()) == list(event.attributes.items())
-    assert again.size_bytes == event.size_bytes
+    assert buffer.bytes == event_size(event)
 
 
-def test_kept_events_leave_the_garbage_collectors_sight() -> None:
-    """After one young-generation collection the collector no longer tracks what the
-    buffers keep of events (so older-generation collections never walk them), while
-    a record, or a tuple holding a dict, stays tracked for as long as it lives."""
+def test_kept_events_cost_the_garbage_collector_nothing() -> None:
+    """What the buffers keep of thousands of events adds no object the cyclic
+    garbage collector walks (so its older-generation collections do not get
+    slower as the buffers fill), while the records read back are ordinary."""
     registry, _ = _registry_with_edge()
-    for i in range(50):
+    gc.collect()
+    before = len(gc.get_objects())
+    for i in range(5000):
         registry.record("edge-1", "node.note", node_id=f"n{i}", attributes={"a": str(i), "b": "x"})
-    registry.record("edge-1", "node.bare")
-    gc.collect(0)
-    kept = list(registry.get("edge-1").events._events or [])  # type: ignore[arg-type]
-    assert len(kept) == 52 and all(type(k) is tuple and not gc.is_tracked(k) for k in kept)
-    assert all(not gc.is_tracked(k) for k in registry.fleet_events._events or [])  # type: ignore[union-attr]
-    record = registry.fleet_events.since(0, 100)[-2]
-    gc.collect(0)
-    assert gc.is_tracked(record) and record.attributes == {"a": "49", "b": "x"}
+    gc.collect()
+    tracked = len(gc.get_objects()) - before
+    assert len(registry.get("edge-1").events) == 1000 and len(registry.fleet_events) == 5001
+    assert tracked < 100, f"{tracked} objects tracked for 5,000 kept events"
+    record = registry.fleet_events.since(0, 10000)[-1]
+    assert record.attributes == {"a": "4999", "b": "x"} and record.node_id == "n4999"
 
 
 def test_an_event_record_cannot_be_changed() -> None:
@@ -277,13 +287,13 @@ def test_event_clip_shortcut_agrees_with_the_full_clip(
 ) -> None:
     """Taking a small event whole keeps exactly what clipping every text keeps."""
     event = pb.EdgeEvent(kind=kind, node_id=node, message=message, attributes=attributes)
-    assert bounds.clip_event(event) == bounds.full_clip_event(event)
+    assert relayed_record("e", event, 1.0) == relayed_record("e", event, 1.0, clip=bounds.full_clip_event)
 
 
 def test_edges_announcing_one_catalog_share_one_copy() -> None:
     """The same catalog gives the same detached copy; another catalog its own; the
     cache forgets its oldest beyond its count, and large catalogs are not shared."""
-    cache = bounds.CatalogCache()
+    cache = memory.CatalogCache()
     catalog = [pb.CommandSpec(name="edge.diagnostics", description="Versions", target_kind="edge")]
     first = cache.detached(catalog)
     assert cache.detached([pb.CommandSpec(name="edge.diagnostics", description="Versions", target_kind="edge")]) is (
@@ -292,12 +302,12 @@ def test_edges_announcing_one_catalog_share_one_copy() -> None:
     assert list(first) == catalog and first[0] is not catalog[0]
     other = cache.detached([pb.CommandSpec(name="node.drain", target_kind="node")])
     assert other is not first and other[0].name == "node.drain"
-    for i in range(bounds.SHARED_CATALOGS + 5):
+    for i in range(memory.SHARED_CATALOGS + 5):
         cache.detached([pb.CommandSpec(name=f"c{i}")])
-    assert len(cache) == bounds.SHARED_CATALOGS
+    assert len(cache) == memory.SHARED_CATALOGS
     assert cache.detached(catalog) is not first  # forgotten, copied again
     big = [pb.CommandSpec(name="x", description="d" * 1000) for _ in range(20)]
-    assert cache.detached(big) is not cache.detached(big) and len(cache) == bounds.SHARED_CATALOGS
+    assert cache.detached(big) is not cache.detached(big) and len(cache) == memory.SHARED_CATALOGS
 
 
 def test_pending_requests_hold_no_table_when_idle() -> None:

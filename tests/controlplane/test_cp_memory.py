@@ -27,9 +27,12 @@ from twisted.internet.task import Clock
 from twisted_iop.configuration import ConfigError
 from twisted_iop.controlplane import bounds, records
 from twisted_iop.controlplane.config import config_from_text
+from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.edge_wire import EdgeCredentials
-from twisted_iop.controlplane.records import EventBuffer, EventRecord, OperationRecord
-from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry, RegistryLimits
+from twisted_iop.controlplane.event_log import EventBuffer, relayed_record
+from twisted_iop.controlplane.memory import RegistryLimits
+from twisted_iop.controlplane.records import OperationRecord
+from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.testing.harness import eventually, start_control_plane, start_daemon, wait_for_ports
 from twisted_iop.testing.peers import connect_edge
 from twisted_iop.wire import PROTOCOL_MAJOR
@@ -92,14 +95,14 @@ def maximal_result() -> dict[str, str]:
 
 def test_an_event_over_its_bounds_is_cut_and_marked() -> None:
     """Texts are cut, surplus and over-long attributes dropped, and the event says so."""
-    clipped = bounds.clip_event(maximal_event(1))
-    assert clipped.truncated and clipped.attributes["truncated"] == "true"
+    clipped = relayed_record("e", maximal_event(1), 1.0)
+    assert clipped.attributes["truncated"] == "true"
     assert len(clipped.message) == bounds.MAX_EVENT_MESSAGE and clipped.message.endswith("...")
     assert len(clipped.kind) == bounds.MAX_EVENT_ID
     assert len(clipped.attributes) == bounds.MAX_EVENT_ATTRIBUTES + 1
     assert all(len(v) <= bounds.MAX_ATTRIBUTE_VALUE for v in clipped.attributes.values())
-    small = bounds.clip_event(pb.EdgeEvent(kind="node.ready", message="hi", attributes={"a": "b"}))
-    assert not small.truncated and small.attributes == {"a": "b"}
+    small = relayed_record("e", pb.EdgeEvent(kind="node.ready", message="hi", attributes={"a": "b"}), 1.0)
+    assert small.attributes == {"a": "b"} and (small.kind, small.message) == ("node.ready", "hi")
 
 
 def test_an_oversized_catalog_is_refused_as_invalid_hello() -> None:
@@ -133,19 +136,9 @@ def test_event_size_estimates_are_not_below_what_python_holds() -> None:
     try:
         before = tracemalloc.get_traced_memory()[0]
         for i in range(200):
-            clipped = bounds.clip_event(maximal_event(i))
-            event = EventRecord(
-                sequence=i + 1,
-                fleet_sequence=i + 1,
-                edge_id="edge-" + str(i),
-                kind=clipped.kind,
-                occurred_at=float(i),
-                recorded_at=float(i),
-                message=clipped.message,
-                attributes=clipped.attributes,
-            )
+            event = relayed_record("edge-" + str(i), maximal_event(i), float(i)).numbered(i + 1, i + 1)
             buffer.append(event, i + 1)
-        del clipped, event
+        del event
         gc.collect()
         held = tracemalloc.get_traced_memory()[0] - before
     finally:

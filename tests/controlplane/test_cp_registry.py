@@ -8,14 +8,12 @@ from twisted.internet.task import Clock
 from twisted.logger import LogLevel, capturedLogs
 
 from twisted_iop.controlplane import records
-from twisted_iop.controlplane.records import EventBuffer, OperationBuffer, OperationRecord
-from twisted_iop.controlplane.registry import (
-    PROTOCOL_VIOLATION_INTERVAL_SECONDS,
-    EdgeHello,
-    EdgeRegistry,
-    RegistryLimits,
-)
-from twisted_iop.testing.peers import HeldEdgePeer
+from twisted_iop.controlplane.edge_hello import EdgeHello
+from twisted_iop.controlplane.event_log import PROTOCOL_VIOLATION_INTERVAL_SECONDS, EventBuffer
+from twisted_iop.controlplane.memory import RegistryLimits
+from twisted_iop.controlplane.records import OperationBuffer, OperationRecord
+from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.testing.peers import HeldEdgePeer, keep_status
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.status_totals import GENERAL_AT, HEALTH_AT, HEALTHS, LONG_AT, STATUS_AT, STATUSES
 
@@ -56,7 +54,7 @@ def test_newest_wins_and_old_token_is_stale() -> None:
     assert old_peer.disconnects == [pb.ERROR_CODE_SUPERSEDED]
     assert not registry.disconnect("edge-a", old, "late close")
     assert registry.get("edge-a").connected and registry.get("edge-a").token == new
-    assert registry.record_status("edge-a", old, pb.EdgeStatusResponse()) is None
+    assert keep_status(registry, "edge-a", old, pb.EdgeStatusResponse()) is None
     assert registry.record_edge_event("edge-a", old, pb.EdgeEvent(kind="node.ready")) is None
     assert kinds(registry, "edge-a") == ["edge.connected", "edge.superseded", "edge.connected"]
     assert registry.connected_count == 1
@@ -242,7 +240,7 @@ class RegistryMachine(RuleBasedStateMachine):
     def late_status(self, data: st.DataObject) -> None:
         edge, token = data.draw(st.sampled_from(self.tokens))
         before = self.registry.get(edge).snapshot
-        result = self.registry.record_status(edge, token, pb.EdgeStatusResponse(edge_id=edge))
+        result = keep_status(self.registry, edge, token, pb.EdgeStatusResponse(edge_id=edge))
         if self.current.get(edge) == token:
             assert result is not None
         else:
@@ -299,7 +297,7 @@ def test_snapshot_counts_are_computed_when_the_status_arrives() -> None:
     )
     down = response.nodes.add(node_id="n2", connected=False)
     down.providers.add(provider_id="p2", status=99, health=99, capacity=4)
-    snapshot = registry.record_status("edge-a", token, response)
+    snapshot = keep_status(registry, "edge-a", token, response)
     assert snapshot is not None
     counts = snapshot.counts
     assert counts[:3] == (1, 2, 2)

@@ -213,7 +213,7 @@ async def test_the_edges_totals_are_the_counts_the_control_plane_shows(tmp_path:
             assert code == 200
             # The edge's totals were kept as the counts, not in the bytes.
             kept = fleet.cp.registry.get("edge-a").snapshot
-            assert not kept.response.HasField("totals") and response_counts(kept.response) == kept.counts
+            assert not kept.parse().HasField("totals") and response_counts(kept.parse()) == kept.counts
             assert fleet.cp.service.gateway.status_refused == {}
             providers = [p for node in body["nodes"] for p in node["providers"]]
             totals = body["totals"]

@@ -10,21 +10,16 @@ edge goes away. Hello bounds live in :mod:`twisted_iop.wire.hello`.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple, Optional, TypeVar, cast
+from collections.abc import Iterable, Mapping
+from typing import Optional
 
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.hello import (
-    MAX_CATALOG_ARGUMENTS,
-    MAX_COMMANDS,
     MAX_DESCRIPTION,
     MAX_LABELS,
     MAX_PROVIDERS,
     MAX_TEXT,
 )
-from twisted_iop.wire.settings import PeerSettings
-
-T = TypeVar("T")
 
 #: Characters of an event kind, node, provider or command id that are kept.
 MAX_EVENT_ID = MAX_TEXT
@@ -88,65 +83,45 @@ def clip_map(values: Mapping[str, str], max_entries: int, max_value: int) -> tup
     return kept, True
 
 
-class ClippedEvent(NamedTuple):
-    """The fields of an edge's event that the registry may store (a tuple:
-    every relayed event makes one)."""
-
-    kind: str
-    node_id: str
-    provider_id: str
-    command_id: str
-    message: str
-    attributes: dict[str, str]
-    truncated: bool
-
+#: Characters of each event text that are kept, by field name (others: :data:`MAX_EVENT_ID`).
+EVENT_TEXT_LIMITS = {"message": MAX_EVENT_MESSAGE}
 
 #: An event of at most this many bytes on the wire has no text over its
 #: bound (a character takes at least one byte).
 SMALL_EVENT_BYTES = min(MAX_EVENT_ID, MAX_EVENT_MESSAGE, MAX_KEY, MAX_ATTRIBUTE_VALUE)
 
 
-def clip_event(event: pb.EdgeEvent) -> ClippedEvent:
-    """The bounded fields of ``event``; marked ``truncated`` if anything was cut.
+def clip_event(
+    event: pb.EdgeEvent, texts: tuple[str, ...], limits: tuple[int, ...]
+) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The bounded ``texts`` of ``event`` (read from it, each with its limit)
+    and its attributes; marked ``truncated`` if anything was cut.
 
     A small event (:data:`SMALL_EVENT_BYTES`, within the attribute count)
     cannot be over any bound and is taken whole without a look at each text.
     """
     attributes = event.attributes
     if len(attributes) <= MAX_EVENT_ATTRIBUTES and event.ByteSize() <= SMALL_EVENT_BYTES:
-        return ClippedEvent(
-            event.kind,
-            event.node_id,
-            event.provider_id,
-            event.command_id,
-            event.message,
-            # The same dict as dict(attributes), in half the time: the
-            # protobuf map's keys() and items() are Python-level views.
-            {key: attributes[key] for key in attributes},
-            False,
-        )
-    return full_clip_event(event)
+        # The same dict as dict(attributes), in half the time: the
+        # protobuf map's keys() and items() are Python-level views.
+        return texts, {key: attributes[key] for key in attributes}
+    return full_clip_event(event, texts, limits)
 
 
-def full_clip_event(event: pb.EdgeEvent) -> ClippedEvent:
+def full_clip_event(
+    event: pb.EdgeEvent, texts: tuple[str, ...], limits: tuple[int, ...]
+) -> tuple[tuple[str, ...], dict[str, str]]:
     """:func:`clip_event` looking at every text and attribute."""
     cut = False
-    fields = []
-    for text, limit in (
-        (event.kind, MAX_EVENT_ID),
-        (event.node_id, MAX_EVENT_ID),
-        (event.provider_id, MAX_EVENT_ID),
-        (event.command_id, MAX_EVENT_ID),
-        (event.message, MAX_EVENT_MESSAGE),
-    ):
+    clipped = []
+    for text, limit in zip(texts, limits, strict=True):
         value, was_cut = clip(text, limit)
-        fields.append(value)
+        clipped.append(value)
         cut = cut or was_cut
-    attributes, attributes_cut = clip_map(event.attributes, MAX_EVENT_ATTRIBUTES, MAX_ATTRIBUTE_VALUE)
+    kept, attributes_cut = clip_map(event.attributes, MAX_EVENT_ATTRIBUTES, MAX_ATTRIBUTE_VALUE)
     if cut and not attributes_cut:
-        attributes.update(TRUNCATED)
-    kind, node_id, provider_id, command_id, message = fields
-    return ClippedEvent(kind, node_id, provider_id, command_id, message, attributes, cut or attributes_cut)
+        kept.update(TRUNCATED)
+    return tuple(clipped), kept
 
 
 def clip_result(result: Mapping[str, str]) -> dict[str, str]:
@@ -254,48 +229,6 @@ def compact_catalog(commands: Iterable[pb.CommandSpec]) -> tuple[pb.CommandSpec,
     )
 
 
-#: Announced catalogs one :class:`CatalogCache` shares at most, and the
-#: largest (serialized) it shares: so the cache holds at most 4 MiB of them.
-SHARED_CATALOGS = 256
-SHARED_CATALOG_BYTES = 16 * 1024
-
-
-class CatalogCache:
-    """One copy of each announced catalog for every edge that announces it.
-
-    A fleet runs a few Edge versions, so thousands of edges announce the
-    same catalog; each kept its own copy (about 0.6 KiB per command). The
-    cache hands out one detached copy per distinct catalog (keyed by its
-    serialized bytes), for catalogs up to :data:`SHARED_CATALOG_BYTES`,
-    and forgets the oldest beyond :data:`SHARED_CATALOGS` (edges holding
-    it keep their copy). Catalogs are never changed once kept.
-    """
-
-    def __init__(self) -> None:
-        self._catalogs: dict[bytes, tuple[pb.CommandSpec, ...]] = {}
-
-    def __len__(self) -> int:
-        return len(self._catalogs)
-
-    def detached(self, commands: Sequence[pb.CommandSpec]) -> tuple[pb.CommandSpec, ...]:
-        """The catalog as :func:`detached_catalog` makes it, shared with every
-        earlier hello that announced the same one."""
-        key = b"".join(_length_prefixed(spec.SerializeToString()) for spec in commands)
-        if len(key) > SHARED_CATALOG_BYTES:
-            return detached_catalog(commands)
-        shared = self._catalogs.get(key)
-        if shared is None:
-            shared = detached_catalog(commands)
-            if len(self._catalogs) >= SHARED_CATALOGS:
-                del self._catalogs[next(iter(self._catalogs))]
-            self._catalogs[key] = shared
-        return shared
-
-
-def _length_prefixed(data: bytes) -> bytes:
-    return len(data).to_bytes(4, "big") + data
-
-
 def detached_catalog(commands: Iterable[pb.CommandSpec]) -> tuple[pb.CommandSpec, ...]:
     """Copies of an announced catalog that do not keep the hello frame alive."""
     copies = []
@@ -304,81 +237,3 @@ def detached_catalog(commands: Iterable[pb.CommandSpec]) -> tuple[pb.CommandSpec
         copy.CopyFrom(spec)
         copies.append(copy)
     return tuple(copies)
-
-
-#: Estimated bytes of one protobuf message (or map entry) in memory,
-#: besides its text (measured: about 250 with the upb runtime).
-MESSAGE_BYTES = 320
-#: Estimated bytes of one element of a repeated string field, besides its text.
-REPEATED_BYTES = 32
-
-
-def catalog_size(commands: Iterable[pb.CommandSpec]) -> int:
-    """Estimated bytes of a kept catalog: its messages and twice their wire size."""
-    size = 0
-    for spec in commands:
-        size += MESSAGE_BYTES * (1 + len(spec.arguments)) + 2 * spec.ByteSize()
-    return size
-
-
-#: The largest estimate of :func:`catalog_size` (a hello frame is at most
-#: 64 KiB) that the bounds allow, and what the largest snapshot would hold
-#: parsed: an upper bound of a kept snapshot, which the registry keeps as
-#: its serialized bytes (at most MAX_STATUS_BYTES) and its counts.
-MAX_HELLO_FRAME_BYTES = PeerSettings().max_hello_frame_bytes
-MAX_CATALOG_BYTES = MESSAGE_BYTES * (MAX_COMMANDS + MAX_CATALOG_ARGUMENTS) + 2 * MAX_HELLO_FRAME_BYTES
-MAX_SNAPSHOT_BYTES = (
-    MESSAGE_BYTES * (1 + MAX_STATUS_NODES + MAX_STATUS_PROVIDERS + MAX_STATUS_LABELS)
-    + REPEATED_BYTES * MAX_STATUS_MODELS
-    + 2 * MAX_STATUS_BYTES
-)
-
-
-#: Distinct values one :class:`SharedValues` table keeps at most by
-#: default: a table of snapshot counts (about 180 bytes each) holds about
-#: 0.7 MiB.
-SHARED_VALUES = 4096
-#: Distinct label maps shared, and the largest (estimated bytes,
-#: :func:`records.map_size`) that edges share (a larger one stays the
-#: edge's own): the table holds at most 1 MiB of maps, and as much again
-#: of their keys.
-SHARED_LABEL_MAPS = 1024
-SHARED_LABELS_BYTES = 1024
-#: Distinct ``edge.connected`` attribute maps (one per software version) shared.
-SHARED_ATTRIBUTES = 256
-
-
-class SharedValues:
-    """One copy of each value that many edges repeat, up to :data:`SHARED_VALUES`.
-
-    Thousands of edges announce the same labels (a site, a region) and
-    report snapshots with the same counts; each kept its own copy. A
-    table hands out the first copy of an equal value (keyed by ``key``,
-    the value itself when hashable) and forgets the oldest beyond its
-    capacity (edges holding it keep their copy). Shared values are never
-    changed once kept.
-    """
-
-    __slots__ = ("_values", "capacity")
-
-    def __init__(self, capacity: int = SHARED_VALUES) -> None:
-        self.capacity = capacity
-        self._values: dict[Hashable, Any] = {}
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-    def get(self, key: Hashable) -> Any:
-        """The kept value whose key is ``key``, or None."""
-        return self._values.get(key)
-
-    def shared(self, key: Hashable, value: T) -> T:
-        """The kept value equal to ``value`` (whose key is ``key``), or ``value``, now kept."""
-        values = self._values
-        kept = values.get(key)
-        if kept is not None:
-            return cast(T, kept)
-        if len(values) >= self.capacity:
-            del values[next(iter(values))]
-        values[key] = value
-        return value

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
-from collections.abc import Callable
 from typing import Optional
 
 import attrs
@@ -40,7 +39,9 @@ from zope.interface import implementer
 
 import twisted_iop
 from twisted_iop.controlplane.auth import ApiTokens
-from twisted_iop.controlplane.records import EventBuffer, EventRecord
+from twisted_iop.controlplane.event_log import EventBuffer, EventListener
+from twisted_iop.controlplane.event_record import EVENT_FIELDS, EventRecord, FieldKind, values_getter
+from twisted_iop.controlplane.memory import event_size
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.ids import id_problem
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
@@ -84,26 +85,38 @@ class ClientWireSettings:
     max_violations: int = 10
 
 
+def _wire_name(name: str, kind: FieldKind) -> str:
+    return name + "_ms" if kind is FieldKind.TIME else name
+
+
+_FLEET_EVENT_FIELDS = pb.FleetEvent.DESCRIPTOR.fields_by_name
+#: The fields of the one declaration that ``FleetEvent`` carries: texts and
+#: sequences as they are (set only when not empty, as most events leave
+#: the optional texts empty), times as integer milliseconds.
+_WIRE_VALUES = tuple(
+    (i, name)
+    for i, (name, kind) in enumerate(EVENT_FIELDS)
+    if kind in (FieldKind.SEQUENCE, FieldKind.TEXT, FieldKind.OPTIONAL_TEXT) and name in _FLEET_EVENT_FIELDS
+)
+_WIRE_TIMES = tuple(
+    (i, _wire_name(name, kind))
+    for i, (name, kind) in enumerate(EVENT_FIELDS)
+    if kind is FieldKind.TIME and _wire_name(name, kind) in _FLEET_EVENT_FIELDS
+)
+_value_names = tuple(name for _, name in _WIRE_VALUES)
+_values = values_getter([i for i, _ in _WIRE_VALUES])
+_time_names = tuple(name for _, name in _WIRE_TIMES)
+_times = values_getter([i for i, _ in _WIRE_TIMES])
+_new_fleet_event = pb.FleetEvent
+
+
 def fleet_event_message(event: EventRecord) -> pb.FleetEvent:
-    """The wire form of a recorded event."""
-    message = pb.FleetEvent(
-        sequence=event.sequence,
-        fleet_sequence=event.fleet_sequence,
-        edge_id=event.edge_id,
-        kind=event.kind,
-        occurred_at_ms=int(event.occurred_at * 1000),
-        recorded_at_ms=int(event.recorded_at * 1000),
-    )
-    # Most events leave these empty: set only what is there (cheaper than
-    # passing empty values, and the same message).
-    if event.node_id:
-        message.node_id = event.node_id
-    if event.provider_id:
-        message.provider_id = event.provider_id
-    if event.command_id:
-        message.command_id = event.command_id
-    if event.message:
-        message.message = event.message
+    """The wire form of a recorded event: every field of the declaration
+    (:mod:`~twisted_iop.controlplane.event_record`) that ``FleetEvent`` has."""
+    fields = {name: value for name, value in zip(_value_names, _values(event), strict=True) if value}
+    for name, seconds in zip(_time_names, _times(event), strict=True):
+        fields[name] = int(seconds * 1000)
+    message = _new_fleet_event(**fields)
     attributes = event.attributes
     if attributes:
         # One item at a time: the map's update() (and the constructor's
@@ -219,8 +232,8 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
         self._write_at = 0
         self._max_queued_bytes = -1
         #: What the registry calls with each event while subscribed.
-        self._listener: Callable[[EventRecord], None] = self._enqueue
-        self._queue: deque[EventRecord] = deque()
+        self._listener: EventListener = self._enqueue
+        self._queue: deque[tuple[EventRecord, int]] = deque()
         #: Estimated bytes of the queued events.
         self.queued_bytes = 0
         self._lost = 0
@@ -401,7 +414,7 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
                     pb.EventsLost(count=missed, first_sequence=since + 1, last_sequence=first - 1, reason="resume_gap"),
                 )
             for event in buffer.since(since, RESUME_BATCH):
-                self._enqueue(event)
+                self._enqueue(event, event_size(event))
         # A subscriber of the whole fleet takes every event: its queue is
         # the listener itself, without a filter call per event.
         self._listener = self._event_recorded if self._subscribed_edge is not None else self._enqueue
@@ -418,12 +431,12 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
         self._queue.clear()
         self.queued_bytes = 0
 
-    def _event_recorded(self, event: EventRecord) -> None:
+    def _event_recorded(self, event: EventRecord, size: int) -> None:
         if self._subscribed_edge is not None and event.edge_id != self._subscribed_edge:
             return
-        self._enqueue(event)
+        self._enqueue(event, size)
 
-    def _enqueue(self, event: EventRecord) -> None:
+    def _enqueue(self, event: EventRecord, size: int) -> None:
         """Queue ``event`` for the next turn's write.
 
         An open socket is written at once when the queue reaches a bound
@@ -432,8 +445,8 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
         are dropped (and reported as lost).
         """
         queue = self._queue
-        queue.append(event)
-        self.queued_bytes += event.size_bytes
+        queue.append((event, size))
+        self.queued_bytes += size
         if len(queue) >= self._write_at or self.queued_bytes > self._max_queued_bytes:
             self._queue_at_bound()
         if not self.flush_due and queue and not self.paused:
@@ -454,8 +467,8 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
         while len(queue) > 1 and (
             len(queue) > settings.subscriber_queue or self.queued_bytes > settings.subscriber_queue_bytes
         ):
-            dropped = queue.popleft()
-            self.queued_bytes -= dropped.size_bytes
+            dropped, size = queue.popleft()
+            self.queued_bytes -= size
             self._note_lost(dropped)
 
     def _sequence(self, event: EventRecord) -> int:
@@ -494,8 +507,8 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
             frames = []
             size = 0
             while queue and size < BATCH_BYTES:
-                event = queue.popleft()
-                self.queued_bytes -= event.size_bytes
+                event, event_bytes = queue.popleft()
+                self.queued_bytes -= event_bytes
                 frame = frame_of(event)
                 if 0 < limit < len(frame):
                     self._oversized(event)
@@ -517,8 +530,8 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
         """:meth:`flush` by Autobahn's ``sendMessage``, one event at a time."""
         payload_of = self.factory.event_payload
         while self._queue and not self.paused:
-            event = self._queue.popleft()
-            self.queued_bytes -= event.size_bytes
+            event, size = self._queue.popleft()
+            self.queued_bytes -= size
             if self.state != WebSocketProtocol.STATE_OPEN:
                 continue
             self.sendMessage(payload_of(event), isBinary=True)

@@ -34,7 +34,7 @@ from twisted_iop.controlplane.cluster.settings import (
 )
 from twisted_iop.controlplane.edge_wire import DEFAULT_MAX_HELLOS_PER_SECOND, EdgeCredentials
 from twisted_iop.controlplane.http_routes import HttpSettings
-from twisted_iop.controlplane.registry import RegistryLimits
+from twisted_iop.controlplane.memory import RegistryLimits
 from twisted_iop.endpoints import is_loopback_listen, is_tls_listen
 from twisted_iop.http_site import SiteLimits
 from twisted_iop.ids import id_problem

@@ -26,8 +26,9 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 import twisted_iop
-from twisted_iop.controlplane.bounds import CatalogCache
-from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry, StatusListener
+from twisted_iop.controlplane.edge_hello import EdgeHello
+from twisted_iop.controlplane.memory import CatalogCache
+from twisted_iop.controlplane.registry import EdgeRegistry, StatusListener
 from twisted_iop.credentials import Digests, digest_of, matches
 from twisted_iop.tls import EDGE, peer_identity
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR

@@ -37,20 +37,14 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from twisted_iop.controlplane import bounds, records
+from twisted_iop.controlplane import records
 from twisted_iop.controlplane.records import OperationRecord
-from twisted_iop.controlplane.registry import (
-    EdgeNotConnected,
-    EdgePeer,
-    EdgeRecord,
-    EdgeRegistry,
-    StatusSnapshot,
-)
+from twisted_iop.controlplane.registry import EdgeNotConnected, EdgePeer, EdgeRecord, EdgeRegistry
+from twisted_iop.controlplane.snapshots import SnapshotRefused, StatusSnapshot, checked_snapshot
 from twisted_iop.metrics import LatencyHistogram
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.enums import enum_name
 from twisted_iop.wire.peer import PeerDisconnected, RemoteError, RequestTimeout
-from twisted_iop.wire.status_totals import carried_counts, counts_problem, response_counts
 
 
 class EdgeTimeout(Exception):
@@ -539,32 +533,18 @@ class EdgeGateway:
         if ask.settled:
             return
         ask.settled = True
-        counts = carried_counts(response)
-        if counts is not None:
-            # Kept as counts: the kept bytes need not carry them too.
-            response.ClearField("totals")
-        # Serialized once: its length is the size the bounds check needs,
-        # and the bytes are what the registry keeps.
-        data = response.SerializeToString()
-        problem = bounds.status_problem(response, len(data))
-        if problem is not None:
-            self._refuse_status(ask, "bounds", problem)
+        try:
+            snapshot = checked_snapshot(
+                response, self._clock.seconds(), self._draw() < RECOUNT_SHARE, self._registry.shared.counts
+            )
+        except SnapshotRefused as refused:
+            self._refuse_status(ask, refused.reason, refused.problem)
             return
-        if counts is None:
-            counts = response_counts(response)
+        if self._registry.record_status(ask.edge_id, ask.token, snapshot):
+            self._deliver(ask.waiters, snapshot, None)
         else:
-            problem = counts_problem(counts, len(response.nodes))
-            if problem is None and self._draw() < RECOUNT_SHARE and response_counts(response) != counts:
-                problem = "status totals differ from the counts of its providers"
-            if problem is not None:
-                self._refuse_status(ask, "totals", problem)
-                return
-        snapshot = self._registry.record_status(ask.edge_id, ask.token, response, data, counts)
-        if snapshot is None:
             # The connection is no longer current (closed meanwhile).
             self._deliver(ask.waiters, None, EdgeDisconnected(ask.edge_id))
-        else:
-            self._deliver(ask.waiters, snapshot, None)
 
     def _refuse_status(self, ask: _StatusAsk, reason: str, problem: str) -> None:
         self.status_refused[reason] = self.status_refused.get(reason, 0) + 1
@@ -577,7 +557,7 @@ class EdgeGateway:
         if ask.settled:
             return
         ask.settled = True
-        if self._registry.keep_snapshot(ask.edge_id, ask.token, snapshot):
+        if self._registry.record_status(ask.edge_id, ask.token, snapshot):
             self._deliver(ask.waiters, snapshot, None)
         else:
             self._deliver(ask.waiters, None, EdgeDisconnected(ask.edge_id))

@@ -16,14 +16,19 @@ import datetime
 import json
 import math
 import time
+from collections.abc import Callable
 from typing import Any, Optional, Union
 from weakref import WeakKeyDictionary
 
 import attrs
 
+from twisted_iop.controlplane.edge_hello import EdgeHello
+from twisted_iop.controlplane.event_log import EventBuffer
+from twisted_iop.controlplane.event_record import EVENT_FIELDS, EventRecord, FieldKind
 from twisted_iop.controlplane.gateway import FleetRound, StatusRow
-from twisted_iop.controlplane.records import EventBuffer, EventRecord, LateOutcome, OperationBuffer, OperationRecord
-from twisted_iop.controlplane.registry import EdgeHello, EdgeRecord, StatusSnapshot
+from twisted_iop.controlplane.records import LateOutcome, OperationBuffer, OperationRecord
+from twisted_iop.controlplane.registry import EdgeRecord
+from twisted_iop.controlplane.snapshots import StatusSnapshot
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.status_totals import (
     COUNTS_LEN,
@@ -300,10 +305,11 @@ def snapshot_json(record: EdgeRecord, snapshot: StatusSnapshot, stale: bool) -> 
     """``GET /edges/{id}/status``: an edge snapshot with totals."""
     rendered = _rendered_snapshots.get(snapshot)
     if rendered is None:
+        response = snapshot.parse()
         rendered = {
-            "generated_at": iso_ms(snapshot.response.generated_at_ms),
+            "generated_at": iso_ms(response.generated_at_ms),
             "received_at": iso(snapshot.received_at),
-            "nodes": [node_json(n) for n in snapshot.response.nodes],
+            "nodes": [node_json(n) for n in response.nodes],
             "totals": counts_json(snapshot.counts),
         }
         _rendered_snapshots[snapshot] = rendered
@@ -475,21 +481,28 @@ def fleet_status_body(round_: FleetRound, cursor: str, limit: int, generated_at:
     return f'{head},"items":[{items}],{tail}'.encode("ascii")
 
 
+def _event_member(kind: FieldKind) -> Callable[[Any], Any]:
+    """How a field of ``kind`` is shown in an event's JSON."""
+    if kind is FieldKind.TIME:
+        return iso
+    if kind is FieldKind.OPTIONAL_TEXT:
+        return _none_if_empty
+    if kind is FieldKind.MAP:
+        return dict
+    return _same
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+#: Each member of an event's JSON, from the one declaration of its fields.
+_EVENT_MEMBERS = tuple((name, _event_member(kind)) for name, kind in EVENT_FIELDS)
+
+
 def event_json(event: EventRecord) -> dict[str, Any]:
     """One event."""
-    return {
-        "sequence": event.sequence,
-        "fleet_sequence": event.fleet_sequence,
-        "edge_id": event.edge_id,
-        "kind": event.kind,
-        "occurred_at": iso(event.occurred_at),
-        "recorded_at": iso(event.recorded_at),
-        "node_id": _none_if_empty(event.node_id),
-        "provider_id": _none_if_empty(event.provider_id),
-        "command_id": _none_if_empty(event.command_id),
-        "message": event.message,
-        "attributes": dict(event.attributes),
-    }
+    return {name: show(value) for (name, show), value in zip(_EVENT_MEMBERS, event, strict=True)}
 
 
 def operation_json(operation: OperationRecord) -> dict[str, Any]:

@@ -22,7 +22,8 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.interfaces import ITransport
 from twisted.python.failure import Failure
 
-from twisted_iop.controlplane.registry import EdgePeer, StatusListener
+from twisted_iop.controlplane.registry import EdgePeer, EdgeRegistry, StatusListener
+from twisted_iop.controlplane.snapshots import StatusSnapshot, checked_snapshot
 from twisted_iop.edge.registry import NodePeer
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
@@ -73,6 +74,15 @@ def snapshot(edge_id: str, nodes: int = 2, capacity: int = 4, totals: bool = Fal
             long_context_queued=1,
         )
     return with_totals(response) if totals else response
+
+
+def keep_status(
+    registry: EdgeRegistry, edge_id: str, token: int, response: pb.EdgeStatusResponse, at: float = 0.0
+) -> Optional[StatusSnapshot]:
+    """Keep ``response`` as connection ``token``'s answer, as the gateway does
+    (checked, counts shared); the snapshot, or None if ``token`` is stale."""
+    kept = checked_snapshot(response, at, share_counts=registry.shared.counts)
+    return kept if registry.record_status(edge_id, token, kept) else None
 
 
 class ScriptedEdge(TransportAccess, FramedPeerProtocol):

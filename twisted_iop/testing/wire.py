@@ -232,7 +232,7 @@ class EdgeWireDriver:
         # What the HTTP views would show of whatever the edge answered.
         from twisted_iop.controlplane import json_views
 
-        self.outcomes.append([json_views.node_json(n) for n in snapshot.response.nodes])
+        self.outcomes.append([json_views.node_json(n) for n in snapshot.parse().nodes])
         self.outcomes.append(json_views.snapshot_counts(snapshot))
 
     def check_good_peer(self) -> None:
@@ -250,7 +250,7 @@ class EdgeWireDriver:
         good.send("edge_status_response", pb.EdgeStatusResponse(edge_id=GOOD_EDGE_ID), request.request_id)
         results: list[Any] = []
         status.addBoth(results.append)
-        assert results and results[0].response.edge_id == GOOD_EDGE_ID, results
+        assert results and results[0].parse().edge_id == GOOD_EDGE_ID, results
         good.drop()
 
     def finish(self) -> None:

@@ -13,8 +13,9 @@ import json
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from twisted_iop.controlplane.records import EventRecord, LateOutcome, OperationRecord
-from twisted_iop.controlplane.registry import EdgeHello
+from twisted_iop.controlplane.edge_hello import EdgeHello
+from twisted_iop.controlplane.event_record import EVENT_FIELDS, EventRecord, FieldKind
+from twisted_iop.controlplane.records import LateOutcome, OperationRecord
 from twisted_iop.wire import control_pb2 as pb
 
 
@@ -126,47 +127,34 @@ def hello_from(data: Mapping[str, Any]) -> EdgeHello:
 # -- events -----------------------------------------------------------------------
 
 
-def event_json(
-    edge_id: str,
-    kind: str,
-    occurred_at: float,
-    recorded_at: float,
-    node_id: str = "",
-    provider_id: str = "",
-    command_id: str = "",
-    message: str = "",
-    attributes: Optional[dict[str, str]] = None,
-) -> str:
-    """An event without its sequences (Redis numbers it)."""
-    return dumps(
-        {
-            "edge_id": edge_id,
-            "kind": kind,
-            "occurred_at": occurred_at,
-            "recorded_at": recorded_at,
-            "node_id": node_id,
-            "provider_id": provider_id,
-            "command_id": command_id,
-            "message": message,
-            "attributes": attributes or {},
-        }
-    )
+#: How each field of an event is stored (sequences are not: Redis numbers
+#: the event) and checked on the way back in, from the one declaration.
+_STORED_EVENT_FIELDS = tuple((name, kind) for name, kind in EVENT_FIELDS if kind is not FieldKind.SEQUENCE)
+_STORED_AS_IS = (FieldKind.TEXT, FieldKind.OPTIONAL_TEXT, FieldKind.TIME)
+
+
+def event_text(event: EventRecord) -> str:
+    """An event without its sequences (Redis numbers it), as JSON text."""
+    stored = {name: value for (name, kind), value in zip(EVENT_FIELDS, event, strict=True) if kind in _STORED_AS_IS}
+    stored["attributes"] = dict(event.attributes)
+    return dumps(stored)
+
+
+def _event_value(data: Mapping[str, Any], name: str, kind: FieldKind) -> Any:
+    if kind is FieldKind.TIME:
+        return _num(data, name)
+    if kind is FieldKind.MAP:
+        return _str_map(data, name)
+    # Texts: the edge id and kind are required, the others may be absent.
+    return _str(data, name, None if name in ("edge_id", "kind") else "")
 
 
 def event_from(data: Mapping[str, Any], sequence: int, fleet_sequence: int) -> EventRecord:
-    """The event of :func:`event_json` with the sequences Redis gave it."""
+    """The event of :func:`event_text` with the sequences Redis gave it."""
     return EventRecord(
-        sequence=sequence,
-        fleet_sequence=fleet_sequence,
-        edge_id=_str(data, "edge_id"),
-        kind=_str(data, "kind"),
-        occurred_at=_num(data, "occurred_at"),
-        recorded_at=_num(data, "recorded_at"),
-        node_id=_str(data, "node_id", ""),
-        provider_id=_str(data, "provider_id", ""),
-        command_id=_str(data, "command_id", ""),
-        message=_str(data, "message", ""),
-        attributes=_str_map(data, "attributes"),
+        sequence,
+        fleet_sequence,
+        **{name: _event_value(data, name, kind) for name, kind in _STORED_EVENT_FIELDS},
     )
 
 

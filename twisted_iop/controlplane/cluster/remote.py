@@ -22,12 +22,11 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
-from twisted_iop.controlplane.bounds import MAX_SNAPSHOT_BYTES
 from twisted_iop.controlplane.cluster.codec import b64, dumps, unb64
-from twisted_iop.controlplane.registry import StatusListener, StatusSnapshot
+from twisted_iop.controlplane.registry import StatusListener
+from twisted_iop.controlplane.snapshots import StatusSnapshot, routed_snapshot
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import PeerDisconnected, RemoteError, RequestTimeout
-from twisted_iop.wire.status_totals import COUNTS_LEN
 
 #: Entries kept in an inbox stream (``MAXLEN ~``); a replica reads its own
 #: as they come, so this only bounds what a dead replica leaves behind.
@@ -182,7 +181,8 @@ class Router:
         try:
             data = unb64(str(message.get("ok", "")), "answer")
             if pending.listener is not None:
-                snapshot = _checked_snapshot(data, message.get("counts"), message.get("at"))
+                counts = message.get("counts")
+                snapshot = routed_snapshot(data, counts, message.get("at")) if isinstance(counts, list) else None
                 keep = getattr(pending.listener, "snapshot_answered", None)
                 if snapshot is not None and keep is not None:
                     # The owner checked and counted it: no second parse here.
@@ -237,27 +237,6 @@ class Router:
         sender = message.get("from")
         if isinstance(sender, str) and sender:
             self.post(sender, reply)
-
-
-#: The most a count of a routed snapshot may say (far above any real fleet).
-MAX_COUNT = 2**40
-
-
-def _checked_snapshot(data: bytes, counts: Any, at: Any) -> Optional[StatusSnapshot]:
-    """The snapshot of a routed answer with the owner's counts, if they have
-    the right shape (else None: the answer is parsed and counted here)."""
-    if (
-        not isinstance(counts, list)
-        or len(counts) != COUNTS_LEN
-        or isinstance(at, bool)
-        or not isinstance(at, (int, float))
-        or len(data) > MAX_SNAPSHOT_BYTES
-    ):
-        return None
-    for value in counts:
-        if type(value) is not int or not 0 <= value < MAX_COUNT:
-            return None
-    return StatusSnapshot(data, float(at), tuple(counts))
 
 
 class RemotePeer:

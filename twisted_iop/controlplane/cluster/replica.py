@@ -29,6 +29,7 @@ in cluster mode, and it keeps the registry a mirror of the whole fleet:
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from typing import Any, Optional
 
 import attrs
@@ -40,8 +41,8 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from twisted_iop.controlplane import records
-from twisted_iop.controlplane.bounds import CatalogCache
 from twisted_iop.controlplane.cluster import codec, scripts
+from twisted_iop.controlplane.cluster.mirror import ClusterMirror
 from twisted_iop.controlplane.cluster.remote import (
     DISCONNECTED,
     ERROR,
@@ -53,15 +54,13 @@ from twisted_iop.controlplane.cluster.remote import (
 )
 from twisted_iop.controlplane.cluster.settings import ClusterConfig
 from twisted_iop.controlplane.cluster.store import BLOCK_MILLISECONDS, ClusterUnavailable, RedisLink
+from twisted_iop.controlplane.edge_hello import EdgeHello
+from twisted_iop.controlplane.event_record import NO_ATTRIBUTES, EventRecord
 from twisted_iop.controlplane.gateway import EdgeDisconnected, EdgeGateway, EdgeTimeout
-from twisted_iop.controlplane.records import EventRecord, OperationRecord
-from twisted_iop.controlplane.registry import (
-    CONNECTED_MESSAGE,
-    EdgeHello,
-    EdgeNotConnected,
-    EdgeRegistry,
-    StatusSnapshot,
-)
+from twisted_iop.controlplane.memory import CatalogCache
+from twisted_iop.controlplane.records import OperationRecord
+from twisted_iop.controlplane.registry import CONNECTED_MESSAGE, EdgeNotConnected, EdgeRegistry
+from twisted_iop.controlplane.snapshots import SnapshotRefused, StatusSnapshot, checked_snapshot
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import PeerDisconnected, RemoteError
 
@@ -202,6 +201,8 @@ class ClusterReplica(Service):
         self._lost_logged_at: Optional[float] = None
         self._lost_unlogged = 0
         registry.journal = self
+        #: Where what the other replicas changed is applied to the registry.
+        self.mirror = ClusterMirror(registry)
 
     # -- the service -------------------------------------------------------------------
 
@@ -426,7 +427,7 @@ class ClusterReplica(Service):
                 except (codec.BadRecord, ValueError) as e:
                     self._rejected(f"event: {e}")
                     continue
-                self._registry.apply_event(event, fleet=False)
+                self.mirror.apply_event(event, fleet=False)
         fleet = yield self.link.call(
             "XREVRANGE", self.keys.fleet, self._fleet_cursor, "-", "COUNT", limits.fleet_events
         )
@@ -436,7 +437,7 @@ class ClusterReplica(Service):
             except (codec.BadRecord, ValueError) as e:
                 self._rejected(f"fleet event: {e}")
                 continue
-            self._registry.apply_event(event, notify=False)
+            self.mirror.apply_event(event, notify=False)
         indexes = yield _gather(
             [self.link.call("ZREVRANGE", self.keys.operations(e), 0, limits.operations_per_edge - 1) for e in edge_ids]
         )
@@ -448,7 +449,7 @@ class ClusterReplica(Service):
                 if text is None:
                     continue
                 try:
-                    self._registry.apply_operation(codec.operation_from(codec.loads_object(text, "operation")))
+                    self.mirror.apply_operation(codec.operation_from(codec.loads_object(text, "operation")))
                 except codec.BadRecord as e:
                     self._rejected(f"operation: {e}")
         return len(edge_ids)
@@ -459,20 +460,25 @@ class ClusterReplica(Service):
         if fields.get("snapshot"):
             response = pb.EdgeStatusResponse()
             response.ParseFromString(codec.unb64(fields["snapshot"], "snapshot"))
-            snapshot = StatusSnapshot.of(response, float(fields.get("snapshot_at", 0) or 0))
+            try:
+                snapshot = checked_snapshot(
+                    response, float(fields.get("snapshot_at", 0) or 0), share_counts=self._registry.shared.counts
+                )
+            except SnapshotRefused as e:
+                self._rejected(f"snapshot of {edge_id}: {e.problem}")
         enrollments = int(fields.get("enrollments", 0) or 0)
         connected_at = float(fields["connected_at"]) if fields.get("connected_at") else None
         fence, owner = fields.get("fence", ""), fields.get("owner", "")
         if fields.get("connected") == "1" and fence and owner and not fence.startswith(self.fence_prefix):
             self._current[edge_id] = fence
-            self._registry.adopt_remote(
+            self.mirror.adopt_remote(
                 edge_id, RemotePeer(self.router, owner, fence, edge_id), hello, connected_at or 0.0, enrollments
             )
             record = self._registry.get(edge_id)
             if snapshot is not None:
                 record.snapshot = snapshot
             return
-        self._registry.load_edge(
+        self.mirror.load_edge(
             edge_id,
             hello,
             connected_at,
@@ -566,9 +572,11 @@ class ClusterReplica(Service):
         return (self.keys.prefix, self.replica_id, limits.events_per_edge, self.config.fleet_stream_length)
 
     def _event_json(
-        self, edge_id: str, kind: str, now: float, message: str, attributes: Optional[dict[str, str]] = None
+        self, edge_id: str, kind: str, now: float, message: str, attributes: Optional[Mapping[str, str]] = None
     ) -> str:
-        return codec.event_json(edge_id, kind, now, now, message=message, attributes=attributes)
+        return codec.event_text(
+            EventRecord(0, 0, edge_id, kind, now, now, message=message, attributes=attributes or NO_ATTRIBUTES)
+        )
 
     def _write(self, what: str, d: Deferred[Any]) -> None:
         d.addErrback(self._lost, what)
@@ -669,17 +677,7 @@ class ClusterReplica(Service):
         self, event: EventRecord, token: Optional[int], change: dict[str, Any], operation: Optional[OperationRecord]
     ) -> None:
         """Record an event (and the operation it stands for) in the store."""
-        event_text = codec.event_json(
-            event.edge_id,
-            event.kind,
-            event.occurred_at,
-            event.recorded_at,
-            event.node_id,
-            event.provider_id,
-            event.command_id,
-            event.message,
-            event.attributes,
-        )
+        event_text = codec.event_text(event)
         if operation is not None:
             if not operation.replica:
                 operation.replica = self.replica_id
@@ -726,7 +724,7 @@ class ClusterReplica(Service):
                 return kept
             text = yield self.link.call("GET", self.keys.operation(operation_id))
             if text is not None:
-                self._registry.apply_operation(codec.operation_from(codec.loads_object(text, "operation")))
+                self.mirror.apply_operation(codec.operation_from(codec.loads_object(text, "operation")))
                 kept = self._registry.operation(edge_id, operation_id)
                 if kept is not None:
                     return kept
@@ -807,18 +805,18 @@ class ClusterReplica(Service):
             op = change.get("op")
             if not isinstance(op, dict):
                 raise codec.BadRecord("operation change without an operation")
-            self._registry.apply_operation(codec.operation_from(op))
+            self.mirror.apply_operation(codec.operation_from(op))
         elif kind == "relayed" and origin != self.replica_id:
             record = self._registry.find(event.edge_id)
             fence = change.get("fence")
             if record is not None and fence == self._current.get(event.edge_id) and record.token is not None:
                 sequence = change.get("edge_sequence")
                 if isinstance(sequence, int) and sequence > 0:
-                    record.last_edge_sequence = sequence
+                    record.events.last_edge_sequence = sequence
                 if event.command_id:
                     relayed_by = record.token
                     command_event = pb.EdgeEvent(kind=event.kind, command_id=event.command_id)
-        self._registry.apply_event(event, relayed_by=relayed_by, command_event=command_event)
+        self.mirror.apply_event(event, relayed_by=relayed_by, command_event=command_event)
 
     def _apply_connect(self, edge_id: str, change: dict[str, Any]) -> None:
         fence, owner, hello_text = change.get("fence"), change.get("owner"), change.get("hello")
@@ -841,7 +839,7 @@ class ClusterReplica(Service):
         enrollments = change.get("enrollments")
         hello = self._hello(hello_text)
         self.local.pop(edge_id, None)
-        self._registry.adopt_remote(
+        self.mirror.adopt_remote(
             edge_id,
             RemotePeer(self.router, owner, fence, edge_id),
             hello,
@@ -878,7 +876,7 @@ class ClusterReplica(Service):
             and isinstance(record.peer, RemotePeer)
             and record.peer.fence == fence
         ):
-            self._registry.apply_remote_disconnect(
+            self.mirror.apply_remote_disconnect(
                 edge_id, record.token, float(at) if isinstance(at, (int, float)) else self._clock.seconds()
             )
 

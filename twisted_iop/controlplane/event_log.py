@@ -14,7 +14,7 @@ No I/O.
 from __future__ import annotations
 
 from collections.abc import Callable
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any, Optional, Protocol, Unpack
 
 from twisted.internet.interfaces import IReactorTime
@@ -22,7 +22,6 @@ from twisted.logger import Logger
 
 from twisted_iop.controlplane import bounds
 from twisted_iop.controlplane.event_record import (
-    ATTRIBUTES_INDEX,
     EVENT_FIELDS,
     NO_ATTRIBUTES,
     EventRecord,
@@ -31,7 +30,7 @@ from twisted_iop.controlplane.event_record import (
     fields_of,
     record_from,
 )
-from twisted_iop.controlplane.memory import KeptEvent, RegistryLimits, kept_form, kept_size, record_of
+from twisted_iop.controlplane.memory import KEPT_SIZE_INDEX, KeptEvent, RegistryLimits, kept_form, record_of
 from twisted_iop.wire import control_pb2 as pb
 
 #: 9999-12-31T23:59:59.999Z, the last instant ISO 8601 views can show.
@@ -90,7 +89,7 @@ class EventBuffer:
     def append_kept(self, kept: KeptEvent, sequence: int) -> None:
         """Add an event in its kept form (one kept form can be in several
         buffers: an edge's and the fleet's)."""
-        self.bytes += kept_size(kept)
+        self.bytes += kept[KEPT_SIZE_INDEX]
         self.last_sequence = sequence
         events = self._events
         if events is None:
@@ -114,7 +113,7 @@ class EventBuffer:
         assert oldest is not None
         events[self._head] = None
         self._head += 1
-        self.bytes -= kept_size(oldest)
+        self.bytes -= oldest[KEPT_SIZE_INDEX]
         self.dropped += 1
 
     @property
@@ -165,33 +164,53 @@ class EventJournal(Protocol):
         """Record ``event`` (fenced by ``token`` when a connection caused it)."""
 
 
-#: Where the log writes the fields of a relayed event.
-_EDGE_ID = EventRecord._fields.index("edge_id")
-_OCCURRED_AT = EventRecord._fields.index("occurred_at")
-_RECORDED_AT = EventRecord._fields.index("recorded_at")
 #: The texts an edge's ``EdgeEvent`` carries into the record: every text
 #: of the declaration that ``EdgeEvent`` has too (but the edge id, which
 #: is the connection's), read in one call.
+_EDGE_ID = EventRecord._fields.index("edge_id")
 _RELAYED_TEXTS = tuple(
     (i, name)
     for i, name in fields_of(FieldKind.TEXT, FieldKind.OPTIONAL_TEXT)
     if name in pb.EdgeEvent.DESCRIPTOR.fields_by_name and i != _EDGE_ID
 )
-_RELAYED_INDEXES = tuple(i for i, _ in _RELAYED_TEXTS)
 _read_relayed = attrgetter(*(name for _, name in _RELAYED_TEXTS))
 _RELAYED_LIMITS = tuple(bounds.EVENT_TEXT_LIMITS.get(name, bounds.MAX_EVENT_ID) for _, name in _RELAYED_TEXTS)
-#: A record's fields before they are set: empty texts, no attributes.
-_BLANK: tuple[Any, ...] = tuple(
-    NO_ATTRIBUTES if kind is FieldKind.MAP else 0 if kind in (FieldKind.SEQUENCE, FieldKind.TIME) else ""
-    for _, kind in EVENT_FIELDS
-)
+
+
+def _relayed_plan() -> tuple[int, ...]:
+    """Where each field of a relayed record comes from, in the tuple
+    ``(sequence, fleet_sequence, "", edge_id, occurred_at, recorded_at,
+    attributes, *texts)``."""
+    sources = {"sequence": 0, "fleet_sequence": 1, "edge_id": 3, "occurred_at": 4, "recorded_at": 5, "attributes": 6}
+    sources.update({name: 7 + n for n, (_, name) in enumerate(_RELAYED_TEXTS)})
+    plan = []
+    for name, kind in EVENT_FIELDS:
+        if name in sources:
+            plan.append(sources[name])
+        else:
+            # Neither the connection nor the EdgeEvent has it: left empty.
+            assert kind in (FieldKind.TEXT, FieldKind.OPTIONAL_TEXT), name
+            plan.append(2)
+    return tuple(plan)
+
+
+#: Builds a relayed record's fields in one call (``operator.itemgetter``).
+_assemble_relayed = itemgetter(*_relayed_plan())
 
 
 Clip = Callable[[pb.EdgeEvent, tuple[str, ...], tuple[int, ...]], tuple[tuple[str, ...], dict[str, str]]]
 
 
-def relayed_record(edge_id: str, event: pb.EdgeEvent, now: float, clip: Clip = bounds.clip_event) -> EventRecord:
-    """The record (not numbered yet) of an event ``edge_id`` relayed at ``now``.
+def relayed_record(
+    edge_id: str,
+    event: pb.EdgeEvent,
+    now: float,
+    sequence: int = 0,
+    fleet_sequence: int = 0,
+    clip: Clip = bounds.clip_event,
+) -> EventRecord:
+    """The record of an event ``edge_id`` relayed at ``now``, with the
+    sequences given (0: numbered later).
 
     Never stored whole: over-long texts are cut, extra attributes dropped,
     and the event says so (attribute ``truncated: "true"``). An Edge's
@@ -199,16 +218,13 @@ def relayed_record(edge_id: str, event: pb.EdgeEvent, now: float, clip: Clip = b
     the time the event arrived.
     """
     texts, attributes = clip(event, _read_relayed(event), _RELAYED_LIMITS)
-    values = list(_BLANK)
-    for i, text in zip(_RELAYED_INDEXES, texts, strict=True):
-        values[i] = text
     occurred_ms = event.occurred_at_ms
-    values[_EDGE_ID] = edge_id
-    values[_OCCURRED_AT] = occurred_ms / 1000.0 if 0 < occurred_ms < MAX_TIME_MS else now
-    values[_RECORDED_AT] = now
-    if attributes:
-        values[ATTRIBUTES_INDEX] = attributes
-    return record_from(values)
+    occurred_at = occurred_ms / 1000.0 if 0 < occurred_ms < MAX_TIME_MS else now
+    return record_from(
+        _assemble_relayed(
+            (sequence, fleet_sequence, "", edge_id, occurred_at, now, attributes or NO_ATTRIBUTES, *texts)
+        )
+    )
 
 
 class EventLog:
@@ -279,16 +295,16 @@ class EventLog:
         if journal is not None:
             journal.append(event, token, change or {"kind": "event"}, operation)
             return event
-        fleet = self.fleet
-        sequence = events.last_sequence + 1
-        fleet_sequence = fleet.last_sequence + 1
-        event = event.numbered(sequence, fleet_sequence)
-        # One kept form for both buffers.
-        kept = kept_form(event)
-        events.append_kept(kept, sequence)
-        fleet.append_kept(kept, fleet_sequence)
-        self._notify(event, kept_size(kept))
+        event = event.numbered(events.last_sequence + 1, self.fleet.last_sequence + 1)
+        self._keep(event, events)
         return event
+
+    def _keep(self, event: EventRecord, events: EdgeEvents) -> None:
+        """Append a numbered event to both buffers (one kept form) and tell the listeners."""
+        kept = kept_form(event)
+        events.append_kept(kept, event.sequence)
+        self.fleet.append_kept(kept, event.fleet_sequence)
+        self._notify(event, kept[KEPT_SIZE_INDEX])
 
     def relayed(self, edge_id: str, events: EdgeEvents, token: int, event: pb.EdgeEvent) -> Optional[EventRecord]:
         """Record an event an edge relayed on its current connection ``token``
@@ -296,13 +312,22 @@ class EventLog:
         Plane records)."""
         now = self._clock.seconds()
         self._check_edge_sequence(edge_id, events, event.edge_sequence, token)
-        record = relayed_record(edge_id, event, now)
+        journal = self.journal
+        # Numbered as it is made (the store numbers it in cluster mode).
+        record = (
+            relayed_record(edge_id, event, now, events.last_sequence + 1, self.fleet.last_sequence + 1)
+            if journal is None
+            else relayed_record(edge_id, event, now)
+        )
         if record.kind.startswith(RESERVED_KIND_PREFIXES):
             # The kind as sent (the clipped one may end in "...").
             self._protocol_violation(edge_id, events, token, event.kind, now)
             return None
-        change = None if self.journal is None else {"kind": "relayed", "edge_sequence": event.edge_sequence}
-        return self._append(record, events, token, change, None)
+        if journal is not None:
+            journal.append(record, token, {"kind": "relayed", "edge_sequence": event.edge_sequence}, None)
+        else:
+            self._keep(record, events)
+        return record
 
     def apply(self, event: EventRecord, events: Optional[EdgeEvents], fleet: bool = True, notify: bool = True) -> bool:
         """Append an event numbered by the shared store (cluster mode); True
@@ -318,7 +343,7 @@ class EventLog:
             return False
         self.fleet.append_kept(kept, event.fleet_sequence)
         if notify:
-            self._notify(event, kept_size(kept))
+            self._notify(event, kept[KEPT_SIZE_INDEX])
         return True
 
     def _protocol_violation(self, edge_id: str, events: EdgeEvents, token: int, kind: str, now: float) -> None:

@@ -242,8 +242,10 @@ class MemoryBound:
 #: tuple of its fields but the attributes, its size, then the attributes'
 #: keys and values.
 KeptEvent = tuple[Any, ...]
-#: Where the size is in a kept event; the attributes follow it.
-_KEPT_SIZE = ATTRIBUTES_INDEX
+#: Where the size is in a kept event (:func:`kept_size`, for callers that
+#: read it per event and save the call); the attributes follow it.
+KEPT_SIZE_INDEX = ATTRIBUTES_INDEX
+_KEPT_SIZE = KEPT_SIZE_INDEX
 _KEPT_ATTRIBUTES = _KEPT_SIZE + 1
 
 
@@ -255,11 +257,13 @@ def kept_form(event: EventRecord) -> KeptEvent:
     collector may look at the outer tuple first, and would keep tracking
     it while an inner tuple is still tracked.
     """
+    # event_size, inline: this runs for every event recorded.
     attributes = event.attributes
-    size = event_size(event)
+    size = _FIXED_EVENT_BYTES + sum(map(_getsizeof, _event_texts(event)))
     if attributes:
+        size += map_size(attributes)
         return (*event[:ATTRIBUTES_INDEX], size, *chain.from_iterable(attributes.items()))
-    return (*event[:ATTRIBUTES_INDEX], size)
+    return (*event[:ATTRIBUTES_INDEX], size + _EMPTY_MAP_BYTES)
 
 
 def kept_size(kept: KeptEvent) -> int:

@@ -216,7 +216,7 @@ def test_dialers_read_their_secret_from_a_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="credential_file: the dialling side must hold the secret itself"):
         parse_node_config({"node_id": "node-1", "credential_file": str(secret_file)})
     secret_file.write_text("\n")
-    with pytest.raises(ConfigError, match=re.escape("credential_file: .* is empty")):
+    with pytest.raises(ConfigError, match=r"credential_file: .* is empty"):
         parse_node_config({"node_id": "node-1", "credential_file": str(secret_file)})
 
 

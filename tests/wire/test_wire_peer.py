@@ -20,11 +20,10 @@ from twisted_iop.wire.peer import (
     PeerSettings,
     RemoteError,
     RequestTimeout,
-    SerializedRequest,
     frame,
     make_envelope,
-    varint,
 )
+from twisted_iop.wire.preserialized import PreserializedRequest
 
 
 class Recorder(FramedPeerProtocol):
@@ -219,21 +218,11 @@ def test_chunked_delivery_of_mixed_frames(chunk: int) -> None:
     assert [e.edge_event.kind for _, e in protocol.received] == ["k" * (i % 50) for i in range(40)]
 
 
-@pytest.mark.parametrize("request_id", [1, 127, 128, 300, 16_384, 2**32 + 5])
-def test_serialized_request_is_the_envelope_make_envelope_builds(request_id: int) -> None:
-    """A body serialized once, with its request id in front, parses as the same envelope."""
-    request = SerializedRequest("edge_status_request", pb.EdgeStatusRequest())
-    parsed = pb.Envelope()
-    parsed.ParseFromString(request.envelope_bytes(request_id))
-    assert parsed == make_envelope("edge_status_request", pb.EdgeStatusRequest(), request_id)
-    assert parsed.request_id == request_id and parsed.WhichOneof("body") == "edge_status_request"
-
-
 def test_serialized_request_is_numbered_and_answered_like_request() -> None:
     """request_serialized takes the next request id, and the answer fires its Deferred."""
     protocol, transport, _ = connected()
     first = protocol.request("edge_status_request", pb.EdgeStatusRequest(), 5.0)
-    second = protocol.request_serialized(SerializedRequest("edge_status_request", pb.EdgeStatusRequest()), 5.0)
+    second = protocol.request_serialized(PreserializedRequest("edge_status_request", pb.EdgeStatusRequest()), 5.0)
     envelopes = sent(transport)
     assert [e.request_id for e in envelopes] == [1, 2]
     answers: list[pb.Envelope] = []
@@ -252,7 +241,7 @@ def test_serialized_call_is_ended_by_a_plain_call() -> None:
     """request_serialized_call: the answer, an error frame, the deadline, a cancel and a
     disconnect each end their own request with one call, and nothing else happens after."""
     protocol, transport, clock = connected()
-    request = SerializedRequest("edge_status_request", pb.EdgeStatusRequest())
+    request = PreserializedRequest("edge_status_request", pb.EdgeStatusRequest())
     ends: list[tuple[str, object, object]] = []
     answered, refused, late, cancelled, dropped = (
         protocol.request_serialized_call(request, _calls(ends), name, 5.0, deadline=name == "late")
@@ -281,13 +270,6 @@ def test_serialized_call_on_a_closed_connection_ends_at_once() -> None:
     protocol, transport, _ = connected()
     protocol.close()
     ends: list[tuple[str, object, object]] = []
-    request = SerializedRequest("edge_status_request", pb.EdgeStatusRequest())
+    request = PreserializedRequest("edge_status_request", pb.EdgeStatusRequest())
     assert protocol.request_serialized_call(request, _calls(ends), "x") == 0
     assert transport.value() == b"" and len(ends) == 1 and isinstance(ends[0][2], PeerDisconnected)
-
-
-def test_varint_matches_protobuf() -> None:
-    """varint encodes like protobuf's own encoder (a uint64 field without its tag)."""
-    for value in (0, 1, 127, 128, 255, 300, 2**21, 2**63 - 1):
-        serialized = pb.Envelope(request_id=value).SerializeToString()
-        assert (b"\x08" + varint(value) == serialized) if value else serialized == b""

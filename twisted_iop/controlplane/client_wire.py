@@ -45,7 +45,7 @@ from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.ids import id_problem
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
-from twisted_iop.wire.peer import varint
+from twisted_iop.wire.preserialized import CLIENT_EVENT_TAG, varint
 
 FEATURES = ("events.subscribe", "events.resume", "events.backpressure")
 
@@ -115,8 +115,7 @@ def fleet_event_message(event: EventRecord) -> pb.FleetEvent:
     return message
 
 
-#: The tag of ``ClientEnvelope.event`` (field 16, length-delimited).
-_EVENT_TAG = varint((16 << 3) | 2)
+_EVENT_TAG = CLIENT_EVENT_TAG
 
 
 def event_payload(event: EventRecord) -> bytes:

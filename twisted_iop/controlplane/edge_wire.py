@@ -45,8 +45,8 @@ from twisted_iop.wire.peer import (
     PeerServerFactory,
     PeerSettings,
     RemoteError,
-    SerializedRequest,
 )
+from twisted_iop.wire.preserialized import PreserializedAnswer, PreserializedRequest
 
 #: Accepted hellos per second unless configured (burst: twice as many).
 DEFAULT_MAX_HELLOS_PER_SECOND = 500.0
@@ -190,8 +190,7 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
         )
         # Answer first so the edge learns it is accepted before any request
         # (status, command) that the registry's listeners might send.
-        if not self.closing:
-            self.sendString(factory.hello_accepted.envelope_bytes(envelope.request_id))
+        self.answer_preserialized(factory.hello_accepted, envelope.request_id)
         self.token = factory.registry.connect(edge_id, self, info)
 
     def _reject(self, request_id: int, rejection: Rejection, retry_after_ms: int = 0) -> None:
@@ -251,7 +250,7 @@ def accepted_hello_response(settings: PeerSettings) -> pb.EdgeHelloResponse:
 
 #: Every status request is the same empty message: serialized once, and
 #: each request adds only its request id.
-_STATUS_REQUEST = SerializedRequest("edge_status_request", pb.EdgeStatusRequest())
+_STATUS_REQUEST = PreserializedRequest("edge_status_request", pb.EdgeStatusRequest())
 
 
 def _status_envelope(listener: StatusListener, envelope: Optional[pb.Envelope], error: Optional[Exception]) -> None:
@@ -308,7 +307,7 @@ class EdgeWireFactory(PeerServerFactory):
         self.cluster: Optional[HelloGate] = None
         #: The answer to every accepted hello, serialized once: only the
         #: request id differs from one edge to the next.
-        self.hello_accepted = SerializedRequest("edge_hello_response", accepted_hello_response(settings))
+        self.hello_accepted = PreserializedAnswer("edge_hello_response", accepted_hello_response(settings))
 
     @overload  # type: ignore[override]
     def buildProtocol(self, addr: None) -> EdgeWireProtocol: ...

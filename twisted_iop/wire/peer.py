@@ -45,6 +45,7 @@ from twisted_iop.metrics import WireCounters
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.enums import enum_name
 from twisted_iop.wire.pending import AnswerCall, PendingRequests
+from twisted_iop.wire.preserialized import PreserializedAnswer, PreserializedRequest
 from twisted_iop.wire.settings import PeerSettings
 
 #: Bodies that answer a request; only these are matched against pending
@@ -108,42 +109,6 @@ def frame(envelope: pb.Envelope) -> bytes:
     """Serialize ``envelope`` with its 4-byte big-endian length prefix."""
     data = envelope.SerializeToString()
     return len(data).to_bytes(4, "big") + data
-
-
-def varint(value: int) -> bytes:
-    """``value`` (>= 0) as a protobuf base-128 varint."""
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-#: The tag of ``Envelope.request_id`` (field 1, varint), which leads a
-#: request serialized by :class:`SerializedRequest`.
-_REQUEST_ID_TAG = b"\x08"
-
-
-class SerializedRequest:
-    """A request body serialized once, for requests sent over and over
-    (and answers: the Control Plane's answer to every accepted hello).
-
-    A fleet round sends the same empty ``EdgeStatusRequest`` to every edge;
-    only the request id differs. The envelope without a request id is
-    serialized here once, and each request is the request id field followed
-    by those bytes (protobuf allows fields in any order; the receiver
-    parses the same envelope).
-    """
-
-    def __init__(self, body: str, message: Message) -> None:
-        self.body = body
-        #: The envelope with ``request_id`` 0 (left out by proto3).
-        self.tail = make_envelope(body, message).SerializeToString()
-
-    def envelope_bytes(self, request_id: int) -> bytes:
-        """The serialized envelope of this request with ``request_id``."""
-        return _REQUEST_ID_TAG + varint(request_id) + self.tail
 
 
 def _disconnected() -> Exception:
@@ -403,7 +368,7 @@ class FramedPeerProtocol(Protocol):
         return d
 
     def request_serialized(
-        self, request: SerializedRequest, timeout: Optional[float] = None, *, deadline: bool = True
+        self, request: PreserializedRequest, timeout: Optional[float] = None, *, deadline: bool = True
     ) -> Deferred[pb.Envelope]:
         """:meth:`request` for a body serialized once (no per-request protobuf work)."""
         if self.closing or self.transport is None:
@@ -414,7 +379,7 @@ class FramedPeerProtocol(Protocol):
 
     def request_serialized_call(
         self,
-        request: SerializedRequest,
+        request: PreserializedRequest,
         answered: AnswerCall[pb.Envelope],
         arg: Any,
         timeout: Optional[float] = None,
@@ -445,6 +410,12 @@ class FramedPeerProtocol(Protocol):
     def cancel_request(self, request_id: int) -> None:
         """Stop waiting for ``request_id`` (from :meth:`request_serialized_call`)."""
         self._pending.cancel(request_id)
+
+    def answer_preserialized(self, answer: PreserializedAnswer, request_id: int) -> None:
+        """Answer ``request_id`` with an answer serialized once; silently dropped once closing."""
+        if self.closing or self.transport is None:
+            return
+        self.sendString(answer.envelope_bytes(request_id))
 
     def _add_pending(self, timeout: Optional[float], deadline: bool) -> tuple[int, Deferred[pb.Envelope]]:
         if deadline:

@@ -214,8 +214,8 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
     # -- the EdgePeer interface ------------------------------------------------
 
     def ask_status(self, timeout: float, own_deadline: bool, listener: StatusListener) -> int:
-        """Ask the edge for its status snapshot (a plain call ends it, no Deferred)."""
-        return self.request_serialized_call(_STATUS_REQUEST, _status_envelope, listener, timeout, deadline=own_deadline)
+        """Ask the edge for its status snapshot (ended through ``listener``, no Deferred)."""
+        return self.request_preserialized(_STATUS_REQUEST, _StatusAnswer(listener), timeout, deadline=own_deadline)
 
     def cancel_status(self, request_id: int) -> None:
         """Stop waiting for the status ask ``request_id``."""
@@ -253,17 +253,26 @@ def accepted_hello_response(settings: PeerSettings) -> pb.EdgeHelloResponse:
 _STATUS_REQUEST = PreserializedRequest("edge_status_request", pb.EdgeStatusRequest())
 
 
-def _status_envelope(listener: StatusListener, envelope: Optional[pb.Envelope], error: Optional[Exception]) -> None:
-    """The end of one status ask: the answer's snapshot, or the error, to ``listener``."""
-    if envelope is None:
-        listener.status_answered(None, error)
-    elif envelope.WhichOneof("body") != "edge_status_response":
+class _StatusAnswer:
+    """The end of one status ask: the answer's snapshot, or the error, to its listener."""
+
+    __slots__ = ("listener",)
+
+    def __init__(self, listener: StatusListener) -> None:
+        self.listener = listener
+
+    def answered(self, envelope: pb.Envelope) -> None:
+        """The edge answered: its snapshot, unless it answered with another body."""
         got = envelope.WhichOneof("body")
-        listener.status_answered(
-            None, RemoteError(pb.ERROR_CODE_UNEXPECTED_MESSAGE, f"expected edge_status_response, got {got}")
-        )
-    else:
-        listener.status_answered(envelope.edge_status_response, None)
+        if got != "edge_status_response":
+            error = RemoteError(pb.ERROR_CODE_UNEXPECTED_MESSAGE, f"expected edge_status_response, got {got}")
+            self.listener.status_answered(None, error)
+        else:
+            self.listener.status_answered(envelope.edge_status_response, None)
+
+    def failed(self, error: Exception) -> None:
+        """No snapshot: the error says why."""
+        self.listener.status_answered(None, error)
 
 
 def _expect(envelope: pb.Envelope, body: str) -> pb.Envelope:

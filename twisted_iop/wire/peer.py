@@ -29,7 +29,7 @@ requests.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, Optional, Union, cast
+from typing import Optional, Union, cast
 
 from google.protobuf.message import DecodeError, Message
 from twisted.internet.defer import Deferred, fail
@@ -44,7 +44,7 @@ from zope.interface import implementer
 from twisted_iop.metrics import WireCounters
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.enums import enum_name
-from twisted_iop.wire.pending import AnswerCall, PendingRequests
+from twisted_iop.wire.pending import Completion, PendingRequests
 from twisted_iop.wire.preserialized import PreserializedAnswer, PreserializedRequest
 from twisted_iop.wire.settings import PeerSettings
 
@@ -363,52 +363,36 @@ class FramedPeerProtocol(Protocol):
         """
         if self.closing or self.transport is None:
             return fail(PeerDisconnected("connection is closed"))
-        request_id, d = self._add_pending(timeout, deadline)
+        request_id, d = self._pending.add(*self._deadline(timeout, deadline))
         self.sendString(make_envelope(body, message, request_id).SerializeToString())
         return d
 
-    def request_serialized(
-        self, request: PreserializedRequest, timeout: Optional[float] = None, *, deadline: bool = True
-    ) -> Deferred[pb.Envelope]:
-        """:meth:`request` for a body serialized once (no per-request protobuf work)."""
-        if self.closing or self.transport is None:
-            return fail(PeerDisconnected("connection is closed"))
-        request_id, d = self._add_pending(timeout, deadline)
-        self.sendString(request.envelope_bytes(request_id))
-        return d
-
-    def request_serialized_call(
+    def request_preserialized(
         self,
         request: PreserializedRequest,
-        answered: AnswerCall[pb.Envelope],
-        arg: Any,
+        completion: Completion[pb.Envelope],
         timeout: Optional[float] = None,
         *,
         deadline: bool = True,
     ) -> int:
-        """:meth:`request_serialized` ended by a plain call instead of a Deferred.
+        """Send a request serialized once, ended through ``completion``
+        (no Deferred, no protobuf work per request).
 
-        ``answered(arg, envelope, error)`` is called once, with the answering
-        envelope or with the error :meth:`request` would fail with
-        (``CancelledError`` after :meth:`cancel_request`). Returns the
-        request id (0 when the connection is closed: ``answered`` has then
-        already been called with :class:`PeerDisconnected`).
+        ``completion`` is ended once, with the answering envelope or with
+        the error :meth:`request` would fail with (``CancelledError`` after
+        :meth:`cancel_request`). Returns the request id (0 when the
+        connection is closed: ``completion`` has then already failed with
+        :class:`PeerDisconnected`).
         """
         if self.closing or self.transport is None:
-            answered(arg, None, PeerDisconnected("connection is closed"))
+            completion.failed(PeerDisconnected("connection is closed"))
             return 0
-        if deadline:
-            seconds = self._settings.request_timeout_seconds if timeout is None else timeout
-            request_id = self._pending.add_call(
-                self._clock, seconds, lambda: RequestTimeout(f"no answer within {seconds:g}s"), answered, arg
-            )
-        else:
-            request_id = self._pending.add_call(None, 0.0, _disconnected, answered, arg)
+        request_id = self._pending.add_completion(completion, *self._deadline(timeout, deadline))
         self.sendString(request.envelope_bytes(request_id))
         return request_id
 
     def cancel_request(self, request_id: int) -> None:
-        """Stop waiting for ``request_id`` (from :meth:`request_serialized_call`)."""
+        """Stop waiting for ``request_id`` (from :meth:`request_preserialized`)."""
         self._pending.cancel(request_id)
 
     def answer_preserialized(self, answer: PreserializedAnswer, request_id: int) -> None:
@@ -417,11 +401,14 @@ class FramedPeerProtocol(Protocol):
             return
         self.sendString(answer.envelope_bytes(request_id))
 
-    def _add_pending(self, timeout: Optional[float], deadline: bool) -> tuple[int, Deferred[pb.Envelope]]:
-        if deadline:
-            seconds = self._settings.request_timeout_seconds if timeout is None else timeout
-            return self._pending.add(self._clock, seconds, lambda: RequestTimeout(f"no answer within {seconds:g}s"))
-        return self._pending.add(None, 0.0, _disconnected)
+    def _deadline(
+        self, timeout: Optional[float], deadline: bool
+    ) -> tuple[Optional[IReactorTime], float, Callable[[], Exception]]:
+        """The clock, seconds and timeout error of a new request (no clock: no timer)."""
+        if not deadline:
+            return None, 0.0, _disconnected
+        seconds = self._settings.request_timeout_seconds if timeout is None else timeout
+        return self._clock, seconds, lambda: RequestTimeout(f"no answer within {seconds:g}s")
 
     @property
     def pending_requests(self) -> int:

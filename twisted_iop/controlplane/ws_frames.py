@@ -6,17 +6,18 @@ frames built here (final, binary, unmasked, uncompressed: RFC 6455 section
 Autobahn's public API frames and writes one message per call; its
 ``prepareMessage`` builds the same frame in more steps.
 
-Measured with ``timeit`` (CPython 3.11, one subscriber on a
-``StringTransport``, ``EdgeRegistry.record`` then the next turn's write,
-about 2.4 us of each figure being the registry's own work):
+Measured with ``timeit`` (CPython 3.11, the four side by side in one
+process, best of 12 runs; one subscriber on a ``StringTransport``,
+``EdgeRegistry.record`` then the next turn's write, about 2.4 us of each
+figure being the registry's own work, and most of a lone event's the turn's timer):
 
 =============================================  ===========  ==============
 per event                                      1 per turn   256 per turn
 =============================================  ===========  ==============
-frames from here, one write per turn           9.8 us       4.6-4.8 us
-``sendMessage`` per event                      10.8 us      8.2 us
-``prepareMessage`` + ``sendPreparedMessage``   10.2 us      7.9 us
-``prepareMessage`` frames joined, one write    12.3 us      6.5 us
+frames from here, one write per turn           10.1 us      4.7 us
+``sendMessage`` per event                      10.9 us      8.1 us
+``prepareMessage`` + ``sendPreparedMessage``   10.5 us      8.3 us
+``prepareMessage`` frames joined, one write    13.1 us      5.9 us
 =============================================  ===========  ==============
 
 So the frames stay here. They are written only to a socket whose options

@@ -196,7 +196,7 @@ def test_slow_consumer_is_told_how_many_events_it_lost() -> None:
     for i in range(20):
         registry.record("edge-a", "node.ready", node_id=f"n{i}")
     clock.advance(0)
-    assert len(protocol._queue) == 5  # bounded while the socket is full
+    assert protocol.queued_events == 5  # bounded while the socket is full
     socket_.transport.clear()
     producer.resumeProducing()
     sent = socket_.received()[0]
@@ -243,7 +243,7 @@ def test_messages_arriving_while_closing_are_not_answered() -> None:
     protocol = RecordingWire()
     protocol.factory = ClientWireFactory(registry)
     protocol.state = ClientWireServerProtocol.STATE_CLOSING
-    protocol._on_message(pb.ClientEnvelope(client_hello_request=hello()).SerializeToString(), True)
+    protocol.onMessage(pb.ClientEnvelope(client_hello_request=hello()).SerializeToString(), True)
     assert protocol.sent == []
 
 

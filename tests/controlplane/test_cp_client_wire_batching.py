@@ -18,13 +18,13 @@ from twisted_iop.controlplane.client_wire import (
     BATCH_EVENTS,
     ClientWireFactory,
     ClientWireSettings,
-    binary_frame,
     event_frame,
     event_payload,
 )
 from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.event_record import EventRecord
 from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.ws_frames import binary_frame
 from twisted_iop.testing.frames import ws_messages
 from twisted_iop.testing.peers import HeldEdgePeer
 from twisted_iop.testing.wire import ClientConnection
@@ -202,14 +202,44 @@ def test_a_closed_socket_drops_its_queued_events() -> None:
 def test_masked_server_frames_fall_back_to_autobahn() -> None:
     """A socket set to mask server frames gets its events through Autobahn's own framing."""
     fleet = Fleet()
+    fleet.factory.setProtocolOptions(maskServerFrames=True)
     socket_ = fleet.subscriber()
-    socket_.protocol.maskServerFrames = True
     fleet.record(2)
     fleet.clock.advance(0)
     data = socket_.transport.value()
     assert len(socket_.writes) == 2  # one sendMessage each
     assert data[1] & 0x80  # the mask bit
     assert socket_.protocol.queued_events == 0
+
+
+def test_compression_other_than_ours_falls_back_to_autobahn() -> None:
+    """A factory whose compression choice is not the wire's own (it might
+    negotiate compression) has its events written by Autobahn, one message each."""
+    fleet = Fleet()
+    fleet.factory.setProtocolOptions(perMessageCompressionAccept=lambda offers: None)
+    socket_ = fleet.subscriber()
+    fleet.record(2)
+    fleet.clock.advance(0)
+    assert len(socket_.writes) == 2  # one sendMessage each
+    assert event_sequences(socket_) == [2, 3]
+
+
+def test_a_client_offering_compression_gets_plain_frames() -> None:
+    """A client that offers permessage-deflate is not granted it, and its
+    events arrive as uncompressed frames written together."""
+    fleet = Fleet()
+    socket_ = ClientConnection(
+        fleet.factory.buildProtocol(None), b"Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n"
+    )
+    assert b"permessage-deflate" not in socket_.handshake_response.lower()
+    socket_.send("client_hello_request", pb.ClientHelloRequest(client_name="t", protocol_major=PROTOCOL_MAJOR), 1)
+    socket_.send("subscribe_request", pb.SubscribeRequest(), 2)
+    socket_.transport.clear()
+    fleet.record(3, message="compressible " * 20)
+    fleet.clock.advance(0)
+    data = socket_.transport.value()
+    assert data[0] == 0x82  # final, binary, no RSV1 (compressed) bit
+    assert event_sequences(socket_) == [2, 3, 4]
 
 
 def _autobahn_frame(payload: bytes) -> bytes:
@@ -254,7 +284,12 @@ def test_each_event_is_framed_once_for_all_subscribers(monkeypatch: pytest.Monke
     assert len(framed) == 4
     for socket_ in sockets:
         assert event_sequences(socket_) == [2, 3, 4, 5]
-    assert fleet.factory._turn_frames is None  # nothing kept after the turn
+    # A later turn frames its own events anew: nothing of the last turn is reused.
+    fleet.record(2)
+    fleet.clock.advance(0)
+    assert len(framed) == 6
+    for socket_ in sockets:
+        assert event_sequences(socket_) == [2, 3, 4, 5, 6, 7]
 
 
 @settings(max_examples=200, deadline=None)

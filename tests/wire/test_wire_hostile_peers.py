@@ -52,9 +52,11 @@ class Recorder(FramedPeerProtocol):
     def __init__(self, settings: PeerSettings = PeerSettings()) -> None:
         super().__init__(Clock(), settings)
         self.received: list[str] = []
+        self.envelopes: list[pb.Envelope] = []
 
     def envelope_received(self, envelope: pb.Envelope, body: str) -> None:
         self.received.append(body)
+        self.envelopes.append(envelope)
 
 
 # -- 1. unknown enum values ---------------------------------------------------------
@@ -186,29 +188,29 @@ def test_a_large_frame_after_hello_is_accepted() -> None:
     assert len(driver.outcomes[0]) == 100
 
 
-def test_a_trickled_frame_is_kept_in_one_growing_buffer() -> None:
-    """A frame fed 200 bytes at a time grows one bytearray (no copy per read) and
-    arrives once; whole frames keep no buffer at all."""
+def test_a_trickled_frame_arrives_once_and_whole() -> None:
+    """A large frame fed 200 bytes at a time arrives once, intact, with its
+    last piece; a partial frame after whole ones in one read is kept for the next."""
     protocol = Recorder()
     connection = FramedConnection(protocol)
-    data = frame(make_envelope("edge_event", pb.EdgeEvent(message="x" * 100_000)))
-    assert protocol._buffer == b""
-    first, *middle, last = [data[i : i + 200] for i in range(0, len(data), 200)]
-    connection.feed(first)
-    buffer = protocol._buffer
-    assert isinstance(buffer, bytearray) and len(buffer) == 200
-    for piece in middle:
+    text = "".join(chr(0x41 + i % 26) for i in range(100_000))
+    data = frame(make_envelope("edge_event", pb.EdgeEvent(message=text)))
+    *pieces, last = [data[i : i + 200] for i in range(0, len(data), 200)]
+    for piece in pieces:
         connection.feed(piece)
-        assert protocol._buffer is buffer
+    assert protocol.received == []
     connection.feed(last)
-    assert protocol.received == ["edge_event"] and not protocol.closing
-    assert protocol._buffer == b""
-    # Two whole frames and half of a third in one read: the half is kept.
-    small = frame(make_envelope("edge_event", pb.EdgeEvent(message="y")))
-    connection.feed(small + small + small[:5])
-    assert protocol.received == ["edge_event"] * 3 and bytes(protocol._buffer) == small[:5]
-    connection.feed(small[5:])
-    assert protocol.received == ["edge_event"] * 4 and protocol._buffer == b""
+    assert protocol.received == ["edge_event"] and protocol.envelopes[0].edge_event.message == text
+    # Two whole frames and half of a third in one read: the half waits for its rest.
+    small = [frame(make_envelope("edge_event", pb.EdgeEvent(message=m))) for m in ("a", "b", "c", "d")]
+    connection.feed(small[0] + small[1] + small[2][:5])
+    assert [e.edge_event.message for e in protocol.envelopes[1:]] == ["a", "b"]
+    # The rest of the third, the fourth byte by byte, and nothing left over.
+    connection.feed(small[2][5:])
+    for i in range(len(small[3])):
+        connection.feed(small[3][i : i + 1])
+    assert [e.edge_event.message for e in protocol.envelopes[1:]] == ["a", "b", "c", "d"]
+    assert not protocol.closing and protocol.violations == 0
 
 
 # -- 3. log flooding and the violation limit --------------------------------------------

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
 
 import pytest
 from twisted.internet.defer import CancelledError
@@ -20,11 +19,10 @@ from twisted_iop.wire.peer import (
     PeerSettings,
     RemoteError,
     RequestTimeout,
-    SerializedRequest,
     frame,
     make_envelope,
-    varint,
 )
+from twisted_iop.wire.preserialized import PreserializedAnswer, PreserializedRequest
 
 
 class Recorder(FramedPeerProtocol):
@@ -219,43 +217,60 @@ def test_chunked_delivery_of_mixed_frames(chunk: int) -> None:
     assert [e.edge_event.kind for _, e in protocol.received] == ["k" * (i % 50) for i in range(40)]
 
 
-@pytest.mark.parametrize("request_id", [1, 127, 128, 300, 16_384, 2**32 + 5])
-def test_serialized_request_is_the_envelope_make_envelope_builds(request_id: int) -> None:
-    """A body serialized once, with its request id in front, parses as the same envelope."""
-    request = SerializedRequest("edge_status_request", pb.EdgeStatusRequest())
-    parsed = pb.Envelope()
-    parsed.ParseFromString(request.envelope_bytes(request_id))
-    assert parsed == make_envelope("edge_status_request", pb.EdgeStatusRequest(), request_id)
-    assert parsed.request_id == request_id and parsed.WhichOneof("body") == "edge_status_request"
+#: The status request every preserialized test sends.
+STATUS_REQUEST = PreserializedRequest("edge_status_request", pb.EdgeStatusRequest())
 
 
-def test_serialized_request_is_numbered_and_answered_like_request() -> None:
-    """request_serialized takes the next request id, and the answer fires its Deferred."""
+class Ends:
+    """A completion for each named request, keeping ``(name, envelope, error)`` in the order they end."""
+
+    def __init__(self) -> None:
+        self.ends: list[tuple[str, object, object]] = []
+
+    def of(self, name: str) -> Ending:
+        """The completion of the request named ``name``."""
+        return Ending(self.ends, name)
+
+
+class Ending:
+    """One request's completion: appends how it ended to the shared list."""
+
+    def __init__(self, ends: list[tuple[str, object, object]], name: str) -> None:
+        self.ends = ends
+        self.name = name
+
+    def answered(self, result: pb.Envelope) -> None:
+        """Keep the answer."""
+        self.ends.append((self.name, result, None))
+
+    def failed(self, error: Exception) -> None:
+        """Keep the error."""
+        self.ends.append((self.name, None, error))
+
+
+def test_preserialized_request_is_numbered_and_answered_like_request() -> None:
+    """request_preserialized takes the next request id after request, and the answer ends its completion."""
     protocol, transport, _ = connected()
     first = protocol.request("edge_status_request", pb.EdgeStatusRequest(), 5.0)
-    second = protocol.request_serialized(SerializedRequest("edge_status_request", pb.EdgeStatusRequest()), 5.0)
+    ends = Ends()
+    second = protocol.request_preserialized(STATUS_REQUEST, ends.of("second"), 5.0)
     envelopes = sent(transport)
-    assert [e.request_id for e in envelopes] == [1, 2]
-    answers: list[pb.Envelope] = []
-    second.addCallback(answers.append)
+    assert [e.request_id for e in envelopes] == [1, 2] == [1, second]
+    assert envelopes[1] == make_envelope("edge_status_request", pb.EdgeStatusRequest(), 2)
     protocol.dataReceived(frame(make_envelope("edge_status_response", pb.EdgeStatusResponse(edge_id="e"), 2)))
-    assert [a.edge_status_response.edge_id for a in answers] == ["e"]
+    [(name, envelope, error)] = ends.ends
+    assert name == "second" and error is None
+    assert isinstance(envelope, pb.Envelope) and envelope.edge_status_response.edge_id == "e"
     assert not first.called
 
 
-def _calls(into: list[tuple[str, object, object]]) -> Callable[[str, object, object], None]:
-    """A plain answer call that keeps ``(arg, envelope, error)``."""
-    return lambda arg, envelope, error: into.append((arg, envelope, error))
-
-
-def test_serialized_call_is_ended_by_a_plain_call() -> None:
-    """request_serialized_call: the answer, an error frame, the deadline, a cancel and a
-    disconnect each end their own request with one call, and nothing else happens after."""
+def test_preserialized_requests_end_once_each() -> None:
+    """request_preserialized: the answer, an error frame, the deadline, a cancel and a
+    disconnect each end their own request once, and nothing else happens after."""
     protocol, transport, clock = connected()
-    request = SerializedRequest("edge_status_request", pb.EdgeStatusRequest())
-    ends: list[tuple[str, object, object]] = []
+    ends = Ends()
     answered, refused, late, cancelled, dropped = (
-        protocol.request_serialized_call(request, _calls(ends), name, 5.0, deadline=name == "late")
+        protocol.request_preserialized(STATUS_REQUEST, ends.of(name), 5.0, deadline=name == "late")
         for name in ("answered", "refused", "late", "cancelled", "dropped")
     )
     assert [e.request_id for e in sent(transport)] == [1, 2, 3, 4, 5] == [answered, refused, late, cancelled, dropped]
@@ -265,8 +280,8 @@ def test_serialized_call_is_ended_by_a_plain_call() -> None:
     protocol.cancel_request(cancelled)
     protocol.cancel_request(cancelled)  # twice: the second changes nothing
     protocol.connectionLost(Failure(ConnectionError()))
-    by_name = {name: (envelope, error) for name, envelope, error in ends}
-    assert [name for name, _, _ in ends] == ["answered", "refused", "late", "cancelled", "dropped"]
+    by_name = {name: (envelope, error) for name, envelope, error in ends.ends}
+    assert [name for name, _, _ in ends.ends] == ["answered", "refused", "late", "cancelled", "dropped"]
     envelope, error = by_name["answered"]
     assert error is None and isinstance(envelope, pb.Envelope) and envelope.edge_status_response.edge_id == "e"
     assert isinstance(by_name["refused"][1], RemoteError)
@@ -276,18 +291,23 @@ def test_serialized_call_is_ended_by_a_plain_call() -> None:
     assert clock.getDelayedCalls() == [] and protocol.pending_requests == 0
 
 
-def test_serialized_call_on_a_closed_connection_ends_at_once() -> None:
-    """On a closing connection nothing is sent and the call says PeerDisconnected at once."""
+def test_preserialized_request_on_a_closed_connection_ends_at_once() -> None:
+    """On a closing connection nothing is sent and the completion fails with PeerDisconnected at once."""
     protocol, transport, _ = connected()
     protocol.close()
-    ends: list[tuple[str, object, object]] = []
-    request = SerializedRequest("edge_status_request", pb.EdgeStatusRequest())
-    assert protocol.request_serialized_call(request, _calls(ends), "x") == 0
-    assert transport.value() == b"" and len(ends) == 1 and isinstance(ends[0][2], PeerDisconnected)
+    ends = Ends()
+    assert protocol.request_preserialized(STATUS_REQUEST, ends.of("x"), 5.0) == 0
+    assert transport.value() == b"" and len(ends.ends) == 1 and isinstance(ends.ends[0][2], PeerDisconnected)
 
 
-def test_varint_matches_protobuf() -> None:
-    """varint encodes like protobuf's own encoder (a uint64 field without its tag)."""
-    for value in (0, 1, 127, 128, 255, 300, 2**21, 2**63 - 1):
-        serialized = pb.Envelope(request_id=value).SerializeToString()
-        assert (b"\x08" + varint(value) == serialized) if value else serialized == b""
+def test_preserialized_answer_carries_the_request_id_it_answers() -> None:
+    """answer_preserialized writes the answer with the asker's request id, and nothing once closing."""
+    protocol, transport, _ = connected()
+    message = pb.EdgeHelloResponse(accepted=True, server_version="v")
+    answer = PreserializedAnswer("edge_hello_response", message)
+    protocol.answer_preserialized(answer, 7)
+    assert sent(transport) == [make_envelope("edge_hello_response", message, 7)]
+    protocol.close()
+    transport.clear()
+    protocol.answer_preserialized(answer, 8)
+    assert transport.value() == b""

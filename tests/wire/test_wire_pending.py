@@ -50,3 +50,59 @@ def test_cancel_forgets_the_request_and_its_timer() -> None:
     assert request_id not in pending and clock.getDelayedCalls() == []
     pending.answer(request_id, "late")
     assert len(result) == 1
+
+
+class Ends:
+    """A completion that keeps how each of its requests ended."""
+
+    def __init__(self) -> None:
+        self.ends: list[tuple[str, object]] = []
+
+    def answered(self, result: str) -> None:
+        """Keep the answer."""
+        self.ends.append(("answered", result))
+
+    def failed(self, error: Exception) -> None:
+        """Keep the error's type."""
+        self.ends.append(("failed", type(error)))
+
+
+def test_a_completion_ends_once_in_the_way_that_came_first() -> None:
+    """Requests ended through a completion: answer, error, deadline, cancel and
+    fail-all each end theirs once; later answers and timers change nothing."""
+    clock = Clock()
+    pending: PendingRequests[str] = PendingRequests()
+    ends = Ends()
+    answered, refused, late, cancelled, dropped = (
+        pending.add_completion(ends, clock if timed else None, 5, lambda: TimeoutError("late"))
+        for timed in (True, False, True, False, False)
+    )
+    assert [answered, refused, late, cancelled, dropped] == [1, 2, 3, 4, 5] and len(pending) == 5
+    pending.answer(answered, "ok")
+    pending.fail(refused, ValueError("refused"))
+    clock.advance(5)
+    pending.cancel(cancelled)
+    pending.cancel(cancelled)
+    pending.fail_all(lambda: ConnectionError("gone"))
+    pending.answer(answered, "again")
+    pending.answer(late, "too late")
+    assert ends.ends == [
+        ("answered", "ok"),
+        ("failed", ValueError),
+        ("failed", TimeoutError),
+        ("failed", CancelledError),
+        ("failed", ConnectionError),
+    ]
+    assert len(pending) == 0 and clock.getDelayedCalls() == []
+    assert pending.issued(late) and not pending.issued(6)
+
+
+def test_cancel_fails_a_deferred_request_with_cancelled_error() -> None:
+    """PendingRequests.cancel ends a Deferred request like a completion's: CancelledError, timer gone."""
+    clock = Clock()
+    pending: PendingRequests[str] = PendingRequests()
+    request_id, d = pending.add(clock, 5, lambda: TimeoutError())
+    result = outcomes(d)
+    pending.cancel(request_id)
+    assert result[0].check(CancelledError)  # type: ignore[union-attr]
+    assert request_id not in pending and clock.getDelayedCalls() == []

@@ -8,9 +8,10 @@ told with ``EventsLost(reason="slow_consumer")`` before the next event, so
 the server never buffers without bound and the client always knows.
 
 The events recorded in one reactor turn reach each subscriber together at
-the start of the next turn: their WebSocket frames are built here (binary,
-unmasked, one message each) and written as one write of at most
-:data:`BATCH_BYTES`, instead of one Autobahn ``sendMessage`` per event.
+the start of the next turn: their WebSocket frames are built by
+:mod:`~twisted_iop.controlplane.ws_frames` (binary, unmasked, one message
+each, which says why and what it saves) and written as one write of at
+most :data:`BATCH_BYTES`, instead of one Autobahn ``sendMessage`` per event.
 A turn that queues :data:`BATCH_EVENTS` events (or reaches the queue's
 bounds) for one subscriber writes them at once, so the queue's bounds drop
 events of a full socket only, as before. Whatever the client sends is
@@ -27,8 +28,9 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
+from collections.abc import Callable
 from itertools import compress
-from typing import Optional
+from typing import Any, Optional
 
 import attrs
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
@@ -44,10 +46,11 @@ from twisted_iop.controlplane.event_log import EventBuffer, EventListener
 from twisted_iop.controlplane.event_record import EVENT_FIELDS, EventRecord, FieldKind, values_getter
 from twisted_iop.controlplane.memory import event_size
 from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.ws_frames import event_envelope_frame, frames_writable, refuse_compression
 from twisted_iop.ids import id_problem
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
-from twisted_iop.wire.peer import varint
+from twisted_iop.wire.preserialized import client_event_envelope
 
 FEATURES = ("events.subscribe", "events.resume", "events.backpressure")
 
@@ -132,50 +135,15 @@ def fleet_event_message(event: EventRecord) -> pb.FleetEvent:
     return message
 
 
-#: The tag of ``ClientEnvelope.event`` (field 16, length-delimited).
-_EVENT_TAG = varint((16 << 3) | 2)
-
-
 def event_payload(event: EventRecord) -> bytes:
     """The WebSocket message of a live event: a ``ClientEnvelope`` whose
     body is the event (request_id 0), serialized without building the envelope."""
-    return _event_envelope(fleet_event_message(event).SerializeToString())
-
-
-def _event_envelope(data: bytes) -> bytes:
-    """A serialized ``FleetEvent`` as the body of a ``ClientEnvelope`` (request_id 0)."""
-    return _EVENT_TAG + varint(len(data)) + data
-
-
-#: The header of an unmasked, final, binary WebSocket frame of each length up to 125.
-_SMALL_FRAME_HEADERS = tuple(bytes((0x82, n)) for n in range(126))
-#: The largest serialized event whose frame header, envelope tag and
-#: one-byte length come from :data:`_SMALL_EVENT_PREFIXES`.
-_SMALL_EVENT_BYTES = 125 - len(_EVENT_TAG) - 1
-#: Everything before a small event's bytes in its frame, by the event's length.
-_SMALL_EVENT_PREFIXES = tuple(
-    _SMALL_FRAME_HEADERS[len(_EVENT_TAG) + 1 + n] + _EVENT_TAG + bytes((n,)) for n in range(_SMALL_EVENT_BYTES + 1)
-)
+    return client_event_envelope(fleet_event_message(event).SerializeToString())
 
 
 def event_frame(event: EventRecord) -> bytes:
-    """``binary_frame(event_payload(event))``, with one concatenation for a small event."""
-    data = fleet_event_message(event).SerializeToString()
-    n = len(data)
-    if n <= _SMALL_EVENT_BYTES:
-        return _SMALL_EVENT_PREFIXES[n] + data
-    return binary_frame(_event_envelope(data))
-
-
-def binary_frame(payload: bytes) -> bytes:
-    """``payload`` as one server-to-client WebSocket frame: final, binary,
-    unmasked, uncompressed (RFC 6455 section 5.2)."""
-    n = len(payload)
-    if n < 126:
-        return _SMALL_FRAME_HEADERS[n] + payload
-    if n <= 0xFFFF:
-        return b"\x82\x7e" + n.to_bytes(2, "big") + payload
-    return b"\x82\x7f" + n.to_bytes(8, "big") + payload
+    """The WebSocket frame of :func:`event_payload`, built by :mod:`ws_frames`."""
+    return event_envelope_frame(fleet_event_message(event).SerializeToString())
 
 
 @implementer(IPushProducer)
@@ -223,6 +191,7 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
     # (annotations only: a class value would stop it doing so).
     maxMessagePayloadSize: int
     maskServerFrames: bool
+    perMessageCompressionAccept: Callable[[list[Any]], Optional[Any]]
 
     def __init__(self) -> None:
         super().__init__()
@@ -248,6 +217,10 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
         self.violations = 0
         #: Whether the factory will flush this subscriber at the next turn.
         self.flush_due = False
+        #: Whether events are written as frames from ``ws_frames`` (decided
+        #: from this socket's options when the connection is made) rather
+        #: than by Autobahn's ``sendMessage``.
+        self.frames_direct = False
 
     @property
     def queued_events(self) -> int:
@@ -261,6 +234,7 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
     def connectionMade(self) -> None:
         super().connectionMade()
         set_no_delay(self.transport)
+        self.frames_direct = frames_writable(self)
         settings = self.factory.settings
         self._write_at = min(BATCH_EVENTS, settings.subscriber_queue + 1)
         self._max_queued_bytes = settings.subscriber_queue_bytes
@@ -502,7 +476,7 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
         if self.state != WebSocketProtocol.STATE_OPEN:
             self._clear_queue()
             return
-        if not self.frames_direct():
+        if not self.frames_direct:
             self._flush_by_messages()
             return
         frame_of = self.factory.event_frame
@@ -524,11 +498,6 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
             if self.state != WebSocketProtocol.STATE_OPEN:
                 self._clear_queue()
                 return
-
-    def frames_direct(self) -> bool:
-        """Whether events may be framed here: a server that neither masks
-        its frames nor compresses messages on this socket (the defaults)."""
-        return self._perMessageCompress is None and not self.maskServerFrames
 
     def _flush_by_messages(self) -> None:
         """:meth:`flush` by Autobahn's ``sendMessage``, one event at a time."""
@@ -579,6 +548,10 @@ class ClientWireFactory(WebSocketServerFactory):
             autoPingInterval=settings.auto_ping_interval_seconds,
             autoPingTimeout=settings.auto_ping_timeout_seconds,
             failByDrop=False,
+            # Set here, not left to Autobahn's defaults: ws_frames writes
+            # this wire's frames, uncompressed and unmasked.
+            perMessageCompressionAccept=refuse_compression,
+            maskServerFrames=False,
         )
         #: The newest event serialized, and its message and frame: every
         #: subscriber it goes to now shares one serialization.
@@ -603,7 +576,7 @@ class ClientWireFactory(WebSocketServerFactory):
         return self._last_payload
 
     def event_frame(self, event: EventRecord) -> bytes:
-        """``event``'s WebSocket frame (:func:`binary_frame` of its message),
+        """``event``'s WebSocket frame (:func:`event_frame`),
         built once for all the subscribers it goes to in a row, and once in
         a turn whose writes go to several subscribers."""
         if self._last_frame_event is event:

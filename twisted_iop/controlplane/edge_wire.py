@@ -46,8 +46,8 @@ from twisted_iop.wire.peer import (
     PeerServerFactory,
     PeerSettings,
     RemoteError,
-    SerializedRequest,
 )
+from twisted_iop.wire.preserialized import PreserializedAnswer, PreserializedRequest
 
 #: Accepted hellos per second unless configured (burst: twice as many).
 DEFAULT_MAX_HELLOS_PER_SECOND = 500.0
@@ -191,8 +191,7 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
         )
         # Answer first so the edge learns it is accepted before any request
         # (status, command) that the registry's listeners might send.
-        if not self.closing:
-            self.sendString(factory.hello_accepted.envelope_bytes(envelope.request_id))
+        self.answer_preserialized(factory.hello_accepted, envelope.request_id)
         self.token = factory.registry.connect(edge_id, self, info)
 
     def _reject(self, request_id: int, rejection: Rejection, retry_after_ms: int = 0) -> None:
@@ -216,8 +215,8 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
     # -- the EdgePeer interface ------------------------------------------------
 
     def ask_status(self, timeout: float, own_deadline: bool, listener: StatusListener) -> int:
-        """Ask the edge for its status snapshot (a plain call ends it, no Deferred)."""
-        return self.request_serialized_call(_STATUS_REQUEST, _status_envelope, listener, timeout, deadline=own_deadline)
+        """Ask the edge for its status snapshot (ended through ``listener``, no Deferred)."""
+        return self.request_preserialized(_STATUS_REQUEST, _StatusAnswer(listener), timeout, deadline=own_deadline)
 
     def cancel_status(self, request_id: int) -> None:
         """Stop waiting for the status ask ``request_id``."""
@@ -252,20 +251,29 @@ def accepted_hello_response(settings: PeerSettings) -> pb.EdgeHelloResponse:
 
 #: Every status request is the same empty message: serialized once, and
 #: each request adds only its request id.
-_STATUS_REQUEST = SerializedRequest("edge_status_request", pb.EdgeStatusRequest())
+_STATUS_REQUEST = PreserializedRequest("edge_status_request", pb.EdgeStatusRequest())
 
 
-def _status_envelope(listener: StatusListener, envelope: Optional[pb.Envelope], error: Optional[Exception]) -> None:
-    """The end of one status ask: the answer's snapshot, or the error, to ``listener``."""
-    if envelope is None:
-        listener.status_answered(None, error)
-    elif envelope.WhichOneof("body") != "edge_status_response":
+class _StatusAnswer:
+    """The end of one status ask: the answer's snapshot, or the error, to its listener."""
+
+    __slots__ = ("listener",)
+
+    def __init__(self, listener: StatusListener) -> None:
+        self.listener = listener
+
+    def answered(self, envelope: pb.Envelope) -> None:
+        """The edge answered: its snapshot, unless it answered with another body."""
         got = envelope.WhichOneof("body")
-        listener.status_answered(
-            None, RemoteError(pb.ERROR_CODE_UNEXPECTED_MESSAGE, f"expected edge_status_response, got {got}")
-        )
-    else:
-        listener.status_answered(envelope.edge_status_response, None)
+        if got != "edge_status_response":
+            error = RemoteError(pb.ERROR_CODE_UNEXPECTED_MESSAGE, f"expected edge_status_response, got {got}")
+            self.listener.status_answered(None, error)
+        else:
+            self.listener.status_answered(envelope.edge_status_response, None)
+
+    def failed(self, error: Exception) -> None:
+        """No snapshot: the error says why."""
+        self.listener.status_answered(None, error)
 
 
 def _expect(envelope: pb.Envelope, body: str) -> pb.Envelope:
@@ -309,7 +317,7 @@ class EdgeWireFactory(PeerServerFactory):
         self.cluster: Optional[HelloGate] = None
         #: The answer to every accepted hello, serialized once: only the
         #: request id differs from one edge to the next.
-        self.hello_accepted = SerializedRequest("edge_hello_response", accepted_hello_response(settings))
+        self.hello_accepted = PreserializedAnswer("edge_hello_response", accepted_hello_response(settings))
 
     @overload  # type: ignore[override]
     def buildProtocol(self, addr: None) -> EdgeWireProtocol: ...

@@ -313,20 +313,26 @@ class NodeWireDriver:
 
 _HANDSHAKE = (
     b"GET /client HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
 )
 
 
 class ClientConnection:
-    """One ``/client`` socket after the opening handshake."""
+    """One ``/client`` socket after the opening handshake.
 
-    def __init__(self, protocol: Any) -> None:
+    ``headers`` are further request headers of the handshake (each ending
+    in CRLF); :attr:`handshake_response` is the server's answer to it.
+    """
+
+    def __init__(self, protocol: Any, headers: bytes = b"") -> None:
         self.protocol = protocol
         self.transport = StringTransport()
         protocol.makeConnection(self.transport)
-        protocol.dataReceived(_HANDSHAKE)
+        protocol.dataReceived(_HANDSHAKE + headers + b"\r\n")
         head, _, rest = self.transport.value().partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 101"), head
+        #: The status line and headers of the server's handshake answer.
+        self.handshake_response = head
         self.transport.clear()
         self.transport.write(rest)
         self.sent_envelopes: list[pb.ClientEnvelope] = []

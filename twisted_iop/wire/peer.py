@@ -29,7 +29,7 @@ requests.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, Optional, Union, cast
+from typing import Optional, Union, cast
 
 from google.protobuf.message import DecodeError, Message
 from twisted.internet.defer import Deferred, fail
@@ -44,7 +44,8 @@ from zope.interface import implementer
 from twisted_iop.metrics import WireCounters
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.enums import enum_name
-from twisted_iop.wire.pending import AnswerCall, PendingRequests
+from twisted_iop.wire.pending import Completion, PendingRequests
+from twisted_iop.wire.preserialized import PreserializedAnswer, PreserializedRequest
 from twisted_iop.wire.settings import PeerSettings
 
 #: Bodies that answer a request; only these are matched against pending
@@ -108,42 +109,6 @@ def frame(envelope: pb.Envelope) -> bytes:
     """Serialize ``envelope`` with its 4-byte big-endian length prefix."""
     data = envelope.SerializeToString()
     return len(data).to_bytes(4, "big") + data
-
-
-def varint(value: int) -> bytes:
-    """``value`` (>= 0) as a protobuf base-128 varint."""
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-#: The tag of ``Envelope.request_id`` (field 1, varint), which leads a
-#: request serialized by :class:`SerializedRequest`.
-_REQUEST_ID_TAG = b"\x08"
-
-
-class SerializedRequest:
-    """A request body serialized once, for requests sent over and over
-    (and answers: the Control Plane's answer to every accepted hello).
-
-    A fleet round sends the same empty ``EdgeStatusRequest`` to every edge;
-    only the request id differs. The envelope without a request id is
-    serialized here once, and each request is the request id field followed
-    by those bytes (protobuf allows fields in any order; the receiver
-    parses the same envelope).
-    """
-
-    def __init__(self, body: str, message: Message) -> None:
-        self.body = body
-        #: The envelope with ``request_id`` 0 (left out by proto3).
-        self.tail = make_envelope(body, message).SerializeToString()
-
-    def envelope_bytes(self, request_id: int) -> bytes:
-        """The serialized envelope of this request with ``request_id``."""
-        return _REQUEST_ID_TAG + varint(request_id) + self.tail
 
 
 def _disconnected() -> Exception:
@@ -398,59 +363,52 @@ class FramedPeerProtocol(Protocol):
         """
         if self.closing or self.transport is None:
             return fail(PeerDisconnected("connection is closed"))
-        request_id, d = self._add_pending(timeout, deadline)
+        request_id, d = self._pending.add(*self._deadline(timeout, deadline))
         self.sendString(make_envelope(body, message, request_id).SerializeToString())
         return d
 
-    def request_serialized(
-        self, request: SerializedRequest, timeout: Optional[float] = None, *, deadline: bool = True
-    ) -> Deferred[pb.Envelope]:
-        """:meth:`request` for a body serialized once (no per-request protobuf work)."""
-        if self.closing or self.transport is None:
-            return fail(PeerDisconnected("connection is closed"))
-        request_id, d = self._add_pending(timeout, deadline)
-        self.sendString(request.envelope_bytes(request_id))
-        return d
-
-    def request_serialized_call(
+    def request_preserialized(
         self,
-        request: SerializedRequest,
-        answered: AnswerCall[pb.Envelope],
-        arg: Any,
+        request: PreserializedRequest,
+        completion: Completion[pb.Envelope],
         timeout: Optional[float] = None,
         *,
         deadline: bool = True,
     ) -> int:
-        """:meth:`request_serialized` ended by a plain call instead of a Deferred.
+        """Send a request serialized once, ended through ``completion``
+        (no Deferred, no protobuf work per request).
 
-        ``answered(arg, envelope, error)`` is called once, with the answering
-        envelope or with the error :meth:`request` would fail with
-        (``CancelledError`` after :meth:`cancel_request`). Returns the
-        request id (0 when the connection is closed: ``answered`` has then
-        already been called with :class:`PeerDisconnected`).
+        ``completion`` is ended once, with the answering envelope or with
+        the error :meth:`request` would fail with (``CancelledError`` after
+        :meth:`cancel_request`). Returns the request id (0 when the
+        connection is closed: ``completion`` has then already failed with
+        :class:`PeerDisconnected`).
         """
         if self.closing or self.transport is None:
-            answered(arg, None, PeerDisconnected("connection is closed"))
+            completion.failed(PeerDisconnected("connection is closed"))
             return 0
-        if deadline:
-            seconds = self._settings.request_timeout_seconds if timeout is None else timeout
-            request_id = self._pending.add_call(
-                self._clock, seconds, lambda: RequestTimeout(f"no answer within {seconds:g}s"), answered, arg
-            )
-        else:
-            request_id = self._pending.add_call(None, 0.0, _disconnected, answered, arg)
+        request_id = self._pending.add_completion(completion, *self._deadline(timeout, deadline))
         self.sendString(request.envelope_bytes(request_id))
         return request_id
 
     def cancel_request(self, request_id: int) -> None:
-        """Stop waiting for ``request_id`` (from :meth:`request_serialized_call`)."""
+        """Stop waiting for ``request_id`` (from :meth:`request_preserialized`)."""
         self._pending.cancel(request_id)
 
-    def _add_pending(self, timeout: Optional[float], deadline: bool) -> tuple[int, Deferred[pb.Envelope]]:
-        if deadline:
-            seconds = self._settings.request_timeout_seconds if timeout is None else timeout
-            return self._pending.add(self._clock, seconds, lambda: RequestTimeout(f"no answer within {seconds:g}s"))
-        return self._pending.add(None, 0.0, _disconnected)
+    def answer_preserialized(self, answer: PreserializedAnswer, request_id: int) -> None:
+        """Answer ``request_id`` with an answer serialized once; silently dropped once closing."""
+        if self.closing or self.transport is None:
+            return
+        self.sendString(answer.envelope_bytes(request_id))
+
+    def _deadline(
+        self, timeout: Optional[float], deadline: bool
+    ) -> tuple[Optional[IReactorTime], float, Callable[[], Exception]]:
+        """The clock, seconds and timeout error of a new request (no clock: no timer)."""
+        if not deadline:
+            return None, 0.0, _disconnected
+        seconds = self._settings.request_timeout_seconds if timeout is None else timeout
+        return self._clock, seconds, lambda: RequestTimeout(f"no answer within {seconds:g}s")
 
     @property
     def pending_requests(self) -> int:

@@ -150,8 +150,8 @@ class StateCollector(Collector):
         return list(self._collect_state())
 
 
-def new_registry(*collect: Callable[[], Iterable[Metric]]) -> CollectorRegistry:
-    """A daemon's own registry with a state collector per callable."""
+def new_metric_registry(*collect: Callable[[], Iterable[Metric]]) -> CollectorRegistry:
+    """A daemon's own Prometheus registry with a state collector per callable."""
     registry = CollectorRegistry(auto_describe=False)
     for function in collect:
         registry.register(StateCollector(function))

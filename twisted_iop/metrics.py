@@ -4,9 +4,10 @@ Each daemon has its own :class:`~prometheus_client.CollectorRegistry`, so
 several daemons in one process (tests, benchmarks) never mix their figures.
 Most figures are **read from the daemon's state when scraped** by a
 collector (connected edges, buffer drops, provider counters): the hot paths
-pay nothing for them. What has no state to read (frames and bytes on a
-wire, latencies) is counted where it happens with plain integer counters or
-a prometheus histogram, never per edge per fleet round.
+pay nothing for them. What has no state to read is counted where it
+happens in plain integers, never per edge per fleet round: frames and bytes
+in the wire's own :class:`~twisted_iop.wire.counters.WireCounters` (the wire
+never imports this module), latencies in a :class:`LatencyHistogram`.
 
 The page is rendered in the reactor thread (the state it reads belongs to
 the reactor), by :class:`MetricsResource` or the Control Plane's
@@ -19,37 +20,17 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Optional
 
-import attrs
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from twisted.web.resource import Resource
 
 from twisted_iop.http_site import GuardedSite, SiteLimits
+from twisted_iop.wire.counters import WireCounters
 from twisted_iop.wire.hello import RejectionCode
 
 #: Buckets of request latencies, in seconds (1 ms to 30 s).
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-
-
-@attrs.define
-class WireCounters:
-    """Frames and bytes one side of a wire has read and written (plain ints: cheap)."""
-
-    frames_in: int = 0
-    frames_out: int = 0
-    bytes_in: int = 0
-    bytes_out: int = 0
-
-    def received(self, size: int) -> None:
-        """One frame of ``size`` bytes (length prefix included) was read."""
-        self.frames_in += 1
-        self.bytes_in += size
-
-    def sent(self, size: int) -> None:
-        """One frame of ``size`` bytes (length prefix included) was written."""
-        self.frames_out += 1
-        self.bytes_out += size
 
 
 class LatencyHistogram:
@@ -169,8 +150,8 @@ class StateCollector(Collector):
         return list(self._collect_state())
 
 
-def new_registry(*collect: Callable[[], Iterable[Metric]]) -> CollectorRegistry:
-    """A daemon's own registry with a state collector per callable."""
+def new_metric_registry(*collect: Callable[[], Iterable[Metric]]) -> CollectorRegistry:
+    """A daemon's own Prometheus registry with a state collector per callable."""
     registry = CollectorRegistry(auto_describe=False)
     for function in collect:
         registry.register(StateCollector(function))

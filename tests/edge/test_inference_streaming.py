@@ -20,7 +20,7 @@ from twisted.web.test.requesthelper import DummyRequest as TwistedDummyRequest
 
 from twisted_iop.edge.config import parse_edge_config
 from twisted_iop.edge.inference import InferenceError, InferenceGateway
-from twisted_iop.edge.inference_api import _Exchange
+from twisted_iop.edge.inference_api import _HttpResponseSink
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.testing.configs import MODEL, gateway_edge_yaml, gateway_node_yaml, mock_provider, write_yaml
 from twisted_iop.testing.harness import eventually, start_edge, start_node, stop
@@ -175,13 +175,13 @@ def test_client_gone_drops_the_pending_events_and_cancels() -> None:
     assert [body for body, _ in node.sent] == ["inference_request", "inference_cancel"]
 
 
-def test_exchange_writes_a_batch_as_one_event_stream_write() -> None:
+def test_http_response_sink_writes_a_batch_as_one_event_stream_write() -> None:
     """The HTTP side writes a batch once: each event as its own ``data:`` line, in order."""
     gateway, _, _ = gateway_with_node()
     request = DummyRequest([b"v1", b"chat", b"completions"])
-    exchange = _Exchange(request, True, gateway)
-    exchange.chunks([b'{"a":1}', b'{"b":2}', b'{"c":3}'])
-    exchange.chunks([b'{"d":4}'])
+    sink = _HttpResponseSink(request, True, gateway)
+    sink.chunks([b'{"a":1}', b'{"b":2}', b'{"c":3}'])
+    sink.chunks([b'{"d":4}'])
     assert request.written == [b'data: {"a":1}\n\ndata: {"b":2}\n\ndata: {"c":3}\n\n', b'data: {"d":4}\n\n']
     assert request.responseHeaders.getRawHeaders(b"content-type") == [b"text/event-stream"]
 

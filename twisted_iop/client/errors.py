@@ -13,12 +13,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
+# The base of every client error, and the error the model reader raises, live
+# below the models, so that the errors here may carry models (a snapshot, an
+# operation) without the two modules importing each other.
+from twisted_iop.client.base_errors import ClientError as ClientError
+from twisted_iop.client.base_errors import InvalidResponse as InvalidResponse
+
 if TYPE_CHECKING:
     from twisted_iop.client.models import EdgeStatus, Operation
-
-
-class ClientError(Exception):
-    """Base class of everything the clients raise on purpose."""
 
 
 class ControlPlaneUnreachable(ClientError):
@@ -28,16 +30,6 @@ class ControlPlaneUnreachable(ClientError):
         super().__init__(f"cannot reach the Control Plane at {url}: {reason}")
         self.url = url
         self.reason = reason
-
-
-class InvalidResponse(ClientError):
-    """The Control Plane answered something that is not the documented JSON."""
-
-    code = "invalid_response"
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
 
 
 class ControlPlaneError(ClientError):

@@ -31,7 +31,7 @@ from typing import Any, Literal, Optional, TypeVar, Union, get_args, get_origin,
 
 import attrs
 
-from twisted_iop.client.errors import InvalidResponse
+from twisted_iop.client.base_errors import InvalidResponse
 
 T = TypeVar("T")
 

@@ -1,9 +1,14 @@
-"""The Control Plane's Prometheus metrics, read from its state when scraped."""
+"""The Control Plane's Prometheus metrics, read from its state when scraped.
+
+The figures are read from the parts named by :class:`ControlPlaneParts`,
+which the running ``ControlPlaneService`` (``tap.py``) provides; this module
+never imports the tap, which composes it.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional, Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -16,20 +21,53 @@ from twisted_iop.metrics import (
     hello_rejections,
     histogram,
     labelled,
-    new_registry,
+    new_metric_registry,
     wire_metrics,
 )
 
 if TYPE_CHECKING:
-    from twisted_iop.controlplane.tap import ControlPlaneService
+    from twisted_iop.controlplane.client_wire import ClientWireFactory
+    from twisted_iop.controlplane.cluster.replica import ClusterReplica
+    from twisted_iop.controlplane.edge_wire import EdgeWireFactory
+    from twisted_iop.controlplane.gateway import EdgeGateway
+    from twisted_iop.controlplane.registry import EdgeRegistry
+    from twisted_iop.http_site import GuardedSite
 
 
-def control_plane_registry(service: ControlPlaneService) -> CollectorRegistry:
-    """The registry behind the Control Plane's ``GET /metrics``."""
-    return new_registry(lambda: control_plane_metrics(service))
+class ControlPlaneParts(Protocol):
+    """The parts of a running Control Plane that its figures are read from."""
+
+    @property
+    def registry(self) -> EdgeRegistry:
+        """Edges, their events and enrollments."""
+
+    @property
+    def gateway(self) -> EdgeGateway:
+        """Requests in flight, their latencies and outcomes."""
+
+    @property
+    def edge_factory(self) -> EdgeWireFactory:
+        """The edge wire: its connections, frames and refused hellos."""
+
+    @property
+    def client_factory(self) -> ClientWireFactory:
+        """The ``/client`` WebSocket subscribers."""
+
+    @property
+    def http_site(self) -> GuardedSite:
+        """The HTTP site's connections and deadlines."""
+
+    @property
+    def cluster(self) -> Optional[ClusterReplica]:
+        """Cluster mode: this replica's link to the shared fleet (``None``: memory)."""
 
 
-def control_plane_metrics(service: ControlPlaneService) -> Iterator[Metric]:
+def control_plane_metric_registry(service: ControlPlaneParts) -> CollectorRegistry:
+    """The Prometheus registry behind the Control Plane's ``GET /metrics``."""
+    return new_metric_registry(lambda: control_plane_metrics(service))
+
+
+def control_plane_metrics(service: ControlPlaneParts) -> Iterator[Metric]:
     """Every figure of the Control Plane, from its registry, gateway, wires and HTTP site."""
     registry = service.registry
     yield gauge("iop_edges_connected", "Edges with a current connection", registry.connected_count)

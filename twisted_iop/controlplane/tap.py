@@ -17,7 +17,7 @@ from twisted_iop.controlplane.config import ControlPlaneConfig, load_config, una
 from twisted_iop.controlplane.edge_wire import EdgeWireFactory
 from twisted_iop.controlplane.gateway import SHUTTING_DOWN_REASON, EdgeGateway
 from twisted_iop.controlplane.http_routes import ControlPlaneHttp, ListenerReadiness
-from twisted_iop.controlplane.metrics import control_plane_registry
+from twisted_iop.controlplane.metrics import control_plane_metric_registry
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.daemon import CLOSE_WAIT_SECONDS, DaemonOptions, DaemonService, compose, wait_until
 from twisted_iop.http_site import GuardedSite
@@ -124,7 +124,7 @@ class ControlPlaneService(DaemonService):
             reactor,
             self.readiness,
             config.http,
-            metrics=control_plane_registry(self),
+            metrics=control_plane_metric_registry(self),
             cluster=self.cluster,
         )
         self.edge_factory = EdgeWireFactory(

@@ -41,8 +41,9 @@ from twisted_iop.metrics import LatencyHistogram
 from twisted_iop.openai_api import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, estimate_prompt_tokens
 from twisted_iop.wire import control_pb2 as pb
 
-#: Wire bodies the Edge accepts from a Node for the inference path.
-INFERENCE_BODIES = frozenset({"inference_chunk", "inference_done"})
+#: Wire bodies of the inference path that the Edge receives from a Node
+#: (what the Node receives is ``node.inference.INFERENCE_BODIES_FROM_EDGE``).
+INFERENCE_BODIES_FROM_NODE = frozenset({"inference_chunk", "inference_done"})
 #: Endpoint names in metrics and logs.
 ENDPOINT_NAMES = {
     pb.INFERENCE_ENDPOINT_CHAT_COMPLETIONS: CHAT_COMPLETIONS,
@@ -263,7 +264,7 @@ def _ignore_cancel(failure: Failure) -> None:
 
 
 class ResponseSink(Protocol):
-    """Where one request's answer goes (the HTTP API's exchange)."""
+    """Where one request's answer goes (the HTTP API's response to its client)."""
 
     def chunks(self, events: list[bytes]) -> None:
         """Streamed events in order (each the JSON after ``data: ``), to be written at once."""
@@ -285,7 +286,13 @@ class InferenceNodePeer(Protocol):
 
 
 @attrs.define(eq=False)
-class _Exchange:
+class _AdmittedRequest:
+    """One request the gateway admitted, from its queue to its end.
+
+    Its lifecycle ticket, where its answer goes, what to send the Node, and
+    once leased, the Node connection it was sent on.
+    """
+
     ticket: Ticket
     sink: ResponseSink
     endpoint: pb.InferenceEndpoint
@@ -311,10 +318,10 @@ class InferenceGateway:
         self.config = config
         self._clock = clock
         self.lifecycle = InferenceLifecycle(registry.pool, config.max_queued_per_model)
-        self._exchanges: dict[int, _Exchange] = {}
+        self._admitted: dict[int, _AdmittedRequest] = {}
         self._by_peer: dict[InferenceNodePeer, set[int]] = {}
-        #: Exchanges with pending events, and the call that writes them (next turn).
-        self._flushing: list[_Exchange] = []
+        #: Admitted requests with pending events, and the call that writes them (next turn).
+        self._flushing: list[_AdmittedRequest] = []
         self._flush_call: Optional[IDelayedCall] = None
         self.stopping = False
         #: Requests ended, by outcome name (for logs, tests and benchmarks).
@@ -400,18 +407,18 @@ class InferenceGateway:
         except InferenceError as refused:
             self._count_request(endpoint, refused.code)
             raise
-        exchange: Optional[_Exchange] = None
+        admitted: Optional[_AdmittedRequest] = None
 
         def granted(ticket: Ticket) -> None:
-            assert exchange is not None
-            self._dispatch(exchange)
+            assert admitted is not None
+            self._dispatch(admitted)
 
         pending: list[Ticket] = []
 
         def granted_first(ticket: Ticket) -> None:
             # The very first grant may happen inside submit, before the
-            # exchange exists: remember it and dispatch right after.
-            if exchange is None:
+            # admitted request exists: remember it and dispatch right after.
+            if admitted is None:
                 pending.append(ticket)
             else:
                 granted(ticket)
@@ -432,19 +439,19 @@ class InferenceGateway:
             self._count_request(endpoint, "model_not_found")
             raise InferenceError(404, "model_not_found", str(e)) from None
         now = self._clock.seconds()
-        exchange = _Exchange(ticket, sink, endpoint, body, stream, submitted_at=now, queued_at=now)
-        self._exchanges[ticket.inference_id] = exchange
+        admitted = _AdmittedRequest(ticket, sink, endpoint, body, stream, submitted_at=now, queued_at=now)
+        self._admitted[ticket.inference_id] = admitted
         if pending:
-            self._dispatch(exchange)
+            self._dispatch(admitted)
         else:
-            self._start_queue_timer(exchange)
+            self._start_queue_timer(admitted)
         return ticket.inference_id
 
     def client_gone(self, inference_id: int, outcome: Outcome = Outcome.CLIENT_GONE) -> None:
         """The client disconnected (or reads too slowly): end the request, cancel on the Node."""
-        exchange = self._exchanges.get(inference_id)
-        if exchange is not None:
-            self._end(exchange, outcome)
+        admitted = self._admitted.get(inference_id)
+        if admitted is not None:
+            self._end(admitted, outcome)
 
     def stop(self) -> None:
         """The Edge is stopping: end every request with 503."""
@@ -452,16 +459,16 @@ class InferenceGateway:
         if self._flush_call is not None and self._flush_call.active():
             self._flush_call.cancel()
         self._flush()
-        for exchange in list(self._exchanges.values()):
+        for admitted in list(self._admitted.values()):
             self._end(
-                exchange,
+                admitted,
                 Outcome.EDGE_STOPPING,
                 InferenceError(503, "shutting_down", "the edge is shutting down", kind="server_error"),
             )
 
     def running(self) -> int:
         """Requests admitted and not yet ended (queued or running)."""
-        return len(self._exchanges)
+        return len(self._admitted)
 
     # -- the Node wire ---------------------------------------------------------------
 
@@ -473,173 +480,173 @@ class InferenceGateway:
             message = envelope.inference_done
         else:
             return
-        exchange = self._exchanges.get(message.inference_id)
-        if exchange is None or exchange.peer is not peer:
+        admitted = self._admitted.get(message.inference_id)
+        if admitted is None or admitted.peer is not peer:
             return  # cancelled, timed out, or not this connection's: harmless
         if body == "inference_chunk":
-            if not exchange.stream:
+            if not admitted.stream:
                 self._log.warn("ignoring a chunk for non-streaming inference {id}", id=message.inference_id)
                 return
-            if not exchange.pending:
+            if not admitted.pending:
                 # The first event of this turn: re-arm the silence timer once per turn, not per event.
-                self._arm_idle_timer(exchange)
-                self.lifecycle.first_output(exchange.ticket)
-                if not exchange.first_output:
-                    exchange.first_output = True
-                    self.first_byte_seconds.observe(self._clock.seconds() - exchange.submitted_at)  # metrics
-                self._flushing.append(exchange)
+                self._arm_idle_timer(admitted)
+                self.lifecycle.first_output(admitted.ticket)
+                if not admitted.first_output:
+                    admitted.first_output = True
+                    self.first_byte_seconds.observe(self._clock.seconds() - admitted.submitted_at)  # metrics
+                self._flushing.append(admitted)
                 if self._flush_call is None:
                     self._flush_call = self._clock.callLater(0, self._flush)
-            exchange.pending.append(message.data)
+            admitted.pending.append(message.data)
             return
         done: pb.InferenceDone = message
         if done.status == pb.INFERENCE_STATUS_OK:
-            self._end(exchange, Outcome.COMPLETED, done=done)
+            self._end(admitted, Outcome.COMPLETED, done=done)
         else:
-            self._end(exchange, Outcome.PROVIDER_ERROR, _provider_error(done))
+            self._end(admitted, Outcome.PROVIDER_ERROR, _provider_error(done))
 
     def connection_lost(self, peer: InferenceNodePeer) -> None:
         """A Node connection closed: retry what had no output yet, fail the rest."""
         for inference_id in sorted(self._by_peer.pop(peer, set())):
-            exchange = self._exchanges.get(inference_id)
-            if exchange is not None and exchange.peer is peer:
-                self._node_lost(exchange)
+            admitted = self._admitted.get(inference_id)
+            if admitted is not None and admitted.peer is peer:
+                self._node_lost(admitted)
 
     # -- internals ---------------------------------------------------------------------
 
     def _flush(self) -> None:
-        """Give every exchange the events it received in the last turn (one write each)."""
+        """Give every admitted request the events it received in the last turn (one write each)."""
         self._flush_call = None
         flushing, self._flushing = self._flushing, []
-        for exchange in flushing:
-            self._write_pending(exchange)
+        for admitted in flushing:
+            self._write_pending(admitted)
 
-    def _write_pending(self, exchange: _Exchange) -> None:
-        if exchange.pending:
-            events, exchange.pending = exchange.pending, []
-            exchange.sink.chunks(events)
+    def _write_pending(self, admitted: _AdmittedRequest) -> None:
+        if admitted.pending:
+            events, admitted.pending = admitted.pending, []
+            admitted.sink.chunks(events)
 
-    def _dispatch(self, exchange: _Exchange) -> None:
-        ticket = exchange.ticket
+    def _dispatch(self, admitted: _AdmittedRequest) -> None:
+        ticket = admitted.ticket
         lease = ticket.lease
         assert lease is not None
-        self._cancel_timer(exchange)
-        self.queue_wait_seconds.observe(self._clock.seconds() - exchange.queued_at)  # metrics
+        self._cancel_timer(admitted)
+        self.queue_wait_seconds.observe(self._clock.seconds() - admitted.queued_at)  # metrics
         peer = self._registry.owner_peer(lease.node_id)
         if peer is None or getattr(peer, "closing", False) or not hasattr(peer, "send"):
-            self._node_lost(exchange)
+            self._node_lost(admitted)
             return
         node_peer: InferenceNodePeer = peer  # type: ignore[assignment]
-        exchange.peer = node_peer
+        admitted.peer = node_peer
         self._by_peer.setdefault(node_peer, set()).add(ticket.inference_id)
         request = pb.InferenceRequest(
             inference_id=ticket.inference_id,
             provider_id=lease.provider_id,
-            endpoint=exchange.endpoint,
-            body=exchange.body,
-            stream=exchange.stream,
+            endpoint=admitted.endpoint,
+            body=admitted.body,
+            stream=admitted.stream,
             model=ticket.model,
         )
         node_peer.send("inference_request", request)
-        self._arm_idle_timer(exchange)
+        self._arm_idle_timer(admitted)
 
-    def _node_lost(self, exchange: _Exchange) -> None:
-        self._forget_peer(exchange)
-        self._cancel_timer(exchange)
-        exchange.queued_at = self._clock.seconds()  # metrics: a retry waits again
-        if self.lifecycle.node_lost(exchange.ticket):
-            if exchange.ticket.phase is Phase.QUEUED:
-                self._start_queue_timer(exchange)
+    def _node_lost(self, admitted: _AdmittedRequest) -> None:
+        self._forget_peer(admitted)
+        self._cancel_timer(admitted)
+        admitted.queued_at = self._clock.seconds()  # metrics: a retry waits again
+        if self.lifecycle.node_lost(admitted.ticket):
+            if admitted.ticket.phase is Phase.QUEUED:
+                self._start_queue_timer(admitted)
             return
-        self._exchanges.pop(exchange.ticket.inference_id, None)
+        self._admitted.pop(admitted.ticket.inference_id, None)
         self._count(Outcome.NODE_LOST.value)
-        self._count_request(exchange.endpoint, Outcome.NODE_LOST.value)
-        self._write_pending(exchange)
-        exchange.sink.fail(
+        self._count_request(admitted.endpoint, Outcome.NODE_LOST.value)
+        self._write_pending(admitted)
+        admitted.sink.fail(
             InferenceError(502, "node_lost", "the node running this request was lost", kind="server_error")
         )
 
     def _end(
         self,
-        exchange: _Exchange,
+        admitted: _AdmittedRequest,
         outcome: Outcome,
         error: Optional[InferenceError] = None,
         done: Optional[pb.InferenceDone] = None,
     ) -> None:
-        ticket = exchange.ticket
-        if self._exchanges.pop(ticket.inference_id, None) is None:
+        ticket = admitted.ticket
+        if self._admitted.pop(ticket.inference_id, None) is None:
             return
-        self._cancel_timer(exchange)
-        peer = exchange.peer
-        self._forget_peer(exchange)
+        self._cancel_timer(admitted)
+        peer = admitted.peer
+        self._forget_peer(admitted)
         if self.lifecycle.finish(ticket, outcome) and peer is not None:
             peer.send("inference_cancel", pb.InferenceCancel(inference_id=ticket.inference_id, reason=outcome.value))
         self._count(outcome.value)
-        self._count_request(exchange.endpoint, outcome.value)
+        self._count_request(admitted.endpoint, outcome.value)
         if outcome is Outcome.COMPLETED:
-            elapsed = self._clock.seconds() - exchange.submitted_at
+            elapsed = self._clock.seconds() - admitted.submitted_at
             self.total_seconds.observe(elapsed)  # metrics
-            if not exchange.first_output:
+            if not admitted.first_output:
                 self.first_byte_seconds.observe(elapsed)  # metrics: a whole answer is its first byte
         if done is not None or error is not None:
-            self._write_pending(exchange)  # what arrived before the end goes first
+            self._write_pending(admitted)  # what arrived before the end goes first
         else:
-            exchange.pending = []  # the client is gone: nothing more is written
+            admitted.pending = []  # the client is gone: nothing more is written
         if done is not None:
-            exchange.sink.complete(done)
+            admitted.sink.complete(done)
         elif error is not None:
-            exchange.sink.fail(error)
+            admitted.sink.fail(error)
 
-    def _forget_peer(self, exchange: _Exchange) -> None:
-        if exchange.peer is not None:
-            ids = self._by_peer.get(exchange.peer)
+    def _forget_peer(self, admitted: _AdmittedRequest) -> None:
+        if admitted.peer is not None:
+            ids = self._by_peer.get(admitted.peer)
             if ids is not None:
-                ids.discard(exchange.ticket.inference_id)
+                ids.discard(admitted.ticket.inference_id)
                 if not ids:
-                    del self._by_peer[exchange.peer]
-            exchange.peer = None
+                    del self._by_peer[admitted.peer]
+            admitted.peer = None
 
-    def _start_queue_timer(self, exchange: _Exchange) -> None:
-        self._cancel_timer(exchange)
+    def _start_queue_timer(self, admitted: _AdmittedRequest) -> None:
+        self._cancel_timer(admitted)
         seconds = self.config.queue_timeout_seconds
-        exchange.timer = self._clock.callLater(seconds, self._queue_timeout, exchange)
+        admitted.timer = self._clock.callLater(seconds, self._queue_timeout, admitted)
 
-    def _queue_timeout(self, exchange: _Exchange) -> None:
-        exchange.timer = None
-        if exchange.ticket.phase is not Phase.QUEUED:
+    def _queue_timeout(self, admitted: _AdmittedRequest) -> None:
+        admitted.timer = None
+        if admitted.ticket.phase is not Phase.QUEUED:
             return
         seconds = self.config.queue_timeout_seconds
         self._end(
-            exchange,
+            admitted,
             Outcome.QUEUE_TIMEOUT,
             InferenceError(
                 504,
                 "queue_timeout",
-                f"no provider of {exchange.ticket.model!r} became free within {seconds:g}s",
+                f"no provider of {admitted.ticket.model!r} became free within {seconds:g}s",
                 kind="server_error",
             ),
         )
 
-    def _arm_idle_timer(self, exchange: _Exchange) -> None:
+    def _arm_idle_timer(self, admitted: _AdmittedRequest) -> None:
         seconds = self.config.idle_timeout_seconds
-        if exchange.timer is not None and exchange.timer.active():
-            exchange.timer.reset(seconds)
+        if admitted.timer is not None and admitted.timer.active():
+            admitted.timer.reset(seconds)
         else:
-            exchange.timer = self._clock.callLater(seconds, self._node_silent, exchange)
+            admitted.timer = self._clock.callLater(seconds, self._node_silent, admitted)
 
-    def _node_silent(self, exchange: _Exchange) -> None:
-        exchange.timer = None
+    def _node_silent(self, admitted: _AdmittedRequest) -> None:
+        admitted.timer = None
         seconds = self.config.idle_timeout_seconds
         self._end(
-            exchange,
+            admitted,
             Outcome.NODE_SILENT,
             InferenceError(
                 504, "provider_timeout", f"no answer from the provider for {seconds:g}s", kind="server_error"
             ),
         )
 
-    def _cancel_timer(self, exchange: _Exchange) -> None:
-        timer, exchange.timer = exchange.timer, None
+    def _cancel_timer(self, admitted: _AdmittedRequest) -> None:
+        timer, admitted.timer = admitted.timer, None
         if timer is not None and timer.active():
             timer.cancel()
 

@@ -73,8 +73,10 @@ def _error(status: int, code: str, message: str) -> InferenceError:
 
 
 @implementer(IPushProducer)
-class _Exchange:
-    """One HTTP request's answer: the gateway's :class:`ResponseSink`."""
+class _HttpResponseSink:
+    """The gateway's :class:`ResponseSink` for one HTTP request: writes its answer
+    (JSON, or an event stream) and, as the response's producer, notices a
+    client that reads too slowly."""
 
     _log = Logger()
 
@@ -258,11 +260,9 @@ class InferenceAPI:
         model = body["model"]
         stream = bool(body.get("stream", False)) and endpoint != EMBEDDINGS
         long_context = self._gateway.long_context(body)
-        exchange = _Exchange(request, stream, self._gateway)
-        exchange.inference_id = self._gateway.submit(
-            _WIRE_ENDPOINTS[endpoint], model, long_context, raw, stream, exchange
-        )
-        return exchange.result
+        sink = _HttpResponseSink(request, stream, self._gateway)
+        sink.inference_id = self._gateway.submit(_WIRE_ENDPOINTS[endpoint], model, long_context, raw, stream, sink)
+        return sink.result
 
 
 def _model_entry(model: str) -> dict[str, Any]:

@@ -4,13 +4,15 @@ Served by the Edge's metrics listener (``metrics.listen``) at
 ``GET /metrics``. Node, provider and queue figures are read from the node
 registry and the provider pool at scrape time; the inference gateway and
 the wires count what has no state to read (outcomes, latencies, frames) in
-plain integers.
+plain integers. They are read from the parts named by :class:`EdgeParts`,
+which the running ``EdgeService`` (``tap.py``) provides; this module never
+imports the tap, which composes it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -22,24 +24,47 @@ from twisted_iop.metrics import (
     histogram,
     histograms,
     labelled,
-    new_registry,
+    new_metric_registry,
     wire_metrics,
 )
 
 if TYPE_CHECKING:
-    from twisted_iop.edge.tap import EdgeService
+    from twisted_iop.edge.control_plane_link import ControlPlaneLink
+    from twisted_iop.edge.inference import InferenceGateway
+    from twisted_iop.edge.node_wire import NodeServerFactory
+    from twisted_iop.edge.registry import NodeRegistry
 
 #: The ``class`` label of the two lease classes.
 GENERAL = "general"
 LONG_CONTEXT = "long_context"
 
 
-def edge_registry(service: EdgeService) -> CollectorRegistry:
-    """The registry behind the Edge's ``GET /metrics``."""
-    return new_registry(lambda: edge_metrics(service))
+class EdgeParts(Protocol):
+    """The parts of a running Edge that its figures are read from."""
+
+    @property
+    def registry(self) -> NodeRegistry:
+        """Nodes, their providers' pool and the event relay."""
+
+    @property
+    def node_factory(self) -> NodeServerFactory:
+        """The node wire: its frames and refused hellos."""
+
+    @property
+    def link(self) -> ControlPlaneLink:
+        """The link to the Control Plane."""
+
+    @property
+    def inference(self) -> InferenceGateway:
+        """Inference requests: outcomes and latencies."""
 
 
-def edge_metrics(service: EdgeService) -> Iterator[Metric]:
+def edge_metric_registry(service: EdgeParts) -> CollectorRegistry:
+    """The Prometheus registry behind the Edge's ``GET /metrics``."""
+    return new_metric_registry(lambda: edge_metrics(service))
+
+
+def edge_metrics(service: EdgeParts) -> Iterator[Metric]:
     """Every figure of the Edge: Nodes, providers, inference, wires and the Control Plane link."""
     registry = service.registry
     nodes = registry.nodes()

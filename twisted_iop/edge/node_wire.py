@@ -32,7 +32,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 import twisted_iop
-from twisted_iop.edge.inference import INFERENCE_BODIES, InferenceGateway
+from twisted_iop.edge.inference import INFERENCE_BODIES_FROM_NODE, InferenceGateway
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.tls import NODE, peer_identity
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
@@ -90,7 +90,7 @@ class NodeServerProtocol(AcceptedPeerProtocol):
             self._registry.node_health(self.token, envelope.node_health_report.providers)
         elif body == "error" and not envelope.request_id:
             self.peer_goodbye(envelope.error)
-        elif body in INFERENCE_BODIES and self.factory.inference is not None:
+        elif body in INFERENCE_BODIES_FROM_NODE and self.factory.inference is not None:
             self.factory.inference.node_message(self, envelope, body)
         elif envelope.request_id:
             self.protocol_violation(

@@ -16,7 +16,7 @@ from twisted_iop.edge.config import EdgeConfig, load_edge_config, unauthenticate
 from twisted_iop.edge.control_plane_link import ControlPlaneLink
 from twisted_iop.edge.inference import InferenceGateway
 from twisted_iop.edge.inference_api import InferenceAPI, inference_site
-from twisted_iop.edge.metrics import edge_registry
+from twisted_iop.edge.metrics import edge_metric_registry
 from twisted_iop.edge.node_wire import NodeServerFactory
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.edge.status import StatusProvider
@@ -89,7 +89,7 @@ class EdgeService(DaemonService):
         self.metrics_server: Optional[ListenerService] = None
         if config.metrics_listen:
             self.metrics_server = self.add_listener(
-                "metrics", config.metrics_listen, metrics_site(edge_registry(self), reactor), reactor
+                "metrics", config.metrics_listen, metrics_site(edge_metric_registry(self), reactor), reactor
             )
         self.control_plane = self.add_dialer(
             "control-plane",

@@ -19,7 +19,7 @@ from twisted.internet.interfaces import IReactorTime
 
 import twisted_iop
 from twisted_iop.node.config import NodeRuntimeConfig
-from twisted_iop.node.inference import INFERENCE_BODIES
+from twisted_iop.node.inference import INFERENCE_BODIES_FROM_EDGE
 from twisted_iop.node.runtime import NodeRuntime
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
@@ -52,7 +52,7 @@ class EdgeLinkProtocol(HelloDialerProtocol["EdgeLink"]):
                 crash_log="answering a probe request failed",
                 crash_message="probe failed on the node",
             )
-        elif body in INFERENCE_BODIES and self._link.runtime.inference is not None:
+        elif body in INFERENCE_BODIES_FROM_EDGE and self._link.runtime.inference is not None:
             self._link.runtime.inference.handle(self, envelope, body)
         else:
             self.unexpected_envelope(envelope, body)

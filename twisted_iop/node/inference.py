@@ -49,8 +49,9 @@ from twisted_iop.node.config import NodeProviderConfig
 from twisted_iop.openai_api import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, ENDPOINT_PATHS
 from twisted_iop.wire import control_pb2 as pb
 
-#: Wire bodies this module serves on the Node's end of the node wire.
-INFERENCE_BODIES = frozenset({"inference_request", "inference_cancel"})
+#: Wire bodies of the inference path that the Node receives from its Edge
+#: (what the Edge receives is ``edge.inference.INFERENCE_BODIES_FROM_NODE``).
+INFERENCE_BODIES_FROM_EDGE = frozenset({"inference_request", "inference_cancel"})
 #: Requests running at once on one Edge connection; more are refused.
 MAX_RUNNING_PER_CONNECTION = 4096
 #: Largest non-streamed provider answer relayed (it travels in one frame).

@@ -3,21 +3,25 @@
 Served by the Node's metrics listener (``metrics.listen``) at
 ``GET /metrics``: provider health from the last probes, the inference
 runner's counters and latencies, and the state of the link to the Edge.
+They are read from the parts named by :class:`NodeParts`, which the running
+``NodeService`` (``tap.py``) provides; this module never imports the tap,
+which composes it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from twisted_iop.metrics import counter, gauge, histograms, labelled, new_registry, wire_metrics
+from twisted_iop.metrics import counter, gauge, histograms, labelled, new_metric_registry, wire_metrics
 from twisted_iop.wire import control_pb2 as pb
 
 if TYPE_CHECKING:
-    from twisted_iop.node.tap import NodeService
+    from twisted_iop.node.edge_link import EdgeLink
+    from twisted_iop.node.runtime import NodeRuntime
 
 #: Health values as the ``health`` label shows them (``unknown``: not probed yet).
 HEALTH_NAMES = {
@@ -28,12 +32,24 @@ HEALTH_NAMES = {
 }
 
 
-def node_registry(service: NodeService) -> CollectorRegistry:
-    """The registry behind the Node's ``GET /metrics``."""
-    return new_registry(lambda: node_metrics(service))
+class NodeParts(Protocol):
+    """The parts of a running Node that its figures are read from."""
+
+    @property
+    def runtime(self) -> NodeRuntime:
+        """Providers, their probed health and the inference runner."""
+
+    @property
+    def link(self) -> EdgeLink:
+        """The link to the Edge."""
 
 
-def node_metrics(service: NodeService) -> Iterator[Metric]:
+def node_metric_registry(service: NodeParts) -> CollectorRegistry:
+    """The Prometheus registry behind the Node's ``GET /metrics``."""
+    return new_metric_registry(lambda: node_metrics(service))
+
+
+def node_metrics(service: NodeParts) -> Iterator[Metric]:
     """Every figure of the Node: providers, inference, and the link to its Edge."""
     runtime = service.runtime
     by_health = dict.fromkeys([*HEALTH_NAMES.values(), "unknown"], 0)

@@ -13,7 +13,7 @@ from twisted_iop.metrics import metrics_site
 from twisted_iop.node.config import NodeRuntimeConfig, load_node_config, unauthenticated_exposures
 from twisted_iop.node.edge_link import EdgeLink
 from twisted_iop.node.inference import InferenceHTTPClient, InferenceRunner
-from twisted_iop.node.metrics import node_registry
+from twisted_iop.node.metrics import node_metric_registry
 from twisted_iop.node.probes import HTTPClient, ProviderProber
 from twisted_iop.node.runtime import NodeRuntime
 
@@ -63,7 +63,7 @@ class NodeService(DaemonService):
         self.metrics_server: Optional[ListenerService] = None
         if config.metrics_listen:
             self.metrics_server = self.add_listener(
-                "metrics", config.metrics_listen, metrics_site(node_registry(self), reactor), reactor
+                "metrics", config.metrics_listen, metrics_site(node_metric_registry(self), reactor), reactor
             )
         self.edge = self.add_dialer(
             "edge-link", self.link.client_service(clientFromString(reactor, config.edge.address))

@@ -61,8 +61,8 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from twisted_iop.metrics import WireCounters
 from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.counters import WireCounters
 from twisted_iop.wire.enums import enum_name
 from twisted_iop.wire.peer import FramedPeerProtocol, KeepaliveSweeper, WireError
 from twisted_iop.wire.settings import DialConfig

@@ -41,8 +41,8 @@ from twisted.protocols.tls import TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from twisted_iop.metrics import WireCounters
 from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.counters import WireCounters
 from twisted_iop.wire.enums import enum_name
 from twisted_iop.wire.pending import Completion, PendingRequests
 from twisted_iop.wire.preserialized import PreserializedAnswer, PreserializedRequest

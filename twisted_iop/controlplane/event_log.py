@@ -28,7 +28,6 @@ from twisted_iop.controlplane.event_record import (
     EventTexts,
     FieldKind,
     fields_of,
-    record_from,
 )
 from twisted_iop.controlplane.memory import KEPT_SIZE_INDEX, KeptEvent, RegistryLimits, kept_form, record_of
 from twisted_iop.wire import control_pb2 as pb
@@ -198,6 +197,7 @@ def _relayed_plan() -> tuple[int, ...]:
 _assemble_relayed = itemgetter(*_relayed_plan())
 
 
+_new_tuple = tuple.__new__
 Clip = Callable[[pb.EdgeEvent, tuple[str, ...], tuple[int, ...]], tuple[tuple[str, ...], dict[str, str]]]
 
 
@@ -220,10 +220,12 @@ def relayed_record(
     texts, attributes = clip(event, _read_relayed(event), _RELAYED_LIMITS)
     occurred_ms = event.occurred_at_ms
     occurred_at = occurred_ms / 1000.0 if 0 < occurred_ms < MAX_TIME_MS else now
-    return record_from(
+    # record_from, inline: this runs for every relayed event.
+    return _new_tuple(  # type: ignore[no-any-return]
+        EventRecord,
         _assemble_relayed(
             (sequence, fleet_sequence, "", edge_id, occurred_at, now, attributes or NO_ATTRIBUTES, *texts)
-        )
+        ),
     )
 
 
@@ -304,7 +306,12 @@ class EventLog:
         kept = kept_form(event)
         events.append_kept(kept, event.sequence)
         self.fleet.append_kept(kept, event.fleet_sequence)
-        self._notify(event, kept[KEPT_SIZE_INDEX])
+        size = kept[KEPT_SIZE_INDEX]
+        for listener in tuple(self._listeners):
+            try:
+                listener(event, size)
+            except Exception:
+                self._log.failure("event listener failed")
 
     def relayed(self, edge_id: str, events: EdgeEvents, token: int, event: pb.EdgeEvent) -> Optional[EventRecord]:
         """Record an event an edge relayed on its current connection ``token``

@@ -93,6 +93,13 @@ _EVENT_NUMBERS = len(fields_of(FieldKind.SEQUENCE, FieldKind.TIME))
 _EMPTY_MAP_BYTES = _getsizeof({})
 #: What every event takes besides its texts and attributes: the record and its numbers.
 _FIXED_EVENT_BYTES = _getsizeof(tuple(range(len(EVENT_FIELDS)))) + _EVENT_NUMBERS * NUMBER_BYTES
+_EMPTY_TEXT_BYTES = _getsizeof("")
+#: An event whose texts are all empty, without its attributes.
+_ALL_EMPTY_EVENT_BYTES = _FIXED_EVENT_BYTES + len(_EVENT_TEXTS) * _EMPTY_TEXT_BYTES
+
+
+def _text_over_empty(text: str) -> int:
+    return _getsizeof(text) - _EMPTY_TEXT_BYTES
 
 
 def event_size(event: EventRecord) -> int:
@@ -102,9 +109,10 @@ def event_size(event: EventRecord) -> int:
     the estimate errs on the high side.
     """
     attributes = event.attributes
+    # Most texts are empty: only the others are measured.
     return (
-        _FIXED_EVENT_BYTES
-        + sum(map(_getsizeof, _event_texts(event)))
+        _ALL_EMPTY_EVENT_BYTES
+        + sum(map(_text_over_empty, filter(None, _event_texts(event))))
         + (map_size(attributes) if attributes else _EMPTY_MAP_BYTES)
     )
 
@@ -259,7 +267,7 @@ def kept_form(event: EventRecord) -> KeptEvent:
     """
     # event_size, inline: this runs for every event recorded.
     attributes = event.attributes
-    size = _FIXED_EVENT_BYTES + sum(map(_getsizeof, _event_texts(event)))
+    size = _ALL_EMPTY_EVENT_BYTES + sum(map(_text_over_empty, filter(None, _event_texts(event))))
     if attributes:
         size += map_size(attributes)
         return (*event[:ATTRIBUTES_INDEX], size, *chain.from_iterable(attributes.items()))

@@ -27,8 +27,9 @@ from twisted.python.failure import Failure
 
 import twisted_iop
 from twisted_iop.controlplane.edge_hello import EdgeHello
+from twisted_iop.controlplane.edge_peer import StatusListener
 from twisted_iop.controlplane.memory import CatalogCache
-from twisted_iop.controlplane.registry import EdgeRegistry, StatusListener
+from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.credentials import Digests, digest_of, matches
 from twisted_iop.tls import EDGE, peer_identity
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR

@@ -38,8 +38,9 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from twisted_iop.controlplane import records
+from twisted_iop.controlplane.edge_peer import EdgePeer
 from twisted_iop.controlplane.records import OperationRecord
-from twisted_iop.controlplane.registry import EdgeNotConnected, EdgePeer, EdgeRecord, EdgeRegistry
+from twisted_iop.controlplane.registry import EdgeNotConnected, EdgeRecord, EdgeRegistry
 from twisted_iop.controlplane.snapshots import SnapshotRefused, StatusSnapshot, checked_snapshot
 from twisted_iop.metrics import LatencyHistogram
 from twisted_iop.wire import control_pb2 as pb

@@ -35,12 +35,12 @@ from typing import Any, Optional, Protocol, Unpack
 
 import attrs
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from twisted_iop.controlplane import bounds, records
 from twisted_iop.controlplane.edge_hello import EdgeHello
+from twisted_iop.controlplane.edge_peer import EdgePeer
 from twisted_iop.controlplane.event_log import EdgeEvents, EventBuffer, EventJournal, EventListener, EventLog
 from twisted_iop.controlplane.event_record import EventRecord, EventTexts
 from twisted_iop.controlplane.memory import RegistryLimits, SharedTables, hello_size
@@ -52,38 +52,6 @@ SUPERSEDED_MESSAGE = "a newer connection of this edge took over"
 #: The message of every ``edge.connected`` event: one text for all edges
 #: (the event names its edge), not one kept per edge.
 CONNECTED_MESSAGE = "connected"
-
-
-class StatusListener(Protocol):
-    """Who hears the end of one status ask (:meth:`EdgePeer.ask_status`)."""
-
-    def status_answered(self, response: Optional[pb.EdgeStatusResponse], error: Optional[Exception]) -> None:
-        """The edge's snapshot, or why there is none (exactly one is set)."""
-
-
-class EdgePeer(Protocol):
-    """What the registry needs of a connection: identity and a way to close it."""
-
-    last_received: float
-
-    def ask_status(self, timeout: float, own_deadline: bool, listener: StatusListener) -> int:
-        """Ask the edge for a status snapshot; return the ask's request id.
-
-        ``listener.status_answered`` is called exactly once: with the
-        snapshot, or with the failure (``CancelledError`` after
-        :meth:`cancel_status`). Without ``own_deadline`` no timer is set:
-        the caller cancels the ask when it stops waiting.
-        """
-
-    def cancel_status(self, request_id: int) -> None:
-        """Stop waiting for the status ask ``request_id`` (if it still waits)."""
-
-    def request_command(self, request: pb.EdgeCommandRequest) -> Deferred[pb.EdgeCommandResponse]:
-        """Send a command; the answer is awaited until it comes, the caller
-        cancels, or the connection ends (the caller owns the deadline)."""
-
-    def disconnect(self, code: pb.ErrorCode, message: str) -> None:
-        """Close the connection, telling the edge why."""
 
 
 class UnknownEdge(Exception):

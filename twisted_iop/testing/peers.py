@@ -22,7 +22,8 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.interfaces import ITransport
 from twisted.python.failure import Failure
 
-from twisted_iop.controlplane.registry import EdgePeer, EdgeRegistry, StatusListener
+from twisted_iop.controlplane.edge_peer import EdgePeer, StatusListener
+from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.controlplane.snapshots import StatusSnapshot, checked_snapshot
 from twisted_iop.edge.registry import NodePeer
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR

@@ -24,9 +24,10 @@ import attrs
 
 from twisted_iop.controlplane import bounds
 from twisted_iop.controlplane.edge_hello import EdgeHello
+from twisted_iop.controlplane.edge_peer import EdgePeer
 from twisted_iop.controlplane.event_record import EventRecord
 from twisted_iop.controlplane.records import OperationRecord
-from twisted_iop.controlplane.registry import EdgePeer, EdgeRecord, EdgeRegistry
+from twisted_iop.controlplane.registry import EdgeRecord, EdgeRegistry
 from twisted_iop.controlplane.snapshots import StatusSnapshot
 from twisted_iop.wire import control_pb2 as pb
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import bisect
 import datetime
 import json
-import math
 import time
 from typing import Any, Optional, Union
 from weakref import WeakKeyDictionary
@@ -43,6 +42,8 @@ _LAST_FAST_SECOND = 253_402_300_799
 #: The date-and-time text of the last whole second :func:`iso` rendered:
 #: views render thousands of times a second, mostly within one second.
 _last_second: list[Any] = [None, ""]
+#: The text after the second's, for each millisecond.
+_MILLISECONDS = tuple(f"{ms:03d}Z" for ms in range(1000))
 
 
 def iso(seconds: Optional[float]) -> Optional[str]:
@@ -52,9 +53,9 @@ def iso(seconds: Optional[float]) -> Optional[str]:
     if seconds < _LAST_FAST_SECOND:
         # What datetime.fromtimestamp does (microseconds rounded half to
         # even, carried into the second), with the second's text reused.
-        fraction, whole = math.modf(seconds)
-        micros = round(fraction * 1e6)
-        second = int(whole)
+        # (A positive float less its whole part is exact: math.modf's.)
+        second = int(seconds)
+        micros = round((seconds - second) * 1e6)
         if micros >= 1_000_000:
             second += 1
             micros -= 1_000_000
@@ -62,7 +63,7 @@ def iso(seconds: Optional[float]) -> Optional[str]:
         if cached[0] != second:
             cached[1] = time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(second))
             cached[0] = second
-        return f"{cached[1]}{micros // 1000:03d}Z"
+        return cached[1] + _MILLISECONDS[micros // 1000]
     return iso_by_datetime(seconds)
 
 

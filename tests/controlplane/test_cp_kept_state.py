@@ -13,6 +13,7 @@ from twisted.internet.task import Clock
 from twisted_iop.controlplane import bounds, records
 from twisted_iop.controlplane import json_views as views
 from twisted_iop.controlplane.client_wire import ClientWireFactory, event_payload, fleet_event_message
+from twisted_iop.controlplane.json_bytes import JsonBytesRenderer
 from twisted_iop.controlplane.records import EventBuffer, EventRecord, OperationRecord, event_size
 from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry, StatusSnapshot
 from twisted_iop.testing.peers import HeldEdgePeer, snapshot
@@ -40,12 +41,14 @@ def test_a_snapshot_is_kept_as_bytes_and_renders_what_the_message_renders() -> N
     assert kept.data == response.SerializeToString() and kept.counts == response_counts(response)
     assert kept.response == response and kept.response is not kept.response
     record = registry.get("edge-1")
-    rendered = views.snapshot_json(record, kept, False)
+    renderer = JsonBytesRenderer()
+    rendered = renderer.edge_status(record, kept, False)
     assert rendered["nodes"] == [views.node_json(node) for node in response.nodes]
     assert rendered["totals"] == views.counts_json(response_counts(response))
     assert rendered["generated_at"] == views.iso_ms(response.generated_at_ms)
-    again = views.snapshot_json(record, kept, True)
-    assert again["nodes"] is rendered["nodes"] and again["stale"] is True
+    again = renderer.edge_status(record, kept, True)
+    assert again == {**rendered, "stale": True}
+    assert renderer.kept()["snapshot_members"].entries == 1
     assert record.kept_bytes() >= len(kept.data)
 
 

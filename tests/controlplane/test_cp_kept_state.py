@@ -16,6 +16,7 @@ from twisted_iop.controlplane.client_wire import ClientWireFactory, event_payloa
 from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.event_log import EventBuffer, relayed_record
 from twisted_iop.controlplane.event_record import EventRecord
+from twisted_iop.controlplane.json_bytes import JsonBytesRenderer
 from twisted_iop.controlplane.memory import event_size
 from twisted_iop.controlplane.records import OperationRecord
 from twisted_iop.controlplane.registry import EdgeRegistry
@@ -45,12 +46,14 @@ def test_a_snapshot_is_kept_as_bytes_and_renders_what_the_message_renders() -> N
     assert kept.data == response.SerializeToString() and kept.counts == response_counts(response)
     assert kept.parse() == response and kept.parse() is not kept.parse()
     record = registry.get("edge-1")
-    rendered = views.snapshot_json(record, kept, False)
+    renderer = JsonBytesRenderer()
+    rendered = renderer.edge_status(record, kept, False)
     assert rendered["nodes"] == [views.node_json(node) for node in response.nodes]
     assert rendered["totals"] == views.counts_json(response_counts(response))
     assert rendered["generated_at"] == views.iso_ms(response.generated_at_ms)
-    again = views.snapshot_json(record, kept, True)
-    assert again["nodes"] is rendered["nodes"] and again["stale"] is True
+    again = renderer.edge_status(record, kept, True)
+    assert again == {**rendered, "stale": True}
+    assert renderer.kept()["snapshot_members"].entries == 1
     assert record.kept_bytes() >= len(kept.data)
 
 

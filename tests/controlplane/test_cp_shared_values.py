@@ -3,8 +3,6 @@ counts and the ``edge.connected`` attributes; every edge still shows its own."""
 
 from __future__ import annotations
 
-import json
-
 from hypothesis import given
 from hypothesis import strategies as st
 from twisted.internet.task import Clock
@@ -12,7 +10,6 @@ from twisted.internet.task import Clock
 from twisted_iop.controlplane import json_views as views
 from twisted_iop.controlplane import memory
 from twisted_iop.controlplane.edge_hello import EdgeHello
-from twisted_iop.controlplane.gateway import FleetRound, StatusRow
 from twisted_iop.controlplane.memory import RegistryLimits
 from twisted_iop.controlplane.records import OperationRecord
 from twisted_iop.controlplane.registry import EdgeRegistry
@@ -130,55 +127,6 @@ def test_a_shared_values_table_is_bounded_and_hands_out_equal_values(keys: list[
         assert len(table) <= capacity
 
 
-_texts = st.text(max_size=12)
-_row_specs = st.lists(
-    st.tuples(
-        _texts,  # edge id (made unique below)
-        st.dictionaries(_texts, _texts, max_size=3),  # labels
-        st.sampled_from(["ok", "timeout", "error", "disconnected"]),
-        st.booleans(),  # connected
-        st.booleans(),  # has a snapshot
-        st.integers(1, 3),  # nodes
-        st.integers(0, 2**40),  # capacity
-        _texts,  # error message
-    ),
-    max_size=12,
-)
-
-
-@given(_row_specs, st.integers(1, 15), st.integers(0, 12), st.floats(1.0, 2e9))
-def test_the_fleet_page_bytes_are_the_json_of_the_page(
-    specs: list[tuple[str, dict[str, str], str, bool, bool, int, int, str]], limit: int, skip: int, now: float
-) -> None:
-    """The fleet page written from fragments is byte for byte the compact JSON
-    of :func:`fleet_status_json` (any texts, states, counts, pages and cursors)."""
-    clock = Clock()
-    clock.advance(now)
-    registry = EdgeRegistry(clock)
-    rows = []
-    for i, (name, labels, state, connected, has_snapshot, nodes, capacity, message) in enumerate(specs):
-        edge_id = f"{name}-{i:02d}"
-        token = registry.connect(edge_id, HeldEdgePeer(), _hello(labels))
-        response = snapshot(edge_id, nodes=nodes, capacity=min(capacity, 2**32 - 1))
-        kept = keep_status(registry, edge_id, token, response) if has_snapshot else None
-        code = {"timeout": "edge_timeout", "error": "edge_error"}.get(state, "")
-        rows.append(StatusRow(registry.get(edge_id), state, kept, connected, code, message if code else ""))
-    rows.sort(key=lambda row: row.record.edge_id)
-    round_ = FleetRound(now - 0.25, now, rows, [row.record.edge_id for row in rows])
-    cursor = rows[skip - 1].record.edge_id if 0 < skip <= len(rows) else ""
-    expected = json.dumps(views.fleet_status_json(round_, cursor, limit, now), separators=(",", ":")).encode()
-    assert views.fleet_status_body(round_, cursor, limit, now) == expected
-    # Twice: the second page comes from the kept fragments.
-    assert views.fleet_status_body(round_, cursor, limit, now) == expected
-    # Totals: the sum over fresh rows, row by row.
-    totals = [0] * len(response_counts(snapshot("x")))
-    for row in rows:
-        if row.state == "ok" and row.snapshot is not None:
-            totals = [a + b for a, b in zip(totals, row.snapshot.counts, strict=True)]
-    page = json.loads(expected)
-    assert {k: v for k, v in page["totals"].items() if not k.startswith("edges_")} == views.counts_json(totals)
-
-
 def _reference_counts(response: pb.EdgeStatusResponse) -> tuple[int, ...]:
     """The counts written plainly, field by field into the layout (the model)."""
     counts = [0] * COUNTS_LEN
@@ -281,24 +229,6 @@ def test_a_hello_with_a_large_catalog_is_not_shared() -> None:
         registry.connect(edge_id, HeldEdgePeer(), EdgeHello({"site": "lab"}, "1", "1.0", catalog))
     a, b = registry.get("a").hello, registry.get("b").hello
     assert a == b and a is not b and a.labels is b.labels
-
-
-def test_the_fleet_page_keeps_few_and_short_fragments() -> None:
-    """However many distinct label maps a fleet has, the page keeps at most
-    FRAGMENTS_KEPT of their texts, none longer than FRAGMENT_MAX_CHARS."""
-    clock = Clock()
-    registry = EdgeRegistry(clock)
-    rows = []
-    for i in range(views.FRAGMENTS_KEPT + 50):
-        labels = {"edge": f"e{i}"} if i % 10 else {f"key-{k}": "v" * 200 for k in range(8)}
-        registry.connect(f"edge-{i:05d}", HeldEdgePeer(), _hello(labels))
-        rows.append(StatusRow(registry.get(f"edge-{i:05d}"), "disconnected", None, False))
-    round_ = FleetRound(1.0, 1.0, rows, [row.record.edge_id for row in rows])
-    body = views.fleet_status_body(round_, "", len(rows), 1.0)
-    assert body == json.dumps(views.fleet_status_json(round_, "", len(rows), 1.0), separators=(",", ":")).encode()
-    kept = views._label_fragments
-    assert len(kept) <= views.FRAGMENTS_KEPT
-    assert all(len(text) <= views.FRAGMENT_MAX_CHARS for _, text in kept.values())
 
 
 _SMALL_CATALOG = (pb.CommandSpec(name="node.drain"),)

@@ -36,6 +36,7 @@ from twisted_iop.controlplane.http_errors import (
     error_body,
     json_body,
 )
+from twisted_iop.controlplane.json_bytes import JsonBytesRenderer
 from twisted_iop.controlplane.records import EDGE_DISCONNECTED, FAILED, SUPERSEDED, TIMED_OUT, OperationRecord
 from twisted_iop.controlplane.registry import EdgeRegistry, UnknownEdge
 from twisted_iop.http_site import WRITE_METHODS, Refusal
@@ -164,6 +165,8 @@ class ControlPlaneHttp:
         self._settings = settings
         self._metrics = metrics
         self._openapi: Optional[bytes] = None
+        #: The views that reuse earlier renderings, and the caches they keep.
+        self._json = JsonBytesRenderer()
 
     # -- errors --------------------------------------------------------------
 
@@ -323,8 +326,8 @@ class ControlPlaneHttp:
 
     @app.route("/edges/<edge_id>", methods=["GET"])
     def edge(self, request: IRequest, edge_id: str) -> bytes:
-        """One edge (rendered by ``edge_detail_json``: what ``edge_detail`` says, as bytes)."""
-        body = views.edge_detail_json(self._edge(request, edge_id))
+        """One edge, its status and its buffers."""
+        body = self._json.edge_detail(self._edge(request, edge_id))
         request.setHeader(b"Content-Type", b"application/json")
         request.setHeader(b"Cache-Control", b"no-store")
         # A known length: the answer goes out whole, not chunked.
@@ -336,10 +339,10 @@ class ControlPlaneHttp:
         """A fresh status snapshot, or the stale one with the reason."""
         record = self._edge(request, edge_id)
         if not record.connected:
-            stale = views.snapshot_json(record, record.snapshot, True) if record.snapshot else None
+            stale = self._json.edge_status(record, record.snapshot, True) if record.snapshot else None
             return error_body(request, 409, "edge_not_connected", f"edge {edge_id!r} is not connected", snapshot=stale)
         snapshot = await self._gateway.status(edge_id)
-        return json_body(request, 200, views.snapshot_json(record, snapshot, False))
+        return json_body(request, 200, self._json.edge_status(record, snapshot, False))
 
     @app.route("/edges/<edge_id>/events", methods=["GET"])
     def edge_events(self, request: IRequest, edge_id: str) -> bytes:
@@ -503,7 +506,7 @@ class ControlPlaneHttp:
         limit = _int_arg(request, "limit", MAX_PAGE, 1, 10000)
         cursor = _arg(request, "cursor") or ""
         round_ = await self._gateway.fleet_status()
-        return encoded_json_body(request, 200, views.fleet_status_body(round_, cursor, limit, self._clock.seconds()))
+        return encoded_json_body(request, 200, self._json.fleet_page(round_, cursor, limit, self._clock.seconds()))
 
     @app.route("/fleet/events", methods=["GET"])
     def fleet_events(self, request: IRequest) -> bytes:

@@ -17,7 +17,9 @@ imports it. The modules:
 * :mod:`twisted_iop.testing.http`: a raw HTTP/1.1 client that misbehaves on
   purpose, and the inference gateway's request and event-stream helpers;
 * :mod:`twisted_iop.testing.wire`: drivers of every wire's accepting side
-  without sockets, for the fuzz tests and ``bench/wire_fuzz.py``.
+  without sockets, for the fuzz tests and ``bench/wire_fuzz.py``;
+* :mod:`twisted_iop.testing.json_reference`: the plain dict renderings the
+  Control Plane's views written as bytes must equal.
 
 Nothing here imports pytest; the test-only libraries (``cryptography``,
 ``jsonschema``) are imported where they are used. This package imports

@@ -233,7 +233,7 @@ class EdgeWireDriver:
         from twisted_iop.controlplane import json_views
 
         self.outcomes.append([json_views.node_json(n) for n in snapshot.parse().nodes])
-        self.outcomes.append(json_views.snapshot_counts(snapshot))
+        self.outcomes.append(snapshot.counts)
 
     def check_good_peer(self) -> None:
         """A well-behaved edge is still enrolled and answered on this factory."""

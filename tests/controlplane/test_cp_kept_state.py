@@ -193,7 +193,9 @@ def test_an_event_record_is_sized_as_event_size_says(
 ) -> None:
     """An event's size estimate counts every text and attribute it holds, and an
     event keeps the fields it was made with."""
-    event = EventRecord(3, 7, edge_id, kind, 1.5, 2.5, node, provider, command, message, attributes or {})
+    event = EventRecord(
+        3, 7, edge_id, kind, 1.5, 2.5, node, provider, command, message=message, attributes=attributes or {}
+    )
     bare = EventRecord(3, 7, edge_id, kind, 1.5, 2.5)
     texts = sum(sys.getsizeof(t) - sys.getsizeof("") for t in (node, provider, command, message))
     extra = memory.map_size(attributes) - sys.getsizeof({}) if attributes else 0
@@ -210,7 +212,9 @@ def test_an_event_record_is_sized_as_event_size_says(
 )
 def test_a_kept_event_gives_back_its_record(message: str, attributes: dict[str, str] | None) -> None:
     """What a buffer keeps of an event gives back an equal record, attributes in their order."""
-    event = EventRecord(5, 8, "edge-1", "node.note", 1.5, 2.5, "n1", "", "c1", message, attributes or {})
+    event = EventRecord(
+        5, 8, "edge-1", "node.note", 1.5, 2.5, "n1", "", "c1", message=message, attributes=attributes or {}
+    )
     buffer = EventBuffer(10, 1 << 20)
     buffer.append(event, 5)
     [again] = buffer.since(0, 10)

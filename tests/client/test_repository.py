@@ -37,6 +37,7 @@ from twisted_iop.client.models import (
     EdgeDetail,
     EdgePage,
     EdgeStatus,
+    Event,
     EventPage,
     FleetStatus,
     LateOutcome,
@@ -418,3 +419,25 @@ def test_time_format_round_trip() -> None:
     text = "2026-11-29T20:00:00.123Z"
     assert format_time(parse_time(text)) == text
     assert format_time(parse_time("2026-11-29T21:00:00.5+01:00")) == "2026-11-29T20:00:00.500Z"
+
+
+def test_an_event_member_this_client_does_not_know_is_kept_and_written_back() -> None:
+    """A newer Control Plane's event member reaches the caller in ``unknown``
+    and is written back as it came (the known members read as before)."""
+    document = {
+        "sequence": 3,
+        "fleet_sequence": 9,
+        "edge_id": "edge-a",
+        "kind": "node.ready",
+        "occurred_at": "2026-12-01T10:00:00.000Z",
+        "recorded_at": "2026-12-01T10:00:00.250Z",
+        "node_id": "node-1",
+        "provider_id": None,
+        "command_id": None,
+        "message": "",
+        "trace_id": "t-42",
+        "attributes": {"a": "b"},
+    }
+    event = read(Event, document)
+    assert event.unknown == {"trace_id": "t-42"} and event.node_id == "node-1"
+    assert to_json(event) == document

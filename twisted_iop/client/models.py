@@ -112,6 +112,12 @@ def _read_object(model: Any, data: Any, path: str) -> Any:
     values: dict[str, Any] = {}
     for field in attrs.fields(model):
         kind = kinds[field.name]
+        if field.metadata.get("rest"):
+            # Members a newer Control Plane sends that this client does not
+            # know yet: kept as they are, and written back.
+            known = {f.name for f in attrs.fields(model)}
+            values[field.alias] = {key: value for key, value in data.items() if key not in known}
+            continue
         if field.metadata.get("flatten"):
             values[field.alias] = _read_object(kind, data, path)
             continue
@@ -202,7 +208,7 @@ def to_json(model: Any) -> Any:
         out: dict[str, Any] = {}
         for field in attrs.fields(type(model)):
             value = getattr(model, field.name)
-            if field.metadata.get("flatten"):
+            if field.metadata.get("flatten") or field.metadata.get("rest"):
                 out.update(to_json(value))
             elif value is not None or not field.metadata.get("optional"):
                 out[field.name] = to_json(value)
@@ -426,6 +432,9 @@ class Event:
     command_id: Optional[str] = None
     message: str = ""
     attributes: dict[str, str] = attrs.field(factory=dict)
+    #: Members of the event this client does not know (a newer Control
+    #: Plane's), kept as they came.
+    unknown: dict[str, Any] = attrs.field(factory=dict, metadata={"rest": True})
 
 
 @attrs.frozen

@@ -42,7 +42,7 @@ from twisted_iop.client.errors import (
     WireConnectionLost,
     WireRequestError,
 )
-from twisted_iop.client.models import Event
+from twisted_iop.client.models import Event, format_time
 from twisted_iop.client.repository import describe_connection_error
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
@@ -667,4 +667,46 @@ def event_from_wire(event: pb.FleetEvent) -> Event:
         command_id=event.command_id or None,
         message=event.message,
         attributes=dict(event.attributes),
+        unknown=_unknown_members(event),
     )
+
+
+#: The ``FleetEvent`` fields :func:`event_from_wire` reads by name.
+_KNOWN_WIRE_FIELDS = frozenset(
+    {
+        "sequence",
+        "fleet_sequence",
+        "edge_id",
+        "kind",
+        "occurred_at_ms",
+        "recorded_at_ms",
+        "node_id",
+        "provider_id",
+        "command_id",
+        "message",
+        "attributes",
+    }
+)
+
+
+def _unknown_members(event: pb.FleetEvent) -> dict[str, Any]:
+    """The fields of a newer Control Plane's event that this client does not
+    know, in the HTTP view's shape: a time ``x`` sent as ``x_ms`` becomes an
+    ISO 8601 ``x``, an empty text null."""
+    unknown: dict[str, Any] = {}
+    for field, value in event.ListFields():
+        name = field.name
+        if name in _KNOWN_WIRE_FIELDS:
+            continue
+        if name.endswith("_ms") and isinstance(value, int):
+            unknown[name[:-3]] = format_time(datetime.fromtimestamp(value / 1000.0, tz=UTC))
+        elif isinstance(value, (str, int, bool, float)):
+            unknown[name] = value
+        else:
+            unknown[name] = dict(value)
+    for declared in event.DESCRIPTOR.fields:
+        # proto3 leaves empty texts out: the view shows them as null.
+        name = declared.name
+        if name not in _KNOWN_WIRE_FIELDS and name not in unknown and declared.type == declared.TYPE_STRING:
+            unknown[name] = None
+    return unknown

@@ -13,7 +13,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
-from twisted_iop.controlplane import records
+from twisted_iop.controlplane import operation_states
 from twisted_iop.controlplane.bounds import MAX_STATUS_NODES
 from twisted_iop.controlplane.gateway import (
     FANOUT_SLICE,
@@ -27,7 +27,7 @@ from twisted_iop.controlplane.gateway import (
     IdempotencyConflict,
     ShuttingDown,
 )
-from twisted_iop.controlplane.records import OperationRecord
+from twisted_iop.controlplane.operations import LateOutcome, OperationRecord
 from twisted_iop.controlplane.registry import EdgeHello, EdgeNotConnected, EdgeRegistry, StatusSnapshot
 from twisted_iop.testing.peers import HeldEdgePeer, snapshot
 from twisted_iop.wire import control_pb2 as pb
@@ -198,9 +198,9 @@ def test_command_answer_ends_the_operation() -> None:
     """The answer to the gateway's own request ends the operation with its outcome."""
     gateway, clock, peers = fleet(1)
     operation, ended, replayed = dispatch(gateway)
-    assert not replayed and operation.state == records.SENT
+    assert not replayed and operation.state == operation_states.SENT
     peers[0].answer(outcome=pb.COMMAND_OUTCOME_REJECTED)
-    assert ended == [operation] and operation.state == records.REJECTED and operation.reason == "edge says"
+    assert ended == [operation] and operation.state == operation_states.REJECTED and operation.reason == "edge says"
     assert clock.getDelayedCalls() == []  # the deadline timer is gone
 
 
@@ -209,12 +209,12 @@ def test_late_answer_after_timeout_is_kept_as_late_outcome() -> None:
     gateway, clock, peers = fleet(1)
     operation, ended, _ = dispatch(gateway, timeout=2)
     clock.advance(2)
-    assert ended == [operation] and operation.state == records.TIMED_OUT
+    assert ended == [operation] and operation.state == operation_states.TIMED_OUT
     assert peers[0].commands_cancelled == 0  # still listening
     clock.advance(5)
     peers[0].answer(outcome=pb.COMMAND_OUTCOME_SUCCEEDED)
-    assert operation.state == records.TIMED_OUT
-    assert operation.late_outcome == records.LateOutcome(records.SUCCEEDED, "edge says", {"k": "v"}, clock.seconds())
+    assert operation.state == operation_states.TIMED_OUT
+    assert operation.late_outcome == LateOutcome(operation_states.SUCCEEDED, "edge says", {"k": "v"}, clock.seconds())
     assert event_kinds(gateway)[-1] == "operation.late_outcome"
 
 
@@ -234,7 +234,7 @@ def test_command_in_flight_ends_superseded_at_takeover() -> None:
     gateway, clock, peers = fleet(1)
     operation, ended, _ = dispatch(gateway)
     gateway._registry.connect("e00000", HeldEdgePeer(), HELLO)
-    assert ended == [operation] and operation.state == records.SUPERSEDED
+    assert ended == [operation] and operation.state == operation_states.SUPERSEDED
     assert "newer connection" in operation.reason
     assert peers[0].commands_cancelled == 1
     assert clock.getDelayedCalls() == []
@@ -245,7 +245,7 @@ def test_disconnect_ends_the_command_edge_disconnected() -> None:
     gateway, _clock, peers = fleet(1)
     operation, ended, _ = dispatch(gateway)
     peers[0].commands[0][1].errback(Failure(PeerDisconnected("gone")))
-    assert operation.state == records.EDGE_DISCONNECTED and ended == [operation]
+    assert operation.state == operation_states.EDGE_DISCONNECTED and ended == [operation]
 
 
 def test_a_forged_answer_then_a_disconnect_ends_the_command_edge_disconnected() -> None:
@@ -254,9 +254,9 @@ def test_a_forged_answer_then_a_disconnect_ends_the_command_edge_disconnected() 
     operation, ended, _ = dispatch(gateway)
     peers[0].answer(command_id="someone-else")
     token = gateway._registry.get("e00000").token
-    assert token is not None and operation.state == records.SENT
+    assert token is not None and operation.state == operation_states.SENT
     gateway._registry.disconnect("e00000", token, "gone")
-    assert operation.state == records.EDGE_DISCONNECTED and ended == [operation]
+    assert operation.state == operation_states.EDGE_DISCONNECTED and ended == [operation]
     assert clock.getDelayedCalls() == []
 
 
@@ -284,12 +284,12 @@ def test_forged_command_id_in_an_answer_is_never_a_success() -> None:
     victim, victim_ended, _ = dispatch(gateway, edge_id="e00000")
     mine, _mine_ended, _ = dispatch(gateway, edge_id="e00001", timeout=3)
     peers[1].answer(command_id=victim.operation_id)
-    assert victim.state == records.SENT and mine.state == records.SENT
+    assert victim.state == operation_states.SENT and mine.state == operation_states.SENT
     clock.advance(3)
-    assert mine.state == records.TIMED_OUT and mine.late_outcome is None
-    assert victim.state == records.SENT and victim_ended == []
+    assert mine.state == operation_states.TIMED_OUT and mine.late_outcome is None
+    assert victim.state == operation_states.SENT and victim_ended == []
     peers[0].answer()
-    assert victim.state == records.SUCCEEDED
+    assert victim.state == operation_states.SUCCEEDED
 
 
 @pytest.mark.parametrize("spoofer", ["same", "other"])
@@ -303,15 +303,15 @@ def test_spoofed_events_cannot_finish_or_advance_an_operation(spoofer: str) -> N
     assert token is not None
     for kind in ("operation.succeeded", "operation.failed", "edge.disconnected"):
         registry.record_edge_event(edge_id, token, pb.EdgeEvent(kind=kind, command_id=operation.operation_id))
-    assert operation.state == records.SENT and ended == []
+    assert operation.state == operation_states.SENT and ended == []
     assert event_kinds(gateway, edge_id).count("edge.protocol_violation") == 1
     if spoofer == "other":
         registry.record_edge_event(
             edge_id, token, pb.EdgeEvent(kind="command.started", command_id=operation.operation_id)
         )
-        assert operation.state == records.SENT
+        assert operation.state == operation_states.SENT
     peers[0].answer()
-    assert operation.state == records.SUCCEEDED and ended == [operation]
+    assert operation.state == operation_states.SUCCEEDED and ended == [operation]
 
 
 def test_command_events_advance_only_on_the_connection_the_command_went_out_on() -> None:
@@ -327,14 +327,14 @@ def test_command_events_advance_only_on_the_connection_the_command_went_out_on()
     registry.record_edge_event(
         "e00000", token, pb.EdgeEvent(kind="command.succeeded", command_id=operation.operation_id)
     )
-    assert operation.state == records.ACCEPTED  # a terminal state only comes from the answer
+    assert operation.state == operation_states.ACCEPTED  # a terminal state only comes from the answer
     second = registry.connect("e00000", HeldEdgePeer(), HELLO)
-    assert operation.state == records.SUPERSEDED
+    assert operation.state == operation_states.SUPERSEDED
     other, _, _ = dispatch(gateway)
     registry.record_edge_event("e00000", token, pb.EdgeEvent(kind="command.started", command_id=other.operation_id))
-    assert other.state == records.SENT  # a stale connection's event is not even recorded
+    assert other.state == operation_states.SENT  # a stale connection's event is not even recorded
     registry.record_edge_event("e00000", second, pb.EdgeEvent(kind="command.started", command_id=other.operation_id))
-    assert other.state == records.RUNNING
+    assert other.state == operation_states.RUNNING
 
 
 def test_status_of_a_disconnected_edge_fails_at_once() -> None:
@@ -461,12 +461,12 @@ class GatewayMachine(RuleBasedStateMachine):
     def operations_end_once_and_only_from_their_own_answer(self) -> None:
         for operation, token, ended in self.ops:
             assert len(ended) == (1 if operation.finished else 0)
-            terminal = [h[0] for h in operation.history if h[0] in records.TERMINAL_STATES]
+            terminal = [h[0] for h in operation.history if h[0] in operation_states.TERMINAL_STATES]
             assert len(terminal) <= 1
-            if operation.state in records.ANSWER_STATES:
+            if operation.state in operation_states.ANSWER_STATES:
                 assert self.answered_on.get(operation.operation_id) == token
             if operation.late_outcome is not None:
-                assert operation.state in (records.TIMED_OUT,)
+                assert operation.state in (operation_states.TIMED_OUT,)
 
     @invariant()
     def nothing_is_tracked_for_a_gone_connection(self) -> None:
@@ -506,7 +506,7 @@ def test_shut_down_gives_every_waiting_caller_its_answer() -> None:
     gateway.shut_down()
     assert gateway.waiting_callers() == 0
     [operation], [status_failure], [round_failure] = outcomes
-    assert operation.state == records.FAILED and operation.reason == SHUTTING_DOWN_REASON
+    assert operation.state == operation_states.FAILED and operation.reason == SHUTTING_DOWN_REASON
     assert status_failure.check(ShuttingDown) and round_failure.check(ShuttingDown)
     assert peers[0].commands_cancelled == 1
     # New requests are refused at once.
@@ -517,7 +517,7 @@ def test_shut_down_gives_every_waiting_caller_its_answer() -> None:
     gateway.fleet_status().addErrback(refused.append)
     assert [f.check(ShuttingDown) for f in refused] == [ShuttingDown, ShuttingDown]
     clock.advance(120)
-    assert operation.state == records.FAILED
+    assert operation.state == operation_states.FAILED
 
 
 def test_a_status_group_answers_each_edge_once_under_one_deadline() -> None:

@@ -13,7 +13,8 @@ from twisted.internet.task import Clock
 from twisted_iop.controlplane import bounds, records
 from twisted_iop.controlplane import json_views as views
 from twisted_iop.controlplane.client_wire import ClientWireFactory, event_payload, fleet_event_message
-from twisted_iop.controlplane.records import EventBuffer, EventRecord, OperationRecord, event_size
+from twisted_iop.controlplane.operations import OperationRecord
+from twisted_iop.controlplane.records import EventBuffer, EventRecord, event_size
 from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry, StatusSnapshot
 from twisted_iop.testing.peers import HeldEdgePeer, snapshot
 from twisted_iop.wire import control_pb2 as pb

@@ -12,7 +12,7 @@ from twisted.internet.task import Clock
 from twisted_iop.controlplane import bounds
 from twisted_iop.controlplane import json_views as views
 from twisted_iop.controlplane.gateway import FleetRound, StatusRow
-from twisted_iop.controlplane.records import OperationRecord
+from twisted_iop.controlplane.operations import OperationRecord
 from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry, RegistryLimits, StatusSnapshot
 from twisted_iop.testing.peers import HeldEdgePeer, snapshot
 from twisted_iop.wire import control_pb2 as pb

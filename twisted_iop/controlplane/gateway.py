@@ -37,8 +37,8 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from twisted_iop.controlplane import bounds, records
-from twisted_iop.controlplane.records import OperationRecord
+from twisted_iop.controlplane import bounds, operation_states
+from twisted_iop.controlplane.operations import OperationRecord
 from twisted_iop.controlplane.registry import (
     EdgeNotConnected,
     EdgePeer,
@@ -256,11 +256,11 @@ def _settle_deferred(
 
 
 _OUTCOME_STATES = {
-    pb.COMMAND_OUTCOME_SUCCEEDED: records.SUCCEEDED,
-    pb.COMMAND_OUTCOME_REJECTED: records.REJECTED,
-    pb.COMMAND_OUTCOME_FAILED: records.FAILED,
+    pb.COMMAND_OUTCOME_SUCCEEDED: operation_states.SUCCEEDED,
+    pb.COMMAND_OUTCOME_REJECTED: operation_states.REJECTED,
+    pb.COMMAND_OUTCOME_FAILED: operation_states.FAILED,
 }
-_EVENT_STATES = {"command.accepted": records.ACCEPTED, "command.started": records.RUNNING}
+_EVENT_STATES = {"command.accepted": operation_states.ACCEPTED, "command.started": operation_states.RUNNING}
 
 
 @attrs.frozen
@@ -351,7 +351,7 @@ class EdgeGateway:
         for command in list(self._commands.values()):
             self._forget(command)
             if not command.operation.finished:
-                self._finish(command.operation, records.FAILED, SHUTTING_DOWN_REASON)
+                self._finish(command.operation, operation_states.FAILED, SHUTTING_DOWN_REASON)
             self._abandon(command)
         for waiters in list(self._waiters.values()):
             for waiter in waiters:
@@ -366,7 +366,7 @@ class EdgeGateway:
         The status ask moves to the new connection (its callers then get
         the new connection's answer); commands end ``superseded``.
         """
-        self._end_connection(edge_id, old_token, records.SUPERSEDED, SUPERSEDED_REASON)
+        self._end_connection(edge_id, old_token, operation_states.SUPERSEDED, SUPERSEDED_REASON)
 
     def connection_closed(self, edge_id: str, token: int) -> None:
         """Settle what is still tracked for a connection that closed.
@@ -376,7 +376,7 @@ class EdgeGateway:
         answered with a foreign command id), or what a peer without that
         courtesy left behind.
         """
-        self._end_connection(edge_id, token, records.EDGE_DISCONNECTED, DISCONNECTED_REASON)
+        self._end_connection(edge_id, token, operation_states.EDGE_DISCONNECTED, DISCONNECTED_REASON)
 
     def _end_connection(self, edge_id: str, token: int, state: str, reason: str) -> None:
         ask = self._asks.get(edge_id)
@@ -788,7 +788,7 @@ class EdgeGateway:
                 self._forget(command)
             return
         self._forget(command)
-        state = _OUTCOME_STATES.get(response.outcome, records.FAILED)
+        state = _OUTCOME_STATES.get(response.outcome, operation_states.FAILED)
         reason = response.reason
         if response.outcome not in _OUTCOME_STATES and not reason:
             reason = f"edge answered with outcome {enum_name(pb.CommandOutcome, response.outcome)}"
@@ -801,15 +801,15 @@ class EdgeGateway:
         operation = command.operation
         if failure.check(PeerDisconnected):
             if not operation.finished:
-                self._finish(operation, records.EDGE_DISCONNECTED, DISCONNECTED_REASON)
+                self._finish(operation, operation_states.EDGE_DISCONNECTED, DISCONNECTED_REASON)
         elif failure.check(RemoteError):
-            self._settle(operation, records.FAILED, f"edge error: {failure.value}", {})
+            self._settle(operation, operation_states.FAILED, f"edge error: {failure.value}", {})
         else:
             self._log.failure(
                 "command {name} to {edge_id} failed", failure, name=operation.name, edge_id=operation.edge_id
             )
             if not operation.finished:
-                self._finish(operation, records.FAILED, "internal error")
+                self._finish(operation, operation_states.FAILED, "internal error")
 
     def _settle(self, operation: OperationRecord, state: str, reason: str, result: dict[str, str]) -> None:
         """The edge's own answer: the end, or the late outcome of an ended operation."""
@@ -823,7 +823,7 @@ class EdgeGateway:
         operation = command.operation
         if operation.finished:
             return
-        self._finish(operation, records.TIMED_OUT, f"no answer within {command.timeout_seconds:g}s")
+        self._finish(operation, operation_states.TIMED_OUT, f"no answer within {command.timeout_seconds:g}s")
         if command.request is None:
             # Its request was already answered (wrongly): nothing to wait for.
             self._forget(command)

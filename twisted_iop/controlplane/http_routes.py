@@ -36,7 +36,8 @@ from twisted_iop.controlplane.http_errors import (
     error_body,
     json_body,
 )
-from twisted_iop.controlplane.records import EDGE_DISCONNECTED, FAILED, SUPERSEDED, TIMED_OUT, OperationRecord
+from twisted_iop.controlplane.operation_states import EDGE_DISCONNECTED, FAILED, SUPERSEDED, TIMED_OUT
+from twisted_iop.controlplane.operations import OperationRecord
 from twisted_iop.controlplane.registry import EdgeRegistry, UnknownEdge
 from twisted_iop.http_site import WRITE_METHODS, Refusal
 from twisted_iop.ids import id_problem

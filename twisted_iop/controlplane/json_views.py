@@ -22,7 +22,8 @@ from weakref import WeakKeyDictionary
 import attrs
 
 from twisted_iop.controlplane.gateway import FleetRound, StatusRow
-from twisted_iop.controlplane.records import EventBuffer, EventRecord, LateOutcome, OperationBuffer, OperationRecord
+from twisted_iop.controlplane.operations import LateOutcome, OperationBuffer, OperationRecord
+from twisted_iop.controlplane.records import EventBuffer, EventRecord
 from twisted_iop.controlplane.registry import EdgeHello, EdgeRecord, StatusSnapshot
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.status_totals import (

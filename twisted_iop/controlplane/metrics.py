@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from twisted_iop.controlplane.records import TERMINAL_STATES
+from twisted_iop.controlplane.operation_states import TERMINAL_STATES
 from twisted_iop.metrics import (
     count_by,
     counter,

@@ -29,15 +29,9 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from twisted_iop.controlplane import bounds, records
-from twisted_iop.controlplane.records import (
-    EventBuffer,
-    EventRecord,
-    LateOutcome,
-    OperationBuffer,
-    OperationRecord,
-    map_size,
-)
+from twisted_iop.controlplane import bounds, operation_states, records
+from twisted_iop.controlplane.operations import LateOutcome, OperationBuffer, OperationRecord
+from twisted_iop.controlplane.records import EventBuffer, EventRecord, map_size
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.hello import MAX_COMMAND_ARGUMENTS, MAX_LABELS, MAX_TEXT
 from twisted_iop.wire.status_totals import response_counts
@@ -851,8 +845,7 @@ class EdgeRegistry(Service):
     def start_operation(self, operation: OperationRecord) -> None:
         """Keep a just-dispatched operation (state ``sent``)."""
         record = self.get(operation.edge_id)
-        operation.updated_at = operation.created_at
-        operation.history.append((records.SENT, operation.created_at, ""))
+        operation_states.begin(operation)
         record.operations.add(operation)
         self._operation_event(operation)
 

@@ -13,7 +13,8 @@ import json
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from twisted_iop.controlplane.records import EventRecord, LateOutcome, OperationRecord
+from twisted_iop.controlplane.operations import LateOutcome, OperationRecord
+from twisted_iop.controlplane.records import EventRecord
 from twisted_iop.controlplane.registry import EdgeHello
 from twisted_iop.wire import control_pb2 as pb
 

@@ -39,7 +39,7 @@ from twisted.internet.task import LoopingCall, deferLater
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from twisted_iop.controlplane import records
+from twisted_iop.controlplane import operation_states
 from twisted_iop.controlplane.bounds import CatalogCache
 from twisted_iop.controlplane.cluster import codec, scripts
 from twisted_iop.controlplane.cluster.remote import (
@@ -54,7 +54,8 @@ from twisted_iop.controlplane.cluster.remote import (
 from twisted_iop.controlplane.cluster.settings import ClusterConfig
 from twisted_iop.controlplane.cluster.store import BLOCK_MILLISECONDS, ClusterUnavailable, RedisLink
 from twisted_iop.controlplane.gateway import EdgeDisconnected, EdgeGateway, EdgeTimeout
-from twisted_iop.controlplane.records import EventRecord, OperationRecord
+from twisted_iop.controlplane.operations import OperationRecord
+from twisted_iop.controlplane.records import EventRecord
 from twisted_iop.controlplane.registry import (
     CONNECTED_MESSAGE,
     EdgeHello,
@@ -352,7 +353,10 @@ class ClusterReplica(Service):
                     operation.replica == replica
                     and not operation.finished
                     and self._registry.advance_operation(
-                        record.edge_id, operation.operation_id, records.FAILED, ORPHANED_REASON.format(replica=replica)
+                        record.edge_id,
+                        operation.operation_id,
+                        operation_states.FAILED,
+                        ORPHANED_REASON.format(replica=replica),
                     )
                 ):
                     ended += 1

@@ -11,7 +11,7 @@ from twisted.internet.task import Clock
 
 from twisted_iop.controlplane import bounds
 from twisted_iop.controlplane import json_views as views
-from twisted_iop.controlplane.gateway import FleetRound, StatusRow
+from twisted_iop.controlplane.fleet_rounds import FleetRound, StatusRow
 from twisted_iop.controlplane.operations import OperationRecord
 from twisted_iop.controlplane.registry import EdgeHello, EdgeRegistry, RegistryLimits, StatusSnapshot
 from twisted_iop.testing.peers import HeldEdgePeer, snapshot

@@ -21,7 +21,7 @@ from weakref import WeakKeyDictionary
 
 import attrs
 
-from twisted_iop.controlplane.gateway import FleetRound, StatusRow
+from twisted_iop.controlplane.fleet_rounds import FleetRound, StatusRow
 from twisted_iop.controlplane.operations import LateOutcome, OperationBuffer, OperationRecord
 from twisted_iop.controlplane.records import EventBuffer, EventRecord
 from twisted_iop.controlplane.registry import EdgeHello, EdgeRecord, StatusSnapshot

@@ -53,7 +53,7 @@ from twisted_iop.controlplane.cluster.remote import (
 )
 from twisted_iop.controlplane.cluster.settings import ClusterConfig
 from twisted_iop.controlplane.cluster.store import BLOCK_MILLISECONDS, ClusterUnavailable, RedisLink
-from twisted_iop.controlplane.gateway import EdgeDisconnected, EdgeGateway, EdgeTimeout
+from twisted_iop.controlplane.gateway import EdgeGateway
 from twisted_iop.controlplane.operations import OperationRecord
 from twisted_iop.controlplane.records import EventRecord
 from twisted_iop.controlplane.registry import (
@@ -63,6 +63,7 @@ from twisted_iop.controlplane.registry import (
     EdgeRegistry,
     StatusSnapshot,
 )
+from twisted_iop.controlplane.request_errors import EdgeDisconnected, EdgeTimeout
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import PeerDisconnected, RemoteError
 

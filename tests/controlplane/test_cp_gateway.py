@@ -17,6 +17,7 @@ from twisted_iop.controlplane import operation_states
 from twisted_iop.controlplane.bounds import MAX_STATUS_NODES
 from twisted_iop.controlplane.command_dispatch import (
     LATE_ANSWERS_PER_CONNECTION,
+    ROUTED_GRACE_SECONDS,
     IdempotencyConflict,
 )
 from twisted_iop.controlplane.fleet_rounds import FANOUT_SLICE, FleetRound
@@ -592,3 +593,51 @@ def test_an_answer_over_its_bounds_is_counted_as_refused() -> None:
     gateway, _registry, kept, failed = _asked(0.0, response)
     assert not kept and failed[0].check(EdgeErrorAnswer)
     assert gateway.status_refused == {"bounds": 1}
+
+
+def test_operations_of_a_dead_replica_end_failed_through_the_gateway() -> None:
+    """Cluster mode: the gateway ends the open operations a dead replica sent
+    (failed, saying why) and tells callers waiting here; others' stay open,
+    and this replica's command metrics do not count them."""
+    gateway, registry, _clock, _peers = fleet(1)
+    theirs = OperationRecord("op-b", "e00000", "node.drain", "n", {}, "", 1.0, 10.0, replica="b")
+    others = OperationRecord("op-c", "e00000", "node.drain", "n", {}, "", 1.0, 10.0, replica="c")
+    registry.start_operation(theirs)
+    registry.start_operation(others)
+    ended: list[OperationRecord] = []
+    gateway.wait_for(theirs).addCallback(ended.append)
+    assert gateway.end_orphaned_operations("b", "replica b stopped") == 1
+    assert theirs.state == operation_states.FAILED and theirs.reason == "replica b stopped"
+    assert ended == [theirs] and others.state == operation_states.SENT
+    assert gateway.end_orphaned_operations("b", "again") == 0
+    assert gateway.operations_ended == {}
+    assert event_kinds(registry)[-1] == "operation.failed"
+
+
+def test_a_routed_command_is_sent_on_the_local_connection_and_answered() -> None:
+    """Cluster mode: a command another replica dispatched goes out on this
+    replica's connection; its answer comes back as is, and no operation is
+    made or changed here."""
+    gateway, registry, _clock, peers = fleet(1)
+    request = pb.EdgeCommandRequest(command_id="theirs", name="node.drain", target="n", timeout_ms=1000)
+    answers: list[pb.EdgeCommandResponse] = []
+    gateway.run_routed_command("e00000", request).addCallback(answers.append)
+    assert [sent for sent, _ in peers[0].commands] == [request]
+    peers[0].answer()
+    assert [a.command_id for a in answers] == ["theirs"]
+    assert registry.get("e00000").operations.newest_first() == []
+
+
+def test_a_routed_command_gives_up_past_its_deadline_and_its_grace() -> None:
+    """A routed command unanswered past its own deadline and the grace fails
+    (its request cancelled); one for an edge not connected here fails at once."""
+    gateway, _registry, clock, peers = fleet(1)
+    request = pb.EdgeCommandRequest(command_id="theirs", name="node.drain", target="n", timeout_ms=1000)
+    failed: list[Failure] = []
+    gateway.run_routed_command("e00000", request).addErrback(failed.append)
+    clock.advance(1 + ROUTED_GRACE_SECONDS - 0.5)
+    assert failed == []
+    clock.advance(1)
+    assert len(failed) == 1 and peers[0].commands_cancelled == 1
+    gateway.run_routed_command("nobody", request).addErrback(failed.append)
+    assert failed[1].check(EdgeNotConnected)

@@ -9,13 +9,17 @@ code that decides an operation's state.
   this room's own request on the connection it was sent on, or from its
   own verdicts: ``timed_out`` (its deadline), ``edge_disconnected``,
   ``superseded`` (a newer connection took over), ``failed`` (the Control
-  Plane stopped).
+  Plane stopped, or, in cluster mode, the replica that sent it died).
   ``command.accepted`` / ``command.started`` relayed on that connection
   move it forward. The rules of each move are the state machine's
   (``operation_states.py``); the registry records them.
 * **Deadlines and late outcomes.** After its deadline a request keeps
   listening (at most :data:`LATE_ANSWERS_PER_CONNECTION` per connection) so
   that a late answer is kept as the operation's late outcome.
+* **Routed commands** (cluster mode): a command another replica dispatched
+  for an edge connected here is sent on the local connection by this room
+  too (:meth:`CommandDispatch.run_routed`), so one room sends every command;
+  its operation stays the dispatcher's.
 
 :class:`CommandDispatch` is one room of the
 :class:`~twisted_iop.controlplane.gateway.EdgeGateway`.
@@ -27,7 +31,7 @@ import uuid
 from typing import Optional
 
 import attrs
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -55,6 +59,10 @@ LATE_ANSWERS_PER_CONNECTION = 64
 #: Why a command ended when a newer connection took over.
 SUPERSEDED_REASON = "a newer connection of this edge took over before the answer"
 DISCONNECTED_REASON = "edge disconnected before answering"
+#: A routed command is run at most this long past its own deadline (so a
+#: late answer still reaches the replica that sent it).
+ROUTED_GRACE_SECONDS = 60.0
+
 _OUTCOME_STATES = {
     pb.COMMAND_OUTCOME_SUCCEEDED: SUCCEEDED,
     pb.COMMAND_OUTCOME_REJECTED: REJECTED,
@@ -206,6 +214,22 @@ class CommandDispatch:
         self._waiters.setdefault(operation.operation_id, []).append(d)
         return d
 
+    def run_routed(self, edge_id: str, request: pb.EdgeCommandRequest) -> Deferred[pb.EdgeCommandResponse]:
+        """Send a command another replica dispatched on this replica's
+        connection of ``edge_id``; fire with the edge's answer.
+
+        Its operation is the dispatcher's (which decides its state from
+        this answer): nothing here changes it. The request is given up
+        :data:`ROUTED_GRACE_SECONDS` after its own deadline. Fails with
+        EdgeNotConnected if the edge has no connection here.
+        """
+        record = self._registry.find(edge_id)
+        if record is None or record.peer is None:
+            return fail(EdgeNotConnected(edge_id))
+        d = record.peer.request_command(request)
+        d.addTimeout(request.timeout_ms / 1000.0 + ROUTED_GRACE_SECONDS, self._clock)
+        return d
+
     # -- answers, failures, deadlines ---------------------------------------------------
 
     def _command_answered(self, response: pb.EdgeCommandResponse, command: _Command) -> None:
@@ -352,6 +376,28 @@ class CommandDispatch:
                 self._forget(command)
                 self._abandon(command)
             self._wake(operation)
+
+    def end_orphaned(self, replica: str, reason: str) -> int:
+        """Operations ``replica`` dispatched and never saw end (it died): each
+        ends ``failed`` with ``reason``; return how many ended.
+
+        Their answers went to the dead replica; no one else could ever
+        record them. The one case where this room ends an operation it did
+        not dispatch: its dispatcher is gone. Callers here waiting for one
+        (a replayed idempotency key) get its end; the metrics, which count
+        this replica's own commands, do not.
+        """
+        ended = 0
+        for record in list(self._registry.edges()):
+            for operation in list(record.operations_kept or ()):
+                if (
+                    operation.replica == replica
+                    and not operation.finished
+                    and self._registry.advance_operation(record.edge_id, operation.operation_id, FAILED, reason)
+                ):
+                    ended += 1
+                    self._wake(operation)
+        return ended
 
     def shut_down(self) -> None:
         """End every command now: ``failed`` with :data:`SHUTTING_DOWN_REASON`

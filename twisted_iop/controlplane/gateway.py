@@ -256,3 +256,14 @@ class EdgeGateway:
     def wait_for(self, operation: OperationRecord) -> Deferred[OperationRecord]:
         """Fire with ``operation`` once it is finished."""
         return self._commands.wait_for(operation)
+
+    def run_routed_command(self, edge_id: str, request: pb.EdgeCommandRequest) -> Deferred[pb.EdgeCommandResponse]:
+        """Cluster mode: send on this replica's connection of ``edge_id`` a
+        command another replica dispatched; fire with the edge's answer
+        (the operation is the dispatcher's to change)."""
+        return self._commands.run_routed(edge_id, request)
+
+    def end_orphaned_operations(self, replica: str, reason: str) -> int:
+        """Cluster mode: end ``failed`` the operations a dead ``replica``
+        dispatched and never saw end; return how many ended."""
+        return self._commands.end_orphaned(replica, reason)

@@ -13,7 +13,10 @@ in cluster mode, and it keeps the registry a mirror of the whole fleet:
   a routed :class:`RemotePeer` unless it is one of ours. A connection of
   ours that a later claim (elsewhere) superseded is closed with SUPERSEDED.
 * **Routing.** The same reader reads this replica's inbox: status asks and
-  commands for our edges from other replicas, and answers to ours.
+  commands for our edges from other replicas, run through the gateway
+  (which alone sends requests to edges), and answers to ours.
+* **Operations.** Their states are the gateway's to decide: the one of a
+  dead replica's operations that never saw their end is asked of it.
 * **Presence.** One lease key per replica, refreshed every heartbeat (so
   the Redis load does not grow with the fleet). A replica whose lease
   expired is reaped by any other: its edges are disconnected (in Redis,
@@ -39,7 +42,6 @@ from twisted.internet.task import LoopingCall, deferLater
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from twisted_iop.controlplane import operation_states
 from twisted_iop.controlplane.bounds import CatalogCache
 from twisted_iop.controlplane.cluster import codec, scripts
 from twisted_iop.controlplane.cluster.remote import (
@@ -71,9 +73,6 @@ from twisted_iop.wire.peer import PeerDisconnected, RemoteError
 READ_COUNT = 2000
 #: Pause before reading again after a failed read (Redis down).
 READ_RETRY_SECONDS = 0.5
-#: A routed command is run on the owner at most this long past its own
-#: deadline (so a late answer still reaches the replica that sent it).
-COMMAND_GRACE_SECONDS = 60.0
 #: At most one warning per this many seconds about writes that failed.
 LOST_WRITE_LOG_INTERVAL_SECONDS = 10.0
 #: An edge's snapshot is written to Redis at most this often (the first
@@ -87,6 +86,8 @@ HELLO_WRITE_BACKLOG = 5000
 LEFT_MESSAGE = "the Control Plane replica holding this edge stopped"
 #: Why an operation ended when the replica that sent it died first.
 ORPHANED_REASON = "the Control Plane replica {replica} that sent this command stopped before its answer"
+#: Why a routed request for an edge not (or no longer) held here fails.
+NOT_HELD_MESSAGE = "the edge's connection is no longer held by this replica"
 #: How long a replayed idempotency key waits for its operation to appear.
 OPERATION_FETCH_ATTEMPTS = 20
 OPERATION_FETCH_PAUSE_SECONDS = 0.05
@@ -341,26 +342,9 @@ class ClusterReplica(Service):
                     yield self.link.lease("DEL", self.keys.inbox(replica), self.keys.owned(replica))
 
     def _end_orphaned_operations(self, replica: str) -> None:
-        """Operations a dead replica dispatched and never saw end: ``failed``, saying why.
-
-        Their answers went to the dead replica; no one else could ever
-        record them. This is the one case where a replica sets the state
-        of an operation it did not dispatch (its dispatcher is gone).
-        """
-        ended = 0
-        for record in list(self._registry.edges()):
-            for operation in list(record.operations_kept or ()):
-                if (
-                    operation.replica == replica
-                    and not operation.finished
-                    and self._registry.advance_operation(
-                        record.edge_id,
-                        operation.operation_id,
-                        operation_states.FAILED,
-                        ORPHANED_REASON.format(replica=replica),
-                    )
-                ):
-                    ended += 1
+        """Operations a dead replica dispatched and never saw end: the gateway
+        ends them ``failed``, saying why (their answers went to the dead one)."""
+        ended = self._gateway.end_orphaned_operations(replica, ORPHANED_REASON.format(replica=replica))
         if ended:
             self._log.warn(
                 "cluster: {count} operations sent by replica {replica} ended failed (it stopped before their answers)",
@@ -924,9 +908,7 @@ class ClusterReplica(Service):
         asked: list[dict[str, Any]] = []
         for message in messages:
             if self._local_edge(message) is None:
-                self.router.answer(
-                    message, None, DISCONNECTED, "the edge's connection is no longer held by this replica"
-                )
+                self.router.answer(message, None, DISCONNECTED, NOT_HELD_MESSAGE)
             else:
                 asked.append(message)
 
@@ -946,10 +928,11 @@ class ClusterReplica(Service):
             self._gateway.status_group([str(m["edge"]) for m in asked], answered)
 
     def _routed_command(self, message: dict[str, Any]) -> None:
+        """A command routed here: the gateway runs it on our connection; the
+        edge's answer, or why there is none, goes back to its dispatcher."""
         edge_id = self._local_edge(message)
-        record = None if edge_id is None else self._registry.find(edge_id)
-        if record is None or record.peer is None:
-            self.router.answer(message, None, DISCONNECTED, "the edge's connection is no longer held by this replica")
+        if edge_id is None:
+            self.router.answer(message, None, DISCONNECTED, NOT_HELD_MESSAGE)
             return
         request = pb.EdgeCommandRequest()
         try:
@@ -957,8 +940,6 @@ class ClusterReplica(Service):
         except Exception:
             self.router.answer(message, None, ERROR, "the routed command did not parse")
             return
-        d = record.peer.request_command(request)
-        d.addTimeout(request.timeout_ms / 1000.0 + COMMAND_GRACE_SECONDS, self._clock)
 
         def answered(response: pb.EdgeCommandResponse) -> None:
             self.router.answer(message, response.SerializeToString())
@@ -966,11 +947,13 @@ class ClusterReplica(Service):
         def failed(failure: Failure) -> None:
             if failure.check(RemoteError):
                 self.router.answer(message, None, ERROR, failure.getErrorMessage())
+            elif failure.check(EdgeNotConnected):
+                self.router.answer(message, None, DISCONNECTED, NOT_HELD_MESSAGE)
             else:
                 reason = "edge disconnected before answering" if failure.check(PeerDisconnected) else "no answer"
                 self.router.answer(message, None, DISCONNECTED, reason)
 
-        d.addCallbacks(answered, failed)
+        self._gateway.run_routed_command(edge_id, request).addCallbacks(answered, failed)
 
 
 def _gather(ds: list[Deferred[Any]]) -> Deferred[list[Any]]:

@@ -21,7 +21,7 @@ retried.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
 import attrs
@@ -134,22 +134,12 @@ class StreamReader:
             ]
         )
         for entries in streams:
-            for entry_id, fields in reversed(entries or []):
-                try:
-                    event = _stream_event(str(entry_id), pairs(fields), fleet=False)
-                except (codec.BadRecord, ValueError) as e:
-                    self._rejected(f"event: {e}")
-                    continue
+            for event in self._stored_events(entries, False):
                 self._registry.apply_event(event, fleet=False)
         fleet = yield self.link.call(
             "XREVRANGE", self.keys.fleet, self._fleet_cursor, "-", "COUNT", limits.fleet_events
         )
-        for entry_id, fields in reversed(fleet or []):
-            try:
-                event = _stream_event(str(entry_id), pairs(fields), fleet=True)
-            except (codec.BadRecord, ValueError) as e:
-                self._rejected(f"fleet event: {e}")
-                continue
+        for event in self._stored_events(fleet, True):
             self._registry.apply_event(event, notify=False)
         indexes = yield gather(
             [self.link.call("ZREVRANGE", self.keys.operations(e), 0, limits.operations_per_edge - 1) for e in edge_ids]
@@ -166,6 +156,15 @@ class StreamReader:
                 except codec.BadRecord as e:
                     self._rejected(f"operation: {e}")
         return len(edge_ids)
+
+    def _stored_events(self, entries: Any, fleet: bool) -> Iterator[EventRecord]:
+        """The events of a stream read newest first (XREVRANGE), oldest first;
+        a malformed one is skipped and counted."""
+        for entry_id, fields in reversed(entries or []):
+            try:
+                yield _stream_event(str(entry_id), pairs(fields), fleet=fleet)
+            except (codec.BadRecord, ValueError) as e:
+                self._rejected(f"{'fleet event' if fleet else 'event'}: {e}")
 
     def _load_edge(self, edge_id: str, fields: dict[str, str]) -> None:
         hello = self._hello(fields.get("hello", "{}"))

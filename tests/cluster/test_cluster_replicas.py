@@ -217,7 +217,7 @@ async def test_a_silent_replica_is_reaped_and_its_edges_show_disconnected(redis_
         await eventually(lambda: _connected_in(b, "edge-1"), timeout=5, message="B shows edge-1 connected")
         cluster = a.service.cluster
         assert cluster is not None
-        cluster._heartbeat.stop()  # the lease is no longer refreshed
+        cluster.presence.stop()  # the lease is no longer refreshed
         await eventually(lambda: not _connected_in(b, "edge-1"), timeout=10, message="B reaped A's edge")
         _status, events = await b.get_json("/edges/edge-1/events")
         last = events["items"][-1]
@@ -287,7 +287,7 @@ async def test_commands_left_open_by_a_dead_replica_end_failed(redis_server: Red
         await eventually(lambda: len(edge.held_commands) == 1, timeout=5, message="command held by the edge")
         cluster = a.service.cluster
         assert cluster is not None
-        cluster._heartbeat.stop()  # A stops refreshing its lease, as a killed replica would
+        cluster.presence.stop()  # A stops refreshing its lease, as a killed replica would
 
         async def ended_on_b() -> bool:
             status, page = await b.get_json("/edges/edge-1/operations")

@@ -13,7 +13,8 @@ from twisted.internet.task import Clock
 from twisted_iop.controlplane.cluster import codec
 from twisted_iop.controlplane.cluster.remote import RemotePeer, Router
 from twisted_iop.controlplane.edge_hello import EdgeHello
-from twisted_iop.controlplane.records import LateOutcome, OperationRecord
+from twisted_iop.controlplane.operation_states import LateOutcome
+from twisted_iop.controlplane.operations import OperationRecord
 from twisted_iop.controlplane.snapshots import StatusSnapshot, checked_snapshot
 from twisted_iop.testing.peers import CATALOG, snapshot
 from twisted_iop.wire import control_pb2 as pb
@@ -41,7 +42,7 @@ def test_operation_survives_the_store(
     op.advance("accepted", 11.0)
     op.advance("succeeded", 12.0, reason, result)
     if late:
-        op.late_outcome = LateOutcome("failed", reason, result, 13.0)
+        assert op.note_late_outcome(LateOutcome("failed", reason, result, 13.0))
     again = codec.operation_from(codec.loads_object(codec.dumps(codec.operation_dict(op)), "operation"))
     assert codec.operation_dict(again) == codec.operation_dict(op)
 

@@ -13,24 +13,22 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
-from twisted_iop.controlplane import records
+from twisted_iop.controlplane import operation_states
 from twisted_iop.controlplane.bounds import MAX_STATUS_NODES
-from twisted_iop.controlplane.edge_hello import EdgeHello
-from twisted_iop.controlplane.gateway import (
-    FANOUT_SLICE,
+from twisted_iop.controlplane.command_dispatch import (
     LATE_ANSWERS_PER_CONNECTION,
-    RECOUNT_SHARE,
-    SHUTTING_DOWN_REASON,
-    EdgeErrorAnswer,
-    EdgeGateway,
-    EdgeTimeout,
-    FleetRound,
+    ROUTED_GRACE_SECONDS,
     IdempotencyConflict,
-    ShuttingDown,
 )
-from twisted_iop.controlplane.records import OperationRecord
+from twisted_iop.controlplane.edge_hello import EdgeHello
+from twisted_iop.controlplane.fleet_rounds import FANOUT_SLICE, FleetRound
+from twisted_iop.controlplane.gateway import EdgeGateway
+from twisted_iop.controlplane.operation_states import LateOutcome
+from twisted_iop.controlplane.operations import OperationRecord
 from twisted_iop.controlplane.registry import EdgeNotConnected, EdgeRegistry
+from twisted_iop.controlplane.request_errors import SHUTTING_DOWN_REASON, EdgeErrorAnswer, EdgeTimeout, ShuttingDown
 from twisted_iop.controlplane.snapshots import StatusSnapshot
+from twisted_iop.controlplane.status_asks import RECOUNT_SHARE
 from twisted_iop.testing.peers import HeldEdgePeer, snapshot
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import PeerDisconnected
@@ -40,8 +38,8 @@ CATALOG = (pb.CommandSpec(name="node.drain", target_kind="node"), pb.CommandSpec
 HELLO = EdgeHello(labels={}, software_version="t", protocol_version="1.0", commands=CATALOG)
 
 
-def fleet(n: int) -> tuple[EdgeGateway, Clock, list[HeldEdgePeer]]:
-    """A gateway over ``n`` connected edges with held peers."""
+def fleet(n: int) -> tuple[EdgeGateway, EdgeRegistry, Clock, list[HeldEdgePeer]]:
+    """A gateway over a registry of ``n`` connected edges with held peers."""
     clock = Clock()
     registry = EdgeRegistry(clock)
     peers = []
@@ -49,12 +47,12 @@ def fleet(n: int) -> tuple[EdgeGateway, Clock, list[HeldEdgePeer]]:
         peer = HeldEdgePeer()
         registry.connect(f"e{i:05d}", peer, HELLO)
         peers.append(peer)
-    return EdgeGateway(registry, clock, status_timeout_seconds=5, fleet_max_age_seconds=0), clock, peers
+    return EdgeGateway(registry, clock, status_timeout_seconds=5, fleet_max_age_seconds=0), registry, clock, peers
 
 
 def test_fanout_is_sliced_across_reactor_turns() -> None:
     """Only one slice of requests goes out per reactor turn, with no per-request timers."""
-    gateway, clock, peers = fleet(FANOUT_SLICE * 2 + 10)
+    gateway, _registry, clock, peers = fleet(FANOUT_SLICE * 2 + 10)
     result: list[FleetRound] = []
     gateway.fleet_status().addCallback(result.append)
     # One slice now; the next is scheduled for the next reactor turn, and
@@ -71,7 +69,7 @@ def test_fanout_is_sliced_across_reactor_turns() -> None:
 
 def test_round_deadline_cancels_only_the_silent_edges() -> None:
     """At the deadline the unanswered requests are cancelled and become timeout rows."""
-    gateway, clock, peers = fleet(20)
+    gateway, _registry, clock, peers = fleet(20)
     result: list[FleetRound] = []
     gateway.fleet_status().addCallback(result.append)
     for i, peer in enumerate(peers):
@@ -87,7 +85,7 @@ def test_round_deadline_cancels_only_the_silent_edges() -> None:
 
 def test_single_status_joins_a_fleet_round() -> None:
     """A status view during a fleet round shares the round's request for that edge."""
-    gateway, _clock, peers = fleet(1)
+    gateway, _registry, _clock, peers = fleet(1)
     rows: list[FleetRound] = []
     gateway.fleet_status().addCallback(rows.append)
     single: list[Any] = []
@@ -107,7 +105,7 @@ def answer_all(peers: list[HeldEdgePeer]) -> None:
 
 def test_concurrent_fleet_views_share_one_round() -> None:
     """Views arriving while a round runs join it: one request per edge, one round for all."""
-    gateway, clock, peers = fleet(3)
+    gateway, _registry, clock, peers = fleet(3)
     rounds: list[FleetRound] = []
     for _ in range(4):
         gateway.fleet_status().addCallback(rounds.append)
@@ -119,7 +117,7 @@ def test_concurrent_fleet_views_share_one_round() -> None:
 
 def test_a_round_is_reused_within_its_max_age_only() -> None:
     """Within the max age of the last round's start its rows are reused; after it a new round runs."""
-    gateway, clock, peers = fleet(2)
+    gateway, _registry, clock, peers = fleet(2)
     gateway.fleet_max_age_seconds = 1.0
     first: list[FleetRound] = []
     gateway.fleet_status().addCallback(first.append)
@@ -138,8 +136,7 @@ def test_a_round_is_reused_within_its_max_age_only() -> None:
 
 def test_status_in_flight_moves_to_the_new_connection_at_takeover() -> None:
     """A status ask on a superseded connection is re-asked of the new one at once."""
-    gateway, _clock, peers = fleet(1)
-    registry = gateway._registry
+    gateway, registry, _clock, peers = fleet(1)
     waiting: list[Any] = []
     gateway.status("e00000").addBoth(waiting.append)
     old = peers[0]
@@ -154,11 +151,11 @@ def test_status_in_flight_moves_to_the_new_connection_at_takeover() -> None:
 
 def test_a_new_status_view_after_takeover_asks_the_new_connection() -> None:
     """A view issued after the takeover never joins an ask of the old connection."""
-    gateway, _clock, _peers = fleet(1)
+    gateway, registry, _clock, _peers = fleet(1)
     first: list[Any] = []
     gateway.status("e00000").addBoth(first.append)
     new = HeldEdgePeer()
-    gateway._registry.connect("e00000", new, HELLO)
+    registry.connect("e00000", new, HELLO)
     second: list[Any] = []
     gateway.status("e00000").addBoth(second.append)
     assert len(new.requests) == 1  # both share the one ask on the new connection
@@ -169,11 +166,11 @@ def test_a_new_status_view_after_takeover_asks_the_new_connection() -> None:
 
 def test_a_fleet_round_survives_a_takeover() -> None:
     """A round's row for a superseded edge is answered by the new connection."""
-    gateway, _clock, peers = fleet(2)
+    gateway, registry, _clock, peers = fleet(2)
     rounds: list[FleetRound] = []
     gateway.fleet_status().addCallback(rounds.append)
     new = HeldEdgePeer()
-    gateway._registry.connect("e00001", new, HELLO)
+    registry.connect("e00001", new, HELLO)
     peers[0].requests[0].callback(pb.EdgeStatusResponse(edge_id="e00000"))
     assert rounds == []
     new.requests[0].callback(pb.EdgeStatusResponse(edge_id="new"))
@@ -191,38 +188,38 @@ def dispatch(
     return dispatched.operation, ended, dispatched.replayed
 
 
-def event_kinds(gateway: EdgeGateway, edge_id: str = "e00000") -> list[str]:
+def event_kinds(registry: EdgeRegistry, edge_id: str = "e00000") -> list[str]:
     """Event kinds recorded for one edge, oldest first."""
-    return [e.kind for e in gateway._registry.get(edge_id).events.since(0, 1000)]
+    return [e.kind for e in registry.get(edge_id).events.since(0, 1000)]
 
 
 def test_command_answer_ends_the_operation() -> None:
     """The answer to the gateway's own request ends the operation with its outcome."""
-    gateway, clock, peers = fleet(1)
+    gateway, _registry, clock, peers = fleet(1)
     operation, ended, replayed = dispatch(gateway)
-    assert not replayed and operation.state == records.SENT
+    assert not replayed and operation.state == operation_states.SENT
     peers[0].answer(outcome=pb.COMMAND_OUTCOME_REJECTED)
-    assert ended == [operation] and operation.state == records.REJECTED and operation.reason == "edge says"
+    assert ended == [operation] and operation.state == operation_states.REJECTED and operation.reason == "edge says"
     assert clock.getDelayedCalls() == []  # the deadline timer is gone
 
 
 def test_late_answer_after_timeout_is_kept_as_late_outcome() -> None:
     """timed_out stays; the late answer is recorded beside it with an event."""
-    gateway, clock, peers = fleet(1)
+    gateway, registry, clock, peers = fleet(1)
     operation, ended, _ = dispatch(gateway, timeout=2)
     clock.advance(2)
-    assert ended == [operation] and operation.state == records.TIMED_OUT
+    assert ended == [operation] and operation.state == operation_states.TIMED_OUT
     assert peers[0].commands_cancelled == 0  # still listening
     clock.advance(5)
     peers[0].answer(outcome=pb.COMMAND_OUTCOME_SUCCEEDED)
-    assert operation.state == records.TIMED_OUT
-    assert operation.late_outcome == records.LateOutcome(records.SUCCEEDED, "edge says", {"k": "v"}, clock.seconds())
-    assert event_kinds(gateway)[-1] == "operation.late_outcome"
+    assert operation.state == operation_states.TIMED_OUT
+    assert operation.late_outcome == LateOutcome(operation_states.SUCCEEDED, "edge says", {"k": "v"}, clock.seconds())
+    assert event_kinds(registry)[-1] == "operation.late_outcome"
 
 
 def test_late_listening_is_bounded_per_connection() -> None:
     """Past the bound, the oldest timed-out command stops listening (its request is cancelled)."""
-    gateway, clock, peers = fleet(1)
+    gateway, _registry, clock, peers = fleet(1)
     for _ in range(LATE_ANSWERS_PER_CONNECTION + 2):
         dispatch(gateway, timeout=1)
     clock.advance(1)
@@ -233,10 +230,10 @@ def test_late_listening_is_bounded_per_connection() -> None:
 
 def test_command_in_flight_ends_superseded_at_takeover() -> None:
     """A newer connection ends the old connection's commands at once, state superseded."""
-    gateway, clock, peers = fleet(1)
+    gateway, registry, clock, peers = fleet(1)
     operation, ended, _ = dispatch(gateway)
-    gateway._registry.connect("e00000", HeldEdgePeer(), HELLO)
-    assert ended == [operation] and operation.state == records.SUPERSEDED
+    registry.connect("e00000", HeldEdgePeer(), HELLO)
+    assert ended == [operation] and operation.state == operation_states.SUPERSEDED
     assert "newer connection" in operation.reason
     assert peers[0].commands_cancelled == 1
     assert clock.getDelayedCalls() == []
@@ -244,27 +241,27 @@ def test_command_in_flight_ends_superseded_at_takeover() -> None:
 
 def test_disconnect_ends_the_command_edge_disconnected() -> None:
     """The connection dropping before the answer ends the operation edge_disconnected."""
-    gateway, _clock, peers = fleet(1)
+    gateway, _registry, _clock, peers = fleet(1)
     operation, ended, _ = dispatch(gateway)
     peers[0].commands[0][1].errback(Failure(PeerDisconnected("gone")))
-    assert operation.state == records.EDGE_DISCONNECTED and ended == [operation]
+    assert operation.state == operation_states.EDGE_DISCONNECTED and ended == [operation]
 
 
 def test_a_forged_answer_then_a_disconnect_ends_the_command_edge_disconnected() -> None:
     """A command whose request was consumed by a wrong answer still ends when its connection closes."""
-    gateway, clock, peers = fleet(1)
+    gateway, registry, clock, peers = fleet(1)
     operation, ended, _ = dispatch(gateway)
     peers[0].answer(command_id="someone-else")
-    token = gateway._registry.get("e00000").token
-    assert token is not None and operation.state == records.SENT
-    gateway._registry.disconnect("e00000", token, "gone")
-    assert operation.state == records.EDGE_DISCONNECTED and ended == [operation]
+    token = registry.get("e00000").token
+    assert token is not None and operation.state == operation_states.SENT
+    registry.disconnect("e00000", token, "gone")
+    assert operation.state == operation_states.EDGE_DISCONNECTED and ended == [operation]
     assert clock.getDelayedCalls() == []
 
 
 def test_idempotent_replay_and_conflict() -> None:
     """The same key and command replays (no second dispatch); a different command conflicts."""
-    gateway, _clock, peers = fleet(1)
+    gateway, _registry, _clock, peers = fleet(1)
     operation, ended, replayed = dispatch(gateway, key="k1")
     again, again_ended, again_replayed = dispatch(gateway, key="k1")
     assert again is operation and again_replayed and not replayed
@@ -282,44 +279,42 @@ def test_idempotent_replay_and_conflict() -> None:
 
 def test_forged_command_id_in_an_answer_is_never_a_success() -> None:
     """An answer naming another command id is ignored; the operation ends at its deadline."""
-    gateway, clock, peers = fleet(2)
+    gateway, _registry, clock, peers = fleet(2)
     victim, victim_ended, _ = dispatch(gateway, edge_id="e00000")
     mine, _mine_ended, _ = dispatch(gateway, edge_id="e00001", timeout=3)
     peers[1].answer(command_id=victim.operation_id)
-    assert victim.state == records.SENT and mine.state == records.SENT
+    assert victim.state == operation_states.SENT and mine.state == operation_states.SENT
     clock.advance(3)
-    assert mine.state == records.TIMED_OUT and mine.late_outcome is None
-    assert victim.state == records.SENT and victim_ended == []
+    assert mine.state == operation_states.TIMED_OUT and mine.late_outcome is None
+    assert victim.state == operation_states.SENT and victim_ended == []
     peers[0].answer()
-    assert victim.state == records.SUCCEEDED
+    assert victim.state == operation_states.SUCCEEDED
 
 
 @pytest.mark.parametrize("spoofer", ["same", "other"])
 def test_spoofed_events_cannot_finish_or_advance_an_operation(spoofer: str) -> None:
     """operation.* events from any edge are dropped; command.* from another edge or connection change nothing."""
-    gateway, _clock, peers = fleet(2)
-    registry = gateway._registry
+    gateway, registry, _clock, peers = fleet(2)
     operation, ended, _ = dispatch(gateway, edge_id="e00000")
     edge_id = "e00000" if spoofer == "same" else "e00001"
     token = registry.get(edge_id).token
     assert token is not None
     for kind in ("operation.succeeded", "operation.failed", "edge.disconnected"):
         registry.record_edge_event(edge_id, token, pb.EdgeEvent(kind=kind, command_id=operation.operation_id))
-    assert operation.state == records.SENT and ended == []
-    assert event_kinds(gateway, edge_id).count("edge.protocol_violation") == 1
+    assert operation.state == operation_states.SENT and ended == []
+    assert event_kinds(registry, edge_id).count("edge.protocol_violation") == 1
     if spoofer == "other":
         registry.record_edge_event(
             edge_id, token, pb.EdgeEvent(kind="command.started", command_id=operation.operation_id)
         )
-        assert operation.state == records.SENT
+        assert operation.state == operation_states.SENT
     peers[0].answer()
-    assert operation.state == records.SUCCEEDED and ended == [operation]
+    assert operation.state == operation_states.SUCCEEDED and ended == [operation]
 
 
 def test_command_events_advance_only_on_the_connection_the_command_went_out_on() -> None:
     """command.accepted/started move their own operation forward, never from a newer connection."""
-    gateway, _clock, _peers = fleet(1)
-    registry = gateway._registry
+    gateway, registry, _clock, _peers = fleet(1)
     operation, _ended, _ = dispatch(gateway)
     token = registry.get("e00000").token
     assert token is not None
@@ -329,22 +324,22 @@ def test_command_events_advance_only_on_the_connection_the_command_went_out_on()
     registry.record_edge_event(
         "e00000", token, pb.EdgeEvent(kind="command.succeeded", command_id=operation.operation_id)
     )
-    assert operation.state == records.ACCEPTED  # a terminal state only comes from the answer
+    assert operation.state == operation_states.ACCEPTED  # a terminal state only comes from the answer
     second = registry.connect("e00000", HeldEdgePeer(), HELLO)
-    assert operation.state == records.SUPERSEDED
+    assert operation.state == operation_states.SUPERSEDED
     other, _, _ = dispatch(gateway)
     registry.record_edge_event("e00000", token, pb.EdgeEvent(kind="command.started", command_id=other.operation_id))
-    assert other.state == records.SENT  # a stale connection's event is not even recorded
+    assert other.state == operation_states.SENT  # a stale connection's event is not even recorded
     registry.record_edge_event("e00000", second, pb.EdgeEvent(kind="command.started", command_id=other.operation_id))
-    assert other.state == records.RUNNING
+    assert other.state == operation_states.RUNNING
 
 
 def test_status_of_a_disconnected_edge_fails_at_once() -> None:
     """An edge whose connection closed fails new status views with EdgeNotConnected."""
-    gateway, _clock, peers = fleet(1)
-    token = gateway._registry.get("e00000").token
+    gateway, registry, _clock, peers = fleet(1)
+    token = registry.get("e00000").token
     assert token is not None
-    gateway._registry.disconnect("e00000", token, "bye")
+    registry.disconnect("e00000", token, "bye")
     failed: list[Failure] = []
     gateway.status("e00000").addErrback(failed.append)
     assert len(failed) == 1 and failed[0].check(EdgeNotConnected)
@@ -463,19 +458,17 @@ class GatewayMachine(RuleBasedStateMachine):
     def operations_end_once_and_only_from_their_own_answer(self) -> None:
         for operation, token, ended in self.ops:
             assert len(ended) == (1 if operation.finished else 0)
-            terminal = [h[0] for h in operation.history if h[0] in records.TERMINAL_STATES]
+            terminal = [h[0] for h in operation.history if h[0] in operation_states.TERMINAL_STATES]
             assert len(terminal) <= 1
-            if operation.state in records.ANSWER_STATES:
+            if operation.state in operation_states.ANSWER_STATES:
                 assert self.answered_on.get(operation.operation_id) == token
             if operation.late_outcome is not None:
-                assert operation.state in (records.TIMED_OUT,)
+                assert operation.state in (operation_states.TIMED_OUT,)
 
     @invariant()
     def nothing_is_tracked_for_a_gone_connection(self) -> None:
         current = self.token
-        assert all(command.token == current for command in self.gateway._commands.values())
-        assert set(self.gateway._by_token) <= {current}
-        assert all(ask.token == current for ask in self.gateway._asks.values())
+        assert self.gateway.tokens_in_flight() <= {current}
         for view in self.views:
             assert len(view) <= 1
 
@@ -487,7 +480,8 @@ class GatewayMachine(RuleBasedStateMachine):
         self.clock.advance(10)
         assert all(len(view) == 1 for view in self.views)
         assert all(operation.finished for operation, _, _ in self.ops)
-        assert self.gateway._commands == {} and self.gateway._asks == {}
+        assert self.gateway.tokens_in_flight() == frozenset()
+        assert self.gateway.in_flight() == {"status": 0, "command": 0}
 
 
 TestGatewayMachine = GatewayMachine.TestCase
@@ -495,7 +489,7 @@ TestGatewayMachine = GatewayMachine.TestCase
 
 def test_shut_down_gives_every_waiting_caller_its_answer() -> None:
     """A stop ends held commands failed and fails status and fleet callers with ShuttingDown; new ones are refused."""
-    gateway, clock, peers = fleet(2)
+    gateway, _registry, clock, peers = fleet(2)
     dispatched = gateway.dispatch("e00000", "node.drain", "node-1", {}, 60.0)
     status = gateway.status("e00001")
     round_ = gateway.fleet_status()
@@ -508,7 +502,7 @@ def test_shut_down_gives_every_waiting_caller_its_answer() -> None:
     gateway.shut_down()
     assert gateway.waiting_callers() == 0
     [operation], [status_failure], [round_failure] = outcomes
-    assert operation.state == records.FAILED and operation.reason == SHUTTING_DOWN_REASON
+    assert operation.state == operation_states.FAILED and operation.reason == SHUTTING_DOWN_REASON
     assert status_failure.check(ShuttingDown) and round_failure.check(ShuttingDown)
     assert peers[0].commands_cancelled == 1
     # New requests are refused at once.
@@ -519,13 +513,13 @@ def test_shut_down_gives_every_waiting_caller_its_answer() -> None:
     gateway.fleet_status().addErrback(refused.append)
     assert [f.check(ShuttingDown) for f in refused] == [ShuttingDown, ShuttingDown]
     clock.advance(120)
-    assert operation.state == records.FAILED
+    assert operation.state == operation_states.FAILED
 
 
 def test_a_status_group_answers_each_edge_once_under_one_deadline() -> None:
     """A group ask: an answer, a silent edge ended at the one deadline, and an
     unknown edge, each answered exactly once; no deadline of its own per ask."""
-    gateway, clock, peers = fleet(2)
+    gateway, _registry, clock, peers = fleet(2)
     answers: list[tuple[int, Optional[StatusSnapshot], Optional[Exception]]] = []
     gateway.status_group(["e00000", "e00001", "nobody"], lambda i, s, e: answers.append((i, s, e)))
     assert [a[0] for a in answers] == [2] and isinstance(answers[0][2], EdgeNotConnected)
@@ -540,7 +534,7 @@ def test_a_status_group_answers_each_edge_once_under_one_deadline() -> None:
     assert len(answers) == 3
 
 
-def _asked(draw: float, response: pb.EdgeStatusResponse) -> tuple[EdgeGateway, list[Any], list[Failure]]:
+def _asked(draw: float, response: pb.EdgeStatusResponse) -> tuple[EdgeGateway, EdgeRegistry, list[Any], list[Failure]]:
     """One status ask of one edge answered with ``response``, recounting
     when ``draw`` falls under RECOUNT_SHARE."""
     clock = Clock()
@@ -552,7 +546,7 @@ def _asked(draw: float, response: pb.EdgeStatusResponse) -> tuple[EdgeGateway, l
     failed: list[Failure] = []
     gateway.status("e00000").addCallbacks(kept.append, failed.append)
     peer.requests[0].callback(response)
-    return gateway, kept, failed
+    return gateway, registry, kept, failed
 
 
 def test_carried_totals_are_kept_as_the_snapshots_counts() -> None:
@@ -561,7 +555,7 @@ def test_carried_totals_are_kept_as_the_snapshots_counts() -> None:
     for draw in (0.0, 0.99):
         response = snapshot("e00000", nodes=3, totals=True)
         carried = carried_counts(response)
-        gateway, kept, failed = _asked(draw, response)
+        gateway, _registry, kept, failed = _asked(draw, response)
         assert not failed and kept[0].counts == carried == response_counts(response)
         assert kept[0].data == snapshot("e00000", nodes=3).SerializeToString()
         assert gateway.status_refused == {}
@@ -572,10 +566,10 @@ def test_an_answer_whose_totals_do_not_add_up_is_refused() -> None:
     refuse the answer on every answer, sampled or not, and are counted."""
     response = snapshot("e00000", nodes=2)
     response.totals.CopyFrom(totals_message(response_counts(snapshot("e00000", nodes=3))))
-    gateway, kept, failed = _asked(0.99, response)
+    gateway, registry, kept, failed = _asked(0.99, response)
     assert not kept and failed[0].check(EdgeErrorAnswer) and "nodes" in str(failed[0].value)
     assert gateway.status_refused == {"totals": 1}
-    assert gateway._registry.get("e00000").snapshot is None
+    assert registry.get("e00000").snapshot is None
 
 
 def test_a_recount_refuses_totals_that_add_up_but_are_wrong() -> None:
@@ -587,9 +581,9 @@ def test_a_recount_refuses_totals_that_add_up_but_are_wrong() -> None:
         response.totals.CopyFrom(totals_message(response_counts(snapshot("e00000", nodes=2, capacity=8))))
         return response
 
-    gateway, kept, failed = _asked(0.99, wrong())
+    gateway, _registry, kept, failed = _asked(0.99, wrong())
     assert kept and not failed
-    gateway, kept, failed = _asked(RECOUNT_SHARE / 2, wrong())
+    gateway, _registry, kept, failed = _asked(RECOUNT_SHARE / 2, wrong())
     assert not kept and "differ" in str(failed[0].value)
     assert gateway.status_refused == {"totals": 1}
 
@@ -599,6 +593,54 @@ def test_an_answer_over_its_bounds_is_counted_as_refused() -> None:
     response = pb.EdgeStatusResponse(edge_id="e00000")
     for _ in range(MAX_STATUS_NODES + 1):
         response.nodes.add(node_id="n")
-    gateway, kept, failed = _asked(0.0, response)
+    gateway, _registry, kept, failed = _asked(0.0, response)
     assert not kept and failed[0].check(EdgeErrorAnswer)
     assert gateway.status_refused == {"bounds": 1}
+
+
+def test_operations_of_a_dead_replica_end_failed_through_the_gateway() -> None:
+    """Cluster mode: the gateway ends the open operations a dead replica sent
+    (failed, saying why) and tells callers waiting here; others' stay open,
+    and this replica's command metrics do not count them."""
+    gateway, registry, _clock, _peers = fleet(1)
+    theirs = OperationRecord("op-b", "e00000", "node.drain", "n", {}, "", 1.0, 10.0, replica="b")
+    others = OperationRecord("op-c", "e00000", "node.drain", "n", {}, "", 1.0, 10.0, replica="c")
+    registry.start_operation(theirs)
+    registry.start_operation(others)
+    ended: list[OperationRecord] = []
+    gateway.wait_for(theirs).addCallback(ended.append)
+    assert gateway.end_orphaned_operations("b", "replica b stopped") == 1
+    assert theirs.state == operation_states.FAILED and theirs.reason == "replica b stopped"
+    assert ended == [theirs] and others.state == operation_states.SENT
+    assert gateway.end_orphaned_operations("b", "again") == 0
+    assert gateway.operations_ended == {}
+    assert event_kinds(registry)[-1] == "operation.failed"
+
+
+def test_a_routed_command_is_sent_on_the_local_connection_and_answered() -> None:
+    """Cluster mode: a command another replica dispatched goes out on this
+    replica's connection; its answer comes back as is, and no operation is
+    made or changed here."""
+    gateway, registry, _clock, peers = fleet(1)
+    request = pb.EdgeCommandRequest(command_id="theirs", name="node.drain", target="n", timeout_ms=1000)
+    answers: list[pb.EdgeCommandResponse] = []
+    gateway.run_routed_command("e00000", request).addCallback(answers.append)
+    assert [sent for sent, _ in peers[0].commands] == [request]
+    peers[0].answer()
+    assert [a.command_id for a in answers] == ["theirs"]
+    assert registry.get("e00000").operations.newest_first() == []
+
+
+def test_a_routed_command_gives_up_past_its_deadline_and_its_grace() -> None:
+    """A routed command unanswered past its own deadline and the grace fails
+    (its request cancelled); one for an edge not connected here fails at once."""
+    gateway, _registry, clock, peers = fleet(1)
+    request = pb.EdgeCommandRequest(command_id="theirs", name="node.drain", target="n", timeout_ms=1000)
+    failed: list[Failure] = []
+    gateway.run_routed_command("e00000", request).addErrback(failed.append)
+    clock.advance(1 + ROUTED_GRACE_SECONDS - 0.5)
+    assert failed == []
+    clock.advance(1)
+    assert len(failed) == 1 and peers[0].commands_cancelled == 1
+    gateway.run_routed_command("nobody", request).addErrback(failed.append)
+    assert failed[1].check(EdgeNotConnected)

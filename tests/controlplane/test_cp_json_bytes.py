@@ -16,11 +16,11 @@ from twisted.internet.task import Clock
 
 from twisted_iop.controlplane import json_bytes
 from twisted_iop.controlplane.edge_hello import EdgeHello
-from twisted_iop.controlplane.gateway import FleetRound, StatusRow
+from twisted_iop.controlplane.fleet_rounds import FleetRound, StatusRow
 from twisted_iop.controlplane.json_bytes import JsonBytesRenderer, Keep, Member, Template
 from twisted_iop.controlplane.json_views import counts_json, iso
 from twisted_iop.controlplane.memory import RegistryLimits
-from twisted_iop.controlplane.records import OperationRecord
+from twisted_iop.controlplane.operations import OperationRecord
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.controlplane.snapshots import StatusSnapshot, checked_snapshot
 from twisted_iop.testing import json_reference as reference

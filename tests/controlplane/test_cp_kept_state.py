@@ -18,7 +18,7 @@ from twisted_iop.controlplane.event_log import EventBuffer, relayed_record
 from twisted_iop.controlplane.event_record import EventRecord
 from twisted_iop.controlplane.json_bytes import JsonBytesRenderer
 from twisted_iop.controlplane.memory import event_size
-from twisted_iop.controlplane.records import OperationRecord
+from twisted_iop.controlplane.operations import OperationRecord
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.controlplane.snapshots import checked_snapshot
 from twisted_iop.testing.peers import HeldEdgePeer, snapshot

@@ -25,13 +25,13 @@ from hypothesis import strategies as st
 from twisted.internet.task import Clock
 
 from twisted_iop.configuration import ConfigError
-from twisted_iop.controlplane import bounds, records
+from twisted_iop.controlplane import bounds, operation_states
 from twisted_iop.controlplane.config import config_from_text
 from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.edge_wire import EdgeCredentials
 from twisted_iop.controlplane.event_log import EventBuffer, relayed_record
 from twisted_iop.controlplane.memory import RegistryLimits
-from twisted_iop.controlplane.records import OperationRecord
+from twisted_iop.controlplane.operations import OperationRecord
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.testing.harness import eventually, start_control_plane, start_daemon, wait_for_ports
 from twisted_iop.testing.peers import connect_edge
@@ -186,9 +186,9 @@ def test_the_registry_stays_under_its_worst_case_with_maximal_input() -> None:
                     deadline_at=clock.seconds() + 10,
                 )
                 registry.start_operation(operation)
-                registry.advance_operation(edge_id, operation.operation_id, records.TIMED_OUT, "late")
+                registry.advance_operation(edge_id, operation.operation_id, operation_states.TIMED_OUT, "late")
                 registry.record_late_outcome(
-                    edge_id, operation.operation_id, records.SUCCEEDED, WIDE * 5000, maximal_result()
+                    edge_id, operation.operation_id, operation_states.SUCCEEDED, WIDE * 5000, maximal_result()
                 )
             record = registry.get(edge_id)
             assert record.events.bytes <= limits.event_bytes_per_edge

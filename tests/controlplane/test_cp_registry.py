@@ -7,11 +7,12 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from twisted.internet.task import Clock
 from twisted.logger import LogLevel, capturedLogs
 
-from twisted_iop.controlplane import records
+from twisted_iop.controlplane import operation_states
 from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.event_log import PROTOCOL_VIOLATION_INTERVAL_SECONDS, EventBuffer
 from twisted_iop.controlplane.memory import RegistryLimits
-from twisted_iop.controlplane.records import OperationBuffer, OperationRecord
+from twisted_iop.controlplane.operation_states import LateOutcome
+from twisted_iop.controlplane.operations import OperationBuffer, OperationRecord
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.testing.peers import HeldEdgePeer, keep_status
 from twisted_iop.wire import control_pb2 as pb
@@ -81,7 +82,7 @@ def test_no_disconnected_edge_is_kept_with_a_limit_of_zero() -> None:
     registry.disconnect("busy", token, "gone")
     # Its record holds an operation still open: kept while it is open ...
     assert registry.edge_ids() == ["busy"]
-    registry.advance_operation("busy", "op1", records.EDGE_DISCONNECTED, "gone")
+    registry.advance_operation("busy", "op1", operation_states.EDGE_DISCONNECTED, "gone")
     # ... and forgotten as soon as it ends, not listed for ever.
     assert registry.edge_ids() == []
     assert registry.known_count == 0
@@ -121,11 +122,11 @@ def test_operation_lifecycle_is_forward_only_and_terminal_is_final() -> None:
     registry.connect("edge-a", HeldEdgePeer(), HELLO)
     op = OperationRecord("op1", "edge-a", "x", "", {}, "", created_at=clock.seconds(), deadline_at=clock.seconds() + 10)
     registry.start_operation(op)
-    assert registry.advance_operation("edge-a", "op1", records.RUNNING)
-    assert not registry.advance_operation("edge-a", "op1", records.ACCEPTED)  # no going back
-    assert registry.advance_operation("edge-a", "op1", records.SUCCEEDED, result={"a": "b"})
-    assert not registry.advance_operation("edge-a", "op1", records.TIMED_OUT)
-    assert op.state == records.SUCCEEDED and op.result == {"a": "b"}
+    assert registry.advance_operation("edge-a", "op1", operation_states.RUNNING)
+    assert not registry.advance_operation("edge-a", "op1", operation_states.ACCEPTED)  # no going back
+    assert registry.advance_operation("edge-a", "op1", operation_states.SUCCEEDED, result={"a": "b"})
+    assert not registry.advance_operation("edge-a", "op1", operation_states.TIMED_OUT)
+    assert op.state == operation_states.SUCCEEDED and op.result == {"a": "b"}
     assert [h[0] for h in op.history] == ["sent", "running", "succeeded"]
     assert [k for k in kinds(registry, "edge-a") if k.startswith("operation.")] == [
         "operation.sent",
@@ -141,7 +142,7 @@ def test_relayed_command_events_never_change_an_operation_by_themselves() -> Non
     op = OperationRecord("op1", "edge-a", "x", "", {}, "", created_at=clock.seconds(), deadline_at=clock.seconds() + 10)
     registry.start_operation(op)
     registry.record_edge_event("edge-a", token, pb.EdgeEvent(kind="command.succeeded", command_id="op1"))
-    assert op.state == records.SENT
+    assert op.state == operation_states.SENT
     assert kinds(registry, "edge-a")[-1] == "command.succeeded"
 
 
@@ -157,7 +158,7 @@ def test_reserved_event_kinds_from_an_edge_are_dropped_and_reported_rate_limited
             assert registry.record_edge_event("edge-a", token, pb.EdgeEvent(kind=kind, command_id="op1")) is None
     warnings = [e for e in logged if e["log_level"] == LogLevel.warn]
     assert len(warnings) == 1 and warnings[0]["kind"] == "operation.succeeded"  # one warning per connection
-    assert op.state == records.SENT
+    assert op.state == operation_states.SENT
     after = kinds(registry, "edge-a")[len(before) :]
     assert after == ["edge.protocol_violation"]
     violation = registry.get("edge-a").events.since(0, 100)[-1]
@@ -176,13 +177,13 @@ def test_late_outcome_is_kept_once_and_only_after_the_end() -> None:
     registry.connect("edge-a", HeldEdgePeer(), HELLO)
     op = OperationRecord("op1", "edge-a", "x", "", {}, "", created_at=clock.seconds(), deadline_at=clock.seconds() + 10)
     registry.start_operation(op)
-    assert not registry.record_late_outcome("edge-a", "op1", records.SUCCEEDED, "", {})  # still in flight
-    registry.advance_operation("edge-a", "op1", records.TIMED_OUT, "no answer")
+    assert not registry.record_late_outcome("edge-a", "op1", operation_states.SUCCEEDED, "", {})  # still in flight
+    registry.advance_operation("edge-a", "op1", operation_states.TIMED_OUT, "no answer")
     clock.advance(3)
-    assert registry.record_late_outcome("edge-a", "op1", records.SUCCEEDED, "done", {"k": "v"})
-    assert not registry.record_late_outcome("edge-a", "op1", records.FAILED, "again", {})
-    assert op.state == records.TIMED_OUT
-    assert op.late_outcome == records.LateOutcome(records.SUCCEEDED, "done", {"k": "v"}, 1003.0)
+    assert registry.record_late_outcome("edge-a", "op1", operation_states.SUCCEEDED, "done", {"k": "v"})
+    assert not registry.record_late_outcome("edge-a", "op1", operation_states.FAILED, "again", {})
+    assert op.state == operation_states.TIMED_OUT
+    assert op.late_outcome == LateOutcome(operation_states.SUCCEEDED, "done", {"k": "v"}, 1003.0)
     assert kinds(registry, "edge-a")[-1] == "operation.late_outcome"
 
 
@@ -194,7 +195,7 @@ def test_operation_buffer_evicts_only_finished() -> None:
     buffer.add(ops[1])
     buffer.add(ops[2])
     assert len(buffer) == 3  # nothing finished yet: nothing evicted
-    ops[1].advance(records.SUCCEEDED, 5)
+    ops[1].advance(operation_states.SUCCEEDED, 5)
     buffer.operation_changed(ops[1])
     assert [o.operation_id for o in buffer] == ["op0", "op2"]
     assert buffer.by_key("key1") is None and buffer.dropped == 1

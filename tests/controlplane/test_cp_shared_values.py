@@ -11,7 +11,7 @@ from twisted_iop.controlplane import json_views as views
 from twisted_iop.controlplane import memory
 from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.memory import RegistryLimits
-from twisted_iop.controlplane.records import OperationRecord
+from twisted_iop.controlplane.operations import OperationRecord
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.controlplane.snapshots import StatusSnapshot
 from twisted_iop.testing.peers import HeldEdgePeer, keep_status, snapshot

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
-from twisted_iop.controlplane import records
+from twisted_iop.controlplane import operation_states, operations
 from twisted_iop.testing.frames import field_bytes, field_varint, length_prefixed
 from twisted_iop.testing.wire import EdgeWireDriver, FramedConnection, LogCapture, NodeWireDriver
 from twisted_iop.wire import control_pb2 as pb
@@ -137,8 +137,8 @@ def test_unknown_command_outcome_fails_the_operation_with_a_reason() -> None:
     with LogCapture().active() as log:
         connection.send("edge_command_response", answer, request.request_id)
     assert log.errors() == [], log.describe(log.errors())
-    operation = next(o for o in driver.outcomes if isinstance(o, records.OperationRecord))
-    assert operation.state == records.FAILED
+    operation = next(o for o in driver.outcomes if isinstance(o, operations.OperationRecord))
+    assert operation.state == operation_states.FAILED
     assert "COMMAND_OUTCOME_99" in operation.reason
 
 

@@ -9,14 +9,9 @@ from typing import Any
 from twisted.web.iweb import IRequest
 
 from twisted_iop.controlplane.cluster.store import ClusterUnavailable
-from twisted_iop.controlplane.gateway import (
-    EdgeDisconnected,
-    EdgeErrorAnswer,
-    EdgeTimeout,
-    ShuttingDown,
-    UnknownCommand,
-)
+from twisted_iop.controlplane.command_dispatch import UnknownCommand
 from twisted_iop.controlplane.registry import EdgeNotConnected, UnknownEdge
+from twisted_iop.controlplane.request_errors import EdgeDisconnected, EdgeErrorAnswer, EdgeTimeout, ShuttingDown
 
 
 class BadRequest(Exception):

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Optional, Protocol
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from twisted_iop.controlplane.records import TERMINAL_STATES
+from twisted_iop.controlplane.operation_states import TERMINAL_STATES
 from twisted_iop.metrics import (
     count_by,
     counter,

@@ -38,13 +38,14 @@ from twisted.application.service import Service
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from twisted_iop.controlplane import bounds, records
+from twisted_iop.controlplane import bounds, operation_states
 from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.edge_peer import EdgePeer
 from twisted_iop.controlplane.event_log import EdgeEvents, EventBuffer, EventJournal, EventListener, EventLog
 from twisted_iop.controlplane.event_record import EventRecord, EventTexts
 from twisted_iop.controlplane.memory import RegistryLimits, SharedTables, hello_size
-from twisted_iop.controlplane.records import LateOutcome, OperationBuffer, OperationRecord
+from twisted_iop.controlplane.operation_states import LateOutcome
+from twisted_iop.controlplane.operations import OperationBuffer, OperationRecord
 from twisted_iop.controlplane.snapshots import StatusSnapshot
 from twisted_iop.wire import control_pb2 as pb
 
@@ -476,8 +477,7 @@ class EdgeRegistry(Service):
     def start_operation(self, operation: OperationRecord) -> None:
         """Keep a just-dispatched operation (state ``sent``)."""
         record = self.get(operation.edge_id)
-        operation.updated_at = operation.created_at
-        operation.history.append((records.SENT, operation.created_at, ""))
+        operation_states.begin(operation)
         record.operations.add(operation)
         self._operation_event(operation)
 

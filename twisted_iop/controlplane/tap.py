@@ -15,10 +15,11 @@ from twisted_iop.controlplane.client_wire import ClientWireFactory
 from twisted_iop.controlplane.cluster.replica import ClusterReplica
 from twisted_iop.controlplane.config import ControlPlaneConfig, load_config, unauthenticated_exposures
 from twisted_iop.controlplane.edge_wire import EdgeWireFactory
-from twisted_iop.controlplane.gateway import SHUTTING_DOWN_REASON, EdgeGateway
+from twisted_iop.controlplane.gateway import EdgeGateway
 from twisted_iop.controlplane.http_routes import ControlPlaneHttp, ListenerReadiness
 from twisted_iop.controlplane.metrics import control_plane_metric_registry
 from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.request_errors import SHUTTING_DOWN_REASON
 from twisted_iop.daemon import CLOSE_WAIT_SECONDS, DaemonOptions, DaemonService, compose, wait_until
 from twisted_iop.http_site import GuardedSite
 

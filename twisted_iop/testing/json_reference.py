@@ -9,7 +9,7 @@ import bisect
 import json
 from typing import Any
 
-from twisted_iop.controlplane.gateway import FleetRound, StatusRow
+from twisted_iop.controlplane.fleet_rounds import FleetRound, StatusRow
 from twisted_iop.controlplane.json_views import (
     byte_facts,
     counts_json,

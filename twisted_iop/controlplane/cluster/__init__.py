@@ -13,9 +13,12 @@ so every view reads local memory, while Redis owns the facts:
 * ``remote`` routes status asks and commands for an edge held by another
   replica to its owner (:class:`RemotePeer` has the shape of a local
   connection, so the gateway is the same code for both);
-* ``replica`` is the service that ties them to the registry: claims at
-  hello, the fenced writes, the mirror fed by the fleet stream, presence
-  leases, reaping dead replicas and reconciling after Redis comes back.
+* ``replica`` is the service that ties them to the registry and the
+  gateway, composing its rooms: ``presence`` (leases, heartbeat,
+  readiness, reaping dead replicas), ``journal`` (claims at hello, the
+  fenced writes, reconciling after Redis comes back), ``stream_reader``
+  (the mirror fed by the fleet stream) and ``inbox`` (requests routed
+  here, run through the gateway); ``keys`` is the key layout they share.
 
 docs/scale-out.md describes the key layout and the rules.
 """

@@ -15,7 +15,8 @@ from typing import Any, Optional
 
 from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.event_record import EVENT_FIELDS, EventRecord, FieldKind
-from twisted_iop.controlplane.records import LateOutcome, OperationRecord
+from twisted_iop.controlplane.operation_states import LateOutcome
+from twisted_iop.controlplane.operations import OperationRecord
 from twisted_iop.wire import control_pb2 as pb
 
 

@@ -10,7 +10,8 @@ applied here, in stream order, the same way on every replica:
 * an edge as the store keeps it, at start-up (:meth:`load_edge`);
 * an event numbered by the store (:meth:`apply_event`);
 * an operation as its dispatching replica recorded it
-  (:meth:`apply_operation`: only as a legal successor of what is kept).
+  (:meth:`apply_operation`: only as a legal successor of what is kept,
+  through :func:`operation_states.adopt`).
 
 The mirror changes the registry only through its public methods; it
 does no I/O.
@@ -22,11 +23,11 @@ from typing import Optional
 
 import attrs
 
-from twisted_iop.controlplane import bounds
+from twisted_iop.controlplane import bounds, operation_states
 from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.edge_peer import EdgePeer
 from twisted_iop.controlplane.event_record import EventRecord
-from twisted_iop.controlplane.records import OperationRecord
+from twisted_iop.controlplane.operations import OperationRecord
 from twisted_iop.controlplane.registry import EdgeRecord, EdgeRegistry
 from twisted_iop.controlplane.snapshots import StatusSnapshot
 from twisted_iop.wire import control_pb2 as pb
@@ -124,14 +125,8 @@ class ClusterMirror:
         if kept is None:
             record.operations.add(operation)
             kept = operation
-        else:
-            kept.state = operation.state
-            kept.reason = operation.reason
-            kept.result = operation.result
-            kept.updated_at = operation.updated_at
-            kept.finished_at = operation.finished_at
-            kept.history = operation.history
-            kept.late_outcome = operation.late_outcome
+        elif operation_states.adopt(kept, operation):
+            # Only as a legal successor of what is kept (never backwards).
             record.operations.operation_changed(kept)
         registry.operation_updated(kept)
         return True

@@ -1,4 +1,12 @@
-"""What the Control Plane remembers of the commands it sent: operations and their bounded buffers."""
+"""What the Control Plane remembers of the commands it sent: each
+operation (:class:`OperationRecord`), the answer that came after its end
+(:class:`LateOutcome`), and every edge's bounded buffer of them.
+
+The records hold the facts; how an operation's state may change is the
+state machine's (``operation_states.py``): :meth:`OperationRecord.advance`
+and :meth:`OperationRecord.note_late_outcome` go through it, and nothing
+else writes an operation's state.
+"""
 
 from __future__ import annotations
 
@@ -8,45 +16,16 @@ from typing import Optional
 
 import attrs
 
+from twisted_iop.controlplane import operation_states
 from twisted_iop.controlplane.memory import map_size
-
-#: Operation states. ``sent``, ``accepted`` and ``running`` are in flight;
-#: the others are terminal.
-SENT = "sent"
-ACCEPTED = "accepted"
-RUNNING = "running"
-SUCCEEDED = "succeeded"
-FAILED = "failed"
-REJECTED = "rejected"
-TIMED_OUT = "timed_out"
-EDGE_DISCONNECTED = "edge_disconnected"
-#: A newer connection of the edge took over while the command was in flight.
-SUPERSEDED = "superseded"
-
-TERMINAL_STATES = frozenset({SUCCEEDED, FAILED, REJECTED, TIMED_OUT, EDGE_DISCONNECTED, SUPERSEDED})
-#: States an edge's answer can end a command in (also those of a late outcome).
-ANSWER_STATES = frozenset({SUCCEEDED, FAILED, REJECTED})
-_ORDER = {SENT: 0, ACCEPTED: 1, RUNNING: 2}
+from twisted_iop.controlplane.operation_states import SENT, TERMINAL_STATES, LateOutcome
 
 _getsizeof = sys.getsizeof
-#: What a float or int field of a record costs at most (a boxed number).
+#: What a float or int field of a record costs at most (a boxed number; the
+#: same estimate as an event's numbers in records.py).
 _NUMBER_BYTES = 32
 #: A history entry's tuple and its time.
 _HISTORY_ENTRY_BYTES = 64 + _NUMBER_BYTES
-
-
-@attrs.frozen
-class LateOutcome:
-    """An edge's answer that arrived after its operation had already ended.
-
-    The operation keeps its terminal state (the Control Plane already told
-    its caller); the late answer is kept beside it so nobody is misled.
-    """
-
-    state: str  # one of ANSWER_STATES
-    reason: str
-    result: dict[str, str]
-    received_at: float
 
 
 @attrs.define(eq=False)
@@ -79,26 +58,10 @@ class OperationRecord:
         """Whether the operation reached a terminal state."""
         return self.state in TERMINAL_STATES
 
-    def advance(self, state: str, at: float, reason: str = "", result: Optional[dict[str, str]] = None) -> bool:
-        """Move to ``state`` if that is forward; return whether it moved.
-
-        Terminal states are final, and in-flight states only move forward
-        (a late ``accepted`` after ``running`` changes nothing).
-        """
-        if self.finished:
-            return False
-        if state not in TERMINAL_STATES and _ORDER.get(state, -1) <= _ORDER[self.state]:
-            return False
-        self.state = state
-        self.updated_at = at
-        if reason:
-            self.reason = reason
-        if result:
-            self.result = dict(result)
-        if state in TERMINAL_STATES:
-            self.finished_at = at
-        self.history.append((state, at, reason))
-        return True
+    #: Move to a state if the state machine allows it; whether it moved
+    #: (:func:`~twisted_iop.controlplane.operation_states.advance`, the
+    #: function itself: no call in between).
+    advance = operation_states.advance
 
     def same_request(self, name: str, target: str, arguments: dict[str, str]) -> bool:
         """Whether a dispatch of ``name``/``target``/``arguments`` repeats this one."""
@@ -130,12 +93,9 @@ class OperationRecord:
             size += map_size(late.result)
         return size
 
-    def note_late_outcome(self, outcome: LateOutcome) -> bool:
-        """Keep the first answer that arrived after the end; False if not kept."""
-        if not self.finished or self.late_outcome is not None or outcome.state not in ANSWER_STATES:
-            return False
-        self.late_outcome = outcome
-        return True
+    #: Keep the first answer that arrived after the end; whether it was kept
+    #: (:func:`~twisted_iop.controlplane.operation_states.keep_late_outcome`).
+    note_late_outcome = operation_states.keep_late_outcome
 
 
 class OperationBuffer:

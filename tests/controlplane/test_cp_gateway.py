@@ -21,11 +21,12 @@ from twisted_iop.controlplane.command_dispatch import (
     IdempotencyConflict,
 )
 from twisted_iop.controlplane.edge_hello import EdgeHello
+from twisted_iop.controlplane.edge_record import EdgeNotConnected
 from twisted_iop.controlplane.fleet_rounds import FANOUT_SLICE, FleetRound
 from twisted_iop.controlplane.gateway import EdgeGateway
 from twisted_iop.controlplane.operation_states import LateOutcome
 from twisted_iop.controlplane.operations import OperationRecord
-from twisted_iop.controlplane.registry import EdgeNotConnected, EdgeRegistry
+from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.controlplane.request_errors import SHUTTING_DOWN_REASON, EdgeErrorAnswer, EdgeTimeout, ShuttingDown
 from twisted_iop.controlplane.snapshots import StatusSnapshot
 from twisted_iop.controlplane.status_asks import RECOUNT_SHARE

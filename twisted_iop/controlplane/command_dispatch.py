@@ -36,6 +36,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from twisted_iop.controlplane.edge_record import EdgeNotConnected
 from twisted_iop.controlplane.operation_states import (
     ACCEPTED,
     EDGE_DISCONNECTED,
@@ -46,7 +47,7 @@ from twisted_iop.controlplane.operation_states import (
     TIMED_OUT,
 )
 from twisted_iop.controlplane.operations import OperationRecord
-from twisted_iop.controlplane.registry import EdgeNotConnected, EdgeRegistry
+from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.controlplane.request_errors import SHUTTING_DOWN_REASON, ShuttingDown
 from twisted_iop.metrics import LatencyHistogram
 from twisted_iop.wire import control_pb2 as pb

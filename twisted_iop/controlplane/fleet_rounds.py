@@ -24,7 +24,8 @@ import attrs
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
-from twisted_iop.controlplane.registry import EdgeNotConnected, EdgeRecord, EdgeRegistry
+from twisted_iop.controlplane.edge_record import EdgeNotConnected, EdgeRecord
+from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.controlplane.request_errors import EdgeDisconnected, EdgeTimeout, ShuttingDown
 from twisted_iop.controlplane.snapshots import StatusSnapshot
 from twisted_iop.controlplane.status_asks import StatusAsks

@@ -10,7 +10,7 @@ from twisted.web.iweb import IRequest
 
 from twisted_iop.controlplane.cluster.store import ClusterUnavailable
 from twisted_iop.controlplane.command_dispatch import UnknownCommand
-from twisted_iop.controlplane.registry import EdgeNotConnected, UnknownEdge
+from twisted_iop.controlplane.edge_record import EdgeNotConnected, UnknownEdge
 from twisted_iop.controlplane.request_errors import EdgeDisconnected, EdgeErrorAnswer, EdgeTimeout, ShuttingDown
 
 

@@ -25,6 +25,7 @@ from twisted_iop.controlplane.bounds import MAX_ARGUMENT_VALUE
 from twisted_iop.controlplane.cluster.store import ClusterUnavailable
 from twisted_iop.controlplane.command_dispatch import IdempotencyConflict
 from twisted_iop.controlplane.console_files import CONSOLE_DIR, ConsoleFiles
+from twisted_iop.controlplane.edge_record import UnknownEdge
 from twisted_iop.controlplane.gateway import EdgeGateway
 from twisted_iop.controlplane.http_errors import (
     DOMAIN_ERRORS,
@@ -40,7 +41,7 @@ from twisted_iop.controlplane.http_errors import (
 from twisted_iop.controlplane.json_bytes import JsonBytesRenderer
 from twisted_iop.controlplane.operation_states import EDGE_DISCONNECTED, FAILED, SUPERSEDED, TIMED_OUT
 from twisted_iop.controlplane.operations import OperationRecord
-from twisted_iop.controlplane.registry import EdgeRegistry, UnknownEdge
+from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.controlplane.request_errors import SHUTTING_DOWN_REASON
 from twisted_iop.http_site import WRITE_METHODS, Refusal
 from twisted_iop.ids import id_problem

@@ -70,9 +70,9 @@ from typing import Any, Generic, Optional, TypeVar, Union
 import attrs
 
 from twisted_iop.controlplane.edge_hello import EdgeHello
+from twisted_iop.controlplane.edge_record import EdgeRecord
 from twisted_iop.controlplane.fleet_rounds import FleetRound, StatusRow
 from twisted_iop.controlplane.json_views import counts_json, iso, row_counts_json, snapshot_members
-from twisted_iop.controlplane.registry import EdgeRecord
 from twisted_iop.controlplane.snapshots import StatusSnapshot
 from twisted_iop.wire.status_totals import COUNTS_LEN, EMPTY_COUNTS
 

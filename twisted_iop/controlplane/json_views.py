@@ -14,11 +14,11 @@ import time
 from collections.abc import Callable
 from typing import Any, Optional, Union
 
+from twisted_iop.controlplane.edge_record import EdgeRecord
 from twisted_iop.controlplane.event_log import EventBuffer
 from twisted_iop.controlplane.event_record import EVENT_FIELDS, EventRecord, FieldKind
 from twisted_iop.controlplane.operation_states import LateOutcome
 from twisted_iop.controlplane.operations import OperationBuffer, OperationRecord
-from twisted_iop.controlplane.registry import EdgeRecord
 from twisted_iop.controlplane.snapshots import StatusSnapshot
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.status_totals import (

@@ -7,14 +7,15 @@ The registry does no I/O. Transports hand it a peer (anything with the
 token that is no longer the edge's current one changes nothing. So a stale
 connection can never remove or overwrite the current one.
 
-It owns the edges (connected or not, and which are forgotten past the
-bounds), their connections and last snapshots; the rooms beside it own
-the rest:
+It owns the edges (:class:`EdgeRecord`: connected or not, and which are
+forgotten past the bounds), their connections and last snapshots; the
+rooms beside it own the rest:
 
 * the event log (:mod:`~twisted_iop.controlplane.event_log`): every
   event, numbered and bounded, and who listens;
-* operations (kept per edge here; their states move only through the
-  gateway's command room);
+* operations (kept per edge here; their states move only through
+  :mod:`~twisted_iop.controlplane.operation_states`, as the gateway's
+  command room decides);
 * memory (:mod:`~twisted_iop.controlplane.memory`): byte budgets, shared
   values and the kept-event layout;
 * cluster mode's mirror of other replicas' changes
@@ -41,11 +42,12 @@ from twisted.logger import Logger
 from twisted_iop.controlplane import bounds, operation_states
 from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.edge_peer import EdgePeer
-from twisted_iop.controlplane.event_log import EdgeEvents, EventBuffer, EventJournal, EventListener, EventLog
+from twisted_iop.controlplane.edge_record import EdgeRecord, UnknownEdge
+from twisted_iop.controlplane.event_log import EventBuffer, EventJournal, EventListener, EventLog
 from twisted_iop.controlplane.event_record import EventRecord, EventTexts
-from twisted_iop.controlplane.memory import RegistryLimits, SharedTables, hello_size
+from twisted_iop.controlplane.memory import RegistryLimits, SharedTables
 from twisted_iop.controlplane.operation_states import LateOutcome
-from twisted_iop.controlplane.operations import OperationBuffer, OperationRecord
+from twisted_iop.controlplane.operations import OperationRecord
 from twisted_iop.controlplane.snapshots import StatusSnapshot
 from twisted_iop.wire import control_pb2 as pb
 
@@ -53,80 +55,6 @@ SUPERSEDED_MESSAGE = "a newer connection of this edge took over"
 #: The message of every ``edge.connected`` event: one text for all edges
 #: (the event names its edge), not one kept per edge.
 CONNECTED_MESSAGE = "connected"
-
-
-class UnknownEdge(Exception):
-    """No edge with that id is known."""
-
-    def __init__(self, edge_id: str) -> None:
-        super().__init__(f"no edge named {edge_id!r} is known")
-        self.edge_id = edge_id
-
-
-class EdgeNotConnected(Exception):
-    """The edge is known but has no current connection."""
-
-    def __init__(self, edge_id: str) -> None:
-        super().__init__(f"edge {edge_id!r} is not connected")
-        self.edge_id = edge_id
-
-
-@attrs.define(eq=False)
-class EdgeRecord:
-    """Everything known about one edge."""
-
-    edge_id: str
-    hello: EdgeHello
-    events: EdgeEvents
-    #: The edge's operations (:attr:`operations`); None until first asked
-    #: for: most edges never run a command.
-    _operations: Optional[OperationBuffer] = None
-    #: The capacity and byte budget its operation buffer gets (one tuple
-    #: shared by a registry's records).
-    operation_limits: tuple[int, int] = (500, 1024 * 1024)
-    token: Optional[int] = None
-    peer: Optional[EdgePeer] = None
-    connected_at: Optional[float] = None
-    disconnected_at: Optional[float] = None
-    last_seen: float = 0.0
-    enrollments: int = 0
-    snapshot: Optional[StatusSnapshot] = None
-
-    @property
-    def connected(self) -> bool:
-        """Whether the edge has a current connection."""
-        return self.token is not None
-
-    @property
-    def operations(self) -> OperationBuffer:
-        """The edge's operation buffer (made on first use)."""
-        operations = self._operations
-        if operations is None:
-            operations = self._operations = OperationBuffer(*self.operation_limits)
-        return operations
-
-    @property
-    def operations_kept(self) -> Optional[OperationBuffer]:
-        """The operation buffer if it was made (fleet-wide walks: none made)."""
-        return self._operations
-
-    def seen_at(self) -> float:
-        """When the edge was last heard from: any frame of its current
-        connection counts, keepalive pings and pongs included."""
-        if self.peer is not None:
-            return max(self.last_seen, self.peer.last_received)
-        return self.last_seen
-
-    def kept_bytes(self) -> int:
-        """Estimated bytes the registry keeps for this edge (hello, snapshot, buffers)."""
-        snapshot = 0 if self.snapshot is None else self.snapshot.size()
-        operations = 0 if self._operations is None else self._operations.bytes
-        return hello_size(self.hello) + snapshot + self.events.bytes + operations
-
-    @property
-    def command_names(self) -> list[str]:
-        """Names in the edge's announced catalog."""
-        return [c.name for c in self.hello.commands]
 
 
 class ConnectionObserver(Protocol):

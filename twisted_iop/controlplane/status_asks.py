@@ -31,7 +31,8 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from twisted_iop.controlplane.edge_peer import EdgePeer
-from twisted_iop.controlplane.registry import EdgeNotConnected, EdgeRecord, EdgeRegistry
+from twisted_iop.controlplane.edge_record import EdgeNotConnected, EdgeRecord
+from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.controlplane.request_errors import (
     EdgeDisconnected,
     EdgeErrorAnswer,

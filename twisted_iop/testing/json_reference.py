@@ -9,6 +9,7 @@ import bisect
 import json
 from typing import Any
 
+from twisted_iop.controlplane.edge_record import EdgeRecord
 from twisted_iop.controlplane.fleet_rounds import FleetRound, StatusRow
 from twisted_iop.controlplane.json_views import (
     byte_facts,
@@ -19,7 +20,6 @@ from twisted_iop.controlplane.json_views import (
     node_json,
     row_counts_json,
 )
-from twisted_iop.controlplane.registry import EdgeRecord
 from twisted_iop.controlplane.snapshots import StatusSnapshot
 from twisted_iop.wire.status_totals import COUNTS_LEN, EMPTY_COUNTS
 

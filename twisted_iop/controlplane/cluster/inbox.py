@@ -33,8 +33,8 @@ from twisted_iop.controlplane.cluster.journal import Journal
 from twisted_iop.controlplane.cluster.keys import Keys
 from twisted_iop.controlplane.cluster.remote import DISCONNECTED, ERROR, INBOX_LENGTH, TIMEOUT, Router, inbox_entry
 from twisted_iop.controlplane.cluster.store import RedisLink
+from twisted_iop.controlplane.edge_record import EdgeNotConnected
 from twisted_iop.controlplane.gateway import EdgeGateway
-from twisted_iop.controlplane.registry import EdgeNotConnected
 from twisted_iop.controlplane.request_errors import EdgeDisconnected, EdgeTimeout
 from twisted_iop.controlplane.snapshots import StatusSnapshot
 from twisted_iop.wire import control_pb2 as pb

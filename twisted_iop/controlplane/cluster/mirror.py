@@ -26,9 +26,10 @@ import attrs
 from twisted_iop.controlplane import bounds, operation_states
 from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.edge_peer import EdgePeer
+from twisted_iop.controlplane.edge_record import EdgeRecord
 from twisted_iop.controlplane.event_record import EventRecord
 from twisted_iop.controlplane.operations import OperationRecord
-from twisted_iop.controlplane.registry import EdgeRecord, EdgeRegistry
+from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.controlplane.snapshots import StatusSnapshot
 from twisted_iop.wire import control_pb2 as pb
 

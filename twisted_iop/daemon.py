@@ -316,7 +316,7 @@ class DaemonService(MultiService):
         self._stopped = d
         return d
 
-    def _stop_done(self, _: Any) -> None:
+    def _stop_done(self, _: object) -> None:
         self._log.info("stopped")
         if self.exit_zero_after_stop and self._stop_clean and hasattr(self.clock, "_exitSignal"):
             # twistd reads this after the reactor stops and kills itself with

@@ -455,7 +455,7 @@ async def _follow(
     if not console.as_json:
         console.note(f"following events of {args.edge_id} (Ctrl-C to stop)")
 
-    def ended(_: Any) -> None:
+    def ended(_: object) -> None:
         if not finished.called:
             finished.callback(EXIT_OK)
 

@@ -640,7 +640,7 @@ class EventSubscription:
             except Exception:
                 self._log.failure("a state callback failed")
 
-    def _connection_lost(self, _: Any, protocol: ClientWireClientProtocol) -> None:
+    def _connection_lost(self, _: object, protocol: ClientWireClientProtocol) -> None:
         if protocol is not self._protocol:
             return
         self._protocol = None

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Optional, cast
 
 import attrs
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
@@ -122,9 +122,9 @@ def _fleet_event_source() -> str:
 
 
 def _compile_fleet_event_message() -> Callable[[EventRecord], pb.FleetEvent]:
-    namespace: dict[str, Any] = {"FleetEvent": pb.FleetEvent}
+    namespace: dict[str, object] = {"FleetEvent": pb.FleetEvent}
     exec(compile(_fleet_event_source(), "<fleet_event_message>", "exec"), namespace)
-    function: Callable[[EventRecord], pb.FleetEvent] = namespace["fleet_event_message"]
+    function = cast(Callable[[EventRecord], pb.FleetEvent], namespace["fleet_event_message"])
     function.__doc__ = "The wire form of a recorded event (every declared field ``FleetEvent`` has)."
     return function
 
@@ -189,7 +189,7 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
     # (annotations only: a class value would stop it doing so).
     maxMessagePayloadSize: int
     maskServerFrames: bool
-    perMessageCompressionAccept: Callable[[list[Any]], Optional[Any]]
+    perMessageCompressionAccept: object
 
     def __init__(self) -> None:
         super().__init__()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from operator import attrgetter, itemgetter
-from typing import Any, Optional, Protocol, Unpack
+from typing import Optional, Protocol, Union, Unpack
 
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
@@ -28,8 +28,10 @@ from twisted_iop.controlplane.event_record import (
     EventTexts,
     FieldKind,
     fields_of,
+    new_record,
 )
 from twisted_iop.controlplane.memory import KEPT_SIZE_INDEX, KeptEvent, RegistryLimits, kept_form, record_of
+from twisted_iop.controlplane.operations import OperationRecord
 from twisted_iop.wire import control_pb2 as pb
 
 #: 9999-12-31T23:59:59.999Z, the last instant ISO 8601 views can show.
@@ -60,6 +62,15 @@ class EventBuffer:
     and ``dropped`` counts them (``dropped_by_bytes`` those that left for
     the byte budget). Events are kept in their kept form
     (:func:`memory.kept_form`) and read back as records.
+
+    Until its second event the buffer holds a tuple (empty, or of the one
+    event), from then on a list. Most edges keep one event
+    (``edge.connected``), and a tuple of kept events leaves the garbage
+    collector's sight as they do, where a list is one more object it walks
+    in every collection, for every edge: with lists, a 10,000-edge Control
+    Plane tracks 154,000 objects instead of 144,000, and its full
+    collections take 27 ms instead of 24 (``bench/gateway_inprocess.py``);
+    a tuple of one is also 16 bytes smaller than a list of one.
     """
 
     __slots__ = ("_events", "_head", "byte_budget", "bytes", "capacity", "dropped", "dropped_by_bytes", "last_sequence")
@@ -68,8 +79,8 @@ class EventBuffer:
         self.capacity = capacity
         self.byte_budget = byte_budget
         #: The kept events from index ``_head`` on, oldest first (the slots
-        #: before it are empty); None until the first event.
-        self._events: Optional[list[Optional[KeptEvent]]] = None
+        #: before it are empty): a tuple of at most one event, then a list.
+        self._events: Union[tuple[KeptEvent, ...], list[Optional[KeptEvent]]] = ()
         self._head = 0
         self.last_sequence = 0
         self.dropped = 0
@@ -78,8 +89,7 @@ class EventBuffer:
         self.bytes = 0
 
     def __len__(self) -> int:
-        events = self._events
-        return 0 if events is None else len(events) - self._head
+        return len(self._events) - self._head
 
     def append(self, event: EventRecord, sequence: int) -> None:
         """Add ``event`` whose sequence (edge or fleet) is ``sequence``."""
@@ -90,24 +100,26 @@ class EventBuffer:
         buffers: an edge's and the fleet's)."""
         self.bytes += kept[KEPT_SIZE_INDEX]
         self.last_sequence = sequence
-        events = self._events
-        if events is None:
-            # A list of exactly one slot: most edges keep one event.
-            events = self._events = [kept]
+        held = self._events
+        if isinstance(held, tuple):
+            if not held and self.capacity >= 1:
+                self._events = (kept,)
+                return
+            events: list[Optional[KeptEvent]] = [*held, kept]
+            self._events = events
         else:
+            events = held
             events.append(kept)
         if len(events) - self._head > self.capacity:
-            self._drop_oldest()
+            self._drop_oldest(events)
         while self.bytes > self.byte_budget and len(events) - self._head > 1:
-            self._drop_oldest()
+            self._drop_oldest(events)
             self.dropped_by_bytes += 1
         if self._head >= _COMPACT_AFTER and 2 * self._head >= len(events):
             del events[: self._head]
             self._head = 0
 
-    def _drop_oldest(self) -> None:
-        events = self._events
-        assert events is not None
+    def _drop_oldest(self, events: list[Optional[KeptEvent]]) -> None:
         oldest = events[self._head]
         assert oldest is not None
         events[self._head] = None
@@ -126,7 +138,7 @@ class EventBuffer:
         kept = len(self)
         first = self.first_sequence
         start = max(sequence + 1, first) - first
-        if events is None or start >= kept or limit <= 0:
+        if start >= kept or limit <= 0:
             return []
         begin = self._head + start
         # The slots from _head on are all set.
@@ -157,8 +169,8 @@ class EventJournal(Protocol):
         self,
         event: EventRecord,
         token: Optional[int],
-        change: dict[str, Any],
-        operation: Any,
+        change: dict[str, object],
+        operation: Optional[OperationRecord],
     ) -> None:
         """Record ``event`` (fenced by ``token`` when a connection caused it)."""
 
@@ -197,7 +209,6 @@ def _relayed_plan() -> tuple[int, ...]:
 _assemble_relayed = itemgetter(*_relayed_plan())
 
 
-_new_tuple = tuple.__new__
 Clip = Callable[[pb.EdgeEvent, tuple[str, ...], tuple[int, ...]], tuple[tuple[str, ...], dict[str, str]]]
 
 
@@ -221,7 +232,7 @@ def relayed_record(
     occurred_ms = event.occurred_at_ms
     occurred_at = occurred_ms / 1000.0 if 0 < occurred_ms < MAX_TIME_MS else now
     # record_from, inline: this runs for every relayed event.
-    return _new_tuple(  # type: ignore[no-any-return]
+    return new_record(
         EventRecord,
         _assemble_relayed(
             (sequence, fleet_sequence, "", edge_id, occurred_at, now, attributes or NO_ATTRIBUTES, *texts)
@@ -270,8 +281,8 @@ class EventLog:
         *,
         occurred_at: Optional[float] = None,
         token: Optional[int] = None,
-        change: Optional[dict[str, Any]] = None,
-        operation: Any = None,
+        change: Optional[dict[str, object]] = None,
+        operation: Optional[OperationRecord] = None,
         **texts: Unpack[EventTexts],
     ) -> EventRecord:
         """Append an event of the Control Plane's own to the edge's buffer and the fleet's.
@@ -290,8 +301,8 @@ class EventLog:
         event: EventRecord,
         events: EdgeEvents,
         token: Optional[int],
-        change: Optional[dict[str, Any]],
-        operation: Any,
+        change: Optional[dict[str, object]],
+        operation: Optional[OperationRecord],
     ) -> EventRecord:
         journal = self.journal
         if journal is not None:

@@ -19,10 +19,10 @@ these fields appears elsewhere.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from operator import itemgetter
 from types import MappingProxyType
-from typing import Annotated, Any, NamedTuple, TypedDict, get_type_hints
+from typing import Annotated, NamedTuple, TypedDict, cast, get_type_hints
 
 
 class FieldKind(enum.Enum):
@@ -68,7 +68,7 @@ class EventRecord(NamedTuple):
 
     def numbered(self, sequence: int, fleet_sequence: int) -> EventRecord:
         """This event with the sequences its buffers give it (the first two fields)."""
-        return _new_tuple(EventRecord, (sequence, fleet_sequence, *self[2:]))  # type: ignore[no-any-return]
+        return new_record(EventRecord, (sequence, fleet_sequence, *self[2:]))
 
 
 def _kinds() -> tuple[tuple[str, FieldKind], ...]:
@@ -83,14 +83,15 @@ def _kinds() -> tuple[tuple[str, FieldKind], ...]:
 #: Every field of an event, in order, with its kind.
 EVENT_FIELDS: tuple[tuple[str, FieldKind], ...] = _kinds()
 assert [kind for _, kind in EVENT_FIELDS[:2]] == [FieldKind.SEQUENCE, FieldKind.SEQUENCE]
-_new_tuple = tuple.__new__
+#: ``tuple.__new__`` for records: a record from its values, in one call.
+new_record = cast(Callable[[type[EventRecord], Iterable[object]], EventRecord], tuple.__new__)
 
 
-def record_from(values: Sequence[Any]) -> EventRecord:
+def record_from(values: Sequence[object]) -> EventRecord:
     """The record whose fields are ``values``, in declaration order (as
     ``EventRecord._make`` without its length check: callers build the values
     from the declaration)."""
-    return _new_tuple(EventRecord, values)  # type: ignore[no-any-return]
+    return new_record(EventRecord, values)
 
 
 #: The index of the attribute map in a record: the last field.
@@ -104,7 +105,7 @@ def fields_of(*kinds: FieldKind) -> tuple[tuple[int, str], ...]:
     return tuple((i, name) for i, (name, kind) in enumerate(EVENT_FIELDS) if kind in kinds)
 
 
-def values_getter(indexes: Sequence[int]) -> Callable[[EventRecord], tuple[Any, ...]]:
+def values_getter(indexes: Sequence[int]) -> Callable[[EventRecord], tuple[object, ...]]:
     """A function that reads the fields at ``indexes`` of a record as one
     tuple, in one call (``operator.itemgetter``, which gives a lone value
     for one index: wrapped here)."""

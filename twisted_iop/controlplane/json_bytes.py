@@ -64,7 +64,7 @@ import keyword
 import linecache
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any, Generic, Optional, TypeVar, Union
 
 import attrs
@@ -132,7 +132,7 @@ def write_received_at(snapshot: Optional[StatusSnapshot]) -> bytes:
     return write_time(None if snapshot is None else snapshot.received_at)
 
 
-def write_json(value: Any) -> bytes:
+def write_json(value: object) -> bytes:
     """Any JSON value, by ``json.dumps`` (compact)."""
     return b"null" if value is None else json.dumps(value, separators=(",", ":")).encode("ascii")
 
@@ -220,7 +220,7 @@ class _Compiler:
         #: Each nested object's local name and the expression it is read by.
         self.objects: dict[str, str] = {}
 
-    def bind(self, value: Any, kind: str) -> str:
+    def bind(self, value: object, kind: str) -> str:
         """A name for ``value`` in the compiled functions' globals."""
         name = f"_{kind}{len(self.namespace)}"
         self.namespace[name] = value
@@ -296,7 +296,7 @@ class _SharedTexts:
         self._count = count
         self._max_bytes = max_bytes
         #: Each value's JSON by the value's key; the compiled view looks here first.
-        self.texts: dict[Any, bytes] = {}
+        self.texts: dict[Hashable, bytes] = {}
         self.bytes = 0
 
     def write(self, key: Any, value: Any) -> bytes:
@@ -465,7 +465,7 @@ class Template:
         written = iter(per_key)
         return b"".join([_escaped(next(written)) if part is None else part for part in self._layout])
 
-    def template_for(self, subject: Any) -> bytes:
+    def template_for(self, subject: object) -> bytes:
         """The template of ``subject``'s key: with its per-key members written."""
         return self._template(self._per_key(subject))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Optional, Union
 
 from twisted_iop.controlplane.edge_record import EdgeRecord
@@ -137,11 +137,11 @@ def node_json(node: pb.EdgeNodeSnapshot) -> dict[str, Any]:
     }
 
 
-def _counter_group(counts: Any, at: int) -> dict[str, int]:
+def _counter_group(counts: Sequence[int], at: int) -> dict[str, int]:
     return {"capacity": counts[at], "in_flight": counts[at + 1], "queued": counts[at + 2]}
 
 
-def counts_json(counts: Any) -> dict[str, Any]:
+def counts_json(counts: Sequence[int]) -> dict[str, Any]:
     """Totals in their JSON shape (see docs/http-api.md)."""
     return {
         "nodes_connected": counts[0],
@@ -154,7 +154,7 @@ def counts_json(counts: Any) -> dict[str, Any]:
     }
 
 
-def row_counts_json(counts: Any) -> dict[str, Any]:
+def row_counts_json(counts: Sequence[int]) -> dict[str, Any]:
     """The per-edge counts of a fleet status row."""
     return {
         "nodes_connected": counts[0],
@@ -177,7 +177,7 @@ def snapshot_members(snapshot: StatusSnapshot) -> dict[str, Any]:
     }
 
 
-def _event_member(kind: FieldKind) -> Callable[[Any], Any]:
+def _event_member(kind: FieldKind) -> Callable[[Any], object]:
     """How a field of ``kind`` is shown in an event's JSON."""
     if kind is FieldKind.TIME:
         return iso
@@ -188,7 +188,7 @@ def _event_member(kind: FieldKind) -> Callable[[Any], Any]:
     return _same
 
 
-def _same(value: Any) -> Any:
+def _same(value: object) -> object:
     return value
 
 

@@ -98,7 +98,7 @@ _EMPTY_TEXT_BYTES = _getsizeof("")
 _ALL_EMPTY_EVENT_BYTES = _FIXED_EVENT_BYTES + len(_EVENT_TEXTS) * _EMPTY_TEXT_BYTES
 
 
-def _text_over_empty(text: str) -> int:
+def _text_over_empty(text: object) -> int:
     return _getsizeof(text) - _EMPTY_TEXT_BYTES
 
 

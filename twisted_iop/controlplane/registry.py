@@ -32,7 +32,7 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import Any, Optional, Protocol, Unpack
+from typing import Optional, Protocol, Unpack
 
 import attrs
 from twisted.application.service import Service
@@ -366,7 +366,7 @@ class EdgeRegistry(Service):
         *,
         occurred_at: Optional[float] = None,
         token: Optional[int] = None,
-        change: Optional[dict[str, Any]] = None,
+        change: Optional[dict[str, object]] = None,
         operation: Optional[OperationRecord] = None,
         **texts: Unpack[EventTexts],
     ) -> EventRecord:

@@ -99,8 +99,10 @@ def _settle_deferred(
 ) -> None:
     if error is not None:
         d.errback(error)
+    elif snapshot is not None:
+        d.callback(snapshot)
     else:
-        d.callback(snapshot)  # type: ignore[arg-type]
+        d.errback(RuntimeError("a status ask ended with neither a snapshot nor an error"))
 
 
 class StatusAsks:

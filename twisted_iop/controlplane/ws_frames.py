@@ -29,8 +29,7 @@ through ``sendMessage``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Optional, Protocol
+from typing import Protocol
 
 from twisted_iop.wire.preserialized import client_event_prefix
 
@@ -74,7 +73,7 @@ def event_envelope_frame(event: bytes) -> bytes:
     return binary_frame(client_event_prefix(n) + event)
 
 
-def refuse_compression(offers: list[Any]) -> None:
+def refuse_compression(offers: list[object]) -> None:
     """Accept none of a client's per-message compression offers (the
     ``perMessageCompressionAccept`` option of ``/client``): events are small
     protobuf messages, and frames written here are never compressed."""
@@ -84,7 +83,7 @@ def refuse_compression(offers: list[Any]) -> None:
 class SocketOptions(Protocol):
     """The Autobahn options of a socket that decide how its frames look."""
 
-    perMessageCompressionAccept: Callable[[list[Any]], Optional[Any]]
+    perMessageCompressionAccept: object
     maskServerFrames: bool
 
 

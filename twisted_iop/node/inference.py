@@ -166,7 +166,7 @@ class ProviderHTTPClient:
         self._agent = Agent.usingEndpointFactory(reactor, _ProviderEndpoints(reactor), pool=self.pool)
 
     def request(
-        self, method: str, url: str, data: bytes = b"", headers: Optional[dict[bytes, list[bytes]]] = None, **_: Any
+        self, method: str, url: str, data: bytes = b"", headers: Optional[dict[bytes, list[bytes]]] = None, **_: object
     ) -> Deferred[Any]:
         """Send one request; fires with the (unbuffered) response."""
         return self._agent.request(method.encode("ascii"), url.encode("utf-8"), Headers(headers), _BytesBody(data))

@@ -24,7 +24,7 @@ from twisted_iop.controlplane.snapshots import StatusSnapshot
 from twisted_iop.wire.status_totals import COUNTS_LEN, EMPTY_COUNTS
 
 
-def compact(value: Any) -> bytes:
+def compact(value: object) -> bytes:
     """``value`` as compact JSON bytes (what every view is answered as)."""
     return json.dumps(value, separators=(",", ":")).encode("utf-8")
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.logger import ILogObserver, LogLevel, globalLogPublisher
@@ -40,6 +40,9 @@ from twisted_iop.wire.peer import (
     frame,
     make_envelope,
 )
+
+if TYPE_CHECKING:
+    from twisted_iop.controlplane.snapshots import StatusSnapshot
 
 #: Bodies a peer sends unsolicited: never answered, whatever their request id.
 UNSOLICITED_BODIES = frozenset({"edge_event", "node_ready", "node_health_report"})
@@ -123,7 +126,7 @@ class FramedConnection:
         self.fed += data
         self.protocol.dataReceived(data)
 
-    def send(self, body: str, message: Any, request_id: int = 0) -> None:
+    def send(self, body: str, message: Message, request_id: int = 0) -> None:
         """Deliver one well-formed frame."""
         self.feed(frame(make_envelope(body, message, request_id)))
 
@@ -228,7 +231,7 @@ class EdgeWireDriver:
             return
         done.addBoth(self.outcomes.append)
 
-    def _render(self, snapshot: Any) -> None:
+    def _render(self, snapshot: StatusSnapshot) -> None:
         # What the HTTP views would show of whatever the edge answered.
         from twisted_iop.controlplane import json_views
 
@@ -341,7 +344,7 @@ class ClientConnection:
         """Deliver raw bytes (WebSocket frames) as one read."""
         self.protocol.dataReceived(data)
 
-    def send(self, body: str, message: Any, request_id: int = 0) -> None:
+    def send(self, body: str, message: Message, request_id: int = 0) -> None:
         """Send one well-formed ``ClientEnvelope``."""
         envelope = pb.ClientEnvelope(request_id=request_id)
         getattr(envelope, body).CopyFrom(message)

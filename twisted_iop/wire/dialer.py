@@ -232,7 +232,7 @@ class DialingService(ClientService):
         d: Deferred[Any] = maybeDeferred(self._prepare_connection, guard.application)
         guard.preparing = d
 
-        def prepared(_: Any) -> None:
+        def prepared(_: object) -> None:
             guard.preparing = None
             guard.prepared = True
 

@@ -99,7 +99,7 @@ class Journal:
 
     # -- what every script is given, and how writes fail ----------------------------------
 
-    def common(self) -> tuple[Any, ...]:
+    def common(self) -> tuple[object, ...]:
         """The first four arguments of every script (prefix, replica, bounds)."""
         limits = self._registry.limits
         return (self.keys.prefix, self.replica_id, limits.events_per_edge, self.config.fleet_stream_length)

@@ -4,8 +4,6 @@ lists, stream entry ids)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from twisted_iop.controlplane.cluster import codec
 
 
@@ -48,7 +46,7 @@ class Keys:
         return f"{self.prefix}:owned:{replica}"
 
 
-def pairs(flat: Any) -> dict[str, str]:
+def pairs(flat: object) -> dict[str, str]:
     """A Redis flat ``[k1, v1, k2, v2 ...]`` reply as a dict."""
     if not isinstance(flat, list) or len(flat) % 2:
         raise codec.BadRecord("not a list of field/value pairs")

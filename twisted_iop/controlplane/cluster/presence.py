@@ -53,7 +53,7 @@ class Presence:
         link: RedisLink,
         clock: IReactorTime,
         boot: str,
-        common: Callable[[], tuple[Any, ...]],
+        common: Callable[[], tuple[object, ...]],
         join: Callable[[], Deferred[Any]],
         reconcile: Callable[[], Deferred[Any]],
         orphaned: Callable[[str], None],
@@ -129,7 +129,7 @@ class Presence:
         d.addErrback(self._lease_failed)
         d.addBoth(self._renewed)
 
-    def _renewed(self, _: Any) -> None:
+    def _renewed(self, _: object) -> None:
         self._renewing = False
 
     def _lease_failed(self, failure: Failure) -> None:
@@ -140,7 +140,7 @@ class Presence:
             failure.getErrorMessage(),
         )
 
-    def _reconciled(self, _: Any) -> None:
+    def _reconciled(self, _: object) -> None:
         self._reconciling = False
 
     def _join_failed(self, failure: Failure) -> None:
@@ -209,5 +209,5 @@ class Presence:
         d.addErrback(lambda _: None)
         return d
 
-    def _lease_command(self, _: Any, command: tuple[str, ...]) -> Deferred[Any]:
+    def _lease_command(self, _: object, command: tuple[str, ...]) -> Deferred[Any]:
         return self.link.lease(*command)

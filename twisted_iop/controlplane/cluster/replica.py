@@ -182,7 +182,7 @@ class ClusterReplica(Service):
         d = self.presence.leave()
         stopped = Deferred[Any]()
 
-        def close(_: Any) -> None:
+        def close(_: object) -> None:
             self.link.stop().addBoth(lambda _: stopped.callback(None))
 
         if d is None:

@@ -398,12 +398,12 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
         # A subscriber of the whole fleet takes every event: its queue is
         # the listener itself, without a filter call per event.
         self._listener = self._event_recorded if self._subscribed_edge is not None else self._enqueue
-        registry.add_listener(self._listener)
+        registry.event_log.add_listener(self._listener)
         self.flush()
 
     def _unsubscribe(self) -> None:
         if self._subscribed:
-            self.factory.registry.remove_listener(self._listener)
+            self.factory.registry.event_log.remove_listener(self._listener)
         self._subscribed = False
         self._clear_queue()
 

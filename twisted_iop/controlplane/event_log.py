@@ -293,22 +293,17 @@ class EventLog:
         brings it back numbered; the record returned has sequence 0.
         """
         now = self._clock.seconds()
-        event = EventRecord(0, 0, edge_id, kind, now if occurred_at is None else occurred_at, now, **texts)
-        return self._append(event, events, token, change, operation)
-
-    def _append(
-        self,
-        event: EventRecord,
-        events: EdgeEvents,
-        token: Optional[int],
-        change: Optional[dict[str, object]],
-        operation: Optional[OperationRecord],
-    ) -> EventRecord:
+        if occurred_at is None:
+            occurred_at = now
         journal = self.journal
         if journal is not None:
+            event = EventRecord(0, 0, edge_id, kind, occurred_at, now, **texts)
             journal.append(event, token, change or {"kind": "event"}, operation)
             return event
-        event = event.numbered(events.last_sequence + 1, self.fleet.last_sequence + 1)
+        # Numbered as it is made.
+        event = EventRecord(
+            events.last_sequence + 1, self.fleet.last_sequence + 1, edge_id, kind, occurred_at, now, **texts
+        )
         self._keep(event, events)
         return event
 

@@ -43,7 +43,7 @@ from twisted_iop.controlplane import bounds, operation_states
 from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.edge_peer import EdgePeer
 from twisted_iop.controlplane.edge_record import EdgeRecord, UnknownEdge
-from twisted_iop.controlplane.event_log import EventBuffer, EventJournal, EventListener, EventLog
+from twisted_iop.controlplane.event_log import EventBuffer, EventJournal, EventLog
 from twisted_iop.controlplane.event_record import EventRecord, EventTexts
 from twisted_iop.controlplane.memory import RegistryLimits, SharedTables
 from twisted_iop.controlplane.operation_states import LateOutcome
@@ -179,7 +179,7 @@ class EdgeRegistry(Service):
         if old is not None:
             self._log.info("edge {edge_id} superseded by a newer connection", edge_id=edge_id)
             if journal is None:
-                self.record(edge_id, "edge.superseded", message=SUPERSEDED_MESSAGE)
+                self.event_log.record(edge_id, record.events, "edge.superseded", message=SUPERSEDED_MESSAGE)
             self.supersede(edge_id, *old)
         self._log.info(
             "edge {edge_id} connected (enrollment {enrollments})",
@@ -187,8 +187,9 @@ class EdgeRegistry(Service):
             enrollments=record.enrollments,
         )
         if journal is None:
-            self.record(
+            self.event_log.record(
                 edge_id,
+                record.events,
                 "edge.connected",
                 message=CONNECTED_MESSAGE,
                 attributes=self.shared.connected_attributes(record.hello.software_version),
@@ -241,7 +242,7 @@ class EdgeRegistry(Service):
         now = self._clock.seconds()
         self._log.info("edge {edge_id} disconnected: {reason}", edge_id=edge_id, reason=reason)
         if self._journal is None:
-            self.record(edge_id, "edge.disconnected", message=reason)
+            self.event_log.record(edge_id, record.events, "edge.disconnected", message=reason)
         else:
             self._journal.released(edge_id, token, reason, now)
         self.mark_disconnected(record, token, now)
@@ -350,14 +351,6 @@ class EdgeRegistry(Service):
             observer.operation_updated(operation)
 
     # -- events -----------------------------------------------------------------
-
-    def add_listener(self, listener: EventListener) -> None:
-        """Call ``listener`` with every event recorded from now on."""
-        self.event_log.add_listener(listener)
-
-    def remove_listener(self, listener: EventListener) -> None:
-        """Stop calling ``listener``."""
-        self.event_log.remove_listener(listener)
 
     def record(
         self,

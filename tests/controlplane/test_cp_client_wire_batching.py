@@ -18,11 +18,10 @@ from twisted_iop.controlplane.client_wire import (
     BATCH_EVENTS,
     ClientWireFactory,
     ClientWireSettings,
-    event_frame,
-    event_payload,
 )
 from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.event_record import EventRecord
+from twisted_iop.controlplane.live_event import event_frame, event_payload
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.controlplane.ws_frames import binary_frame
 from twisted_iop.testing.frames import ws_messages

@@ -12,11 +12,12 @@ from twisted.internet.task import Clock
 
 from twisted_iop.controlplane import bounds, memory
 from twisted_iop.controlplane import json_views as views
-from twisted_iop.controlplane.client_wire import ClientWireFactory, event_payload, fleet_event_message
+from twisted_iop.controlplane.client_wire import ClientWireFactory
 from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.event_log import EventBuffer, relayed_record
 from twisted_iop.controlplane.event_record import EventRecord
 from twisted_iop.controlplane.json_bytes import JsonBytesRenderer
+from twisted_iop.controlplane.live_event import event_payload, fleet_event_message
 from twisted_iop.controlplane.memory import event_size
 from twisted_iop.controlplane.operations import OperationRecord
 from twisted_iop.controlplane.registry import EdgeRegistry

@@ -14,10 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet.task import Clock
 
-from twisted_iop.controlplane import json_bytes
+from twisted_iop.controlplane import json_bytes, json_templates
 from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.fleet_rounds import FleetRound, StatusRow
-from twisted_iop.controlplane.json_bytes import JsonBytesRenderer, Keep, Member, Template
+from twisted_iop.controlplane.json_bytes import JsonBytesRenderer
+from twisted_iop.controlplane.json_templates import Keep, Member, Template
 from twisted_iop.controlplane.json_views import counts_json, iso
 from twisted_iop.controlplane.memory import RegistryLimits
 from twisted_iop.controlplane.operations import OperationRecord
@@ -123,7 +124,7 @@ def test_an_edge_template_goes_with_its_record() -> None:
     assert registry.disconnect("edge-1", token, "gone")
     assert registry.find("edge-1") is None
     gc.collect()
-    assert renderer.kept()["edge_templates"] == json_bytes.Kept(0, 0)
+    assert renderer.kept()["edge_templates"] == json_templates.Kept(0, 0)
 
 
 _row_specs = st.lists(
@@ -202,7 +203,7 @@ def test_the_fleet_page_keeps_few_and_short_fragments() -> None:
     and every page stays right."""
     registry = EdgeRegistry(Clock())
     rows = []
-    for i in range(json_bytes.FRAGMENTS_KEPT * 2):
+    for i in range(json_templates.FRAGMENTS_KEPT * 2):
         labels = {"edge": f"e{i}"} if i % 10 else {f"key-{k}": "v" * 200 for k in range(8)}
         registry.connect(f"edge-{i:05d}", HeldEdgePeer(), _hello(labels))
         rows.append(StatusRow(registry.get(f"edge-{i:05d}"), "disconnected", None, False))
@@ -211,8 +212,8 @@ def test_the_fleet_page_keeps_few_and_short_fragments() -> None:
     body = renderer.fleet_page(round_, "", len(rows), 1.0)
     assert body == reference.compact(reference.fleet_status_json(round_, "", len(rows), 1.0))
     kept = renderer.kept()["fleet_label_maps"]
-    assert kept.entries == json_bytes.FRAGMENTS_KEPT
-    assert kept.bytes <= json_bytes.FRAGMENTS_KEPT * json_bytes.FRAGMENT_MAX_BYTES
+    assert kept.entries == json_templates.FRAGMENTS_KEPT
+    assert kept.bytes <= json_templates.FRAGMENTS_KEPT * json_templates.FRAGMENT_MAX_BYTES
     assert renderer.kept()["fleet_counts"].entries == 1
 
 
@@ -228,7 +229,7 @@ def test_round_totals_are_kept_per_round_and_bounded() -> None:
         assert renderer.kept()["round_totals"].entries == min(i + 1, json_bytes.ROUNDS_KEPT)
     del rounds, round_
     gc.collect()
-    assert renderer.kept()["round_totals"] == json_bytes.Kept(0, 0)
+    assert renderer.kept()["round_totals"] == json_templates.Kept(0, 0)
 
 
 def test_a_status_view_is_the_reference_and_kept_once_per_snapshot() -> None:
@@ -268,7 +269,7 @@ class _Item(NamedTuple):
     text: str
 
 
-_POINT = (Member("x", "x", json_bytes.write_int), Member("y", "y", json_bytes.write_int))
+_POINT = (Member("x", "x", json_templates.write_int), Member("y", "y", json_templates.write_int))
 
 
 @given(st.lists(st.tuples(st.integers(-(2**40), 2**40), st.integers(0, 9), texts), max_size=8))
@@ -277,7 +278,7 @@ def test_a_declaration_writes_what_it_declares(values: list[tuple[int, int, str]
     members spliced in, per-value members kept by value, one subject or many."""
     members = (
         Member("point", "point", _POINT),
-        Member("text", "text", json_bytes.write_text),
+        Member("text", "text", json_templates.write_text),
         Member("shared", lambda item: (item.n,), lambda key: b'{"n":%d}' % key[0], Keep.PER_VALUE),
         Member(None, "n", lambda n: b'"after":%d' % n),
     )
@@ -300,22 +301,22 @@ _json_values = st.recursive(
 
 @given(
     st.one_of(
-        st.tuples(st.just(json_bytes.write_int), st.integers()),
-        st.tuples(st.just(json_bytes.write_bool), st.one_of(st.booleans(), st.none(), st.integers())),
-        st.tuples(st.just(json_bytes.write_present), st.one_of(st.none(), st.integers(), texts)),
-        st.tuples(st.just(json_bytes.write_text), texts),
-        st.tuples(st.just(json_bytes.write_json), _json_values),
+        st.tuples(st.just(json_templates.write_int), st.integers()),
+        st.tuples(st.just(json_templates.write_bool), st.one_of(st.booleans(), st.none(), st.integers())),
+        st.tuples(st.just(json_templates.write_present), st.one_of(st.none(), st.integers(), texts)),
+        st.tuples(st.just(json_templates.write_text), texts),
+        st.tuples(st.just(json_templates.write_json), _json_values),
         st.tuples(
-            st.just(json_bytes.write_time),
+            st.just(json_templates.write_time),
             st.one_of(st.none(), st.floats(-1.0, 3e11, allow_nan=False)),
         ),
         st.tuples(
-            st.just(json_bytes.write_received_at),
+            st.just(json_templates.write_received_at),
             st.one_of(st.none(), st.floats(-1.0, 3e11, allow_nan=False).map(lambda at: StatusSnapshot(b"", at, ()))),
         ),
     )
 )
-def test_a_compiled_view_writes_what_its_writers_write(case: tuple[json_bytes.Writer, object]) -> None:
+def test_a_compiled_view_writes_what_its_writers_write(case: tuple[json_templates.Writer, object]) -> None:
     """Each writer a compiled view writes in place writes there what calling
     it writes, and what json.dumps writes of the value it stands for."""
     write, value = case
@@ -323,11 +324,11 @@ def test_a_compiled_view_writes_what_its_writers_write(case: tuple[json_bytes.Wr
     assert template.render(value) == b'{"v":' + write(value) + b"}"
     assert template.render_all([value]) == [template.render(value)]
     plain: object = value
-    if write is json_bytes.write_bool or write is json_bytes.write_present:
-        plain = bool(value) if write is json_bytes.write_bool else value is not None
-    elif write is json_bytes.write_time:
+    if write is json_templates.write_bool or write is json_templates.write_present:
+        plain = bool(value) if write is json_templates.write_bool else value is not None
+    elif write is json_templates.write_time:
         plain = None if value is None else iso(value)  # type: ignore[arg-type]
-    elif write is json_bytes.write_received_at:
+    elif write is json_templates.write_received_at:
         plain = None if value is None else iso(value.received_at)  # type: ignore[attr-defined]
     assert json.loads(write(value)) == plain
     assert write(value) == reference.compact(plain)
@@ -336,4 +337,4 @@ def test_a_compiled_view_writes_what_its_writers_write(case: tuple[json_bytes.Wr
 def test_a_read_must_be_an_attribute_path() -> None:
     """A dotted read that is not an attribute path is refused when the view is compiled."""
     with pytest.raises(ValueError, match="not an attribute path"):
-        Template("BAD", (Member("x", "a.import", json_bytes.write_int),))
+        Template("BAD", (Member("x", "a.import", json_templates.write_int),))

@@ -136,7 +136,7 @@ def test_event_size_estimates_are_not_below_what_python_holds() -> None:
     try:
         before = tracemalloc.get_traced_memory()[0]
         for i in range(200):
-            event = relayed_record("edge-" + str(i), maximal_event(i), float(i)).numbered(i + 1, i + 1)
+            event = relayed_record("edge-" + str(i), maximal_event(i), float(i), i + 1, i + 1)
             buffer.append(event, i + 1)
         del event
         gc.collect()

@@ -312,12 +312,7 @@ class EventLog:
         kept = kept_form(event)
         events.append_kept(kept, event.sequence)
         self.fleet.append_kept(kept, event.fleet_sequence)
-        size = kept[KEPT_SIZE_INDEX]
-        for listener in tuple(self._listeners):
-            try:
-                listener(event, size)
-            except Exception:
-                self._log.failure("event listener failed")
+        self._notify(event, kept[KEPT_SIZE_INDEX])
 
     def relayed(self, edge_id: str, events: EdgeEvents, token: int, event: pb.EdgeEvent) -> Optional[EventRecord]:
         """Record an event an edge relayed on its current connection ``token``

@@ -66,10 +66,6 @@ class EventRecord(NamedTuple):
             f"edge_id={self.edge_id!r}, kind={self.kind!r})"
         )
 
-    def numbered(self, sequence: int, fleet_sequence: int) -> EventRecord:
-        """This event with the sequences its buffers give it (the first two fields)."""
-        return new_record(EventRecord, (sequence, fleet_sequence, *self[2:]))
-
 
 def _kinds() -> tuple[tuple[str, FieldKind], ...]:
     hints = get_type_hints(EventRecord, include_extras=True)

@@ -8,7 +8,7 @@ names the rest of the code calls; each says what it saves, measured
   :class:`MemoryBound`, the ``*_size`` estimates): what each edge, its
   events and operations may hold, counted in estimated bytes as they are
   kept; docs/security.md ("Memory") quotes :meth:`RegistryLimits.worst_case`.
-* **Kept events** (:func:`kept_form`, :func:`kept_size`,
+* **Kept events** (:func:`kept_form`, :data:`KEPT_SIZE_INDEX`,
   :func:`record_of`): an event buffer keeps each event as one plain tuple
   of texts and numbers, which the cyclic garbage collector stops tracking
   in its first young collection. Kept as records (a class instance and a
@@ -250,11 +250,9 @@ class MemoryBound:
 #: tuple of its fields but the attributes, its size, then the attributes'
 #: keys and values.
 KeptEvent = tuple[Any, ...]
-#: Where the size is in a kept event (:func:`kept_size`, for callers that
-#: read it per event and save the call); the attributes follow it.
+#: Where the size is in a kept event; the attributes follow it.
 KEPT_SIZE_INDEX = ATTRIBUTES_INDEX
-_KEPT_SIZE = KEPT_SIZE_INDEX
-_KEPT_ATTRIBUTES = _KEPT_SIZE + 1
+_KEPT_ATTRIBUTES = KEPT_SIZE_INDEX + 1
 
 
 def kept_form(event: EventRecord) -> KeptEvent:
@@ -274,11 +272,6 @@ def kept_form(event: EventRecord) -> KeptEvent:
     return (*event[:ATTRIBUTES_INDEX], size + _EMPTY_MAP_BYTES)
 
 
-def kept_size(kept: KeptEvent) -> int:
-    """The estimated bytes of the event a kept form stands for."""
-    return cast(int, kept[_KEPT_SIZE])
-
-
 def record_of(kept: KeptEvent) -> EventRecord:
     """The record a kept event (:func:`kept_form`) stands for."""
     if len(kept) > _KEPT_ATTRIBUTES:
@@ -287,7 +280,7 @@ def record_of(kept: KeptEvent) -> EventRecord:
         )
     else:
         attributes = NO_ATTRIBUTES
-    return record_from((*kept[:_KEPT_SIZE], attributes))
+    return record_from((*kept[:KEPT_SIZE_INDEX], attributes))
 
 
 # -- shared values --------------------------------------------------------------------

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from twisted_iop.edge.config import ProviderConfig
-from twisted_iop.edge.inference import InferenceLifecycle, Outcome, Phase, QueueFull, Ticket
+from twisted_iop.edge.inference_lifecycle import InferenceLifecycle, Outcome, Phase, QueueFull, Ticket
 from twisted_iop.edge.pool import NoSuchModel, ProviderPool
 
 NODES = ("n1", "n2")

@@ -23,8 +23,9 @@ from twisted.web.iweb import IRequest
 from zope.interface import implementer
 
 from twisted_iop.credentials import token_digest
-from twisted_iop.edge.inference import InferenceError, InferenceGateway, Outcome
+from twisted_iop.edge.inference import InferenceGateway
 from twisted_iop.edge.inference_config import InferenceConfig
+from twisted_iop.edge.inference_lifecycle import InferenceError, Outcome
 from twisted_iop.http_site import GuardedSite, Refusal, SiteLimits
 from twisted_iop.openai_api import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, error_body
 from twisted_iop.wire import control_pb2 as pb

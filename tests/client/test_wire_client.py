@@ -8,6 +8,7 @@ prepareConnection, which resumes after the last sequence seen.
 from __future__ import annotations
 
 import socket
+from typing import cast
 
 import pytest
 import pytest_twisted
@@ -18,6 +19,7 @@ from twisted_iop.client import ClientWireClient, ControlPlaneUnreachable, HelloR
 from twisted_iop.client.wire import (
     DEFAULT_WIRE_URL,
     WIRE_URL_ENV,
+    _unknown_members,
     decode_client_envelope,
     error_code_name,
     event_from_wire,
@@ -228,3 +230,12 @@ async def test_stop_ends_the_subscription_cleanly() -> None:
     finally:
         await client.close()
         await cp.stop()
+
+
+def test_wire_event_members_this_client_does_not_know_are_kept() -> None:
+    """A known event carries nothing unknown; fields a newer Control Plane's
+    message has beyond the ones this client reads are kept in ``unknown``
+    (shown with a real message that has such a field: the edge's own event)."""
+    assert event_from_wire(pb.FleetEvent(sequence=1, edge_id="edge-a", kind="node.ready")).unknown == {}
+    newer = cast(pb.FleetEvent, pb.EdgeEvent(kind="node.ready", edge_sequence=5, node_id="node-1"))
+    assert _unknown_members(newer) == {"edge_sequence": 5}

@@ -22,9 +22,10 @@ import os
 import random
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, Optional
+from typing import Any, Optional, get_args, get_type_hints
 from urllib.parse import urlsplit
 
+import attrs
 from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientProtocol
 from google.protobuf.message import DecodeError
 from twisted.internet.defer import Deferred, ensureDeferred, gatherResults, succeed
@@ -671,21 +672,17 @@ def event_from_wire(event: pb.FleetEvent) -> Event:
     )
 
 
-#: The ``FleetEvent`` fields :func:`event_from_wire` reads by name.
+def _wire_name(name: str, kind: object) -> str:
+    """The ``FleetEvent`` field a member of :class:`Event` comes from (a time ``x`` as ``x_ms``)."""
+    return name + "_ms" if datetime in get_args(kind) else name
+
+
+#: The ``FleetEvent`` fields :func:`event_from_wire` reads: one per member
+#: of :class:`Event` (but the members it does not know).
 _KNOWN_WIRE_FIELDS = frozenset(
-    {
-        "sequence",
-        "fleet_sequence",
-        "edge_id",
-        "kind",
-        "occurred_at_ms",
-        "recorded_at_ms",
-        "node_id",
-        "provider_id",
-        "command_id",
-        "message",
-        "attributes",
-    }
+    _wire_name(field.name, get_type_hints(Event)[field.name])
+    for field in attrs.fields(Event)
+    if not field.metadata.get("rest")
 )
 
 

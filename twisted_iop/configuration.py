@@ -631,6 +631,13 @@ def parse_unique_list(raw: Any, path: str, noun: str, id_key: str, parse: Callab
     return tuple(items)
 
 
+#: Provider kinds served over HTTP by an inference engine (each has an
+#: engine adapter on the Node: ``twisted_iop.node.engines``).
+HTTP_PROVIDER_KINDS = ("openai", "vllm", "sglang", "llamacpp", "tgi", "ollama")
+#: Every provider kind a Node can host (``mock`` runs inside the Node).
+PROVIDER_KINDS = (*HTTP_PROVIDER_KINDS, "mock")
+
+
 def parse_provider_basics(section: Section, kinds: Sequence[str]) -> tuple[str, str, tuple[str, ...]]:
     """Read what every provider entry has: ``provider_id``, ``kind`` (one of ``kinds``), ``models``."""
     provider_id = section.identifier("provider_id")

@@ -190,7 +190,7 @@ def _with(path: list[Any], value: Any) -> dict[str, Any]:
         (["node_server", "listen"], "what", "node_server.listen"),
         (["nodes", 0, "node_id"], "", "nodes[0].node_id"),
         (["nodes", 1, "node_id"], "node-1", "nodes[1].node_id: 'node-1' is listed twice"),
-        (["nodes", 0, "providers", 0, "kind"], "tgi", "nodes[0].providers[0].kind"),
+        (["nodes", 0, "providers", 0, "kind"], "triton", "nodes[0].providers[0].kind"),
         (["nodes", 0, "providers", 0, "capacity"], -1, "nodes[0].providers[0].capacity"),
         (["nodes", 0, "providers", 0, "capacity"], "four", "nodes[0].providers[0].capacity: must be a whole number"),
         (["nodes", 0, "providers", 0, "models"], [], "nodes[0].providers[0].models"),

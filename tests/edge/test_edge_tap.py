@@ -48,7 +48,7 @@ def test_make_service_listens_and_dials(tmp_path: Path, monkeypatch: pytest.Monk
 def test_bad_edge_config_ends_option_parsing(tmp_path: Path) -> None:
     """A bad edge.yaml ends option parsing with one line naming the file and the field."""
     data = edge_mapping()
-    data["nodes"][0]["providers"][0]["kind"] = "tgi"
+    data["nodes"][0]["providers"][0]["kind"] = "triton"
     path = tmp_path / "edge.yaml"
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(ConfigurationExit, match=rf"^iop-edge: {path}: nodes\[0\].providers\[0\].kind: "):

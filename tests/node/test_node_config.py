@@ -99,7 +99,7 @@ def test_environment_overrides_edge_address() -> None:
             {"providers": [{"provider_id": "v", "kind": "vllm", "models": ["m"], "base_url": "ftp://x"}]},
             "providers[0].base_url",
         ),
-        ({"providers": [{"provider_id": "v", "kind": "tgi", "models": ["m"]}]}, "providers[0].kind"),
+        ({"providers": [{"provider_id": "v", "kind": "triton", "models": ["m"]}]}, "providers[0].kind"),
         (
             {"providers": [{"provider_id": "m", "kind": "mock", "models": ["m"], "mock": {"health": "sad"}}]},
             "providers[0].mock.health",

@@ -13,6 +13,7 @@ from typing import Any, Optional
 import attrs
 
 from twisted_iop.configuration import (
+    PROVIDER_KINDS,
     ConfigError,
     EnvironmentConfigError,
     Section,
@@ -58,9 +59,6 @@ ENV_NODE_LISTEN = "IOP_EDGE_NODE_LISTEN"
 DEFAULT_METRICS_LISTEN = "tcp:9101:interface=127.0.0.1"
 #: Environment variable overriding ``metrics.listen``.
 ENV_METRICS_LISTEN = "IOP_EDGE_METRICS_LISTEN"
-
-#: Provider kinds a Node can host.
-PROVIDER_KINDS = ("openai", "vllm", "ollama", "mock")
 
 
 @attrs.frozen(kw_only=True)

@@ -14,6 +14,8 @@ from urllib.parse import urlsplit
 import attrs
 
 from twisted_iop.configuration import (
+    HTTP_PROVIDER_KINDS,
+    PROVIDER_KINDS,
     ConfigError,
     Section,
     ShutdownConfig,
@@ -40,10 +42,6 @@ DEFAULT_METRICS_LISTEN = "tcp:9102:interface=127.0.0.1"
 #: Environment variable overriding ``metrics.listen``.
 ENV_METRICS_LISTEN = "IOP_NODE_METRICS_LISTEN"
 
-#: Provider kinds probed over the OpenAI-compatible ``GET /v1/models``.
-HTTP_KINDS = ("openai", "vllm", "ollama")
-#: Every provider kind.
-PROVIDER_KINDS = (*HTTP_KINDS, "mock")
 #: Health values a mock provider (or its health file) may take.
 MOCK_HEALTH_VALUES = ("healthy", "degraded", "unhealthy", "offline")
 
@@ -159,14 +157,14 @@ def _provider(section: Section) -> NodeProviderConfig:
     section.reject_unknown({"provider_id", "kind", "models", "base_url", "mock"})
     provider_id, kind, models = parse_provider_basics(section, PROVIDER_KINDS)
     base_url = section.string("base_url")
-    if kind in HTTP_KINDS:
+    if kind in HTTP_PROVIDER_KINDS:
         if not base_url:
             raise ConfigError(f"{section.field_path('base_url')}: required for kind {kind}")
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ConfigError(f"{section.field_path('base_url')}: must be an http:// or https:// URL")
     elif base_url:
-        raise ConfigError(f"{section.field_path('base_url')}: only for kinds {', '.join(HTTP_KINDS)}")
+        raise ConfigError(f"{section.field_path('base_url')}: only for kinds {', '.join(HTTP_PROVIDER_KINDS)}")
     mock = MockOptions()
     if section.has("mock"):
         if kind != "mock":

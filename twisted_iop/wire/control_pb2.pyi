@@ -197,7 +197,7 @@ class EdgeStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ProviderSnapshot(_message.Message):
-    __slots__ = ("provider_id", "kind", "models", "status", "health", "health_reason", "capacity", "in_flight", "queued", "long_context_capacity", "long_context_in_flight", "long_context_queued")
+    __slots__ = ("provider_id", "kind", "models", "status", "health", "health_reason", "capacity", "in_flight", "queued", "long_context_capacity", "long_context_in_flight", "long_context_queued", "engine", "tokens_per_second", "prompt_tokens", "completion_tokens", "saturated", "cooling_down")
     PROVIDER_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
@@ -210,6 +210,12 @@ class ProviderSnapshot(_message.Message):
     LONG_CONTEXT_CAPACITY_FIELD_NUMBER: _ClassVar[int]
     LONG_CONTEXT_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     LONG_CONTEXT_QUEUED_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SATURATED_FIELD_NUMBER: _ClassVar[int]
+    COOLING_DOWN_FIELD_NUMBER: _ClassVar[int]
     provider_id: str
     kind: str
     models: _containers.RepeatedScalarFieldContainer[str]
@@ -222,7 +228,29 @@ class ProviderSnapshot(_message.Message):
     long_context_capacity: int
     long_context_in_flight: int
     long_context_queued: int
-    def __init__(self, provider_id: _Optional[str] = ..., kind: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., status: _Optional[_Union[ProviderStatus, str]] = ..., health: _Optional[_Union[ProviderHealth, str]] = ..., health_reason: _Optional[str] = ..., capacity: _Optional[int] = ..., in_flight: _Optional[int] = ..., queued: _Optional[int] = ..., long_context_capacity: _Optional[int] = ..., long_context_in_flight: _Optional[int] = ..., long_context_queued: _Optional[int] = ...) -> None: ...
+    engine: EngineLoad
+    tokens_per_second: float
+    prompt_tokens: int
+    completion_tokens: int
+    saturated: bool
+    cooling_down: bool
+    def __init__(self, provider_id: _Optional[str] = ..., kind: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., status: _Optional[_Union[ProviderStatus, str]] = ..., health: _Optional[_Union[ProviderHealth, str]] = ..., health_reason: _Optional[str] = ..., capacity: _Optional[int] = ..., in_flight: _Optional[int] = ..., queued: _Optional[int] = ..., long_context_capacity: _Optional[int] = ..., long_context_in_flight: _Optional[int] = ..., long_context_queued: _Optional[int] = ..., engine: _Optional[_Union[EngineLoad, _Mapping]] = ..., tokens_per_second: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., saturated: _Optional[bool] = ..., cooling_down: _Optional[bool] = ...) -> None: ...
+
+class EngineLoad(_message.Message):
+    __slots__ = ("known", "running", "waiting", "kv_cache_usage", "parallel", "age_ms")
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
+    PARALLEL_FIELD_NUMBER: _ClassVar[int]
+    AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    known: bool
+    running: int
+    waiting: int
+    kv_cache_usage: float
+    parallel: int
+    age_ms: int
+    def __init__(self, known: _Optional[bool] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., parallel: _Optional[int] = ..., age_ms: _Optional[int] = ...) -> None: ...
 
 class EdgeNodeSnapshot(_message.Message):
     __slots__ = ("node_id", "connected", "drained", "connected_since_ms", "last_seen_ms", "providers", "labels")
@@ -447,6 +475,20 @@ class NodeHealthReport(_message.Message):
     providers: _containers.RepeatedCompositeFieldContainer[ProviderHealthReport]
     def __init__(self, providers: _Optional[_Iterable[_Union[ProviderHealthReport, _Mapping]]] = ...) -> None: ...
 
+class ProviderLoadReport(_message.Message):
+    __slots__ = ("provider_id", "load")
+    PROVIDER_ID_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    provider_id: str
+    load: EngineLoad
+    def __init__(self, provider_id: _Optional[str] = ..., load: _Optional[_Union[EngineLoad, _Mapping]] = ...) -> None: ...
+
+class NodeLoadReport(_message.Message):
+    __slots__ = ("providers",)
+    PROVIDERS_FIELD_NUMBER: _ClassVar[int]
+    providers: _containers.RepeatedCompositeFieldContainer[ProviderLoadReport]
+    def __init__(self, providers: _Optional[_Iterable[_Union[ProviderLoadReport, _Mapping]]] = ...) -> None: ...
+
 class NodeProbeRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
@@ -494,7 +536,7 @@ class InferenceUsage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ...) -> None: ...
 
 class InferenceDone(_message.Message):
-    __slots__ = ("inference_id", "status", "http_status", "body", "usage", "error", "chunks")
+    __slots__ = ("inference_id", "status", "http_status", "body", "usage", "error", "chunks", "error_code", "retry_after_seconds")
     INFERENCE_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     HTTP_STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -502,6 +544,8 @@ class InferenceDone(_message.Message):
     USAGE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_SECONDS_FIELD_NUMBER: _ClassVar[int]
     inference_id: int
     status: InferenceStatus
     http_status: int
@@ -509,7 +553,9 @@ class InferenceDone(_message.Message):
     usage: InferenceUsage
     error: str
     chunks: int
-    def __init__(self, inference_id: _Optional[int] = ..., status: _Optional[_Union[InferenceStatus, str]] = ..., http_status: _Optional[int] = ..., body: _Optional[bytes] = ..., usage: _Optional[_Union[InferenceUsage, _Mapping]] = ..., error: _Optional[str] = ..., chunks: _Optional[int] = ...) -> None: ...
+    error_code: str
+    retry_after_seconds: int
+    def __init__(self, inference_id: _Optional[int] = ..., status: _Optional[_Union[InferenceStatus, str]] = ..., http_status: _Optional[int] = ..., body: _Optional[bytes] = ..., usage: _Optional[_Union[InferenceUsage, _Mapping]] = ..., error: _Optional[str] = ..., chunks: _Optional[int] = ..., error_code: _Optional[str] = ..., retry_after_seconds: _Optional[int] = ...) -> None: ...
 
 class InferenceCancel(_message.Message):
     __slots__ = ("inference_id", "reason")
@@ -520,7 +566,7 @@ class InferenceCancel(_message.Message):
     def __init__(self, inference_id: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Envelope(_message.Message):
-    __slots__ = ("request_id", "error", "ping", "pong", "edge_hello_request", "edge_hello_response", "edge_status_request", "edge_status_response", "edge_command_request", "edge_command_response", "edge_event", "node_hello_request", "node_hello_response", "node_ready", "node_health_report", "node_probe_request", "node_probe_response", "inference_request", "inference_chunk", "inference_done", "inference_cancel")
+    __slots__ = ("request_id", "error", "ping", "pong", "edge_hello_request", "edge_hello_response", "edge_status_request", "edge_status_response", "edge_command_request", "edge_command_response", "edge_event", "node_hello_request", "node_hello_response", "node_ready", "node_health_report", "node_probe_request", "node_probe_response", "node_load_report", "inference_request", "inference_chunk", "inference_done", "inference_cancel")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     PING_FIELD_NUMBER: _ClassVar[int]
@@ -538,6 +584,7 @@ class Envelope(_message.Message):
     NODE_HEALTH_REPORT_FIELD_NUMBER: _ClassVar[int]
     NODE_PROBE_REQUEST_FIELD_NUMBER: _ClassVar[int]
     NODE_PROBE_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    NODE_LOAD_REPORT_FIELD_NUMBER: _ClassVar[int]
     INFERENCE_REQUEST_FIELD_NUMBER: _ClassVar[int]
     INFERENCE_CHUNK_FIELD_NUMBER: _ClassVar[int]
     INFERENCE_DONE_FIELD_NUMBER: _ClassVar[int]
@@ -559,11 +606,12 @@ class Envelope(_message.Message):
     node_health_report: NodeHealthReport
     node_probe_request: NodeProbeRequest
     node_probe_response: NodeProbeResponse
+    node_load_report: NodeLoadReport
     inference_request: InferenceRequest
     inference_chunk: InferenceChunk
     inference_done: InferenceDone
     inference_cancel: InferenceCancel
-    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., edge_hello_request: _Optional[_Union[EdgeHelloRequest, _Mapping]] = ..., edge_hello_response: _Optional[_Union[EdgeHelloResponse, _Mapping]] = ..., edge_status_request: _Optional[_Union[EdgeStatusRequest, _Mapping]] = ..., edge_status_response: _Optional[_Union[EdgeStatusResponse, _Mapping]] = ..., edge_command_request: _Optional[_Union[EdgeCommandRequest, _Mapping]] = ..., edge_command_response: _Optional[_Union[EdgeCommandResponse, _Mapping]] = ..., edge_event: _Optional[_Union[EdgeEvent, _Mapping]] = ..., node_hello_request: _Optional[_Union[NodeHelloRequest, _Mapping]] = ..., node_hello_response: _Optional[_Union[NodeHelloResponse, _Mapping]] = ..., node_ready: _Optional[_Union[NodeReady, _Mapping]] = ..., node_health_report: _Optional[_Union[NodeHealthReport, _Mapping]] = ..., node_probe_request: _Optional[_Union[NodeProbeRequest, _Mapping]] = ..., node_probe_response: _Optional[_Union[NodeProbeResponse, _Mapping]] = ..., inference_request: _Optional[_Union[InferenceRequest, _Mapping]] = ..., inference_chunk: _Optional[_Union[InferenceChunk, _Mapping]] = ..., inference_done: _Optional[_Union[InferenceDone, _Mapping]] = ..., inference_cancel: _Optional[_Union[InferenceCancel, _Mapping]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., edge_hello_request: _Optional[_Union[EdgeHelloRequest, _Mapping]] = ..., edge_hello_response: _Optional[_Union[EdgeHelloResponse, _Mapping]] = ..., edge_status_request: _Optional[_Union[EdgeStatusRequest, _Mapping]] = ..., edge_status_response: _Optional[_Union[EdgeStatusResponse, _Mapping]] = ..., edge_command_request: _Optional[_Union[EdgeCommandRequest, _Mapping]] = ..., edge_command_response: _Optional[_Union[EdgeCommandResponse, _Mapping]] = ..., edge_event: _Optional[_Union[EdgeEvent, _Mapping]] = ..., node_hello_request: _Optional[_Union[NodeHelloRequest, _Mapping]] = ..., node_hello_response: _Optional[_Union[NodeHelloResponse, _Mapping]] = ..., node_ready: _Optional[_Union[NodeReady, _Mapping]] = ..., node_health_report: _Optional[_Union[NodeHealthReport, _Mapping]] = ..., node_probe_request: _Optional[_Union[NodeProbeRequest, _Mapping]] = ..., node_probe_response: _Optional[_Union[NodeProbeResponse, _Mapping]] = ..., node_load_report: _Optional[_Union[NodeLoadReport, _Mapping]] = ..., inference_request: _Optional[_Union[InferenceRequest, _Mapping]] = ..., inference_chunk: _Optional[_Union[InferenceChunk, _Mapping]] = ..., inference_done: _Optional[_Union[InferenceDone, _Mapping]] = ..., inference_cancel: _Optional[_Union[InferenceCancel, _Mapping]] = ...) -> None: ...
 
 class ClientHelloRequest(_message.Message):
     __slots__ = ("client_name", "protocol_major", "protocol_minor", "api_token")

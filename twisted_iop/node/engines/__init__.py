@@ -1,0 +1,1 @@
+"""Engine adapters: one per provider kind (see :mod:`twisted_iop.node.engines.base`)."""

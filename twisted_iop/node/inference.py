@@ -7,13 +7,23 @@ exactly one ``InferenceDone``, unless the Edge cancels it first
 (``InferenceCancel``) or the connection drops; then the provider request is
 aborted and nothing more is sent.
 
-* HTTP kinds (``openai``, ``vllm``, ``ollama``): a POST to the provider's
-  ``base_url`` through :class:`ProviderHTTPClient` (persistent connections
-  with ``TCP_NODELAY``, the body written with the headers); a streamed
-  answer is read event by event, a whole answer is read up to
-  :data:`MAX_RESPONSE_BYTES`.
+* HTTP kinds (``openai``, ``vllm``, ``sglang``, ``llamacpp``, ``tgi``,
+  ``ollama``): a POST to the provider's ``base_url`` through
+  :class:`ProviderHTTPClient` (persistent connections with ``TCP_NODELAY``,
+  the body written with the headers); the answer is read by
+  :class:`~twisted_iop.node.engine_stream.EngineBodyReader` with the
+  adapter of the provider's kind: events one by one, errors in one shape
+  and one set of codes (``error_code``), a stream without ``[DONE]`` or
+  with an error event an error. The engine is asked for the usage chunk
+  of a stream (and that chunk kept from a client that did not ask).
+  No answer at all (refused, reset, no headers in time) is ``UNAVAILABLE``
+  with an empty ``error_code``: the Edge may retry it elsewhere.
 * ``mock``: :class:`~twisted_iop.mock_provider.MockRun` in process, paced
   by the provider's mock options.
+
+Every request that fails is logged once (provider, model, endpoint, code,
+reason); a successful one is not. Tokens of the engine's ``usage`` are
+counted per provider and model (:attr:`InferenceRunner.tokens`).
 
 Output is bounded per connection: the runner registers as the connection's
 producer, so when the Edge reads slowly the transport pauses every provider
@@ -26,19 +36,19 @@ from __future__ import annotations
 import ipaddress
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Optional, Protocol, cast
 
 import attrs
 from google.protobuf.message import Message
-from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.defer import CancelledError, Deferred, TimeoutError, succeed
 from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint, TCP6ClientEndpoint
+from twisted.internet.error import ConnectError, ConnectionRefusedError
 from twisted.internet.interfaces import IConsumer, IPushProducer, IReactorTime, IStreamClientEndpoint
-from twisted.internet.protocol import Protocol as TwistedProtocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.client import URI, Agent, HTTPConnectionPool, ResponseDone
-from twisted.web.http import PotentialDataLoss
+from twisted.web._newclient import RequestTransmissionFailed, ResponseNeverReceived
+from twisted.web.client import URI, Agent, HTTPConnectionPool, _HTTP11ClientFactory
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
 from zope.interface import implementer
@@ -46,6 +56,9 @@ from zope.interface import implementer
 from twisted_iop.metrics import LatencyHistogram
 from twisted_iop.mock_provider import MockBehaviour, MockRun
 from twisted_iop.node.config import NodeProviderConfig
+from twisted_iop.node.engine_stream import EngineAnswer, EngineBodyReader, EngineRequest, engine_request
+from twisted_iop.node.engines.base import EngineAdapter, EngineError
+from twisted_iop.node.engines.kinds import adapter_for
 from twisted_iop.openai_api import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, ENDPOINT_PATHS
 from twisted_iop.wire import control_pb2 as pb
 
@@ -54,14 +67,14 @@ from twisted_iop.wire import control_pb2 as pb
 INFERENCE_BODIES_FROM_EDGE = frozenset({"inference_request", "inference_cancel"})
 #: Requests running at once on one Edge connection; more are refused.
 MAX_RUNNING_PER_CONNECTION = 4096
-#: Largest non-streamed provider answer relayed (it travels in one frame).
-MAX_RESPONSE_BYTES = 3 * 1024 * 1024
-#: Longest line of a provider's event stream.
-MAX_EVENT_LINE_BYTES = 1024 * 1024
 #: How long a provider may take to send its response headers.
 RESPONSE_HEADERS_TIMEOUT_SECONDS = 300.0
 #: Idle provider connections kept open per provider host (for reuse).
 MAX_IDLE_PROVIDER_CONNECTIONS = 64
+#: The token directions counted (the ``direction`` label of ``iop_tokens_total``).
+TOKEN_DIRECTIONS = ("prompt", "completion")
+#: The ``model`` label of tokens for a model the provider is not configured with.
+OTHER_MODEL = "other"
 
 ENDPOINT_NAMES = {
     pb.INFERENCE_ENDPOINT_CHAT_COMPLETIONS: CHAT_COMPLETIONS,
@@ -151,6 +164,22 @@ def _no_delay(protocol: Any) -> Any:
     return protocol
 
 
+class _QuietClientFactory(_HTTP11ClientFactory):
+    """The pool's connection factory, without "Starting/Stopping factory" lines.
+
+    Engines drop idle connections (llama-cpp-python after 5 s): each new one
+    would log two lines.
+    """
+
+    noisy = False
+
+
+class QuietConnectionPool(HTTPConnectionPool):
+    """A persistent connection pool that does not log its connections opening and closing."""
+
+    _factory = _QuietClientFactory
+
+
 class ProviderHTTPClient:
     """The runner's HTTP client for providers (the part of treq's interface it uses).
 
@@ -161,7 +190,7 @@ class ProviderHTTPClient:
     """
 
     def __init__(self, reactor: Any, max_idle_per_host: int = MAX_IDLE_PROVIDER_CONNECTIONS) -> None:
-        self.pool = HTTPConnectionPool(reactor, persistent=True)
+        self.pool = QuietConnectionPool(reactor, persistent=True)
         self.pool.maxPersistentPerHost = max_idle_per_host
         self._agent = Agent.usingEndpointFactory(reactor, _ProviderEndpoints(reactor), pool=self.pool)
 
@@ -235,6 +264,9 @@ class InferenceRunner:
         self.refused = 0
         #: For /metrics: provider requests, start to done, per provider id.
         self.provider_seconds: dict[str, LatencyHistogram] = {}
+        #: Tokens of the engines' usage by (provider id, model, direction); the model is
+        #: one the provider is configured with, else :data:`OTHER_MODEL`.
+        self.tokens: dict[tuple[str, str, str], int] = {}
 
     def refuse_new(self, reason: str) -> None:
         """The Node is stopping: refuse new requests (``UNAVAILABLE``), let running ones finish."""
@@ -323,7 +355,8 @@ class InferenceRunner:
         if provider is None:
             refuse(f"provider {request.provider_id!r} is not hosted on this node")
             return
-        reply = _Reply(self, session, state, inference_id, provider.provider_id, self._clock.seconds())
+        model = request.model if request.model in provider.models else OTHER_MODEL
+        reply = _Reply(self, session, state, request, provider.provider_id, model, endpoint, self._clock.seconds())
         job: _Job
         if provider.kind == "mock":
             try:
@@ -335,8 +368,11 @@ class InferenceRunner:
                 return
             job = _MockJob(self._clock, _behaviour(provider), endpoint, parsed, bool(request.stream), reply, self._rand)
         else:
+            adapter = adapter_for(provider.kind)
             url = provider.base_url + ENDPOINT_PATHS[endpoint]
-            job = _HTTPJob(self._http, self._clock, url, bytes(request.body), bool(request.stream), reply)
+            stream = bool(request.stream)
+            sent = engine_request(bytes(request.body), endpoint, stream, adapter)
+            job = _HTTPJob(self._http, self._clock, adapter, url, sent, stream, reply)
         state.jobs[inference_id] = job
         job.start()
         if state.paused and inference_id in state.jobs:
@@ -364,16 +400,28 @@ class InferenceRunner:
                     pass
         return state
 
-    def _finished(self, state: _SessionState, inference_id: int, ok: bool, provider_id: str, started: float) -> None:
-        if state.jobs.pop(inference_id, None) is not None:
-            histogram = self.provider_seconds.get(provider_id)
-            if histogram is None:
-                histogram = self.provider_seconds[provider_id] = LatencyHistogram()
-            histogram.observe(self._clock.seconds() - started)  # metrics: once per request
-            if ok:
-                self.completed += 1
-            else:
-                self.failed += 1
+    def _finished(self, state: _SessionState, inference_id: int, ok: bool, provider_id: str, started: float) -> bool:
+        """Count a request that ended; ``False`` when it had ended already (cancelled)."""
+        if state.jobs.pop(inference_id, None) is None:
+            return False
+        histogram = self.provider_seconds.get(provider_id)
+        if histogram is None:
+            histogram = self.provider_seconds[provider_id] = LatencyHistogram()
+        histogram.observe(self._clock.seconds() - started)  # metrics: once per request
+        if ok:
+            self.completed += 1
+        else:
+            self.failed += 1
+        return True
+
+    def _count_tokens(self, provider_id: str, model: str, prompt: int, completion: int) -> None:
+        tokens = self.tokens
+        if prompt:
+            key = (provider_id, model, "prompt")
+            tokens[key] = tokens.get(key, 0) + prompt
+        if completion:
+            key = (provider_id, model, "completion")
+            tokens[key] = tokens.get(key, 0) + completion
 
 
 def _behaviour(provider: NodeProviderConfig) -> MockBehaviour:
@@ -389,20 +437,27 @@ def _behaviour(provider: NodeProviderConfig) -> MockBehaviour:
 class _Reply:
     """Sends one job's frames; after done or cancel, sends nothing more."""
 
+    _log = Logger()
+
     def __init__(
         self,
         runner: InferenceRunner,
         session: InferenceSession,
         state: _SessionState,
-        inference_id: int,
+        request: pb.InferenceRequest,
         provider_id: str,
+        model: str,
+        endpoint: str,
         started: float,
     ):
         self._runner = runner
         self._session = session
         self._state = state
-        self.inference_id = inference_id
+        self.inference_id = request.inference_id
+        self._requested_model = request.model
         self._provider_id = provider_id
+        self._model = model
+        self._endpoint = endpoint
         self._started = started
         self.chunks = 0
 
@@ -421,18 +476,31 @@ class _Reply:
         chunk.data = data
         self._session.sendString(envelope.SerializeToString())
 
+    def failed(self, error: EngineError, usage: Optional[Mapping[str, Any]] = None) -> None:
+        """The engine answered with an error (or its answer was one): ``PROVIDER_ERROR`` with its code."""
+        self.done(
+            pb.INFERENCE_STATUS_PROVIDER_ERROR,
+            error.status,
+            error.to_json(),
+            usage,
+            error.message,
+            error.code,
+            error.retry_after or 0,
+        )
+
     def done(
         self,
         status: pb.InferenceStatus,
         http_status: int = 0,
         body: bytes = b"",
-        usage: Optional[dict[str, int]] = None,
+        usage: Optional[Mapping[str, Any]] = None,
         error: str = "",
+        error_code: str = "",
+        retry_after: int = 0,
     ) -> None:
-        if not self.live:
-            return
         ok = status == pb.INFERENCE_STATUS_OK
-        self._runner._finished(self._state, self.inference_id, ok, self._provider_id, self._started)
+        if not self._runner._finished(self._state, self.inference_id, ok, self._provider_id, self._started):
+            return
         message = pb.InferenceDone(
             inference_id=self.inference_id,
             status=status,
@@ -440,11 +508,27 @@ class _Reply:
             body=body,
             error=error,
             chunks=self.chunks,
+            error_code=error_code,
+            retry_after_seconds=retry_after,
         )
         if usage:
-            message.usage.prompt_tokens = _count(usage.get("prompt_tokens"))
-            message.usage.completion_tokens = _count(usage.get("completion_tokens"))
+            prompt = _count(usage.get("prompt_tokens"))
+            completion = _count(usage.get("completion_tokens"))
+            message.usage.prompt_tokens = prompt
+            message.usage.completion_tokens = completion
             message.usage.total_tokens = _count(usage.get("total_tokens"))
+            self._runner._count_tokens(self._provider_id, self._model, prompt, completion)
+        if not ok:
+            self._log.warn(
+                "inference {inference_id} failed on provider {provider_id}"
+                " (model {model}, {endpoint}): {code}: {reason}",
+                inference_id=self.inference_id,
+                provider_id=self._provider_id,
+                model=self._requested_model,
+                endpoint=self._endpoint,
+                code=error_code or ("unavailable" if status == pb.INFERENCE_STATUS_UNAVAILABLE else "failed"),
+                reason=error,
+            )
         self._session.send("inference_done", message)
 
 
@@ -471,7 +555,8 @@ class _MockJob:
 
     def _done(self, status: int, body: bytes, usage: dict[str, int]) -> None:
         if status >= 400:
-            self._reply.done(pb.INFERENCE_STATUS_PROVIDER_ERROR, status, body, usage, "mock provider failure")
+            # The mock's error body is the OpenAI shape: read as the generic engine's.
+            self._reply.failed(adapter_for("openai").engine_error(status, body), usage)
         else:
             self._reply.done(pb.INFERENCE_STATUS_OK, status, b"" if self._stream else body, usage)
 
@@ -489,21 +574,27 @@ class _MockJob:
 
 
 class _HTTPJob:
-    """A POST to an OpenAI-compatible server, relayed event by event."""
-
-    _log = Logger()
+    """A POST to an engine's OpenAI-compatible API, relayed event by event."""
 
     def __init__(
-        self, http: InferenceHTTPClient, clock: IReactorTime, url: str, body: bytes, stream: bool, reply: _Reply
+        self,
+        http: InferenceHTTPClient,
+        clock: IReactorTime,
+        adapter: EngineAdapter,
+        url: str,
+        request: EngineRequest,
+        stream: bool,
+        reply: _Reply,
     ) -> None:
         self._http = http
         self._clock = clock
+        self._adapter = adapter
         self._url = url
-        self._body = body
+        self._request_body = request
         self._stream = stream
         self._reply = reply
         self._request: Optional[Deferred[Any]] = None
-        self._reader: Optional[_BodyReader] = None
+        self._reader: Optional[EngineBodyReader] = None
         self._paused = False
         self._cancelled = False
 
@@ -511,7 +602,7 @@ class _HTTPJob:
         headers = {b"Content-Type": [b"application/json"]}
         if self._stream:
             headers[b"Accept"] = [b"text/event-stream"]
-        d = self._http.request("POST", self._url, data=self._body, headers=headers, unbuffered=True)
+        d = self._http.request("POST", self._url, data=self._request_body.body, headers=headers, unbuffered=True)
         d.addTimeout(RESPONSE_HEADERS_TIMEOUT_SECONDS, self._clock)
         self._request = d
         d.addCallbacks(self._response, self._unreachable)
@@ -521,8 +612,13 @@ class _HTTPJob:
         if self._cancelled:
             return
         code = int(response.code)
-        streaming = self._stream and 200 <= code < 300
-        self._reader = _BodyReader(self, code, streaming)
+        retry_after = None
+        if code >= 400:
+            values = response.headers.getRawHeaders(b"retry-after") or []
+            retry_after = values[0].decode("latin-1") if values else None
+        self._reader = EngineBodyReader(
+            self, self._adapter, code, self._stream, self._request_body.relay_usage, retry_after
+        )
         response.deliverBody(self._reader)
         if self._paused:
             self._reader.pause()
@@ -531,26 +627,21 @@ class _HTTPJob:
         self._request = None
         if self._cancelled:
             return
-        if failure.check(CancelledError):
-            reason = f"no answer within {RESPONSE_HEADERS_TIMEOUT_SECONDS:g}s"
-        else:
-            reason = f"provider unreachable ({failure.type.__name__ if failure.type else 'error'})"
-        self._reply.done(pb.INFERENCE_STATUS_UNAVAILABLE, error=reason)
+        self._reply.done(pb.INFERENCE_STATUS_UNAVAILABLE, error=unreachable_reason(failure))
 
     # -- from the body reader ------------------------------------------------------
 
     def event(self, data: bytes) -> None:
         self._reply.chunk(data)
 
-    def finished(self, code: int, body: bytes, usage: Optional[dict[str, int]], problem: str) -> None:
+    def finished(self, answer: EngineAnswer) -> None:
         if self._cancelled:
             return
-        if problem:
-            self._reply.done(pb.INFERENCE_STATUS_PROVIDER_ERROR, code, b"", usage, problem)
-        elif 200 <= code < 300:
-            self._reply.done(pb.INFERENCE_STATUS_OK, code, body, usage)
+        error = answer.error
+        if error is None:
+            self._reply.done(pb.INFERENCE_STATUS_OK, answer.http_status, answer.body, answer.usage)
         else:
-            self._reply.done(pb.INFERENCE_STATUS_PROVIDER_ERROR, code, body, usage, f"provider answered {code}")
+            self._reply.failed(error, answer.usage)
 
     # -- control ---------------------------------------------------------------------
 
@@ -573,85 +664,15 @@ class _HTTPJob:
             self._reader.resume()
 
 
-class _BodyReader(TwistedProtocol):
-    """Reads a provider's body: server-sent events one by one, or whole (bounded)."""
-
-    def __init__(self, job: _HTTPJob, code: int, streaming: bool) -> None:
-        self._job = job
-        self._code = code
-        self._streaming = streaming
-        self._buffer = bytearray()
-        self._usage: Optional[dict[str, int]] = None
-        self._problem = ""
-        self._stopped = False
-
-    def dataReceived(self, data: bytes) -> None:
-        if self._stopped:
-            return
-        self._buffer += data
-        if not self._streaming:
-            if len(self._buffer) > MAX_RESPONSE_BYTES:
-                self._fail(f"provider answer larger than {MAX_RESPONSE_BYTES} bytes")
-            return
-        while True:
-            end = self._buffer.find(b"\n")
-            if end < 0:
-                break
-            line = bytes(self._buffer[:end]).rstrip(b"\r")
-            del self._buffer[: end + 1]
-            self._line(line)
-            if self._stopped:
-                return
-        if len(self._buffer) > MAX_EVENT_LINE_BYTES:
-            self._fail(f"provider event longer than {MAX_EVENT_LINE_BYTES} bytes")
-
-    def _line(self, line: bytes) -> None:
-        if not line.startswith(b"data:"):
-            return  # comments, event names, ids, blank separators
-        payload = line[5:].strip()
-        if not payload or payload == b"[DONE]":
-            return
-        if b'"usage"' in payload:
-            try:
-                usage = json.loads(payload).get("usage")
-            except (ValueError, AttributeError):
-                usage = None
-            if isinstance(usage, dict):
-                self._usage = usage
-        self._job.event(payload)
-
-    def _fail(self, problem: str) -> None:
-        self._problem = problem
-        self._stopped = True
-        self._job.finished(self._code, b"", self._usage, problem)
-        self.abort()
-
-    def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:
-        if self._stopped:
-            return
-        self._stopped = True
-        if not reason.check(ResponseDone, PotentialDataLoss):
-            self._job.finished(self._code, b"", self._usage, "provider connection lost mid-answer")
-            return
-        body = b"" if self._streaming else bytes(self._buffer)
-        usage = self._usage
-        if not self._streaming and 200 <= self._code < 300:
-            try:
-                parsed = json.loads(body)
-                usage = parsed.get("usage") if isinstance(parsed, dict) else None
-            except ValueError:
-                usage = None
-        self._job.finished(self._code, body, usage if isinstance(usage, dict) else None, "")
-
-    def pause(self) -> None:
-        if self.transport is not None and not self._stopped:
-            cast(Any, self.transport).pauseProducing()
-
-    def resume(self) -> None:
-        if self.transport is not None and not self._stopped:
-            cast(Any, self.transport).resumeProducing()
-
-    def abort(self) -> None:
-        self._stopped = True
-        if self.transport is not None:
-            cast(Any, self.transport).stopProducing()
+def unreachable_reason(failure: Failure) -> str:
+    """Why no answer came from the engine, in words that name no address."""
+    if failure.check(TimeoutError, CancelledError):
+        return f"the engine sent no answer within {RESPONSE_HEADERS_TIMEOUT_SECONDS:g}s"
+    if failure.check(ConnectionRefusedError):
+        return "the engine refused the connection"
+    if failure.check(ResponseNeverReceived, RequestTransmissionFailed):
+        return "the engine closed the connection before answering"
+    name = failure.type.__name__ if failure.type else "error"
+    if failure.check(ConnectError):
+        return f"could not connect to the engine ({name})"
+    return f"the engine could not be reached ({name})"

@@ -2,7 +2,7 @@
 
 Served by the Node's metrics listener (``metrics.listen``) at
 ``GET /metrics``: provider health from the last probes, the inference
-runner's counters and latencies, and the state of the link to the Edge.
+runner's counters, latencies and tokens (``iop_tokens_total``), and the state of the link to the Edge.
 They are read from the parts named by :class:`NodeParts`, which the running
 ``NodeService`` (``tap.py``) provides; this module never imports the tap,
 which composes it.
@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from twisted_iop.metrics import counter, gauge, histograms, labelled, new_metric_registry, wire_metrics
+from twisted_iop.node.inference import TOKEN_DIRECTIONS
 from twisted_iop.wire import control_pb2 as pb
 
 if TYPE_CHECKING:
@@ -85,6 +86,21 @@ def node_metrics(service: NodeParts) -> Iterator[Metric]:
             "Provider requests, start to the last byte, by provider",
             ["provider"],
             [([provider_id], histogram) for provider_id, histogram in sorted(runner.provider_seconds.items())],
+        )
+        # Every configured (provider, model) from the start, so a rate is defined before the first request.
+        tokens = {
+            (provider.provider_id, model, direction): 0
+            for provider in runtime.providers
+            for model in provider.models
+            for direction in TOKEN_DIRECTIONS
+        }
+        tokens.update(runner.tokens)
+        yield labelled(
+            CounterMetricFamily,
+            "iop_tokens",
+            "Tokens of the engines' usage, by provider, model (configured, else other) and direction",
+            ["provider", "model", "direction"],
+            [(list(key), count) for key, count in sorted(tokens.items())],
         )
     link = service.link
     current = link.current

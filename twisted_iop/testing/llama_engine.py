@@ -20,8 +20,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import attrs
 
@@ -57,6 +58,21 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def wait_until(check: Callable[[], Any], timeout: float, message: str, interval: float = 0.1) -> Any:
+    """Call ``check`` until it returns a truthy value (blocking, outside the reactor); return that value.
+
+    Raises ``AssertionError`` with ``message`` and the last value after ``timeout``.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        last = check()
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}; last value: {last!r}")
+        time.sleep(interval)  # a bounded poll of child processes
 
 
 @attrs.define
@@ -149,16 +165,21 @@ def start_llama_engine(
     with open(log_path, "wb") as handle:
         process = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     engine = LlamaEngine(process, port, model_name, argv, log_path)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and engine.running():
+
+    def serving() -> bool:
+        if not engine.running():
+            raise AssertionError(f"llama engine exited with {process.returncode}:\n{engine.log()}")
         try:
-            if model_name in engine.models(timeout=1.0):
-                return engine
+            return model_name in engine.models(timeout=1.0)
         except (OSError, ValueError, KeyError):
-            pass
-        time.sleep(0.1)  # a bounded wait for a child process, outside the reactor
-    engine.stop()
-    raise AssertionError(f"llama engine did not start within {timeout}s:\n{engine.log()}")
+            return False
+
+    try:
+        wait_until(serving, timeout, "the llama engine to list its model")
+    except AssertionError as e:
+        engine.stop()
+        raise AssertionError(f"{e}\n{engine.log()}") from None
+    return engine
 
 
 # -- an Edge and Nodes in front of engines, as processes ---------------------------
@@ -225,15 +246,15 @@ def _get_json(url: str) -> Any:
 
 def _ports(daemon: Daemon, labels: set[str], timeout: float = 30.0) -> dict[str, int]:
     """Wait (bounded, blocking) until ``daemon`` has logged a bound port for every label."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def bound() -> Optional[dict[str, int]]:
         if not daemon.running():
-            break
+            raise AssertionError(f"daemon exited with {daemon.process.returncode}:\n{daemon.log()}")
         ports = daemon.ports()
-        if labels <= set(ports):
-            return ports
-        time.sleep(0.05)  # a bounded wait for a child process, outside the reactor
-    raise AssertionError(f"no ports {sorted(labels)} from the daemon:\n{daemon.log()}")
+        return ports if labels <= set(ports) else None
+
+    result: dict[str, int] = wait_until(bound, timeout, f"ports {sorted(labels)}", interval=0.05)
+    return result
 
 
 def engine_fleet_yaml(cp_address: str, models: list[str], capacity: int, kind: str, count: int) -> dict[str, Any]:
@@ -297,14 +318,13 @@ def start_engine_fleet(
             by_provider,
         )
         wanted = {f"node-{i}" for i in range(1, len(engines) + 1)}
-        deadline = time.monotonic() + timeout
-        providers: dict[str, Any] = {}
-        while time.monotonic() < deadline:
+
+        def all_healthy() -> bool:
             providers = fleet.providers()
-            if set(providers) == wanted and all(p.get("health") == "healthy" for p in providers.values()):
-                return fleet
-            time.sleep(0.1)  # a bounded wait for child processes, outside the reactor
-        raise AssertionError(f"providers not all healthy within {timeout}s: {providers}")
+            return set(providers) == wanted and all(p.get("health") == "healthy" for p in providers.values())
+
+        wait_until(all_healthy, timeout, "every provider connected and healthy in the Control Plane's view")
+        return fleet
     except BaseException:
         for daemon in reversed(daemons):
             daemon.stop()

@@ -98,6 +98,11 @@ bench-full: setup
 bench-inference: setup
 	$(PY) bench/inference_gateway.py --quick
 
+# Tokens per second through Edge + Node against a real engine (llama-cpp-python
+# on a tiny local model) called directly, at 1 and 4 streams (about 70 s).
+bench-engine: setup llama-engine
+	$(PY) bench/engine_throughput.py
+
 # Cluster mode (docs/performance.md#cluster-mode): its own redis-server, 3
 # replicas sharing 30,000 edges against one Control Plane at 10,000 (under
 # 10 minutes). `$(PY) bench/cluster.py --quick` runs 1,000 (under 2 minutes).

@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 PYTEST_ARGS ?=
 
-.PHONY: setup run run-edge run-node test lint browser redis proto mypy bench bench-full bench-inference bench-cluster clean
+.PHONY: setup llama-engine run run-edge run-node test lint browser redis proto mypy bench bench-full bench-inference bench-cluster bench-engine clean
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +16,35 @@ $(BIN)/.installed: setup.cfg pyproject.toml
 	touch $@
 
 setup: $(BIN)/.installed
+
+# llama-cpp-python's OpenAI server and the llama vocabulary for the tests
+# against a real engine (tests/engines). The engine is built from its sdist
+# once per machine (about 8 minutes on 2 cores) into a wheel cache outside
+# the clone; later runs, and CI on the same machine, install it from there
+# without the network. The vocabulary ships only in the sdist: it is
+# extracted next to the cache, and the tests find it through IOP_LLAMA_VOCAB.
+LLAMA_CPP_VERSION := 0.3.36
+WHEEL_CACHE ?= $(HOME)/.cache/twisted-iop/wheels
+LLAMA_SDIST := $(WHEEL_CACHE)/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz
+LLAMA_VOCAB ?= $(abspath $(WHEEL_CACHE)/..)/ggml-vocab-llama-spm.gguf
+export IOP_LLAMA_VOCAB := $(LLAMA_VOCAB)
+
+$(LLAMA_SDIST):
+	mkdir -p $(WHEEL_CACHE)
+	$(PY) -m pip download --quiet --no-binary :all: --no-deps 'llama-cpp-python==$(LLAMA_CPP_VERSION)' -d $(WHEEL_CACHE)
+
+$(LLAMA_VOCAB): | $(LLAMA_SDIST)
+	tar -xzf $(LLAMA_SDIST) -O llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp/models/ggml-vocab-llama-spm.gguf > $@.partial
+	mv $@.partial $@
+
+$(BIN)/.llama-engine: $(BIN)/.installed | $(LLAMA_SDIST)
+	@ls $(WHEEL_CACHE)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl >/dev/null 2>&1 || { \
+	  echo "building llama-cpp-python $(LLAMA_CPP_VERSION) into $(WHEEL_CACHE), once (about 8 minutes on 2 cores)"; \
+	  $(PY) -m pip wheel --quiet --find-links $(WHEEL_CACHE) 'llama-cpp-python[server]==$(LLAMA_CPP_VERSION)' -w $(WHEEL_CACHE); }
+	$(PY) -m pip install --quiet --no-index --find-links $(WHEEL_CACHE) 'llama-cpp-python[server]==$(LLAMA_CPP_VERSION)'
+	touch $@
+
+llama-engine: $(BIN)/.llama-engine $(LLAMA_VOCAB)
 
 run: setup
 	$(BIN)/twistd -n --pidfile= iop-control-plane --config configs/control-plane.yaml
@@ -44,7 +73,7 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: setup browser redis lint mypy
+test: setup llama-engine browser redis lint mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 proto: setup
@@ -68,6 +97,11 @@ bench-full: setup
 # The inference gateway against its targets (under a minute).
 bench-inference: setup
 	$(PY) bench/inference_gateway.py --quick
+
+# Tokens per second through Edge + Node against a real engine (llama-cpp-python
+# on a tiny local model) called directly, at 1 and 4 streams (about 70 s).
+bench-engine: setup llama-engine
+	$(PY) bench/engine_throughput.py
 
 # Cluster mode (docs/performance.md#cluster-mode): its own redis-server, 3
 # replicas sharing 30,000 edges against one Control Plane at 10,000 (under

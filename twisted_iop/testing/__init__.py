@@ -19,10 +19,15 @@ imports it. The modules:
 * :mod:`twisted_iop.testing.wire`: drivers of every wire's accepting side
   without sockets, for the fuzz tests and ``bench/wire_fuzz.py``;
 * :mod:`twisted_iop.testing.json_reference`: the plain dict renderings the
-  Control Plane's views written as bytes must equal.
+  Control Plane's views written as bytes must equal;
+* :mod:`twisted_iop.testing.tiny_model`: a tiny llama GGUF with random
+  weights on llama.cpp's vocabulary, for running a real engine;
+* :mod:`twisted_iop.testing.llama_engine`: llama-cpp-python's OpenAI server
+  as a child process, and a Control Plane, Edge and Nodes in front of it.
 
 Nothing here imports pytest; the test-only libraries (``cryptography``,
-``jsonschema``) are imported where they are used. This package imports
-nothing by itself: :mod:`harness`, :mod:`peers` and :mod:`http` use the
-global reactor, :mod:`frames`, :mod:`configs` and :mod:`wire` do not.
+``jsonschema``, ``gguf``, ``openai``) are imported where they are used.
+This package imports nothing by itself: :mod:`harness`, :mod:`peers`,
+:mod:`http` and :mod:`llama_engine` use the global reactor, :mod:`frames`,
+:mod:`configs`, :mod:`wire` and :mod:`tiny_model` do not.
 """

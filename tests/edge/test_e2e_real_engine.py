@@ -1,0 +1,284 @@
+"""End to end against a real engine: the ``openai`` package through an Edge
+and Nodes started with ``twistd -n`` to llama-cpp-python's OpenAI server
+running a tiny llama model written by :mod:`twisted_iop.testing.tiny_model`.
+
+The engine runs one request at a time and the Edge is configured with more
+(capacity 4), as an operator who does not know the engine's parallelism
+would; ``make llama-engine`` installs it (``make test`` does).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import attrs
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from twisted_iop.testing.llama_engine import (
+    EngineFleet,
+    LlamaEngine,
+    start_engine_fleet,
+    start_llama_engine,
+    wait_until,
+)
+from twisted_iop.testing.tiny_model import tiny_model
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "tiny-llama"
+#: The engine's context, in tokens (the tiny model is written for it).
+N_CTX = 512
+#: What the Edge is told each engine can run at once (the engine runs one).
+CAPACITY = 4
+#: The issue's load: 6 clients for 30 s.
+LOAD_CLIENTS = 6
+LOAD_SECONDS = 30.0
+#: A completion long enough that requests queue at the engine (about 0.3 s each here).
+LOAD_MAX_TOKENS = 300
+#: How long a load client pauses after a failed request.
+FAILURE_PAUSE_SECONDS = 0.2
+#: What llama-cpp-python answers for embeddings on a server started without ``--embedding``.
+NO_EMBEDDINGS_MESSAGE = "Llama model must be created with embedding=True"
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model, written once per session."""
+    return tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="module")
+def one_engine(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineFleet]:
+    """One single-slot engine behind one Node, configured at capacity 4 on the Edge."""
+    log_dir = tmp_path_factory.mktemp("one-engine")
+    engine = start_llama_engine(tiny_llama, log_dir, MODEL, n_ctx=N_CTX)
+    try:
+        fleet = start_engine_fleet([engine], log_dir, capacity=CAPACITY)
+    except BaseException:
+        engine.stop()
+        raise
+    yield fleet
+    fleet.stop()
+    engine.stop()
+
+
+@pytest.fixture
+def two_engines(tiny_llama: Path, tmp_path: Path) -> Iterator[EngineFleet]:
+    """Two single-slot engines for one model, each behind its own Node at capacity 4."""
+    engines: list[LlamaEngine] = []
+    try:
+        while len(engines) < 2:  # one at a time, so a failed start still stops the first
+            engines.append(start_llama_engine(tiny_llama, tmp_path, MODEL, n_ctx=N_CTX))
+        fleet = start_engine_fleet(engines, tmp_path, capacity=CAPACITY)
+    except BaseException:
+        for engine in engines:
+            engine.stop()
+        raise
+    yield fleet
+    fleet.stop()
+    for engine in engines:
+        engine.stop()
+
+
+# -- the client's side ---------------------------------------------------------------
+
+
+@attrs.define
+class Outcome:
+    """How one request ended, as the client saw it."""
+
+    started: float
+    ended: float = 0.0
+    #: The HTTP status (200 for a stream that then failed); 0 when none came.
+    status: int = 0
+    #: Content chunks (streaming) received, or 1 for a whole answer.
+    chunks: int = 0
+    finish_reason: str = ""
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """A whole answer: no error and the engine's finish reason."""
+        return not self.error and self.finish_reason == "length"
+
+
+def ask(client: openai.OpenAI, stream: bool, max_tokens: int, prompt: str = "hi") -> Outcome:
+    """One chat completion; every failure is kept in the outcome, never raised."""
+    outcome = Outcome(time.monotonic())
+    messages: Any = [{"role": "user", "content": prompt}]
+    try:
+        if stream:
+            for chunk in client.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=max_tokens, stream=True
+            ):
+                outcome.status = 200
+                for choice in chunk.choices:
+                    if choice.delta.content:
+                        outcome.chunks += 1
+                    if choice.finish_reason:
+                        outcome.finish_reason = choice.finish_reason
+        else:
+            answer = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=max_tokens)
+            outcome.status, outcome.chunks = 200, 1
+            outcome.finish_reason = answer.choices[0].finish_reason or ""
+    except openai.APIStatusError as e:
+        outcome.status, outcome.error = e.status_code, f"{e.status_code} {e.message}"
+    except Exception as e:  # the client sees whatever the connection did: keep it
+        outcome.error = f"{type(e).__name__}: {e}"
+    outcome.ended = time.monotonic()
+    return outcome
+
+
+def load(fleet: EngineFleet, clients: int, seconds: float, during: Any = None) -> list[Outcome]:
+    """``clients`` threads each asking one request after another for ``seconds``, streaming every other one.
+
+    ``during`` (if given) is called once from this thread after half the time.
+    """
+    deadline = time.monotonic() + seconds
+    outcomes: list[Outcome] = []
+    lock = threading.Lock()
+
+    def client_loop(index: int) -> None:
+        client = fleet.client()
+        stream = bool(index % 2)
+        while time.monotonic() < deadline:
+            outcome = ask(client, stream, LOAD_MAX_TOKENS)
+            with lock:
+                outcomes.append(outcome)
+            if not outcome.ok:
+                # A client pauses after a failure, as a real one would, rather than spin.
+                time.sleep(FAILURE_PAUSE_SECONDS)
+            stream = not stream
+
+    with ThreadPoolExecutor(clients) as pool:
+        futures = [pool.submit(client_loop, i) for i in range(clients)]
+        if during is not None:
+            time.sleep(seconds / 2)  # the load runs meanwhile; this is when ``during`` acts
+            during()
+        for future in futures:
+            future.result()
+    return outcomes
+
+
+def summary(outcomes: list[Outcome]) -> str:
+    """How many ended how (status and the start of the error), most common first, for a failure message."""
+    counts = Counter((o.status, o.error[:100]) for o in outcomes)
+    return f"{len(outcomes)} requests: " + "; ".join(
+        f"{n} x {status} {error!r}" for (status, error), n in counts.most_common(5)
+    )
+
+
+def counted_tokens(fleet: EngineFleet) -> dict[str, float]:
+    """The Edge's ``iop_tokens_total`` for :data:`MODEL`, summed over providers, by direction."""
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(fleet.metrics_text()):
+        for sample in family.samples:
+            if sample.name == "iop_tokens_total" and sample.labels.get("model") == MODEL:
+                direction = sample.labels.get("direction", "")
+                totals[direction] = totals.get(direction, 0.0) + sample.value
+    return totals
+
+
+# -- the tests ----------------------------------------------------------------------
+
+
+def test_streaming_and_not_through_edge_and_node(one_engine: EngineFleet) -> None:
+    """A whole answer and a stream from the engine reach the openai client with every token asked for."""
+    client = one_engine.client()
+    whole = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=24)
+    assert whole.choices[0].message.content
+    assert whole.choices[0].finish_reason == "length"
+    assert whole.usage is not None and whole.usage.completion_tokens == 24
+
+    streamed = ask(client, stream=True, max_tokens=24, prompt="hello")
+    assert streamed.ok, streamed
+    assert streamed.chunks == 24, streamed
+
+
+def test_six_clients_on_a_single_slot_engine_at_capacity_4_get_no_503(one_engine: EngineFleet) -> None:
+    """6 clients for 30 s on an engine that runs one request at a time, configured at capacity 4:
+    the busy engine is not taken for a dead one, and every request gets its whole answer."""
+    outcomes = load(one_engine, LOAD_CLIENTS, LOAD_SECONDS)
+    refused = [o for o in outcomes if o.status == 503]
+    failed = [o for o in outcomes if not o.ok]
+    assert not refused, summary(outcomes)
+    assert not failed, summary(outcomes)
+    # The engine was kept busy: about 0.3 s a request, one at a time.
+    assert len(outcomes) >= LOAD_SECONDS, len(outcomes)
+
+
+def test_prompt_over_the_context_is_an_error_for_the_client(one_engine: EngineFleet) -> None:
+    """A prompt longer than the engine's context: a stream ends in an error (not an empty success),
+    a whole answer is 400 ``context_length_exceeded``."""
+    client = one_engine.client()
+    prompt = "word " * (N_CTX + 100)
+    streamed = ask(client, stream=True, max_tokens=8, prompt=prompt)
+    assert streamed.error, streamed
+    assert streamed.chunks == 0, streamed
+
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=8)
+    assert raised.value.code == "context_length_exceeded", raised.value.body
+    assert "maximum context length" in raised.value.message
+
+
+def test_an_engine_5xx_reaches_the_client_with_its_message(one_engine: EngineFleet) -> None:
+    """Embeddings on an engine started without them: the client gets a 5xx carrying the engine's own reason."""
+    client = one_engine.client()
+    with pytest.raises(openai.APIStatusError) as raised:
+        client.embeddings.create(model=MODEL, input=["a"])
+    assert raised.value.status_code >= 500, raised.value
+    assert NO_EMBEDDINGS_MESSAGE in raised.value.message, raised.value.message
+    assert raised.value.code == "provider_error", raised.value.body
+
+
+def test_tokens_counted_equal_the_engines_usage(one_engine: EngineFleet) -> None:
+    """The Edge's token counters grow by exactly the usage the engine reported for each answer."""
+    client = one_engine.client()
+    before = counted_tokens(one_engine)
+    prompt_tokens = completion_tokens = 0
+    for prompt, max_tokens in (("hi", 5), ("a somewhat longer question than that", 17), ("three", 40)):
+        answer = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens
+        )
+        assert answer.usage is not None
+        prompt_tokens += answer.usage.prompt_tokens
+        completion_tokens += answer.usage.completion_tokens
+
+    def grown() -> dict[str, float]:
+        now = counted_tokens(one_engine)
+        return {d: now.get(d, 0.0) - before.get(d, 0.0) for d in ("prompt", "completion")}
+
+    wait_until(
+        lambda: grown() == {"prompt": prompt_tokens, "completion": completion_tokens},
+        timeout=10,
+        message=f"iop_tokens_total to grow by {prompt_tokens} prompt and {completion_tokens} completion tokens",
+    )
+
+
+def test_kill_9_of_one_engine_under_load_fails_over_to_the_other(two_engines: EngineFleet) -> None:
+    """6 clients on two engines; one engine gets ``kill -9`` halfway: a request fails only if it had
+    already received tokens from that engine, every other one gets its whole answer from the other."""
+    killed: list[float] = []
+
+    def kill_first_engine() -> None:
+        killed.append(time.monotonic())
+        two_engines.engines["p1"].kill()
+
+    outcomes = load(two_engines, LOAD_CLIENTS, 8.0, during=kill_first_engine)
+    kill_time = killed[0]
+    failed = [o for o in outcomes if not o.ok]
+    not_started = [o for o in failed if o.chunks == 0 or o.started > kill_time]
+    assert not not_started, "not yet started on the killed engine, failed: " + summary(not_started)
+    # Streams already running on the killed engine when it died: at most one (it runs one at a time).
+    assert len(failed) <= 1, summary(failed)
+    after = [o for o in outcomes if o.started > kill_time]
+    assert len(after) >= LOAD_CLIENTS and all(o.ok for o in after), "after the kill: " + summary(after)

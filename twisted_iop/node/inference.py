@@ -173,6 +173,8 @@ class ProviderHTTPClient:
 
 
 class _Job(Protocol):
+    provider_id: str
+
     def start(self) -> None: ...
     def cancel(self) -> None: ...
     def pause(self) -> None: ...
@@ -262,6 +264,10 @@ class InferenceRunner:
     def running(self) -> int:
         """Requests running over every connection."""
         return sum(len(s.jobs) for s in self._sessions.values())
+
+    def running_on(self, provider_id: str) -> int:
+        """Requests running on ``provider_id`` over every connection (a probe timing out then is busy)."""
+        return sum(1 for s in self._sessions.values() for job in s.jobs.values() if job.provider_id == provider_id)
 
     # -- the wire ----------------------------------------------------------------
 
@@ -402,7 +408,7 @@ class _Reply:
         self._session = session
         self._state = state
         self.inference_id = inference_id
-        self._provider_id = provider_id
+        self.provider_id = provider_id
         self._started = started
         self.chunks = 0
 
@@ -432,7 +438,7 @@ class _Reply:
         if not self.live:
             return
         ok = status == pb.INFERENCE_STATUS_OK
-        self._runner._finished(self._state, self.inference_id, ok, self._provider_id, self._started)
+        self._runner._finished(self._state, self.inference_id, ok, self.provider_id, self._started)
         message = pb.InferenceDone(
             inference_id=self.inference_id,
             status=status,
@@ -465,6 +471,7 @@ class _MockJob:
     ) -> None:
         body = dict(body)
         body["stream"] = stream
+        self.provider_id = reply.provider_id
         self._reply = reply
         self._stream = stream and endpoint != EMBEDDINGS
         self._run = MockRun(clock, behaviour, endpoint, body, reply.chunk, self._done, rand)
@@ -496,6 +503,7 @@ class _HTTPJob:
     def __init__(
         self, http: InferenceHTTPClient, clock: IReactorTime, url: str, body: bytes, stream: bool, reply: _Reply
     ) -> None:
+        self.provider_id = reply.provider_id
         self._http = http
         self._clock = clock
         self._url = url

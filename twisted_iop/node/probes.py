@@ -42,8 +42,8 @@ from twisted.python.failure import Failure
 from twisted.web.client import (
     Agent,
     HTTPConnectionPool,
-    ResponseFailed,
     ResponseDone,
+    ResponseFailed,
     ResponseNeverReceived,
     _HTTP11ClientFactory,
 )

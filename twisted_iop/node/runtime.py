@@ -225,7 +225,7 @@ class NodeRuntime(Service):
             self.load_rounds += 1
             now = self._clock.seconds()
             reports = []
-            for provider, (ok, value) in zip(providers, outcomes):
+            for provider, (ok, value) in zip(providers, outcomes, strict=True):
                 reading, when = value if ok else (None, now)
                 load = reading.to_wire(int((now - when) * 1000)) if reading is not None else pb.EngineLoad(known=False)
                 self.load[provider.provider_id] = load

@@ -68,7 +68,7 @@ def request_count(values: Optional[Iterable[Any]]) -> Optional[int]:
         any_value = True
     if not any_value or total > MAX_REQUESTS:
         return None
-    return int(round(total))
+    return round(total)
 
 
 def fraction(values: Optional[Iterable[Any]]) -> Optional[float]:

@@ -99,7 +99,9 @@ def probe_http_client(reactor: Any) -> HTTPClient:
 
     pool = QuietConnectionPool(reactor, persistent=True)
     pool.maxPersistentPerHost = MAX_IDLE_PROBE_CONNECTIONS
-    return cast(HTTPClient, TreqClient(Agent(reactor, pool=pool)))
+    client = TreqClient(Agent(reactor, pool=pool))
+    client.pool = pool  # type: ignore[attr-defined]  # for ProviderProber.close
+    return cast(HTTPClient, client)
 
 
 class AnswerTooLarge(Exception):
@@ -200,6 +202,13 @@ class ProviderProber:
         if not adapter_for(provider.kind).load_paths:
             return succeed(None)
         return Deferred.fromCoroutine(self._read_load(provider, timeout))
+
+    def close(self) -> Deferred[None]:
+        """Close the idle connections of the prober's own pool (the Node is stopping)."""
+        pool = getattr(self._http, "pool", None)
+        if isinstance(pool, HTTPConnectionPool):
+            return pool.closeCachedConnections()
+        return succeed(None)
 
     def forget(self, keep: set[str]) -> None:
         """Drop what is remembered of providers not in ``keep`` (they left the configuration)."""

@@ -103,6 +103,7 @@ class NodeRuntime(Service):
         for loop in (self._loop, self._load_loop):
             if loop.running:
                 loop.stop()
+        self._prober.close()
         return super().stopService()
 
     def running_on(self, provider_id: str) -> int:

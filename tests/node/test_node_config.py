@@ -82,6 +82,19 @@ def test_values_and_defaults() -> None:
     assert "127.0.0.1:8000" not in repr(config.providers[1])
 
 
+def test_load_interval_default_and_off() -> None:
+    """probes.load_interval_seconds is 5 unless set; 0 turns the load rounds off."""
+    assert parse_node_config(mapping()).probes.load_interval_seconds == 5
+    assert parse_node_config(mapping(probes={"load_interval_seconds": 0})).probes.load_interval_seconds == 0
+
+
+@pytest.mark.parametrize("kind", ["openai", "vllm", "sglang", "llamacpp", "tgi", "ollama"])
+def test_every_engine_kind_is_accepted(kind: str) -> None:
+    """Each engine kind is a valid provider kind with a base_url."""
+    providers = [{"provider_id": "e", "kind": kind, "models": ["m"], "base_url": "http://127.0.0.1:8000"}]
+    assert parse_node_config(mapping(providers=providers)).providers[0].kind == kind
+
+
 def test_environment_overrides_edge_address() -> None:
     """IOP_EDGE_NODE_WIRE wins over edge.address."""
     config = parse_node_config(mapping(), {"IOP_EDGE_NODE_WIRE": "10.1.1.1:9"})
@@ -94,6 +107,8 @@ def test_environment_overrides_edge_address() -> None:
         ({"node_id": "no spaces"}, "node_id"),
         ({"edge": {"address": "??"}}, "edge.address"),
         ({"probes": {"interval_seconds": 0}}, "probes.interval_seconds"),
+        ({"probes": {"load_interval_seconds": -1}}, "probes.load_interval_seconds"),
+        ({"probes": {"load_interval_seconds": "often"}}, "probes.load_interval_seconds"),
         ({"providers": [{"provider_id": "v", "kind": "vllm", "models": ["m"]}]}, "providers[0].base_url: required"),
         (
             {"providers": [{"provider_id": "v", "kind": "vllm", "models": ["m"], "base_url": "ftp://x"}]},

@@ -1,4 +1,4 @@
-"""Provider probes: OpenAI-compatible /v1/models through StubTreq, and mock providers."""
+"""Provider probes: the generic OpenAI-compatible /v1/models through StubTreq, and mock providers."""
 
 from __future__ import annotations
 
@@ -39,9 +39,9 @@ class ModelsResource(Resource):
         return self.body if isinstance(self.body, bytes) else json.dumps(self.body).encode()
 
 
-def vllm(models: tuple[str, ...] = ("llama", "qwen")) -> NodeProviderConfig:
-    """An HTTP provider config."""
-    return NodeProviderConfig("v1", "vllm", models, base_url="http://gpu-box.internal:8000")
+def generic(models: tuple[str, ...] = ("llama", "qwen")) -> NodeProviderConfig:
+    """A generic OpenAI-compatible provider (its models list is its health check)."""
+    return NodeProviderConfig("v1", "openai", models, base_url="http://gpu-box.internal:8000")
 
 
 def probe(resource: Resource, provider: NodeProviderConfig, clock: Clock | None = None) -> ProbeResult:
@@ -58,7 +58,7 @@ def probe(resource: Resource, provider: NodeProviderConfig, clock: Clock | None 
 def test_all_models_served_is_healthy() -> None:
     """200 with every configured model is healthy and reports the served models."""
     resource = ModelsResource({"data": [{"id": "llama"}, {"id": "qwen"}, {"id": "extra"}]})
-    result = probe(resource, vllm())
+    result = probe(resource, generic())
     assert result.health == pb.PROVIDER_HEALTH_HEALTHY
     assert result.models == ("extra", "llama", "qwen")
     assert resource.paths == [b"/v1/models"]
@@ -66,28 +66,28 @@ def test_all_models_served_is_healthy() -> None:
 
 def test_missing_model_is_degraded() -> None:
     """Some configured models missing is degraded, naming them."""
-    result = probe(ModelsResource({"data": [{"id": "llama"}]}), vllm())
+    result = probe(ModelsResource({"data": [{"id": "llama"}]}), generic())
     assert result.health == pb.PROVIDER_HEALTH_DEGRADED
     assert "qwen" in result.reason
 
 
 def test_no_model_served_is_unhealthy() -> None:
     """None of the configured models served is unhealthy."""
-    result = probe(ModelsResource({"data": []}), vllm())
+    result = probe(ModelsResource({"data": []}), generic())
     assert result.health == pb.PROVIDER_HEALTH_UNHEALTHY
 
 
 def test_error_status_is_unhealthy() -> None:
     """A non-200 answer is unhealthy with the status in the reason."""
-    result = probe(ModelsResource({"error": "x"}, code=503), vllm())
+    result = probe(ModelsResource({"error": "x"}, code=503), generic())
     assert result.health == pb.PROVIDER_HEALTH_UNHEALTHY
     assert "503" in result.reason
 
 
 def test_bad_body_is_unhealthy() -> None:
     """A body that is not JSON or not a model list is unhealthy."""
-    assert probe(ModelsResource(b"<html>"), vllm()).health == pb.PROVIDER_HEALTH_UNHEALTHY
-    assert probe(ModelsResource({"models": []}), vllm()).health == pb.PROVIDER_HEALTH_UNHEALTHY
+    assert probe(ModelsResource(b"<html>"), generic()).health == pb.PROVIDER_HEALTH_UNHEALTHY
+    assert probe(ModelsResource({"models": []}), generic()).health == pb.PROVIDER_HEALTH_UNHEALTHY
 
 
 def test_no_answer_is_offline_after_timeout() -> None:
@@ -96,7 +96,7 @@ def test_no_answer_is_offline_after_timeout() -> None:
     stub = StubTreq(ModelsResource({}, hang=True))
     prober = ProviderProber(clock, stub)  # type: ignore[arg-type]
     out: list[ProbeResult] = []
-    prober.probe(vllm(), 2.0).addCallback(out.append)
+    prober.probe(generic(), 2.0).addCallback(out.append)
     stub.flush()
     assert out == []
     clock.advance(2.1)
@@ -117,7 +117,7 @@ def test_refused_connection_is_offline_without_address() -> None:
             raise AssertionError("not reached")
 
     out: list[ProbeResult] = []
-    ProviderProber(Clock(), Refusing()).probe(vllm(), 1.0).addCallback(out.append)
+    ProviderProber(Clock(), Refusing()).probe(generic(), 1.0).addCallback(out.append)
     assert out[0].health == pb.PROVIDER_HEALTH_OFFLINE
     assert "gpu-box" not in out[0].reason
 

@@ -42,6 +42,9 @@ DEFAULT_METRICS_LISTEN = "tcp:9102:interface=127.0.0.1"
 #: Environment variable overriding ``metrics.listen``.
 ENV_METRICS_LISTEN = "IOP_NODE_METRICS_LISTEN"
 
+#: How often the engines' load is read unless ``probes.load_interval_seconds`` says otherwise.
+DEFAULT_LOAD_INTERVAL_SECONDS = 5.0
+
 #: Health values a mock provider (or its health file) may take.
 MOCK_HEALTH_VALUES = ("healthy", "degraded", "unhealthy", "offline")
 
@@ -59,6 +62,8 @@ class ProbeConfig:
 
     interval_seconds: float = 10.0
     timeout_seconds: float = 3.0
+    #: How often the engines' own load is read and sent to the Edge (0: never).
+    load_interval_seconds: float = DEFAULT_LOAD_INTERVAL_SECONDS
 
 
 @attrs.frozen
@@ -141,10 +146,13 @@ def _edge(section: Section, environ: Mapping[str, str]) -> EdgeLinkConfig:
 
 
 def _probes(section: Section) -> ProbeConfig:
-    section.reject_unknown({"interval_seconds", "timeout_seconds"})
+    section.reject_unknown({"interval_seconds", "timeout_seconds", "load_interval_seconds"})
     return ProbeConfig(
         interval_seconds=section.number("interval_seconds", 10.0),
         timeout_seconds=section.number("timeout_seconds", 3.0),
+        load_interval_seconds=section.number(
+            "load_interval_seconds", DEFAULT_LOAD_INTERVAL_SECONDS, minimum=0.0, exclusive_minimum=False
+        ),
     )
 
 

@@ -1,4 +1,4 @@
-"""The Node wire, Node side: hello, readiness, health and probe answers.
+"""The Node wire, Node side: hello, readiness, health, load and probe answers.
 
 The tap runs the :class:`~twisted_iop.wire.dialer.DialingService` that
 :meth:`EdgeLink.client_service` builds, so a lost Edge is dialled again
@@ -66,6 +66,10 @@ class EdgeLinkProtocol(HelloDialerProtocol["EdgeLink"]):
     def send_health(self, reports: list[pb.ProviderHealthReport]) -> None:
         """Send ``NodeHealthReport`` with the providers whose health changed."""
         self.send("node_health_report", pb.NodeHealthReport(providers=reports))
+
+    def send_load(self, reports: list[pb.ProviderLoadReport]) -> None:
+        """Send ``NodeLoadReport`` with every provider's engine load."""
+        self.send("node_load_report", pb.NodeLoadReport(providers=reports))
 
 
 class EdgeLink(DialerLink[EdgeLinkProtocol]):

@@ -202,6 +202,8 @@ class ProviderHTTPClient:
 
 
 class _Job(Protocol):
+    provider_id: str
+
     def start(self) -> None: ...
     def cancel(self) -> None: ...
     def pause(self) -> None: ...
@@ -294,6 +296,10 @@ class InferenceRunner:
     def running(self) -> int:
         """Requests running over every connection."""
         return sum(len(s.jobs) for s in self._sessions.values())
+
+    def running_on(self, provider_id: str) -> int:
+        """Requests running on ``provider_id`` over every connection (a probe timing out then is busy)."""
+        return sum(1 for s in self._sessions.values() for job in s.jobs.values() if job.provider_id == provider_id)
 
     # -- the wire ----------------------------------------------------------------
 
@@ -455,7 +461,7 @@ class _Reply:
         self._state = state
         self.inference_id = request.inference_id
         self._requested_model = request.model
-        self._provider_id = provider_id
+        self.provider_id = provider_id
         self._model = model
         self._endpoint = endpoint
         self._started = started
@@ -499,7 +505,7 @@ class _Reply:
         retry_after: int = 0,
     ) -> None:
         ok = status == pb.INFERENCE_STATUS_OK
-        if not self._runner._finished(self._state, self.inference_id, ok, self._provider_id, self._started):
+        if not self._runner._finished(self._state, self.inference_id, ok, self.provider_id, self._started):
             return
         message = pb.InferenceDone(
             inference_id=self.inference_id,
@@ -517,13 +523,13 @@ class _Reply:
             message.usage.prompt_tokens = prompt
             message.usage.completion_tokens = completion
             message.usage.total_tokens = _count(usage.get("total_tokens"))
-            self._runner._count_tokens(self._provider_id, self._model, prompt, completion)
+            self._runner._count_tokens(self.provider_id, self._model, prompt, completion)
         if not ok:
             self._log.warn(
                 "inference {inference_id} failed on provider {provider_id}"
                 " (model {model}, {endpoint}): {code}: {reason}",
                 inference_id=self.inference_id,
-                provider_id=self._provider_id,
+                provider_id=self.provider_id,
                 model=self._requested_model,
                 endpoint=self._endpoint,
                 code=error_code or ("unavailable" if status == pb.INFERENCE_STATUS_UNAVAILABLE else "failed"),
@@ -549,6 +555,7 @@ class _MockJob:
     ) -> None:
         body = dict(body)
         body["stream"] = stream
+        self.provider_id = reply.provider_id
         self._reply = reply
         self._stream = stream and endpoint != EMBEDDINGS
         self._run = MockRun(clock, behaviour, endpoint, body, reply.chunk, self._done, rand)
@@ -586,6 +593,7 @@ class _HTTPJob:
         stream: bool,
         reply: _Reply,
     ) -> None:
+        self.provider_id = reply.provider_id
         self._http = http
         self._clock = clock
         self._adapter = adapter

@@ -1,9 +1,11 @@
-"""The Node runtime's state: its providers, their health and the probe rounds.
+"""The Node runtime's state: its providers, their health and the probe and load rounds.
 
 :class:`NodeRuntime` is a service that owns the provider list (re-read from
 node.yaml when the Edge asks), runs probe rounds (at connect, periodically
-and on request) and tells the current Edge connection about readiness and
-health changes through the small :class:`EdgeSession` interface.
+and on request) and load rounds (every ``probes.load_interval_seconds``:
+each engine's own running and waiting requests and KV-cache use), and
+tells the current Edge connection about readiness, health changes and
+load through the small :class:`EdgeSession` interface.
 """
 
 from __future__ import annotations
@@ -12,15 +14,17 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Optional, Protocol
 
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.defer import Deferred, DeferredList, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
 from twisted_iop.configuration import ConfigError, Section, load_yaml_mapping
 from twisted_iop.node.config import NodeProviderConfig, NodeRuntimeConfig, parse_node_providers
+from twisted_iop.node.engines.base import LoadReading
 from twisted_iop.node.probes import ProbeResult, ProviderProber
 from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.enums import enum_label
 
 if TYPE_CHECKING:
     from twisted_iop.node.inference import InferenceRunner
@@ -37,6 +41,9 @@ class EdgeSession(Protocol):
 
     def send_health(self, reports: list[pb.ProviderHealthReport]) -> None:
         """Send ``NodeHealthReport``."""
+
+    def send_load(self, reports: list[pb.ProviderLoadReport]) -> None:
+        """Send ``NodeLoadReport``."""
 
 
 def providers_from_file(path: Optional[str]) -> Optional[ProvidersLoader]:
@@ -67,6 +74,9 @@ class NodeRuntime(Service):
         self.config = config
         self._clock = clock
         self._prober = prober if prober is not None else ProviderProber(clock)
+        if self._prober.running_on is None:
+            # Busy versus down: a probe that times out counts what this Node runs there.
+            self._prober.running_on = self.running_on
         self._load_providers = load_providers if load_providers is not None else providers_from_file(config.source_path)
         self.providers: tuple[NodeProviderConfig, ...] = config.providers
         self.health: dict[str, ProbeResult] = {}
@@ -75,17 +85,30 @@ class NodeRuntime(Service):
         self.inference: Optional[InferenceRunner] = None
         self.ready_sent = False
         self.rounds = 0
+        #: The last load sent per provider (for tests and the metrics).
+        self.load: dict[str, pb.EngineLoad] = {}
+        self.load_rounds = 0
         self._loop = LoopingCall(self._periodic)
         self._loop.clock = clock
+        self._load_loop = LoopingCall(self._periodic_load)
+        self._load_loop.clock = clock
 
     def startService(self) -> None:
         super().startService()
         self._loop.start(self.config.probes.interval_seconds, now=False)
+        if self.config.probes.load_interval_seconds > 0:
+            self._load_loop.start(self.config.probes.load_interval_seconds, now=False)
 
     def stopService(self) -> Deferred[None] | None:
-        if self._loop.running:
-            self._loop.stop()
+        for loop in (self._loop, self._load_loop):
+            if loop.running:
+                loop.stop()
+        self._prober.close()
         return super().stopService()
+
+    def running_on(self, provider_id: str) -> int:
+        """Requests this Node is running on ``provider_id`` now."""
+        return self.inference.running_on(provider_id) if self.inference is not None else 0
 
     # -- the Edge connection --------------------------------------------------
 
@@ -158,18 +181,22 @@ class NodeRuntime(Service):
         wanted = {p.provider_id for p in providers}
         for provider_id in [p for p in self.health if p not in wanted]:
             del self.health[provider_id]
+        for provider_id in [p for p in self.load if p not in wanted]:
+            del self.load[provider_id]
+        self._prober.forget(wanted)
         changed = []
         for result in results:
             old = self.health.get(result.provider_id)
             self.health[result.provider_id] = result
             if old is None or (old.health, old.reason) != (result.health, result.reason):
                 changed.append(result)
-                if old is not None:
+                # Only the count changes from one busy round to the next: one line when it starts.
+                if old is not None and not (old.busy and result.busy and old.health == result.health):
                     self._log.info(
                         "provider {provider_id} health {before} -> {after} {reason}",
                         provider_id=result.provider_id,
-                        before=pb.ProviderHealth.Name(old.health),
-                        after=pb.ProviderHealth.Name(result.health),
+                        before=enum_label(pb.ProviderHealth, old.health),
+                        after=enum_label(pb.ProviderHealth, result.health),
                         reason=result.reason,
                     )
         return changed
@@ -177,3 +204,41 @@ class NodeRuntime(Service):
     def _periodic(self) -> None:
         # A periodic round must never stop the loop: failures are logged.
         self.probe_round().addErrback(lambda f: self._log.failure("probe round failed", f))
+
+    # -- engine load ------------------------------------------------------------
+
+    def load_round(self) -> Deferred[list[pb.ProviderLoadReport]]:
+        """Read every provider's engine load at once; send it to the Edge if ready.
+
+        A provider whose engine exports no load, or whose reading failed,
+        is sent with ``known=false``; ``age_ms`` is the time from the
+        reading to the send.
+        """
+        providers = self.providers
+        timeout = self.config.probes.timeout_seconds
+
+        def read_at(reading: Optional[LoadReading]) -> tuple[Optional[LoadReading], float]:
+            return reading, self._clock.seconds()
+
+        readings = [self._prober.read_load(p, timeout).addCallback(read_at) for p in providers]
+
+        def done(outcomes: list[tuple[bool, tuple[Optional[LoadReading], float]]]) -> list[pb.ProviderLoadReport]:
+            self.load_rounds += 1
+            now = self._clock.seconds()
+            reports = []
+            for provider, (ok, value) in zip(providers, outcomes, strict=True):
+                reading, when = value if ok else (None, now)
+                load = reading.to_wire(int((now - when) * 1000)) if reading is not None else pb.EngineLoad(known=False)
+                self.load[provider.provider_id] = load
+                reports.append(pb.ProviderLoadReport(provider_id=provider.provider_id, load=load))
+            if reports and self.session is not None and self.ready_sent:
+                self.session.send_load(reports)
+            return reports
+
+        return DeferredList(readings, consumeErrors=True).addCallback(done)
+
+    def _periodic_load(self) -> Deferred[None]:
+        if self.session is None or not self.ready_sent:
+            return succeed(None)  # nobody to tell: no engine is asked
+        # Returned, so the loop waits for a slow round instead of piling rounds up.
+        return self.load_round().addCallbacks(lambda _: None, lambda f: self._log.failure("load round failed", f))

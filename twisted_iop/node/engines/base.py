@@ -61,6 +61,19 @@ class LoadReading:
     kv_cache_usage: Optional[float] = None
     parallel: Optional[int] = None
 
+    @classmethod
+    def of(
+        cls,
+        running: Optional[int] = None,
+        waiting: Optional[int] = None,
+        kv_cache_usage: Optional[float] = None,
+        parallel: Optional[int] = None,
+    ) -> Optional[LoadReading]:
+        """A reading from figures each of which may be missing; ``None`` when all are."""
+        if running is None and waiting is None and kv_cache_usage is None and parallel is None:
+            return None
+        return cls(running or 0, waiting or 0, kv_cache_usage, parallel or None)
+
     def to_wire(self, age_ms: int = 0) -> pb.EngineLoad:
         """The wire form (``EngineLoad``), known."""
         return pb.EngineLoad(

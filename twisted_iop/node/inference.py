@@ -48,7 +48,7 @@ from twisted.internet.interfaces import IConsumer, IPushProducer, IReactorTime, 
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web._newclient import RequestTransmissionFailed, ResponseNeverReceived
-from twisted.web.client import URI, Agent, HTTPConnectionPool, _HTTP11ClientFactory
+from twisted.web.client import URI, Agent, HTTPConnectionPool
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
 from zope.interface import implementer
@@ -59,6 +59,7 @@ from twisted_iop.node.config import NodeProviderConfig
 from twisted_iop.node.engine_stream import EngineAnswer, EngineBodyReader, EngineRequest, engine_request
 from twisted_iop.node.engines.base import EngineAdapter, EngineError
 from twisted_iop.node.engines.kinds import adapter_for
+from twisted_iop.node.quiet_pool import QuietConnectionPool
 from twisted_iop.openai_api import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, ENDPOINT_PATHS
 from twisted_iop.wire import control_pb2 as pb
 
@@ -162,22 +163,6 @@ def _no_delay(protocol: Any) -> Any:
     if transport is not None and hasattr(transport, "setTcpNoDelay"):
         transport.setTcpNoDelay(True)
     return protocol
-
-
-class _QuietClientFactory(_HTTP11ClientFactory):
-    """The pool's connection factory, without "Starting/Stopping factory" lines.
-
-    Engines drop idle connections (llama-cpp-python after 5 s): each new one
-    would log two lines.
-    """
-
-    noisy = False
-
-
-class QuietConnectionPool(HTTPConnectionPool):
-    """A persistent connection pool that does not log its connections opening and closing."""
-
-    _factory = _QuietClientFactory
 
 
 class ProviderHTTPClient:

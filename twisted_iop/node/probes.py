@@ -45,13 +45,13 @@ from twisted.web.client import (
     ResponseDone,
     ResponseFailed,
     ResponseNeverReceived,
-    _HTTP11ClientFactory,
 )
 from twisted.web.http import PotentialDataLoss
 
 from twisted_iop.node.config import MOCK_HEALTH_VALUES, NodeProviderConfig
 from twisted_iop.node.engines.base import LoadReading
 from twisted_iop.node.engines.kinds import adapter_for
+from twisted_iop.node.quiet_pool import QuietConnectionPool
 from twisted_iop.wire import control_pb2 as pb
 
 #: At most this many served model names are reported per provider.
@@ -79,18 +79,6 @@ class HTTPClient(Protocol):
 
     def get(self, url: str, **kwargs: Any) -> Deferred[Any]:
         """Issue a GET request (called with ``unbuffered=True``: the body is read through ``deliverBody``)."""
-
-
-class _QuietClientFactory(_HTTP11ClientFactory):
-    """The pool's per-connection factory, without the "Starting/Stopping factory" lines."""
-
-    noisy = False
-
-
-class QuietConnectionPool(HTTPConnectionPool):
-    """A persistent pool whose connections open and close without a log line each."""
-
-    _factory = _QuietClientFactory
 
 
 def probe_http_client(reactor: Any) -> HTTPClient:

@@ -246,12 +246,16 @@ def test_a_status_view_is_the_reference_and_kept_once_per_snapshot() -> None:
     record = registry.get("edge-1")
     renderer = JsonBytesRenderer()
     for stale in (False, True, False):
-        assert renderer.edge_status(record, kept, stale) == reference.snapshot_json(record, kept, stale)
+        expected = reference.compact(reference.snapshot_json(record, kept, stale))
+        assert renderer.edge_status(record, kept, stale) == expected
+        assert renderer.edge_status_json(record, kept, stale) == reference.snapshot_json(record, kept, stale)
     assert renderer.kept()["snapshot_members"].entries == 1
     assert keep_status(registry, "edge-1", token, snapshot("edge-1", nodes=1)) is not None
     newer = record.snapshot
     assert newer is not None
-    assert renderer.edge_status(record, newer, False) == reference.snapshot_json(record, newer, False)
+    assert renderer.edge_status(record, newer, False) == reference.compact(
+        reference.snapshot_json(record, newer, False)
+    )
     assert renderer.kept()["snapshot_members"].entries == 2
     del kept
     gc.collect()

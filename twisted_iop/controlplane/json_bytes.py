@@ -224,12 +224,22 @@ def _fleet_totals(round_: FleetRound) -> dict[str, Any]:
     return out
 
 
-def _snapshot_members_size(snapshot: StatusSnapshot) -> int:
-    """Estimated bytes of a snapshot's rendered members: about 2 KiB of
-    totals, 1 KiB a node and 0.5 KiB a provider in dicts and lists, and
-    four times its bytes of texts (measured within a fifth)."""
-    counts = snapshot.counts
-    return 2048 + 1024 * counts[1] + 512 * counts[2] + 4 * len(snapshot.data)
+@attrs.frozen
+class _StatusView:
+    """What one ``GET /edges/{id}/status`` shows: the edge, and its snapshot's members written."""
+
+    record: EdgeRecord
+    stale: bool
+    members: bytes
+
+
+#: ``GET /edges/{id}/status``, of a :class:`_StatusView`.
+EDGE_STATUS = (
+    Member("edge_id", "record.edge_id", write_text),
+    Member("connected", "record.connected", write_bool),
+    Member("stale", "stale", write_bool),
+    Member(None, "members", write_raw),
+)
 
 
 class JsonBytesRenderer:
@@ -244,7 +254,8 @@ class JsonBytesRenderer:
         self._row = Template("FLEET_ROW", FLEET_ROW)
         self._page = Template("FLEET_PAGE", FLEET_PAGE)
         self._round_totals: WeakTable[FleetRound, bytes] = WeakTable(ROUNDS_KEPT, ROUND_TOTALS_BYTES)
-        self._snapshots: WeakTable[StatusSnapshot, dict[str, Any]] = WeakTable(SNAPSHOTS_KEPT, SNAPSHOTS_BYTES)
+        self._status = Template("EDGE_STATUS", EDGE_STATUS)
+        self._snapshots: WeakTable[StatusSnapshot, bytes] = WeakTable(SNAPSHOTS_KEPT, SNAPSHOTS_BYTES)
 
     def edge_detail(self, record: EdgeRecord) -> bytes:
         """``GET /edges/{id}``: the edge, its status and its buffers."""
@@ -269,13 +280,21 @@ class JsonBytesRenderer:
         page = _FleetPage(generated_at, round_.round_at, items, len(rows), next_cursor, totals)
         return self._page.render(page)
 
-    def edge_status(self, record: EdgeRecord, snapshot: StatusSnapshot, stale: bool) -> dict[str, Any]:
+    def edge_status(self, record: EdgeRecord, snapshot: StatusSnapshot, stale: bool) -> bytes:
         """``GET /edges/{id}/status``: a snapshot of the edge, with its totals."""
         members = self._snapshots.get(snapshot)
         if members is None:
-            members = self._snapshots.keep(snapshot, snapshot_members(snapshot), _snapshot_members_size(snapshot))
+            # The members without their braces, spliced after the edge's.
+            members = write_json(snapshot_members(snapshot))[1:-1]
+            self._snapshots.keep(snapshot, members, len(members))
+        return self._status.render(_StatusView(record, stale, members))
+
+    @staticmethod
+    def edge_status_json(record: EdgeRecord, snapshot: StatusSnapshot, stale: bool) -> dict[str, Any]:
+        """:meth:`edge_status` as a dict, rendered anew (for an error body
+        that carries the last snapshot)."""
         out: dict[str, Any] = {"edge_id": record.edge_id, "connected": record.connected, "stale": stale}
-        out.update(members)
+        out.update(snapshot_members(snapshot))
         return out
 
     def kept(self) -> dict[str, Kept]:

@@ -106,14 +106,14 @@ def _counters(capacity: int, in_flight: int, queued: int) -> dict[str, int]:
     return {"capacity": capacity, "in_flight": in_flight, "queued": queued}
 
 
-def _fraction(value: float) -> Optional[float]:
+def fraction(value: float) -> Optional[float]:
     """A fraction from the wire in 0..1, to 0.01 %; None when the engine does
     not say (negative) or says nothing a fraction can be (NaN)."""
     # False for NaN and negatives; +inf is clamped to 1, as any value over it.
     return round(min(value, 1.0), 4) if value >= 0.0 else None
 
 
-def _rate(value: float) -> Optional[float]:
+def rate(value: float) -> Optional[float]:
     """A rate from the wire to 0.01; None when it is none (NaN, infinite, negative)."""
     # "value - value == 0" is False for NaN and both infinities.
     return round(value, 2) if value >= 0.0 and value - value == 0.0 else None
@@ -126,7 +126,7 @@ def engine_json(engine: pb.EngineLoad) -> Optional[dict[str, Any]]:
     return {
         "running": engine.running,
         "waiting": engine.waiting,
-        "kv_cache_usage": _fraction(engine.kv_cache_usage),
+        "kv_cache_usage": fraction(engine.kv_cache_usage),
         "parallel": engine.parallel or None,
         "age_seconds": engine.age_ms / 1000,
     }
@@ -149,7 +149,7 @@ def provider_json(provider: pb.ProviderSnapshot) -> dict[str, Any]:
             provider.long_context_queued,
         ),
         "engine": engine_json(provider.engine),
-        "tokens_per_second": _rate(provider.tokens_per_second),
+        "tokens_per_second": rate(provider.tokens_per_second),
         "tokens": {"prompt": provider.prompt_tokens, "completion": provider.completion_tokens},
         "saturated": provider.saturated,
         "cooling_down": provider.cooling_down,

@@ -36,6 +36,8 @@ from twisted_iop.client.render import render_table
 from twisted_iop.client.repository import ControlPlaneStatusRepository
 from twisted_iop.client.wire import ClientWireClient
 from twisted_iop.testing.harness import Fleet, contract_validator, eventually, start_fleet
+from twisted_iop.testing.peers import set_engine, snapshot
+from twisted_iop.wire import control_pb2 as pb
 
 IOPCTL = str(Path(sys.executable).parent / "iopctl")
 
@@ -194,6 +196,11 @@ async def test_tables_of_every_view() -> None:
             "1",
             "0",
             "1",
+            "-",
+            "-",
+            "-",
+            "0.0",
+            "-",
             "llama-3-8b",
         ]
         cap_end = provider_lines[0].index("CAP ") + 3
@@ -211,6 +218,48 @@ async def test_tables_of_every_view() -> None:
             result = await iopctl(list(argv), fleet)
             assert result.code == EXIT_OK, (argv, result.err)
             assert needle in result.out, (argv, result.out)
+    finally:
+        await fleet.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_status_shows_each_engine_beside_its_capacity() -> None:
+    """iopctl status: a provider's engine running/waiting, KV cache, tokens/s
+    and flags sit beside its counters, totalled in an engines line; --json
+    is the server's view with the engine's members."""
+    fleet = await start_fleet("edge-a")
+    try:
+
+        def status() -> pb.EdgeStatusResponse:
+            response = snapshot("edge-a")
+            set_engine(response.nodes[0].providers[0], saturated=True, cooling_down=True)
+            return response
+
+        fleet.edges["edge-a"].status = status
+        result = await iopctl(["status", "edge-a"], fleet)
+        assert result.code == EXIT_OK and result.err == ""
+        _, totals, _, providers = result.out.strip("\n").split("\n\n")
+        assert "engines    1 running, 3 waiting (1 of 2 report); 37.5 tokens/s; 1 saturated, 1 cooling down" in totals
+        header, first, second = providers.splitlines()
+        assert header.split()[11:17] == ["ENG-RUN", "ENG-WAIT", "KV", "TOK/S", "FLAGS", "MODELS"]
+        assert first.split()[11:16] == ["1", "3", "42%", "37.5", "saturated,cooling-down"]
+        assert second.split()[11:16] == ["-", "-", "-", "0.0", "-"]
+        assert first.index("42%") + 3 == header.index("KV") + 2  # right-aligned under its header
+
+        printed = (await iopctl(["--json", "status", "edge-a"], fleet)).json()
+        contract_validator("EdgeStatus").validate(printed)
+        code, served = await fleet.cp.get_json("/edges/edge-a/status")
+        assert code == 200 and without_volatile(printed) == without_volatile(served)
+        shown = printed["nodes"][0]["providers"][0]
+        assert shown["engine"] == {
+            "running": 1,
+            "waiting": 3,
+            "kv_cache_usage": 0.42,
+            "parallel": 1,
+            "age_seconds": 1.2,
+        }
+        assert shown["tokens"] == {"prompt": 1200, "completion": 3400} and shown["saturated"] is True
+        assert printed["nodes"][1]["providers"][0]["engine"] is None
     finally:
         await fleet.stop()
 

@@ -52,6 +52,8 @@ from twisted_iop.client.models import (
 )
 from twisted_iop.client.repository import DEFAULT_HTTP_URL, HTTP_URL_ENV, error_from_response
 from twisted_iop.testing.harness import Fleet, contract_validator, start_fleet, stub_repository
+from twisted_iop.testing.peers import set_engine, snapshot
+from twisted_iop.wire import control_pb2 as pb
 
 
 def test_base_url_from_argument_environment_and_default(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -364,6 +366,46 @@ async def test_reader_names_the_json_path_of_a_bad_value() -> None:
         read(EdgeDetail, missing)
     with pytest.raises(InvalidResponse, match=r"^snapshot: expected an object$"):
         read(EdgeStatus, [], "snapshot")
+
+
+@pytest_twisted.ensureDeferred
+async def test_engine_members_are_read_and_an_older_server_without_them_too() -> None:
+    """A provider's engine reading, tokens and flags are read and written back
+    as served; a provider of a Control Plane that does not show them yet reads
+    as no reading, no tokens and no flags."""
+    fleet = await start_fleet("edge-a")
+    try:
+
+        def with_engine() -> pb.EdgeStatusResponse:
+            response = snapshot("edge-a")
+            set_engine(response.nodes[0].providers[0], kv_cache_usage=-1.0, parallel=0, cooling_down=True)
+            return response
+
+        fleet.edges["edge-a"].status = with_engine
+        code, document = await fleet.cp.get_json("/edges/edge-a/status")
+    finally:
+        await fleet.stop()
+    assert code == 200
+    status = read(EdgeStatus, document)
+    assert to_json(status) == document
+    first, second = (node.providers[0] for node in status.nodes)
+    assert first.engine is not None and (first.engine.running, first.engine.waiting) == (1, 3)
+    assert (first.engine.kv_cache_usage, first.engine.parallel, first.cooling_down) == (None, None, True)
+    assert (first.tokens.prompt, first.tokens.completion, first.tokens_per_second) == (1200, 3400, 37.5)
+    assert second.engine is None and second.tokens_per_second == 0.0
+    older = copy.deepcopy(document)
+    for node in older["nodes"]:
+        for provider in node["providers"]:
+            for key in ("engine", "tokens_per_second", "tokens", "saturated", "cooling_down"):
+                del provider[key]
+    old = read(EdgeStatus, older).nodes[0].providers[0]
+    assert (old.engine, old.tokens_per_second, old.tokens.prompt, old.saturated, old.cooling_down) == (
+        None,
+        None,
+        0,
+        False,
+        False,
+    )
 
 
 @pytest_twisted.ensureDeferred

@@ -7,12 +7,14 @@ and drives a scripted edge; every browser wait is bounded.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import pytest_twisted
 from iop_console_browser import Browser
 
 from twisted_iop.testing.harness import start_control_plane
-from twisted_iop.testing.peers import connect_edge, snapshot
+from twisted_iop.testing.peers import connect_edge, set_engine, snapshot
 from twisted_iop.wire import control_pb2 as pb
 
 
@@ -184,6 +186,64 @@ async def test_console_end_to_end(browser: Browser) -> None:
             return count
 
         assert await browser.call(hosted) == 1  # both elements share one WebSocket
+        assert browser.console_errors == []
+    finally:
+        await cp.stop()
+
+
+#: What the edge detail shows of each provider's engine.
+ENGINE_CELLS = """() => {
+  const root = document.querySelector('iop-edge-detail').shadowRoot;
+  const cells = (row) => ({
+    load: row.querySelector('[data-engine-load]').innerText,
+    kv: row.querySelector('[data-kv-cache]').innerText,
+    kvBar: row.querySelector('[data-kv-cache] .bar > i')?.style.width ?? null,
+    rate: row.querySelector('[data-tokens-per-second]').innerText,
+    badges: Array.from(row.querySelectorAll('.badge')).map((b) => b.innerText),
+  });
+  return {
+    busy: cells(root.querySelector('tr[data-provider="mock-2"]')),
+    quiet: cells(root.querySelector('tr[data-provider="mock-1"]')),
+    summary: root.querySelector('[data-engine-summary]').innerText,
+    headers: root.querySelector('thead').innerText,
+  };
+}"""
+
+
+@pytest.mark.browser
+@pytest_twisted.ensureDeferred
+async def test_engine_load_shows_beside_the_capacity_bars(browser: Browser) -> None:
+    """A provider whose engine reports its load shows running / waiting, a KV
+    cache bar and percent, tokens/s and saturated / cooling down badges beside
+    its capacity; one without a reading shows dashes and no badge."""
+    cp = await start_control_plane()
+
+    def status() -> pb.EdgeStatusResponse:
+        response = snapshot("edge-a")
+        set_engine(response.nodes[1].providers[0], running=2, waiting=5, saturated=True, cooling_down=True)
+        return response
+
+    try:
+        await connect_edge(cp.edge_wire_port, "edge-a", status=status)
+        page = browser.page
+
+        def shown() -> dict[str, Any]:
+            page.goto(cp.http_url + "/console/#edge=edge-a")
+            page.wait_for_selector(
+                'iop-edge-detail tr[data-provider="mock-2"][data-saturated="true"][data-cooling-down="true"]'
+            )
+            page.wait_for_selector('iop-edge-detail tr[data-provider="mock-1"][data-saturated="false"]')
+            cells: dict[str, Any] = page.evaluate(ENGINE_CELLS)
+            return cells
+
+        cells = await browser.call(shown)
+        busy, quiet = cells["busy"], cells["quiet"]
+        assert (busy["load"], busy["kv"], busy["kvBar"], busy["rate"]) == ("2/5", "42%", "42%", "37.5")
+        assert busy["badges"] == ["available", "saturated", "cooling down", "healthy"]
+        assert (quiet["load"], quiet["kv"], quiet["kvBar"], quiet["rate"]) == ("—", "—", None, "0.0")
+        assert quiet["badges"] == ["available", "healthy"]
+        assert "Engine" in cells["headers"] and "KV cache" in cells["headers"]
+        assert "2/5" in cells["summary"] and "1 of 2 report" in cells["summary"] and "37.5" in cells["summary"]
         assert browser.console_errors == []
     finally:
         await cp.stop()

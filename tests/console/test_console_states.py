@@ -18,7 +18,7 @@ from iop_console_browser import Browser
 from twisted.internet import reactor, task
 
 from twisted_iop.testing.harness import eventually, start_control_plane
-from twisted_iop.testing.peers import CATALOG, connect_edge, snapshot
+from twisted_iop.testing.peers import CATALOG, connect_edge, set_engine, snapshot
 from twisted_iop.wire import control_pb2 as pb
 
 pytestmark = pytest.mark.browser
@@ -36,6 +36,8 @@ def long_named_nodes() -> pb.EdgeStatusResponse:
     response = snapshot("edge-a")
     response.nodes[1].node_id = LONG_NODE
     response.nodes[1].providers[0].health_reason = "probe-failed:" + "x" * 60
+    # With every engine column and badge filled: the widest row there is.
+    set_engine(response.nodes[1].providers[0], saturated=True, cooling_down=True, tokens_per_second=12345.6)
     return response
 
 

@@ -246,16 +246,81 @@ def test_a_status_view_is_the_reference_and_kept_once_per_snapshot() -> None:
     record = registry.get("edge-1")
     renderer = JsonBytesRenderer()
     for stale in (False, True, False):
-        assert renderer.edge_status(record, kept, stale) == reference.snapshot_json(record, kept, stale)
+        expected = reference.compact(reference.snapshot_json(record, kept, stale))
+        assert renderer.edge_status(record, kept, stale) == expected
+        assert renderer.edge_status_json(record, kept, stale) == reference.snapshot_json(record, kept, stale)
     assert renderer.kept()["snapshot_members"].entries == 1
     assert keep_status(registry, "edge-1", token, snapshot("edge-1", nodes=1)) is not None
     newer = record.snapshot
     assert newer is not None
-    assert renderer.edge_status(record, newer, False) == reference.snapshot_json(record, newer, False)
+    assert renderer.edge_status(record, newer, False) == reference.compact(
+        reference.snapshot_json(record, newer, False)
+    )
     assert renderer.kept()["snapshot_members"].entries == 2
     del kept
     gc.collect()
     assert renderer.kept()["snapshot_members"].entries == 1
+
+
+_uint32 = st.integers(0, 2**32 - 1)
+_engines = st.builds(
+    pb.EngineLoad,
+    known=st.booleans(),
+    running=_uint32,
+    waiting=_uint32,
+    kv_cache_usage=st.floats(),
+    parallel=_uint32,
+    age_ms=_uint32,
+)
+_providers = st.builds(
+    pb.ProviderSnapshot,
+    provider_id=texts,
+    kind=texts,
+    models=st.lists(texts, max_size=3),
+    status=st.integers(0, 6),
+    health=st.integers(0, 7),
+    health_reason=texts,
+    capacity=_uint32,
+    in_flight=_uint32,
+    queued=_uint32,
+    long_context_capacity=_uint32,
+    long_context_in_flight=_uint32,
+    long_context_queued=_uint32,
+    engine=_engines,
+    tokens_per_second=st.floats(),
+    prompt_tokens=st.integers(0, 2**64 - 1),
+    completion_tokens=st.integers(0, 2**64 - 1),
+    saturated=st.booleans(),
+    cooling_down=st.booleans(),
+)
+_nodes = st.builds(
+    pb.EdgeNodeSnapshot,
+    node_id=texts,
+    connected=st.booleans(),
+    drained=st.booleans(),
+    connected_since_ms=st.integers(-(2**63), 2**63 - 1),
+    last_seen_ms=st.integers(-(2**63), 2**63 - 1),
+    labels=st.dictionaries(texts, texts, max_size=3),
+    providers=st.lists(_providers, max_size=3),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(nodes=st.lists(_nodes, max_size=3), generated_at_ms=st.integers(-(2**63), 2**63 - 1), stale=st.booleans())
+def test_any_status_view_is_the_reference_dumped(
+    nodes: list[pb.EdgeNodeSnapshot], generated_at_ms: int, stale: bool
+) -> None:
+    """Whatever nodes and providers a snapshot holds (any texts, codes, times,
+    counts and engine figures), its status view is byte for byte the compact
+    JSON of the reference."""
+    registry = EdgeRegistry(Clock())
+    token = registry.connect("edge-1", HeldEdgePeer(), _hello({"site": "a"}))
+    response = pb.EdgeStatusResponse(edge_id="edge-1", generated_at_ms=generated_at_ms, nodes=nodes)
+    kept = keep_status(registry, "edge-1", token, response)
+    assert kept is not None
+    record = registry.get("edge-1")
+    body = JsonBytesRenderer().edge_status(record, kept, stale)
+    assert body == reference.compact(reference.snapshot_json(record, kept, stale))
 
 
 class _Point(NamedTuple):

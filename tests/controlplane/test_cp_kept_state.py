@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import sys
 
 import pytest
@@ -48,11 +49,11 @@ def test_a_snapshot_is_kept_as_bytes_and_renders_what_the_message_renders() -> N
     assert kept.parse() == response and kept.parse() is not kept.parse()
     record = registry.get("edge-1")
     renderer = JsonBytesRenderer()
-    rendered = renderer.edge_status(record, kept, False)
+    rendered = json.loads(renderer.edge_status(record, kept, False))
     assert rendered["nodes"] == [views.node_json(node) for node in response.nodes]
     assert rendered["totals"] == views.counts_json(response_counts(response))
     assert rendered["generated_at"] == views.iso_ms(response.generated_at_ms)
-    again = renderer.edge_status(record, kept, True)
+    again = json.loads(renderer.edge_status(record, kept, True))
     assert again == {**rendered, "stale": True}
     assert renderer.kept()["snapshot_members"].entries == 1
     assert record.kept_bytes() >= len(kept.data)

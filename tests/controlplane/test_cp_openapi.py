@@ -22,7 +22,8 @@ from referencing.jsonschema import DRAFT202012
 from twisted_iop.controlplane.http_errors import DOMAIN_ERRORS
 from twisted_iop.controlplane.http_routes import ControlPlaneHttp
 from twisted_iop.testing.harness import ControlPlaneHarness, eventually, start_control_plane
-from twisted_iop.testing.peers import connect_edge
+from twisted_iop.testing.peers import connect_edge, set_engine, snapshot
+from twisted_iop.wire import control_pb2 as pb
 
 SPEC_URI = "urn:iop:openapi"
 
@@ -95,6 +96,12 @@ class Client:
             assert response.code == expect, (path, response.code, document)
         self.contract.validate(template or _template_of(self.contract, path), method.lower(), response.code, document)
         return document
+
+
+def _with_an_engine(response: pb.EdgeStatusResponse) -> pb.EdgeStatusResponse:
+    """``response`` with an engine reading on its first node's provider (KV cache unknown)."""
+    set_engine(response.nodes[0].providers[0], kv_cache_usage=-1.0, saturated=True)
+    return response
 
 
 async def contract_of(cp: ControlPlaneHarness) -> Contract:
@@ -209,6 +216,9 @@ async def test_connected_edge_views_and_commands_match_the_document() -> None:
         assert detail["connected"] is True and "last_sequence" in detail["events"]
         status = await client.call("GET", "/edges/edge-a/status", expect=200)
         assert [n["node_id"] for n in status["nodes"]] == ["node-1", "node-2"]
+        edge.status = lambda: _with_an_engine(snapshot("edge-a"))
+        status = await client.call("GET", "/edges/edge-a/status", expect=200)
+        assert [n["providers"][0]["engine"] is None for n in status["nodes"]] == [False, True]
         catalog = await client.call("GET", "/edges/edge-a/commands", expect=200)
         assert "node.drain" in [c["name"] for c in catalog["commands"]]
 

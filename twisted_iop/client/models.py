@@ -15,7 +15,9 @@ a value that does not fit (``items[0].error: expected an object or null``).
 
 Field metadata says what the types cannot: :data:`OPTIONAL` marks a key the
 document does not require (absent or ``null`` read as ``None``, and ``None``
-is left out when written back); :data:`FLATTEN` marks a nested model whose
+is left out when written back); :data:`DEFAULTED` a key the document
+requires that an older Control Plane leaves out (absent read as the field's
+default, always written back); :data:`FLATTEN` marks a nested model whose
 keys sit in the same JSON object (an edge detail *is* a summary plus more).
 
 Times are timezone-aware :class:`datetime.datetime` in UTC, or ``None``.
@@ -39,6 +41,9 @@ T = TypeVar("T")
 OPTIONAL = {"optional": True}
 #: Metadata of a nested model read from (and written into) the enclosing object.
 FLATTEN = {"flatten": True}
+#: Metadata of a field whose key an older Control Plane leaves out: read as
+#: the field's default when absent, and always written back.
+DEFAULTED = {"defaulted": True}
 
 
 def _optional_field() -> Any:
@@ -123,7 +128,7 @@ def _read_object(model: Any, data: Any, path: str) -> Any:
             continue
         where = _at(path, field.name)
         if field.name not in data:
-            if field.metadata.get("optional"):
+            if field.metadata.get("optional") or field.metadata.get("defaulted"):
                 continue
             raise InvalidResponse(f"{where}: missing")
         values[field.alias] = _read_value(kind, data[field.name], where, bool(field.metadata.get("optional")))
@@ -312,8 +317,40 @@ class ProviderCounters:
 
 
 @attrs.frozen
+class EngineLoad:
+    """What a provider's engine last said of its own load.
+
+    ``kv_cache_usage`` is a fraction 0..1 and ``parallel`` the requests it
+    runs at once: ``None`` when the engine does not say.
+    """
+
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: Optional[float] = None
+    parallel: Optional[int] = None
+    age_seconds: float = 0.0
+
+
+@attrs.frozen
+class TokenCounts:
+    """Prompt and completion tokens counted from the engine's usage since the Edge started."""
+
+    prompt: int = 0
+    completion: int = 0
+
+
+def _defaulted(default: Any) -> Any:
+    return attrs.field(default=default, metadata=DEFAULTED)
+
+
+@attrs.frozen
 class ProviderStatus:
-    """One inference provider on a node, as the edge reported it."""
+    """One inference provider on a node, as the edge reported it.
+
+    ``engine`` is ``None`` without a reading of the engine's load, and
+    ``tokens_per_second`` ``None`` when the Edge sent no usable figure (a
+    Control Plane before they were shown leaves the engine's members out).
+    """
 
     provider_id: str
     kind: str = ""
@@ -323,6 +360,11 @@ class ProviderStatus:
     health_reason: str = ""
     general: ProviderCounters = ProviderCounters()
     long_context: ProviderCounters = ProviderCounters()
+    engine: Optional[EngineLoad] = _defaulted(None)
+    tokens_per_second: Optional[float] = _defaulted(None)
+    tokens: TokenCounts = _defaulted(TokenCounts())
+    saturated: bool = _defaulted(False)
+    cooling_down: bool = _defaulted(False)
 
 
 @attrs.frozen

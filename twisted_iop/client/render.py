@@ -24,6 +24,7 @@ from twisted_iop.client.models import (
     Operation,
     OperationPage,
     ProviderCounters,
+    ProviderStatus,
     StatusTotals,
 )
 
@@ -74,6 +75,46 @@ def labels_text(labels: Mapping[str, str]) -> str:
 def counters_text(counters: ProviderCounters) -> str:
     """``in-flight/capacity in flight, N queued``."""
     return f"{counters.in_flight}/{counters.capacity} in flight, {counters.queued} queued"
+
+
+def percent_text(fraction: Optional[float]) -> str:
+    """A fraction as a whole percent (``42%``), or ``-``."""
+    return NONE if fraction is None else f"{fraction * 100:.0f}%"
+
+
+def rate_text(rate: Optional[float]) -> str:
+    """Tokens per second to one decimal, or ``-``."""
+    return NONE if rate is None else f"{rate:.1f}"
+
+
+def flags_text(provider: ProviderStatus) -> str:
+    """``saturated``, ``cooling-down``, both (comma-separated), or ``-``."""
+    flags = [name for name, on in (("saturated", provider.saturated), ("cooling-down", provider.cooling_down)) if on]
+    return ",".join(flags) or NONE
+
+
+def engine_cells(provider: ProviderStatus) -> tuple[str, str, str]:
+    """The engine's running and waiting requests and KV cache use (``-`` without a reading)."""
+    engine = provider.engine
+    if engine is None:
+        return NONE, NONE, NONE
+    return str(engine.running), str(engine.waiting), percent_text(engine.kv_cache_usage)
+
+
+def engines_text(providers: Sequence[ProviderStatus]) -> str:
+    """What the providers' engines say in all: requests running and waiting
+    (of those with a reading), tokens per second, and how many are flagged."""
+    read = [p.engine for p in providers if p.engine is not None]
+    rate = sum(p.tokens_per_second or 0.0 for p in providers)
+    text = (
+        f"{sum(e.running for e in read)} running, {sum(e.waiting for e in read)} waiting "
+        f"({len(read)} of {len(providers)} report); {rate:.1f} tokens/s"
+    )
+    saturated = sum(1 for p in providers if p.saturated)
+    cooling = sum(1 for p in providers if p.cooling_down)
+    if saturated or cooling:
+        text += f"; {saturated} saturated, {cooling} cooling down"
+    return text
 
 
 def _counts_text(counts: Mapping[str, int]) -> str:
@@ -147,7 +188,9 @@ def render_totals(totals: StatusTotals) -> str:
 
 
 def render_status(status: EdgeStatus) -> str:
-    """The ``iopctl status ID`` view: a header, node rows, provider rows."""
+    """The ``iopctl status ID`` view: a header, totals (with what the engines
+    say in all), node rows, and provider rows with each engine's load,
+    tokens per second and flags beside the capacity counters."""
     freshness = "STALE" if status.stale else "fresh"
     header = (
         f"edge {status.edge_id}: {'connected' if status.connected else 'not connected'}, "
@@ -155,8 +198,12 @@ def render_status(status: EdgeStatus) -> str:
         f"received {time_text(status.received_at)}"
     )
     parts = [header]
+    providers = [p for n in status.nodes for p in n.providers]
     if status.totals is not None:
-        parts.append(render_totals(status.totals))
+        totals = render_totals(status.totals)
+        if providers:
+            totals += f"\nengines    {engines_text(providers)}"
+        parts.append(totals)
     if not status.nodes:
         parts.append("no nodes are configured")
         return "\n\n".join(parts)
@@ -192,6 +239,9 @@ def render_status(status: EdgeStatus) -> str:
             p.long_context.capacity,
             p.long_context.in_flight,
             p.long_context.queued,
+            *engine_cells(p),
+            rate_text(p.tokens_per_second),
+            flags_text(p),
             ",".join(p.models) or NONE,
             p.health_reason,
         )
@@ -213,11 +263,16 @@ def render_status(status: EdgeStatus) -> str:
                     "LC-CAP",
                     "LC-IN-FLIGHT",
                     "LC-QUEUED",
+                    "ENG-RUN",
+                    "ENG-WAIT",
+                    "KV",
+                    "TOK/S",
+                    "FLAGS",
                     "MODELS",
                     "REASON",
                 ),
                 provider_rows,
-                numeric=range(5, 11),
+                numeric=range(5, 15),
             )
         )
     return "\n\n".join(parts)

@@ -343,10 +343,10 @@ class ControlPlaneHttp:
         """A fresh status snapshot, or the stale one with the reason."""
         record = self._edge(request, edge_id)
         if not record.connected:
-            stale = self._json.edge_status(record, record.snapshot, True) if record.snapshot else None
+            stale = self._json.edge_status_json(record, record.snapshot, True) if record.snapshot else None
             return error_body(request, 409, "edge_not_connected", f"edge {edge_id!r} is not connected", snapshot=stale)
         snapshot = await self._gateway.status(edge_id)
-        return json_body(request, 200, self._json.edge_status(record, snapshot, False))
+        return encoded_json_body(request, 200, self._json.edge_status(record, snapshot, False))
 
     @app.route("/edges/<edge_id>/events", methods=["GET"])
     def edge_events(self, request: IRequest, edge_id: str) -> bytes:

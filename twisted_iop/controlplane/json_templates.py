@@ -21,7 +21,7 @@ import json
 import keyword
 import linecache
 import weakref
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any, Generic, Optional, TypeVar, Union
 
 import attrs
@@ -73,6 +73,26 @@ def write_received_at(snapshot: Optional[StatusSnapshot]) -> bytes:
     return write_time(None if snapshot is None else snapshot.received_at)
 
 
+def write_number(value: Optional[float]) -> bytes:
+    """A finite number as ``json.dumps`` writes it, or ``null``."""
+    return b"null" if value is None else repr(value).encode("ascii")
+
+
+def write_optional_int(value: Optional[int]) -> bytes:
+    """A whole number, or ``null``."""
+    return b"null" if value is None else b"%d" % value
+
+
+def write_texts(values: Iterable[str]) -> bytes:
+    """A list of strings (any iterable of them: a protobuf repeated field)."""
+    return ("[" + ",".join(map(escape_text, values)) + "]").encode("ascii")
+
+
+def write_time_ms(milliseconds: int) -> bytes:
+    """Milliseconds since the epoch as :func:`write_time` writes them (``null`` for 0)."""
+    return write_time(milliseconds / 1000.0 if milliseconds > 0 else None)
+
+
 def write_json(value: object) -> bytes:
     """Any JSON value, by ``json.dumps`` (compact)."""
     return b"null" if value is None else json.dumps(value, separators=(",", ":")).encode("ascii")
@@ -103,6 +123,8 @@ _INLINE: dict[Writer, tuple[str, ...]] = {
         """{value} = b"null" if {value} is None else b'"%s"' % {value}.encode("ascii")""",
     ),
     write_json: ("{value} = {read}", '{value} = b"null" if {value} is None else _write_json({value})'),
+    write_number: ("{value} = {read}", '{value} = b"null" if {value} is None else repr({value}).encode("ascii")'),
+    write_optional_int: ("{value} = {read}", '{value} = b"null" if {value} is None else b"%d" % {value}'),
 }
 
 # -- declarations ---------------------------------------------------------------------

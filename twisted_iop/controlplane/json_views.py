@@ -106,8 +106,35 @@ def _counters(capacity: int, in_flight: int, queued: int) -> dict[str, int]:
     return {"capacity": capacity, "in_flight": in_flight, "queued": queued}
 
 
+def fraction(value: float) -> Optional[float]:
+    """A fraction from the wire in 0..1, to 0.01 %; None when the engine does
+    not say (negative) or says nothing a fraction can be (NaN)."""
+    # False for NaN and negatives; +inf is clamped to 1, as any value over it.
+    return round(min(value, 1.0), 4) if value >= 0.0 else None
+
+
+def rate(value: float) -> Optional[float]:
+    """A rate from the wire to 0.01; None when it is none (NaN, infinite, negative)."""
+    # "value - value == 0" is False for NaN and both infinities.
+    return round(value, 2) if value >= 0.0 and value - value == 0.0 else None
+
+
+def engine_json(engine: pb.EngineLoad) -> Optional[dict[str, Any]]:
+    """What a provider's engine last said of its own load (None: no reading)."""
+    if not engine.known:
+        return None
+    return {
+        "running": engine.running,
+        "waiting": engine.waiting,
+        "kv_cache_usage": fraction(engine.kv_cache_usage),
+        "parallel": engine.parallel or None,
+        "age_seconds": engine.age_ms / 1000,
+    }
+
+
 def provider_json(provider: pb.ProviderSnapshot) -> dict[str, Any]:
-    """One provider of a node snapshot."""
+    """One provider of a node snapshot: its admission counters and what its
+    engine says (every figure from the wire bounded: never NaN or infinite)."""
     return {
         "provider_id": provider.provider_id,
         "kind": provider.kind,
@@ -121,6 +148,11 @@ def provider_json(provider: pb.ProviderSnapshot) -> dict[str, Any]:
             provider.long_context_in_flight,
             provider.long_context_queued,
         ),
+        "engine": engine_json(provider.engine),
+        "tokens_per_second": rate(provider.tokens_per_second),
+        "tokens": {"prompt": provider.prompt_tokens, "completion": provider.completion_tokens},
+        "saturated": provider.saturated,
+        "cooling_down": provider.cooling_down,
     }
 
 

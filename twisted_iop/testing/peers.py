@@ -77,6 +77,40 @@ def snapshot(edge_id: str, nodes: int = 2, capacity: int = 4, totals: bool = Fal
     return with_totals(response) if totals else response
 
 
+def set_engine(
+    provider: pb.ProviderSnapshot,
+    *,
+    running: int = 1,
+    waiting: int = 3,
+    kv_cache_usage: float = 0.42,
+    parallel: int = 1,
+    age_ms: int = 1200,
+    tokens_per_second: float = 37.5,
+    prompt_tokens: int = 1200,
+    completion_tokens: int = 3400,
+    saturated: bool = False,
+    cooling_down: bool = False,
+) -> pb.ProviderSnapshot:
+    """Give ``provider`` what an Edge reports of its engine (a reading of
+    its load, its tokens, saturation and cool-down), as set; returns it."""
+    provider.engine.CopyFrom(
+        pb.EngineLoad(
+            known=True,
+            running=running,
+            waiting=waiting,
+            kv_cache_usage=kv_cache_usage,
+            parallel=parallel,
+            age_ms=age_ms,
+        )
+    )
+    provider.tokens_per_second = tokens_per_second
+    provider.prompt_tokens = prompt_tokens
+    provider.completion_tokens = completion_tokens
+    provider.saturated = saturated
+    provider.cooling_down = cooling_down
+    return provider
+
+
 def keep_status(
     registry: EdgeRegistry, edge_id: str, token: int, response: pb.EdgeStatusResponse, at: float = 0.0
 ) -> Optional[StatusSnapshot]:

@@ -119,7 +119,7 @@ export function ago(iso) {
 
 const TONES = {
   available: "ok", healthy: "ok", succeeded: "ok", ok: "ok", connected: "ok", live: "ok",
-  drained: "warn", degraded: "warn", sent: "warn", accepted: "warn", running: "warn", timeout: "warn", reconnecting: "warn", connecting: "warn",
+  drained: "warn", degraded: "warn", saturated: "warn", cooling_down: "bad", sent: "warn", accepted: "warn", running: "warn", timeout: "warn", reconnecting: "warn", connecting: "warn",
   unhealthy: "bad", failed: "bad", rejected: "bad", timed_out: "bad", edge_disconnected: "bad", error: "bad",
   unavailable: "off", offline: "off", unknown: "off", disconnected: "off", closed: "off",
 };
@@ -135,6 +135,17 @@ export function counters(c) {
   const inFlight = c?.in_flight ?? 0;
   const pct = capacity ? Math.min(100, Math.round((inFlight / capacity) * 100)) : 0;
   return `<span class="meter"><span class="bar" aria-hidden="true"><i style="width:${pct}%"></i></span>${inFlight}/${capacity}</span>`;
+}
+
+/** A fraction 0..1 as a small bar and a whole percent ("42%"). */
+export function fractionBar(fraction) {
+  const pct = Math.max(0, Math.min(100, Math.round(Number(fraction) * 100))) || 0;
+  return `<span class="meter"><span class="bar" aria-hidden="true"><i style="width:${pct}%"></i></span>${pct}%</span>`;
+}
+
+/** A rate to one decimal ("37.5"). */
+export function rate(value) {
+  return Number(value).toFixed(1);
 }
 
 /** Event-driven re-fetches of one element are at least this far apart (ms). */

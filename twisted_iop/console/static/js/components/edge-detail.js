@@ -1,6 +1,8 @@
 // <iop-edge-detail edge-id="...">: one edge's nodes and providers (status,
-// health, general and long-context counters) from GET /edges/{id} and
-// GET /edges/{id}/status. When the status view fails (409 not connected,
+// health, general and long-context counters, and beside them what each
+// provider's engine says: requests running / waiting, KV cache use,
+// tokens per second, and "saturated" / "cooling down" badges) from
+// GET /edges/{id} and GET /edges/{id}/status. When the status view fails (409 not connected,
 // 503 edge went away, 504 edge timeout, 502 edge error) it says why and
 // shows the last known snapshot (from the error body, else the last one this
 // element received), marked stale. Live: re-fetched on node.*, edge.*,
@@ -12,7 +14,7 @@
 //         iop-auth-required {code, message}.
 
 import { ApiError, edgePath } from "../api.js";
-import { IopElement, ago, badge, counters, esc, formatTime } from "../base.js";
+import { IopElement, ago, badge, counters, esc, formatTime, fractionBar, rate } from "../base.js";
 
 const CSS = `
 .meta { display: flex; gap: 14px; flex-wrap: wrap; font-size: 12.5px; color: var(--_muted); margin-bottom: 6px; }
@@ -25,6 +27,36 @@ table[data-stale="true"] tbody { opacity: .72; }
 .reason { overflow-wrap: anywhere; }
 td:first-child { min-width: 10em; overflow-wrap: anywhere; }
 `;
+
+/** Columns of the provider table (a node row spans them). */
+const COLUMNS = 11;
+
+/** The engine's cells of one provider: running / waiting, KV cache, tokens/s ("—" where it says nothing). */
+function engineCells(p) {
+  const e = p.engine;
+  const load = e
+    ? `<span data-engine-load>${e.running}/${e.waiting}</span>`
+    : `<span class="muted" data-engine-load title="no reading of the engine's load">—</span>`;
+  const age = e ? ` title="read ${esc(Number(e.age_seconds).toFixed(1))} s before the snapshot"` : "";
+  const kv = e && e.kv_cache_usage != null ? fractionBar(e.kv_cache_usage) : `<span class="muted">—</span>`;
+  return `<td class="num"${age}>${load}</td><td class="num" data-kv-cache>${kv}</td>
+    <td class="num" data-tokens-per-second>${p.tokens_per_second == null ? "—" : esc(rate(p.tokens_per_second))}</td>`;
+}
+
+/** What the providers' engines say in all: running / waiting (of those with a reading) and tokens/s. */
+function engineSummary(nodes) {
+  const providers = nodes.flatMap((n) => n.providers || []);
+  const read = providers.filter((p) => p.engine);
+  if (!read.length && !providers.some((p) => p.tokens_per_second)) return "";
+  const sum = (values) => values.reduce((a, b) => a + (Number(b) || 0), 0);
+  return `<span data-engine-summary>engines <b>${sum(read.map((p) => p.engine.running))}/${sum(read.map((p) => p.engine.waiting))}</b> running / waiting
+    (${read.length} of ${providers.length} report), <b>${esc(rate(sum(providers.map((p) => p.tokens_per_second))))}</b> tokens/s</span>`;
+}
+
+/** "saturated" and "cooling down" badges of a provider (none when neither). */
+function flagBadges(p) {
+  return (p.saturated ? " " + badge("saturated") : "") + (p.cooling_down ? " " + badge("cooling_down", "cooling down") : "");
+}
 
 /** Status-view errors after which the last known snapshot is shown, marked stale. */
 const STATUS_FAILURES = new Set(["edge_not_connected", "edge_timeout", "edge_disconnected", "edge_error"]);
@@ -109,28 +141,31 @@ export class IopEdgeDetail extends IopElement {
       .map((node) => {
         const providers = (node.providers || [])
           .map(
-            (p) => `<tr data-provider="${esc(p.provider_id)}" data-status="${esc(p.status)}" data-health="${esc(p.health)}">
+            (p) => `<tr data-provider="${esc(p.provider_id)}" data-status="${esc(p.status)}" data-health="${esc(p.health)}"
+                data-saturated="${Boolean(p.saturated)}" data-cooling-down="${Boolean(p.cooling_down)}">
               <td>${esc(p.provider_id)} <span class="muted small">${esc(p.kind)}</span></td>
               <td class="small">${esc((p.models || []).join(", ")) || "—"}</td>
-              <td>${badge(p.status)}</td>
+              <td>${badge(p.status)}${flagBadges(p)}</td>
               <td title="${esc(p.health_reason || "")}">${badge(p.health)}${p.health_reason ? ` <span class="small muted reason">${esc(p.health_reason)}</span>` : ""}</td>
               <td class="num">${counters(p.general)}</td><td class="num">${p.general?.queued ?? 0}</td>
               <td class="num">${counters(p.long_context)}</td><td class="num">${p.long_context?.queued ?? 0}</td>
+              ${engineCells(p)}
             </tr>`,
           )
           .join("");
         const since = node.connected ? `connected ${ago(node.connected_since)}` : `last seen ${formatTime(node.last_seen)}`;
         return `<tr class="node" data-node="${esc(node.node_id)}" data-connected="${node.connected}">
             <td colspan="2">${esc(node.node_id)} <span class="muted small">${esc(since)}</span></td>
-            <td colspan="6">${badge(node.connected ? "connected" : "disconnected")}${node.drained ? " " + badge("drained") : ""}</td>
-          </tr>${providers || `<tr><td colspan="8" class="empty">no providers</td></tr>`}`;
+            <td colspan="${COLUMNS - 2}">${badge(node.connected ? "connected" : "disconnected")}${node.drained ? " " + badge("drained") : ""}</td>
+          </tr>${providers || `<tr><td colspan="${COLUMNS}" class="empty">no providers</td></tr>`}`;
       })
       .join("");
     const summary = totals
       ? `<span>nodes <b>${totals.nodes_connected}/${totals.nodes_configured}</b> connected</span>
          <span>providers <b>${totals.providers}</b></span>
          <span>general <b>${totals.general?.in_flight ?? 0}/${totals.general?.capacity ?? 0}</b> in flight, <b>${totals.general?.queued ?? 0}</b> queued</span>
-         <span>long-context <b>${totals.long_context?.in_flight ?? 0}/${totals.long_context?.capacity ?? 0}</b> in flight, <b>${totals.long_context?.queued ?? 0}</b> queued</span>`
+         <span>long-context <b>${totals.long_context?.in_flight ?? 0}/${totals.long_context?.capacity ?? 0}</b> in flight, <b>${totals.long_context?.queued ?? 0}</b> queued</span>
+         ${engineSummary(nodes)}`
       : "";
     this.root.querySelector("[data-body]").innerHTML = `
       <div class="meta">
@@ -145,10 +180,11 @@ export class IopEdgeDetail extends IopElement {
       <table aria-label="Nodes and providers of ${esc(edge.edge_id)}" data-stale="${stale}">
         <thead>
           <tr><th rowspan="2">Node / provider</th><th rowspan="2">Models</th><th rowspan="2">Status</th><th rowspan="2">Health</th>
-              <th colspan="2" class="group">General</th><th colspan="2" class="group">Long context</th></tr>
-          <tr><th class="num">in flight / cap</th><th class="num">queued</th><th class="num">in flight / cap</th><th class="num">queued</th></tr>
+              <th colspan="2" class="group">General</th><th colspan="2" class="group">Long context</th><th colspan="3" class="group">Engine</th></tr>
+          <tr><th class="num">in flight / cap</th><th class="num">queued</th><th class="num">in flight / cap</th><th class="num">queued</th>
+              <th class="num" title="requests the engine is running / waiting inside it">running / waiting</th><th class="num">KV cache</th><th class="num">tokens/s</th></tr>
         </thead>
-        <tbody>${rows || `<tr><td colspan="8" class="empty">${snapshot ? "No nodes are configured." : "No snapshot to show."}</td></tr>`}</tbody>
+        <tbody>${rows || `<tr><td colspan="${COLUMNS}" class="empty">${snapshot ? "No nodes are configured." : "No snapshot to show."}</td></tr>`}</tbody>
       </table></div>`;
   }
 }

@@ -280,3 +280,40 @@ def test_tokens_are_counted_per_provider_and_model() -> None:
     clock.advance(61)
     provider = StatusProvider(gateway._registry, clock).snapshot().nodes[0].providers[0]
     assert provider.tokens_per_second == 0.0 and provider.completion_tokens == 60
+
+
+def test_one_log_line_per_failed_inference_and_none_per_success() -> None:
+    """A failure logs model, provider and code (never an address); a success logs nothing; health reads healthy -> offline."""
+    from twisted.logger import formatEvent, globalLogPublisher
+
+    lines: list[str] = []
+
+    def observer(event: dict[str, Any]) -> None:
+        lines.append(formatEvent(event))
+
+    globalLogPublisher.addObserver(observer)
+    try:
+        gateway, peers, clock = fleet(nodes=1)
+        inference_id, sink = submit(gateway)
+        answer(gateway, peers[0], pb.InferenceDone(inference_id=inference_id, status=pb.INFERENCE_STATUS_OK))
+        assert not [line for line in lines if "inference" in line]
+        inference_id, sink = submit(gateway)
+        done = pb.InferenceDone(
+            inference_id=inference_id,
+            status=pb.INFERENCE_STATUS_PROVIDER_ERROR,
+            http_status=500,
+            error_code="provider_error",
+        )
+        answer(gateway, peers[0], done)
+        failed = [line for line in lines if line.startswith(f"inference {inference_id} ")]
+        assert len(failed) == 1
+        assert f"model {MODEL}" in failed[0] and "node n1 provider p1" in failed[0] and "provider_error" in failed[0]
+        assert "127.0.0.1" not in failed[0]
+        token = gateway._registry.ownership.owner("n1")
+        assert token is not None
+        gateway._registry.node_health(
+            token, [pb.ProviderHealthReport(provider_id="p1", health=pb.PROVIDER_HEALTH_OFFLINE)]
+        )
+        assert any("health healthy -> offline" in line for line in lines)
+    finally:
+        globalLogPublisher.removeObserver(observer)

@@ -91,7 +91,7 @@ def test_readings_are_checked_and_bounded() -> None:
 
 def test_saturated_engine_takes_no_lease_until_a_reading_says_it_recovered() -> None:
     """Waiting above max_waiting (or KV above max_kv_cache) stops new leases; recovery admits the queue."""
-    registry, clock, tokens = ready_registry({"p1": 4})
+    registry, _clock, tokens = ready_registry({"p1": 4})
     pool = registry.pool
     registry.node_load(tokens["p1"], load("p1", running=4, waiting=6))
     assert registry.saturated("n1", "p1")
@@ -119,7 +119,7 @@ def test_a_stale_saturated_reading_stops_counting() -> None:
 
 def test_only_the_owner_connection_counts_and_readings_go_with_the_node() -> None:
     """A pending connection's reports change nothing; a disconnect drops the readings."""
-    registry, clock, tokens = ready_registry({"p1": 2})
+    registry, _clock, tokens = ready_registry({"p1": 2})
     spec = pb.NodeProviderSpec(provider_id="p1", kind="mock", models=[MODEL])
     pending = registry.node_accepted(pb.NodeHelloRequest(node_id="n1", providers=[spec]), FakeNodePeer())
     assert registry.node_load(pending, load("p1", waiting=50)) == []
@@ -153,7 +153,7 @@ def test_node_wire_dispatches_load_reports() -> None:
 
 def test_two_idle_providers_share_the_work() -> None:
     """Equals take turns, not configuration order."""
-    registry, clock, tokens = ready_registry({"p1": 4, "p2": 4})
+    registry, _clock, _tokens = ready_registry({"p1": 4, "p2": 4})
     pool = registry.pool
     placed = []
     for _ in range(6):
@@ -166,7 +166,7 @@ def test_two_idle_providers_share_the_work() -> None:
 
 def test_least_loaded_uses_the_engine_figures() -> None:
     """An engine busy with work from elsewhere loses to an idle one, whatever our own leases say."""
-    registry, clock, tokens = ready_registry({"p1": 4, "p2": 4})
+    registry, _clock, tokens = ready_registry({"p1": 4, "p2": 4})
     registry.node_load(tokens["p1"], load("p1", running=3, waiting=1))
     registry.node_load(tokens["p2"], load("p2", running=0, waiting=0))
     for _ in range(3):

@@ -19,7 +19,6 @@ from twisted_iop.testing.http import chat
 from twisted_iop.testing.peers import FakeNodePeer
 from twisted_iop.wire import control_pb2 as pb
 
-
 _ORDER = itertools.count()
 
 
@@ -156,7 +155,7 @@ def test_unreachable_engine_is_retried_on_the_other_provider_which_cools_down() 
 
 def test_overloaded_429_is_retried_elsewhere_and_the_last_one_reaches_the_client() -> None:
     """An engine's 429 goes to the other provider; when that one is overloaded too, the client gets 429 + Retry-After."""
-    gateway, peers, clock = fleet()
+    gateway, peers, _clock = fleet()
     inference_id, sink = submit(gateway)
     first = holder(peers, inference_id)
     answer(gateway, first, overloaded(inference_id))
@@ -185,7 +184,7 @@ def test_no_retry_after_the_first_byte() -> None:
 
 def test_the_only_provider_failing_gives_the_client_its_error() -> None:
     """No other provider: 503 provider_unavailable, as before."""
-    gateway, peers, clock = fleet(nodes=1)
+    gateway, peers, _clock = fleet(nodes=1)
     inference_id, sink = submit(gateway)
     answer(gateway, peers[0], pb.InferenceDone(inference_id=inference_id, status=pb.INFERENCE_STATUS_UNAVAILABLE))
     assert sink.error is not None and (sink.error.status, sink.error.code) == (503, "provider_unavailable")
@@ -193,7 +192,7 @@ def test_the_only_provider_failing_gives_the_client_its_error() -> None:
 
 def test_retries_are_bounded_by_max_retries() -> None:
     """With max_retries 1 and three providers failing, the second failure is the client's."""
-    gateway, peers, clock = fleet(nodes=3, failover={"max_retries": 1})
+    gateway, peers, _clock = fleet(nodes=3, failover={"max_retries": 1})
     inference_id, sink = submit(gateway)
     answer(gateway, holder(peers, inference_id), overloaded(inference_id, status=503))
     assert sink.error is None
@@ -212,7 +211,7 @@ def test_engine_error_codes_reach_the_client_with_the_engine_message() -> None:
         ("provider_error", 500, 502),
     ]
     for code, engine_status, client_status in cases:
-        gateway, peers, clock = fleet()
+        gateway, peers, _clock = fleet()
         inference_id, sink = submit(gateway)
         body = json.dumps({"error": {"message": f"engine says {code}", "type": "x", "code": code}}).encode()
         done = pb.InferenceDone(
@@ -232,7 +231,7 @@ def test_engine_error_codes_reach_the_client_with_the_engine_message() -> None:
 
 def test_an_older_node_keeps_the_old_mapping() -> None:
     """No error code: a 4xx OpenAI body passes through as provider_error; a 500 is 502 provider_error."""
-    gateway, peers, clock = fleet()
+    gateway, peers, _clock = fleet()
     inference_id, sink = submit(gateway)
     body = b'{"error": {"message": "bad temperature", "type": "invalid_request_error"}}'
     done = pb.InferenceDone(
@@ -253,7 +252,7 @@ def test_over_half_failing_in_the_window_starts_a_cool_down() -> None:
     registry = gateway._registry
     outcomes = [True, False, True, False, True]  # failed?
     for failed in outcomes:
-        inference_id, sink = submit(gateway)
+        inference_id, _sink = submit(gateway)
         status = pb.INFERENCE_STATUS_PROVIDER_ERROR if failed else pb.INFERENCE_STATUS_OK
         answer(gateway, peers[0], pb.InferenceDone(inference_id=inference_id, status=status, http_status=500))
         clock.advance(1)
@@ -267,7 +266,7 @@ def test_tokens_are_counted_per_provider_and_model() -> None:
     """Usage of each answer adds up; tokens per second is over the last minute."""
     gateway, peers, clock = fleet(nodes=1)
     for _ in range(3):
-        inference_id, sink = submit(gateway)
+        inference_id, _sink = submit(gateway)
         done = pb.InferenceDone(
             inference_id=inference_id,
             status=pb.INFERENCE_STATUS_OK,
@@ -284,20 +283,22 @@ def test_tokens_are_counted_per_provider_and_model() -> None:
 
 def test_one_log_line_per_failed_inference_and_none_per_success() -> None:
     """A failure logs model, provider and code (never an address); a success logs nothing; health reads healthy -> offline."""
-    from twisted.logger import formatEvent, globalLogPublisher
+    from typing import cast
+
+    from twisted.logger import ILogObserver, formatEvent, globalLogPublisher
 
     lines: list[str] = []
 
     def observer(event: dict[str, Any]) -> None:
         lines.append(formatEvent(event))
 
-    globalLogPublisher.addObserver(observer)
+    globalLogPublisher.addObserver(cast(ILogObserver, observer))
     try:
-        gateway, peers, clock = fleet(nodes=1)
-        inference_id, sink = submit(gateway)
+        gateway, peers, _clock = fleet(nodes=1)
+        inference_id, _sink = submit(gateway)
         answer(gateway, peers[0], pb.InferenceDone(inference_id=inference_id, status=pb.INFERENCE_STATUS_OK))
         assert not [line for line in lines if "inference" in line]
-        inference_id, sink = submit(gateway)
+        inference_id, _sink = submit(gateway)
         done = pb.InferenceDone(
             inference_id=inference_id,
             status=pb.INFERENCE_STATUS_PROVIDER_ERROR,
@@ -316,4 +317,4 @@ def test_one_log_line_per_failed_inference_and_none_per_success() -> None:
         )
         assert any("health healthy -> offline" in line for line in lines)
     finally:
-        globalLogPublisher.removeObserver(observer)
+        globalLogPublisher.removeObserver(cast(ILogObserver, observer))

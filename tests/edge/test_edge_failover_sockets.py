@@ -56,16 +56,17 @@ class Engine(Resource):
 async def fleet(tmp_path: Path) -> tuple[Any, list[Any], list[Engine], list[Any]]:
     """Edge, two Nodes of kind openai (probing rarely, so a dead engine is noticed by requests first), two engines."""
     engines = [Engine(), Engine()]
-    ports = [reactor.listenTCP(0, Site(engine), interface="127.0.0.1") for engine in engines]  # type: ignore[attr-defined]
+    ports = [reactor.listenTCP(0, Site(engine), interface="127.0.0.1") for engine in engines]  # type: ignore[attr-defined,arg-type]
     edge = await start_edge(write_yaml(tmp_path / "edge.yaml", gateway_edge_yaml(capacity=2)))
     await edge.inference_server.bound()
     nodes = []
+    engine_ports = [port.getHost().port for port in ports]  # type: ignore[attr-defined]
     for index, (node_id, provider_id) in enumerate([("node-1", "p1"), ("node-2", "p2")]):
         provider = {
             "provider_id": provider_id,
             "kind": "openai",
             "models": [MODEL],
-            "base_url": f"http://127.0.0.1:{ports[index].getHost().port}",
+            "base_url": f"http://127.0.0.1:{engine_ports[index]}",
         }
         config = gateway_node_yaml(node_id, edge.node_port, provider)
         config["probes"] = {"interval_seconds": 60, "timeout_seconds": 1}

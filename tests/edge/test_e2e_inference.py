@@ -199,20 +199,21 @@ async def test_disconnect_and_node_kill_release_everything(tmp_path: Path, daemo
 
     # Fill both nodes, queue one more, then kill -9 the node whose stream is long.
     _, long_stream = await open_stream_with_key(fleet, max_tokens=5000)
+    await long_stream.first
+    # Equals take turns, so the long stream's Node is the one holding a lease now.
+    providers = await fleet.providers()
+    (long_node,) = [node_id for node_id, p in providers.items() if p["general"]["in_flight"] == 1]
     other_streams = []
     for _ in range(2 * CAPACITY - 1):
         _, other = await open_stream_with_key(fleet, max_tokens=40)
         other_streams.append(other)
-    await long_stream.first
     for other in other_streams:
         await other.first
     providers = await fleet.providers()
     assert sum(p["general"]["in_flight"] for p in providers.values()) == 2 * CAPACITY
     queued = ensureDeferred(post_with_key(fleet, max_tokens=2))
     await eventually(lambda: _queued_is(fleet, 1), timeout=10, message="one request queued")
-    # The long stream was leased first, on an idle pool: the least loaded
-    # provider in configuration order, node-1's.
-    fleet.nodes["node-1"].kill()
+    fleet.nodes[long_node].kill()
     events = await long_stream.done
     assert events and b"node_lost" in events[-1], events[-3:]
     code, body = await queued

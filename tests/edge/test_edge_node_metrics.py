@@ -10,7 +10,7 @@ import pytest_twisted
 import treq
 from prometheus_client.parser import text_string_to_metric_families
 
-from twisted_iop.testing.configs import gateway_edge_yaml, gateway_node_yaml, mock_provider, write_yaml
+from twisted_iop.testing.configs import MODEL, gateway_edge_yaml, gateway_node_yaml, mock_provider, write_yaml
 from twisted_iop.testing.harness import eventually, start_control_plane, start_edge, start_node, stop
 from twisted_iop.testing.http import chat, post
 from twisted_iop.testing.peers import raw_node
@@ -61,8 +61,9 @@ async def test_edge_and_node_metrics_follow_the_fleet(tmp_path: Path) -> None:
         before = await scrape(edge_port)
         assert before[("iop_edge_nodes_configured", ())] == 1
         assert before[("iop_edge_nodes_connected", ())] == 0
-        assert before[provider("iop_edge_provider_capacity", "node-1", "p1", "general")] == 2
-        assert before[provider("iop_edge_provider_capacity", "node-1", "p1", "long_context")] == 1
+        # A Node that is not connected has no capacity, in the metrics as in the status view.
+        assert before[provider("iop_edge_provider_capacity", "node-1", "p1", "general")] == 0
+        assert before[provider("iop_edge_provider_capacity", "node-1", "p1", "long_context")] == 0
         assert before[("iop_edge_control_plane_enrolled", ())] == 1
         assert before[("iop_edge_control_plane_enrollments_total", ())] == 1
         assert before[("iop_edge_outbox_events", ())] == 0
@@ -85,6 +86,8 @@ async def test_edge_and_node_metrics_follow_the_fleet(tmp_path: Path) -> None:
         samples = await scrape(edge_port)
         assert samples[("iop_edge_nodes_connected", ())] == 1
         assert samples[("iop_edge_node_connections", ())] == 1
+        assert samples[provider("iop_edge_provider_capacity", "node-1", "p1", "general")] == 2
+        assert samples[provider("iop_edge_provider_capacity", "node-1", "p1", "long_context")] == 1
         assert samples[("iop_hello_rejections_total", (("reason", "unknown_node"), ("wire", "node")))] == 1
         node_frames_in = samples[wire("iop_wire_frames_total", "node", "in")]
         assert node_frames_in >= 3  # two hellos and NodeReady at least
@@ -117,6 +120,11 @@ async def test_edge_and_node_metrics_follow_the_fleet(tmp_path: Path) -> None:
         assert samples[("iop_inference_queue_wait_seconds_count", ())] == 2
         assert samples[("iop_inference_in_flight", ())] == 0
         assert samples[provider("iop_edge_provider_in_flight", "node-1", "p1", "general")] == 0
+        # The mock's usage: 3 + 4 completion tokens, as in the status view.
+        tokens = (("direction", "completion"), ("model", MODEL), ("node", "node-1"), ("provider", "p1"))
+        assert samples[("iop_tokens_total", tokens)] == 7
+        snapshot = edge.status.snapshot().nodes[0].providers[0]
+        assert snapshot.completion_tokens == 7 and snapshot.tokens_per_second > 0
         assert samples[wire("iop_wire_frames_total", "node", "in")] >= node_frames_in + 3
         assert samples[wire("iop_wire_bytes_total", "node", "out")] > 0
 

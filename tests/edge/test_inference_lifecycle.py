@@ -31,9 +31,17 @@ class Switches:
         """Ready and not drained."""
         return self.ready[node_id] and not self.drained[node_id]
 
-    def provider_healthy(self, node_id: str, provider_id: str) -> bool:
+    def provider_takes_work(self, node_id: str, provider_id: str) -> bool:
         """Every provider is healthy here."""
         return True
+
+    def engine_load(self, node_id: str, provider_id: str) -> None:
+        """No engine reports its load here."""
+        return None
+
+    def engine_parallel(self, node_id: str, provider_id: str) -> int:
+        """No engine reports its parallelism here."""
+        return 0
 
 
 def make_pool() -> ProviderPool:
@@ -85,10 +93,10 @@ def test_no_long_context_provider_is_no_such_model() -> None:
     assert lifecycle.tickets == {}
 
 
-def test_node_lost_before_output_requeues_once() -> None:
-    """A lost Node before any output sends the request back to its queue; the second loss ends it."""
+def test_node_lost_before_output_requeues_while_retries_are_left() -> None:
+    """A lost Node before any output sends the request back to its queue; with one retry, the second loss ends it."""
     pool = make_pool()
-    lifecycle = InferenceLifecycle(pool, max_queued_per_model=5)
+    lifecycle = InferenceLifecycle(pool, max_queued_per_model=5, max_retries=1)
     ticket = lifecycle.submit("m2", False, lambda t: None)
     set_ready(pool, "n2", False)
     assert lifecycle.node_lost(ticket) is True and ticket.phase is Phase.QUEUED
@@ -108,6 +116,54 @@ def test_node_lost_after_output_is_not_retried() -> None:
     lifecycle.first_output(ticket)
     assert lifecycle.node_lost(ticket) is False and ticket.outcome is Outcome.NODE_LOST
     assert pool.in_flight_total() == 0
+
+
+def test_failed_before_output_is_retried_on_another_provider() -> None:
+    """A provider that failed a request before its first output is avoided: the retry runs elsewhere."""
+    pool = make_pool()
+    lifecycle = InferenceLifecycle(pool, max_queued_per_model=5)
+    grants: list[str] = []
+    ticket = lifecycle.submit("m1", False, lambda t: grants.append(t.lease.node_id if t.lease else ""))
+    first = grants[-1]
+    assert lifecycle.failed_before_output(ticket) is True
+    assert ticket.phase is Phase.LEASED and grants[-1] != first
+    # Both providers of m1 failed it: nobody is left, the caller ends it with the error.
+    assert lifecycle.failed_before_output(ticket) is False and ticket.phase is Phase.LEASED
+    assert lifecycle.finish(ticket, Outcome.PROVIDER_ERROR) is False
+    assert pool.in_flight_total() == 0 and lifecycle.tickets == {}
+
+
+def test_failed_before_output_waits_for_the_other_provider_when_it_is_full() -> None:
+    """The other provider is busy: the retry queues for it and never lands on the one that failed."""
+    pool = make_pool()
+    lifecycle = InferenceLifecycle(pool, max_queued_per_model=5)
+    busy = lifecycle.submit("m1", False, lambda t: None)  # turn order: first on one provider
+    ticket = lifecycle.submit("m1", False, lambda t: None)
+    assert busy.lease is not None and ticket.lease is not None
+    if ticket.lease.node_id == "n1":
+        busy, ticket = ticket, busy  # make ``ticket`` the request on n2 (capacity 1)
+    blocker = lifecycle.submit("m1", False, lambda t: None)  # n1's second slot
+    assert blocker.lease is not None and blocker.lease.node_id == "n1"
+    assert lifecycle.failed_before_output(ticket) is True and ticket.phase is Phase.QUEUED
+    lifecycle.finish(busy, Outcome.COMPLETED)
+    assert ticket.phase is Phase.LEASED and ticket.lease is not None and ticket.lease.node_id == "n1"
+
+
+def test_no_retry_after_the_first_output() -> None:
+    """Once output reached the client, a provider failure is not retried."""
+    pool = make_pool()
+    lifecycle = InferenceLifecycle(pool, max_queued_per_model=5)
+    ticket = lifecycle.submit("m1", False, lambda t: None)
+    lifecycle.first_output(ticket)
+    assert lifecycle.failed_before_output(ticket) is False and ticket.phase is Phase.STREAMING
+
+
+def test_retries_stop_at_max_retries() -> None:
+    """With no retry allowed, a failure before output is the client's error at once."""
+    pool = make_pool()
+    lifecycle = InferenceLifecycle(pool, max_queued_per_model=5, max_retries=0)
+    ticket = lifecycle.submit("m1", False, lambda t: None)
+    assert lifecycle.failed_before_output(ticket) is False
 
 
 class LifecycleMachine(RuleBasedStateMachine):
@@ -130,6 +186,11 @@ class LifecycleMachine(RuleBasedStateMachine):
                 and (other.model, other.long_context) == (ticket.model, ticket.long_context)
             ):
                 assert other.sequence > ticket.sequence or ticket.sequence == 0, "FIFO violated"
+        assert ticket.lease is not None
+        assert (ticket.lease.node_id, ticket.lease.provider_id) not in ticket.avoid, (
+            "placed on a provider that failed it"
+        )
+        assert ticket.attempts <= 1 + self.lifecycle.max_retries
         self.grants.append(ticket)
 
     @rule(model=st.sampled_from(MODELS), long_context=st.booleans())
@@ -154,6 +215,17 @@ class LifecycleMachine(RuleBasedStateMachine):
     def output(self, index: int) -> None:
         """A request's first output reaches its client."""
         self.lifecycle.first_output(self.live[index % len(self.live)])
+
+    @precondition(lambda self: self.live)
+    @rule(index=st.integers(0, 100))
+    def fail_before_output(self, index: int) -> None:
+        """A request's provider fails it (refused, overloaded): retried elsewhere, or it ends with the error."""
+        ticket = self.live[index % len(self.live)]
+        if ticket.phase is Phase.QUEUED:
+            return
+        if not self.lifecycle.failed_before_output(ticket):
+            self.lifecycle.finish(ticket, Outcome.PROVIDER_ERROR)
+            self.live.remove(ticket)
 
     @rule(node=st.sampled_from(NODES))
     def lose_node(self, node: str) -> None:

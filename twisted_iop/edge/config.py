@@ -59,6 +59,8 @@ ENV_NODE_LISTEN = "IOP_EDGE_NODE_LISTEN"
 DEFAULT_METRICS_LISTEN = "tcp:9101:interface=127.0.0.1"
 #: Environment variable overriding ``metrics.listen``.
 ENV_METRICS_LISTEN = "IOP_EDGE_METRICS_LISTEN"
+#: ``capacity: auto``: as many general leases as the engine says it runs at once.
+AUTO_CAPACITY = "auto"
 
 
 @attrs.frozen(kw_only=True)
@@ -123,8 +125,11 @@ class ProviderConfig:
     provider_id: str
     kind: str
     models: tuple[str, ...]
+    #: General leases at once; with ``capacity_auto``, the bound until the engine reports its own.
     capacity: int = 1
     long_context_capacity: int = 0
+    #: ``capacity: auto``: the engine's reported parallelism is the bound (1 until it reports one).
+    capacity_auto: bool = False
 
 
 @attrs.frozen
@@ -334,12 +339,19 @@ def parse_provider(section: Section) -> ProviderConfig:
     """Read one provider entry of a node."""
     section.reject_unknown({"provider_id", "kind", "models", "capacity", "long_context_capacity"})
     provider_id, kind, models = parse_provider_basics(section, PROVIDER_KINDS)
+    auto = section.raw("capacity") == AUTO_CAPACITY
+    if isinstance(section.raw("capacity"), str) and not auto:
+        raise ConfigError(
+            f"{section.field_path('capacity')}: must be a whole number or {AUTO_CAPACITY!r}, "
+            f"not {section.raw('capacity')!r}"[:200]
+        )
     return ProviderConfig(
         provider_id=provider_id,
         kind=kind,
         models=models,
-        capacity=section.integer("capacity", 1, minimum=0, maximum=100_000),
+        capacity=1 if auto else section.integer("capacity", 1, minimum=0, maximum=100_000),
         long_context_capacity=section.integer("long_context_capacity", 0, minimum=0, maximum=100_000),
+        capacity_auto=auto,
     )
 
 

@@ -8,9 +8,11 @@ Two layers:
   ``leased`` (holds a lease, forwarded to its Node, nothing relayed yet) ->
   ``streaming`` (output reached the client) -> ``finished``. It owns the
   leases it takes from the :class:`~twisted_iop.edge.pool.ProviderPool` and
-  releases each exactly once, whatever ends the request. A request whose
-  Node is lost before any output reached the client goes back to its queue
-  (once) and runs on another provider.
+  releases each exactly once, whatever ends the request. A request that
+  failed before any output reached the client (its Node lost, its engine
+  unreachable or overloaded) goes back to its queue and runs on another
+  provider, at most ``inference.failover.max_retries`` times; the provider
+  that failed it cools down (see ``registry.request_failed``).
 * :class:`InferenceGateway` does the I/O around it: ``InferenceRequest`` to
   the Node that owns the leased provider, ``InferenceChunk`` /
   ``InferenceDone`` back to the client's :class:`ResponseSink`,
@@ -19,11 +21,16 @@ Two layers:
   reactor turn (one read from the Node carries many frames) reach the
   sink together, in order, at the start of the next turn: one HTTP write
   for all of them. That is at most one read's worth, never a whole stream.
+
+What a failed answer means for the client and the provider is
+:mod:`~twisted_iop.edge.inference_errors`'. Each failed request is one log
+line (model, provider, code, reason); a successful one is none. Tokens of
+the engine's usage are counted in the registry's
+:class:`~twisted_iop.edge.tokens.TokenCounter`.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any, Optional, Protocol
 
 import attrs
@@ -32,6 +39,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 from twisted_iop.edge.inference_config import InferenceConfig
+from twisted_iop.edge.inference_errors import FailureKind, client_error, failure_kind
 from twisted_iop.edge.inference_lifecycle import InferenceError, InferenceLifecycle, Outcome, Phase, QueueFull, Ticket
 from twisted_iop.edge.pool import NoSuchModel
 from twisted_iop.edge.registry import NodeRegistry
@@ -48,6 +56,9 @@ ENDPOINT_NAMES = {
     pb.INFERENCE_ENDPOINT_COMPLETIONS: COMPLETIONS,
     pb.INFERENCE_ENDPOINT_EMBEDDINGS: EMBEDDINGS,
 }
+#: Outcomes that are a failed request (logged, one line each).
+_FAILURES = frozenset({Outcome.PROVIDER_ERROR, Outcome.NODE_SILENT, Outcome.QUEUE_TIMEOUT})
+
 # -- the gateway (I/O) ---------------------------------------------------------
 
 
@@ -105,7 +116,7 @@ class InferenceGateway:
         self._registry = registry
         self.config = config
         self._clock = clock
-        self.lifecycle = InferenceLifecycle(registry.pool, config.max_queued_per_model)
+        self.lifecycle = InferenceLifecycle(registry.pool, config.max_queued_per_model, config.max_retries)
         self._admitted: dict[int, _AdmittedRequest] = {}
         self._by_peer: dict[InferenceNodePeer, set[int]] = {}
         #: Admitted requests with pending events, and the call that writes them (next turn).
@@ -114,6 +125,8 @@ class InferenceGateway:
         self.stopping = False
         #: Requests ended, by outcome name (for logs, tests and benchmarks).
         self.outcomes: dict[str, int] = {}
+        #: Requests sent to another provider after a failure, by the failure's code.
+        self.retries: dict[str, int] = {}
         #: For /metrics: requests ended by (endpoint, outcome), time to the
         #: first output and to the end of completed requests, queue waits.
         self.requests: dict[tuple[str, str], int] = {}
@@ -287,11 +300,50 @@ class InferenceGateway:
                     self._flush_call = self._clock.callLater(0, self._flush)
             admitted.pending.append(message.data)
             return
-        done: pb.InferenceDone = message
+        self._done(admitted, message)
+
+    def _done(self, admitted: _AdmittedRequest, done: pb.InferenceDone) -> None:
+        lease = admitted.ticket.lease
+        assert lease is not None  # sent to a Node only once leased
+        node_id, provider_id = lease.node_id, lease.provider_id
+        if done.HasField("usage"):
+            usage = done.usage
+            self._registry.tokens.add(
+                node_id,
+                provider_id,
+                admitted.ticket.model,
+                usage.prompt_tokens,
+                usage.completion_tokens,
+                self._clock.seconds(),
+            )
         if done.status == pb.INFERENCE_STATUS_OK:
+            self._registry.request_succeeded(node_id, provider_id)
             self._end(admitted, Outcome.COMPLETED, done=done)
-        else:
-            self._end(admitted, Outcome.PROVIDER_ERROR, _provider_error(done))
+            return
+        error = client_error(done, self.config.retry_after_seconds)
+        kind = failure_kind(done)
+        if kind is not FailureKind.CLIENT:
+            reason = f"{error.code}: {error.message}"[:200]
+            self._registry.request_failed(node_id, provider_id, reason, cool_down_now=kind is FailureKind.ELSEWHERE)
+        if kind is FailureKind.ELSEWHERE and admitted.ticket.phase is Phase.LEASED:
+            self._forget_peer(admitted)
+            self._cancel_timer(admitted)
+            admitted.queued_at = self._clock.seconds()  # metrics: a retry waits again
+            if self.lifecycle.failed_before_output(admitted.ticket):
+                self.retries[error.code] = self.retries.get(error.code, 0) + 1
+                self._log.info(
+                    "inference {id} (model {model}) failed on node {node_id} provider {provider_id} "
+                    "before its first byte ({code}); retrying on another provider",
+                    id=admitted.ticket.inference_id,
+                    model=admitted.ticket.model,
+                    node_id=node_id,
+                    provider_id=provider_id,
+                    code=error.code,
+                )
+                if admitted.ticket.phase is Phase.QUEUED:
+                    self._start_queue_timer(admitted)
+                return
+        self._end(admitted, Outcome.PROVIDER_ERROR, error)
 
     def connection_lost(self, peer: InferenceNodePeer) -> None:
         """A Node connection closed: retry what had no output yet, fail the rest."""
@@ -339,6 +391,8 @@ class InferenceGateway:
         self._arm_idle_timer(admitted)
 
     def _node_lost(self, admitted: _AdmittedRequest) -> None:
+        lease = admitted.ticket.lease
+        lost_node = f"node {lease.node_id} provider {lease.provider_id}" if lease is not None else "no provider"
         self._forget_peer(admitted)
         self._cancel_timer(admitted)
         admitted.queued_at = self._clock.seconds()  # metrics: a retry waits again
@@ -350,9 +404,9 @@ class InferenceGateway:
         self._count(Outcome.NODE_LOST.value)
         self._count_request(admitted.endpoint, Outcome.NODE_LOST.value)
         self._write_pending(admitted)
-        admitted.sink.fail(
-            InferenceError(502, "node_lost", "the node running this request was lost", kind="server_error")
-        )
+        error = InferenceError(502, "node_lost", "the node running this request was lost", kind="server_error")
+        self._log_failure(admitted, error, lost_node)
+        admitted.sink.fail(error)
 
     def _end(
         self,
@@ -364,6 +418,12 @@ class InferenceGateway:
         ticket = admitted.ticket
         if self._admitted.pop(ticket.inference_id, None) is None:
             return
+        if error is not None and outcome in _FAILURES:
+            lease = ticket.lease
+            where = f"node {lease.node_id} provider {lease.provider_id}" if lease is not None else "no provider"
+            self._log_failure(admitted, error, where)
+            if outcome is Outcome.NODE_SILENT and lease is not None:
+                self._registry.request_failed(lease.node_id, lease.provider_id, error.code, cool_down_now=False)
         self._cancel_timer(admitted)
         peer = admitted.peer
         self._forget_peer(admitted)
@@ -384,6 +444,18 @@ class InferenceGateway:
             admitted.sink.complete(done)
         elif error is not None:
             admitted.sink.fail(error)
+
+    def _log_failure(self, admitted: _AdmittedRequest, error: InferenceError, where: str) -> None:
+        """The one line of a failed request: model, provider, code and reason (never an address)."""
+        self._log.info(
+            "inference {id} (model {model}) failed on {where}: {status} {code}: {reason}",
+            id=admitted.ticket.inference_id,
+            model=admitted.ticket.model,
+            where=where,
+            status=error.status,
+            code=error.code,
+            reason=error.message[:200],
+        )
 
     def _forget_peer(self, admitted: _AdmittedRequest) -> None:
         if admitted.peer is not None:
@@ -444,26 +516,3 @@ class InferenceGateway:
     def _count_request(self, endpoint: pb.InferenceEndpoint, outcome: str) -> None:
         key = (ENDPOINT_NAMES.get(endpoint, "unknown"), outcome)
         self.requests[key] = self.requests.get(key, 0) + 1
-
-
-def _provider_error(done: pb.InferenceDone) -> InferenceError:
-    """The client's error for an ``InferenceDone`` that is not OK."""
-    status = done.status
-    if status == pb.INFERENCE_STATUS_PROVIDER_ERROR and 400 <= done.http_status < 500 and done.body:
-        try:
-            parsed = json.loads(done.body)
-        except ValueError:
-            parsed = None
-        if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
-            # The provider's own OpenAI error (bad parameter ...) reaches the client as it is.
-            return InferenceError(done.http_status, "provider_error", done.error, body=bytes(done.body))
-    if status == pb.INFERENCE_STATUS_UNAVAILABLE:
-        return InferenceError(
-            503, "provider_unavailable", done.error or "the provider could not be reached", kind="server_error"
-        )
-    if status == pb.INFERENCE_STATUS_REJECTED:
-        return InferenceError(502, "node_rejected", done.error or "the node refused the request", kind="server_error")
-    if status == pb.INFERENCE_STATUS_PROVIDER_ERROR:
-        detail = done.error or "the provider failed"
-        return InferenceError(502, "provider_error", detail, kind="server_error")
-    return InferenceError(502, "provider_error", f"unexpected inference status {status}", kind="server_error")

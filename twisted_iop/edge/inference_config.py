@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import attrs
 
 from twisted_iop.configuration import ConfigError, Section, parse_listen_setting
+from twisted_iop.edge.cooldown import CooldownRule
+from twisted_iop.edge.engine_load import SaturationRule
 
 #: Where the inference API listens unless configured otherwise.
 DEFAULT_INFERENCE_LISTEN = "tcp:8090:interface=127.0.0.1"
 #: Environment variable overriding ``inference.listen``.
 ENV_INFERENCE_LISTEN = "IOP_EDGE_INFERENCE_LISTEN"
+#: Retries on another provider of a request that failed before its first byte.
+DEFAULT_MAX_RETRIES = 2
 
 
 @attrs.frozen
@@ -40,6 +45,11 @@ class InferenceConfig:
     #: Connections to the listener in all, and from one address; more are closed at once.
     max_connections: int = 1024
     max_connections_per_address: int = 256
+    #: ``inference.saturation``: when an engine's own load takes it out of rotation.
+    saturation: SaturationRule = SaturationRule()
+    #: ``inference.failover``: retries elsewhere, and cool-downs of failing providers.
+    max_retries: int = DEFAULT_MAX_RETRIES
+    cooldown: CooldownRule = CooldownRule()
 
 
 def parse_inference_config(section: Section, environ: Mapping[str, str]) -> InferenceConfig:
@@ -58,6 +68,8 @@ def parse_inference_config(section: Section, environ: Mapping[str, str]) -> Infe
             "allowed_hosts",
             "max_connections",
             "max_connections_per_address",
+            "saturation",
+            "failover",
         }
     )
     keys = tuple(section.string_list("api_keys"))
@@ -81,4 +93,35 @@ def parse_inference_config(section: Section, environ: Mapping[str, str]) -> Infe
         allowed_hosts=tuple(section.string_list("allowed_hosts")),
         max_connections=section.integer("max_connections", 1024, minimum=1),
         max_connections_per_address=section.integer("max_connections_per_address", 256, minimum=1),
+        saturation=_saturation(section.section("saturation")),
+        max_retries=section.section("failover").integer("max_retries", DEFAULT_MAX_RETRIES, minimum=0, maximum=16),
+        cooldown=_cooldown(section.section("failover")),
     )
+
+
+def _saturation(section: Section) -> SaturationRule:
+    section.reject_unknown({"max_waiting", "max_kv_cache", "stale_after_seconds"})
+    max_kv_cache = _finite(section, "max_kv_cache", 0.8)
+    if max_kv_cache > 1.0:
+        raise ConfigError(f"{section.field_path('max_kv_cache')}: a fraction of the KV cache, at most 1")
+    return SaturationRule(
+        max_waiting=section.integer("max_waiting", 5, minimum=0, maximum=1_000_000),
+        max_kv_cache=max_kv_cache,
+        stale_after_seconds=_finite(section, "stale_after_seconds", 30.0),
+    )
+
+
+def _cooldown(section: Section) -> CooldownRule:
+    section.reject_unknown({"max_retries", "cooldown_seconds", "failure_window_seconds", "min_requests"})
+    return CooldownRule(
+        cooldown_seconds=_finite(section, "cooldown_seconds", 5.0, exclusive_minimum=False),
+        failure_window_seconds=_finite(section, "failure_window_seconds", 60.0),
+        min_requests=section.integer("min_requests", 5, minimum=1, maximum=1_000_000),
+    )
+
+
+def _finite(section: Section, key: str, default: float, exclusive_minimum: bool = True) -> float:
+    value = section.number(key, default, exclusive_minimum=exclusive_minimum)
+    if not math.isfinite(value):
+        raise ConfigError(f"{section.field_path(key)}: must be a finite number, not {value}")
+    return value

@@ -21,11 +21,8 @@ import attrs
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.python.failure import Failure
 
-from twisted_iop.edge.pool import Lease, NoSuchModel, ProviderPool
-
-#: How many times a request may be leased (a lost Node before any output
-#: sends it back to its queue until this many leases were tried).
-MAX_ATTEMPTS = 2
+from twisted_iop.edge.inference_config import DEFAULT_MAX_RETRIES
+from twisted_iop.edge.pool import Lease, NoSuchModel, ProviderKey, ProviderPool
 
 
 class InferenceError(Exception):
@@ -98,6 +95,8 @@ class Ticket:
     lease: Optional[Lease] = None
     outcome: Optional[Outcome] = None
     attempts: int = 0
+    #: Providers that failed this request before its first output.
+    avoid: frozenset[ProviderKey] = frozenset()
     #: Submission order within its queue (FIFO checks).
     sequence: int = 0
     waiting: Optional[Deferred[Lease]] = attrs.field(default=None, repr=False)
@@ -106,10 +105,11 @@ class Ticket:
 class InferenceLifecycle:
     """Every live request and its lease; pure transitions over the pool."""
 
-    def __init__(self, pool: ProviderPool, max_queued_per_model: int, max_attempts: int = MAX_ATTEMPTS) -> None:
+    def __init__(self, pool: ProviderPool, max_queued_per_model: int, max_retries: int = DEFAULT_MAX_RETRIES) -> None:
         self.pool = pool
         self.max_queued_per_model = max_queued_per_model
-        self.max_attempts = max_attempts
+        #: Leases after the first that one request may be given.
+        self.max_retries = max_retries
         self.tickets: dict[int, Ticket] = {}
         self._queued: dict[tuple[str, bool], int] = {}
         self._next_id = 0
@@ -139,11 +139,11 @@ class InferenceLifecycle:
         key = (ticket.model, ticket.long_context)
         lease = None
         if not self._queued.get(key):
-            lease = self.pool.try_acquire(ticket.model, ticket.long_context)
+            lease = self.pool.try_acquire(ticket.model, ticket.long_context, ticket.avoid)
         if lease is None and bounded and self._queued.get(key, 0) >= self.max_queued_per_model:
             raise QueueFull(f"{self._queued.get(key, 0)} requests already wait for model {ticket.model!r}")
         if lease is None:
-            d = self.pool.admit(ticket.model, ticket.long_context)
+            d = self.pool.admit(ticket.model, ticket.long_context, ticket.avoid)
             if d.called:
                 # Only a synchronous NoSuchModel (or a lease, which
                 # try_acquire just said cannot be) fires at once.
@@ -208,20 +208,39 @@ class InferenceLifecycle:
         """The Node running ``ticket`` is gone. True if it went back to its queue.
 
         Only a request with no output at its client yet is retried, and
-        only while it has attempts left; otherwise it finishes ``NODE_LOST``.
+        only while it has retries left; otherwise it finishes ``NODE_LOST``.
         """
-        if ticket.phase is Phase.LEASED and ticket.attempts < self.max_attempts:
-            self._release(ticket)
-            self.tickets.pop(ticket.inference_id, None)
-            try:
-                self._admit(ticket, bounded=False)
-            except NoSuchModel:
-                ticket.phase = Phase.FINISHED
-                ticket.outcome = Outcome.NODE_LOST
-                return False
-            return True
+        if ticket.phase is Phase.LEASED and ticket.attempts <= self.max_retries:
+            return self._requeue(ticket, Outcome.NODE_LOST)
         self.finish(ticket, Outcome.NODE_LOST)
         return False
+
+    def failed_before_output(self, ticket: Ticket) -> bool:
+        """The provider of ``ticket`` failed it in a way another may not. True if it went back to its queue.
+
+        Retried only with no output at its client yet, while it has retries
+        left and another provider of its model (not one that failed it)
+        takes work; otherwise the caller ends it with the error.
+        """
+        lease = ticket.lease
+        if ticket.phase is not Phase.LEASED or lease is None or ticket.attempts > self.max_retries:
+            return False
+        avoid = ticket.avoid | {(lease.node_id, lease.provider_id)}
+        if not self.pool.another_takes_work(ticket.model, ticket.long_context, avoid):
+            return False
+        ticket.avoid = avoid
+        return self._requeue(ticket, Outcome.PROVIDER_ERROR)
+
+    def _requeue(self, ticket: Ticket, outcome: Outcome) -> bool:
+        self._release(ticket)
+        self.tickets.pop(ticket.inference_id, None)
+        try:
+            self._admit(ticket, bounded=False)
+        except NoSuchModel:
+            ticket.phase = Phase.FINISHED
+            ticket.outcome = outcome
+            return False
+        return True
 
     def _release(self, ticket: Ticket) -> None:
         lease, ticket.lease = ticket.lease, None

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from twisted_iop.edge.status import provider_counters
 from twisted_iop.metrics import (
     counter,
     gauge,
@@ -87,7 +88,8 @@ def edge_metrics(service: EdgeParts) -> Iterator[Metric]:
     pool = registry.pool
     for node in nodes:
         for provider in node.providers:
-            counters = pool.counters(node.node_id, provider.provider_id)
+            # The status view's counters: 0 for a Node that is not connected.
+            counters = provider_counters(registry, node.node_id, provider.provider_id)
             general = [node.node_id, provider.provider_id, GENERAL]
             long_context = [node.node_id, provider.provider_id, LONG_CONTEXT]
             capacity.add_metric(general, counters.capacity)
@@ -99,6 +101,7 @@ def edge_metrics(service: EdgeParts) -> Iterator[Metric]:
     yield capacity
     yield in_flight
     yield queued
+    yield from _engine_metrics(registry)
     yield labelled(
         GaugeMetricFamily,
         "iop_edge_queued_requests",
@@ -123,6 +126,13 @@ def edge_metrics(service: EdgeParts) -> Iterator[Metric]:
         ["phase"],
         [(["first_byte"], inference.first_byte_seconds), (["total"], inference.total_seconds)],
     )
+    yield labelled(
+        CounterMetricFamily,
+        "iop_inference_retries",
+        "Inference requests sent to another provider after a failure before their first byte, by code",
+        ["code"],
+        [([code], count) for code, count in sorted(inference.retries.items())],
+    )
     yield histogram(
         "iop_inference_queue_wait_seconds", "Admission (or a retry) to a lease", inference.queue_wait_seconds
     )
@@ -141,3 +151,47 @@ def edge_metrics(service: EdgeParts) -> Iterator[Metric]:
     relay = registry.relay
     yield gauge("iop_edge_outbox_events", "Events waiting for the Control Plane", relay.outbox_length)
     yield counter("iop_edge_outbox_dropped_events", "Events dropped from a full outbox", relay.dropped_total)
+
+
+def _engine_metrics(registry: NodeRegistry) -> Iterator[Metric]:
+    """The engines' own load, saturation, cool-downs and tokens, per provider."""
+    labels = ["node", "provider"]
+    running = GaugeMetricFamily("iop_edge_engine_running", "Requests the engine says it runs", labels=labels)
+    waiting = GaugeMetricFamily("iop_edge_engine_waiting", "Requests waiting inside the engine", labels=labels)
+    kv_cache = GaugeMetricFamily(
+        "iop_edge_engine_kv_cache_usage", "Fraction of the engine's KV cache in use (when it says)", labels=labels
+    )
+    age = GaugeMetricFamily("iop_edge_engine_reading_age_seconds", "Age of the engine's last reading", labels=labels)
+    saturated = GaugeMetricFamily(
+        "iop_edge_provider_saturated", "1 while the engine's load is over a threshold (no new lease)", labels=labels
+    )
+    cooling = GaugeMetricFamily(
+        "iop_edge_provider_cooling_down", "1 while the provider cools down after failures", labels=labels
+    )
+    rate = GaugeMetricFamily(
+        "iop_edge_provider_tokens_per_second", "Completion tokens per second over the last minute", labels=labels
+    )
+    now = registry.now()
+    for node in registry.nodes():
+        for provider in node.providers:
+            key = [node.node_id, provider.provider_id]
+            reading = registry.engine_loads.last(node.node_id, provider.provider_id)
+            if reading is not None:
+                running.add_metric(key, reading.running)
+                waiting.add_metric(key, reading.waiting)
+                if reading.kv_cache_usage is not None:
+                    kv_cache.add_metric(key, reading.kv_cache_usage)
+                age.add_metric(key, max(0.0, now - reading.read_at))
+            saturated.add_metric(key, 1 if registry.saturated(node.node_id, provider.provider_id) else 0)
+            cooling.add_metric(key, 1 if registry.cooling_down(node.node_id, provider.provider_id) else 0)
+            rate.add_metric(key, registry.tokens.tokens_per_second(node.node_id, provider.provider_id, now))
+    yield from (running, waiting, kv_cache, age, saturated, cooling, rate)
+    tokens = CounterMetricFamily(
+        "iop_tokens",
+        "Tokens of the engines' usage, by provider, model and direction",
+        labels=[*labels, "model", "direction"],
+    )
+    for node_id, provider_id, model, prompt, completion in registry.tokens.totals():
+        tokens.add_metric([node_id, provider_id, model, "prompt"], prompt)
+        tokens.add_metric([node_id, provider_id, model, "completion"], completion)
+    yield tokens

@@ -7,6 +7,7 @@ token once hello is accepted) and turns wire messages into calls on the
 * ``NodeHelloRequest`` -> accepted (pending) or rejected, then closed;
 * ``NodeReady`` -> the connection may take ownership;
 * ``NodeHealthReport`` -> provider health (counts only for the owner);
+* ``NodeLoadReport`` -> the engines' own load (counts only for the owner);
 * connection lost -> the registry decides whether anything changed.
 
 Every frame of an accepted connection, keepalive pings and pongs and
@@ -88,6 +89,8 @@ class NodeServerProtocol(AcceptedPeerProtocol):
             self._registry.node_ready(self.token, envelope.node_ready.providers)
         elif body == "node_health_report":
             self._registry.node_health(self.token, envelope.node_health_report.providers)
+        elif body == "node_load_report":
+            self._registry.node_load(self.token, envelope.node_load_report.providers)
         elif body == "error" and not envelope.request_id:
             self.peer_goodbye(envelope.error)
         elif body in INFERENCE_BODIES_FROM_NODE and self.factory.inference is not None:

@@ -12,12 +12,23 @@ starve short ones. Waiting requests show as ``queued`` pressure on every
 provider that could serve them.
 
 The pool holds only leases and queues. Whether a provider may take new work
-(its Node dispatch-ready and not drained, the provider healthy or degraded)
-is owned by the :class:`~twisted_iop.edge.registry.NodeRegistry`; the pool
-asks it through the read-only :class:`Availability` interface whenever it
-places work, and the registry calls :meth:`ProviderPool.reconsider` (or
+(its Node dispatch-ready and not drained, the provider healthy or degraded,
+its engine not saturated, the provider not cooling down) and what its
+engine says of its own load are owned by the
+:class:`~twisted_iop.edge.registry.NodeRegistry`; the pool asks it through
+the read-only :class:`Availability` interface whenever it places work, and
+the registry calls :meth:`ProviderPool.reconsider` (or
 :meth:`ProviderPool.node_lost`) when the answer may have changed, so
 waiting requests are admitted as soon as capacity appears.
+
+Placement: the least loaded eligible provider, where a provider's load is
+``max(its leases, its engine's running + waiting) / capacity`` (the
+engine's figures only from a fresh reading); equals take turns (the turn
+rotates per model), so two idle providers share the work. A provider with
+``capacity: auto`` takes as many general leases as its engine says it runs
+at once (``parallel``), and 1 until the engine says. A retried request
+names the providers that already failed it (``avoid``) and is placed
+elsewhere.
 """
 
 from __future__ import annotations
@@ -30,6 +41,11 @@ import attrs
 from twisted.internet.defer import Deferred
 
 from twisted_iop.edge.config import ProviderConfig
+from twisted_iop.edge.engine_load import EngineReading
+
+#: A provider's key: (node id, provider id).
+ProviderKey = tuple[str, str]
+_NOTHING: frozenset[ProviderKey] = frozenset()
 
 
 class Availability(Protocol):
@@ -38,8 +54,14 @@ class Availability(Protocol):
     def node_takes_work(self, node_id: str) -> bool:
         """Whether ``node_id`` is dispatch-ready and not drained."""
 
-    def provider_healthy(self, node_id: str, provider_id: str) -> bool:
-        """Whether the provider's health lets it take new work."""
+    def provider_takes_work(self, node_id: str, provider_id: str) -> bool:
+        """Whether the provider may take new work (health, saturation, cool-down)."""
+
+    def engine_load(self, node_id: str, provider_id: str) -> Optional[EngineReading]:
+        """The engine's fresh reading of its own load, ``None`` when unknown or stale."""
+
+    def engine_parallel(self, node_id: str, provider_id: str) -> int:
+        """Requests the engine says it runs at once; 0 when it has not said."""
 
 
 class EverythingAvailable:
@@ -49,9 +71,17 @@ class EverythingAvailable:
         """Always true."""
         return True
 
-    def provider_healthy(self, node_id: str, provider_id: str) -> bool:
+    def provider_takes_work(self, node_id: str, provider_id: str) -> bool:
         """Always true."""
         return True
+
+    def engine_load(self, node_id: str, provider_id: str) -> Optional[EngineReading]:
+        """Never known."""
+        return None
+
+    def engine_parallel(self, node_id: str, provider_id: str) -> int:
+        """Never known."""
+        return 0
 
 
 class LeaseError(Exception):
@@ -91,12 +121,10 @@ class LeaseCounters:
 class _Provider:
     node_id: str
     config: ProviderConfig
+    key: ProviderKey
     in_flight: int = 0
     long_context_in_flight: int = 0
     leases: set[Lease] = attrs.field(factory=set)
-
-    def capacity_of(self, long_context: bool) -> int:
-        return self.config.long_context_capacity if long_context else self.config.capacity
 
     def in_flight_of(self, long_context: bool) -> int:
         return self.long_context_in_flight if long_context else self.in_flight
@@ -107,6 +135,7 @@ class _Waiter:
     model: str
     long_context: bool
     deferred: Deferred[Lease]
+    avoid: frozenset[ProviderKey] = _NOTHING
 
 
 _QueueKey = tuple[str, bool]
@@ -124,6 +153,8 @@ class ProviderPool:
         self._providers: dict[tuple[str, str], _Provider] = {}
         self._queues: dict[_QueueKey, deque[_Waiter]] = {}
         self._by_model: dict[str, list[_Provider]] = {}
+        #: Per model, where the next placement starts looking (equals take turns).
+        self._turn: dict[str, int] = {}
 
     # -- configuration and availability --------------------------------------
 
@@ -138,13 +169,14 @@ class ProviderPool:
         for provider_id, config in wanted.items():
             existing = self._providers.get((node_id, provider_id))
             if existing is None:
-                self._providers[(node_id, provider_id)] = _Provider(node_id, config)
+                self._providers[(node_id, provider_id)] = _Provider(node_id, config, (node_id, provider_id))
             else:
                 existing.config = config
         self._by_model = {}
         for provider in self._providers.values():
             for model in dict.fromkeys(provider.config.models):
                 self._by_model.setdefault(model, []).append(provider)
+        self._turn = {}
         self._pump()
 
     def remove_node(self, node_id: str) -> None:
@@ -176,19 +208,23 @@ class ProviderPool:
 
     # -- leases --------------------------------------------------------------
 
-    def try_acquire(self, model: str, long_context: bool = False) -> Optional[Lease]:
-        """A lease on the least loaded eligible provider, or ``None`` now."""
-        provider = self._pick(model, long_context)
+    def try_acquire(
+        self, model: str, long_context: bool = False, avoid: frozenset[ProviderKey] = _NOTHING
+    ) -> Optional[Lease]:
+        """A lease on the least loaded eligible provider not in ``avoid``, or ``None`` now."""
+        provider = self._pick(model, long_context, avoid)
         if provider is None:
             return None
         return self._grant(provider, model, long_context)
 
-    def admit(self, model: str, long_context: bool = False) -> Deferred[Lease]:
+    def admit(
+        self, model: str, long_context: bool = False, avoid: frozenset[ProviderKey] = _NOTHING
+    ) -> Deferred[Lease]:
         """A Deferred lease: at once if possible, else after waiting in queue.
 
         Fails with :class:`NoSuchModel` when no configured provider could
         ever serve the model in that class. Cancelling the Deferred leaves
-        the queue.
+        the queue. A waiter is placed only on a provider not in ``avoid``.
         """
         if not any(self._serves(p, model, long_context) for p in self._providers.values()):
             d: Deferred[Lease] = Deferred()
@@ -198,7 +234,7 @@ class ProviderPool:
         key = (model, long_context)
         queue = self._queues.get(key)
         if not queue:
-            lease = self.try_acquire(model, long_context)
+            lease = self.try_acquire(model, long_context, avoid)
             if lease is not None:
                 done: Deferred[Lease] = Deferred()
                 done.callback(lease)
@@ -211,7 +247,7 @@ class ProviderPool:
                 if not waiting:
                     del self._queues[key]
 
-        waiter = _Waiter(model, long_context, Deferred(cancel))
+        waiter = _Waiter(model, long_context, Deferred(cancel), avoid)
         self._queues.setdefault(key, deque()).append(waiter)
         return waiter.deferred
 
@@ -240,7 +276,7 @@ class ProviderPool:
         if provider is None:
             return LeaseCounters(0, 0, 0, 0, 0, 0)
         return LeaseCounters(
-            capacity=provider.config.capacity,
+            capacity=self._capacity(provider, False),
             in_flight=provider.in_flight,
             queued=self._pressure(provider, False),
             long_context_capacity=provider.config.long_context_capacity,
@@ -262,7 +298,15 @@ class ProviderPool:
 
     def could_grant(self, model: str, long_context: bool = False) -> bool:
         """Whether a lease on ``model`` in that class is free right now."""
-        return self._pick(model, long_context) is not None
+        return self._pick(model, long_context, _NOTHING) is not None
+
+    def another_takes_work(self, model: str, long_context: bool, avoid: frozenset[ProviderKey]) -> bool:
+        """Whether a provider not in ``avoid`` serves ``model`` in that class and takes work now
+        (free or not: a retry may wait for it)."""
+        return any(
+            p.key not in avoid and self._capacity(p, long_context) > 0 and self._available(p)
+            for p in self._by_model.get(model, ())
+        )
 
     def eligible(self, node_id: str, provider_id: str) -> bool:
         """Whether the provider would take a new lease of some class now."""
@@ -276,24 +320,53 @@ class ProviderPool:
 
     def _available(self, provider: _Provider) -> bool:
         availability = self._availability
-        return availability.node_takes_work(provider.node_id) and availability.provider_healthy(
+        return availability.node_takes_work(provider.node_id) and availability.provider_takes_work(
             provider.node_id, provider.config.provider_id
         )
 
-    @staticmethod
-    def _serves(provider: _Provider, model: str, long_context: bool) -> bool:
-        return model in provider.config.models and provider.capacity_of(long_context) > 0
+    def _capacity(self, provider: _Provider, long_context: bool) -> int:
+        config = provider.config
+        if long_context:
+            return config.long_context_capacity
+        if config.capacity_auto:
+            return self._availability.engine_parallel(provider.node_id, config.provider_id) or config.capacity
+        return config.capacity
 
-    def _pick(self, model: str, long_context: bool) -> Optional[_Provider]:
+    def _serves(self, provider: _Provider, model: str, long_context: bool) -> bool:
+        # ``capacity: auto`` always serves the general class (1 until the engine says).
+        return model in provider.config.models and (
+            provider.config.long_context_capacity > 0 if long_context else provider.config.capacity > 0
+        )
+
+    def _pick(self, model: str, long_context: bool, avoid: frozenset[ProviderKey]) -> Optional[_Provider]:
+        providers = self._by_model.get(model)
+        if not providers:
+            return None
+        start = self._turn.get(model, 0) % len(providers)
+        availability = self._availability
         best: Optional[_Provider] = None
         best_load = 0.0
-        # Configuration order breaks ties, so placement is deterministic.
-        for provider in self._by_model.get(model, ()):
-            capacity = provider.capacity_of(long_context)
-            used = provider.in_flight_of(long_context)
-            if used >= capacity or not self._available(provider):
+        # Starting at the model's turn and taking only a strictly lower
+        # load, equals take turns instead of the first configured winning.
+        for provider in providers[start:] + providers[:start] if start else providers:
+            if avoid and provider.key in avoid:
                 continue
-            load = used / capacity
+            config = provider.config
+            if long_context:
+                capacity = config.long_context_capacity
+                used = provider.long_context_in_flight
+            else:
+                capacity = config.capacity
+                if config.capacity_auto:
+                    capacity = availability.engine_parallel(provider.node_id, config.provider_id) or capacity
+                used = provider.in_flight
+            if used >= capacity or not (
+                availability.node_takes_work(provider.node_id)
+                and availability.provider_takes_work(provider.node_id, config.provider_id)
+            ):
+                continue
+            engine = availability.engine_load(provider.node_id, config.provider_id)
+            load = (used if engine is None else max(used, engine.running + engine.waiting)) / capacity
             if best is None or load < best_load:
                 best, best_load = provider, load
                 if load == 0.0:
@@ -301,6 +374,7 @@ class ProviderPool:
         return best
 
     def _grant(self, provider: _Provider, model: str, long_context: bool) -> Lease:
+        self._turn[model] = self._turn.get(model, 0) + 1
         lease = Lease(provider.node_id, provider.config.provider_id, model, long_context)
         provider.leases.add(lease)
         if long_context:
@@ -319,7 +393,7 @@ class ProviderPool:
     def _pressure(self, provider: _Provider, long_context: bool) -> int:
         if not self._availability.node_takes_work(provider.node_id):
             return 0
-        if provider.capacity_of(long_context) == 0:
+        if self._capacity(provider, long_context) == 0:
             return 0
         return sum(len(self._queues.get((model, long_context), ())) for model in set(provider.config.models))
 
@@ -334,7 +408,9 @@ class ProviderPool:
                     self._queues.pop(key, None)
                     continue
                 model, long_context = key
-                provider = self._pick(model, long_context)
+                # The oldest waiter first; one that must avoid the only free
+                # provider waits (and holds its queue) until another frees.
+                provider = self._pick(model, long_context, queue[0].avoid)
                 if provider is None:
                     continue
                 waiter = queue.popleft()

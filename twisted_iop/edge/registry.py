@@ -2,7 +2,10 @@
 health, drain state and the provider pool (no I/O).
 
 The registry is the one owner of what decides whether a Node takes work:
-dispatch-ready ownership, drain and provider health. The
+dispatch-ready ownership, drain, provider health, the engines' own load
+(:mod:`~twisted_iop.edge.engine_load`: a saturated engine takes no new
+lease) and cool-downs of failing providers (:mod:`~twisted_iop.edge.cooldown`),
+and of the tokens counted from the engines' usage. The
 :class:`~twisted_iop.edge.pool.ProviderPool` holds only leases and queues
 and asks the registry (its :class:`~twisted_iop.edge.pool.Availability`)
 when it places work; every change of those facts tells the pool to
@@ -23,13 +26,17 @@ from typing import Optional, Protocol
 import attrs
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from twisted_iop.edge.config import EdgeConfig, NodeConfig, ProviderConfig
+from twisted_iop.edge.cooldown import Cooldowns
+from twisted_iop.edge.engine_load import EngineLoads, EngineReading
 from twisted_iop.edge.events import EventRelay
 from twisted_iop.edge.ownership import NodeOwnership, Transition, TransitionKind
 from twisted_iop.edge.pool import ProviderPool
+from twisted_iop.edge.tokens import TokenCounter
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.enums import enum_label
 from twisted_iop.wire.hello import MAX_TEXT, Rejection, check_node_hello
@@ -101,6 +108,12 @@ class NodeRegistry(Service):
         self._peers: dict[int, NodePeer] = {}
         self._health: dict[str, dict[str, ProviderHealth]] = {}
         self._drained: set[str] = set()
+        self.engine_loads = EngineLoads(config.inference.saturation)
+        self.cooldowns = Cooldowns(config.inference.cooldown)
+        self.tokens = TokenCounter()
+        #: Timers that reconsider waiting work when a cool-down ends or a
+        #: saturated reading goes stale, per (node, provider, which).
+        self._timers: dict[tuple[str, str, str], IDelayedCall] = {}
         self.started_at = clock.seconds()
         for node in config.nodes:
             self.pool.configure_node(node.node_id, node.providers)
@@ -180,6 +193,40 @@ class NodeRegistry(Service):
         self.pool.reconsider()
         return changed
 
+    def node_load(self, token: int, reports: Iterable[pb.ProviderLoadReport]) -> list[str]:
+        """Engine load reported by ``token``; only the owner's reports count.
+
+        Returns the ids of providers whose reading was taken. Waiting
+        requests are reconsidered (a reading may say an engine recovered).
+        """
+        if not self.ownership.is_owner(token):
+            return []
+        node_id = self.ownership.node_of(token)
+        assert node_id is not None
+        self.ownership.seen(token)
+        now = self._clock.seconds()
+        loads = self.engine_loads
+        known = [p.provider_id for p in self.node(node_id).providers]
+        before = {p: loads.saturated(node_id, p) for p in known}
+        updated = loads.update(node_id, known, reports, now)
+        for provider_id in updated:
+            saturated = loads.saturated(node_id, provider_id)
+            if saturated != before[provider_id]:
+                self._log.info(
+                    "node {node_id} provider {provider_id} engine {state}",
+                    node_id=node_id,
+                    provider_id=provider_id,
+                    state="saturated: no new leases" if saturated else "no longer saturated",
+                )
+            reading = loads.fresh(node_id, provider_id)
+            if reading is not None:
+                # Unless a newer reading comes, this one stops counting when stale.
+                self._set_timer(node_id, provider_id, "stale", loads.stale_in(reading, now))
+            else:
+                self._cancel_timer(node_id, provider_id, "stale")
+        self.pool.reconsider()
+        return updated
+
     def node_seen(self, token: int) -> None:
         """``token`` sent a frame, keepalive included (keeps the owner's last_seen fresh)."""
         self.ownership.seen(token)
@@ -228,6 +275,9 @@ class NodeRegistry(Service):
                 self.pool.reconsider()
             elif transition.kind is TransitionKind.DISCONNECTED:
                 self._health.pop(node_id, None)
+                self.engine_loads.forget_node(node_id)
+                for provider in self.node(node_id).providers:
+                    self._cancel_timer(node_id, provider.provider_id, "stale")
                 self.pool.node_lost(node_id)
                 self._log.info("node {node_id} disconnected", node_id=node_id)
                 self.relay.emit("node.disconnected", node_id=node_id, message=f"node {node_id} disconnected")
@@ -318,9 +368,107 @@ class NodeRegistry(Service):
         return node_id not in self._drained and self.is_ready(node_id)
 
     def provider_healthy(self, node_id: str, provider_id: str) -> bool:
-        """Whether the owner's last report lets the provider take new work."""
+        """Whether the owner's last health report lets the provider take new work."""
         health = self.health(node_id, provider_id)
         return health is not None and health.health in USABLE_HEALTH
+
+    def provider_takes_work(self, node_id: str, provider_id: str) -> bool:
+        """Healthy (or degraded), its engine not saturated, not cooling down."""
+        health = self._health.get(node_id, {}).get(provider_id)
+        if health is None or health.health not in USABLE_HEALTH:
+            return False
+        return not self.engine_loads.saturated(node_id, provider_id) and (
+            self.cooldowns.cooling(node_id, provider_id) is None
+        )
+
+    def engine_load(self, node_id: str, provider_id: str) -> Optional[EngineReading]:
+        """The engine's fresh reading, ``None`` when unknown or stale."""
+        return self.engine_loads.fresh(node_id, provider_id)
+
+    def engine_parallel(self, node_id: str, provider_id: str) -> int:
+        """The engine's reported parallelism (``capacity: auto``); 0 when unknown."""
+        return self.engine_loads.parallel(node_id, provider_id)
+
+    def saturated(self, node_id: str, provider_id: str) -> bool:
+        """Whether the provider's engine is over a saturation threshold now."""
+        return self.engine_loads.saturated(node_id, provider_id)
+
+    def cooling_down(self, node_id: str, provider_id: str) -> Optional[str]:
+        """Why the provider cools down now, or ``None``."""
+        return self.cooldowns.cooling(node_id, provider_id)
+
+    # -- outcomes of requests (cool-downs) ------------------------------------
+
+    def request_succeeded(self, node_id: str, provider_id: str) -> None:
+        """A request on the provider ended well (counts for the failure share)."""
+        self.cooldowns.record(node_id, provider_id, False, self._clock.seconds())
+
+    def request_failed(self, node_id: str, provider_id: str, reason: str, cool_down_now: bool) -> None:
+        """A request on the provider failed on the provider's side.
+
+        ``cool_down_now``: the provider could not take it at all (refused,
+        reset, overloaded): it cools down at once. Otherwise the failure
+        counts towards the failure share of its window.
+        """
+        now = self._clock.seconds()
+        if cool_down_now:
+            until = self.cooldowns.start(node_id, provider_id, now, reason)
+        else:
+            until = self.cooldowns.record(node_id, provider_id, True, now, reason)
+        if until is None:
+            return
+        reason = self.cooldowns.cooling(node_id, provider_id) or reason
+        self._log.warn(
+            "node {node_id} provider {provider_id} cools down for {seconds:g}s: {reason}",
+            node_id=node_id,
+            provider_id=provider_id,
+            seconds=until - now,
+            reason=reason,
+        )
+        self._set_timer(node_id, provider_id, "cooldown", until - now)
+        if self.is_ready(node_id):
+            # Early re-probe: the Node reports what it now sees of the engine.
+            self.probe_node(node_id, self._config.node_server.probe_timeout_seconds).addErrback(
+                self._probe_failed, node_id
+            )
+
+    def _probe_failed(self, failure: Failure, node_id: str) -> None:
+        self._log.info(
+            "node {node_id}: early re-probe failed: {error}", node_id=node_id, error=failure.getErrorMessage()
+        )
+
+    def _set_timer(self, node_id: str, provider_id: str, which: str, seconds: float) -> None:
+        key = (node_id, provider_id, which)
+        timer = self._timers.get(key)
+        if timer is not None and timer.active():
+            timer.reset(seconds)
+        else:
+            self._timers[key] = self._clock.callLater(seconds, self._timer_fired, key)
+
+    def _cancel_timer(self, node_id: str, provider_id: str, which: str) -> None:
+        timer = self._timers.pop((node_id, provider_id, which), None)
+        if timer is not None and timer.active():
+            timer.cancel()
+
+    def _timer_fired(self, key: tuple[str, str, str]) -> None:
+        self._timers.pop(key, None)
+        node_id, provider_id, which = key
+        if which == "stale":
+            self.engine_loads.expire(node_id, provider_id)
+        else:
+            self.cooldowns.end(node_id, provider_id)
+            self._log.info(
+                "node {node_id} provider {provider_id} cool-down over", node_id=node_id, provider_id=provider_id
+            )
+        self.pool.reconsider()
+
+    def stopService(self) -> Optional[Deferred[None]]:
+        """Cancel the timers of cool-downs and stale readings."""
+        for timer in self._timers.values():
+            if timer.active():
+                timer.cancel()
+        self._timers.clear()
+        return super().stopService()  # type: ignore[no-any-return]
 
     def connection_count(self) -> int:
         """Live Node connections (owners and pending)."""
@@ -389,6 +537,10 @@ class NodeRegistry(Service):
             ]
             self._nodes[node_id] = attrs.evolve(node, providers=new.providers)
             self.pool.configure_node(node_id, new.providers)
+            for provider_id in old_providers:
+                if provider_id not in new_providers:
+                    self.engine_loads.forget_provider(node_id, provider_id)
+                    self.cooldowns.forget_provider(node_id, provider_id)
             health = self._health.get(node_id)
             if health is not None:
                 for provider_id in list(health):

@@ -6,9 +6,16 @@ Rules (see docs/edge-and-node.md):
 * a Node that is not dispatch-ready has ``connected=false`` and each of its
   configured providers keeps its identity (id, kind, models) with
   ``status=UNAVAILABLE``, ``health=OFFLINE`` and every counter 0;
-* a ready Node's providers show their configured capacity, in-flight leases
-  and queue pressure from the pool, health from the Node's reports, and
-  ``AVAILABLE`` or ``DRAINED``.
+* a ready Node's providers show their capacity (configured, or the
+  engine's with ``capacity: auto``), in-flight leases and queue pressure
+  from the pool, health from the Node's reports, and ``AVAILABLE`` or
+  ``DRAINED``; the engine's last reading (``engine``, its ``age_ms`` the age
+  now), ``saturated``, tokens (totals and completion tokens per second over
+  the last minute) and ``cooling_down``: a provider that cools down and
+  reports ``healthy`` shows ``degraded`` with the cool-down's reason.
+
+:func:`provider_counters` is the one source of the lease counters, for
+this view and for ``/metrics`` alike.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 from twisted.internet.interfaces import IReactorTime
 
 from twisted_iop.edge.config import NodeConfig, ProviderConfig
+from twisted_iop.edge.pool import LeaseCounters
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.status_totals import with_totals
@@ -61,12 +69,22 @@ class StatusProvider:
         return snapshot
 
     def _ready_provider(self, node_id: str, provider: ProviderConfig, drained: bool) -> pb.ProviderSnapshot:
-        counters = self._registry.pool.counters(node_id, provider.provider_id)
-        health = self._registry.health(node_id, provider.provider_id)
+        registry = self._registry
+        provider_id = provider.provider_id
+        counters = provider_counters(registry, node_id, provider_id)
+        health = registry.health(node_id, provider_id)
         health_value = health.health if health is not None else pb.PROVIDER_HEALTH_UNKNOWN
         reason = ""
         if health_value != pb.PROVIDER_HEALTH_HEALTHY:
             reason = (health.reason if health is not None else "") or "no health report yet"
+        cooling = registry.cooling_down(node_id, provider_id)
+        if cooling is not None and health_value in (pb.PROVIDER_HEALTH_HEALTHY, pb.PROVIDER_HEALTH_DEGRADED):
+            health_value = pb.PROVIDER_HEALTH_DEGRADED
+            reason = f"cooling down: {cooling}" + (f"; {reason}" if reason else "")
+        now = self._clock.seconds()
+        reading = registry.engine_loads.last(node_id, provider_id)
+        engine = reading.to_wire(now) if reading is not None else pb.EngineLoad(known=False, kv_cache_usage=-1.0)
+        prompt_tokens, completion_tokens = registry.tokens.provider_totals(node_id, provider_id)
         return pb.ProviderSnapshot(
             provider_id=provider.provider_id,
             kind=provider.kind,
@@ -80,7 +98,20 @@ class StatusProvider:
             long_context_capacity=counters.long_context_capacity,
             long_context_in_flight=counters.long_context_in_flight,
             long_context_queued=counters.long_context_queued,
+            engine=engine,
+            tokens_per_second=registry.tokens.tokens_per_second(node_id, provider_id, now),
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            saturated=registry.saturated(node_id, provider_id),
+            cooling_down=cooling is not None,
         )
+
+
+def provider_counters(registry: NodeRegistry, node_id: str, provider_id: str) -> LeaseCounters:
+    """The lease counters of a provider as the Edge shows them: all 0 unless its Node is ready."""
+    if not registry.is_ready(node_id):
+        return LeaseCounters(0, 0, 0, 0, 0, 0)
+    return registry.pool.counters(node_id, provider_id)
 
 
 def unavailable_provider(provider: ProviderConfig) -> pb.ProviderSnapshot:
@@ -92,6 +123,7 @@ def unavailable_provider(provider: ProviderConfig) -> pb.ProviderSnapshot:
         status=pb.PROVIDER_STATUS_UNAVAILABLE,
         health=pb.PROVIDER_HEALTH_OFFLINE,
         health_reason="node is not connected",
+        engine=pb.EngineLoad(known=False, kv_cache_usage=-1.0),
     )
 
 

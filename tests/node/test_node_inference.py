@@ -411,6 +411,16 @@ async def test_a_stream_that_does_not_end_with_done_is_an_error(
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_stream_cut_before_any_output_is_unavailable(engine: Engine, runner: InferenceRunner) -> None:
+    """A killed engine after its headers, before any event: UNAVAILABLE, so the Edge may run it elsewhere."""
+    engine.resource.answers.append(Answer(200, [b": ping\n\n"], "text/event-stream", ending="drop"))
+    chunks, done = await run(runner, chat(), stream=True)
+    assert chunks == []
+    assert (done.status, done.error_code) == (pb.INFERENCE_STATUS_UNAVAILABLE, "")
+    assert "before any output" in done.error
+
+
+@pytest_twisted.ensureDeferred
 async def test_an_error_event_in_a_200_stream_ends_the_request_with_its_code(
     engine: Engine, runner: InferenceRunner
 ) -> None:

@@ -51,6 +51,7 @@ USAGE_ENDPOINTS = frozenset({CHAT_COMPLETIONS, COMPLETIONS})
 
 NO_DONE = "the engine ended the stream without [DONE]"
 NO_OUTPUT = NO_DONE + " and without any output"
+CUT = "the engine closed the connection mid-answer"
 
 _DATA = StreamEventKind.DATA
 _USAGE = StreamEventKind.USAGE
@@ -98,6 +99,8 @@ class EngineAnswer:
     body: bytes = b""
     usage: Optional[Mapping[str, Any]] = None
     error: Optional[EngineError] = None
+    #: The engine's connection was cut before the answer ended (a killed engine).
+    cut: bool = False
 
 
 def provider_error(message: str) -> EngineError:
@@ -217,8 +220,8 @@ class EngineBodyReader(TwistedProtocol):
             self._sink.finished(EngineAnswer(error.status, error.to_json(), None, error))
             return
         if not complete:
-            error = provider_error("the engine closed the connection mid-answer")
-            self._sink.finished(EngineAnswer(error.status, error.to_json(), self._usage, error))
+            error = provider_error(CUT)
+            self._sink.finished(EngineAnswer(error.status, error.to_json(), self._usage, error, cut=True))
             return
         if self._streaming:
             last = bytes(self._buffer).strip()

@@ -633,6 +633,12 @@ class _HTTPJob:
         error = answer.error
         if error is None:
             self._reply.done(pb.INFERENCE_STATUS_OK, answer.http_status, answer.body, answer.usage)
+        elif answer.cut and not self._reply.chunks:
+            # Nothing reached the Edge: as if the engine had never answered,
+            # so the Edge may run the request on another provider.
+            self._reply.done(
+                pb.INFERENCE_STATUS_UNAVAILABLE, error="the engine closed the connection before any output"
+            )
         else:
             self._reply.failed(error, answer.usage)
 

@@ -99,7 +99,7 @@ bench-inference: setup
 	$(PY) bench/inference_gateway.py --quick
 
 # Tokens per second through Edge + Node against a real engine (llama-cpp-python
-# on a tiny local model) called directly, at 1 and 4 streams (about 70 s).
+# on a tiny local model) called directly, at 1 and 4 streams (about 3 minutes).
 bench-engine: setup llama-engine
 	$(PY) bench/engine_throughput.py
 

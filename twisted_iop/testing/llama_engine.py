@@ -275,9 +275,16 @@ def engine_fleet_yaml(cp_address: str, models: list[str], capacity: int, kind: s
 
 
 def start_engine_fleet(
-    engines: list[LlamaEngine], log_dir: Path, capacity: int, kind: str = "llamacpp", timeout: float = 60.0
+    engines: list[LlamaEngine],
+    log_dir: Path,
+    capacity: int,
+    kind: str = "llamacpp",
+    timeout: float = 60.0,
+    probes: Optional[dict[str, float]] = FLEET_PROBES,
 ) -> EngineFleet:
     """Start a Control Plane, an Edge and a Node per engine; wait until every provider is healthy.
+
+    ``probes`` is the Nodes' ``probes`` section (``None``: node.yaml's defaults).
 
     Blocking, bounded by ``timeout``; on failure every daemon started is
     stopped and ``AssertionError`` says what was missing.
@@ -306,7 +313,8 @@ def start_engine_fleet(
                 provider,
                 keepalive={"interval_seconds": 1, "deadline_seconds": 3},
             )
-            config["probes"] = dict(FLEET_PROBES)
+            if probes is not None:
+                config["probes"] = dict(probes)
             path = write_yaml(log_dir / f"node-{i}.yaml", config)
             daemons.append(start_daemon(["iop-node", "--config", path], log_dir, env=_FLEET_ENV, name=f"node-{i}"))
             by_provider[f"p{i}"] = engine

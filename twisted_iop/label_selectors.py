@@ -69,9 +69,9 @@ class Requirement:
         """Whether ``labels`` satisfy this requirement."""
         value = labels.get(self.key)
         operator = self.operator
-        if operator == EQUALS or operator == IN:
+        if operator in (EQUALS, IN):
             return value is not None and value in self.values
-        if operator == NOT_EQUALS or operator == NOT_IN:
+        if operator in (NOT_EQUALS, NOT_IN):
             return value is None or value not in self.values
         if operator == EXISTS:
             return value is not None
@@ -96,10 +96,7 @@ class Selector:
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         """Whether ``labels`` satisfy every requirement."""
-        for requirement in self.requirements:
-            if not requirement.matches(labels):
-                return False
-        return True
+        return all(requirement.matches(labels) for requirement in self.requirements)
 
     @property
     def empty(self) -> bool:

@@ -10,6 +10,13 @@
 * **One deadline per round**, not one timer per edge: at the deadline the
   silent edges' asks are cancelled and their rows say ``timeout``; one slow
   or failing edge marks only its own row.
+* **Filtered rounds ask only the matching edges.** A view with a filter
+  (:class:`~twisted_iop.controlplane.edge_filters.EdgeFilter`) gets a round
+  over the edges whose labels, id and connection match, shared by callers
+  of an equal filter as the full round is, and reused within the same max
+  age (at most :data:`FILTERED_ROUNDS_KEPT` filters kept). While a full
+  round is young enough, a filtered view is cut from it and asks nobody.
+  The rows' own states (ok, error, timeout) are matched after the round.
 
 :class:`FleetRounds` is one room of the
 :class:`~twisted_iop.controlplane.gateway.EdgeGateway`.
@@ -17,13 +24,16 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
+from functools import partial
 from typing import Optional
 
 import attrs
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
+from twisted_iop.controlplane.edge_filters import EdgeFilter
 from twisted_iop.controlplane.edge_record import EdgeNotConnected, EdgeRecord
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.controlplane.request_errors import EdgeDisconnected, EdgeTimeout, ShuttingDown
@@ -33,6 +43,10 @@ from twisted_iop.metrics import LatencyHistogram
 
 #: Status requests a fleet fan-out issues per reactor turn.
 FANOUT_SLICE = 500
+#: Filtered rounds (running or finished) kept for reuse, one per distinct filter.
+FILTERED_ROUNDS_KEPT = 32
+#: The filter of the full round: every known edge.
+NO_FILTER = EdgeFilter()
 
 
 @attrs.frozen
@@ -111,22 +125,29 @@ class FleetRounds:
         self.max_age_seconds = max_age_seconds
         self._round: Optional[_Round] = None
         self._last_round: Optional[FleetRound] = None
+        #: Filtered rounds in progress, by filter key.
+        self._filtered_rounds: dict[str, _Round] = {}
+        #: The last finished round of each filter, by key (oldest first).
+        self._filtered_last: OrderedDict[str, FleetRound] = OrderedDict()
         #: For /metrics: one observation per round (never per edge).
         self.seconds = LatencyHistogram()
 
     @property
     def running(self) -> bool:
-        """Whether a round is in progress."""
-        return self._round is not None
+        """Whether a round (full or filtered) is in progress."""
+        return self._round is not None or bool(self._filtered_rounds)
 
     @property
     def last_round(self) -> Optional[FleetRound]:
         """The newest finished fleet round, if any."""
         return self._last_round
 
-    def fleet_status(self) -> Deferred[FleetRound]:
+    def fleet_status(self, filter_: EdgeFilter = NO_FILTER) -> Deferred[FleetRound]:
         """A fleet round: the one running, the last one if it is young
-        enough, or a new one over every known edge."""
+        enough, or a new one over every known edge; with a filter, the same
+        over the matching edges only."""
+        if not filter_.empty:
+            return self._filtered_status(filter_)
         if self._round is not None:
             d: Deferred[FleetRound] = Deferred()
             self._round.waiters.append(d)
@@ -152,6 +173,58 @@ class FleetRounds:
         round_.deadline = self._clock.callLater(self._asks.timeout_seconds, self._round_deadline, round_)
         self._issue_slice(round_, 0)
         return d
+
+    def _filtered_status(self, filter_: EdgeFilter) -> Deferred[FleetRound]:
+        key = filter_.key
+        running = self._filtered_rounds.get(key)
+        if running is not None:
+            d: Deferred[FleetRound] = Deferred()
+            running.waiters.append(d)
+            return d
+        now = self._clock.seconds()
+        last = self._filtered_last.get(key)
+        if last is not None and now - last.round_at < self.max_age_seconds:
+            return succeed(last)
+        full = self._last_round
+        if full is not None and now - full.round_at < self.max_age_seconds:
+            # A young full round holds every row this view needs.
+            cut = filter_.rows(full.rows)
+            return succeed(self._keep_filtered(key, FleetRound(full.round_at, full.finished_at, cut, _ids(cut))))
+        records_ = filter_.records(self._registry.edges())
+        round_ = _Round(now, records_, partial(self._filtered_done, key, filter_))
+        for index, record in enumerate(records_):
+            if record.token is None:
+                round_.rows[index] = StatusRow(record, "disconnected", record.snapshot, False)
+            else:
+                round_.pending.append(index)
+        d = Deferred()
+        round_.waiters.append(d)
+        if not round_.pending:
+            round_.done(round_)
+            return d
+        self._filtered_rounds[key] = round_
+        round_.remaining = len(round_.pending)
+        round_.deadline = self._clock.callLater(self._asks.timeout_seconds, self._round_deadline, round_)
+        self._issue_slice(round_, 0)
+        return d
+
+    def _filtered_done(self, key: str, filter_: EdgeFilter, round_: _Round) -> None:
+        round_.finished = True
+        round_.stop_deadline()
+        if self._filtered_rounds.get(key) is round_:
+            del self._filtered_rounds[key]
+        rows = filter_.rows(row for row in round_.rows if row is not None)
+        finished = self._keep_filtered(key, FleetRound(round_.round_at, self._clock.seconds(), rows, _ids(rows)))
+        for d in round_.waiters:
+            d.callback(finished)
+
+    def _keep_filtered(self, key: str, round_: FleetRound) -> FleetRound:
+        kept = self._filtered_last
+        kept.pop(key, None)
+        kept[key] = round_
+        while len(kept) > FILTERED_ROUNDS_KEPT:
+            kept.popitem(last=False)
+        return round_
 
     def _issue_slice(self, round_: _Round, start: int) -> None:
         indices = round_.pending[start : start + FANOUT_SLICE]
@@ -203,11 +276,18 @@ class FleetRounds:
             d.callback(finished)
 
     def shut_down(self) -> None:
-        """The round in progress ends now: its callers hear ShuttingDown."""
+        """The rounds in progress end now: their callers hear ShuttingDown."""
         round_, self._round = self._round, None
-        if round_ is None:
-            return
-        round_.finished = True
-        round_.stop_deadline()
-        for d in round_.waiters:
-            d.errback(ShuttingDown())
+        rounds = list(self._filtered_rounds.values())
+        self._filtered_rounds.clear()
+        if round_ is not None:
+            rounds.append(round_)
+        for each in rounds:
+            each.finished = True
+            each.stop_deadline()
+            for d in each.waiters:
+                d.errback(ShuttingDown())
+
+
+def _ids(rows: list[StatusRow]) -> list[str]:
+    return [row.record.edge_id for row in rows]

@@ -40,7 +40,8 @@ from twisted_iop.controlplane.command_dispatch import (
     CommandDispatch,
     Dispatched,
 )
-from twisted_iop.controlplane.fleet_rounds import FleetRound, FleetRounds
+from twisted_iop.controlplane.edge_filters import EdgeFilter
+from twisted_iop.controlplane.fleet_rounds import NO_FILTER, FleetRound, FleetRounds
 from twisted_iop.controlplane.operation_states import EDGE_DISCONNECTED, SUPERSEDED
 from twisted_iop.controlplane.operations import OperationRecord
 from twisted_iop.controlplane.registry import EdgeRegistry
@@ -211,8 +212,9 @@ class EdgeGateway:
         """The newest finished fleet round, if any."""
         return self._rounds.last_round
 
-    def fleet_status(self) -> Deferred[FleetRound]:
-        """A fleet round: a status row for every known edge.
+    def fleet_status(self, filter_: EdgeFilter = NO_FILTER) -> Deferred[FleetRound]:
+        """A fleet round: a status row for every known edge (with a filter:
+        for every matching edge, asking only those).
 
         One round runs at a time: a caller arriving while one runs joins
         it, and a caller within ``fleet_max_age_seconds`` of the last
@@ -223,7 +225,7 @@ class EdgeGateway:
         """
         if self.stopping:
             return fail(ShuttingDown())
-        return self._rounds.fleet_status()
+        return self._rounds.fleet_status(filter_)
 
     # -- commands -------------------------------------------------------------------------
 

@@ -10,8 +10,10 @@ from twisted.web.iweb import IRequest
 
 from twisted_iop.controlplane.cluster.store import ClusterUnavailable
 from twisted_iop.controlplane.command_dispatch import UnknownCommand
+from twisted_iop.controlplane.edge_filters import InvalidQuery, InvalidState
 from twisted_iop.controlplane.edge_record import EdgeNotConnected, UnknownEdge
 from twisted_iop.controlplane.request_errors import EdgeDisconnected, EdgeErrorAnswer, EdgeTimeout, ShuttingDown
+from twisted_iop.label_selectors import SelectorError
 
 
 class BadRequest(Exception):
@@ -47,6 +49,9 @@ class BodyTooLarge(Exception):
 #: Domain errors and the HTTP status and stable code each maps to.
 DOMAIN_ERRORS: dict[type[Exception], tuple[int, str]] = {
     UnknownCommand: (400, "unknown_command"),
+    SelectorError: (400, "invalid_selector"),
+    InvalidState: (400, "invalid_state"),
+    InvalidQuery: (400, "bad_request"),
     Unauthorized: (401, "unauthorized"),
     Forbidden: (403, "forbidden"),
     UnknownEdge: (404, "unknown_edge"),

@@ -25,6 +25,7 @@ from twisted_iop.controlplane.bounds import MAX_ARGUMENT_VALUE
 from twisted_iop.controlplane.cluster.store import ClusterUnavailable
 from twisted_iop.controlplane.command_dispatch import IdempotencyConflict
 from twisted_iop.controlplane.console_files import CONSOLE_DIR, ConsoleFiles
+from twisted_iop.controlplane.edge_filters import EDGE_STATES, FLEET_STATES, EdgeFilter
 from twisted_iop.controlplane.edge_record import UnknownEdge
 from twisted_iop.controlplane.gateway import EdgeGateway
 from twisted_iop.controlplane.http_errors import (
@@ -143,6 +144,11 @@ def _page(request: IRequest, keys: list[str]) -> tuple[list[str], str | None]:
     chosen = keys[start : start + limit]
     next_cursor = chosen[-1] if start + limit < len(keys) and chosen else None
     return chosen, next_cursor
+
+
+def _filter(request: IRequest, states: tuple[str, ...]) -> EdgeFilter:
+    """The request's ``selector``, ``state`` and ``q``, parsed once."""
+    return EdgeFilter.parse(_arg(request, "selector"), _arg(request, "state"), _arg(request, "q"), states)
 
 
 class ControlPlaneHttp:
@@ -321,9 +327,14 @@ class ControlPlaneHttp:
 
     @app.route("/edges", methods=["GET"])
     def edges(self, request: IRequest) -> bytes:
-        """A page of edge summaries, sorted by id."""
+        """A page of edge summaries, sorted by id; filtered by ``selector``,
+        ``state`` and ``q`` (all must hold), ``total`` of the filtered set."""
         self._shared(request)
-        ids = self._registry.edge_ids()
+        filter_ = _filter(request, EDGE_STATES)
+        if filter_.empty:
+            ids = self._registry.edge_ids()
+        else:
+            ids = [record.edge_id for record in filter_.records(self._registry.edges())]
         chosen, next_cursor = _page(request, ids)
         items = [views.edge_summary(self._registry.get(i)) for i in chosen]
         return json_body(request, 200, {"items": items, "total": len(ids), "next_cursor": next_cursor})
@@ -505,11 +516,13 @@ class ControlPlaneHttp:
     @app.route("/fleet/status", methods=["GET"])
     async def fleet_status(self, request: IRequest) -> bytes:
         """A row per edge (fresh where possible) and fleet totals, from the
-        shared fleet round (joined while it runs, reused within its max age)."""
+        shared fleet round (joined while it runs, reused within its max age).
+        Filtered by ``selector``, ``state`` and ``q``, the round asks only
+        the matching edges and the totals are those of the matching rows."""
         self._shared(request)
         limit = _int_arg(request, "limit", MAX_PAGE, 1, 10000)
         cursor = _arg(request, "cursor") or ""
-        round_ = await self._gateway.fleet_status()
+        round_ = await self._gateway.fleet_status(_filter(request, FLEET_STATES))
         return encoded_json_body(request, 200, self._json.fleet_page(round_, cursor, limit, self._clock.seconds()))
 
     @app.route("/fleet/events", methods=["GET"])

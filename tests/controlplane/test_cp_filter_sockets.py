@@ -6,7 +6,7 @@ from urllib.parse import quote
 
 import pytest_twisted
 
-from twisted_iop.testing.harness import eventually, start_control_plane
+from twisted_iop.testing.harness import contract_validator, eventually, start_control_plane
 from twisted_iop.testing.peers import ScriptedEdge, connect_edge
 
 #: edge id -> labels of its hello.
@@ -42,6 +42,7 @@ async def test_filtered_views_over_sockets_ask_only_matching_edges() -> None:
 
         code, page = await cp.get_json("/edges?selector=" + quote("region=eu,tier!=canary"))
         assert code == 200 and ids(page) == ["eu-1", "eu-3"] and page["total"] == 2
+        contract_validator("EdgesPage").validate(page)
         _, page = await cp.get_json("/edges?state=disconnected")
         assert ids(page) == ["us-2"]
         _, page = await cp.get_json("/edges?q=US&state=connected")
@@ -51,6 +52,7 @@ async def test_filtered_views_over_sockets_ask_only_matching_edges() -> None:
         assert code == 200
         assert {r["edge_id"]: r["state"] for r in fleet["items"]} == {"eu-1": "ok", "eu-3": "timeout"}
         assert fleet["total"] == 2 and fleet["totals"]["edges_known"] == 2
+        contract_validator("FleetStatus").validate(fleet)
         assert {e: edge.status_requests for e, edge in edges.items()} == {
             "eu-1": 1,
             "eu-2": 0,
@@ -66,6 +68,7 @@ async def test_filtered_views_over_sockets_ask_only_matching_edges() -> None:
         code, bad = await cp.get_json("/fleet/status?selector=" + quote("region in (eu"))
         assert code == 400 and bad["error"]["code"] == "invalid_selector"
         assert "position 13" in bad["error"]["message"]
+        contract_validator("Error").validate(bad)
     finally:
         for edge in edges.values():
             edge.tcp.loseConnection()

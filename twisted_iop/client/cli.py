@@ -4,16 +4,17 @@
 
     iopctl [--url URL] [--wire-url URL] [--token T] [--json] COMMAND ...
 
-    edges                     list known edges
+    edges [-l SEL] [--state S] [--q TEXT]   list known edges (filtered)
     edge ID                   one edge: connection, buffers
     status ID                 fresh status: per-node and per-provider rows
-    fleet                     fleet status: totals and one row per edge
+    fleet [-l SEL] [--state S] [--q TEXT]   fleet status: totals and one row per edge
     events ID [--since N] [--limit N] [--follow]
     operations ID [--limit N]
     operation ID OPERATION_ID
     commands ID               the edge's command catalog
     command ID NAME [--target T] [--arg k=v ...] [--timeout S] [--idempotency-key K]
     hello                     say hello on the WebSocket wire
+    completion bash|zsh       print a shell completion script
 
 Exit codes: 0 ok, 1 the server answered an error (or a command did not
 succeed), 2 usage error, 3 the Control Plane cannot be reached. Errors are
@@ -33,7 +34,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import react
 
 from twisted_iop import __version__
-from twisted_iop.client import render
+from twisted_iop.client import completion, render
 from twisted_iop.client.errors import (
     ControlPlaneError,
     ControlPlaneUnreachable,
@@ -53,6 +54,10 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
+
+#: The ``--state`` values of ``iopctl edges`` and ``iopctl fleet`` (docs/http-api.md#filters).
+EDGE_STATES = ("connected", "disconnected")
+FLEET_STATES = ("connected", "disconnected", "ok", "error", "timeout")
 
 #: Commands may run at most this long on the Control Plane (docs/http-api.md).
 MAX_COMMAND_TIMEOUT_SECONDS = 300.0
@@ -145,6 +150,27 @@ def _argument_pair(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _filter_options(parser: argparse.ArgumentParser, states: tuple[str, ...]) -> None:
+    """``-l/--selector``, ``--state`` and ``--q`` of the filtered views."""
+    parser.add_argument(
+        "-l",
+        "--selector",
+        default=None,
+        metavar="SEL",
+        help="only edges whose labels match this selector, e.g. 'region=eu,tier!=canary,gpu in (h100,a100),!legacy'",
+    )
+    completion.offer(
+        parser.add_argument(
+            "--state",
+            default=None,
+            metavar="STATE",
+            help=f"only edges in one of these states (comma-separated: {', '.join(states)})",
+        ),
+        states,
+    )
+    parser.add_argument("--q", default=None, metavar="TEXT", help="only edges whose id contains TEXT (any case)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``iopctl``."""
     parser = _ArgumentParser(
@@ -161,12 +187,14 @@ def build_parser() -> argparse.ArgumentParser:
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help_text, description=help_text, parents=[common])
 
-    add("edges", "list the known edges")
+    p = add("edges", "list the known edges")
+    _filter_options(p, EDGE_STATES)
     p = add("edge", "show one edge: connection and buffers")
     p.add_argument("edge_id", metavar="ID", help="edge id")
     p = add("status", "ask an edge for its status: nodes and providers")
     p.add_argument("edge_id", metavar="ID", help="edge id")
-    add("fleet", "fleet status: totals and one row per edge")
+    p = add("fleet", "fleet status: totals and one row per edge")
+    _filter_options(p, FLEET_STATES)
     p = add("events", "an edge's recorded events (or follow them live)")
     p.add_argument("edge_id", metavar="ID", help="edge id")
     p.add_argument("--since", type=_non_negative_int, default=None, metavar="N", help="events after sequence N")
@@ -200,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--idempotency-key", default=None, metavar="K", help="run at most once for this key")
     add("hello", "say hello on the client WebSocket and show the server's answer")
+    p = add("completion", "print a shell completion script (bash or zsh)")
+    p.add_argument("shell", choices=completion.SHELLS, metavar="SHELL", help="bash or zsh")
     return parser
 
 
@@ -337,13 +367,15 @@ async def _dispatch(
 ) -> int:
     command = args.command
     if command == "edges":
-        console.result(await repository.all_edges(), render.render_edges)
+        edges = await repository.all_edges(selector=args.selector, state=args.state, q=args.q)
+        console.result(edges, render.render_edges)
     elif command == "edge":
         console.result(await repository.edge(args.edge_id), render.render_edge)
     elif command == "status":
         console.result(await repository.edge_status(args.edge_id), render.render_status)
     elif command == "fleet":
-        console.result(await repository.full_fleet_status(), render.render_fleet)
+        fleet = await repository.full_fleet_status(selector=args.selector, state=args.state, q=args.q)
+        console.result(fleet, render.render_fleet)
     elif command == "events":
         if args.follow:
             return await _follow(args, wire_factory, console, interrupted)
@@ -370,6 +402,9 @@ async def _dispatch(
             return EXIT_ERROR
     elif command == "hello":
         return await _hello(args, wire_factory, console)
+    elif command == "completion":
+        console.out.write(completion.script(build_parser(), args.shell))
+        console.out.flush()
     else:  # pragma: no cover - argparse only lets known commands through
         raise UsageError(f"unknown command {command!r}")
     return EXIT_OK

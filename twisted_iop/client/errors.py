@@ -63,6 +63,18 @@ class BadRequestError(ControlPlaneError):
     CODE = "bad_request"
 
 
+class InvalidSelectorError(BadRequestError):
+    """A label selector did not parse (400 ``invalid_selector``); the message names the position."""
+
+    CODE = "invalid_selector"
+
+
+class InvalidStateError(BadRequestError):
+    """A ``state`` filter named a state the view does not have (400 ``invalid_state``)."""
+
+    CODE = "invalid_state"
+
+
 class InvalidJSON(ControlPlaneError):
     """The request body was not a JSON object (400 ``invalid_json``)."""
 
@@ -172,6 +184,8 @@ ERRORS_BY_CODE: Mapping[str, type[ControlPlaneError]] = {
     cls.CODE: cls
     for cls in (
         BadRequestError,
+        InvalidSelectorError,
+        InvalidStateError,
         InvalidJSON,
         UnknownCommandError,
         UnauthorizedError,

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
-from typing import Any, Optional
+from collections.abc import Iterable, Mapping
+from typing import Any, Optional, Union
 from urllib.parse import quote, urlencode
 
 from twisted.internet.defer import CancelledError
@@ -68,6 +68,8 @@ DEFAULT_TIMEOUT_SECONDS = 30.0
 COMMAND_TIMEOUT_MARGIN_SECONDS = 5.0
 #: The largest page the list views hand out.
 MAX_PAGE_LIMIT = 1000
+#: A ``state`` filter: ``"error,timeout"`` or ``["error", "timeout"]`` (any of them).
+States = Union[str, Iterable[str], None]
 
 
 def http_url_from_environment(url: Optional[str] = None) -> str:
@@ -245,22 +247,41 @@ class ControlPlaneStatusRepository:
 
     # -- edges ----------------------------------------------------------------
 
-    async def edges(self, limit: Optional[int] = None, cursor: Optional[str] = None) -> EdgePage:
-        """``GET /edges``: one page of edge summaries, sorted by id."""
-        return read(EdgePage, await self._request("GET", "/edges", {"limit": limit, "cursor": cursor}))
+    async def edges(
+        self,
+        limit: Optional[int] = None,
+        cursor: Optional[str] = None,
+        selector: Optional[str] = None,
+        state: States = None,
+        q: Optional[str] = None,
+    ) -> EdgePage:
+        """``GET /edges``: one page of edge summaries, sorted by id.
 
-    async def all_edges(self) -> EdgePage:
-        """Every known edge, following ``next_cursor`` across pages, as one page.
-
-        ``total`` is the first page's; ``next_cursor`` is ``None``.
+        ``selector`` (a label selector over the edges' hello labels, e.g.
+        ``"region=eu,tier!=canary"``), ``state`` (``connected`` and/or
+        ``disconnected``: any of them) and ``q`` (a case-insensitive
+        substring of the id) must all hold; ``total`` counts the matching
+        edges. A bad selector raises :class:`InvalidSelectorError`, a bad
+        state :class:`InvalidStateError`.
         """
-        first = await self.edges(limit=MAX_PAGE_LIMIT)
+        query = {"limit": limit, "cursor": cursor, **_filters(selector, state, q)}
+        return read(EdgePage, await self._request("GET", "/edges", query))
+
+    async def all_edges(
+        self, selector: Optional[str] = None, state: States = None, q: Optional[str] = None
+    ) -> EdgePage:
+        """Every matching edge, following ``next_cursor`` across pages, as one page.
+
+        ``total`` is the first page's; ``next_cursor`` is ``None``. The
+        filters are those of :meth:`edges`.
+        """
+        first = await self.edges(limit=MAX_PAGE_LIMIT, selector=selector, state=state, q=q)
         items: list[EdgeSummary] = list(first.items)
         cursor = first.next_cursor
         seen: set[str] = set()
         while cursor:
             _check_cursor(cursor, seen)
-            page = await self.edges(limit=MAX_PAGE_LIMIT, cursor=cursor)
+            page = await self.edges(limit=MAX_PAGE_LIMIT, cursor=cursor, selector=selector, state=state, q=q)
             items.extend(page.items)
             cursor = page.next_cursor
         return EdgePage(items=tuple(items), total=first.total, next_cursor=None)
@@ -332,19 +353,36 @@ class ControlPlaneStatusRepository:
 
     # -- fleet ----------------------------------------------------------------
 
-    async def fleet_status(self, limit: Optional[int] = None, cursor: Optional[str] = None) -> FleetStatus:
-        """``GET /fleet/status``: one page of per-edge rows and the fleet totals."""
-        return read(FleetStatus, await self._request("GET", "/fleet/status", {"limit": limit, "cursor": cursor}))
+    async def fleet_status(
+        self,
+        limit: Optional[int] = None,
+        cursor: Optional[str] = None,
+        selector: Optional[str] = None,
+        state: States = None,
+        q: Optional[str] = None,
+    ) -> FleetStatus:
+        """``GET /fleet/status``: one page of per-edge rows and the fleet totals.
 
-    async def full_fleet_status(self) -> FleetStatus:
-        """The fleet status with the rows of every page (totals of the first)."""
-        first = await self.fleet_status(limit=MAX_PAGE_LIMIT)
+        The filters are those of :meth:`edges`; ``state`` also takes the
+        rows' own states (``ok``, ``error``, ``timeout``). A filtered view
+        asks only the matching edges, and its ``total`` and ``totals`` are
+        those of the matching rows.
+        """
+        query = {"limit": limit, "cursor": cursor, **_filters(selector, state, q)}
+        return read(FleetStatus, await self._request("GET", "/fleet/status", query))
+
+    async def full_fleet_status(
+        self, selector: Optional[str] = None, state: States = None, q: Optional[str] = None
+    ) -> FleetStatus:
+        """The fleet status with the rows of every page (totals of the first),
+        filtered as :meth:`fleet_status` is."""
+        first = await self.fleet_status(limit=MAX_PAGE_LIMIT, selector=selector, state=state, q=q)
         rows: list[FleetStatusRow] = list(first.items)
         cursor = first.next_cursor
         seen: set[str] = set()
         while cursor:
             _check_cursor(cursor, seen)
-            page = await self.fleet_status(limit=MAX_PAGE_LIMIT, cursor=cursor)
+            page = await self.fleet_status(limit=MAX_PAGE_LIMIT, cursor=cursor, selector=selector, state=state, q=q)
             rows.extend(page.items)
             cursor = page.next_cursor
         return FleetStatus(
@@ -364,6 +402,13 @@ class ControlPlaneStatusRepository:
         """``GET /fleet/operations``: one page of operations of all edges."""
         data = await self._request("GET", "/fleet/operations", {"limit": limit, "cursor": cursor})
         return read(OperationPage, data)
+
+
+def _filters(selector: Optional[str], state: States, q: Optional[str]) -> dict[str, Optional[str]]:
+    """The filter parameters of the fleet views (``None``: not sent)."""
+    if state is not None and not isinstance(state, str):
+        state = ",".join(state)
+    return {"selector": selector or None, "state": state or None, "q": q or None}
 
 
 def _check_cursor(cursor: str, seen: set[str]) -> None:

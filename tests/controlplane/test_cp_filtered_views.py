@@ -52,7 +52,7 @@ class Fleet:
             self.peers[edge_id] = peer
         self.gateway = EdgeGateway(self.registry, self.clock, status_timeout_seconds=STATUS_TIMEOUT)
         api = ControlPlaneHttp(self.registry, self.gateway, self.clock, ListenerReadiness([]))
-        self.treq = StubTreq(api.app.resource())
+        self.treq: Any = StubTreq(api.app.resource())
 
     async def get(self, path: str) -> tuple[int, Any]:
         """GET and decode JSON."""

@@ -19,7 +19,7 @@ once per edge.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Protocol, TypeVar
 
 import attrs
 
@@ -27,7 +27,6 @@ from twisted_iop.label_selectors import EVERYTHING, Selector, parse_selector
 
 if TYPE_CHECKING:
     from twisted_iop.controlplane.edge_record import EdgeRecord
-    from twisted_iop.controlplane.fleet_rounds import StatusRow
 
 CONNECTED = "connected"
 DISCONNECTED = "disconnected"
@@ -39,6 +38,25 @@ ROW_STATES = ("ok", "error", "timeout", DISCONNECTED)
 FLEET_STATES = (CONNECTED, DISCONNECTED, "ok", "error", "timeout")
 #: Longest ``q`` accepted (an edge id is at most this long anyway).
 MAX_QUERY_CHARS = 256
+
+
+class FilteredRow(Protocol):
+    """What a filter reads of a fleet row (``fleet_rounds.StatusRow``)."""
+
+    @property
+    def record(self) -> EdgeRecord:
+        """The edge of the row."""
+
+    @property
+    def state(self) -> str:
+        """ok, error, timeout or disconnected."""
+
+    @property
+    def connected(self) -> bool:
+        """Whether the edge had a connection during the round."""
+
+
+Row = TypeVar("Row", bound=FilteredRow)
 
 
 class InvalidState(ValueError):
@@ -120,7 +138,7 @@ class EdgeFilter:
         chosen.sort(key=_edge_id)
         return chosen
 
-    def rows(self, rows: Iterable[StatusRow]) -> list[StatusRow]:
+    def rows(self, rows: Iterable[Row]) -> list[Row]:
         """The fleet rows whose labels, id and state match (order kept)."""
         states = self.states
         matches = self._matcher()
@@ -148,7 +166,7 @@ class EdgeFilter:
         return matches
 
 
-def row_matches_states(row: StatusRow, states: frozenset[str]) -> bool:
+def row_matches_states(row: FilteredRow, states: frozenset[str]) -> bool:
     """Whether a fleet row has one of ``states`` (its own state, or its connection)."""
     if row.state in states:
         return True

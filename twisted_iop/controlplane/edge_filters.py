@@ -7,7 +7,7 @@ must hold (AND):
   over the labels the edge announced in its hello;
 * ``state=``: a comma-separated set of states, any of which may hold (OR):
   ``connected`` and ``disconnected`` for both views, and the fleet rows'
-  own states (:data:`ROW_STATES`) for the fleet view;
+  own states (ok, error, timeout; see :data:`FLEET_STATES`) for the fleet view;
 * ``q=``: a case-insensitive substring of the edge id.
 
 An :class:`EdgeFilter` is parsed once per request, then matched against
@@ -32,9 +32,8 @@ CONNECTED = "connected"
 DISCONNECTED = "disconnected"
 #: The states of ``GET /edges``.
 EDGE_STATES = (CONNECTED, DISCONNECTED)
-#: The states a fleet row has (``StatusRow.state``); ``disconnected`` is one too.
-ROW_STATES = ("ok", "error", "timeout", DISCONNECTED)
-#: The states of ``GET /fleet/status``.
+#: The states of ``GET /fleet/status``: the connection, and the rows' own
+#: states (``StatusRow.state``, of which ``disconnected`` is one too).
 FLEET_STATES = (CONNECTED, DISCONNECTED, "ok", "error", "timeout")
 #: Longest ``q`` accepted (an edge id is at most this long anyway).
 MAX_QUERY_CHARS = 256
@@ -111,12 +110,6 @@ class EdgeFilter:
     def key(self) -> str:
         """A canonical text of the filter (equal filters, equal keys)."""
         return f"{self.selector}\x00{','.join(sorted(self.states))}\x00{self.q}"
-
-    @property
-    def needs_asks(self) -> bool:
-        """Whether a fleet row of a connected edge can match: false when the
-        states name only ``disconnected`` (then no edge need be asked)."""
-        return not self.states or bool(self.states - {DISCONNECTED})
 
     def records(self, records: Iterable[EdgeRecord]) -> list[EdgeRecord]:
         """The records whose labels, id and connection match, sorted by id.

@@ -157,18 +157,25 @@ class FleetRounds:
         if last is not None and now - last.round_at < self.max_age_seconds:
             return succeed(last)
         records_ = sorted(self._registry.edges(), key=lambda r: r.edge_id)
-        round_ = _Round(now, records_, self._round_done)
-        for index, record in enumerate(records_):
+        return self._start(_Round(now, records_, self._round_done), self._full_started)
+
+    def _full_started(self, round_: _Round) -> None:
+        self._round = round_
+
+    def _start(self, round_: _Round, started: Callable[[_Round], None]) -> Deferred[FleetRound]:
+        """Write the disconnected edges' rows and ask the others; ``started``
+        records the round as running first (answers may come at once)."""
+        for index, record in enumerate(round_.records):
             if record.token is None:
                 round_.rows[index] = StatusRow(record, "disconnected", record.snapshot, False)
             else:
                 round_.pending.append(index)
-        d = Deferred()
+        d: Deferred[FleetRound] = Deferred()
         round_.waiters.append(d)
         if not round_.pending:
-            self._round_done(round_)
+            round_.done(round_)
             return d
-        self._round = round_
+        started(round_)
         round_.remaining = len(round_.pending)
         round_.deadline = self._clock.callLater(self._asks.timeout_seconds, self._round_deadline, round_)
         self._issue_slice(round_, 0)
@@ -190,23 +197,8 @@ class FleetRounds:
             # A young full round holds every row this view needs.
             cut = filter_.rows(full.rows)
             return succeed(self._keep_filtered(key, FleetRound(full.round_at, full.finished_at, cut, _ids(cut))))
-        records_ = filter_.records(self._registry.edges())
-        round_ = _Round(now, records_, partial(self._filtered_done, key, filter_))
-        for index, record in enumerate(records_):
-            if record.token is None:
-                round_.rows[index] = StatusRow(record, "disconnected", record.snapshot, False)
-            else:
-                round_.pending.append(index)
-        d = Deferred()
-        round_.waiters.append(d)
-        if not round_.pending:
-            round_.done(round_)
-            return d
-        self._filtered_rounds[key] = round_
-        round_.remaining = len(round_.pending)
-        round_.deadline = self._clock.callLater(self._asks.timeout_seconds, self._round_deadline, round_)
-        self._issue_slice(round_, 0)
-        return d
+        round_ = _Round(now, filter_.records(self._registry.edges()), partial(self._filtered_done, key, filter_))
+        return self._start(round_, partial(self._filtered_rounds.__setitem__, key))
 
     def _filtered_done(self, key: str, filter_: EdgeFilter, round_: _Round) -> None:
         round_.finished = True

@@ -270,7 +270,7 @@ async def test_console_config_and_token_prompt(browser: Browser) -> None:
             page.wait_for_selector('iop-event-stream [data-state="live"]')
 
         await browser.call(flow)
-        errors = [e for e in browser.console_errors if "401" not in e and "403" not in e]
+        errors = [e for e in page_errors(browser) if "401" not in e and "403" not in e]
         assert errors == []
     finally:
         await cp.stop()

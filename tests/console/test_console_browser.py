@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from iop_console_browser import Browser
+from iop_console_browser import Browser, page_errors
 
 from twisted_iop.testing.harness import start_control_plane
 from twisted_iop.testing.peers import connect_edge, set_engine, snapshot
@@ -186,7 +186,7 @@ async def test_console_end_to_end(browser: Browser) -> None:
             return count
 
         assert await browser.call(hosted) == 1  # both elements share one WebSocket
-        assert browser.console_errors == []
+        assert page_errors(browser) == []
     finally:
         await cp.stop()
 
@@ -244,7 +244,7 @@ async def test_engine_load_shows_beside_the_capacity_bars(browser: Browser) -> N
         assert quiet["badges"] == ["available", "healthy"]
         assert "Engine" in cells["headers"] and "KV cache" in cells["headers"]
         assert "2/5" in cells["summary"] and "1 of 2 report" in cells["summary"] and "37.5" in cells["summary"]
-        assert browser.console_errors == []
+        assert page_errors(browser) == []
     finally:
         await cp.stop()
 
@@ -270,7 +270,7 @@ async def test_console_config_and_token_prompt(browser: Browser) -> None:
             page.wait_for_selector('iop-event-stream [data-state="live"]')
 
         await browser.call(flow)
-        errors = [e for e in browser.console_errors if "401" not in e and "403" not in e]
+        errors = [e for e in page_errors(browser) if "401" not in e and "403" not in e]
         assert errors == []
     finally:
         await cp.stop()

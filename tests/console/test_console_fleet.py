@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import pytest_twisted
 import yaml
-from iop_console_browser import DOCS_SCREENSHOT, Browser
+from iop_console_browser import DOCS_SCREENSHOT, Browser, page_errors
 from twisted.internet import reactor
 from twisted.internet.utils import getProcessOutputAndValue
 
@@ -168,7 +168,7 @@ async def test_console_on_a_fleet_of_daemons(browser: Browser, tmp_path: Path) -
         )
         assert code == 0, err
         assert b'"node.drain"' in out and b'"succeeded"' in out
-        assert browser.console_errors == []
+        assert page_errors(browser) == []
     finally:
         for daemon in reversed(daemons):
             daemon.stop()

@@ -34,6 +34,10 @@ fleet.addEventListener("iop-fleet-loaded", (e) => {
 });
 window.addEventListener("hashchange", () => select(selectedFromHash()));
 
+// A rollout started from the command form is the one the rollout panel shows.
+const rollouts = $("iop-rollouts");
+document.addEventListener("iop-rollout-created", (e) => rollouts.setAttribute("selected", e.detail.rollout.rollout_id));
+
 // -- API token ----------------------------------------------------------------
 
 const tokenForm = $("#token-form");

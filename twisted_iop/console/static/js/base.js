@@ -333,6 +333,16 @@ export class IopElement extends HTMLElement {
     return this._loading;
   }
 
+  /**
+   * Fetch again now, not sharing the fetch in flight (whose answer is for
+   * settings that changed, such as a filter); the element abandons that
+   * fetch itself (see fleet-overview.js).
+   */
+  reload() {
+    this._loading = null;
+    return this.refresh();
+  }
+
   /** Subclasses fetch and render here. */
   async load() {}
 

@@ -14,3 +14,4 @@ export { IopEdgeDetail } from "./components/edge-detail.js";
 export { IopEventStream } from "./components/event-stream.js";
 export { IopOperations } from "./components/operations.js";
 export { IopCommandForm } from "./components/command-form.js";
+export { IopRollouts } from "./components/rollouts.js";

@@ -7,9 +7,17 @@
 // reports them, or the error (timed_out / edge_disconnected carry the
 // operation).
 //
+// "Run on many edges" turns the same form into a rollout (POST /rollouts):
+// the command, with a label selector of the edges, an optional node
+// selector, the batch size, the most in flight, the pause between batches,
+// the abort criteria (failed share after a minimum executed) and what to do
+// with disconnected edges; the answer is the rollout, which the page shows
+// in <iop-rollouts>.
+//
 // Attributes: edge-id (required), api-base, wire-url.
 // Events: iop-command-result {operation, error} after each submission
 //         (error is {code, message, status} or null);
+//         iop-rollout-created {rollout} after a rollout was started (or replayed);
 //         iop-auth-required {code, message}.
 
 import { ApiError, edgePath, isAuthError } from "../api.js";
@@ -32,6 +40,10 @@ dt { color: var(--_muted); font-size: 12.5px; }
 dd { margin: 0; overflow-wrap: anywhere; }
 dd.mono { white-space: pre-wrap; }
 .note { margin-top: 8px; font-size: 12.5px; color: var(--_warn); }
+fieldset { border: 1px solid var(--_border); border-radius: 8px; padding: 8px 10px; margin: 0; display: grid; gap: 10px; min-width: 0; }
+fieldset[hidden] { display: none; }
+.check { display: flex; gap: 6px; align-items: center; font-size: 13px; color: var(--_fg); font-weight: 600; }
+.row3 { display: grid; grid-template-columns: repeat(3, minmax(0, 1fr)); gap: 10px; }
 @media (max-width: 520px) { .row { grid-template-columns: minmax(0, 1fr); } }
 `;
 
@@ -126,11 +138,41 @@ export class IopCommandForm extends IopElement {
           <div class="field"><label for="cmd-key">Idempotency key</label>
             <input id="cmd-key" name="idempotency_key" type="text" placeholder="optional" autocomplete="off"></div>
         </div>
+        <label class="check"><input type="checkbox" id="cmd-many" name="many"> Run on many edges (a rollout)</label>
+        <fieldset data-rollout hidden aria-label="Rollout">
+          <div class="field"><label class="req" for="ro-selector">Edges (label selector)</label>
+            <input id="ro-selector" name="selector" type="text" autocomplete="off" spellcheck="false" placeholder="region=eu,tier!=canary"
+              aria-describedby="ro-selector-desc">
+            <div class="desc" id="ro-selector-desc">Kubernetes syntax on the edges' labels; empty means every edge.</div></div>
+          <div class="field"><label for="ro-node-selector">Nodes (label selector, instead of a target)</label>
+            <input id="ro-node-selector" name="node_selector" type="text" autocomplete="off" spellcheck="false" placeholder="optional"></div>
+          <div class="row3">
+            <div class="field"><label for="ro-batch">Batch size</label>
+              <input id="ro-batch" name="batch_size" type="number" min="1" step="1" value="${ROLLOUT_DEFAULTS.batch_size}"></div>
+            <div class="field"><label for="ro-in-flight">Most in flight</label>
+              <input id="ro-in-flight" name="max_in_flight" type="number" min="1" step="1" value="${ROLLOUT_DEFAULTS.max_in_flight}"></div>
+            <div class="field"><label for="ro-pause">Pause between batches (s)</label>
+              <input id="ro-pause" name="pause_seconds" type="number" min="0" step="any" value="${ROLLOUT_DEFAULTS.pause_seconds}"></div>
+          </div>
+          <div class="row3">
+            <div class="field"><label for="ro-abort-percent">Abort above failed %</label>
+              <input id="ro-abort-percent" name="failure_percent" type="number" min="0" max="100" step="any" value="${ROLLOUT_DEFAULTS.failure_percent}"></div>
+            <div class="field"><label for="ro-min-executed">… once executed</label>
+              <input id="ro-min-executed" name="min_executed" type="number" min="0" step="1" value="${ROLLOUT_DEFAULTS.min_executed}"></div>
+            <div class="field"><label for="ro-disconnected">Disconnected edges</label>
+              <select id="ro-disconnected" name="disconnected"><option value="wait">wait for them</option><option value="skip">skip them</option></select></div>
+          </div>
+        </fieldset>
         <div class="actions"><button type="submit">Run</button><span class="small muted" data-busy></span></div>
       </form>`;
     const form = holder.querySelector("form");
     const select = form.querySelector("select");
     select.addEventListener("change", () => this.renderParams());
+    const many = form.querySelector("#cmd-many");
+    many.addEventListener("change", () => {
+      form.querySelector("[data-rollout]").hidden = !many.checked;
+      form.querySelector("button[type=submit]").textContent = many.checked ? "Start rollout" : "Run";
+    });
     form.addEventListener("submit", (e) => {
       e.preventDefault();
       this.submit(form);
@@ -192,7 +234,10 @@ export class IopCommandForm extends IopElement {
     const command = this.selected();
     if (!command) return;
     const body = { name: command.name, arguments: {} };
-    const target = form.querySelector("#cmd-target");
+    const many = form.querySelector("#cmd-many").checked;
+    const nodeSelector = many ? form.querySelector("#ro-node-selector").value.trim() : "";
+    if (nodeSelector) body.node_selector = nodeSelector;
+    const target = nodeSelector ? null : form.querySelector("#cmd-target");
     if (target) {
       if (!target.value.trim()) {
         if (!target.disabled) target.focus();
@@ -210,8 +255,15 @@ export class IopCommandForm extends IopElement {
       }
     }
     const timeout = form.querySelector("#cmd-timeout").value;
-    if (timeout) body.timeout_seconds = Number(timeout);
     const key = form.querySelector("#cmd-key").value.trim();
+    if (many) {
+      const request = rolloutRequest(form, body);
+      if (timeout) request.timeout_seconds = Number(timeout);
+      if (key) request.idempotency_key = key;
+      await this.startRollout(form, request);
+      return;
+    }
+    if (timeout) body.timeout_seconds = Number(timeout);
     if (key) body.idempotency_key = key;
     const button = form.querySelector("button[type=submit]");
     const busy = form.querySelector("[data-busy]");
@@ -234,6 +286,37 @@ export class IopCommandForm extends IopElement {
     this.emit("iop-command-result", { operation, error });
   }
 
+  /** POST /rollouts; show the rollout started (or the error) and tell the page. */
+  async startRollout(form, request) {
+    const button = form.querySelector("button[type=submit]");
+    const busy = form.querySelector("[data-busy]");
+    button.disabled = true;
+    busy.textContent = `starting a rollout of ${request.command.name}…`;
+    let rollout = null;
+    let error = null;
+    try {
+      rollout = await this.fetchJson("/rollouts", { method: "POST", body: request });
+    } catch (e) {
+      if (!(e instanceof ApiError)) throw e;
+      error = { code: e.code, message: e.detail, status: e.status };
+      if (isAuthError(e)) this.emit("iop-auth-required", { code: e.code, message: e.detail });
+    } finally {
+      button.disabled = false;
+      busy.textContent = "";
+    }
+    const outcome = this.root.querySelector("[data-outcome]");
+    if (error) {
+      outcome.innerHTML = `<div class="outcome" data-state="${esc(error.code)}"><div class="error" data-error-code="${esc(error.code)}">${esc(error.code)}: ${esc(error.message)}</div></div>`;
+      return;
+    }
+    outcome.innerHTML = `<div class="outcome" data-rollout-started="${esc(rollout.rollout_id)}"><dl aria-label="Rollout">
+      <dt>Rollout</dt><dd class="mono">${esc(rollout.rollout_id)}</dd>
+      <dt>State</dt><dd>${badge(rollout.state)}</dd>
+      <dt>Edges</dt><dd>${esc(rollout.targets ?? "")} matched <span class="mono">${esc(rollout.selector || "(every edge)")}</span></dd></dl>
+      <div class="small muted">Follow it in the Rollouts panel.</div></div>`;
+    this.emit("iop-rollout-created", { rollout });
+  }
+
   showOutcome(operation, error) {
     const parts = [];
     if (operation) parts.push(operationHtml(operation));
@@ -242,6 +325,34 @@ export class IopCommandForm extends IopElement {
       operation?.replayed === true ? " data-replayed" : ""
     }>${parts.join("")}</div>`;
   }
+}
+
+/** What the rollout fields start with (the issue's example: batches of 50, 50 in flight, abort above 10% failed once 20 ran). */
+export const ROLLOUT_DEFAULTS = { batch_size: 50, max_in_flight: 50, pause_seconds: 0, failure_percent: 10, min_executed: 20 };
+
+/** The POST /rollouts body of the form's rollout fields around one command body. */
+export function rolloutRequest(form, command) {
+  const number = (id) => {
+    const raw = form.querySelector(id).value.trim();
+    return raw === "" ? null : Number(raw);
+  };
+  const strategy = {};
+  const abort = {};
+  for (const [key, id] of [["batch_size", "#ro-batch"], ["max_in_flight", "#ro-in-flight"], ["pause_seconds", "#ro-pause"]]) {
+    const value = number(id);
+    if (value !== null) strategy[key] = value;
+  }
+  for (const [key, id] of [["failure_percent", "#ro-abort-percent"], ["min_executed", "#ro-min-executed"]]) {
+    const value = number(id);
+    if (value !== null) abort[key] = value;
+  }
+  return {
+    command,
+    selector: form.querySelector("#ro-selector").value.trim(),
+    strategy,
+    abort,
+    disconnected: form.querySelector("#ro-disconnected").value === "skip" ? "skip" : "wait",
+  };
 }
 
 /** `<dt>key</dt><dd>value</dd>` pairs of a result map (values are strings on the wire; anything else is shown as JSON). */

@@ -1,0 +1,59 @@
+"""Scripted edges with hello labels of the test's choosing, connected by the thousand."""
+
+from __future__ import annotations
+
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+
+from twisted_iop.testing.peers import ScriptedEdge
+from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
+from twisted_iop.wire import control_pb2 as pb
+
+#: Control Plane settings for tests that connect many edges: hellos are not paced.
+MANY_EDGES_CONFIG = "edge_wire:\n  max_hellos_per_second: 100000\n"
+#: Edges connected at once while a fleet is built.
+CONNECT_CHUNK = 250
+
+
+class LabelledEdge(ScriptedEdge):
+    """A scripted edge whose hello carries ``labels``."""
+
+    def __init__(self, edge_id: str, labels: dict[str, str]) -> None:
+        super().__init__(edge_id)
+        self.labels = labels
+
+    def hello(self) -> Deferred[pb.EdgeHelloResponse]:
+        """Say hello with this edge's labels."""
+        request = pb.EdgeHelloRequest(
+            edge_id=self.edge_id,
+            protocol_major=PROTOCOL_MAJOR,
+            protocol_minor=PROTOCOL_MINOR,
+            software_version="test-edge",
+            labels=self.labels,
+            commands=self.catalog,
+        )
+        d = self.request("edge_hello_request", request, 10)
+        return d.addCallback(lambda env: env.edge_hello_response)
+
+
+async def connect_labelled(port: int, edge_id: str, labels: dict[str, str]) -> LabelledEdge:
+    """Connect one labelled edge to ``127.0.0.1:port``; answer it once its hello is accepted."""
+    edge = LabelledEdge(edge_id, labels)
+    await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port), edge)
+    answer = await edge.hello()
+    assert answer.accepted, (edge_id, answer)
+    return edge
+
+
+async def connect_fleet(port: int, labels_of: dict[str, dict[str, str]]) -> dict[str, LabelledEdge]:
+    """Connect every edge of ``labels_of`` (edge id -> labels), a chunk at a time."""
+    edges: dict[str, LabelledEdge] = {}
+    ids = list(labels_of)
+    for start in range(0, len(ids), CONNECT_CHUNK):
+        chunk = ids[start : start + CONNECT_CHUNK]
+        connected = await gatherResults(
+            [Deferred.fromCoroutine(connect_labelled(port, i, labels_of[i])) for i in chunk], consumeErrors=True
+        )
+        edges.update(zip(chunk, connected, strict=True))
+    return edges

@@ -129,6 +129,8 @@ class ScriptedEdge(TransportAccess, FramedPeerProtocol):
         self.credential = ""
         self.protocol_major = PROTOCOL_MAJOR
         self.catalog = list(CATALOG)
+        #: The hello labels (what selectors match).
+        self.labels = {"site": "test"}
         #: Returns the status to answer with, or None to stay silent.
         self.status: Callable[[], Optional[pb.EdgeStatusResponse]] = lambda: snapshot(self.edge_id)
         #: "succeed", "fail", "reject", "silent", "hold" (kept in
@@ -151,7 +153,7 @@ class ScriptedEdge(TransportAccess, FramedPeerProtocol):
             protocol_minor=PROTOCOL_MINOR,
             software_version="test-edge",
             credential=self.credential,
-            labels={"site": "test"},
+            labels=self.labels,
             commands=self.catalog,
         )
         d = self.request("edge_hello_request", request, 5)

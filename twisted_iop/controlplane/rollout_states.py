@@ -161,6 +161,16 @@ class Execution:
     #: When it began waiting for its edge (state ``waiting``).
     waiting_since: Optional[float] = None
 
+    def enter(self, state: str) -> None:
+        """Take ``state`` (the rollout keeps the counts: only it calls this)."""
+        self.state = state
+
+    def close(self, reason: str, now: float) -> None:
+        """Note why and when it ended (after :meth:`enter` of a terminal state)."""
+        self.reason = reason
+        self.finished_at = now
+        self.waiting_since = None
+
 
 @attrs.frozen
 class Notice:
@@ -374,15 +384,13 @@ class Rollout:
     def _move(self, execution: Execution, state: str) -> None:
         self.counts[execution.state] -= 1
         self.counts[state] += 1
-        execution.state = state
+        execution.enter(state)
 
     def _finish(self, execution: Execution, state: str, reason: str, now: float) -> None:
         if execution.state != IN_FLIGHT:
             self.open.pop(execution.edge_id, None)
         self._move(execution, state)
-        execution.reason = reason
-        execution.finished_at = now
-        execution.waiting_since = None
+        execution.close(reason, now)
         # Only the current batch's executions end this way (the next batch
         # starts once all of them ended; stopping cancels the rest).
         self.unfinished -= 1
@@ -431,9 +439,7 @@ class Rollout:
             execution = self.executions[edge_id]
             if execution.state in (PENDING, WAITING):
                 self._move(execution, CANCELLED)
-                execution.reason = message
-                execution.finished_at = now
-                execution.waiting_since = None
+                execution.close(message, now)
         self.open = {}
         self.unfinished = self.counts[IN_FLIGHT]
         self.next_batch_at = None

@@ -35,6 +35,7 @@ from twisted_iop.controlplane.cluster.settings import (
 from twisted_iop.controlplane.edge_wire import DEFAULT_MAX_HELLOS_PER_SECOND, EdgeCredentials
 from twisted_iop.controlplane.http_routes import HttpSettings
 from twisted_iop.controlplane.memory import RegistryLimits
+from twisted_iop.controlplane.rollouts import RolloutSettings
 from twisted_iop.endpoints import is_loopback_listen, is_tls_listen
 from twisted_iop.http_site import SiteLimits
 from twisted_iop.ids import id_problem
@@ -88,6 +89,8 @@ class ControlPlaneConfig:
     shutdown: ShutdownConfig = ShutdownConfig()
     #: Cluster mode (several replicas through Redis); the default is memory.
     cluster: ClusterConfig = ClusterConfig()
+    #: Rollouts: bounds and defaults (``rollouts``).
+    rollouts: RolloutSettings = RolloutSettings()
 
 
 def load_config(path: Optional[str], environ: Mapping[str, str] = os.environ) -> ControlPlaneConfig:
@@ -106,7 +109,7 @@ def config_from_text(text: str, environ: Mapping[str, str] = {}) -> ControlPlane
 def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}) -> ControlPlaneConfig:
     """Build the config from parsed YAML plus environment overrides."""
     root = Section(data, "")
-    root.reject_unknown({"http", "client_wire", "edge_wire", "registry", "status", "shutdown", "cluster"})
+    root.reject_unknown({"http", "client_wire", "edge_wire", "registry", "status", "shutdown", "cluster", "rollouts"})
     notices: list[str] = []
     http = root.section("http")
     http.reject_unknown(
@@ -271,6 +274,18 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
         fleet_max_age_seconds=status.number("fleet_max_age_seconds", 1.0, minimum=0.0, exclusive_minimum=False),
         shutdown=parse_shutdown(root.section("shutdown")),
         cluster=parse_cluster(root.section("cluster"), environ),
+        rollouts=parse_rollouts(root.section("rollouts")),
+    )
+
+
+def parse_rollouts(section: Section) -> RolloutSettings:
+    """``rollouts``: how many are kept, how many targets each, and request defaults."""
+    section.reject_unknown({"max_kept", "max_targets", "max_in_flight", "wait_seconds"})
+    return RolloutSettings(
+        max_kept=section.integer("max_kept", 100, minimum=1, maximum=100_000),
+        max_targets=section.integer("max_targets", 20_000, minimum=1, maximum=1_000_000),
+        default_max_in_flight=section.integer("max_in_flight", 50, minimum=1, maximum=10_000),
+        default_wait_seconds=section.number("wait_seconds", 300.0, minimum=0.0, exclusive_minimum=False),
     )
 
 

@@ -38,7 +38,7 @@ from twisted_iop.wire import control_pb2 as pb
 MAX_TIME_MS = 253_402_300_799_999
 
 #: Event kind prefixes only the Control Plane records; an edge may not send them.
-RESERVED_KIND_PREFIXES = ("operation.", "edge.")
+RESERVED_KIND_PREFIXES = ("operation.", "edge.", "rollout.")
 #: At most one ``edge.protocol_violation`` event per edge in this many seconds.
 PROTOCOL_VIOLATION_INTERVAL_SECONDS = 60.0
 #: How much of an offending event kind is quoted in events and logs.
@@ -375,7 +375,7 @@ class EventLog:
             edge_id,
             events,
             "edge.protocol_violation",
-            message=f"dropped {dropped} event(s) of kinds reserved for the Control Plane (operation.*, edge.*)",
+            message=f"dropped {dropped} event(s) of kinds reserved for the Control Plane (operation.*, edge.*, rollout.*)",
             attributes={"kind": quoted, "dropped": str(dropped)},
             token=token,
         )

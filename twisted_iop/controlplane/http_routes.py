@@ -44,6 +44,8 @@ from twisted_iop.controlplane.operation_states import EDGE_DISCONNECTED, FAILED,
 from twisted_iop.controlplane.operations import OperationRecord
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.controlplane.request_errors import SHUTTING_DOWN_REASON
+from twisted_iop.controlplane.rollout_routes import add_rollout_routes
+from twisted_iop.controlplane.rollouts import RolloutService
 from twisted_iop.http_site import WRITE_METHODS, Refusal
 from twisted_iop.ids import id_problem
 from twisted_iop.metrics import render as render_metrics
@@ -166,8 +168,11 @@ class ControlPlaneHttp:
         settings: HttpSettings = HttpSettings(),
         metrics: Optional[CollectorRegistry] = None,
         cluster: Optional[ClusterReplica] = None,
+        rollouts: Optional[RolloutService] = None,
     ) -> None:
         self._cluster = cluster
+        #: The rollouts (``rollout_routes.py`` puts their routes on this app).
+        self._rollouts = rollouts if rollouts is not None else RolloutService(registry, gateway, clock)
         self._registry = registry
         self._gateway = gateway
         self._clock = clock
@@ -580,3 +585,6 @@ class ControlPlaneHttp:
     def not_found(self, request: IRequest, rest: str) -> bytes:
         """Anything else: a JSON 404."""
         return error_body(request, 404, "not_found", "no such resource")
+
+
+add_rollout_routes(ControlPlaneHttp.app)

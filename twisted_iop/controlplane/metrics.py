@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from twisted_iop.controlplane.operation_states import TERMINAL_STATES
+from twisted_iop.controlplane.rollout_states import EXECUTION_STATES, ROLLOUT_STATES
 from twisted_iop.metrics import (
     count_by,
     counter,
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from twisted_iop.controlplane.edge_wire import EdgeWireFactory
     from twisted_iop.controlplane.gateway import EdgeGateway
     from twisted_iop.controlplane.registry import EdgeRegistry
+    from twisted_iop.controlplane.rollouts import RolloutService
     from twisted_iop.http_site import GuardedSite
 
 
@@ -56,6 +58,10 @@ class ControlPlaneParts(Protocol):
     @property
     def http_site(self) -> GuardedSite:
         """The HTTP site's connections and deadlines."""
+
+    @property
+    def rollouts(self) -> RolloutService:
+        """Rollouts kept and their executions."""
 
     @property
     def cluster(self) -> Optional[ClusterReplica]:
@@ -129,6 +135,7 @@ def control_plane_metrics(service: ControlPlaneParts) -> Iterator[Metric]:
     yield gauge("iop_http_connections", "Open HTTP connections", site.connections)
     yield counter("iop_http_refused_connections", "HTTP connections refused at a cap", site.refused_connections)
     yield counter("iop_http_timed_out_requests", "HTTP requests cut at a deadline", site.timed_out_requests)
+    yield from rollout_metrics(service.rollouts)
     cluster = service.cluster
     if cluster is not None:
         yield gauge(
@@ -155,3 +162,19 @@ def control_plane_metrics(service: ControlPlaneParts) -> Iterator[Metric]:
         yield counter("iop_cluster_routed_requests", "Status asks and commands routed to other replicas", router.sent)
         yield counter("iop_cluster_routed_answers", "Answers received to routed requests", router.answered)
         yield gauge("iop_cluster_routed_waiting", "Routed requests waiting for their answer", router.waiting)
+
+
+def rollout_metrics(rollouts: RolloutService) -> Iterator[Metric]:
+    """Rollouts kept by state, their executions by state, operations they dispatched."""
+    by_state, executions = rollouts.figures()
+    yield labelled(
+        GaugeMetricFamily, "iop_rollouts", "Rollouts kept, by state", ["state"], count_by(by_state, ROLLOUT_STATES)
+    )
+    yield labelled(
+        GaugeMetricFamily,
+        "iop_rollout_executions",
+        "Executions of the kept rollouts, by state",
+        ["state"],
+        count_by(executions, EXECUTION_STATES),
+    )
+    yield counter("iop_rollout_dispatched", "Operations dispatched by rollouts", rollouts.dispatched_total)

@@ -20,6 +20,7 @@ from twisted_iop.controlplane.http_routes import ControlPlaneHttp, ListenerReadi
 from twisted_iop.controlplane.metrics import control_plane_metric_registry
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.controlplane.request_errors import SHUTTING_DOWN_REASON
+from twisted_iop.controlplane.rollouts import RolloutService
 from twisted_iop.daemon import CLOSE_WAIT_SECONDS, DaemonOptions, DaemonService, compose, wait_until
 from twisted_iop.http_site import GuardedSite
 
@@ -119,6 +120,7 @@ class ControlPlaneService(DaemonService):
             self.cluster = ClusterReplica(config.cluster, self.registry, self.gateway, reactor)
             self.add_state(self.cluster)
         self.readiness = ListenerReadiness(self.listeners)
+        self.rollouts = RolloutService(self.registry, self.gateway, reactor, config.rollouts)
         self.http = ControlPlaneHttp(
             self.registry,
             self.gateway,
@@ -127,6 +129,7 @@ class ControlPlaneService(DaemonService):
             config.http,
             metrics=control_plane_metric_registry(self),
             cluster=self.cluster,
+            rollouts=self.rollouts,
         )
         self.edge_factory = EdgeWireFactory(
             self.registry,
@@ -164,6 +167,7 @@ class ControlPlaneService(DaemonService):
         self.readiness.stopping = True
         self.http_site.stop_accepting()
         self.gateway.refuse_new()
+        self.rollouts.shut_down()
 
     def in_flight(self) -> int:
         """HTTP callers waiting on the gateway (commands, status, fleet rounds)."""

@@ -37,7 +37,8 @@ async def get_json(url: str, **kwargs: Any) -> tuple[int, Any]:
 async def post_json(url: str, payload: Any, **kwargs: Any) -> tuple[int, Any]:
     """POST ``payload`` (JSON, or bytes as they are) to ``url``; return status and parsed JSON body."""
     data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-    response = await treq.post(url, data=data, headers=JSON_HEADERS, **kwargs)
+    headers = _with_json_type(kwargs.pop("headers", None))
+    response = await treq.post(url, data=data, headers=headers, **kwargs)
     return response.code, json.loads(await response.content())
 
 

@@ -129,7 +129,7 @@ class ScriptedEdge(TransportAccess, FramedPeerProtocol):
         self.credential = ""
         self.protocol_major = PROTOCOL_MAJOR
         self.catalog = list(CATALOG)
-        #: The labels its hello announces.
+        #: The labels its hello announces (what selectors match).
         self.labels: dict[str, str] = {"site": "test"}
         #: Returns the status to answer with, or None to stay silent.
         self.status: Callable[[], Optional[pb.EdgeStatusResponse]] = lambda: snapshot(self.edge_id)

@@ -1,0 +1,380 @@
+"""HTTP routes of rollouts: ``/rollouts`` and below (see docs/rollouts.md).
+
+:func:`add_rollout_routes` puts them on the Control Plane's Klein app;
+each runs on the :class:`~twisted_iop.controlplane.http_routes.ControlPlaneHttp`
+it is bound to, with its token checks, body reading and error handlers,
+and asks its :class:`~twisted_iop.controlplane.rollouts.RolloutService`.
+This module checks bodies (every bad field is a 400 naming it) and draws
+the JSON of rollouts and executions.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from typing import TYPE_CHECKING, Any, Optional
+
+from klein import Klein
+from twisted.web.iweb import IRequest
+
+from twisted_iop.controlplane import rollout_states as rs
+from twisted_iop.controlplane.bounds import MAX_ARGUMENT_VALUE
+from twisted_iop.controlplane.http_errors import BadRequest, error_body, json_body
+from twisted_iop.controlplane.json_views import iso
+from twisted_iop.controlplane.rollouts import (
+    RolloutRequest,
+    TooManyRollouts,
+    TooManyTargets,
+    UnknownRollout,
+)
+from twisted_iop.label_selectors import Selector, SelectorError, parse_selector
+from twisted_iop.wire.hello import MAX_COMMAND_ARGUMENTS, MAX_TEXT
+
+if TYPE_CHECKING:
+    from twisted_iop.controlplane.http_routes import ControlPlaneHttp
+
+DEFAULT_PAGE = 100
+MAX_PAGE = 1000
+MAX_KEY_CHARS = 200
+#: Most a batch may grow by per batch, and most in flight at once.
+MAX_INCREASE_FACTOR = 100.0
+MAX_IN_FLIGHT = 10_000
+
+_TOP_KEYS = frozenset(
+    {"command", "selector", "strategy", "abort", "timeout_seconds", "disconnected", "wait_seconds", "idempotency_key"}
+)
+_COMMAND_KEYS = frozenset({"name", "target", "node_selector", "arguments"})
+_STRATEGY_KEYS = frozenset({"batch_size", "batch_percent", "max_in_flight", "pause_seconds", "increase_factor"})
+_ABORT_KEYS = frozenset({"failure_percent", "min_executed", "any_failure"})
+
+
+# -- views ----------------------------------------------------------------------------------
+
+
+def rollout_json(rollout: rs.Rollout) -> dict[str, Any]:
+    """One rollout: its request, state, counts by execution state, progress and batch."""
+    command, strategy, abort = rollout.command, rollout.strategy, rollout.abort
+    return {
+        "rollout_id": rollout.rollout_id,
+        "state": rollout.state,
+        "reason": rollout.reason,
+        "command": {
+            "name": command.name,
+            "target": command.target or None,
+            "node_selector": command.node_selector or None,
+            "arguments": dict(command.arguments),
+        },
+        "selector": rollout.selector,
+        "strategy": {
+            "batch_size": strategy.batch_size,
+            "batch_percent": strategy.batch_percent,
+            "max_in_flight": strategy.max_in_flight,
+            "pause_seconds": strategy.pause_seconds,
+            "increase_factor": strategy.increase_factor,
+        },
+        "abort": {
+            "failure_percent": abort.failure_percent,
+            "min_executed": abort.min_executed,
+            "any_failure": abort.any_failure,
+        },
+        "timeout_seconds": rollout.timeout_seconds,
+        "disconnected": rollout.disconnected,
+        "wait_seconds": rollout.wait_seconds,
+        "created_at": iso(rollout.created_at),
+        "started_at": iso(rollout.started_at),
+        "finished_at": iso(rollout.finished_at),
+        "targets": len(rollout.targets),
+        "counts": dict(rollout.counts),
+        "progress": rollout.progress,
+        "batch": {"number": rollout.batch_number, "size": rollout.batch_size} if rollout.batch_number else None,
+        "idempotency_key": rollout.idempotency_key or None,
+        "requested_by": rollout.requested_by or None,
+    }
+
+
+def execution_json(execution: rs.Execution) -> dict[str, Any]:
+    """One target edge's execution."""
+    return {
+        "edge_id": execution.edge_id,
+        "state": execution.state,
+        "operation_ids": list(execution.operation_ids),
+        "reason": execution.reason or None,
+        "started_at": iso(execution.started_at),
+        "finished_at": iso(execution.finished_at),
+    }
+
+
+# -- checking a request ------------------------------------------------------------------------
+
+
+def _object(body: dict[str, Any], field: str, keys: frozenset[str]) -> dict[str, Any]:
+    value = body.get(field)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BadRequest(f"field {field!r} must be an object")
+    unknown = sorted(set(value) - keys)
+    if unknown:
+        raise BadRequest(f"field {field!r} has unknown keys {unknown} (known: {sorted(keys)})")
+    return value
+
+
+def _number(
+    section: dict[str, Any], field: str, name: str, minimum: float, maximum: float, whole: bool = False
+) -> Optional[float]:
+    value = section.get(name)
+    if value is None:
+        return None
+    kinds = (int,) if whole else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value):
+        raise BadRequest(f"field '{field}{name}' must be a {'whole ' if whole else ''}number")
+    if not minimum <= value <= maximum:
+        raise BadRequest(f"field '{field}{name}' must be between {minimum:g} and {maximum:g}")
+    return value
+
+
+def _selector(text: Any, field: str) -> Selector:
+    if not isinstance(text, str):
+        raise BadRequest(f'field {field!r} must be a string (a label selector; "" selects every edge)')
+    try:
+        return parse_selector(text)
+    except SelectorError as e:
+        raise BadRequest(f"field {field!r}: {e}", "invalid_selector") from None
+
+
+def _command(body: dict[str, Any]) -> rs.RolloutCommand:
+    if not isinstance(body.get("command"), dict):
+        raise BadRequest("field 'command' must be an object with at least a name")
+    command = _object(body, "command", _COMMAND_KEYS)
+    name = command.get("name")
+    if not isinstance(name, str) or not name or len(name) > MAX_TEXT:
+        raise BadRequest(f"field 'command.name' must be a non-empty string of at most {MAX_TEXT} characters")
+    target = command.get("target") or ""
+    if not isinstance(target, str) or len(target) > MAX_TEXT:
+        raise BadRequest(f"field 'command.target' must be a string of at most {MAX_TEXT} characters")
+    node_selector = command.get("node_selector") or ""
+    if node_selector:
+        if target:
+            raise BadRequest("fields 'command.target' and 'command.node_selector' exclude each other")
+        node_selector = str(_selector(node_selector, "command.node_selector"))
+    arguments = command.get("arguments") or {}
+    if not isinstance(arguments, dict) or not all(
+        isinstance(k, str) and isinstance(v, (str, int, float, bool)) for k, v in arguments.items()
+    ):
+        raise BadRequest("field 'command.arguments' must be an object of strings")
+    args = {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in arguments.items()}
+    if len(args) > MAX_COMMAND_ARGUMENTS or any(
+        len(k) > MAX_TEXT or len(v) > MAX_ARGUMENT_VALUE for k, v in args.items()
+    ):
+        raise BadRequest(
+            f"field 'command.arguments': at most {MAX_COMMAND_ARGUMENTS}, names of at most {MAX_TEXT} "
+            f"characters and values of at most {MAX_ARGUMENT_VALUE}"
+        )
+    return rs.RolloutCommand(name, target, node_selector, args)
+
+
+def _strategy(body: dict[str, Any], default_in_flight: int, max_pause: float) -> rs.Strategy:
+    strategy = _object(body, "strategy", _STRATEGY_KEYS)
+    field = "strategy."
+    size = _number(strategy, field, "batch_size", 1, MAX_IN_FLIGHT * 100, whole=True)
+    percent = _number(strategy, field, "batch_percent", 0, 100)
+    if size is not None and percent is not None:
+        raise BadRequest("fields 'strategy.batch_size' and 'strategy.batch_percent' exclude each other")
+    if percent is not None and percent <= 0:
+        raise BadRequest("field 'strategy.batch_percent' must be above 0")
+    in_flight = _number(strategy, field, "max_in_flight", 1, MAX_IN_FLIGHT, whole=True)
+    pause = _number(strategy, field, "pause_seconds", 0, max_pause)
+    factor = _number(strategy, field, "increase_factor", 1, MAX_INCREASE_FACTOR)
+    return rs.Strategy(
+        batch_size=None if size is None else int(size),
+        batch_percent=None if percent is None else float(percent),
+        max_in_flight=default_in_flight if in_flight is None else int(in_flight),
+        pause_seconds=0.0 if pause is None else float(pause),
+        increase_factor=1.0 if factor is None else float(factor),
+    )
+
+
+def _abort(body: dict[str, Any]) -> rs.AbortCriteria:
+    abort = _object(body, "abort", _ABORT_KEYS)
+    percent = _number(abort, "abort.", "failure_percent", 0, 100)
+    executed = _number(abort, "abort.", "min_executed", 0, 10**9, whole=True)
+    any_failure = abort.get("any_failure", False)
+    if not isinstance(any_failure, bool):
+        raise BadRequest("field 'abort.any_failure' must be true or false")
+    return rs.AbortCriteria(
+        failure_percent=None if percent is None else float(percent),
+        min_executed=0 if executed is None else int(executed),
+        any_failure=any_failure,
+    )
+
+
+def rollout_request(http: ControlPlaneHttp, request: IRequest, body: dict[str, Any]) -> RolloutRequest:
+    """The checked request of a ``POST /rollouts`` body; raises BadRequest naming the field."""
+    unknown = sorted(set(body) - _TOP_KEYS)
+    if unknown:
+        raise BadRequest(f"unknown fields {unknown} (known: {sorted(_TOP_KEYS)})")
+    settings, limits = http._settings, http._rollouts.settings
+    if "selector" not in body:
+        raise BadRequest("field 'selector' is required (a label selector; \"\" selects every edge)")
+    timeout = _number(body, "", "timeout_seconds", 0, settings.max_command_timeout_seconds)
+    if timeout is not None and timeout <= 0:
+        raise BadRequest("field 'timeout_seconds' must be above 0")
+    disconnected = body.get("disconnected", rs.WAIT)
+    if disconnected not in (rs.WAIT, rs.SKIP):
+        raise BadRequest('field \'disconnected\' must be "wait" or "skip"')
+    wait = _number(body, "", "wait_seconds", 0, limits.max_wait_seconds)
+    key = body.get("idempotency_key")
+    header = request.getHeader(b"idempotency-key")
+    if key is None and header is not None:
+        key = header.decode("utf-8", "replace")
+    if key is not None and (not isinstance(key, str) or len(key) > MAX_KEY_CHARS):
+        raise BadRequest(f"field 'idempotency_key' must be a string of at most {MAX_KEY_CHARS} characters")
+    return RolloutRequest(
+        command=_command(body),
+        selector=_selector(body["selector"], "selector"),
+        strategy=_strategy(body, limits.default_max_in_flight, limits.max_pause_seconds),
+        abort=_abort(body),
+        timeout_seconds=settings.default_command_timeout_seconds if timeout is None else float(timeout),
+        disconnected=disconnected,
+        wait_seconds=limits.default_wait_seconds if wait is None else float(wait),
+        idempotency_key=key or "",
+    )
+
+
+def _query(request: IRequest, name: str) -> str:
+    values = request.args.get(name.encode())
+    if not values:
+        return ""
+    try:
+        return str(values[-1].decode("utf-8"))
+    except UnicodeDecodeError:
+        raise BadRequest(f"query parameter {name!r} is not valid UTF-8") from None
+
+
+def _limit(request: IRequest) -> int:
+    text = _query(request, "limit")
+    if not text:
+        return DEFAULT_PAGE
+    if not text.isdigit() or not 1 <= int(text) <= MAX_PAGE:
+        raise BadRequest(f"query parameter 'limit' must be a whole number between 1 and {MAX_PAGE}")
+    return int(text)
+
+
+def _states(request: IRequest) -> Optional[frozenset[str]]:
+    text = _query(request, "state")
+    if not text:
+        return None
+    states = frozenset(part.strip() for part in text.split(","))
+    unknown = sorted(states - set(rs.EXECUTION_STATES))
+    if unknown:
+        raise BadRequest(
+            f"query parameter 'state': unknown execution states {unknown} (known: {', '.join(rs.EXECUTION_STATES)})",
+            "invalid_state",
+        )
+    return states
+
+
+# -- routes --------------------------------------------------------------------------------------
+
+
+def add_rollout_routes(app: Klein) -> None:
+    """Put the ``/rollouts`` routes on ``app`` (the ControlPlaneHttp's Klein app)."""
+
+    @app.route("/rollouts", methods=["POST"])
+    def create_rollout(http: ControlPlaneHttp, request: IRequest) -> bytes:
+        """Start a rollout (201), or answer the one its idempotency key names (200)."""
+        caller = http._authorize(request)
+        http._shared(request)
+        checked = rollout_request(http, request, http._body(request))
+        try:
+            rollout, replayed = http._rollouts.create(checked, caller.name if caller is not None else "")
+        except TooManyTargets as e:
+            return error_body(request, 400, "too_many_targets", str(e))
+        except TooManyRollouts as e:
+            return error_body(request, 409, "too_many_rollouts", str(e))
+        return json_body(request, 200 if replayed else 201, rollout_json(rollout))
+
+    @app.route("/rollouts", methods=["GET"])
+    def list_rollouts(http: ControlPlaneHttp, request: IRequest) -> bytes:
+        """Kept rollouts, newest first, paged by rollout id."""
+        http._shared(request)
+        rollouts = http._rollouts.newest_first()
+        limit, cursor = _limit(request), _query(request, "cursor")
+        start = 0
+        if cursor:
+            ids = [r.rollout_id for r in rollouts]
+            if cursor not in ids:
+                raise BadRequest("query parameter 'cursor' does not name a kept rollout")
+            start = ids.index(cursor) + 1
+        chosen = rollouts[start : start + limit]
+        more = start + limit < len(rollouts)
+        return json_body(
+            request,
+            200,
+            {
+                "items": [rollout_json(r) for r in chosen],
+                "total": len(rollouts),
+                "next_cursor": chosen[-1].rollout_id if more and chosen else None,
+            },
+        )
+
+    @app.route("/rollouts/<rollout_id>", methods=["GET"])
+    def show_rollout(http: ControlPlaneHttp, request: IRequest, rollout_id: str) -> bytes:
+        """One rollout."""
+        http._shared(request)
+        try:
+            return json_body(request, 200, rollout_json(http._rollouts.get(rollout_id)))
+        except UnknownRollout as e:
+            return error_body(request, 404, "unknown_rollout", str(e))
+
+    @app.route("/rollouts/<rollout_id>/executions", methods=["GET"])
+    def rollout_executions(http: ControlPlaneHttp, request: IRequest, rollout_id: str) -> bytes:
+        """A rollout's executions in edge id order, filtered by ``state``, paged by edge id."""
+        http._shared(request)
+        try:
+            rollout = http._rollouts.get(rollout_id)
+        except UnknownRollout as e:
+            return error_body(request, 404, "unknown_rollout", str(e))
+        states, limit, cursor = _states(request), _limit(request), _query(request, "cursor")
+        ids = rollout.targets
+        if states is not None:
+            ids = [i for i in ids if rollout.executions[i].state in states]
+        # Targets are in edge id order: start after the cursor even if it is not among them.
+        start = bisect.bisect_right(ids, cursor) if cursor else 0
+        chosen = ids[start : start + limit]
+        return json_body(
+            request,
+            200,
+            {
+                "rollout_id": rollout.rollout_id,
+                "items": [execution_json(rollout.executions[i]) for i in chosen],
+                "total": len(ids),
+                "next_cursor": chosen[-1] if start + limit < len(ids) and chosen else None,
+            },
+        )
+
+    def move(http: ControlPlaneHttp, request: IRequest, rollout_id: str, name: str) -> bytes:
+        http._authorize(request)
+        http._shared(request)
+        moves = {"pause": http._rollouts.pause, "resume": http._rollouts.resume, "cancel": http._rollouts.cancel}
+        try:
+            return json_body(request, 200, rollout_json(moves[name](rollout_id)))
+        except UnknownRollout as e:
+            return error_body(request, 404, "unknown_rollout", str(e))
+        except rs.InvalidTransition as e:
+            return error_body(request, 409, "invalid_transition", str(e))
+
+    @app.route("/rollouts/<rollout_id>/pause", methods=["POST"])
+    def pause_rollout(http: ControlPlaneHttp, request: IRequest, rollout_id: str) -> bytes:
+        """Pause: nothing new is dispatched; what is in flight goes on."""
+        return move(http, request, rollout_id, "pause")
+
+    @app.route("/rollouts/<rollout_id>/resume", methods=["POST"])
+    def resume_rollout(http: ControlPlaneHttp, request: IRequest, rollout_id: str) -> bytes:
+        """Resume a paused rollout."""
+        return move(http, request, rollout_id, "resume")
+
+    @app.route("/rollouts/<rollout_id>/cancel", methods=["POST"])
+    def cancel_rollout(http: ControlPlaneHttp, request: IRequest, rollout_id: str) -> bytes:
+        """Cancel: nothing new is dispatched; what is in flight ends and is recorded."""
+        return move(http, request, rollout_id, "cancel")

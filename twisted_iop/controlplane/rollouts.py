@@ -1,0 +1,397 @@
+"""Rollouts: the runner that drives each :class:`~.rollout_states.Rollout`
+by the clock and dispatches its executions as ordinary operations.
+
+* **Targets** are the known edges (connected or not) whose hello labels
+  match the selector when the rollout is created, in edge id order.
+* **Dispatch** goes through :meth:`EdgeGateway.dispatch
+  <twisted_iop.controlplane.gateway.EdgeGateway.dispatch>`, the code path
+  of ``POST /edges/{id}/commands``: each execution is one operation per
+  command (one per matching node with ``node_selector``), with its audit,
+  late outcome and ``operation.*`` events as any other. Its idempotency
+  key is ``rollout:<rollout_id>`` (``rollout:<rollout_id>:<node_id>`` per
+  node), which links it to the rollout in ``/edges/{id}/operations`` and
+  makes a second dispatch of the same execution a replay.
+* **Events** ``rollout.*`` are recorded in the fleet's event stream (and
+  so reach ``/client`` subscribers) with attribute ``rollout_id``; they name
+  no edge (``edge_id`` is empty) and are kept in a buffer of their own.
+* **Bounds.** At most ``max_kept`` rollouts are kept: the oldest settled
+  ones are forgotten first (and their idempotency keys); when every kept
+  one is still running a new one is refused (:class:`TooManyRollouts`).
+
+Single process: everything lives here, in memory; a rollout's whole state
+is its :class:`~.rollout_states.Rollout`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any, Optional
+
+import attrs
+from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from twisted_iop.controlplane import rollout_states as rs
+from twisted_iop.controlplane.command_dispatch import IdempotencyConflict, UnknownCommand
+from twisted_iop.controlplane.edge_record import EdgeNotConnected, UnknownEdge
+from twisted_iop.controlplane.gateway import EdgeGateway
+from twisted_iop.controlplane.operation_states import SUCCEEDED, TIMED_OUT
+from twisted_iop.controlplane.operations import OperationRecord
+from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.request_errors import ShuttingDown
+from twisted_iop.label_selectors import Selector, parse_selector
+
+#: How often rollouts with executions waiting for their edge look again.
+WAITING_POLL_SECONDS = 0.5
+#: Why an execution with a node selector was skipped.
+NO_MATCHING_NODE = "no node of this edge (in its last snapshot) matches node_selector"
+
+
+@attrs.frozen
+class RolloutSettings:
+    """Bounds and defaults of rollouts (``rollouts.*`` in control-plane.yaml)."""
+
+    #: Rollouts kept, ended ones included (the oldest ended are forgotten first).
+    max_kept: int = 100
+    #: Target edges one rollout may have.
+    max_targets: int = 20_000
+    #: ``strategy.max_in_flight`` when the request does not say.
+    default_max_in_flight: int = 50
+    #: ``wait_seconds`` when the request does not say, and its bound.
+    default_wait_seconds: float = 300.0
+    max_wait_seconds: float = 86_400.0
+    #: ``strategy.pause_seconds`` at most.
+    max_pause_seconds: float = 86_400.0
+
+
+class UnknownRollout(Exception):
+    """No rollout with that id is kept."""
+
+    def __init__(self, rollout_id: str) -> None:
+        super().__init__(f"no rollout named {rollout_id!r} is kept")
+
+
+class TooManyRollouts(Exception):
+    """Every kept rollout is still running: none can be forgotten for a new one."""
+
+
+class TooManyTargets(Exception):
+    """The selector matches more edges than one rollout may have."""
+
+
+@attrs.frozen
+class RolloutRequest:
+    """A checked ``POST /rollouts`` body."""
+
+    command: rs.RolloutCommand
+    selector: Selector
+    strategy: rs.Strategy
+    abort: rs.AbortCriteria
+    timeout_seconds: float
+    disconnected: str = rs.WAIT
+    wait_seconds: float = 300.0
+    idempotency_key: str = ""
+
+
+class RolloutService:
+    """Every kept rollout, and the clock that drives the running ones."""
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        registry: EdgeRegistry,
+        gateway: EdgeGateway,
+        clock: IReactorTime,
+        settings: RolloutSettings = RolloutSettings(),
+        new_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+    ) -> None:
+        self._registry = registry
+        self._gateway = gateway
+        self._clock = clock
+        self.settings = settings
+        self._new_id = new_id
+        #: Kept rollouts by id, oldest first.
+        self._rollouts: dict[str, rs.Rollout] = {}
+        self._by_key: dict[str, str] = {}
+        #: Rollouts not yet settled (ended with nothing in flight).
+        self._active: dict[str, None] = {}
+        #: The node selectors of the active rollouts, parsed once.
+        self._node_selectors: dict[str, Selector] = {}
+        #: The ``rollout.*`` events' own buffer (they belong to no edge).
+        self._events = registry.event_log.edge_buffer()
+        self._timer: Optional[IDelayedCall] = None
+        self._timer_at: Optional[float] = None
+        self.stopped = False
+        #: For /metrics: operations dispatched by rollouts.
+        self.dispatched_total = 0
+
+    # -- views -------------------------------------------------------------------------
+
+    def get(self, rollout_id: str) -> rs.Rollout:
+        """The kept rollout ``rollout_id``; raises :class:`UnknownRollout`."""
+        rollout = self._rollouts.get(rollout_id)
+        if rollout is None:
+            raise UnknownRollout(rollout_id[:80])
+        return rollout
+
+    def newest_first(self) -> list[rs.Rollout]:
+        """Every kept rollout, newest first."""
+        return list(reversed(self._rollouts.values()))
+
+    def __len__(self) -> int:
+        return len(self._rollouts)
+
+    def figures(self) -> tuple[dict[str, int], dict[str, int]]:
+        """For /metrics: kept rollouts by state, and their executions by state."""
+        by_state: dict[str, int] = {}
+        executions: dict[str, int] = {}
+        for rollout in self._rollouts.values():
+            by_state[rollout.state] = by_state.get(rollout.state, 0) + 1
+            for state, count in rollout.counts.items():
+                executions[state] = executions.get(state, 0) + count
+        return by_state, executions
+
+    # -- requests ----------------------------------------------------------------------
+
+    def create(self, request: RolloutRequest, requested_by: str = "") -> tuple[rs.Rollout, bool]:
+        """Start a rollout; return it and whether its idempotency key replayed an earlier one.
+
+        Raises :class:`TooManyTargets` or :class:`TooManyRollouts` (nothing
+        is created then) and ShuttingDown while the Control Plane stops.
+        """
+        key = request.idempotency_key
+        if key and key in self._by_key:
+            return self._rollouts[self._by_key[key]], True
+        if self._gateway.stopping or self.stopped:
+            raise ShuttingDown()
+        selector = request.selector
+        targets = [record.edge_id for record in self._registry.edges() if selector.matches(record.hello.labels)]
+        if len(targets) > self.settings.max_targets:
+            raise TooManyTargets(
+                f"the selector matches {len(targets)} edges; a rollout may have at most "
+                f"{self.settings.max_targets} (rollouts.max_targets)"
+            )
+        targets.sort()
+        self._make_room()
+        now = self._clock.seconds()
+        rollout = rs.Rollout(
+            rollout_id=self._new_id(),
+            command=request.command,
+            selector=str(selector),
+            strategy=request.strategy,
+            abort=request.abort,
+            timeout_seconds=request.timeout_seconds,
+            disconnected=request.disconnected,
+            wait_seconds=request.wait_seconds,
+            created_at=now,
+            targets=targets,
+            idempotency_key=key,
+            requested_by=requested_by,
+        )
+        self._rollouts[rollout.rollout_id] = rollout
+        if key:
+            self._by_key[key] = rollout.rollout_id
+        if request.command.node_selector:
+            self._node_selectors[rollout.rollout_id] = parse_selector(request.command.node_selector)
+        self._active[rollout.rollout_id] = None
+        rollout.start(now)
+        self._changed(rollout)
+        return rollout, False
+
+    def pause(self, rollout_id: str) -> rs.Rollout:
+        """Pause: nothing new is dispatched until resumed. Raises InvalidTransition."""
+        rollout = self.get(rollout_id)
+        rollout.pause(self._clock.seconds())
+        self._changed(rollout)
+        return rollout
+
+    def resume(self, rollout_id: str) -> rs.Rollout:
+        """Resume a paused rollout. Raises InvalidTransition."""
+        rollout = self.get(rollout_id)
+        rollout.resume(self._clock.seconds())
+        self._changed(rollout)
+        return rollout
+
+    def cancel(self, rollout_id: str) -> rs.Rollout:
+        """Cancel: nothing new is dispatched; what is in flight ends and is recorded."""
+        rollout = self.get(rollout_id)
+        rollout.cancel(self._clock.seconds())
+        self._changed(rollout)
+        return rollout
+
+    def shut_down(self) -> None:
+        """Stop the clock: nothing more is dispatched (the gateway ends what is in flight)."""
+        self.stopped = True
+        self._stop_timer()
+
+    # -- bounds ------------------------------------------------------------------------
+
+    def _make_room(self) -> None:
+        """Forget the oldest settled rollouts until a new one fits."""
+        if len(self._rollouts) < self.settings.max_kept:
+            return
+        for rollout_id in list(self._rollouts):
+            if len(self._rollouts) < self.settings.max_kept:
+                return
+            if rollout_id not in self._active:
+                forgotten = self._rollouts.pop(rollout_id)
+                if forgotten.idempotency_key:
+                    self._by_key.pop(forgotten.idempotency_key, None)
+        if len(self._rollouts) >= self.settings.max_kept:
+            raise TooManyRollouts(
+                f"all {len(self._rollouts)} kept rollouts are still running (rollouts.max_kept); "
+                "cancel one or wait for one to end"
+            )
+
+    # -- the clock ------------------------------------------------------------------------
+
+    def _changed(self, rollout: rs.Rollout) -> None:
+        """Record what ``rollout`` has to say, and let the clock look at it soon."""
+        self._record_notices(rollout)
+        if rollout.settled:
+            self._active.pop(rollout.rollout_id, None)
+            self._node_selectors.pop(rollout.rollout_id, None)
+        self._wake_at(self._clock.seconds())
+
+    def _wake_at(self, when: float) -> None:
+        if self.stopped:
+            return
+        if self._timer is not None and self._timer.active():
+            if self._timer_at is not None and self._timer_at <= when:
+                return
+            self._timer.cancel()
+        self._timer_at = when
+        self._timer = self._clock.callLater(max(0.0, when - self._clock.seconds()), self._run)
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = self._timer_at = None
+
+    def _run(self) -> None:
+        """Step every active rollout: dispatch what is due, then sleep until the next wake."""
+        self._timer = self._timer_at = None
+        now = self._clock.seconds()
+        wakes: list[float] = []
+        for rollout_id in list(self._active):
+            rollout = self._rollouts[rollout_id]
+            for edge_id in rollout.step(now, self._connected):
+                self._dispatch(rollout, edge_id)
+            self._record_notices(rollout)
+            if rollout.settled:
+                self._active.pop(rollout_id, None)
+                self._node_selectors.pop(rollout_id, None)
+                continue
+            wake = rollout.next_wake()
+            if wake is not None:
+                wakes.append(wake)
+            if rollout.counts[rs.WAITING]:
+                # A waiting edge's reconnection is seen by looking again.
+                wakes.append(now + WAITING_POLL_SECONDS)
+        if wakes:
+            self._wake_at(max(min(wakes), now))
+
+    def _connected(self, edge_id: str) -> bool:
+        record = self._registry.find(edge_id)
+        return record is not None and record.connected
+
+    # -- executions ------------------------------------------------------------------------
+
+    def _dispatch(self, rollout: rs.Rollout, edge_id: str) -> None:
+        """Dispatch one execution's operations; its end is noted when they all ended."""
+        command = rollout.command
+        key = "rollout:" + rollout.rollout_id
+        node_selector = self._node_selectors.get(rollout.rollout_id)
+        if node_selector is None:
+            targets = [(command.target, key)]
+        else:
+            targets = [(node, f"{key}:{node}") for node in self._matching_nodes(edge_id, node_selector)]
+            if not targets:
+                self._ended(rollout, edge_id, rs.SKIPPED, NO_MATCHING_NODE)
+                return
+        waits: list[Deferred[Any]] = []
+        problems: list[str] = []
+        operation_ids: list[str] = []
+        for target, operation_key in targets:
+            try:
+                dispatched = self._gateway.dispatch(
+                    edge_id,
+                    command.name,
+                    target,
+                    command.arguments,
+                    rollout.timeout_seconds,
+                    operation_key,
+                    rollout.requested_by,
+                )
+            except (EdgeNotConnected, UnknownEdge, UnknownCommand, IdempotencyConflict, ShuttingDown) as e:
+                problems.append(str(e) or type(e).__name__)
+                continue
+            if not dispatched.replayed:
+                self.dispatched_total += 1
+            operation_ids.append(dispatched.operation.operation_id)
+            waits.append(dispatched.ended)
+        rollout.dispatched(edge_id, operation_ids)
+        if not waits:
+            self._ended(rollout, edge_id, rs.FAILED, "; ".join(problems))
+            return
+        ended: Deferred[list[tuple[bool, Any]]] = DeferredList(waits, consumeErrors=True)
+        ended.addCallback(self._operations_ended, rollout, edge_id, problems)
+        ended.addErrback(self._log_failure, rollout, edge_id)
+
+    def _matching_nodes(self, edge_id: str, selector: Selector) -> list[str]:
+        record = self._registry.find(edge_id)
+        if record is None or record.snapshot is None:
+            return []
+        return [node.node_id for node in record.snapshot.parse().nodes if selector.matches(node.labels)]
+
+    def _operations_ended(
+        self, results: list[tuple[bool, Any]], rollout: rs.Rollout, edge_id: str, problems: list[str]
+    ) -> None:
+        """Every operation of one execution ended: the execution ends."""
+        failed = list(problems)
+        timed_out: list[str] = []
+        for ok, value in results:
+            if not ok:
+                assert isinstance(value, Failure)
+                failed.append(value.getErrorMessage())
+                continue
+            assert isinstance(value, OperationRecord)
+            if value.state == SUCCEEDED:
+                continue
+            why = f"{value.target + ': ' if value.target else ''}{value.state}" + (
+                f": {value.reason}" if value.reason else ""
+            )
+            (timed_out if value.state == TIMED_OUT else failed).append(why)
+        if failed:
+            self._ended(rollout, edge_id, rs.FAILED, "; ".join(failed + timed_out))
+        elif timed_out:
+            self._ended(rollout, edge_id, rs.TIMED_OUT, "; ".join(timed_out))
+        else:
+            self._ended(rollout, edge_id, rs.SUCCEEDED, "")
+
+    def _ended(self, rollout: rs.Rollout, edge_id: str, outcome: str, reason: str) -> None:
+        rollout.execution_ended(edge_id, outcome, reason[:1000], self._clock.seconds())
+        self._changed(rollout)
+
+    def _log_failure(self, failure: Failure, rollout: rs.Rollout, edge_id: str) -> None:
+        self._log.failure(
+            "rollout {rollout_id}: execution on {edge_id} failed",
+            failure,
+            rollout_id=rollout.rollout_id,
+            edge_id=edge_id,
+        )
+
+    # -- events ------------------------------------------------------------------------------
+
+    def _record_notices(self, rollout: rs.Rollout) -> None:
+        for notice in rollout.take_notices():
+            attributes = dict(notice.attributes)
+            attributes["rollout_id"] = rollout.rollout_id
+            attributes["command"] = rollout.command.name
+            self._registry.event_log.record(
+                "", self._events, notice.kind, message=notice.message, attributes=attributes
+            )

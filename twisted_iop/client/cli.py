@@ -14,6 +14,7 @@
     commands ID               the edge's command catalog
     command ID NAME [--target T] [--arg k=v ...] [--timeout S] [--idempotency-key K]
     hello                     say hello on the WebSocket wire
+    rollout create|list|show|pause|resume|cancel ...   staged rollouts (iopctl rollout -h)
 
 Exit codes: 0 ok, 1 the server answered an error (or a command did not
 succeed), 2 usage error, 3 the Control Plane cannot be reached. Errors are
@@ -200,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--idempotency-key", default=None, metavar="K", help="run at most once for this key")
     add("hello", "say hello on the client WebSocket and show the server's answer")
+    from twisted_iop.client import rollout_cli  # imported here: it builds on this module
+
+    rollout_cli.add_parser(add("rollout", "staged rollouts of one command to many edges"), common)
     return parser
 
 
@@ -370,6 +374,10 @@ async def _dispatch(
             return EXIT_ERROR
     elif command == "hello":
         return await _hello(args, wire_factory, console)
+    elif command == "rollout":
+        from twisted_iop.client import rollout_cli
+
+        return await rollout_cli.dispatch(reactor, args, repository, console, interrupted)
     else:  # pragma: no cover - argparse only lets known commands through
         raise UsageError(f"unknown command {command!r}")
     return EXIT_OK

@@ -58,6 +58,9 @@ PHASES = ("baseline", "singles", "rollout")
 DRAIN = {"name": "node.drain", "target": "node-1", "arguments": {"reason": "bench"}}
 #: Each command's (each execution's) timeout, in seconds.
 COMMAND_TIMEOUT_SECONDS = 30
+#: The bench settings of fleet_fanout.py, and room for the client's
+#: ``--in-flight`` connections from one address (the default allows 128).
+CONFIG = ff.BENCH_CONFIG + "  max_connections: 4096\n  max_connections_per_address: 2048\n"
 #: The labels of edge number ``i``: one site, eight regions.
 REGIONS = 8
 
@@ -114,7 +117,7 @@ class ViewProbe:
         self.paths = paths
         self.rate = rate
         self.latencies: list[float] = []
-        self.errors: dict[int, int] = {}
+        self.errors: dict[object, int] = {}
         self._pick = random.Random(7)
         self._pending: list[defer.Deferred[None]] = []
         self._loop = LoopingCall(self._fire)
@@ -125,7 +128,12 @@ class ViewProbe:
         self._pending.append(defer.ensureDeferred(self._one(self._pick.choice(self.paths))))
 
     async def _one(self, path: str) -> None:
-        code, _, seconds = await self.http.get(path, timeout=60)
+        try:
+            code, _, seconds = await self.http.get(path, timeout=60)
+        except Exception as e:
+            name = type(e).__name__
+            self.errors[name] = self.errors.get(name, 0) + 1
+            return
         if code == 200:
             self.latencies.append(seconds)
         else:
@@ -283,7 +291,7 @@ async def run(args: argparse.Namespace, results: suite.Results, workdir: Path, i
     """Start the Control Plane, enroll the edges, run the phases."""
     n = args.edges
     ff.raise_open_file_limit(n + ff.SPARE_FDS)
-    cp = ff.ControlPlaneProcess(workdir, f"tcp:0:interface={ff.LOOPBACK}")
+    cp = ff.ControlPlaneProcess(workdir, f"tcp:0:interface={ff.LOOPBACK}", config_text=CONFIG)
     ff.CONTROL_PLANES.append(cp)
     fleet: Optional[DrainFleet] = None
     try:
@@ -350,7 +358,7 @@ def judge(args: argparse.Namespace, n: int, figures: dict[str, dict[str, Any]], 
     if singles_ is not None:
         results.add(
             f"{n:,} single commands, {args.in_flight} in flight: time / CP CPU",
-            f"{singles_['seconds']:.2f} s / {singles_['cpu']:.2f} s",
+            f"{singles_['seconds']:.2f} s / {singles_['cpu']:.2f} s {singles_['outcomes']}",
             "-",
             None,
             "(the rollout's reference)",
@@ -421,7 +429,7 @@ def main() -> None:
         f"(timeout {COMMAND_TIMEOUT_SECONDS} s, answered at once by the scripted edges); views: GET /edges/{{id}} at "
         f"{args.detail_rate:g}/s (random ids), GET {_fleet_label(args)} at {args.fleet_rate:g}/s; "
         f"baseline {args.baseline_seconds:g} s; rollout polled every {args.rollout_poll:g} s; "
-        f"Control Plane config: {ff.BENCH_CONFIG!r}",
+        f"Control Plane config: {CONFIG!r}",
         flush=True,
     )
     results = suite.Results()

@@ -15,6 +15,7 @@
     command ID NAME [--target T] [--arg k=v ...] [--timeout S] [--idempotency-key K]
     hello                     say hello on the WebSocket wire
     completion bash|zsh       print a shell completion script
+    rollout create|list|show|pause|resume|cancel ...   staged rollouts (iopctl rollout -h)
 
 Exit codes: 0 ok, 1 the server answered an error (or a command did not
 succeed), 2 usage error, 3 the Control Plane cannot be reached. Errors are
@@ -230,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("hello", "say hello on the client WebSocket and show the server's answer")
     p = add("completion", "print a shell completion script (bash or zsh)")
     p.add_argument("shell", choices=completion.SHELLS, metavar="SHELL", help="bash or zsh")
+    from twisted_iop.client import rollout_cli  # imported here: it builds on this module
+
+    rollout_cli.add_parser(add("rollout", "staged rollouts of one command to many edges"), common)
     return parser
 
 
@@ -405,6 +409,10 @@ async def _dispatch(
     elif command == "completion":
         console.out.write(completion.script(build_parser(), args.shell))
         console.out.flush()
+    elif command == "rollout":
+        from twisted_iop.client import rollout_cli
+
+        return await rollout_cli.dispatch(reactor, args, repository, console, interrupted)
     else:  # pragma: no cover - argparse only lets known commands through
         raise UsageError(f"unknown command {command!r}")
     return EXIT_OK

@@ -179,6 +179,18 @@ class EdgeTimeoutError(OperationError):
     CODE = "edge_timeout"
 
 
+class UnknownRolloutError(ControlPlaneError):
+    """No rollout with that id is known (404 ``unknown_rollout``)."""
+
+    CODE = "unknown_rollout"
+
+
+class InvalidTransitionError(ControlPlaneError):
+    """The rollout cannot pause, resume or be cancelled in its state (409 ``invalid_transition``)."""
+
+    CODE = "invalid_transition"
+
+
 #: Error classes by their server code.
 ERRORS_BY_CODE: Mapping[str, type[ControlPlaneError]] = {
     cls.CODE: cls
@@ -199,6 +211,8 @@ ERRORS_BY_CODE: Mapping[str, type[ControlPlaneError]] = {
         EdgeDisconnectedError,
         EdgeSupersededError,
         EdgeTimeoutError,
+        UnknownRolloutError,
+        InvalidTransitionError,
     )
 }
 

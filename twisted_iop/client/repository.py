@@ -55,6 +55,7 @@ from twisted_iop.client.models import (
     Readiness,
     read,
 )
+from twisted_iop.client.rollouts import RolloutViews
 
 #: Environment variable naming the Control Plane's HTTP base URL.
 HTTP_URL_ENV = "IOP_CONTROL_PLANE_HTTP_URL"
@@ -155,7 +156,7 @@ def error_from_response(status: int, body: bytes) -> ControlPlaneError:
     return exc
 
 
-class ControlPlaneStatusRepository:
+class ControlPlaneStatusRepository(RolloutViews):
     """Typed access to every HTTP view of one Control Plane.
 
     ``base_url`` defaults to ``$IOP_CONTROL_PLANE_HTTP_URL`` and then to

@@ -292,6 +292,8 @@ export class IopCommandForm extends IopElement {
     const busy = form.querySelector("[data-busy]");
     button.disabled = true;
     busy.textContent = `starting a rollout of ${request.command.name}…`;
+    // The last outcome would otherwise stand for this one until the answer comes.
+    this.root.querySelector("[data-outcome]").innerHTML = "";
     let rollout = null;
     let error = null;
     try {

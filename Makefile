@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 PYTEST_ARGS ?=
 
-.PHONY: setup llama-engine run run-edge run-node test lint browser redis proto mypy bench bench-full bench-inference bench-cluster bench-engine clean
+.PHONY: setup llama-engine shells run run-edge run-node test lint browser redis proto mypy bench bench-full bench-inference bench-cluster bench-engine clean
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -68,12 +68,18 @@ redis:
 	  echo "installing redis-server (Debian package) for the cluster tests"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
 
+# bash and zsh for the tests of iopctl's shell completion scripts.
+shells:
+	@command -v zsh >/dev/null 2>&1 || { \
+	  echo "installing zsh (Debian package) for the completion tests"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq zsh >/dev/null; }
+
 # The linter and formatter (a small rule set, see pyproject.toml).
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: setup llama-engine browser redis lint mypy
+test: setup llama-engine browser redis shells lint mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 proto: setup

@@ -60,7 +60,6 @@ def test_completion_parses_and_prints_the_generated_script() -> None:
     assert printed("bash") == script(build_parser(), "bash")
 
 
-@pytest.mark.skipif(BASH is None, reason="bash is not installed")
 def test_bash_completes_subcommands(bash_script: Path) -> None:
     """Subcommand names complete from a prefix, also after a global option and its value."""
     assert complete(bash_script, "iopctl", "fl") == ["fleet"]
@@ -68,7 +67,6 @@ def test_bash_completes_subcommands(bash_script: Path) -> None:
     assert set(complete(bash_script, "iopctl", "")) >= {"edges", "fleet", "command", "completion"}
 
 
-@pytest.mark.skipif(BASH is None, reason="bash is not installed")
 def test_bash_completes_options_and_their_values(bash_script: Path) -> None:
     """A subcommand's options complete, and so do the fixed values of --state and of completion's shell."""
     assert complete(bash_script, "iopctl", "fleet", "--sel") == ["--selector"]
@@ -101,7 +99,6 @@ def test_zsh_script_structure() -> None:
         assert line.replace("'\\''", "").count("'") % 2 == 0, line
 
 
-@pytest.mark.skipif(ZSH is None, reason="zsh is not installed")
 def test_zsh_loads_the_script(tmp_path: Path) -> None:
     """A real zsh parses the script, and sourcing it after compinit registers _iopctl for iopctl."""
     assert ZSH is not None

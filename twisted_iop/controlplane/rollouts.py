@@ -20,16 +20,26 @@ by the clock and dispatches its executions as ordinary operations.
 
 Single process: everything lives here, in memory; a rollout's whole state
 is its :class:`~.rollout_states.Rollout`.
+
+Cluster mode (``cluster`` given, a
+:class:`~twisted_iop.controlplane.cluster.rollout_store.ClusterRollouts`):
+the state of every rollout run here is written to Redis after each change;
+the others' are mirrored (views read the mirror); only the replica holding
+a rollout's lease steps it; a rollout whose runner died is adopted and its
+in-flight executions dispatched again under their idempotency keys, which
+are reserved cluster-wide first (as ``POST /edges/{id}/commands`` does), so
+that dispatch replays the existing operation instead of running the
+command a second time.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import attrs
-from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -43,6 +53,10 @@ from twisted_iop.controlplane.operations import OperationRecord
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.controlplane.request_errors import ShuttingDown
 from twisted_iop.label_selectors import Selector, parse_selector
+
+if TYPE_CHECKING:
+    from twisted_iop.controlplane.cluster.replica import ClusterReplica
+    from twisted_iop.controlplane.cluster.rollout_store import ClusterRollouts
 
 #: How often rollouts with executions waiting for their edge look again.
 WAITING_POLL_SECONDS = 0.5
@@ -108,6 +122,8 @@ class RolloutService:
         clock: IReactorTime,
         settings: RolloutSettings = RolloutSettings(),
         new_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+        cluster: Optional[ClusterRollouts] = None,
+        replica: Optional[ClusterReplica] = None,
     ) -> None:
         self._registry = registry
         self._gateway = gateway
@@ -128,6 +144,11 @@ class RolloutService:
         self.stopped = False
         #: For /metrics: operations dispatched by rollouts.
         self.dispatched_total = 0
+        #: Cluster mode: the rollouts' store and leases, and the replica (idempotency keys).
+        self._cluster = cluster
+        self._replica = replica
+        if cluster is not None:
+            cluster.attach(self)
 
     # -- views -------------------------------------------------------------------------
 
@@ -137,6 +158,10 @@ class RolloutService:
         if rollout is None:
             raise UnknownRollout(rollout_id[:80])
         return rollout
+
+    def find(self, rollout_id: str) -> Optional[rs.Rollout]:
+        """The kept rollout ``rollout_id``, or None."""
+        return self._rollouts.get(rollout_id)
 
     def newest_first(self) -> list[rs.Rollout]:
         """Every kept rollout, newest first."""
@@ -198,6 +223,8 @@ class RolloutService:
         if request.command.node_selector:
             self._node_selectors[rollout.rollout_id] = parse_selector(request.command.node_selector)
         self._active[rollout.rollout_id] = None
+        if self._cluster is not None:
+            self._cluster.created(rollout)
         rollout.start(now)
         self._changed(rollout)
         return rollout, False
@@ -206,27 +233,97 @@ class RolloutService:
         """Pause: nothing new is dispatched until resumed. Raises InvalidTransition."""
         rollout = self.get(rollout_id)
         rollout.pause(self._clock.seconds())
-        self._changed(rollout)
+        self._moved(rollout, "pause")
         return rollout
 
     def resume(self, rollout_id: str) -> rs.Rollout:
         """Resume a paused rollout. Raises InvalidTransition."""
         rollout = self.get(rollout_id)
         rollout.resume(self._clock.seconds())
-        self._changed(rollout)
+        self._moved(rollout, "resume")
         return rollout
 
     def cancel(self, rollout_id: str) -> rs.Rollout:
         """Cancel: nothing new is dispatched; what is in flight ends and is recorded."""
         rollout = self.get(rollout_id)
         rollout.cancel(self._clock.seconds())
-        self._changed(rollout)
+        self._moved(rollout, "cancel")
         return rollout
+
+    def _moved(self, rollout: rs.Rollout, move: str) -> None:
+        if self._cluster is not None and rollout.rollout_id not in self._active:
+            # Run by another replica: it is handed the move (this mirror shows
+            # it at once; the runner's next write is the truth).
+            rollout.take_notices()
+            self._cluster.request(rollout.rollout_id, move).addErrback(
+                lambda f: self._log.warn(
+                    "rollout {id}: {move} not handed over: {e}", id=rollout.rollout_id, move=move, e=f.getErrorMessage()
+                )
+            )
+            return
+        self._changed(rollout)
+
+    # -- cluster mode: the store's hooks ---------------------------------------------------
+
+    def requested(self, rollout_id: str, move: str) -> None:
+        """A move asked on another replica of a rollout run here."""
+        rollout = self._rollouts.get(rollout_id)
+        if rollout is None or rollout_id not in self._active:
+            return
+        try:
+            getattr(rollout, move)(self._clock.seconds())
+        except rs.InvalidTransition as e:
+            self._log.info("rollout {id}: {move} asked elsewhere not applied: {e}", id=rollout_id, move=move, e=e)
+            return
+        self._changed(rollout)
+
+    def mirrored(self, rollout: rs.Rollout) -> None:
+        """A rollout run by another replica, as it stored it."""
+        if rollout.rollout_id in self._active:
+            return
+        if rollout.rollout_id not in self._rollouts:
+            try:
+                self._make_room()
+            except TooManyRollouts:
+                return
+        self._rollouts[rollout.rollout_id] = rollout
+        self._rollouts = dict(sorted(self._rollouts.items(), key=lambda item: item[1].created_at))
+        if rollout.idempotency_key:
+            self._by_key[rollout.idempotency_key] = rollout.rollout_id
+
+    def adopt(self, rollout: rs.Rollout) -> None:
+        """Run ``rollout`` from its stored state (its runner died): its
+        in-flight executions are dispatched again under their keys (replays)."""
+        self.mirrored(rollout)
+        if self.stopped or rollout.rollout_id not in self._rollouts:
+            return
+        self._rollouts[rollout.rollout_id] = rollout
+        if rollout.settled:
+            return
+        self._active[rollout.rollout_id] = None
+        if rollout.command.node_selector:
+            self._node_selectors[rollout.rollout_id] = parse_selector(rollout.command.node_selector)
+        for edge_id in rollout.targets:
+            if rollout.executions[edge_id].state == rs.IN_FLIGHT:
+                self._dispatch(rollout, edge_id)
+        self._changed(rollout)
+
+    def let_go(self, rollout_id: str) -> None:
+        """This replica no longer holds the lease: stop stepping it (it is mirrored from now on)."""
+        self._active.pop(rollout_id, None)
+        self._node_selectors.pop(rollout_id, None)
+
+    def start(self) -> None:
+        """Cluster mode: start syncing with the cluster (leases, mirrors, takeovers)."""
+        if self._cluster is not None:
+            self._cluster.start()
 
     def shut_down(self) -> None:
         """Stop the clock: nothing more is dispatched (the gateway ends what is in flight)."""
         self.stopped = True
         self._stop_timer()
+        if self._cluster is not None:
+            self._cluster.stop()
 
     # -- bounds ------------------------------------------------------------------------
 
@@ -252,6 +349,8 @@ class RolloutService:
     def _changed(self, rollout: rs.Rollout) -> None:
         """Record what ``rollout`` has to say, and let the clock look at it soon."""
         self._record_notices(rollout)
+        if self._cluster is not None:
+            self._cluster.changed(rollout)
         if rollout.settled:
             self._active.pop(rollout.rollout_id, None)
             self._node_selectors.pop(rollout.rollout_id, None)
@@ -279,9 +378,14 @@ class RolloutService:
         wakes: list[float] = []
         for rollout_id in list(self._active):
             rollout = self._rollouts[rollout_id]
+            if self._cluster is not None and not self._cluster.runs(rollout_id):
+                wakes.append(now + WAITING_POLL_SECONDS)
+                continue  # the lease is not confirmed: dispatch nothing until it is (or is lost)
             for edge_id in rollout.step(now, self._connected):
                 self._dispatch(rollout, edge_id)
             self._record_notices(rollout)
+            if self._cluster is not None:
+                self._cluster.changed(rollout)
             if rollout.settled:
                 self._active.pop(rollout_id, None)
                 self._node_selectors.pop(rollout_id, None)
@@ -313,10 +417,45 @@ class RolloutService:
             if not targets:
                 self._ended(rollout, edge_id, rs.SKIPPED, NO_MATCHING_NODE)
                 return
+        if self._replica is not None:
+            d = ensureDeferred(self._reserve_and_dispatch(rollout, edge_id, targets))
+            d.addErrback(self._log_failure, rollout, edge_id)
+            return
+        self._dispatch_all(rollout, edge_id, [(t, k, "") for t, k in targets])
+
+    async def _reserve_and_dispatch(self, rollout: rs.Rollout, edge_id: str, targets: list[tuple[str, str]]) -> None:
+        """Cluster mode: take each key cluster-wide first (as the HTTP command
+        path does), so that a dispatch after a takeover replays the operation
+        the dead runner started instead of sending the command again."""
+        replica = self._replica
+        assert replica is not None
+        reserved: list[tuple[str, str, str]] = []
+        for target, key in targets:
+            operation_id = ""
+            record = self._registry.find(edge_id)
+            if record is not None and record.operations.by_key(key) is None:
+                operation_id = uuid.uuid4().hex
+                try:
+                    holder = await replica.reserve_key(edge_id, key, operation_id)
+                    if holder:
+                        operation_id = ""
+                        await replica.operation(edge_id, holder)  # now in the mirror: dispatch replays it
+                except Exception as e:  # Redis away: not dispatched, counted failed
+                    reserved.append((target, key, "!" + (str(e) or type(e).__name__)))
+                    continue
+            reserved.append((target, key, operation_id))
+        if rollout.rollout_id in self._active:
+            self._dispatch_all(rollout, edge_id, reserved)
+
+    def _dispatch_all(self, rollout: rs.Rollout, edge_id: str, targets: list[tuple[str, str, str]]) -> None:
+        command = rollout.command
         waits: list[Deferred[Any]] = []
         problems: list[str] = []
         operation_ids: list[str] = []
-        for target, operation_key in targets:
+        for target, operation_key, operation_id in targets:
+            if operation_id.startswith("!"):
+                problems.append(operation_id[1:])
+                continue
             try:
                 dispatched = self._gateway.dispatch(
                     edge_id,
@@ -326,6 +465,7 @@ class RolloutService:
                     rollout.timeout_seconds,
                     operation_key,
                     rollout.requested_by,
+                    operation_id,
                 )
             except (EdgeNotConnected, UnknownEdge, UnknownCommand, IdempotencyConflict, ShuttingDown) as e:
                 problems.append(str(e) or type(e).__name__)
@@ -334,7 +474,8 @@ class RolloutService:
                 self.dispatched_total += 1
             operation_ids.append(dispatched.operation.operation_id)
             waits.append(dispatched.ended)
-        rollout.dispatched(edge_id, operation_ids)
+        known = rollout.executions[edge_id].operation_ids
+        rollout.dispatched(edge_id, [i for i in operation_ids if i not in known])
         if not waits:
             self._ended(rollout, edge_id, rs.FAILED, "; ".join(problems))
             return

@@ -13,6 +13,7 @@ from twisted.web.server import Request
 
 from twisted_iop.controlplane.client_wire import ClientWireFactory
 from twisted_iop.controlplane.cluster.replica import ClusterReplica
+from twisted_iop.controlplane.cluster.rollout_store import ClusterRollouts
 from twisted_iop.controlplane.config import ControlPlaneConfig, load_config, unauthenticated_exposures
 from twisted_iop.controlplane.edge_wire import EdgeWireFactory
 from twisted_iop.controlplane.gateway import EdgeGateway
@@ -120,7 +121,10 @@ class ControlPlaneService(DaemonService):
             self.cluster = ClusterReplica(config.cluster, self.registry, self.gateway, reactor)
             self.add_state(self.cluster)
         self.readiness = ListenerReadiness(self.listeners)
-        self.rollouts = RolloutService(self.registry, self.gateway, reactor, config.rollouts)
+        rollout_link = None if self.cluster is None else ClusterRollouts.of(self.cluster, config.rollouts.max_kept)
+        self.rollouts = RolloutService(
+            self.registry, self.gateway, reactor, config.rollouts, cluster=rollout_link, replica=self.cluster
+        )
         self.http = ControlPlaneHttp(
             self.registry,
             self.gateway,
@@ -159,6 +163,7 @@ class ControlPlaneService(DaemonService):
         if self.tune_gc:
             tune_garbage_collector()
         super().startService()
+        self.rollouts.start()
 
     # -- the graceful stop (see twisted_iop.daemon) ------------------------------
 

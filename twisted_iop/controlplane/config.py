@@ -32,7 +32,8 @@ from twisted_iop.controlplane.cluster.settings import (
     default_replica_id,
     parse_redis_url,
 )
-from twisted_iop.controlplane.edge_wire import DEFAULT_MAX_HELLOS_PER_SECOND, EdgeCredentials
+from twisted_iop.controlplane.edge_wire import EdgeCredentials
+from twisted_iop.controlplane.hello_admission import HelloAdmissionSettings
 from twisted_iop.controlplane.http_routes import HttpSettings
 from twisted_iop.controlplane.memory import RegistryLimits
 from twisted_iop.endpoints import is_loopback_listen, is_tls_listen
@@ -75,7 +76,8 @@ class ControlPlaneConfig:
     #: Mutual TLS on the edge wire (``edge_wire.tls``); None: as ``edge_wire_listen`` says.
     edge_wire_tls: Optional[TLSListenConfig] = None
     edge_wire_failed_hellos: FailedHelloLimits = FailedHelloLimits()
-    max_hellos_per_second: float = DEFAULT_MAX_HELLOS_PER_SECOND
+    #: When a hello is admitted or told retry_later (``edge_wire.hello_admission``).
+    hello_admission: HelloAdmissionSettings = HelloAdmissionSettings()
     registry: RegistryLimits = RegistryLimits()
     status_timeout_seconds: float = 5.0
     #: Warnings about a valid file (deprecated spellings), logged at start-up.
@@ -160,6 +162,7 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
             "shared_credential",
             "tls",
             "failed_hellos",
+            "hello_admission",
             "max_hellos_per_second",
         }
     )
@@ -264,13 +267,41 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
         credentials=credentials,
         edge_wire_tls=parse_tls_listen(edge, "tls", edge_wire_listen),
         edge_wire_failed_hellos=parse_failed_hellos(edge.section("failed_hellos")),
-        max_hellos_per_second=edge.number("max_hellos_per_second", DEFAULT_MAX_HELLOS_PER_SECOND),
+        hello_admission=parse_hello_admission(edge, notices),
         registry=limits,
         status_timeout_seconds=http.number("status_timeout_seconds", 5.0),
         notices=tuple(notices),
         fleet_max_age_seconds=status.number("fleet_max_age_seconds", 1.0, minimum=0.0, exclusive_minimum=False),
         shutdown=parse_shutdown(root.section("shutdown")),
         cluster=parse_cluster(root.section("cluster"), environ),
+    )
+
+
+def parse_hello_admission(edge: Section, notices: list[str]) -> HelloAdmissionSettings:
+    """``edge_wire.hello_admission``; the older ``edge_wire.max_hellos_per_second`` is read as its fixed cap."""
+    section = edge.section("hello_admission")
+    section.reject_unknown({"max_loop_lag_ms", "max_pending_hellos", "max_per_second", "probe_interval_ms"})
+    default = HelloAdmissionSettings()
+    old = "max_hellos_per_second"
+    if edge.has(old):
+        if section.has("max_per_second"):
+            raise ConfigError(
+                f"{edge.field_path(old)}: give either hello_admission.max_per_second or the older {old}, not both"
+            )
+        max_per_second = edge.number(old, 0.0, exclusive_minimum=False)
+        notices.append(
+            f"{edge.field_path(old)} is now {section.field_path('max_per_second')} (a fixed cap, off by default: "
+            "hellos are admitted as fast as the event loop keeps up); the old name is read for now"
+        )
+    else:
+        max_per_second = section.number("max_per_second", default.max_per_second, exclusive_minimum=False)
+    probe_interval_ms = section.number("probe_interval_ms", default.probe_interval_ms, minimum=1.0, exclusive_minimum=False)
+    max_loop_lag_ms = section.number("max_loop_lag_ms", default.max_loop_lag_ms, minimum=1.0, exclusive_minimum=False)
+    return HelloAdmissionSettings(
+        max_loop_lag_ms=max_loop_lag_ms,
+        max_pending_hellos=section.integer("max_pending_hellos", default.max_pending_hellos, minimum=1, maximum=1_000_000),
+        max_per_second=max_per_second,
+        probe_interval_ms=min(probe_interval_ms, 1000.0),
     )
 
 

@@ -8,8 +8,10 @@ Hello is checked by :func:`~twisted_iop.wire.hello.check_edge_hello`
 certificate proves). Failed attempts to prove an identity are counted per
 source address and a blocked address's connections are closed at once
 (:class:`~twisted_iop.wire.limits.FailedHelloLimiter`); hellos that would
-be accepted pass a rate limit first, and one over it is answered
-``retry_later`` with ``retry_after_ms``.
+be accepted pass the admission rule first
+(:class:`~twisted_iop.controlplane.hello_admission.HelloAdmission`: as many
+as the event loop keeps up with, an optional fixed cap), and one it refuses
+is answered ``retry_later`` with ``retry_after_ms``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from twisted.python.failure import Failure
 import twisted_iop
 from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.edge_peer import StatusListener
+from twisted_iop.controlplane.hello_admission import HelloAdmission, HelloAdmissionSettings
 from twisted_iop.controlplane.memory import CatalogCache
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.credentials import Digests, digest_of, matches
@@ -38,7 +41,6 @@ from twisted_iop.wire.hello import FAILED_PROOF_CODES, MAX_TEXT, Rejection, Reje
 from twisted_iop.wire.limits import (
     FailedHelloLimiter,
     FailedHelloLimits,
-    HelloRateLimit,
     RefusedConnection,
     source_of,
 )
@@ -50,8 +52,6 @@ from twisted_iop.wire.peer import (
 )
 from twisted_iop.wire.preserialized import PreserializedAnswer, PreserializedRequest
 
-#: Accepted hellos per second unless configured (burst: twice as many).
-DEFAULT_MAX_HELLOS_PER_SECOND = 500.0
 #: The retry hint of a hello refused because the replica is not in its cluster.
 CLUSTER_RETRY_MS = 2000
 
@@ -169,7 +169,7 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
                 CLUSTER_RETRY_MS,
             )
             return
-        wait = factory.hello_rate.take()
+        wait = factory.hello_admission.admit()
         if wait is not None:
             # Not logged per hello: a reconnecting fleet would flood the log.
             retry_after_ms = max(1, math.ceil(wait * 1000))
@@ -304,7 +304,7 @@ class EdgeWireFactory(PeerServerFactory):
         *,
         require_certificate: bool = False,
         failed_hellos: FailedHelloLimits = FailedHelloLimits(),
-        max_hellos_per_second: float = DEFAULT_MAX_HELLOS_PER_SECOND,
+        hello_admission: HelloAdmissionSettings = HelloAdmissionSettings(),
     ) -> None:
         super().__init__(clock, settings)
         self.registry = registry
@@ -313,7 +313,8 @@ class EdgeWireFactory(PeerServerFactory):
         self.catalogs = CatalogCache()
         self.require_certificate = require_certificate
         self.failed_hellos = FailedHelloLimiter(clock, failed_hellos, "edge_wire")
-        self.hello_rate = HelloRateLimit(clock, max_hellos_per_second)
+        #: Which hellos pass now (loop lag, pending hellos, a fixed cap).
+        self.hello_admission = HelloAdmission(clock, hello_admission)
         #: Cluster mode: hellos wait until the replica is in its cluster.
         self.cluster: Optional[HelloGate] = None
         #: The answer to every accepted hello, serialized once: only the
@@ -334,6 +335,11 @@ class EdgeWireFactory(PeerServerFactory):
         assert isinstance(protocol, EdgeWireProtocol)
         return protocol
 
+    def startFactory(self) -> None:
+        super().startFactory()
+        self.hello_admission.start()
+
     def stopFactory(self) -> None:
         super().stopFactory()
         self.failed_hellos.stop()
+        self.hello_admission.stop()

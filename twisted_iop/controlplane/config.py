@@ -11,11 +11,13 @@ import attrs
 from twisted_iop.configuration import (
     ConfigError,
     EnvironmentConfigError,
+    LoggingConfig,
     Section,
     ShutdownConfig,
     parse_checked_credentials,
     parse_failed_hellos,
     parse_listen_setting,
+    parse_logging,
     parse_max_hello_frame_bytes,
     parse_max_violations,
     parse_shutdown,
@@ -90,6 +92,8 @@ class ControlPlaneConfig:
     shutdown: ShutdownConfig = ShutdownConfig()
     #: Cluster mode (several replicas through Redis); the default is memory.
     cluster: ClusterConfig = ClusterConfig()
+    #: How log lines are written (``logging.format``: text or json).
+    logging: LoggingConfig = LoggingConfig()
 
 
 def load_config(path: Optional[str], environ: Mapping[str, str] = os.environ) -> ControlPlaneConfig:
@@ -108,7 +112,9 @@ def config_from_text(text: str, environ: Mapping[str, str] = {}) -> ControlPlane
 def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}) -> ControlPlaneConfig:
     """Build the config from parsed YAML plus environment overrides."""
     root = Section(data, "")
-    root.reject_unknown({"http", "client_wire", "edge_wire", "registry", "status", "shutdown", "cluster"})
+    root.reject_unknown(
+        {"http", "client_wire", "edge_wire", "registry", "status", "shutdown", "cluster", "logging"}
+    )
     notices: list[str] = []
     http = root.section("http")
     http.reject_unknown(
@@ -274,6 +280,7 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
         fleet_max_age_seconds=status.number("fleet_max_age_seconds", 1.0, minimum=0.0, exclusive_minimum=False),
         shutdown=parse_shutdown(root.section("shutdown")),
         cluster=parse_cluster(root.section("cluster"), environ),
+        logging=parse_logging(root.section("logging")),
     )
 
 

@@ -81,9 +81,7 @@ EDGE_SETTINGS = PeerSettings(request_timeout_seconds=120.0)
 #: The benchmarks' Control Plane settings (see ControlPlaneProcess): every
 #: fleet round asks every edge again, hello admission is lifted, and
 #: no access-log line is written per request (the references write none).
-BENCH_CONFIG = (
-    "status:\n  fleet_max_age_seconds: 0\nedge_wire:\n  hello_admission:\n    max_loop_lag_ms: 1000000\n    max_pending_hellos: 1000000\nhttp:\n  access_log: false\n"
-)
+BENCH_CONFIG = "status:\n  fleet_max_age_seconds: 0\nedge_wire:\n  hello_admission:\n    max_loop_lag_ms: 1000000\n    max_pending_hellos: 1000000\nhttp:\n  access_log: false\n"
 #: Every Control Plane started, so a deadline can kill them all.
 CONTROL_PLANES: list[ControlPlaneProcess] = []
 

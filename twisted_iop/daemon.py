@@ -115,7 +115,6 @@ class DaemonOptions(usage.Options, Generic[ConfigT]):
             sys.stdout.flush()
             raise SystemExit(0)
 
-
     def log_format(self, config: ConfigT) -> str:
         """``logging.format`` of the config: ``text`` or ``json``."""
         logging: Optional[LoggingConfig] = getattr(config, "logging", None)

@@ -28,7 +28,7 @@ def started(settings: HelloAdmissionSettings = SETTINGS) -> tuple[Clock, HelloAd
 
 def test_an_idle_loop_admits_every_hello_of_a_window_up_to_the_pending_bound() -> None:
     """With no lag, the first max_pending_hellos hellos of a window pass."""
-    clock, admission = started()
+    _clock, admission = started()
     assert [admission.admit() for _ in range(10)] == [None] * 10
     assert admission.admitted_total == 10 and admission.refused_total == 0
 
@@ -95,7 +95,7 @@ def test_the_hints_spread_at_the_rate_a_full_window_admitted() -> None:
 
 def test_a_fixed_cap_applies_when_configured() -> None:
     """max_per_second 1: a burst of two passes, the third is refused (``fixed_rate``)."""
-    clock, admission = started(HelloAdmissionSettings(max_per_second=1))
+    _clock, admission = started(HelloAdmissionSettings(max_per_second=1))
     assert admission.admit() is None and admission.admit() is None
     wait = admission.admit()
     assert wait is not None and wait > 0

@@ -112,9 +112,7 @@ def config_from_text(text: str, environ: Mapping[str, str] = {}) -> ControlPlane
 def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}) -> ControlPlaneConfig:
     """Build the config from parsed YAML plus environment overrides."""
     root = Section(data, "")
-    root.reject_unknown(
-        {"http", "client_wire", "edge_wire", "registry", "status", "shutdown", "cluster", "logging"}
-    )
+    root.reject_unknown({"http", "client_wire", "edge_wire", "registry", "status", "shutdown", "cluster", "logging"})
     notices: list[str] = []
     http = root.section("http")
     http.reject_unknown(
@@ -302,11 +300,15 @@ def parse_hello_admission(edge: Section, notices: list[str]) -> HelloAdmissionSe
         )
     else:
         max_per_second = section.number("max_per_second", default.max_per_second, exclusive_minimum=False)
-    probe_interval_ms = section.number("probe_interval_ms", default.probe_interval_ms, minimum=1.0, exclusive_minimum=False)
+    probe_interval_ms = section.number(
+        "probe_interval_ms", default.probe_interval_ms, minimum=1.0, exclusive_minimum=False
+    )
     max_loop_lag_ms = section.number("max_loop_lag_ms", default.max_loop_lag_ms, minimum=1.0, exclusive_minimum=False)
     return HelloAdmissionSettings(
         max_loop_lag_ms=max_loop_lag_ms,
-        max_pending_hellos=section.integer("max_pending_hellos", default.max_pending_hellos, minimum=1, maximum=1_000_000),
+        max_pending_hellos=section.integer(
+            "max_pending_hellos", default.max_pending_hellos, minimum=1, maximum=1_000_000
+        ),
         max_per_second=max_per_second,
         probe_interval_ms=min(probe_interval_ms, 1000.0),
     )

@@ -129,6 +129,7 @@ class HelloAdmission:
         self._window_run = 0
         self._window_started: Optional[float] = None
         self._window_admitted = 0
+        self._window_refused = 0
         #: The rate the loop was seen admitting at (hellos per second), for the hints.
         self.rate = INITIAL_RATE
         self._next_slot = 0.0
@@ -176,17 +177,20 @@ class HelloAdmission:
     def _new_window(self, now: float, run: int) -> None:
         """The probe ran since the last hello: the pending work was absorbed; learn the rate."""
         started = self._window_started
-        if started is not None and self._window_admitted >= self.settings.max_pending_hellos and now > started:
-            # Only a window that was full says how fast the loop admits;
-            # a quiet one says only that few edges dialed.
+        busy = self._window_refused > 0 or self._window_admitted >= self.settings.max_pending_hellos
+        if started is not None and busy and now > started:
+            # Only a busy window (full, or with hellos refused) says how
+            # fast the loop admits; a quiet one says only that few dialed.
             self.rate = max(MIN_RATE, self._window_admitted / (now - started))
         self._window_run = run
         self._window_started = now
         self._window_admitted = 0
+        self._window_refused = 0
         self._pending = 0
 
     def _refuse(self, reason: str, now: float) -> float:
         self.refused[reason] += 1
+        self._window_refused += 1
         slot = 1.0 / self.rate
         # After the current lag (or one probe interval) the loop is free
         # again; from there, one refused edge per slot.

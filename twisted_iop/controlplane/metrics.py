@@ -74,6 +74,11 @@ def control_plane_metrics(service: ControlPlaneParts) -> Iterator[Metric]:
     yield gauge("iop_edges_known", "Edges known, connected or not", registry.known_count)
     yield counter("iop_enrollments", "Accepted edge hellos", registry.enrollments_total)
     yield hello_rejections("edge", service.edge_factory.hello_rejections)
+    probe = service.edge_factory.hello_admission.probe
+    yield gauge("iop_event_loop_lag_seconds", "How late the event loop ran its last lag probe", probe.last_lag)
+    yield gauge(
+        "iop_event_loop_lag_max_seconds", "The event loop's largest lag since the previous scrape", probe.reset_max()
+    )
     yield from wire_metrics({"edge": service.edge_factory.wire_counters})
     gateway = service.gateway
     yield labelled(

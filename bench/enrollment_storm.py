@@ -127,9 +127,10 @@ def report(n: int, figures: dict[str, Any]) -> bool:
     ratio = cp["seconds"] / echo["seconds"]
     print(f"\n== enrollment storm: {n:,} unpaced edges over {ff.LOOPBACK}")
     print(
-        f"settings: edge_wire.hello_admission max_loop_lag_ms={settings.max_loop_lag_ms:g} "
-        f"max_pending_hellos={settings.max_pending_hellos} max_per_second={settings.max_per_second:g} "
-        f"probe_interval_ms={settings.probe_interval_ms:g}; edge listen backlog 4096"
+        f"settings: edge_wire.hello_admission max_pending_hellos={settings.max_pending_hellos} "
+        f"slice_ms={settings.slice_ms:g} max_queue_wait_ms={settings.max_queue_wait_ms:g} "
+        f"max_loop_lag_ms={settings.max_loop_lag_ms:g} lag_grace_ms={settings.lag_grace_ms:g} "
+        f"max_per_second={settings.max_per_second:g}; edge listen backlog 4096"
     )
     for name, result in (("echo", echo), ("control plane", cp)):
         print(

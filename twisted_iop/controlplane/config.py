@@ -285,7 +285,18 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
 def parse_hello_admission(edge: Section, notices: list[str]) -> HelloAdmissionSettings:
     """``edge_wire.hello_admission``; the older ``edge_wire.max_hellos_per_second`` is read as its fixed cap."""
     section = edge.section("hello_admission")
-    section.reject_unknown({"max_loop_lag_ms", "max_pending_hellos", "max_per_second", "probe_interval_ms"})
+    section.reject_unknown(
+        {
+            "max_pending_hellos",
+            "max_pending_bytes",
+            "slice_ms",
+            "max_queue_wait_ms",
+            "max_loop_lag_ms",
+            "lag_grace_ms",
+            "max_per_second",
+            "probe_interval_ms",
+        }
+    )
     default = HelloAdmissionSettings()
     old = "max_hellos_per_second"
     if edge.has(old):
@@ -296,21 +307,26 @@ def parse_hello_admission(edge: Section, notices: list[str]) -> HelloAdmissionSe
         max_per_second = edge.number(old, 0.0, exclusive_minimum=False)
         notices.append(
             f"{edge.field_path(old)} is now {section.field_path('max_per_second')} (a fixed cap, off by default: "
-            "hellos are admitted as fast as the event loop keeps up); the old name is read for now"
+            "hellos are queued and worked off as fast as the event loop keeps up); the old name is read for now"
         )
     else:
         max_per_second = section.number("max_per_second", default.max_per_second, exclusive_minimum=False)
-    probe_interval_ms = section.number(
-        "probe_interval_ms", default.probe_interval_ms, minimum=1.0, exclusive_minimum=False
-    )
-    max_loop_lag_ms = section.number("max_loop_lag_ms", default.max_loop_lag_ms, minimum=1.0, exclusive_minimum=False)
+    number = section.number
     return HelloAdmissionSettings(
-        max_loop_lag_ms=max_loop_lag_ms,
         max_pending_hellos=section.integer(
-            "max_pending_hellos", default.max_pending_hellos, minimum=1, maximum=1_000_000
+            "max_pending_hellos", default.max_pending_hellos, minimum=1, maximum=10_000_000
         ),
+        max_pending_bytes=section.integer(
+            "max_pending_bytes", default.max_pending_bytes, minimum=64 * 1024, maximum=2**40
+        ),
+        slice_ms=min(number("slice_ms", default.slice_ms, minimum=1.0, exclusive_minimum=False), 1000.0),
+        max_queue_wait_ms=number("max_queue_wait_ms", default.max_queue_wait_ms, minimum=1.0, exclusive_minimum=False),
+        max_loop_lag_ms=number("max_loop_lag_ms", default.max_loop_lag_ms, minimum=1.0, exclusive_minimum=False),
+        lag_grace_ms=number("lag_grace_ms", default.lag_grace_ms, exclusive_minimum=False),
         max_per_second=max_per_second,
-        probe_interval_ms=min(probe_interval_ms, 1000.0),
+        probe_interval_ms=min(
+            number("probe_interval_ms", default.probe_interval_ms, minimum=1.0, exclusive_minimum=False), 1000.0
+        ),
     )
 
 

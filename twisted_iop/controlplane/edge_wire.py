@@ -8,10 +8,11 @@ Hello is checked by :func:`~twisted_iop.wire.hello.check_edge_hello`
 certificate proves). Failed attempts to prove an identity are counted per
 source address and a blocked address's connections are closed at once
 (:class:`~twisted_iop.wire.limits.FailedHelloLimiter`); hellos that would
-be accepted pass the admission rule first
-(:class:`~twisted_iop.controlplane.hello_admission.HelloAdmission`: as many
-as the event loop keeps up with, an optional fixed cap), and one it refuses
-is answered ``retry_later`` with ``retry_after_ms``.
+are queued first
+(:class:`~twisted_iop.controlplane.hello_admission.HelloAdmission`: a
+bounded FIFO worked off in slices of the event loop, an optional fixed
+cap) and checked when their turn comes; one the queue cannot hold is
+answered ``retry_later`` with ``retry_after_ms``.
 """
 
 from __future__ import annotations
@@ -107,11 +108,16 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
         super().__init__(factory)
         self.edge_id: Optional[str] = None
         self.token: Optional[int] = None
+        #: The hello waiting in the admission queue for its turn.
+        self._waiting_hello: Optional[pb.Envelope] = None
 
     def describe_peer(self) -> str:
         return f"edge {self.edge_id}" if self.edge_id else "an edge connection before hello"
 
     def connection_closed(self, reason: Failure) -> None:
+        if self._waiting_hello is not None:
+            self._waiting_hello = None
+            self.factory.hello_admission.withdraw(self)
         if self.edge_id is not None and self.token is not None:
             if self.close_reason:
                 text = self.close_reason
@@ -125,6 +131,13 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
 
     def envelope_received(self, envelope: pb.Envelope, body: str) -> None:
         if self.token is None:
+            if self._waiting_hello is not None:
+                self.fail_connection(
+                    pb.ERROR_CODE_UNEXPECTED_MESSAGE,
+                    f"{body} before the hello was answered",
+                    envelope.request_id,
+                )
+                return
             if body != "edge_hello_request":
                 self.fail_connection(
                     pb.ERROR_CODE_HELLO_REQUIRED,
@@ -132,7 +145,7 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
                     envelope.request_id,
                 )
                 return
-            self._hello(envelope)
+            self._offer_hello(envelope)
             return
         assert self.edge_id is not None
         if body == "edge_event":
@@ -146,8 +159,29 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
                 envelope.request_id,
             )
 
-    def _hello(self, envelope: pb.Envelope) -> None:
+    def _offer_hello(self, envelope: pb.Envelope) -> None:
+        """Queue the hello for its turn (it counts as received: the hello deadline stops)."""
         self.hello_done()
+        self._waiting_hello = envelope
+        wait = self.factory.hello_admission.offer(self, envelope.ByteSize())
+        if wait is not None:
+            self._waiting_hello = None
+            # Not logged per hello: a reconnecting fleet would flood the log.
+            self._reject(
+                envelope.request_id,
+                Rejection(RejectionCode.RETRY_LATER, "too many edges are saying hello right now; try again later"),
+                max(1, math.ceil(wait * 1000)),
+            )
+
+    def hello_turn(self) -> None:
+        """The admission queue's turn for this connection's hello (nothing if it closed meanwhile)."""
+        envelope = self._waiting_hello
+        self._waiting_hello = None
+        if envelope is None or self.closing or self.transport is None:
+            return
+        self._hello(envelope)
+
+    def _hello(self, envelope: pb.Envelope) -> None:
         hello = envelope.edge_hello_request
         factory = self.factory
         certified_id = (peer_identity(self.transport, EDGE) or "") if factory.require_certificate else None
@@ -167,16 +201,6 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
                 envelope.request_id,
                 Rejection(RejectionCode.RETRY_LATER, "this Control Plane replica is not in its cluster right now"),
                 CLUSTER_RETRY_MS,
-            )
-            return
-        wait = factory.hello_admission.admit()
-        if wait is not None:
-            # Not logged per hello: a reconnecting fleet would flood the log.
-            retry_after_ms = max(1, math.ceil(wait * 1000))
-            self._reject(
-                envelope.request_id,
-                Rejection(RejectionCode.RETRY_LATER, "too many edges are saying hello right now; try again later"),
-                retry_after_ms,
             )
             return
         # One text for the connection and the registry's record (each read
@@ -313,7 +337,7 @@ class EdgeWireFactory(PeerServerFactory):
         self.catalogs = CatalogCache()
         self.require_certificate = require_certificate
         self.failed_hellos = FailedHelloLimiter(clock, failed_hellos, "edge_wire")
-        #: Which hellos pass now (loop lag, pending hellos, a fixed cap).
+        #: The queue hellos wait in for their turn (slices of the loop, bounds, a fixed cap).
         self.hello_admission = HelloAdmission(clock, hello_admission)
         #: Cluster mode: hellos wait until the replica is in its cluster.
         self.cluster: Optional[HelloGate] = None

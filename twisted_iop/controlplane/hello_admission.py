@@ -14,8 +14,9 @@ almost as much as an admission. So hellos are queued, not refused:
   arriving at an empty queue is processed at once while the turn's slice
   lasts.
 * A hello is told ``retry_later`` only when the queue is full, when its
-  expected wait (the hellos ahead of it at the measured drain rate) is
-  over ``max_queue_wait_ms`` (the Edge waits ``request_timeout_seconds``,
+  expected wait (the hellos ahead of it at the drain rate: the rate the
+  slices were measured processing hellos at, of which the queue is
+  expected to get half the loop) is over ``max_queue_wait_ms`` (the Edge waits ``request_timeout_seconds``,
   10 s by default, for the answer), or when the loop has lagged more than
   ``max_loop_lag_ms`` for ``lag_grace_ms`` (measured by
   :class:`LoopLagProbe`). The hint is the queue's drain time at the
@@ -38,10 +39,12 @@ from twisted.logger import Logger
 
 #: The hint never points further out than this (a herd of 100,000 at a slow loop).
 MAX_RETRY_SECONDS = 30.0
-#: The drain rate assumed before one was measured (hellos per second).
+#: The slices' rate assumed before one was measured (hellos per second).
 INITIAL_RATE = 2000.0
 #: The slowest rate the hints and the expected waits are computed at.
 MIN_RATE = 50.0
+#: The share of the loop the queue is expected to get while it has a backlog.
+LOOP_SHARE = 0.5
 #: The weight of each new drain-rate sample in the moving average.
 RATE_WEIGHT = 0.3
 
@@ -206,9 +209,7 @@ class HelloAdmission:
         self._turn: Optional[IDelayedCall] = None
         #: When this reactor turn's slice began (None: no hello processed since the last turn).
         self._slice_started: Optional[float] = None
-        #: The previous turn's start and hellos processed, when it left a backlog (a rate sample).
-        self._last_turn: Optional[tuple[float, int]] = None
-        #: Hellos processed per second while a backlog was worked off (a moving average).
+        #: Hellos processed per second of a turn's slice (a moving average of the turns).
         self.rate = INITIAL_RATE
         self._measured = False
         self._next_slot = 0.0
@@ -232,6 +233,7 @@ class HelloAdmission:
         if self._turn is not None and self._turn.active():
             self._turn.cancel()
         self._turn = None
+        self._slice_started = None
         self._queue.clear()
         self._bytes = 0
 
@@ -251,8 +253,18 @@ class HelloAdmission:
         return sum(self.refused.values())
 
     def drain_rate(self) -> float:
-        """The hellos per second the queue is expected to be worked off at."""
-        rate = max(MIN_RATE, self.rate)
+        """The hellos per second the queue is expected to be worked off at.
+
+        The rate of the slices times :data:`LOOP_SHARE`: the queue is
+        expected to get at least that share of the loop. Measured over
+        whole turns instead, the rate would be that of a storm's arrival
+        (every turn reading thousands of new connections), well below what
+        the queue gets once they are in, and edges would be sent away from
+        a loop about to be idle. Too optimistic, a hello waits past its
+        edge's patience: the edge closes, its hello leaves the queue
+        unprocessed, and it dials again.
+        """
+        rate = max(MIN_RATE, self.rate * LOOP_SHARE)
         if self._fixed is not None:
             rate = min(rate, self.settings.max_per_second)
         return rate
@@ -275,7 +287,8 @@ class HelloAdmission:
             if started is None:
                 # The next turn ends this slice (and works off what it left).
                 started = self._slice_started = now
-                self._schedule(0.0)
+                if self._turn is None:
+                    self._schedule(0.0)
             if now - started < self._slice:
                 self.processed_total += 1
                 self._process(hello)
@@ -309,17 +322,6 @@ class HelloAdmission:
         self._turn = None
         clock = self._clock
         start = now = clock.seconds()
-        last = self._last_turn
-        if last is not None:
-            # The previous turn left a backlog: its hellos, over the time
-            # until this turn (the I/O between included), are the rate.
-            self._last_turn = None
-            elapsed = start - last[0]
-            if elapsed > 0 and last[1]:
-                sample = last[1] / elapsed
-                # The first sample replaces the guess; later ones move the average.
-                self.rate = self.rate + RATE_WEIGHT * (sample - self.rate) if self._measured else sample
-                self._measured = True
         self._slice_started = start
         deadline = start + self._slice
         queue = self._queue
@@ -341,8 +343,13 @@ class HelloAdmission:
             if now >= deadline:
                 break
         self.processed_total += done
+        used = now - start
+        if done and used > 0:
+            # The first sample replaces the guess; later ones move the average.
+            sample = done / used
+            self.rate = self.rate + RATE_WEIGHT * (sample - self.rate) if self._measured else sample
+            self._measured = True
         if queue:
-            self._last_turn = (start, done)
             if self._turn is None:
                 self._schedule(0.0)
         else:

@@ -76,6 +76,13 @@ def control_plane_metrics(service: ControlPlaneParts) -> Iterator[Metric]:
     yield hello_rejections("edge", service.edge_factory.hello_rejections)
     admission = service.edge_factory.hello_admission
     yield gauge("iop_edge_hellos_queued", "Edge hellos waiting in the admission queue", admission.pending)
+    yield labelled(
+        CounterMetricFamily,
+        "iop_edge_hello_admission_refused",
+        "Edge hellos the admission queue told retry_later, by why (queue_full, queue_wait, loop_lag)",
+        ["reason"],
+        [([reason], count) for reason, count in admission.refused.items()],
+    )
     yield gauge(
         "iop_edge_hello_queue_wait_max_seconds",
         "The longest an edge hello waited in the admission queue since the previous scrape",

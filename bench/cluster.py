@@ -270,10 +270,9 @@ class Fleet:
         for k in range(replicas):
             directory = workdir / f"{label}-replica-{k + 1}"
             directory.mkdir(parents=True)
-            # No hello rate limit (default 500/s, burst 1000, over it retry_later):
-            # enrollment measures what the replicas can take, and the bench
-            # edges do not retry.
-            config = "status:\n  fleet_max_age_seconds: 0\nedge_wire:\n  max_hellos_per_second: 1000000\n"
+            # Hello admission lifted (no retry_later): enrollment measures
+            # what the replicas can take, and the bench edges do not retry.
+            config = "status:\n  fleet_max_age_seconds: 0\nedge_wire:\n  hello_admission:\n    max_loop_lag_ms: 1000000\n    max_pending_hellos: 1000000\n"
             if redis is not None:
                 config += f"cluster:\n  backend: redis\n  redis_url: {redis.url}\n  replica_id: replica-{k + 1}\n"
             cp = ff.ControlPlaneProcess(directory, f"tcp:0:interface={ff.LOOPBACK}", config_text=config)

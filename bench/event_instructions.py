@@ -74,7 +74,7 @@ class EventPath:
         self.clock = TurnClock()
         self.registry = EdgeRegistry(self.clock)
         self.gateway = EdgeGateway(self.registry, self.clock, 5.0, fleet_max_age_seconds=0.0)
-        self.edge_factory = EdgeWireFactory(self.registry, self.clock, PeerSettings(), max_hellos_per_second=1e9)
+        self.edge_factory = EdgeWireFactory(self.registry, self.clock, PeerSettings())
         self.edges: list[EdgeWireProtocol] = []
         for i in range(edges):
             proto = self.edge_factory.buildProtocol(None)

@@ -118,7 +118,7 @@ class Rig:
         self.gateway = EdgeGateway(self.registry, clock, 5.0, fleet_max_age_seconds=0.0)
         self.http = ControlPlaneHttp(self.registry, self.gateway, clock, ListenerReadiness())
         # Every edge says hello at once here: no hello rate limit.
-        self.factory = EdgeWireFactory(self.registry, clock, PeerSettings(), max_hellos_per_second=1e9)
+        self.factory = EdgeWireFactory(self.registry, clock, PeerSettings())
         self.protocols: list[EdgeWireProtocol] = []
         self.tails: list[bytes] = []
         for i in range(n):

@@ -75,7 +75,7 @@ def main() -> None:
     registry = EdgeRegistry(clock)
     gateway = EdgeGateway(registry, clock, 5.0, fleet_max_age_seconds=0.0)
     http = ControlPlaneHttp(registry, gateway, clock, ListenerReadiness())
-    factory = EdgeWireFactory(registry, clock, PeerSettings(), max_hellos_per_second=1e9)
+    factory = EdgeWireFactory(registry, clock, PeerSettings())
     # The transports first: they stand in for Twisted's, and are not counted.
     transports = [StringTransport() for _ in range(n)]
     tails = [make_envelope("edge_status_response", edge_snapshot(f"edge-{i:05d}", NODES_4X2)) for i in range(n)]

@@ -549,6 +549,23 @@ def parse_shutdown(section: Section) -> ShutdownConfig:
     return ShutdownConfig(grace_seconds=grace)
 
 
+@attrs.frozen
+class LoggingConfig:
+    """Section ``logging`` of every daemon's YAML: how its log lines are written."""
+
+    #: ``text`` (twistd's lines) or ``json`` (one JSON object per line).
+    format: str = "text"
+
+
+def parse_logging(section: Section) -> LoggingConfig:
+    """Read a ``logging`` section (``format``: ``text`` or ``json``)."""
+    section.reject_unknown({"format"})
+    value = section.string("format", "text")
+    if value not in ("text", "json"):
+        raise ConfigError(f"{section.field_path('format')}: must be text or json, not {value[:40]!r}")
+    return LoggingConfig(format=value)
+
+
 def parse_max_frame_bytes(section: Section) -> int:
     """Read the ``max_frame_bytes`` of a framed-wire section (1 KiB to 256 MiB)."""
     return section.integer("max_frame_bytes", DEFAULT_MAX_FRAME_BYTES, minimum=1024, maximum=256 * 1024 * 1024)

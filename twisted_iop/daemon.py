@@ -38,7 +38,8 @@ from twisted.logger import Logger
 from twisted.python import usage
 from twisted.python.failure import Failure
 
-from twisted_iop.configuration import ConfigError
+from twisted_iop import json_logs
+from twisted_iop.configuration import ConfigError, LoggingConfig
 from twisted_iop.listeners import BindError, ListenerService
 from twisted_iop.tls import TLSListenConfig
 from twisted_iop.wire.dialer import DialingService
@@ -105,6 +106,7 @@ class DaemonOptions(usage.Options, Generic[ConfigT]):
         except ConfigError as e:
             raise ConfigurationExit(f"{self.daemon_name}: {e}") from None
         self["parsed_config"] = config
+        self._choose_log_format(config)
         if self["check"]:
             for notice in self.notices(config):
                 sys.stderr.write(f"{self.daemon_name}: warning: {notice}\n")
@@ -112,6 +114,25 @@ class DaemonOptions(usage.Options, Generic[ConfigT]):
             sys.stdout.write(f"{self.daemon_name}: {source}: configuration OK ({self.summary(config)})\n")
             sys.stdout.flush()
             raise SystemExit(0)
+
+    def log_format(self, config: ConfigT) -> str:
+        """``logging.format`` of the config: ``text`` or ``json``."""
+        logging: Optional[LoggingConfig] = getattr(config, "logging", None)
+        return logging.format if logging is not None else "text"
+
+    def _choose_log_format(self, config: ConfigT) -> None:
+        """With ``logging.format: json``, hand twistd the JSON observer (unless ``--logger`` chose one).
+
+        twistd reads ``--logger`` after this (its own ``postOptions`` runs
+        after the subcommand's) and calls the factory without arguments,
+        so the file of ``--logfile`` is handed over beforehand.
+        """
+        twistd = getattr(self, "parent", None)
+        if self.log_format(config) != json_logs.JSON or twistd is None or twistd.get("logger") is not None:
+            return
+        logfile = twistd.get("logfile") or ("" if twistd.get("nodaemon", True) else "twistd.log")
+        json_logs.log_to(logfile)
+        twistd["logger"] = json_logs.JSON_OBSERVER_NAME
 
 
 def compose(

@@ -178,8 +178,11 @@ async def test_a_hammering_address_is_closed_at_once(tmp_path: Path) -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_over_the_hello_rate_an_edge_is_told_to_retry_later(tmp_path: Path) -> None:
-    """With max_hellos_per_second 1 (burst 2) the third quick hello gets retry_later, not permanent, with a hint."""
-    cp = await start_control_plane(config_text="edge_wire:\n  max_hellos_per_second: 1\n")
+    """With max_hellos_per_second 1 (burst 2) and no room to queue, the third quick hello gets retry_later,
+    not permanent, with a hint."""
+    cp = await start_control_plane(
+        config_text="edge_wire:\n  max_hellos_per_second: 1\n  hello_admission:\n    max_queue_wait_ms: 1\n"
+    )
     edges = []
     try:
         endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", cp.edge_wire_port)

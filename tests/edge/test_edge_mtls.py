@@ -83,10 +83,13 @@ async def test_edge_and_nodes_enroll_with_their_certificates_and_never_as_anothe
 
 @pytest_twisted.ensureDeferred
 async def test_an_edge_told_to_retry_later_waits_and_then_enrolls(tmp_path: Path) -> None:
-    """Over the Control Plane's hello rate an Edge is refused retry_later, waits the hint, and enrolls after."""
+    """Over the Control Plane's hello rate, with no room to queue, an Edge is refused retry_later, waits the
+    hint, and enrolls after."""
     events: list[LogEvent] = []
     globalLogPublisher.addObserver(cast(ILogObserver, events.append))
-    cp = await start_control_plane(config_text="edge_wire:\n  max_hellos_per_second: 0.5\n")
+    cp = await start_control_plane(
+        config_text="edge_wire:\n  max_hellos_per_second: 0.5\n  hello_admission:\n    max_queue_wait_ms: 1\n"
+    )
     services: list[Any] = []
     scripted: list[ScriptedEdge] = []
     try:

@@ -11,11 +11,13 @@ import attrs
 from twisted_iop.configuration import (
     ConfigError,
     EnvironmentConfigError,
+    LoggingConfig,
     Section,
     ShutdownConfig,
     parse_checked_credentials,
     parse_failed_hellos,
     parse_listen_setting,
+    parse_logging,
     parse_max_hello_frame_bytes,
     parse_max_violations,
     parse_shutdown,
@@ -32,7 +34,8 @@ from twisted_iop.controlplane.cluster.settings import (
     default_replica_id,
     parse_redis_url,
 )
-from twisted_iop.controlplane.edge_wire import DEFAULT_MAX_HELLOS_PER_SECOND, EdgeCredentials
+from twisted_iop.controlplane.edge_wire import EdgeCredentials
+from twisted_iop.controlplane.hello_admission import HelloAdmissionSettings
 from twisted_iop.controlplane.http_routes import HttpSettings
 from twisted_iop.controlplane.memory import RegistryLimits
 from twisted_iop.controlplane.rollouts import RolloutSettings
@@ -76,7 +79,8 @@ class ControlPlaneConfig:
     #: Mutual TLS on the edge wire (``edge_wire.tls``); None: as ``edge_wire_listen`` says.
     edge_wire_tls: Optional[TLSListenConfig] = None
     edge_wire_failed_hellos: FailedHelloLimits = FailedHelloLimits()
-    max_hellos_per_second: float = DEFAULT_MAX_HELLOS_PER_SECOND
+    #: When a hello is admitted or told retry_later (``edge_wire.hello_admission``).
+    hello_admission: HelloAdmissionSettings = HelloAdmissionSettings()
     registry: RegistryLimits = RegistryLimits()
     status_timeout_seconds: float = 5.0
     #: Warnings about a valid file (deprecated spellings), logged at start-up.
@@ -91,6 +95,8 @@ class ControlPlaneConfig:
     cluster: ClusterConfig = ClusterConfig()
     #: Rollouts: bounds and defaults (``rollouts``).
     rollouts: RolloutSettings = RolloutSettings()
+    #: How log lines are written (``logging.format``: text or json).
+    logging: LoggingConfig = LoggingConfig()
 
 
 def load_config(path: Optional[str], environ: Mapping[str, str] = os.environ) -> ControlPlaneConfig:
@@ -109,7 +115,9 @@ def config_from_text(text: str, environ: Mapping[str, str] = {}) -> ControlPlane
 def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}) -> ControlPlaneConfig:
     """Build the config from parsed YAML plus environment overrides."""
     root = Section(data, "")
-    root.reject_unknown({"http", "client_wire", "edge_wire", "registry", "status", "shutdown", "cluster", "rollouts"})
+    root.reject_unknown(
+        {"http", "client_wire", "edge_wire", "registry", "status", "shutdown", "cluster", "rollouts", "logging"}
+    )
     notices: list[str] = []
     http = root.section("http")
     http.reject_unknown(
@@ -163,6 +171,7 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
             "shared_credential",
             "tls",
             "failed_hellos",
+            "hello_admission",
             "max_hellos_per_second",
         }
     )
@@ -267,7 +276,7 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
         credentials=credentials,
         edge_wire_tls=parse_tls_listen(edge, "tls", edge_wire_listen),
         edge_wire_failed_hellos=parse_failed_hellos(edge.section("failed_hellos")),
-        max_hellos_per_second=edge.number("max_hellos_per_second", DEFAULT_MAX_HELLOS_PER_SECOND),
+        hello_admission=parse_hello_admission(edge, notices),
         registry=limits,
         status_timeout_seconds=http.number("status_timeout_seconds", 5.0),
         notices=tuple(notices),
@@ -275,6 +284,7 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
         shutdown=parse_shutdown(root.section("shutdown")),
         cluster=parse_cluster(root.section("cluster"), environ),
         rollouts=parse_rollouts(root.section("rollouts")),
+        logging=parse_logging(root.section("logging")),
     )
 
 
@@ -286,6 +296,54 @@ def parse_rollouts(section: Section) -> RolloutSettings:
         max_targets=section.integer("max_targets", 20_000, minimum=1, maximum=1_000_000),
         default_max_in_flight=section.integer("max_in_flight", 50, minimum=1, maximum=10_000),
         default_wait_seconds=section.number("wait_seconds", 300.0, minimum=0.0, exclusive_minimum=False),
+    )
+
+
+def parse_hello_admission(edge: Section, notices: list[str]) -> HelloAdmissionSettings:
+    """``edge_wire.hello_admission``; the older ``edge_wire.max_hellos_per_second`` is read as its fixed cap."""
+    section = edge.section("hello_admission")
+    section.reject_unknown(
+        {
+            "max_pending_hellos",
+            "max_pending_bytes",
+            "slice_ms",
+            "max_queue_wait_ms",
+            "max_loop_lag_ms",
+            "lag_grace_ms",
+            "max_per_second",
+            "probe_interval_ms",
+        }
+    )
+    default = HelloAdmissionSettings()
+    old = "max_hellos_per_second"
+    if edge.has(old):
+        if section.has("max_per_second"):
+            raise ConfigError(
+                f"{edge.field_path(old)}: give either hello_admission.max_per_second or the older {old}, not both"
+            )
+        max_per_second = edge.number(old, 0.0, exclusive_minimum=False)
+        notices.append(
+            f"{edge.field_path(old)} is now {section.field_path('max_per_second')} (a fixed cap, off by default: "
+            "hellos are queued and worked off as fast as the event loop keeps up); the old name is read for now"
+        )
+    else:
+        max_per_second = section.number("max_per_second", default.max_per_second, exclusive_minimum=False)
+    number = section.number
+    return HelloAdmissionSettings(
+        max_pending_hellos=section.integer(
+            "max_pending_hellos", default.max_pending_hellos, minimum=1, maximum=10_000_000
+        ),
+        max_pending_bytes=section.integer(
+            "max_pending_bytes", default.max_pending_bytes, minimum=64 * 1024, maximum=2**40
+        ),
+        slice_ms=min(number("slice_ms", default.slice_ms, minimum=1.0, exclusive_minimum=False), 1000.0),
+        max_queue_wait_ms=number("max_queue_wait_ms", default.max_queue_wait_ms, minimum=1.0, exclusive_minimum=False),
+        max_loop_lag_ms=number("max_loop_lag_ms", default.max_loop_lag_ms, minimum=1.0, exclusive_minimum=False),
+        lag_grace_ms=number("lag_grace_ms", default.lag_grace_ms, exclusive_minimum=False),
+        max_per_second=max_per_second,
+        probe_interval_ms=min(
+            number("probe_interval_ms", default.probe_interval_ms, minimum=1.0, exclusive_minimum=False), 1000.0
+        ),
     )
 
 

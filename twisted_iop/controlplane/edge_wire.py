@@ -8,8 +8,11 @@ Hello is checked by :func:`~twisted_iop.wire.hello.check_edge_hello`
 certificate proves). Failed attempts to prove an identity are counted per
 source address and a blocked address's connections are closed at once
 (:class:`~twisted_iop.wire.limits.FailedHelloLimiter`); hellos that would
-be accepted pass a rate limit first, and one over it is answered
-``retry_later`` with ``retry_after_ms``.
+are queued first
+(:class:`~twisted_iop.controlplane.hello_admission.HelloAdmission`: a
+bounded FIFO worked off in slices of the event loop, an optional fixed
+cap) and checked when their turn comes; one the queue cannot hold is
+answered ``retry_later`` with ``retry_after_ms``.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from twisted.python.failure import Failure
 import twisted_iop
 from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.edge_peer import StatusListener
+from twisted_iop.controlplane.hello_admission import HelloAdmission, HelloAdmissionSettings
 from twisted_iop.controlplane.memory import CatalogCache
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.credentials import Digests, digest_of, matches
@@ -38,7 +42,6 @@ from twisted_iop.wire.hello import FAILED_PROOF_CODES, MAX_TEXT, Rejection, Reje
 from twisted_iop.wire.limits import (
     FailedHelloLimiter,
     FailedHelloLimits,
-    HelloRateLimit,
     RefusedConnection,
     source_of,
 )
@@ -50,8 +53,6 @@ from twisted_iop.wire.peer import (
 )
 from twisted_iop.wire.preserialized import PreserializedAnswer, PreserializedRequest
 
-#: Accepted hellos per second unless configured (burst: twice as many).
-DEFAULT_MAX_HELLOS_PER_SECOND = 500.0
 #: The retry hint of a hello refused because the replica is not in its cluster.
 CLUSTER_RETRY_MS = 2000
 
@@ -107,11 +108,16 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
         super().__init__(factory)
         self.edge_id: Optional[str] = None
         self.token: Optional[int] = None
+        #: The hello waiting in the admission queue for its turn.
+        self._waiting_hello: Optional[pb.Envelope] = None
 
     def describe_peer(self) -> str:
         return f"edge {self.edge_id}" if self.edge_id else "an edge connection before hello"
 
     def connection_closed(self, reason: Failure) -> None:
+        if self._waiting_hello is not None:
+            self._waiting_hello = None
+            self.factory.hello_admission.withdraw(self)
         if self.edge_id is not None and self.token is not None:
             if self.close_reason:
                 text = self.close_reason
@@ -125,6 +131,13 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
 
     def envelope_received(self, envelope: pb.Envelope, body: str) -> None:
         if self.token is None:
+            if self._waiting_hello is not None:
+                self.fail_connection(
+                    pb.ERROR_CODE_UNEXPECTED_MESSAGE,
+                    f"{body} before the hello was answered",
+                    envelope.request_id,
+                )
+                return
             if body != "edge_hello_request":
                 self.fail_connection(
                     pb.ERROR_CODE_HELLO_REQUIRED,
@@ -132,7 +145,7 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
                     envelope.request_id,
                 )
                 return
-            self._hello(envelope)
+            self._offer_hello(envelope)
             return
         assert self.edge_id is not None
         if body == "edge_event":
@@ -146,8 +159,29 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
                 envelope.request_id,
             )
 
-    def _hello(self, envelope: pb.Envelope) -> None:
+    def _offer_hello(self, envelope: pb.Envelope) -> None:
+        """Queue the hello for its turn (it counts as received: the hello deadline stops)."""
         self.hello_done()
+        self._waiting_hello = envelope
+        wait = self.factory.hello_admission.offer(self, envelope.ByteSize())
+        if wait is not None:
+            self._waiting_hello = None
+            # Not logged per hello: a reconnecting fleet would flood the log.
+            self._reject(
+                envelope.request_id,
+                Rejection(RejectionCode.RETRY_LATER, "too many edges are saying hello right now; try again later"),
+                max(1, math.ceil(wait * 1000)),
+            )
+
+    def hello_turn(self) -> None:
+        """The admission queue's turn for this connection's hello (nothing if it closed meanwhile)."""
+        envelope = self._waiting_hello
+        self._waiting_hello = None
+        if envelope is None or self.closing or self.transport is None:
+            return
+        self._hello(envelope)
+
+    def _hello(self, envelope: pb.Envelope) -> None:
         hello = envelope.edge_hello_request
         factory = self.factory
         certified_id = (peer_identity(self.transport, EDGE) or "") if factory.require_certificate else None
@@ -167,16 +201,6 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
                 envelope.request_id,
                 Rejection(RejectionCode.RETRY_LATER, "this Control Plane replica is not in its cluster right now"),
                 CLUSTER_RETRY_MS,
-            )
-            return
-        wait = factory.hello_rate.take()
-        if wait is not None:
-            # Not logged per hello: a reconnecting fleet would flood the log.
-            retry_after_ms = max(1, math.ceil(wait * 1000))
-            self._reject(
-                envelope.request_id,
-                Rejection(RejectionCode.RETRY_LATER, "too many edges are saying hello right now; try again later"),
-                retry_after_ms,
             )
             return
         # One text for the connection and the registry's record (each read
@@ -304,7 +328,7 @@ class EdgeWireFactory(PeerServerFactory):
         *,
         require_certificate: bool = False,
         failed_hellos: FailedHelloLimits = FailedHelloLimits(),
-        max_hellos_per_second: float = DEFAULT_MAX_HELLOS_PER_SECOND,
+        hello_admission: HelloAdmissionSettings = HelloAdmissionSettings(),
     ) -> None:
         super().__init__(clock, settings)
         self.registry = registry
@@ -313,7 +337,8 @@ class EdgeWireFactory(PeerServerFactory):
         self.catalogs = CatalogCache()
         self.require_certificate = require_certificate
         self.failed_hellos = FailedHelloLimiter(clock, failed_hellos, "edge_wire")
-        self.hello_rate = HelloRateLimit(clock, max_hellos_per_second)
+        #: The queue hellos wait in for their turn (slices of the loop, bounds, a fixed cap).
+        self.hello_admission = HelloAdmission(clock, hello_admission)
         #: Cluster mode: hellos wait until the replica is in its cluster.
         self.cluster: Optional[HelloGate] = None
         #: The answer to every accepted hello, serialized once: only the
@@ -334,6 +359,11 @@ class EdgeWireFactory(PeerServerFactory):
         assert isinstance(protocol, EdgeWireProtocol)
         return protocol
 
+    def startFactory(self) -> None:
+        super().startFactory()
+        self.hello_admission.start()
+
     def stopFactory(self) -> None:
         super().stopFactory()
         self.failed_hellos.stop()
+        self.hello_admission.stop()

@@ -80,6 +80,25 @@ def control_plane_metrics(service: ControlPlaneParts) -> Iterator[Metric]:
     yield gauge("iop_edges_known", "Edges known, connected or not", registry.known_count)
     yield counter("iop_enrollments", "Accepted edge hellos", registry.enrollments_total)
     yield hello_rejections("edge", service.edge_factory.hello_rejections)
+    admission = service.edge_factory.hello_admission
+    yield gauge("iop_edge_hellos_queued", "Edge hellos waiting in the admission queue", admission.pending)
+    yield labelled(
+        CounterMetricFamily,
+        "iop_edge_hello_admission_refused",
+        "Edge hellos the admission queue told retry_later, by why (queue_full, queue_wait, loop_lag)",
+        ["reason"],
+        [([reason], count) for reason, count in admission.refused.items()],
+    )
+    yield gauge(
+        "iop_edge_hello_queue_wait_max_seconds",
+        "The longest an edge hello waited in the admission queue since the previous scrape",
+        admission.reset_longest_wait(),
+    )
+    probe = admission.probe
+    yield gauge("iop_event_loop_lag_seconds", "How late the event loop ran its last lag probe", probe.last_lag)
+    yield gauge(
+        "iop_event_loop_lag_max_seconds", "The event loop's largest lag since the previous scrape", probe.reset_max()
+    )
     yield from wire_metrics({"edge": service.edge_factory.wire_counters})
     gateway = service.gateway
     yield labelled(

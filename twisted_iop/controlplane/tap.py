@@ -142,7 +142,7 @@ class ControlPlaneService(DaemonService):
             config.credentials,
             require_certificate=config.edge_wire_tls is not None,
             failed_hellos=config.edge_wire_failed_hellos,
-            max_hellos_per_second=config.max_hellos_per_second,
+            hello_admission=config.hello_admission,
         )
         if self.cluster is not None:
             self.edge_factory.cluster = self.cluster

@@ -16,6 +16,7 @@ from twisted_iop.configuration import (
     PROVIDER_KINDS,
     ConfigError,
     EnvironmentConfigError,
+    LoggingConfig,
     Section,
     ShutdownConfig,
     check_connect_endpoint,
@@ -26,6 +27,7 @@ from twisted_iop.configuration import (
     parse_failed_hellos,
     parse_keepalive,
     parse_listen_setting,
+    parse_logging,
     parse_max_frame_bytes,
     parse_max_hello_frame_bytes,
     parse_max_violations,
@@ -159,6 +161,8 @@ class EdgeConfig:
     shutdown: ShutdownConfig = ShutdownConfig()
     #: Section ``metrics``: where ``GET /metrics`` is served ("" = nowhere).
     metrics_listen: str = DEFAULT_METRICS_LISTEN
+    #: How log lines are written (``logging.format``: text or json).
+    logging: LoggingConfig = LoggingConfig()
 
     def node(self, node_id: str) -> Optional[NodeConfig]:
         """The configured Node ``node_id``, if any."""
@@ -176,7 +180,7 @@ def load_edge_config(path: Optional[str], environ: Optional[Mapping[str, str]] =
 def parse_edge_config(data: Mapping[str, Any], environ: Mapping[str, str] = {}) -> EdgeConfig:
     """Validate a parsed edge.yaml mapping into an :class:`EdgeConfig`."""
     top = Section(data, "")
-    top.reject_unknown({"control_plane", "node_server", "nodes", "inference", "shutdown", "metrics"})
+    top.reject_unknown({"control_plane", "node_server", "nodes", "inference", "shutdown", "metrics", "logging"})
     control_plane = _control_plane(top.section("control_plane"), environ)
     node_server = _node_server(top.section("node_server"), environ)
     credentials = parse_checked_credentials(top.section("node_server"), "credentials", "credentials_file")
@@ -190,6 +194,7 @@ def parse_edge_config(data: Mapping[str, Any], environ: Mapping[str, str] = {}) 
         inference=inference,
         shutdown=parse_shutdown(top.section("shutdown")),
         metrics_listen=metrics_listen,
+        logging=parse_logging(top.section("logging")),
     )
 
 

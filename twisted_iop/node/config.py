@@ -17,6 +17,7 @@ from twisted_iop.configuration import (
     HTTP_PROVIDER_KINDS,
     PROVIDER_KINDS,
     ConfigError,
+    LoggingConfig,
     Section,
     ShutdownConfig,
     load_config,
@@ -24,6 +25,7 @@ from twisted_iop.configuration import (
     parse_connect_setting,
     parse_dialer_secret,
     parse_keepalive,
+    parse_logging,
     parse_max_frame_bytes,
     parse_metrics_listen,
     parse_provider_basics,
@@ -107,6 +109,8 @@ class NodeRuntimeConfig:
     shutdown: ShutdownConfig = ShutdownConfig()
     #: Section ``metrics``: where ``GET /metrics`` is served ("" = nowhere).
     metrics_listen: str = DEFAULT_METRICS_LISTEN
+    #: How log lines are written (``logging.format``: text or json).
+    logging: LoggingConfig = LoggingConfig()
 
 
 def load_node_config(path: Optional[str], environ: Optional[Mapping[str, str]] = None) -> NodeRuntimeConfig:
@@ -118,7 +122,18 @@ def parse_node_config(data: Mapping[str, Any], environ: Mapping[str, str] = {}) 
     """Validate a parsed node.yaml mapping."""
     top = Section(data, "")
     top.reject_unknown(
-        {"node_id", "credential", "credential_file", "labels", "edge", "probes", "providers", "shutdown", "metrics"}
+        {
+            "node_id",
+            "credential",
+            "credential_file",
+            "labels",
+            "edge",
+            "probes",
+            "providers",
+            "shutdown",
+            "metrics",
+            "logging",
+        }
     )
     return NodeRuntimeConfig(
         node_id=top.identifier("node_id"),
@@ -131,6 +146,7 @@ def parse_node_config(data: Mapping[str, Any], environ: Mapping[str, str] = {}) 
         metrics_listen=parse_metrics_listen(
             top.section("metrics"), DEFAULT_METRICS_LISTEN, environ, ENV_METRICS_LISTEN
         ),
+        logging=parse_logging(top.section("logging")),
     )
 
 

@@ -209,7 +209,8 @@ def test_iopctl_lines_parse(command: DocCommand, capsys: pytest.CaptureFixture[s
 
 def test_iopctl_synopsis_names_every_global_option() -> None:
     """docs/iopctl.md's usage lines name every option iopctl takes before the command, --version included."""
-    synopsis = [c for c in COMMANDS if c.program == "iopctl" and _is_synopsis(c) and c.where.startswith("docs/")]
+    # The global synopsis is the line naming COMMAND; a subcommand's own usage lines name its options.
+    synopsis = [c for c in COMMANDS if c.program == "iopctl" and "COMMAND" in c.words and c.where.startswith("docs/")]
     assert synopsis, "docs/iopctl.md has no usage line"
     documented = {w.strip("[]") for c in synopsis for w in c.words if w.strip("[]").startswith("--")}
     documented |= {w for c in COMMANDS if c.program == "iopctl" for w in c.words[1:2] if w == "--version"}

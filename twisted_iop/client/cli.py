@@ -25,7 +25,6 @@ one line on stderr (``iopctl: <code>: <message>``), never a traceback.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Optional, TextIO
@@ -35,7 +34,20 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import react
 
 from twisted_iop import __version__
-from twisted_iop.client import completion, render
+from twisted_iop.client import completion, render, rollout_cli
+from twisted_iop.client.cli_base import (
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    Console,
+    UsageError,
+)
+from twisted_iop.client.cli_base import ArgumentParser as _ArgumentParser
+from twisted_iop.client.cli_base import argument_pair as _argument_pair
+from twisted_iop.client.cli_base import command_timeout as _command_timeout
+from twisted_iop.client.cli_base import non_negative_int as _non_negative_int
+from twisted_iop.client.cli_base import page_limit as _limit
 from twisted_iop.client.errors import (
     ControlPlaneError,
     ControlPlaneUnreachable,
@@ -51,37 +63,12 @@ from twisted_iop.client.repository import API_TOKEN_ENV, ControlPlaneStatusRepos
 from twisted_iop.client.wire import ClientWireClient, EventSubscription, event_from_wire
 from twisted_iop.wire import control_pb2 as pb
 
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_UNREACHABLE = 3
-
 #: The ``--state`` values of ``iopctl edges`` and ``iopctl fleet`` (docs/http-api.md#filters).
 EDGE_STATES = ("connected", "disconnected")
 FLEET_STATES = ("connected", "disconnected", "ok", "error", "timeout")
 
-#: Commands may run at most this long on the Control Plane (docs/http-api.md).
-MAX_COMMAND_TIMEOUT_SECONDS = 300.0
-
 RepositoryFactory = Callable[[argparse.Namespace], Any]
 WireFactory = Callable[[argparse.Namespace], Any]
-
-
-class UsageError(Exception):
-    """A command line that cannot be run; reported with exit code 2."""
-
-    def __init__(self, message: str, usage: str = "") -> None:
-        super().__init__(message)
-        self.message = message
-        self.usage = usage
-
-
-class _ArgumentParser(argparse.ArgumentParser):
-    """argparse that raises :class:`UsageError` instead of exiting."""
-
-    def error(self, message: str) -> Any:  # type: ignore[override]
-        """Raise instead of printing and exiting, so callers choose the output."""
-        raise UsageError(message, self.format_usage())
 
 
 def _global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
@@ -115,40 +102,6 @@ def _global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
         default=argparse.SUPPRESS if suppress else False,
         help="print JSON for scripts instead of tables",
     )
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
-    return value
-
-
-def _limit(text: str) -> int:
-    value = _non_negative_int(text)
-    if not 1 <= value <= 1000:
-        raise argparse.ArgumentTypeError(f"must be between 1 and 1000, not {value}")
-    return value
-
-
-def _command_timeout(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 < value <= MAX_COMMAND_TIMEOUT_SECONDS:
-        raise argparse.ArgumentTypeError(f"must be more than 0 and at most {MAX_COMMAND_TIMEOUT_SECONDS:g} seconds")
-    return value
-
-
-def _argument_pair(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, not {text!r}")
-    return key, value
 
 
 def _filter_options(parser: argparse.ArgumentParser, states: tuple[str, ...]) -> None:
@@ -231,8 +184,6 @@ def build_parser() -> argparse.ArgumentParser:
     add("hello", "say hello on the client WebSocket and show the server's answer")
     p = add("completion", "print a shell completion script (bash or zsh)")
     p.add_argument("shell", choices=completion.SHELLS, metavar="SHELL", help="bash or zsh")
-    from twisted_iop.client import rollout_cli  # imported here: it builds on this module
-
     rollout_cli.add_parser(add("rollout", "staged rollouts of one command to many edges"), common)
     return parser
 
@@ -265,44 +216,6 @@ def default_wire_client(reactor: Any) -> WireFactory:
         )
 
     return make
-
-
-class Console:
-    """Where iopctl writes: results to ``out``, diagnostics to ``err``."""
-
-    def __init__(self, out: TextIO, err: TextIO, as_json: bool) -> None:
-        self.out = out
-        self.err = err
-        self.as_json = as_json
-
-    def result(self, model: Any, text: Callable[[Any], str]) -> None:
-        """Print a model as a table, or as JSON with ``--json``."""
-        if self.as_json:
-            self.json(to_json(model))
-        else:
-            self.line(text(model))
-
-    def json(self, value: Any, compact: bool = False) -> None:
-        """Print one JSON document."""
-        if compact:
-            self.line(json.dumps(value, sort_keys=True, separators=(",", ":")))
-        else:
-            self.line(json.dumps(value, indent=2, sort_keys=True))
-
-    def line(self, text: str) -> None:
-        """Print ``text`` and a newline, flushed (``--follow`` is read live)."""
-        self.out.write(text + "\n")
-        self.out.flush()
-
-    def error(self, code: str, message: str) -> None:
-        """The one-line error on stderr."""
-        self.err.write(f"iopctl: {code}: {message}\n")
-        self.err.flush()
-
-    def note(self, message: str) -> None:
-        """A diagnostic line on stderr."""
-        self.err.write(f"iopctl: {message}\n")
-        self.err.flush()
 
 
 async def run(
@@ -410,8 +323,6 @@ async def _dispatch(
         console.out.write(completion.script(build_parser(), args.shell))
         console.out.flush()
     elif command == "rollout":
-        from twisted_iop.client import rollout_cli
-
         return await rollout_cli.dispatch(reactor, args, repository, console, interrupted)
     else:  # pragma: no cover - argparse only lets known commands through
         raise UsageError(f"unknown command {command!r}")

@@ -34,16 +34,11 @@ from typing import Any, Optional
 from twisted.internet.defer import Deferred
 
 from twisted_iop.client import rollout_render
-from twisted_iop.client.cli import (
-    EXIT_ERROR,
-    EXIT_OK,
-    EXIT_USAGE,
-    Console,
-    _argument_pair,
-    _ArgumentParser,
-    _command_timeout,
-    _limit,
-)
+from twisted_iop.client.cli_base import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Console
+from twisted_iop.client.cli_base import ArgumentParser as _ArgumentParser
+from twisted_iop.client.cli_base import argument_pair as _argument_pair
+from twisted_iop.client.cli_base import command_timeout as _command_timeout
+from twisted_iop.client.cli_base import page_limit as _limit
 from twisted_iop.client.models import to_json
 from twisted_iop.client.rollouts import (
     Rollout,

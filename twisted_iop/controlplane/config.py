@@ -36,7 +36,7 @@ from twisted_iop.controlplane.cluster.settings import (
 )
 from twisted_iop.controlplane.edge_wire import EdgeCredentials
 from twisted_iop.controlplane.hello_admission import HelloAdmissionSettings
-from twisted_iop.controlplane.http_routes import HttpSettings
+from twisted_iop.controlplane.http_settings import HttpSettings
 from twisted_iop.controlplane.memory import RegistryLimits
 from twisted_iop.controlplane.rollouts import RolloutSettings
 from twisted_iop.endpoints import is_loopback_listen, is_tls_listen

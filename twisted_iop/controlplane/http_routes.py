@@ -10,7 +10,6 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any, Optional, Protocol
 from urllib.parse import urlsplit
 
-import attrs
 from klein import Klein
 from prometheus_client import CollectorRegistry
 from twisted.internet.interfaces import IReactorTime
@@ -20,7 +19,7 @@ from twisted.web.iweb import IRequest
 from twisted.web.static import File
 
 from twisted_iop.controlplane import json_views as views
-from twisted_iop.controlplane.auth import OPERATOR, VIEWER, ApiToken, ApiTokens
+from twisted_iop.controlplane.auth import OPERATOR, VIEWER, ApiToken
 from twisted_iop.controlplane.bounds import MAX_ARGUMENT_VALUE
 from twisted_iop.controlplane.cluster.store import ClusterUnavailable
 from twisted_iop.controlplane.command_dispatch import IdempotencyConflict
@@ -39,6 +38,7 @@ from twisted_iop.controlplane.http_errors import (
     error_body,
     json_body,
 )
+from twisted_iop.controlplane.http_settings import HttpSettings
 from twisted_iop.controlplane.json_bytes import JsonBytesRenderer
 from twisted_iop.controlplane.operation_states import EDGE_DISCONNECTED, FAILED, SUPERSEDED, TIMED_OUT
 from twisted_iop.controlplane.operations import OperationRecord
@@ -94,21 +94,6 @@ class ListenerReadiness:
     def ready(self) -> bool:
         """Whether there are listeners, every one is bound, and no stop has begun."""
         return not self.stopping and bool(self._listeners) and all(l.is_bound for l in self._listeners)
-
-
-@attrs.frozen
-class HttpSettings:
-    """Limits and options of the HTTP views."""
-
-    tokens: ApiTokens = ApiTokens()
-    default_command_timeout_seconds: float = 10.0
-    max_command_timeout_seconds: float = 300.0
-    max_body_bytes: int = 65536
-    wire_public_url: str = ""
-    wire_port: int = 0
-    wire_path: str = "/client"
-    #: Whether the client-wire listener speaks TLS (the console then uses wss://).
-    wire_tls: bool = False
 
 
 def _arg(request: IRequest, name: str) -> Optional[str]:

@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Protocol
 
 from klein import Klein
 from twisted.web.iweb import IRequest
 
 from twisted_iop.controlplane import rollout_states as rs
+from twisted_iop.controlplane.auth import ApiToken
 from twisted_iop.controlplane.bounds import MAX_ARGUMENT_VALUE
 from twisted_iop.controlplane.http_errors import BadRequest, error_body, json_body
+from twisted_iop.controlplane.http_settings import HttpSettings
 from twisted_iop.controlplane.json_views import iso
 from twisted_iop.controlplane.rollouts import (
     RolloutRequest,
+    RolloutService,
     TooManyRollouts,
     TooManyTargets,
     UnknownRollout,
@@ -30,8 +33,22 @@ from twisted_iop.controlplane.rollouts import (
 from twisted_iop.label_selectors import Selector, SelectorError, parse_selector
 from twisted_iop.wire.hello import MAX_COMMAND_ARGUMENTS, MAX_TEXT
 
-if TYPE_CHECKING:
-    from twisted_iop.controlplane.http_routes import ControlPlaneHttp
+
+class RolloutHost(Protocol):
+    """What the rollout routes use of the object their app's routes run on (``ControlPlaneHttp``)."""
+
+    _rollouts: RolloutService
+    _settings: HttpSettings
+
+    def _authorize(self, request: IRequest) -> Optional[ApiToken]:
+        """The caller's token, required to be an operator's."""
+
+    def _shared(self, request: IRequest) -> Optional[ApiToken]:
+        """The caller's token, a viewer's at least."""
+
+    def _body(self, request: IRequest) -> dict[str, Any]:
+        """The request's JSON object body."""
+
 
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
@@ -208,7 +225,7 @@ def _abort(body: dict[str, Any]) -> rs.AbortCriteria:
     )
 
 
-def rollout_request(http: ControlPlaneHttp, request: IRequest, body: dict[str, Any]) -> RolloutRequest:
+def rollout_request(http: RolloutHost, request: IRequest, body: dict[str, Any]) -> RolloutRequest:
     """The checked request of a ``POST /rollouts`` body; raises BadRequest naming the field."""
     unknown = sorted(set(body) - _TOP_KEYS)
     if unknown:
@@ -281,7 +298,7 @@ def add_rollout_routes(app: Klein) -> None:
     """Put the ``/rollouts`` routes on ``app`` (the ControlPlaneHttp's Klein app)."""
 
     @app.route("/rollouts", methods=["POST"])
-    def create_rollout(http: ControlPlaneHttp, request: IRequest) -> bytes:
+    def create_rollout(http: RolloutHost, request: IRequest) -> bytes:
         """Start a rollout (201), or answer the one its idempotency key names (200)."""
         caller = http._authorize(request)
         http._shared(request)
@@ -295,7 +312,7 @@ def add_rollout_routes(app: Klein) -> None:
         return json_body(request, 200 if replayed else 201, rollout_json(rollout))
 
     @app.route("/rollouts", methods=["GET"])
-    def list_rollouts(http: ControlPlaneHttp, request: IRequest) -> bytes:
+    def list_rollouts(http: RolloutHost, request: IRequest) -> bytes:
         """Kept rollouts, newest first, paged by rollout id."""
         http._shared(request)
         rollouts = http._rollouts.newest_first()
@@ -319,7 +336,7 @@ def add_rollout_routes(app: Klein) -> None:
         )
 
     @app.route("/rollouts/<rollout_id>", methods=["GET"])
-    def show_rollout(http: ControlPlaneHttp, request: IRequest, rollout_id: str) -> bytes:
+    def show_rollout(http: RolloutHost, request: IRequest, rollout_id: str) -> bytes:
         """One rollout."""
         http._shared(request)
         try:
@@ -328,7 +345,7 @@ def add_rollout_routes(app: Klein) -> None:
             return error_body(request, 404, "unknown_rollout", str(e))
 
     @app.route("/rollouts/<rollout_id>/executions", methods=["GET"])
-    def rollout_executions(http: ControlPlaneHttp, request: IRequest, rollout_id: str) -> bytes:
+    def rollout_executions(http: RolloutHost, request: IRequest, rollout_id: str) -> bytes:
         """A rollout's executions in edge id order, filtered by ``state``, paged by edge id."""
         http._shared(request)
         try:
@@ -353,7 +370,7 @@ def add_rollout_routes(app: Klein) -> None:
             },
         )
 
-    def move(http: ControlPlaneHttp, request: IRequest, rollout_id: str, name: str) -> bytes:
+    def move(http: RolloutHost, request: IRequest, rollout_id: str, name: str) -> bytes:
         http._authorize(request)
         http._shared(request)
         moves = {"pause": http._rollouts.pause, "resume": http._rollouts.resume, "cancel": http._rollouts.cancel}
@@ -365,16 +382,16 @@ def add_rollout_routes(app: Klein) -> None:
             return error_body(request, 409, "invalid_transition", str(e))
 
     @app.route("/rollouts/<rollout_id>/pause", methods=["POST"])
-    def pause_rollout(http: ControlPlaneHttp, request: IRequest, rollout_id: str) -> bytes:
+    def pause_rollout(http: RolloutHost, request: IRequest, rollout_id: str) -> bytes:
         """Pause: nothing new is dispatched; what is in flight goes on."""
         return move(http, request, rollout_id, "pause")
 
     @app.route("/rollouts/<rollout_id>/resume", methods=["POST"])
-    def resume_rollout(http: ControlPlaneHttp, request: IRequest, rollout_id: str) -> bytes:
+    def resume_rollout(http: RolloutHost, request: IRequest, rollout_id: str) -> bytes:
         """Resume a paused rollout."""
         return move(http, request, rollout_id, "resume")
 
     @app.route("/rollouts/<rollout_id>/cancel", methods=["POST"])
-    def cancel_rollout(http: ControlPlaneHttp, request: IRequest, rollout_id: str) -> bytes:
+    def cancel_rollout(http: RolloutHost, request: IRequest, rollout_id: str) -> bytes:
         """Cancel: nothing new is dispatched; what is in flight ends and is recorded."""
         return move(http, request, rollout_id, "cancel")

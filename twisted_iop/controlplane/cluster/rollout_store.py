@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 import attrs
 from twisted.internet.defer import Deferred, inlineCallbacks
@@ -45,7 +45,26 @@ from twisted_iop.controlplane.cluster.store import RedisLink
 
 if TYPE_CHECKING:
     from twisted_iop.controlplane.cluster.replica import ClusterReplica
-    from twisted_iop.controlplane.rollouts import RolloutService
+
+
+class RolloutService(Protocol):
+    """What the store asks of the replica's rollout runner (``rollouts.RolloutService``)."""
+
+    def find(self, rollout_id: str) -> Optional[rs.Rollout]:
+        """The rollout kept here, if any."""
+
+    def requested(self, rollout_id: str, move: str) -> None:
+        """Another replica asked this runner for a move (pause, resume, cancel)."""
+
+    def mirrored(self, rollout: rs.Rollout) -> None:
+        """Another replica's rollout, as it now stands."""
+
+    def adopt(self, rollout: rs.Rollout) -> None:
+        """Run ``rollout`` here from now on (its lease was taken over)."""
+
+    def let_go(self, rollout_id: str) -> None:
+        """Stop running ``rollout_id`` here (its lease was lost)."""
+
 
 #: A rollout's stored state at most (20,000 targets take about 2 MiB).
 MAX_STATE_BYTES = 16 * 1024 * 1024

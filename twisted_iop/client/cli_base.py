@@ -1,0 +1,112 @@
+"""What every iopctl subcommand shares: exit codes, usage errors, argument types, the console.
+
+``cli.py`` builds the parser and runs the subcommands; ``rollout_cli.py``
+adds the ``rollout`` subcommand. Both build on this module, so neither
+imports the other back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from twisted_iop.client.models import to_json
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+
+#: Commands may run at most this long on the Control Plane (docs/http-api.md).
+MAX_COMMAND_TIMEOUT_SECONDS = 300.0
+
+
+class UsageError(Exception):
+    """A command line that cannot be run; reported with exit code 2."""
+
+    def __init__(self, message: str, usage: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.usage = usage
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that raises :class:`UsageError` instead of exiting."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        """Raise instead of printing and exiting, so callers choose the output."""
+        raise UsageError(message, self.format_usage())
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
+
+
+def page_limit(text: str) -> int:
+    value = non_negative_int(text)
+    if not 1 <= value <= 1000:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 1000, not {value}")
+    return value
+
+
+def command_timeout(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value <= MAX_COMMAND_TIMEOUT_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most {MAX_COMMAND_TIMEOUT_SECONDS:g} seconds")
+    return value
+
+
+def argument_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, not {text!r}")
+    return key, value
+
+
+class Console:
+    """Where iopctl writes: results to ``out``, diagnostics to ``err``."""
+
+    def __init__(self, out: TextIO, err: TextIO, as_json: bool) -> None:
+        self.out = out
+        self.err = err
+        self.as_json = as_json
+
+    def result(self, model: Any, text: Callable[[Any], str]) -> None:
+        """Print a model as a table, or as JSON with ``--json``."""
+        if self.as_json:
+            self.json(to_json(model))
+        else:
+            self.line(text(model))
+
+    def json(self, value: Any, compact: bool = False) -> None:
+        """Print one JSON document."""
+        if compact:
+            self.line(json.dumps(value, sort_keys=True, separators=(",", ":")))
+        else:
+            self.line(json.dumps(value, indent=2, sort_keys=True))
+
+    def line(self, text: str) -> None:
+        """Print ``text`` and a newline, flushed (``--follow`` is read live)."""
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def error(self, code: str, message: str) -> None:
+        """The one-line error on stderr."""
+        self.err.write(f"iopctl: {code}: {message}\n")
+        self.err.flush()
+
+    def note(self, message: str) -> None:
+        """A diagnostic line on stderr."""
+        self.err.write(f"iopctl: {message}\n")
+        self.err.flush()

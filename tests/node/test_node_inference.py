@@ -350,8 +350,8 @@ async def test_an_error_answer_to_a_streamed_request_is_read_whole(engine: Engin
 
 @pytest_twisted.ensureDeferred
 async def test_no_answer_at_all_is_unavailable_without_a_code(engine: Engine, runner: InferenceRunner) -> None:
-    """Reset before any header, or refused: UNAVAILABLE (the Edge may retry elsewhere), a reason, no address."""
-    engine.resource.answers.append(Answer(ending="reset"))
+    """Reset before any header (twice: the Node sends it once more), or refused: UNAVAILABLE, a reason, no address."""
+    engine.resource.answers.extend([Answer(ending="reset"), Answer(ending="reset")])
     _, reset = await run(runner, chat())
     await engine.port.stopListening()
     _, refused = await run(runner, chat(), inference_id=2)
@@ -408,6 +408,15 @@ async def test_a_stream_that_does_not_end_with_done_is_an_error(
     )
     assert json.loads(done.body)["error"]["message"] == reason
     assert runner.failed == 1 and runner.completed == 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_connection_closed_before_the_answer_is_sent_once_more(engine: Engine, runner: InferenceRunner) -> None:
+    """A connection the engine closed under the request (a reused idle one): sent again once, and answered."""
+    engine.resource.answers.extend([Answer(ending="reset"), events(chunk("a"))])
+    chunks, done = await run(runner, chat(), stream=True)
+    assert done.status == pb.INFERENCE_STATUS_OK and len(chunks) == 1
+    assert len(engine.resource.received) == 2
 
 
 @pytest_twisted.ensureDeferred
@@ -558,7 +567,9 @@ async def test_a_failed_inference_is_logged_once_and_a_successful_one_not(
     engine: Engine, runner: InferenceRunner
 ) -> None:
     """One warning per failure with provider, model, endpoint, code and reason, never the address; none for a success."""
-    engine.resource.answers.extend([events(chunk("a")), events(done=False), Answer(ending="reset")])
+    engine.resource.answers.extend(
+        [events(chunk("a")), events(done=False), Answer(ending="reset"), Answer(ending="reset")]
+    )
     capture = LogCapture()
     with capture.active():
         await run(runner, chat(), stream=True)

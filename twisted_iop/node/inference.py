@@ -587,6 +587,8 @@ class _HTTPJob:
         self._stream = stream
         self._reply = reply
         self._request: Optional[Deferred[Any]] = None
+        #: Whether the request was sent again after a connection closed under it.
+        self._resent = False
         self._reader: Optional[EngineBodyReader] = None
         self._paused = False
         self._cancelled = False
@@ -619,6 +621,14 @@ class _HTTPJob:
     def _unreachable(self, failure: Failure) -> None:
         self._request = None
         if self._cancelled:
+            return
+        if not self._resent and failure.check(ResponseNeverReceived, RequestTransmissionFailed):
+            # A kept-alive connection the engine closed as it was reused
+            # (llama-cpp-python drops idle ones after 5 s): Twisted resends
+            # only idempotent methods, so this POST is sent once more, on a
+            # new connection. Nothing of the answer had come.
+            self._resent = True
+            self.start()
             return
         self._reply.done(pb.INFERENCE_STATUS_UNAVAILABLE, error=unreachable_reason(failure))
 

@@ -283,3 +283,30 @@ def test_a_rollout_without_targets_succeeds_at_once() -> None:
     rollout = _rollout(0, rs.Strategy(), rs.AbortCriteria())
     rollout.start(0.0)
     assert rollout.state == rs.SUCCEEDED and rollout.progress == 1.0 and rollout.settled
+
+
+def test_dispatch_pace_bounds_what_goes_out_per_second() -> None:
+    """The pace lets a tenth of a second's worth out at once, then one more per 1/rate seconds."""
+    from twisted_iop.controlplane.rollouts import DispatchPace
+
+    pace = DispatchPace(1000.0, now=0.0)
+    assert pace.allowed(0.0) == 100
+    pace.took(100)
+    assert pace.allowed(0.0) == 0
+    assert 0.0 < pace.next_at(0.0) - 0.0 <= 0.003
+    assert pace.allowed(0.05) == 50
+    assert DispatchPace(0.0, now=0.0).allowed(0.0) is None
+
+
+def test_step_dispatches_at_most_its_limit_and_the_rest_later() -> None:
+    """A limit of 3 under max_in_flight 10: 3 go now, the next step takes 3 more; nothing is lost."""
+    rollout = _rollout(10, rs.Strategy(max_in_flight=10), rs.AbortCriteria())
+    rollout.start(0.0)
+    first = rollout.step(0.0, lambda _: True, 3)
+    second = rollout.step(0.0, lambda _: True, 3)
+    assert len(first) == len(second) == 3 and not set(first) & set(second)
+    rest = rollout.step(0.0, lambda _: True)
+    assert len(rest) == 4
+    for edge_id in first + second + rest:
+        rollout.execution_ended(edge_id, rs.SUCCEEDED, "", 0.0)
+    assert rollout.state == rs.SUCCEEDED

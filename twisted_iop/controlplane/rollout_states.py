@@ -291,8 +291,8 @@ class Rollout:
 
     # -- the clock's moves -----------------------------------------------------------------
 
-    def step(self, now: float, connected: Callable[[str], bool]) -> list[str]:
-        """What to dispatch now: the edges whose executions just went in flight.
+    def step(self, now: float, connected: Callable[[str], bool], limit: Optional[int] = None) -> list[str]:
+        """What to dispatch now: the edges whose executions just went in flight (at most ``limit``).
 
         Waiting executions past ``wait_seconds`` are skipped; when the batch
         is done and its pause over, the next one starts; then, in order,
@@ -310,6 +310,8 @@ class Rollout:
             self._next_batch()
         chosen: list[str] = []
         room = self.strategy.max_in_flight - self.counts[IN_FLIGHT]
+        if limit is not None:
+            room = min(room, limit)
         # ``open`` is the waiting executions (their turn came), then the
         # pending ones in order: each window is what is waiting and as many
         # pending ones as there is room for.

@@ -436,6 +436,8 @@ class FleetStatusRow:
     nodes_connected: int = 0
     nodes_configured: int = 0
     providers: int = 0
+    #: Its providers by health (empty from a Control Plane that does not say).
+    providers_by_health: dict[str, int] = attrs.field(factory=dict, metadata=DEFAULTED)
     general: ProviderCounters = ProviderCounters()
     long_context: ProviderCounters = ProviderCounters()
 

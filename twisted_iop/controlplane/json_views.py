@@ -192,6 +192,7 @@ def row_counts_json(counts: Sequence[int]) -> dict[str, Any]:
         "nodes_connected": counts[0],
         "nodes_configured": counts[1],
         "providers": counts[2],
+        "providers_by_health": {name: counts[HEALTH_AT[name]] for name in HEALTHS},
         "general": _counter_group(counts, GENERAL_AT),
         "long_context": _counter_group(counts, LONG_AT),
     }

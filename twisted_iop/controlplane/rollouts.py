@@ -93,17 +93,18 @@ class DispatchPace:
     come in small groups a few milliseconds apart rather than all at once.
     """
 
-    def __init__(self, per_second: float, now: float) -> None:
+    def __init__(self, per_second: float) -> None:
         self._rate = per_second
         self._burst = max(1.0, per_second / 10.0)
         self._tokens = self._burst
-        self._at = now
+        self._at: Optional[float] = None
 
     def allowed(self, now: float) -> Optional[int]:
         """How many may be dispatched now (``None``: no bound)."""
         if self._rate <= 0:
             return None
-        self._tokens = min(self._burst, self._tokens + (now - self._at) * self._rate)
+        if self._at is not None:
+            self._tokens = min(self._burst, self._tokens + (now - self._at) * self._rate)
         self._at = now
         return int(self._tokens)
 
@@ -179,7 +180,7 @@ class RolloutService:
         self._events = registry.event_log.edge_buffer()
         self._timer: Optional[IDelayedCall] = None
         self._timer_at: Optional[float] = None
-        self._pace = DispatchPace(settings.max_dispatch_per_second, clock.seconds())
+        self._pace = DispatchPace(settings.max_dispatch_per_second)
         self.stopped = False
         #: For /metrics: operations dispatched by rollouts.
         self.dispatched_total = 0

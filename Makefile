@@ -18,7 +18,7 @@ $(BIN)/.installed: setup.cfg pyproject.toml
 setup: $(BIN)/.installed
 
 # llama-cpp-python's OpenAI server and the llama vocabulary for the tests
-# against a real engine (tests/engines). The engine is built from its sdist
+# against a real engine (tests/edge/test_e2e_real_engine.py). The engine is built from its sdist
 # once per machine (about 8 minutes on 2 cores) into a wheel cache outside
 # the clone; later runs, and CI on the same machine, install it from there
 # without the network. The vocabulary ships only in the sdist: it is

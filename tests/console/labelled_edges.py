@@ -5,13 +5,16 @@ from __future__ import annotations
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.internet.task import deferLater
 
 from twisted_iop.testing.peers import ScriptedEdge
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
 
 #: Control Plane settings for tests that connect many edges: hellos are not paced.
-MANY_EDGES_CONFIG = "edge_wire:\n  max_hellos_per_second: 100000\n"
+MANY_EDGES_CONFIG = "edge_wire:\n  hello_admission:\n    max_per_second: 0\n"
+#: Hellos answered retry_later are tried again (as an Edge does) at most this many times.
+HELLO_ATTEMPTS = 5
 #: Edges connected at once while a fleet is built.
 CONNECT_CHUNK = 250
 
@@ -39,11 +42,16 @@ class LabelledEdge(ScriptedEdge):
 
 async def connect_labelled(port: int, edge_id: str, labels: dict[str, str]) -> LabelledEdge:
     """Connect one labelled edge to ``127.0.0.1:port``; answer it once its hello is accepted."""
-    edge = LabelledEdge(edge_id, labels)
-    await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port), edge)
-    answer = await edge.hello()
-    assert answer.accepted, (edge_id, answer)
-    return edge
+    for _ in range(HELLO_ATTEMPTS):
+        edge = LabelledEdge(edge_id, labels)
+        await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port), edge)
+        answer = await edge.hello()
+        if answer.accepted:
+            return edge
+        assert answer.reason_code == "retry_later", (edge_id, answer)
+        edge.transport.loseConnection()
+        await deferLater(reactor, min(answer.retry_after_ms, 2000) / 1000.0)
+    raise AssertionError(f"{edge_id}: hello still answered retry_later after {HELLO_ATTEMPTS} attempts")
 
 
 async def connect_fleet(port: int, labels_of: dict[str, dict[str, str]]) -> dict[str, LabelledEdge]:

@@ -152,23 +152,23 @@ def test_a_closed_connection_is_dropped_from_the_queue() -> None:
 
 
 def test_the_hint_follows_the_measured_drain_rate() -> None:
-    """After turns working off 4 hellos per 10 ms slice (400/s, half of it expected: 200/s), refused hellos
-    are told to come back once half the queue is worked off, 5 ms apart."""
-    clock, admission = started(attrs.evolve(SETTINGS, max_pending_hellos=50, max_queue_wait_ms=100_000))
+    """After turns working off 4 hellos per 10 ms slice (400/s, half of it expected: 200/s; the average
+    starts from its guess), refused hellos are told to come back once half the queue is worked off, 5 ms apart."""
+    clock, admission = started(attrs.evolve(SETTINGS, max_pending_hellos=200, max_queue_wait_ms=100_000))
     log: list[str] = []
-    for i in range(50):
+    for i in range(200):
         admission.offer(Hello(f"e{i}", log, clock, 0.0025), 1)
-    for _ in range(8):
+    for _ in range(24):
         clock.rightNow += 0.01  # the I/O between turns
         clock.turn()
     assert admission.rate == pytest.approx(400, rel=0.1)
     assert admission.drain_rate() == pytest.approx(200, rel=0.1)
-    for i in range(admission.pending, 50):
+    for i in range(admission.pending, 200):
         assert admission.offer(Hello(f"f{i}", log, clock, 0.0), 1) is None
     first = admission.offer(Hello("x", log, clock, 0), 1)
     second = admission.offer(Hello("y", log, clock, 0), 1)
     assert first is not None and second is not None
-    assert first == pytest.approx(50 / admission.drain_rate() / 2 + 1 / admission.drain_rate())
+    assert first == pytest.approx(200 / admission.drain_rate() / 2 + 1 / admission.drain_rate())
     assert second - first == pytest.approx(1 / admission.drain_rate())
 
 

@@ -47,6 +47,8 @@ MIN_RATE = 50.0
 LOOP_SHARE = 0.5
 #: The weight of each new drain-rate sample in the moving average.
 RATE_WEIGHT = 0.3
+#: Slices that processed fewer hellos than this do not move the rate.
+MIN_SAMPLE_HELLOS = 4
 
 
 @attrs.frozen
@@ -344,10 +346,13 @@ class HelloAdmission:
                 break
         self.processed_total += done
         used = now - start
-        if done and used > 0:
-            # The first sample replaces the guess; later ones move the average.
+        if done >= MIN_SAMPLE_HELLOS and used > 0:
+            # Every sample moves the average, the first one too: a slice the
+            # machine preempted (another process, a collection) measures a
+            # rate far below the loop's, and alone it would send edges away.
+            # A slice of a few hellos says little, and is not counted.
             sample = done / used
-            self.rate = self.rate + RATE_WEIGHT * (sample - self.rate) if self._measured else sample
+            self.rate = self.rate + RATE_WEIGHT * (sample - self.rate)
             self._measured = True
         if queue:
             if self._turn is None:

@@ -49,7 +49,8 @@ async def connect_labelled(port: int, edge_id: str, labels: dict[str, str]) -> L
         if answer.accepted:
             return edge
         assert answer.reason_code == "retry_later", (edge_id, answer)
-        edge.transport.loseConnection()
+        if edge.transport is not None:
+            edge.transport.loseConnection()
         await deferLater(reactor, min(answer.retry_after_ms, 2000) / 1000.0)
     raise AssertionError(f"{edge_id}: hello still answered retry_later after {HELLO_ATTEMPTS} attempts")
 

@@ -136,6 +136,11 @@ def _object(body: dict[str, Any], field: str, keys: frozenset[str]) -> dict[str,
     return value
 
 
+def _plain(value: float) -> str:
+    """A bound as people write it: 1000000, not 1e+06; 0.5 stays 0.5."""
+    return f"{int(value)}" if value == int(value) else f"{value:g}"
+
+
 def _number(
     section: dict[str, Any], field: str, name: str, minimum: float, maximum: float, whole: bool = False
 ) -> Optional[float]:
@@ -146,7 +151,7 @@ def _number(
     if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value):
         raise BadRequest(f"field '{field}{name}' must be a {'whole ' if whole else ''}number")
     if not minimum <= value <= maximum:
-        raise BadRequest(f"field '{field}{name}' must be between {minimum:g} and {maximum:g}")
+        raise BadRequest(f"field '{field}{name}' must be between {_plain(minimum)} and {_plain(maximum)}")
     return value
 
 

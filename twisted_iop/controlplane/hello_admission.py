@@ -213,7 +213,6 @@ class HelloAdmission:
         self._slice_started: Optional[float] = None
         #: Hellos processed per second of a turn's slice (a moving average of the turns).
         self.rate = INITIAL_RATE
-        self._measured = False
         self._next_slot = 0.0
         #: Hellos processed (at once or from the queue), and queued first, since start.
         self.processed_total = 0
@@ -353,7 +352,6 @@ class HelloAdmission:
             # A slice of a few hellos says little, and is not counted.
             sample = done / used
             self.rate = self.rate + RATE_WEIGHT * (sample - self.rate)
-            self._measured = True
         if queue:
             if self._turn is None:
                 self._schedule(0.0)

@@ -9,7 +9,7 @@ aborted and nothing more is sent.
 
 * HTTP kinds (``openai``, ``vllm``, ``sglang``, ``llamacpp``, ``tgi``,
   ``ollama``): a POST to the provider's ``base_url`` through
-  :class:`ProviderHTTPClient` (persistent connections with ``TCP_NODELAY``,
+  :class:`~twisted_iop.node.engine_http.ProviderHTTPClient` (persistent connections with ``TCP_NODELAY``,
   the body written with the headers); the answer is read by
   :class:`~twisted_iop.node.engine_stream.EngineBodyReader` with the
   adapter of the provider's kind: events one by one, errors in one shape
@@ -33,7 +33,6 @@ drains.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import random
 from collections.abc import Callable, Mapping
@@ -41,25 +40,22 @@ from typing import Any, Optional, Protocol, cast
 
 import attrs
 from google.protobuf.message import Message
-from twisted.internet.defer import CancelledError, Deferred, TimeoutError, succeed
-from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint, TCP6ClientEndpoint
+from twisted.internet.defer import CancelledError, Deferred, TimeoutError
 from twisted.internet.error import ConnectError, ConnectionRefusedError
-from twisted.internet.interfaces import IConsumer, IPushProducer, IReactorTime, IStreamClientEndpoint
+from twisted.internet.interfaces import IPushProducer, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web._newclient import RequestTransmissionFailed, ResponseNeverReceived
-from twisted.web.client import URI, Agent, HTTPConnectionPool
-from twisted.web.http_headers import Headers
-from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
+from twisted.web.client import HTTPConnectionPool
 from zope.interface import implementer
 
 from twisted_iop.metrics import LatencyHistogram
 from twisted_iop.mock_provider import MockBehaviour, MockRun
 from twisted_iop.node.config import NodeProviderConfig
+from twisted_iop.node.engine_http import InferenceHTTPClient, ProviderHTTPClient
 from twisted_iop.node.engine_stream import EngineAnswer, EngineBodyReader, EngineRequest, engine_request
 from twisted_iop.node.engines.base import EngineAdapter, EngineError
 from twisted_iop.node.engines.kinds import adapter_for
-from twisted_iop.node.quiet_pool import QuietConnectionPool
 from twisted_iop.openai_api import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, ENDPOINT_PATHS
 from twisted_iop.wire import control_pb2 as pb
 
@@ -70,8 +66,6 @@ INFERENCE_BODIES_FROM_EDGE = frozenset({"inference_request", "inference_cancel"}
 MAX_RUNNING_PER_CONNECTION = 4096
 #: How long a provider may take to send its response headers.
 RESPONSE_HEADERS_TIMEOUT_SECONDS = 300.0
-#: Idle provider connections kept open per provider host (for reuse).
-MAX_IDLE_PROVIDER_CONNECTIONS = 64
 #: The token directions counted (the ``direction`` label of ``iop_tokens_total``).
 TOKEN_DIRECTIONS = ("prompt", "completion")
 #: The ``model`` label of tokens for a model the provider is not configured with.
@@ -95,95 +89,6 @@ class InferenceSession(Protocol):
 
     def sendString(self, data: bytes) -> None:
         """Send one serialized envelope as a frame."""
-
-
-class InferenceHTTPClient(Protocol):
-    """The part of treq the runner uses."""
-
-    def request(self, method: str, url: str, **kwargs: Any) -> Deferred[Any]:
-        """Issue a request."""
-
-
-@implementer(IBodyProducer)
-class _BytesBody:
-    """A request body written whole, at once, with the request's headers.
-
-    (treq's bytes body goes through a cooperator: it leaves a turn after the
-    headers, as a second small segment that Nagle's algorithm can hold.)
-    """
-
-    def __init__(self, data: bytes) -> None:
-        self._data = data
-        self.length = len(data)
-
-    def startProducing(self, consumer: IConsumer) -> Deferred[None]:
-        consumer.write(self._data)
-        return succeed(None)
-
-    def pauseProducing(self) -> None:
-        pass
-
-    def resumeProducing(self) -> None:
-        pass
-
-    def stopProducing(self) -> None:
-        pass
-
-
-@implementer(IAgentEndpointFactory)
-class _ProviderEndpoints:
-    """Endpoints to providers: IP literals connect directly (no resolver thread); TCP_NODELAY on each."""
-
-    def __init__(self, reactor: Any) -> None:
-        self._reactor = reactor
-
-    def endpointForURI(self, uri: URI) -> IStreamClientEndpoint:
-        host = uri.host.decode("ascii")
-        try:
-            version = ipaddress.ip_address(host).version
-        except ValueError:
-            return _NoDelayEndpoint(HostnameEndpoint(self._reactor, host, uri.port))
-        endpoint_type = TCP4ClientEndpoint if version == 4 else TCP6ClientEndpoint
-        return _NoDelayEndpoint(endpoint_type(self._reactor, host, uri.port))
-
-
-@implementer(IStreamClientEndpoint)
-class _NoDelayEndpoint:
-    """Connects through ``inner`` and turns Nagle's algorithm off (requests and events are small)."""
-
-    def __init__(self, inner: IStreamClientEndpoint) -> None:
-        self._inner = inner
-
-    def connect(self, protocolFactory: Any) -> Deferred[Any]:
-        return self._inner.connect(protocolFactory).addCallback(_no_delay)
-
-
-def _no_delay(protocol: Any) -> Any:
-    transport = getattr(protocol, "transport", None)
-    if transport is not None and hasattr(transport, "setTcpNoDelay"):
-        transport.setTcpNoDelay(True)
-    return protocol
-
-
-class ProviderHTTPClient:
-    """The runner's HTTP client for providers (the part of treq's interface it uses).
-
-    A persistent connection pool (no connection setup per request), no
-    cookies kept between requests, no redirects followed, no resolver
-    thread for IP literals, ``TCP_NODELAY``, and the body sent with the
-    headers. The response is returned unbuffered, for ``deliverBody``.
-    """
-
-    def __init__(self, reactor: Any, max_idle_per_host: int = MAX_IDLE_PROVIDER_CONNECTIONS) -> None:
-        self.pool = QuietConnectionPool(reactor, persistent=True)
-        self.pool.maxPersistentPerHost = max_idle_per_host
-        self._agent = Agent.usingEndpointFactory(reactor, _ProviderEndpoints(reactor), pool=self.pool)
-
-    def request(
-        self, method: str, url: str, data: bytes = b"", headers: Optional[dict[bytes, list[bytes]]] = None, **_: object
-    ) -> Deferred[Any]:
-        """Send one request; fires with the (unbuffered) response."""
-        return self._agent.request(method.encode("ascii"), url.encode("utf-8"), Headers(headers), _BytesBody(data))
 
 
 class _Job(Protocol):

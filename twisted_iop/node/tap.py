@@ -12,7 +12,8 @@ from twisted_iop.listeners import ListenerService
 from twisted_iop.metrics import metrics_site
 from twisted_iop.node.config import NodeRuntimeConfig, load_node_config, unauthenticated_exposures
 from twisted_iop.node.edge_link import EdgeLink
-from twisted_iop.node.inference import InferenceHTTPClient, InferenceRunner
+from twisted_iop.node.engine_http import InferenceHTTPClient
+from twisted_iop.node.inference import InferenceRunner
 from twisted_iop.node.metrics import node_metric_registry
 from twisted_iop.node.probes import HTTPClient, ProviderProber
 from twisted_iop.node.runtime import NodeRuntime

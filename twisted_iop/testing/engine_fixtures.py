@@ -5,7 +5,8 @@ load endpoints, error bodies, a streamed chat completion with its usage
 chunk or an error event) are served by a small twisted.web server, so the
 Node's adapters and probes are tested over real sockets against what the
 engines really send. Every shape names where it is documented (the
-engine's docs, or the source file that builds it).
+engine's docs, or the source file that builds it); the shapes themselves
+are in :mod:`twisted_iop.testing.engine_shapes`.
 
 Use::
 
@@ -26,537 +27,30 @@ on the Node, see :attr:`EngineFixture.node_kind`).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import Any, Optional, cast
 
-import attrs
 from twisted.internet import reactor as default_reactor
 from twisted.internet.defer import Deferred, maybeDeferred, succeed
 from twisted.web.http import HTTPChannel
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
-#: ``next_chat`` answers besides a recorded error's name.
-STREAM_OK = "stream_ok"  #: an ordinary answer (a stream if asked: chunks, usage chunk if asked, [DONE])
-STREAM_ERROR = "stream_error"  #: 200, two chunks, then the engine's error event; no [DONE]
-STREAM_TRUNCATED = "stream_truncated"  #: 200, two chunks, then the body ends without [DONE]
-STREAM_EMPTY = "stream_empty"  #: 200 with an empty body (what llama-cpp-python did for a prompt over its context)
-
-JSON = "application/json"
-TEXT = "text/plain; charset=utf-8"
-PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
-
-
-@attrs.frozen
-class Reply:
-    """One recorded HTTP answer."""
-
-    status: int
-    body: bytes
-    content_type: str = JSON
-
-
-@attrs.frozen
-class RecordedError:
-    """An engine's error answer and the code the Node must map it to."""
-
-    status: int
-    body: bytes
-    expected_code: str
-
-
-@attrs.frozen
-class EngineShapes:
-    """What one engine answers (``{model}`` in a body is replaced by the first model)."""
-
-    node_kind: str
-    #: Where these shapes are documented.
-    source: str
-    models_path: str
-    models: Reply
-    #: Health answers by state ("ok", "loading", "down"); empty: the engine has no health endpoint.
-    health_path: Optional[str] = None
-    health: Mapping[str, Reply] = attrs.field(factory=dict)
-    #: Load endpoints: path -> answer.
-    load: Mapping[str, Reply] = attrs.field(factory=dict)
-    #: Figures the Node must read from :attr:`load` (running, waiting, kv_cache_usage, parallel).
-    expected_load: Optional[tuple[int, int, Optional[float], Optional[int]]] = None
-    #: Recorded error answers by name.
-    errors: Mapping[str, RecordedError] = attrs.field(factory=dict)
-    #: The ``data:`` payload of an error inside a 200 stream, and its expected code.
-    stream_error: Optional[RecordedError] = None
-    #: A ``:`` comment line the engine sends in its streams (keep-alive pings).
-    stream_comment: bytes = b""
-
-
-def _j(value: Any) -> bytes:
-    return json.dumps(value).encode()
-
-
-def _openai_error(message: str, type_: str, code: Any, param: Any = None) -> bytes:
-    return _j({"error": {"message": message, "type": type_, "param": param, "code": code}})
-
-
-def _openai_models(owned_by: str, **extra: Any) -> Reply:
-    return Reply(
-        200,
-        _j(
-            {
-                "object": "list",
-                "data": [{"id": "{model}", "object": "model", "created": 1, "owned_by": owned_by, **extra}],
-            }
-        ),
-    )
-
-
-# -- vLLM ---------------------------------------------------------------------------
-# vllm/entrypoints/openai/api_server.py (/health, /v1/models, /metrics);
-# vllm/entrypoints/openai/protocol.py ErrorResponse / ErrorInfo (nested since 0.10, flat before);
-# metric names: https://docs.vllm.ai/en/latest/usage/metrics.html
-
-_VLLM_METRICS = b"""# HELP vllm:num_requests_running Number of requests in model execution batches.
-# TYPE vllm:num_requests_running gauge
-vllm:num_requests_running{engine="0",model_name="{model}"} 3.0
-vllm:num_requests_running{engine="1",model_name="{model}"} 1.0
-# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
-# TYPE vllm:num_requests_waiting gauge
-vllm:num_requests_waiting{engine="0",model_name="{model}"} 2.0
-vllm:num_requests_waiting{engine="1",model_name="{model}"} 0.0
-# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
-# TYPE vllm:kv_cache_usage_perc gauge
-vllm:kv_cache_usage_perc{engine="0",model_name="{model}"} 0.42
-vllm:kv_cache_usage_perc{engine="1",model_name="{model}"} 0.3
-# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
-# TYPE vllm:prompt_tokens_total counter
-vllm:prompt_tokens_total{engine="0",model_name="{model}"} 1234.0
-# HELP vllm:e2e_request_latency_seconds Histogram of e2e request latency in seconds.
-# TYPE vllm:e2e_request_latency_seconds histogram
-vllm:e2e_request_latency_seconds_bucket{engine="0",le="0.3",model_name="{model}"} 1.0
-vllm:e2e_request_latency_seconds_bucket{engine="0",le="+Inf",model_name="{model}"} 4.0
-vllm:e2e_request_latency_seconds_count{engine="0",model_name="{model}"} 4.0
-vllm:e2e_request_latency_seconds_sum{engine="0",model_name="{model}"} 3.5
-"""
-
-VLLM = EngineShapes(
-    node_kind="vllm",
-    source="vllm/entrypoints/openai/api_server.py, vllm/entrypoints/openai/protocol.py (ErrorResponse)",
-    health_path="/health",
-    health={"ok": Reply(200, b""), "down": Reply(503, b"")},
-    models_path="/v1/models",
-    models=_openai_models("vllm", root="{model}", parent=None, max_model_len=4096),
-    load={"/metrics": Reply(200, _VLLM_METRICS, PROMETHEUS)},
-    expected_load=(4, 2, 0.42, None),
-    errors={
-        "context_length_exceeded": RecordedError(
-            400,
-            _openai_error(
-                "This model's maximum context length is 4096 tokens. However, your request has 5000 input "
-                "tokens. Please reduce the length of the input messages.",
-                "BadRequestError",
-                400,
-            ),
-            "context_length_exceeded",
-        ),
-        # The flat shape of vLLM before 0.10 (protocol.py ErrorResponse with object="error").
-        "context_length_exceeded_flat": RecordedError(
-            400,
-            _j(
-                {
-                    "object": "error",
-                    "message": "This model's maximum context length is 4096 tokens. However, you requested "
-                    "5000 tokens in the messages. Please reduce the length of the messages.",
-                    "type": "BadRequestError",
-                    "param": None,
-                    "code": 400,
-                }
-            ),
-            "context_length_exceeded",
-        ),
-        "model_not_found": RecordedError(
-            404, _openai_error("The model `nope` does not exist.", "NotFoundError", 404, "model"), "model_not_found"
-        ),
-        "invalid_request": RecordedError(
-            400,
-            _openai_error("temperature must be non-negative, got -1.0.", "BadRequestError", 400),
-            "invalid_request",
-        ),
-        "provider_error": RecordedError(
-            500,
-            _openai_error(
-                "EngineCore encountered an issue. See stack trace for the root cause.", "InternalServerError", 500
-            ),
-            "provider_error",
-        ),
-    },
-    # serving_chat.py: an error while streaming is sent as data: {"error": ErrorInfo}.
-    stream_error=RecordedError(
-        200, _openai_error("EngineCore encountered an issue.", "InternalServerError", 500), "provider_error"
-    ),
+from twisted_iop.testing.engine_shapes import (
+    JSON,
+    SHAPES,
+    STREAM_EMPTY,
+    STREAM_ERROR,
+    STREAM_OK,
+    STREAM_TRUNCATED,
+    Reply,
+    as_json,
+    openai_error,
 )
 
-# -- SGLang -------------------------------------------------------------------------
-# python/sglang/srt/entrypoints/http_server.py (/health, /v1/models, /metrics with --enable-metrics);
-# python/sglang/srt/entrypoints/openai/protocol.py ErrorResponse (flat), serving_base.py
-# create_streaming_error_response (nested in a stream);
-# metric names: https://docs.sglang.ai/references/production_metrics.html
-
-_SGLANG_METRICS = b"""# HELP sglang:num_running_reqs The number of running requests.
-# TYPE sglang:num_running_reqs gauge
-sglang:num_running_reqs{engine_type="unified",model_name="{model}",pp_rank="0",tp_rank="0"} 5.0
-# HELP sglang:num_queue_reqs The number of requests in the waiting queue.
-# TYPE sglang:num_queue_reqs gauge
-sglang:num_queue_reqs{engine_type="unified",model_name="{model}",pp_rank="0",tp_rank="0"} 7.0
-# HELP sglang:token_usage The token usage.
-# TYPE sglang:token_usage gauge
-sglang:token_usage{engine_type="unified",model_name="{model}",pp_rank="0",tp_rank="0"} 0.55
-# HELP sglang:gen_throughput The generation throughput (token/s).
-# TYPE sglang:gen_throughput gauge
-sglang:gen_throughput{engine_type="unified",model_name="{model}",pp_rank="0",tp_rank="0"} 812.5
-"""
+__all__ = ["FIXTURE_USAGE", "SHAPES", "STREAM_EMPTY", "STREAM_ERROR", "STREAM_OK", "STREAM_TRUNCATED", "EngineFixture"]
 
 
-def _sglang_error(message: str, code: int, type_: str = "BadRequestError") -> bytes:
-    return _j({"object": "error", "message": message, "type": type_, "param": None, "code": code})
-
-
-SGLANG = EngineShapes(
-    node_kind="sglang",
-    source="python/sglang/srt/entrypoints/http_server.py, python/sglang/srt/entrypoints/openai/protocol.py",
-    health_path="/health",
-    health={"ok": Reply(200, b""), "down": Reply(503, b"")},
-    models_path="/v1/models",
-    models=_openai_models("sglang", root="{model}", max_model_len=4096),
-    load={"/metrics": Reply(200, _SGLANG_METRICS, PROMETHEUS)},
-    expected_load=(5, 7, 0.55, None),
-    errors={
-        "context_length_exceeded": RecordedError(
-            400,
-            _sglang_error("The input (5000 tokens) is longer than the model's context length (4096 tokens).", 400),
-            "context_length_exceeded",
-        ),
-        "model_not_found": RecordedError(
-            404, _sglang_error("The model `nope` does not exist.", 404, "NotFoundError"), "model_not_found"
-        ),
-        "invalid_request": RecordedError(
-            400, _sglang_error("Invalid request: messages must not be empty", 400), "invalid_request"
-        ),
-        "provider_error": RecordedError(
-            500, _sglang_error("Internal server error", 500, "InternalServerError"), "provider_error"
-        ),
-    },
-    stream_error=RecordedError(
-        200,
-        _j(
-            {
-                "error": json.loads(
-                    _sglang_error(
-                        "The input (5000 tokens) is longer than the model's context length (4096 tokens).", 400
-                    )
-                )
-            }
-        ),
-        "context_length_exceeded",
-    ),
-)
-
-# -- llama.cpp's server ---------------------------------------------------------------
-# tools/server/README.md ("GET /health", "GET /slots", "GET /metrics", started with --metrics);
-# tools/server/utils.hpp format_error_response (error types, exceed_context_size_error).
-
-_LLAMACPP_METRICS = b"""# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.
-# TYPE llamacpp:prompt_tokens_total counter
-llamacpp:prompt_tokens_total 412
-# HELP llamacpp:tokens_predicted_total Number of generation tokens processed.
-# TYPE llamacpp:tokens_predicted_total counter
-llamacpp:tokens_predicted_total 1290
-# HELP llamacpp:kv_cache_usage_ratio KV-cache usage. 1 means 100 percent usage.
-# TYPE llamacpp:kv_cache_usage_ratio gauge
-llamacpp:kv_cache_usage_ratio 0.25
-# HELP llamacpp:requests_processing Number of requests processing.
-# TYPE llamacpp:requests_processing gauge
-llamacpp:requests_processing 1
-# HELP llamacpp:requests_deferred Number of requests deferred.
-# TYPE llamacpp:requests_deferred gauge
-llamacpp:requests_deferred 3
-"""
-
-
-def _slot(slot_id: int, processing: bool) -> dict[str, Any]:
-    return {
-        "id": slot_id,
-        "id_task": 7 if processing else -1,
-        "n_ctx": 2048,
-        "speculative": False,
-        "is_processing": processing,
-        "params": {"n_predict": -1, "temperature": 0.8},
-        "next_token": {"has_next_token": processing, "n_remain": -1, "n_decoded": 12 if processing else 0},
-    }
-
-
-def _llamacpp_error(message: str, code: int, type_: str, **extra: Any) -> bytes:
-    return _j({"error": {"code": code, "message": message, "type": type_, **extra}})
-
-
-LLAMACPP = EngineShapes(
-    node_kind="llamacpp",
-    source="llama.cpp tools/server/README.md, tools/server/utils.hpp (format_error_response)",
-    health_path="/health",
-    health={
-        "ok": Reply(200, _j({"status": "ok"})),
-        "loading": Reply(503, _llamacpp_error("Loading model", 503, "unavailable_error")),
-        "down": Reply(500, _llamacpp_error("Failed to load model", 500, "server_error")),
-    },
-    models_path="/v1/models",
-    models=_openai_models("llamacpp", meta={"n_ctx_train": 2048, "n_params": 1000000}),
-    load={
-        "/slots": Reply(200, _j([_slot(0, True), _slot(1, False)])),
-        "/metrics": Reply(200, _LLAMACPP_METRICS, PROMETHEUS),
-    },
-    expected_load=(1, 3, 0.25, 2),
-    errors={
-        "context_length_exceeded": RecordedError(
-            400,
-            _llamacpp_error(
-                "the request exceeds the available context size, try increasing it",
-                400,
-                "exceed_context_size_error",
-                n_prompt_tokens=5000,
-                n_ctx=2048,
-            ),
-            "context_length_exceeded",
-        ),
-        "overloaded": RecordedError(503, _llamacpp_error("Loading model", 503, "unavailable_error"), "overloaded"),
-        "invalid_request": RecordedError(
-            400, _llamacpp_error("'messages' is required", 400, "invalid_request_error"), "invalid_request"
-        ),
-        # Embeddings asked of a server started without --embeddings (the issue's engine 5xx).
-        "provider_error": RecordedError(
-            501,
-            _llamacpp_error(
-                "This server does not support embeddings. Start it with `--embeddings`", 501, "not_supported_error"
-            ),
-            "provider_error",
-        ),
-    },
-    # tools/server/server.cpp: an error while streaming is {"error": ...} in the event stream.
-    stream_error=RecordedError(
-        200, _llamacpp_error("failed to decode the batch", 500, "server_error"), "provider_error"
-    ),
-)
-
-# -- llama-cpp-python's server (kind llamacpp) -----------------------------------------
-# llama_cpp/server/app.py (routes: no /health, /slots or /metrics), llama_cpp/server/errors.py
-# (context_length_exceeded); streams through sse-starlette, which sends ": ping" comments.
-
-LLAMA_CPP_PYTHON = EngineShapes(
-    node_kind="llamacpp",
-    source="llama-cpp-python llama_cpp/server/app.py, llama_cpp/server/errors.py",
-    health_path="/health",
-    health={},  # 404 {"detail": "Not Found"} (FastAPI), like every path it lacks
-    models_path="/v1/models",
-    models=Reply(
-        200, _j({"object": "list", "data": [{"id": "{model}", "object": "model", "owned_by": "me", "permissions": []}]})
-    ),
-    expected_load=None,
-    errors={
-        "context_length_exceeded": RecordedError(
-            400,
-            _openai_error(
-                "This model's maximum context length is 512 tokens. However, you requested 600 tokens "
-                "(600 in the messages, None in the completion). Please reduce the length of the messages or completion.",
-                "invalid_request_error",
-                "context_length_exceeded",
-                "messages",
-            ),
-            "context_length_exceeded",
-        ),
-        "provider_error": RecordedError(
-            500, _openai_error("llama_decode returned -1", "internal_server_error", None), "provider_error"
-        ),
-    },
-    stream_comment=b": ping - 2025-01-01 00:00:00.000000",
-)
-
-# -- Text Generation Inference ----------------------------------------------------------
-# router/src/server.rs (/health, /info, /metrics), router/src/lib.rs ErrorResponse,
-# router/src/infer/mod.rs InferError (422 validation, 424 generation, 429 overloaded,
-# 500 incomplete_generation), router/src/validation.rs (token limits);
-# metric names: https://huggingface.co/docs/text-generation-inference/reference/metrics
-
-_TGI_METRICS = b"""# TYPE tgi_queue_size gauge
-tgi_queue_size 4
-# TYPE tgi_batch_current_size gauge
-tgi_batch_current_size 8
-# TYPE tgi_batch_current_max_tokens gauge
-tgi_batch_current_max_tokens 3000
-# TYPE tgi_request_count counter
-tgi_request_count 57
-# TYPE tgi_request_duration histogram
-tgi_request_duration_bucket{le="0.5"} 10
-tgi_request_duration_bucket{le="+Inf"} 57
-tgi_request_duration_sum 31.5
-tgi_request_duration_count 57
-"""
-
-
-def _tgi_error(message: str, error_type: str) -> bytes:
-    return _j({"error": message, "error_type": error_type})
-
-
-TGI = EngineShapes(
-    node_kind="tgi",
-    source="text-generation-inference router/src/server.rs, router/src/lib.rs (ErrorResponse)",
-    health_path="/health",
-    health={"ok": Reply(200, b""), "down": Reply(503, _tgi_error("unhealthy", "healthcheck"))},
-    models_path="/info",
-    models=Reply(
-        200,
-        _j(
-            {
-                "model_id": "{model}",
-                "model_sha": None,
-                "model_pipeline_tag": "text-generation",
-                "max_concurrent_requests": 128,
-                "max_best_of": 2,
-                "max_stop_sequences": 4,
-                "max_input_tokens": 1024,
-                "max_total_tokens": 2048,
-                "validation_workers": 2,
-                "max_client_batch_size": 4,
-                "router": "text-generation-router",
-                "version": "3.0.1",
-                "sha": None,
-                "docker_label": None,
-            }
-        ),
-    ),
-    load={"/metrics": Reply(200, _TGI_METRICS, PROMETHEUS)},
-    expected_load=(8, 4, None, None),
-    errors={
-        "context_length_exceeded": RecordedError(
-            422,
-            _tgi_error(
-                "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 2048. "
-                "Given: 2000 `inputs` tokens and 100 `max_new_tokens`",
-                "validation",
-            ),
-            "context_length_exceeded",
-        ),
-        "invalid_request": RecordedError(
-            422,
-            _tgi_error("Input validation error: `temperature` must be strictly positive", "validation"),
-            "invalid_request",
-        ),
-        "overloaded": RecordedError(429, _tgi_error("Model is overloaded", "overloaded"), "overloaded"),
-        "provider_error": RecordedError(
-            424,
-            _tgi_error("Request failed during generation: Server error: CUDA out of memory.", "generation"),
-            "provider_error",
-        ),
-    },
-    stream_error=RecordedError(
-        200,
-        _tgi_error("Request failed during generation: Server error: CUDA out of memory.", "generation"),
-        "provider_error",
-    ),
-)
-
-# -- Ollama ---------------------------------------------------------------------------------
-# server/routes.go ("/" answers "Ollama is running"), openai/openai.go (ListCompletion, ErrorResponse),
-# https://github.com/ollama/ollama/blob/main/docs/api.md ("List Running Models": /api/ps).
-
-OLLAMA = EngineShapes(
-    node_kind="ollama",
-    source="ollama server/routes.go, openai/openai.go, docs/api.md",
-    health_path="/",
-    health={"ok": Reply(200, b"Ollama is running", TEXT), "down": Reply(500, b"Internal Server Error", TEXT)},
-    models_path="/v1/models",
-    models=_openai_models("library"),
-    # Served because Ollama serves it; the Node does not read it (no request counts in it).
-    load={
-        "/api/ps": Reply(
-            200,
-            _j(
-                {
-                    "models": [
-                        {
-                            "name": "{model}",
-                            "model": "{model}",
-                            "size": 5137025024,
-                            "digest": "2ae6f6dd7a3dd734790bbbf58b8909a606e0e7e97e94b7604e0aa7ae4490e6d8",
-                            "details": {"format": "gguf", "family": "llama", "parameter_size": "8.0B"},
-                            "expires_at": "2024-06-04T14:38:31.83753-07:00",
-                            "size_vram": 5137025024,
-                        }
-                    ]
-                }
-            ),
-        )
-    },
-    expected_load=None,
-    errors={
-        "model_not_found": RecordedError(
-            404, _openai_error('model "nope" not found, try pulling it first', "api_error", None), "model_not_found"
-        ),
-        "invalid_request": RecordedError(
-            400, _openai_error("invalid message content type", "invalid_request_error", None), "invalid_request"
-        ),
-        "provider_error": RecordedError(
-            500,
-            _openai_error("llama runner process has terminated: signal: killed", "api_error", None),
-            "provider_error",
-        ),
-    },
-    stream_error=RecordedError(
-        200, _openai_error("llama runner process has terminated", "api_error", None), "provider_error"
-    ),
-)
-
-# -- a generic OpenAI-compatible server --------------------------------------------------
-# https://platform.openai.com/docs/guides/error-codes (the error object), the models list.
-
-OPENAI = EngineShapes(
-    node_kind="openai",
-    source="https://platform.openai.com/docs/api-reference (models, error object)",
-    models_path="/v1/models",
-    models=_openai_models("system"),
-    errors={
-        "context_length_exceeded": RecordedError(
-            400,
-            _openai_error(
-                "This model's maximum context length is 8192 tokens.",
-                "invalid_request_error",
-                "context_length_exceeded",
-                "messages",
-            ),
-            "context_length_exceeded",
-        ),
-        "model_not_found": RecordedError(
-            404,
-            _openai_error("The model `nope` does not exist", "invalid_request_error", "model_not_found"),
-            "model_not_found",
-        ),
-        "overloaded": RecordedError(
-            429, _openai_error("Rate limit reached", "requests", "rate_limit_exceeded"), "overloaded"
-        ),
-        "provider_error": RecordedError(
-            500, _openai_error("The server had an error", "server_error", None), "provider_error"
-        ),
-    },
-)
-
-#: The recorded shapes of each fixture kind.
-SHAPES: dict[str, EngineShapes] = {
-    "openai": OPENAI,
-    "vllm": VLLM,
-    "sglang": SGLANG,
-    "llamacpp": LLAMACPP,
-    "llama-cpp-python": LLAMA_CPP_PYTHON,
-    "tgi": TGI,
-    "ollama": OLLAMA,
-}
-
-_NOT_FOUND = Reply(404, _j({"detail": "Not Found"}))
+_NOT_FOUND = Reply(404, as_json({"detail": "Not Found"}))
 
 
 class _TrackingSite(Site):
@@ -685,7 +179,7 @@ class EngineFixture(Resource):
         stream = isinstance(body, dict) and body.get("stream") is True
         if not stream and answer == STREAM_OK:
             request.setHeader(b"Content-Type", JSON.encode())
-            return _j(self._completion())
+            return as_json(self._completion())
         request.setHeader(b"Content-Type", b"text/event-stream")
         if answer == STREAM_EMPTY:
             return b""
@@ -740,17 +234,17 @@ class EngineFixture(Resource):
         lines: list[bytes] = []
         if self.shapes.stream_comment:
             lines.append(self.shapes.stream_comment)
-        lines += [b"data: " + _j(self._chunk("Hello")), b"data: " + _j(self._chunk(" there"))]
+        lines += [b"data: " + as_json(self._chunk("Hello")), b"data: " + as_json(self._chunk(" there"))]
         if answer == STREAM_ERROR:
             error = self.shapes.stream_error
-            payload = error.body if error is not None else _openai_error("stream failed", "server_error", 500)
+            payload = error.body if error is not None else openai_error("stream failed", "server_error", 500)
             lines.append(b"data: " + payload)
         elif answer == STREAM_OK:
-            lines.append(b"data: " + _j(self._chunk(None, "stop")))
+            lines.append(b"data: " + as_json(self._chunk(None, "stop")))
             if usage:
                 # The usage chunk asked with stream_options.include_usage: no choices.
                 final = {**self._chunk(None), "choices": [], "usage": dict(FIXTURE_USAGE)}
-                lines.append(b"data: " + _j(final))
+                lines.append(b"data: " + as_json(final))
             lines.append(b"data: [DONE]")
         return b"".join(line + b"\n\n" for line in lines)
 

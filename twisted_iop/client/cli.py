@@ -42,9 +42,9 @@ from twisted_iop.client.cli_base import (
     EXIT_USAGE,
     Console,
     UsageError,
+    add_argument_option,
 )
 from twisted_iop.client.cli_base import ArgumentParser as _ArgumentParser
-from twisted_iop.client.cli_base import argument_pair as _argument_pair
 from twisted_iop.client.cli_base import command_timeout as _command_timeout
 from twisted_iop.client.cli_base import non_negative_int as _non_negative_int
 from twisted_iop.client.cli_base import page_limit as _limit
@@ -168,15 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("edge_id", metavar="ID", help="edge id")
     p.add_argument("name", metavar="NAME", help="command name, e.g. node.drain (see: iopctl commands ID)")
     p.add_argument("--target", default=None, metavar="T", help="the node (or other target) to act on")
-    p.add_argument(
-        "--arg",
-        dest="arguments",
-        action="append",
-        type=_argument_pair,
-        default=[],
-        metavar="KEY=VALUE",
-        help="a command argument (repeatable)",
-    )
+    add_argument_option(p)
     p.add_argument(
         "--timeout", type=_command_timeout, default=None, metavar="S", help="seconds the edge may take (max 300)"
     )

@@ -110,3 +110,16 @@ class Console:
         """A diagnostic line on stderr."""
         self.err.write(f"iopctl: {message}\n")
         self.err.flush()
+
+
+def add_argument_option(parser: argparse.ArgumentParser) -> None:
+    """``--arg KEY=VALUE`` (repeatable): a command's arguments, for ``command`` and ``rollout create``."""
+    parser.add_argument(
+        "--arg",
+        dest="arguments",
+        action="append",
+        type=argument_pair,
+        default=[],
+        metavar="KEY=VALUE",
+        help="a command argument (repeatable)",
+    )

@@ -34,9 +34,8 @@ from typing import Any, Optional
 from twisted.internet.defer import Deferred
 
 from twisted_iop.client import rollout_render
-from twisted_iop.client.cli_base import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Console
+from twisted_iop.client.cli_base import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Console, add_argument_option
 from twisted_iop.client.cli_base import ArgumentParser as _ArgumentParser
-from twisted_iop.client.cli_base import argument_pair as _argument_pair
 from twisted_iop.client.cli_base import command_timeout as _command_timeout
 from twisted_iop.client.cli_base import page_limit as _limit
 from twisted_iop.client.models import to_json
@@ -154,15 +153,7 @@ def add_parser(parser: argparse.ArgumentParser, common: _ArgumentParser) -> None
     where.add_argument(
         "--node-selector", type=_selector, default=None, metavar="SEL", help="act on the nodes these labels match"
     )
-    p.add_argument(
-        "--arg",
-        dest="arguments",
-        action="append",
-        type=_argument_pair,
-        default=[],
-        metavar="KEY=VALUE",
-        help="a command argument (repeatable)",
-    )
+    add_argument_option(p)
     p.add_argument(
         "-l",
         "--selector",

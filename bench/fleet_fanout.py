@@ -160,6 +160,15 @@ class FakeEdge(FramedPeerProtocol):
         #: Set when the hello was accepted.
         self.enrolled = False
 
+    #: The command catalog its hello announces.
+    CATALOG: tuple[pb.CommandSpec, ...] = (
+        pb.CommandSpec(name="edge.diagnostics", description="Versions and counters"),
+    )
+
+    def hello_labels(self) -> dict[str, str]:
+        """The labels its hello announces."""
+        return {"site": "bench", "region": f"r{hash(self.edge_id) % 8}"}
+
     def peer_connected(self) -> None:
         self.fleet.open_connections += 1
         hello = pb.EdgeHelloRequest(
@@ -167,8 +176,8 @@ class FakeEdge(FramedPeerProtocol):
             protocol_major=PROTOCOL_MAJOR,
             protocol_minor=PROTOCOL_MINOR,
             software_version="bench-edge",
-            labels={"site": "bench", "region": f"r{hash(self.edge_id) % 8}"},
-            commands=[pb.CommandSpec(name="edge.diagnostics", description="Versions and counters")],
+            labels=self.hello_labels(),
+            commands=list(self.CATALOG),
         )
         self.request("edge_hello_request", hello, EDGE_SETTINGS.request_timeout_seconds).addCallbacks(
             self._hello_answered, self._hello_failed

@@ -50,7 +50,6 @@ import suite
 from twisted.internet import defer, reactor
 from twisted.internet.task import LoopingCall
 
-from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
 
 PHASES = ("baseline", "singles", "rollout")
@@ -74,22 +73,14 @@ class DrainEdge(suite.BenchEdge):
     """A bench edge (4x2 snapshot, commands answered at once) whose hello also
     announces ``node.drain``, with labels a selector can pick."""
 
-    def peer_connected(self) -> None:
-        self.fleet.open_connections += 1
-        hello = pb.EdgeHelloRequest(
-            edge_id=self.edge_id,
-            protocol_major=PROTOCOL_MAJOR,
-            protocol_minor=PROTOCOL_MINOR,
-            software_version="bench-edge",
-            labels=labels_of(self.edge_id),
-            commands=[
-                pb.CommandSpec(name="node.drain", description="Stop new leases on a node", target_kind="node"),
-                pb.CommandSpec(name="edge.diagnostics", description="Versions and counters"),
-            ],
-        )
-        self.request("edge_hello_request", hello, ff.EDGE_SETTINGS.request_timeout_seconds).addCallbacks(
-            self._hello_answered, self._hello_failed
-        )
+    CATALOG = (
+        pb.CommandSpec(name="node.drain", description="Stop new leases on a node", target_kind="node"),
+        pb.CommandSpec(name="edge.diagnostics", description="Versions and counters"),
+    )
+
+    def hello_labels(self) -> dict[str, str]:
+        """Labels a selector can pick: the site and one of the regions."""
+        return labels_of(self.edge_id)
 
     def envelope_received(self, envelope: pb.Envelope, body: str) -> None:
         if body == "edge_command_request":

@@ -1,0 +1,1 @@
+"""What the Control Plane keeps across restarts (see :mod:`.interface`)."""

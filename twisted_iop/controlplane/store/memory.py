@@ -1,0 +1,136 @@
+"""The ``memory`` store: nothing outlives the process.
+
+Events, operations, edges and rollouts stay where the registry and the
+rollout service keep them anyway (bounded there); this backend only keeps
+the capacity history, in memory, within a byte bound (the oldest chunks
+go first). For tests and throw-away runs; the default is ``sqlite``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from twisted.internet.defer import Deferred, succeed
+
+from twisted_iop.controlplane.event_record import EventRecord
+from twisted_iop.controlplane.operations import OperationRecord
+from twisted_iop.controlplane.store.interface import HistoryChunk, KeptState, StoreHealth
+
+if TYPE_CHECKING:
+    from twisted_iop.controlplane.edge_record import EdgeRecord
+    from twisted_iop.controlplane.rollout_states import Rollout
+
+#: What one kept chunk costs besides its bytes (the object, its key, the dict slot).
+CHUNK_OVERHEAD_BYTES = 200
+#: The history's byte bound when none is given.
+DEFAULT_HISTORY_BYTES = 256 * 1024 * 1024
+
+
+def chunk_bytes(chunk: HistoryChunk) -> int:
+    """Estimated bytes one kept chunk takes."""
+    return CHUNK_OVERHEAD_BYTES + len(chunk.data) + sys.getsizeof(chunk.series)
+
+
+class MemoryHistory:
+    """History chunks in memory by key, bounded in bytes (the chunk that
+    ended first is forgotten first). Used by the memory store, and by the
+    other stores as the test double of their history part."""
+
+    def __init__(self, max_bytes: int = DEFAULT_HISTORY_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._chunks: dict[tuple[str, int], dict[float, HistoryChunk]] = {}
+        self.bytes = 0
+        #: Chunks forgotten for the byte bound.
+        self.evicted = 0
+
+    def __len__(self) -> int:
+        return sum(len(chunks) for chunks in self._chunks.values())
+
+    def write(self, chunk: HistoryChunk) -> None:
+        """Keep ``chunk`` (replacing the one with its key)."""
+        chunks = self._chunks.setdefault((chunk.series, chunk.step), {})
+        old = chunks.get(chunk.start)
+        if old is not None:
+            self.bytes -= chunk_bytes(old)
+        chunks[chunk.start] = chunk
+        self.bytes += chunk_bytes(chunk)
+        if self.bytes > self.max_bytes:
+            self._evict()
+
+    def read(self, series: Sequence[str], step: int, start: float, end: float) -> list[HistoryChunk]:
+        """The chunks of ``series`` at ``step`` overlapping ``[start, end]``."""
+        found: list[HistoryChunk] = []
+        for name in sorted(set(series)):
+            chunks = self._chunks.get((name, step))
+            if not chunks:
+                continue
+            found.extend(chunk for _, chunk in sorted(chunks.items()) if chunk.end >= start and chunk.start <= end)
+        return found
+
+    def expire(self, step: int, before: float) -> None:
+        """Forget the chunks of ``step`` that ended before ``before``."""
+        for (_, chunk_step), chunks in list(self._chunks.items()):
+            if chunk_step != step:
+                continue
+            for key, chunk in list(chunks.items()):
+                if chunk.end < before:
+                    del chunks[key]
+                    self.bytes -= chunk_bytes(chunk)
+
+    def _evict(self) -> None:
+        everything = sorted(
+            (chunk.end, key, start) for key, chunks in self._chunks.items() for start, chunk in chunks.items()
+        )
+        for _, key, start in everything:
+            if self.bytes <= self.max_bytes:
+                break
+            chunk = self._chunks[key].pop(start)
+            self.bytes -= chunk_bytes(chunk)
+            self.evicted += 1
+
+
+class MemoryStore:
+    """A store that keeps nothing across restarts (``store.backend: memory``)."""
+
+    backend = "memory"
+
+    def __init__(self, history_max_bytes: int = DEFAULT_HISTORY_BYTES) -> None:
+        self.history = MemoryHistory(history_max_bytes)
+
+    def open(self) -> Deferred[KeptState]:
+        """Nothing was kept."""
+        return succeed(KeptState())
+
+    def event_kept(self, event: EventRecord) -> None:
+        """Kept by the event log alone."""
+
+    def operation_changed(self, operation: OperationRecord) -> None:
+        """Kept by the edge's operation buffer alone."""
+
+    def edge_changed(self, record: EdgeRecord) -> None:
+        """Kept by the registry alone."""
+
+    def rollout_changed(self, rollout: Rollout) -> None:
+        """Kept by the rollout service alone."""
+
+    def history_write(self, chunk: HistoryChunk) -> None:
+        """Keep ``chunk`` in memory."""
+        self.history.write(chunk)
+
+    def history_read(self, series: Sequence[str], step: int, start: float, end: float) -> Deferred[list[HistoryChunk]]:
+        """The chunks kept in memory."""
+        return succeed(self.history.read(series, step, start, end))
+
+    def history_expire(self, step: int, before: float) -> None:
+        """Forget the old chunks."""
+        self.history.expire(step, before)
+
+    def health(self) -> StoreHealth:
+        """Always writable."""
+        return StoreHealth(backend=self.backend, writable=True)
+
+    def close(self) -> Deferred[None]:
+        """Nothing to write."""
+        return succeed(None)

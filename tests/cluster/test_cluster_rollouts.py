@@ -10,8 +10,8 @@ import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.defer import gatherResults
 
-from twisted_iop.controlplane.cluster.rollout_store import rollout_dict, rollout_from
 from twisted_iop.controlplane.rollout_states import EXECUTION_TERMINAL, ROLLOUT_TERMINAL
+from twisted_iop.controlplane.stored_forms import rollout_dict, rollout_from
 from twisted_iop.testing.cluster import start_replica
 from twisted_iop.testing.harness import ControlPlaneHarness, eventually
 from twisted_iop.testing.peers import ScriptedEdge, connect_edge

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from twisted.internet.defer import CancelledError, Deferred, fail, succeed
 from twisted.internet.task import Clock
 
-from twisted_iop.controlplane.cluster import codec
+from twisted_iop.controlplane import stored_forms as codec
 from twisted_iop.controlplane.cluster.remote import RemotePeer, Router
 from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.operation_states import LateOutcome

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from twisted_iop.controlplane import json_views as views
-from twisted_iop.controlplane.cluster import codec
+from twisted_iop.controlplane import stored_forms as codec
 from twisted_iop.controlplane.event_log import EventBuffer
 from twisted_iop.controlplane.event_record import EVENT_FIELDS, EventRecord, FieldKind
 from twisted_iop.controlplane.live_event import fleet_event_message

@@ -8,7 +8,7 @@ entry in the OpenAPI document):
 
 * the JSON view (``json_views.event_json``),
 * the kept form in the event buffers (``memory.kept_form``),
-* the cluster codec (``cluster.codec.event_text`` / ``event_from``),
+* the stored form (SQLite, Redis) (``stored_forms.event_text`` / ``event_from``),
 * the ``/client`` frame (``live_event.fleet_event_message``: every
   field ``FleetEvent`` has; a time ``x`` travels as ``x_ms``).
 

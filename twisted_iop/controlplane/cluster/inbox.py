@@ -28,7 +28,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
 
-from twisted_iop.controlplane.cluster import codec
+from twisted_iop.controlplane import stored_forms as codec
 from twisted_iop.controlplane.cluster.journal import Journal
 from twisted_iop.controlplane.cluster.keys import Keys
 from twisted_iop.controlplane.cluster.remote import DISCONNECTED, ERROR, INBOX_LENGTH, TIMEOUT, Router, inbox_entry

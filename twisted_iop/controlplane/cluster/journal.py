@@ -33,7 +33,8 @@ from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from twisted_iop.controlplane.cluster import codec, scripts
+from twisted_iop.controlplane import stored_forms as codec
+from twisted_iop.controlplane.cluster import scripts
 from twisted_iop.controlplane.cluster.keys import Keys
 from twisted_iop.controlplane.cluster.mirror import ClusterMirror
 from twisted_iop.controlplane.cluster.settings import ClusterConfig

@@ -1,10 +1,9 @@
 """Rollouts in cluster mode: each rollout's whole state in Redis, and one
 runner per rollout, fenced by a lease with an epoch.
 
-* **The codec** (:func:`rollout_dict`, :func:`rollout_from`): a
-  :class:`~twisted_iop.controlplane.rollout_states.Rollout` as plain JSON
-  values and back (executions as compact lists); bounded by
-  :data:`MAX_STATE_BYTES`.
+* **The stored form** (:func:`~twisted_iop.controlplane.stored_forms.rollout_dict`,
+  ``rollout_from``, shared with the SQLite store), bounded by
+  :data:`~twisted_iop.controlplane.stored_forms.MAX_STATE_BYTES`.
 * **The keys**: ``<prefix>:rollouts`` (sorted set of rollout ids by
   creation time), ``<prefix>:rollout:<id>`` (hash: ``state`` JSON,
   ``version``, ``settled``), ``<prefix>:rollout_lease:<id>`` (the runner's
@@ -42,6 +41,7 @@ from twisted.python.failure import Failure
 from twisted_iop.controlplane import rollout_states as rs
 from twisted_iop.controlplane.cluster.scripts import Script
 from twisted_iop.controlplane.cluster.store import RedisLink
+from twisted_iop.controlplane.stored_forms import MAX_STATE_BYTES, rollout_dict, rollout_from
 
 if TYPE_CHECKING:
     from twisted_iop.controlplane.cluster.replica import ClusterReplica
@@ -66,94 +66,8 @@ class RolloutService(Protocol):
         """Stop running ``rollout_id`` here (its lease was lost)."""
 
 
-#: A rollout's stored state at most (20,000 targets take about 2 MiB).
-MAX_STATE_BYTES = 16 * 1024 * 1024
 #: The moves a replica that does not run a rollout hands to its runner.
 MOVES = ("pause", "resume", "cancel")
-
-# -- the codec -----------------------------------------------------------------------
-
-_EXECUTION = ("edge_id", "state", "operation_ids", "reason", "started_at", "finished_at", "waiting_since")
-
-
-def rollout_dict(rollout: rs.Rollout) -> dict[str, Any]:
-    """``rollout`` as JSON values (its notices are not kept: they were recorded)."""
-    return {
-        "rollout_id": rollout.rollout_id,
-        "command": attrs.asdict(rollout.command),
-        "selector": rollout.selector,
-        "strategy": attrs.asdict(rollout.strategy),
-        "abort": attrs.asdict(rollout.abort),
-        "timeout_seconds": rollout.timeout_seconds,
-        "disconnected": rollout.disconnected,
-        "wait_seconds": rollout.wait_seconds,
-        "created_at": rollout.created_at,
-        "targets": rollout.targets,
-        "idempotency_key": rollout.idempotency_key,
-        "requested_by": rollout.requested_by,
-        "state": rollout.state,
-        "reason": rollout.reason,
-        "started_at": rollout.started_at,
-        "finished_at": rollout.finished_at,
-        "executions": [[getattr(e, name) for name in _EXECUTION] for e in rollout.executions.values()],
-        "counts": rollout.counts,
-        "batch": [rollout.batch_number, rollout.batch_start, rollout.batch_end],
-        "open": list(rollout.open),
-        "unfinished": rollout.unfinished,
-        "next_batch_at": rollout.next_batch_at,
-    }
-
-
-def rollout_from(value: Any) -> rs.Rollout:
-    """The rollout :func:`rollout_dict` made; raises ValueError when ``value`` is not one."""
-    try:
-        executions = {}
-        for row in value["executions"]:
-            fields = dict(zip(_EXECUTION, row, strict=True))
-            if fields["state"] not in rs.EXECUTION_STATES:
-                raise ValueError(f"bad execution state {fields['state']!r}")
-            executions[str(fields["edge_id"])] = rs.Execution(**fields)
-        counts = {state: int(value["counts"][state]) for state in rs.EXECUTION_STATES}
-        if value["state"] not in rs.ROLLOUT_STATES:
-            raise ValueError(f"bad rollout state {value['state']!r}")
-        command = value["command"]
-        rollout = rs.Rollout(
-            rollout_id=str(value["rollout_id"]),
-            command=rs.RolloutCommand(
-                name=str(command["name"]),
-                target=str(command["target"]),
-                node_selector=str(command["node_selector"]),
-                arguments={str(k): str(v) for k, v in command["arguments"].items()},
-            ),
-            selector=str(value["selector"]),
-            strategy=rs.Strategy(**value["strategy"]),
-            abort=rs.AbortCriteria(**value["abort"]),
-            timeout_seconds=float(value["timeout_seconds"]),
-            disconnected=str(value["disconnected"]),
-            wait_seconds=float(value["wait_seconds"]),
-            created_at=float(value["created_at"]),
-            targets=[str(t) for t in value["targets"]],
-            idempotency_key=str(value["idempotency_key"]),
-            requested_by=str(value["requested_by"]),
-            state=str(value["state"]),
-            reason=value["reason"],
-            started_at=value["started_at"],
-            finished_at=value["finished_at"],
-            executions=executions,
-            counts=counts,
-            batch_number=int(value["batch"][0]),
-            batch_start=int(value["batch"][1]),
-            batch_end=int(value["batch"][2]),
-            open=dict.fromkeys(str(e) for e in value["open"]),
-            unfinished=int(value["unfinished"]),
-            next_batch_at=value["next_batch_at"],
-        )
-    except (KeyError, TypeError, IndexError, AttributeError) as e:
-        raise ValueError(f"not a stored rollout: {e!r}") from e
-    if set(rollout.executions) != set(rollout.targets):
-        raise ValueError("a stored rollout's executions are not its targets")
-    rollout.take_notices()  # "rollout.created" was recorded when it was
-    return rollout
 
 
 # -- the scripts --------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from twisted_iop.controlplane.cluster import codec
+from twisted_iop.controlplane import stored_forms as codec
 from twisted_iop.controlplane.cluster.journal import Journal, gather
 from twisted_iop.controlplane.cluster.keys import Keys, id_number, pairs
 from twisted_iop.controlplane.cluster.mirror import ClusterMirror

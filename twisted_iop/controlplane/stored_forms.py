@@ -1,9 +1,12 @@
-"""What replicas write to Redis and read back: JSON shapes, checked on the way in.
+"""What a store keeps and reads back: the JSON shapes of hellos, events,
+operations and rollouts, checked on the way in.
 
-Redis is shared by every replica, so what is read from it is checked like
-anything read from a wire: a value of the wrong type raises
-:class:`BadRecord`, and the reader skips that entry (counted and logged)
-instead of failing.
+Both stores that outlive the process write these forms: the SQLite file
+(``store/sqlite*.py``) and, in cluster mode, Redis, which every replica
+shares. What is read back is checked like anything read from a wire: a
+value of the wrong type raises :class:`BadRecord` (or ``ValueError`` for a
+rollout), and the reader skips that entry (counted and logged) instead of
+failing.
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ import json
 from collections.abc import Mapping
 from typing import Any, Optional
 
+import attrs
+
+from twisted_iop.controlplane import rollout_states as rs
 from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.event_record import EVENT_FIELDS, EventRecord, FieldKind
 from twisted_iop.controlplane.operation_states import LateOutcome
@@ -235,3 +241,91 @@ def operation_from(data: Mapping[str, Any]) -> OperationRecord:
         requested_by=_str(data, "requested_by", ""),
         replica=_str(data, "replica", ""),
     )
+
+
+# -- rollouts ------------------------------------------------------------------------
+
+#: A rollout's stored state at most (20,000 targets take about 2 MiB).
+MAX_STATE_BYTES = 16 * 1024 * 1024
+
+_EXECUTION = ("edge_id", "state", "operation_ids", "reason", "started_at", "finished_at", "waiting_since")
+
+
+def rollout_dict(rollout: rs.Rollout) -> dict[str, Any]:
+    """``rollout`` as JSON values (its notices are not kept: they were recorded)."""
+    return {
+        "rollout_id": rollout.rollout_id,
+        "command": attrs.asdict(rollout.command),
+        "selector": rollout.selector,
+        "strategy": attrs.asdict(rollout.strategy),
+        "abort": attrs.asdict(rollout.abort),
+        "timeout_seconds": rollout.timeout_seconds,
+        "disconnected": rollout.disconnected,
+        "wait_seconds": rollout.wait_seconds,
+        "created_at": rollout.created_at,
+        "targets": rollout.targets,
+        "idempotency_key": rollout.idempotency_key,
+        "requested_by": rollout.requested_by,
+        "state": rollout.state,
+        "reason": rollout.reason,
+        "started_at": rollout.started_at,
+        "finished_at": rollout.finished_at,
+        "executions": [[getattr(e, name) for name in _EXECUTION] for e in rollout.executions.values()],
+        "counts": rollout.counts,
+        "batch": [rollout.batch_number, rollout.batch_start, rollout.batch_end],
+        "open": list(rollout.open),
+        "unfinished": rollout.unfinished,
+        "next_batch_at": rollout.next_batch_at,
+    }
+
+
+def rollout_from(value: Any) -> rs.Rollout:
+    """The rollout :func:`rollout_dict` made; raises ValueError when ``value`` is not one."""
+    try:
+        executions = {}
+        for row in value["executions"]:
+            fields = dict(zip(_EXECUTION, row, strict=True))
+            if fields["state"] not in rs.EXECUTION_STATES:
+                raise ValueError(f"bad execution state {fields['state']!r}")
+            executions[str(fields["edge_id"])] = rs.Execution(**fields)
+        counts = {state: int(value["counts"][state]) for state in rs.EXECUTION_STATES}
+        if value["state"] not in rs.ROLLOUT_STATES:
+            raise ValueError(f"bad rollout state {value['state']!r}")
+        command = value["command"]
+        rollout = rs.Rollout(
+            rollout_id=str(value["rollout_id"]),
+            command=rs.RolloutCommand(
+                name=str(command["name"]),
+                target=str(command["target"]),
+                node_selector=str(command["node_selector"]),
+                arguments={str(k): str(v) for k, v in command["arguments"].items()},
+            ),
+            selector=str(value["selector"]),
+            strategy=rs.Strategy(**value["strategy"]),
+            abort=rs.AbortCriteria(**value["abort"]),
+            timeout_seconds=float(value["timeout_seconds"]),
+            disconnected=str(value["disconnected"]),
+            wait_seconds=float(value["wait_seconds"]),
+            created_at=float(value["created_at"]),
+            targets=[str(t) for t in value["targets"]],
+            idempotency_key=str(value["idempotency_key"]),
+            requested_by=str(value["requested_by"]),
+            state=str(value["state"]),
+            reason=value["reason"],
+            started_at=value["started_at"],
+            finished_at=value["finished_at"],
+            executions=executions,
+            counts=counts,
+            batch_number=int(value["batch"][0]),
+            batch_start=int(value["batch"][1]),
+            batch_end=int(value["batch"][2]),
+            open=dict.fromkeys(str(e) for e in value["open"]),
+            unfinished=int(value["unfinished"]),
+            next_batch_at=value["next_batch_at"],
+        )
+    except (KeyError, TypeError, IndexError, AttributeError) as e:
+        raise ValueError(f"not a stored rollout: {e!r}") from e
+    if set(rollout.executions) != set(rollout.targets):
+        raise ValueError("a stored rollout's executions are not its targets")
+    rollout.take_notices()  # "rollout.created" was recorded when it was
+    return rollout

@@ -180,7 +180,8 @@ def test_endpoint_forms() -> None:
 
 
 def test_make_service_listens_where_configured(monkeypatch: pytest.MonkeyPatch) -> None:
-    """makeService composes registry first, then three listeners on the configured ports."""
+    """makeService composes the store and the registry first, then three listeners on the configured ports."""
+    monkeypatch.setenv("IOP_STORE_BACKEND", "memory")
     monkeypatch.setenv("IOP_EDGE_WIRE_LISTEN", "tcp:17443:interface=127.0.0.1")
     monkeypatch.setenv("IOP_HTTP_LISTEN", "tcp:18080:interface=127.0.0.1")
     monkeypatch.delenv("IOP_WIRE_LISTEN", raising=False)
@@ -189,7 +190,7 @@ def test_make_service_listens_where_configured(monkeypatch: pytest.MonkeyPatch) 
     options.parseOptions([])
     reactor = MemoryReactor()
     service = tap.makeService(options, reactor=reactor)
-    assert next(s.name for s in service) == "registry"
+    assert [s.name for s in service][:2] == ["store", "registry"]
     service.privilegedStartService()
     service.startService()
     ports = sorted((port, interface) for port, _, _, interface in reactor.tcpServers)

@@ -27,7 +27,7 @@ async def test_edge_enrolls_over_tls(tmp_path: Path) -> None:
     """With edge_wire.listen on ssl:, an Edge that trusts the certificate enrolls over TLS."""
     key, cert = self_signed(tmp_path)
     config = attrs.evolve(
-        config_from_text(""),
+        config_from_text("store: {backend: memory}"),
         http_listen="tcp:0:interface=127.0.0.1",
         wire_listen="tcp:0:interface=127.0.0.1",
         edge_wire_listen=f"ssl:0:interface=127.0.0.1:privateKey={key}:certKey={cert}",
@@ -66,7 +66,7 @@ def test_missing_certificate_is_a_config_error(tmp_path: Path) -> None:
 async def _tls_control_plane(tmp_path: Path, hello: float, handshake: float) -> tuple[ControlPlaneHarness, Path]:
     """A Control Plane with its edge wire on ssl: and the given deadlines."""
     key, cert = self_signed(tmp_path)
-    base = config_from_text("")
+    base = config_from_text("store: {backend: memory}")
     config = attrs.evolve(
         base,
         http_listen="tcp:0:interface=127.0.0.1",

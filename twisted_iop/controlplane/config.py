@@ -39,6 +39,7 @@ from twisted_iop.controlplane.hello_admission import HelloAdmissionSettings
 from twisted_iop.controlplane.http_settings import HttpSettings
 from twisted_iop.controlplane.memory import RegistryLimits
 from twisted_iop.controlplane.rollouts import RolloutSettings
+from twisted_iop.controlplane.store.settings import StoreSettings, parse_store
 from twisted_iop.endpoints import is_loopback_listen, is_tls_listen
 from twisted_iop.http_site import SiteLimits
 from twisted_iop.ids import id_problem
@@ -97,6 +98,8 @@ class ControlPlaneConfig:
     rollouts: RolloutSettings = RolloutSettings()
     #: How log lines are written (``logging.format``: text or json).
     logging: LoggingConfig = LoggingConfig()
+    #: What outlives the process (``store``): sqlite by default.
+    store: StoreSettings = attrs.field(factory=StoreSettings)
 
 
 def load_config(path: Optional[str], environ: Mapping[str, str] = os.environ) -> ControlPlaneConfig:
@@ -116,7 +119,18 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
     """Build the config from parsed YAML plus environment overrides."""
     root = Section(data, "")
     root.reject_unknown(
-        {"http", "client_wire", "edge_wire", "registry", "status", "shutdown", "cluster", "rollouts", "logging"}
+        {
+            "http",
+            "client_wire",
+            "edge_wire",
+            "registry",
+            "status",
+            "shutdown",
+            "cluster",
+            "rollouts",
+            "logging",
+            "store",
+        }
     )
     notices: list[str] = []
     http = root.section("http")
@@ -264,6 +278,7 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
             "disconnected_bytes", DEFAULT_LIMITS.disconnected_bytes, minimum=0, maximum=MAX_BUDGET_BYTES
         ),
     )
+    cluster = parse_cluster(root.section("cluster"), environ)
     return ControlPlaneConfig(
         http_listen=http_listen,
         wire_listen=wire_listen,
@@ -282,9 +297,10 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
         notices=tuple(notices),
         fleet_max_age_seconds=status.number("fleet_max_age_seconds", 1.0, minimum=0.0, exclusive_minimum=False),
         shutdown=parse_shutdown(root.section("shutdown")),
-        cluster=parse_cluster(root.section("cluster"), environ),
+        cluster=cluster,
         rollouts=parse_rollouts(root.section("rollouts")),
         logging=parse_logging(root.section("logging")),
+        store=parse_store(root.section("store"), environ, cluster.backend),
     )
 
 

@@ -161,6 +161,14 @@ class EdgeEvents(EventBuffer):
         self.violation_logged_token: Optional[int] = None
 
 
+class EventSink(Protocol):
+    """Where every numbered event goes besides the buffers: the store
+    (:class:`~twisted_iop.controlplane.store.interface.Store`)."""
+
+    def event_kept(self, event: EventRecord, size: int) -> None:
+        """An event was numbered and kept; ``size`` is its estimated bytes."""
+
+
 class EventJournal(Protocol):
     """Where the log sends events in cluster mode: the shared store numbers
     them, and they come back to every replica through :meth:`EventLog.apply`."""
@@ -252,6 +260,8 @@ class EventLog:
         self._listeners: list[EventListener] = []
         #: Cluster mode: the shared store that numbers and keeps the events.
         self.journal: Optional[EventJournal] = None
+        #: The store that keeps every numbered event across restarts (None: none).
+        self.sink: Optional[EventSink] = None
 
     def edge_buffer(self) -> EdgeEvents:
         """A new edge's event buffer, at the limits."""
@@ -312,7 +322,11 @@ class EventLog:
         kept = kept_form(event)
         events.append_kept(kept, event.sequence)
         self.fleet.append_kept(kept, event.fleet_sequence)
-        self._notify(event, kept[KEPT_SIZE_INDEX])
+        size = kept[KEPT_SIZE_INDEX]
+        sink = self.sink
+        if sink is not None:
+            sink.event_kept(event, size)
+        self._notify(event, size)
 
     def relayed(self, edge_id: str, events: EdgeEvents, token: int, event: pb.EdgeEvent) -> Optional[EventRecord]:
         """Record an event an edge relayed on its current connection ``token``

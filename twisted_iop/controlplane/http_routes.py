@@ -46,6 +46,7 @@ from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.controlplane.request_errors import SHUTTING_DOWN_REASON
 from twisted_iop.controlplane.rollout_routes import add_rollout_routes
 from twisted_iop.controlplane.rollouts import RolloutService
+from twisted_iop.controlplane.store.interface import StoreHealth
 from twisted_iop.http_site import WRITE_METHODS, Refusal
 from twisted_iop.ids import id_problem
 from twisted_iop.metrics import render as render_metrics
@@ -94,6 +95,28 @@ class ListenerReadiness:
     def ready(self) -> bool:
         """Whether there are listeners, every one is bound, and no stop has begun."""
         return not self.stopping and bool(self._listeners) and all(l.is_bound for l in self._listeners)
+
+
+class StoreHealthSource(Protocol):
+    """What readiness asks of the store."""
+
+    def health(self) -> StoreHealth:
+        """How the store is doing now."""
+
+
+def store_json(health: StoreHealth) -> dict[str, Any]:
+    """The store's part of ``GET /readyz`` (no path: where files live is the host's business)."""
+    age = health.last_commit_age
+    return {
+        "backend": health.backend,
+        "writable": health.writable,
+        "error": health.error,
+        "pending": health.pending,
+        "pending_bytes": health.pending_bytes,
+        "dropped": health.dropped,
+        "last_commit_age_seconds": None if age is None else round(age, 3),
+        "file_bytes": health.file_bytes,
+    }
 
 
 def _arg(request: IRequest, name: str) -> Optional[str]:
@@ -154,8 +177,11 @@ class ControlPlaneHttp:
         metrics: Optional[CollectorRegistry] = None,
         cluster: Optional[ClusterReplica] = None,
         rollouts: Optional[RolloutService] = None,
+        store: Optional[StoreHealthSource] = None,
     ) -> None:
         self._cluster = cluster
+        #: What keeps the fleet's history across restarts (its health is part of readiness).
+        self._store = store
         #: The rollouts (``rollout_routes.py`` puts their routes on this app).
         self._rollouts = rollouts if rollouts is not None else RolloutService(registry, gateway, clock)
         self._registry = registry
@@ -292,6 +318,11 @@ class ControlPlaneHttp:
                 "available": available,
                 "loaded": self._cluster.loaded,
             }
+        if self._store is not None:
+            health = self._store.health()
+            ready = ready and health.writable
+            body["ready"] = ready
+            body["store"] = store_json(health)
         return json_body(request, 200 if ready else 503, body)
 
     @app.route("/metrics", methods=["GET"])

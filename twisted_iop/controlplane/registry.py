@@ -74,6 +74,21 @@ class ConnectionObserver(Protocol):
         """Another replica changed ``operation`` (cluster mode: the mirror applied it)."""
 
 
+class KeptChanges(Protocol):
+    """Where the registry reports what should outlive the process: the
+    store (:class:`~twisted_iop.controlplane.store.interface.Store`), which
+    also takes every numbered event from the event log."""
+
+    def event_kept(self, event: EventRecord, size: int) -> None:
+        """An event was numbered and kept."""
+
+    def operation_changed(self, operation: OperationRecord) -> None:
+        """An operation was created or changed."""
+
+    def edge_changed(self, record: EdgeRecord) -> None:
+        """An edge enrolled, or its connection ended."""
+
+
 class Journal(EventJournal, Protocol):
     """Where a registry in cluster mode sends its changes (the shared store).
 
@@ -120,6 +135,17 @@ class EdgeRegistry(Service):
         #: One copy of each value many edges repeat (labels, hellos, counts).
         self.shared = SharedTables()
         self._operation_limits = (limits.operations_per_edge, limits.operation_bytes_per_edge)
+        self._store: Optional[KeptChanges] = None
+
+    @property
+    def store(self) -> Optional[KeptChanges]:
+        """The store that keeps events, operations and edges across restarts."""
+        return self._store
+
+    @store.setter
+    def store(self, store: Optional[KeptChanges]) -> None:
+        self._store = store
+        self.event_log.sink = store
 
     @property
     def journal(self) -> Optional[Journal]:
@@ -198,6 +224,8 @@ class EdgeRegistry(Service):
             # The store records edge.superseded / edge.connected: it alone
             # knows whether another replica held the edge.
             journal.claimed(edge_id, token, record.hello, now)
+        if self._store is not None:
+            self._store.edge_changed(record)
         return token
 
     def take_connection(
@@ -263,6 +291,8 @@ class EdgeRegistry(Service):
         # and argument names, without descriptions.
         record.hello = attrs.evolve(record.hello, commands=bounds.compact_catalog(record.hello.commands))
         self.keep_disconnected(record)
+        if self._store is not None:
+            self._store.edge_changed(record)
 
     def keep_disconnected(self, record: EdgeRecord) -> None:
         """Count a disconnected edge against the bounds (forgetting the
@@ -447,6 +477,8 @@ class EdgeRegistry(Service):
         if not operation.note_late_outcome(LateOutcome(state, reason, bounds.clip_result(result), now)):
             return False
         self._edges[edge_id].operations.operation_changed(operation)
+        if self._store is not None:
+            self._store.operation_changed(operation)
         self.record(
             edge_id,
             "operation.late_outcome",
@@ -475,6 +507,8 @@ class EdgeRegistry(Service):
         return operation.target if targets_node else ""
 
     def _operation_event(self, operation: OperationRecord) -> None:
+        if self._store is not None:
+            self._store.operation_changed(operation)
         self.record(
             operation.edge_id,
             "operation." + operation.state,

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 import attrs
 from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
@@ -47,6 +47,7 @@ from twisted.python.failure import Failure
 from twisted_iop.controlplane import rollout_states as rs
 from twisted_iop.controlplane.command_dispatch import IdempotencyConflict, UnknownCommand
 from twisted_iop.controlplane.edge_record import EdgeNotConnected, UnknownEdge
+from twisted_iop.controlplane.event_log import EdgeEvents
 from twisted_iop.controlplane.gateway import EdgeGateway
 from twisted_iop.controlplane.operation_states import SUCCEEDED, TIMED_OUT
 from twisted_iop.controlplane.operations import OperationRecord
@@ -120,6 +121,13 @@ class DispatchPace:
         return now + max(0.0, 1.0 - self._tokens) / self._rate + 0.001
 
 
+class RolloutSink(Protocol):
+    """Where rollouts are kept across restarts (the store)."""
+
+    def rollout_changed(self, rollout: rs.Rollout) -> None:
+        """``rollout`` was created or changed."""
+
+
 class UnknownRollout(Exception):
     """No rollout with that id is kept."""
 
@@ -163,6 +171,7 @@ class RolloutService:
         new_id: Callable[[], str] = lambda: uuid.uuid4().hex,
         cluster: Optional[ClusterRollouts] = None,
         replica: Optional[ClusterReplica] = None,
+        store: Optional[RolloutSink] = None,
     ) -> None:
         self._registry = registry
         self._gateway = gateway
@@ -189,6 +198,8 @@ class RolloutService:
         self._replica = replica
         if cluster is not None:
             cluster.attach(self)
+        #: The store that keeps rollouts across restarts (single process).
+        self._store = store
 
     # -- views -------------------------------------------------------------------------
 
@@ -348,6 +359,18 @@ class RolloutService:
                 self._dispatch(rollout, edge_id)
         self._changed(rollout)
 
+    @property
+    def event_buffer(self) -> EdgeEvents:
+        """The ``rollout.*`` events' own buffer."""
+        return self._events
+
+    def restore(self, rollout: rs.Rollout) -> None:
+        """A rollout an earlier process kept: shown again and, unless it had
+        settled, run on from where it was (its in-flight executions are
+        dispatched again under their idempotency keys, which replay the
+        operations kept with them)."""
+        self.adopt(rollout)
+
     def let_go(self, rollout_id: str) -> None:
         """This replica no longer holds the lease: stop stepping it (it is mirrored from now on)."""
         self._active.pop(rollout_id, None)
@@ -391,6 +414,8 @@ class RolloutService:
         self._record_notices(rollout)
         if self._cluster is not None:
             self._cluster.changed(rollout)
+        if self._store is not None:
+            self._store.rollout_changed(rollout)
         if rollout.settled:
             self._active.pop(rollout.rollout_id, None)
             self._node_selectors.pop(rollout.rollout_id, None)

@@ -22,6 +22,9 @@ from twisted_iop.controlplane.metrics import control_plane_metric_registry
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.controlplane.request_errors import SHUTTING_DOWN_REASON
 from twisted_iop.controlplane.rollouts import RolloutService
+from twisted_iop.controlplane.store.backends import make_store
+from twisted_iop.controlplane.store.interface import StoreError
+from twisted_iop.controlplane.store.restore import restore
 from twisted_iop.daemon import CLOSE_WAIT_SECONDS, DaemonOptions, DaemonService, compose, wait_until
 from twisted_iop.http_site import GuardedSite
 
@@ -108,11 +111,18 @@ class ControlPlaneService(DaemonService):
     daemon_name = "iop-control-plane"
     #: Set by makeService: tune the garbage collector for a long-lived daemon.
     tune_gc = False
+    #: Whether the store was opened (and what it kept restored).
+    store_opened = False
 
     def __init__(self, config: ControlPlaneConfig, reactor: Any) -> None:
         super().__init__(reactor, config.shutdown.grace_seconds)
         self.config = config
+        #: What outlives the process (first: it starts first and stops last,
+        #: after everything it is told has been recorded).
+        self.store = make_store(config.store, reactor)
+        self.add_state(self.store)
         self.registry = EdgeRegistry(reactor, config.registry)
+        self.registry.store = self.store
         self.add_state(self.registry)
         self.gateway = EdgeGateway(self.registry, reactor, config.status_timeout_seconds, config.fleet_max_age_seconds)
         #: Cluster mode: this replica's link to the shared fleet (None: memory).
@@ -123,7 +133,13 @@ class ControlPlaneService(DaemonService):
         self.readiness = ListenerReadiness(self.listeners)
         rollout_link = None if self.cluster is None else ClusterRollouts.of(self.cluster, config.rollouts.max_kept)
         self.rollouts = RolloutService(
-            self.registry, self.gateway, reactor, config.rollouts, cluster=rollout_link, replica=self.cluster
+            self.registry,
+            self.gateway,
+            reactor,
+            config.rollouts,
+            cluster=rollout_link,
+            replica=self.cluster,
+            store=self.store,
         )
         self.http = ControlPlaneHttp(
             self.registry,
@@ -134,6 +150,7 @@ class ControlPlaneService(DaemonService):
             metrics=control_plane_metric_registry(self),
             cluster=self.cluster,
             rollouts=self.rollouts,
+            store=self.store,
         )
         self.edge_factory = EdgeWireFactory(
             self.registry,
@@ -159,9 +176,36 @@ class ControlPlaneService(DaemonService):
         """Listeners reachable from other machines without authentication."""
         return unauthenticated_exposures(self.config)
 
+    def privilegedStartService(self) -> None:
+        """Read back what the store kept (before anything listens), then bind."""
+        self.open_store()
+        super().privilegedStartService()
+
+    def open_store(self) -> None:
+        """Open the store and put back what it kept (once); a store that
+        cannot be opened ends start-up with one line under twistd."""
+        if self.store_opened:
+            return
+        self.store_opened = True
+        try:
+            kept = self.store.open()
+        except StoreError as e:
+            if not self.exit_on_bind_failure:
+                raise
+            self._log.error("start-up failed: {error}", error=str(e))
+            raise SystemExit(f"{self.daemon_name}: {e}") from None
+        if not kept.empty:
+            restored = restore(kept, self.registry, self.gateway, self.rollouts)
+            self._log.info(
+                "restored from the store: {edges} edges (disconnected until they dial in), {events} events, "
+                "{operations} operations ({operations_ended} ended: in flight at the restart), {rollouts} rollouts",
+                **restored,
+            )
+
     def startService(self) -> None:
         if self.tune_gc:
             tune_garbage_collector()
+        self.open_store()
         super().startService()
         self.rollouts.start()
 

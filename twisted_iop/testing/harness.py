@@ -34,6 +34,7 @@ from twisted_iop.controlplane.config import config_from_text
 from twisted_iop.controlplane.gateway import EdgeGateway
 from twisted_iop.controlplane.http_routes import ControlPlaneHttp, ListenerReadiness
 from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.store.settings import MEMORY, SQLITE
 from twisted_iop.controlplane.tap import ControlPlaneService
 from twisted_iop.edge.tap import EdgeService
 from twisted_iop.edge.tap import Options as EdgeOptions
@@ -137,9 +138,12 @@ async def start_control_plane(
 
     ``config_text`` is extra control-plane.yaml; the listen addresses here
     win over it. ``edge_wire_listen`` replaces the edge wire's endpoint
-    (for example an ``ssl:`` one).
+    (for example an ``ssl:`` one). Unless it has a ``store`` section, the
+    store is ``memory`` (tests in one process leave no file behind).
     """
     config = config_from_text(config_text)
+    if "store:" not in config_text and config.store.backend == SQLITE:
+        config = attrs.evolve(config, store=attrs.evolve(config.store, backend=MEMORY))
     config = attrs.evolve(
         config,
         http_listen=loopback_listen(http_port),

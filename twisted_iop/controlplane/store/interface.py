@@ -15,8 +15,9 @@ of them knows which backend it has:
   already keeps events, operations and rollouts in Redis; this backend
   keeps the capacity history there too.
 
-Every write method is called on the reactor thread and must return at
-once: a backend queues the change (coalesced: the newest state of an
+Every store is also a ``twisted.application.service.Service``: started
+after :meth:`Store.open`, and its stop writes what is queued. Every write
+method is called on the reactor thread and must return at once: a backend queues the change (coalesced: the newest state of an
 operation, an edge or a rollout replaces a queued older one) and writes it
 later, off the reactor.
 """
@@ -148,12 +149,13 @@ class Store(HistoryStore, Protocol):
     #: ``memory``, ``sqlite`` or ``redis``.
     backend: str
 
-    def open(self) -> Deferred[KeptState]:
+    def open(self) -> KeptState:
         """Open the store (making it if new) and read back what was kept;
-        fails with :class:`StoreError`."""
+        raises :class:`StoreError`. Called once, before anything listens
+        (start-up waits for it: a store that is read is a store that is whole)."""
 
-    def event_kept(self, event: EventRecord) -> None:
-        """An event was recorded (numbered)."""
+    def event_kept(self, event: EventRecord, size: int) -> None:
+        """An event was recorded (numbered); ``size`` is its estimated bytes in memory."""
 
     def operation_changed(self, operation: OperationRecord) -> None:
         """An operation was created or changed (its whole current state is kept)."""

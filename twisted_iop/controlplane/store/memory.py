@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from twisted.application.service import Service
 from twisted.internet.defer import Deferred, succeed
 
 from twisted_iop.controlplane.event_record import EventRecord
@@ -91,19 +92,20 @@ class MemoryHistory:
             self.evicted += 1
 
 
-class MemoryStore:
+class MemoryStore(Service):
     """A store that keeps nothing across restarts (``store.backend: memory``)."""
 
     backend = "memory"
+    name = "store"
 
     def __init__(self, history_max_bytes: int = DEFAULT_HISTORY_BYTES) -> None:
         self.history = MemoryHistory(history_max_bytes)
 
-    def open(self) -> Deferred[KeptState]:
+    def open(self) -> KeptState:
         """Nothing was kept."""
-        return succeed(KeptState())
+        return KeptState()
 
-    def event_kept(self, event: EventRecord) -> None:
+    def event_kept(self, event: EventRecord, size: int) -> None:
         """Kept by the event log alone."""
 
     def operation_changed(self, operation: OperationRecord) -> None:

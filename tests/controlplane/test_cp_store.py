@@ -1,0 +1,412 @@
+"""The store: one contract for every backend, the SQLite file's round trip,
+its bounds and versions, and a Control Plane restarted on its file."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_twisted
+from twisted.internet import reactor
+from twisted.internet.defer import ensureDeferred, maybeDeferred
+
+from twisted_iop.controlplane.edge_hello import EdgeHello
+from twisted_iop.controlplane.event_record import EventRecord
+from twisted_iop.controlplane.memory import RegistryLimits
+from twisted_iop.controlplane.operations import OperationRecord
+from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.store import sqlite_schema
+from twisted_iop.controlplane.store.interface import HistoryChunk, StoreError
+from twisted_iop.controlplane.store.memory import MemoryStore
+from twisted_iop.controlplane.store.settings import Retention, StoreSettings
+from twisted_iop.controlplane.store.sqlite import SqliteStore
+from twisted_iop.controlplane.store.sqlite_writer import Batch, SqliteWriter
+from twisted_iop.testing.harness import eventually, start_control_plane
+from twisted_iop.testing.peers import HeldEdgePeer, connect_edge
+
+HELLO = EdgeHello(labels={"site": "lab"}, software_version="1.0", protocol_version="1.0", commands=())
+
+
+def sqlite_settings(path: Path, **overrides: Any) -> StoreSettings:
+    """A SQLite store in ``path`` flushing quickly."""
+    values: dict[str, Any] = {"backend": "sqlite", "path": str(path / "cp.sqlite"), "flush_interval_seconds": 0.02}
+    values.update(overrides)
+    return StoreSettings(**values)
+
+
+@pytest_twisted.async_yield_fixture(params=["memory", "sqlite"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
+    """Each backend a single process can have, opened."""
+    if request.param == "memory":
+        opened: Any = MemoryStore()
+    else:
+        opened = SqliteStore(sqlite_settings(tmp_path), reactor)
+    opened.open()
+    opened.startService()
+    yield opened
+    await maybeDeferred(opened.stopService)
+
+
+# -- the history contract, every backend ----------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_history_chunks_read_back_by_range_and_replaced_by_key(store: Any) -> None:
+    """A chunk is read back when it overlaps the range; a second write of its key replaces it."""
+    store.history_write(HistoryChunk("fleet", 15, 100.0, 200.0, b"first"))
+    store.history_write(HistoryChunk("fleet", 15, 300.0, 400.0, b"second"))
+    store.history_write(HistoryChunk("edge:a", 15, 100.0, 200.0, b"other series"))
+    store.history_write(HistoryChunk("fleet", 60, 100.0, 200.0, b"other tier"))
+    store.history_write(HistoryChunk("fleet", 15, 100.0, 250.0, b"first, grown"))
+    chunks = await store.history_read(["fleet"], 15, 150.0, 350.0)
+    assert [(c.start, c.end, c.data) for c in chunks] == [(100.0, 250.0, b"first, grown"), (300.0, 400.0, b"second")]
+    assert [c.data for c in await store.history_read(["fleet"], 15, 260.0, 290.0)] == []
+    both = await store.history_read(["fleet", "edge:a"], 15, 0.0, 1000.0)
+    assert [(c.series, c.start) for c in both] == [("edge:a", 100.0), ("fleet", 100.0), ("fleet", 300.0)]
+
+
+@pytest_twisted.ensureDeferred
+async def test_history_expiry_forgets_the_chunks_that_ended_before(store: Any) -> None:
+    """Expiring a tier forgets its chunks that ended before the time, and only that tier's."""
+    store.history_write(HistoryChunk("fleet", 15, 100.0, 200.0, b"old"))
+    store.history_write(HistoryChunk("fleet", 15, 300.0, 400.0, b"new"))
+    store.history_write(HistoryChunk("fleet", 60, 100.0, 200.0, b"coarse"))
+    if hasattr(store, "flush"):
+        store.flush()
+    store.history_expire(15, 250.0)
+    if hasattr(store, "flush"):
+        await eventually(lambda: store.health().pending == 0, message="flushed")
+    assert [c.data for c in await store.history_read(["fleet"], 15, 0.0, 1000.0)] == [b"new"]
+    assert [c.data for c in await store.history_read(["fleet"], 60, 0.0, 1000.0)] == [b"coarse"]
+
+
+# -- the SQLite file -------------------------------------------------------------------
+
+
+#: When the test events happened (recent: older than the retention age would be dropped).
+NOW = time.time()
+
+
+def _event(edge_id: str, sequence: int, fleet_sequence: int, message: str = "m") -> EventRecord:
+    return EventRecord(sequence, fleet_sequence, edge_id, "test.kind", NOW + fleet_sequence, NOW, message=message)
+
+
+def _operation(edge_id: str, operation_id: str, state: str = "succeeded", key: str = "") -> OperationRecord:
+    op = OperationRecord(operation_id, edge_id, "node.drain", "node-1", {}, key, NOW, NOW + 10)
+    op.state = state
+    return op
+
+
+@pytest_twisted.ensureDeferred
+async def test_what_the_store_was_told_comes_back_when_it_opens_again(tmp_path: Path) -> None:
+    """Events, operations, edges and the numbering survive closing and opening the file."""
+    registry = EdgeRegistry(reactor)
+    first = SqliteStore(sqlite_settings(tmp_path), reactor)
+    assert first.open().empty
+    first.startService()
+    registry.store = first
+    record = registry.known("edge-a", HELLO)
+    record.last_seen = NOW
+    first.edge_changed(record)
+    for n in range(1, 4):
+        first.event_kept(_event("edge-a", n, n), 100)
+    first.operation_changed(_operation("edge-a", "op-1", key="key-1"))
+    await first.stopService()
+    second = SqliteStore(sqlite_settings(tmp_path), reactor)
+    kept = second.open()
+    second.startService()
+    try:
+        assert kept.fleet_sequence == 3
+        assert [(e.edge_id, e.sequence, e.fleet_sequence, e.message) for e in kept.events] == [
+            ("edge-a", 1, 1, "m"),
+            ("edge-a", 2, 2, "m"),
+            ("edge-a", 3, 3, "m"),
+        ]
+        [edge] = kept.edges
+        assert (edge.edge_id, edge.connected, edge.last_seen, edge.last_sequence) == ("edge-a", False, NOW, 3)
+        assert edge.hello["labels"] == {"site": "lab"}
+        [op] = kept.operations
+        assert (op.operation_id, op.state, op.idempotency_key) == ("op-1", "succeeded", "key-1")
+    finally:
+        await second.stopService()
+
+
+def _writer(path: Path, retention: Retention, history_max_bytes: int = 2**30) -> SqliteWriter:
+    connection = sqlite_schema.connect(str(path / "cp.sqlite"))
+    return SqliteWriter(connection, retention, history_max_bytes, lambda f, *a: f(*a), lambda: 0.0)
+
+
+def test_events_are_bounded_per_edge_and_for_the_fleet(tmp_path: Path) -> None:
+    """Beyond the per-edge and fleet counts the oldest events go, and the newest stay."""
+    writer = _writer(tmp_path, Retention(events_per_edge=5, fleet_events=12))
+    fleet = 0
+    sequences = {"a": 0, "b": 0}
+    for _ in range(10):
+        batch = Batch()
+        for edge_id in ("a", "b"):
+            sequences[edge_id] += 1
+            fleet += 1
+            batch.events.append(_event(edge_id, sequences[edge_id], fleet))
+        writer.write(batch)
+    rows = sqlite3.connect(str(tmp_path / "cp.sqlite")).execute(
+        "SELECT edge_id, sequence, fleet_sequence FROM events ORDER BY fleet_sequence"
+    )
+    kept = list(rows)
+    assert len(kept) == 10
+    assert [s for e, s, _ in kept if e == "a"] == [6, 7, 8, 9, 10]
+    assert kept[-1][2] == 20
+    assert writer.stored_bytes == sum(writer.edge_event_bytes.values())
+
+
+def test_the_file_stops_growing_once_the_bounds_are_reached(tmp_path: Path) -> None:
+    """Writing on past the bounds reuses the freed pages: the file's size levels off."""
+    writer = _writer(tmp_path, Retention(events_per_edge=200, fleet_events=2000))
+    path = str(tmp_path / "cp.sqlite")
+    fleet = 0
+    sizes = []
+    for _round in range(40):
+        batch = Batch()
+        for _ in range(500):
+            fleet += 1
+            batch.events.append(_event(f"edge-{fleet % 10}", fleet // 10 + 1, fleet, "x" * 200))
+        writer.write(batch)
+        writer._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        sizes.append(sqlite_schema.file_bytes(path))
+    count = sqlite3.connect(path).execute("SELECT count(*) FROM events").fetchone()[0]
+    assert count <= 2000
+    assert sizes[-1] <= sizes[19] * 1.05, sizes
+
+
+def test_bytes_bound_drops_the_oldest_events(tmp_path: Path) -> None:
+    """Over ``max_bytes`` the oldest events go until the rest fits."""
+    writer = _writer(tmp_path, Retention(max_bytes=1024 * 1024, fleet_events=10**6, events_per_edge=10**6))
+    fleet = 0
+    for _ in range(30):
+        batch = Batch()
+        for _ in range(100):
+            fleet += 1
+            batch.events.append(_event(f"edge-{fleet % 7}", fleet, fleet, "y" * 1000))
+        writer.write(batch)
+    assert writer.stored_bytes <= 1024 * 1024
+    oldest = writer._db.execute("SELECT min(fleet_sequence) FROM events").fetchone()[0]
+    assert oldest > 1000
+
+
+def test_finished_operations_beyond_the_per_edge_count_go_first(tmp_path: Path) -> None:
+    """Finished operations over the bound are dropped oldest first; open ones never."""
+    writer = _writer(tmp_path, Retention(operations_per_edge=3))
+    batch = Batch()
+    batch.operations.append(("open", "a", 0.0, 0, "{}"))
+    for n in range(1, 8):
+        batch.operations.append((f"op-{n}", "a", float(n), 1, "{}"))
+    writer.write(batch)
+    kept = [row[0] for row in writer._db.execute("SELECT operation_id FROM operations ORDER BY created_at")]
+    assert kept == ["open", "op-5", "op-6", "op-7"]
+
+
+def test_history_is_bounded_in_bytes(tmp_path: Path) -> None:
+    """Over the history's byte bound the chunks that ended first go."""
+    writer = _writer(tmp_path, Retention(), history_max_bytes=10_000)
+    for n in range(30):
+        writer.write(Batch(history=[HistoryChunk(f"edge:{n}", 15, float(n), float(n) + 10, b"z" * 1000)]))
+    assert writer.history_bytes <= 10_000
+    kept = [row[0] for row in writer._db.execute("SELECT series FROM history ORDER BY end")]
+    assert kept[-1] == "edge:29" and "edge:0" not in kept
+
+
+def test_a_file_from_a_newer_release_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A schema version above this release's is refused, and the file left as it was."""
+    path = tmp_path / "cp.sqlite"
+    sqlite_schema.connect(str(path)).close()
+    raw = sqlite3.connect(str(path))
+    raw.execute(f"PRAGMA user_version={sqlite_schema.SCHEMA_VERSION + 1}")
+    raw.close()
+    with pytest.raises(StoreError) as error:
+        sqlite_schema.connect(str(path))
+    message = str(error.value)
+    assert "newer" in message and "\n" not in message and str(path) in message
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [(b"this is not a database, just text" * 100, "not a usable SQLite file"), (None, "another SQLite file")],
+)
+def test_a_file_that_is_not_a_store_is_refused(tmp_path: Path, content: bytes | None, expected: str) -> None:
+    """Garbage, or another program's SQLite file, is refused with one line and left alone."""
+    path = tmp_path / "cp.sqlite"
+    if content is None:
+        other = sqlite3.connect(str(path))
+        other.execute("CREATE TABLE notes (text TEXT)")
+        other.close()
+    else:
+        path.write_bytes(content)
+    before = path.read_bytes()
+    with pytest.raises(StoreError, match=expected):
+        sqlite_schema.connect(str(path))
+    assert path.read_bytes() == before
+
+
+def test_a_directory_is_refused(tmp_path: Path) -> None:
+    """store.path naming a directory is an error naming it."""
+    with pytest.raises(StoreError, match="is a directory"):
+        sqlite_schema.connect(str(tmp_path))
+
+
+def test_an_older_file_is_migrated_forward_keeping_its_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file at an older schema version is migrated at open, in one transaction, rows kept."""
+    path = str(tmp_path / "cp.sqlite")
+    connection = sqlite_schema.connect(path)
+    connection.execute("INSERT INTO meta VALUES ('fleet_sequence', '7')")
+    connection.close()
+    migrations = dict(sqlite_schema.MIGRATIONS)
+    migrations[sqlite_schema.SCHEMA_VERSION + 1] = ("ALTER TABLE edges ADD COLUMN note TEXT",)
+    monkeypatch.setattr(sqlite_schema, "MIGRATIONS", migrations)
+    monkeypatch.setattr(sqlite_schema, "SCHEMA_VERSION", sqlite_schema.SCHEMA_VERSION + 1)
+    migrated = sqlite_schema.connect(path)
+    assert migrated.execute("PRAGMA user_version").fetchone()[0] == sqlite_schema.SCHEMA_VERSION
+    assert "note" in [row[1] for row in migrated.execute("PRAGMA table_info(edges)")]
+    assert migrated.execute("SELECT value FROM meta").fetchone()[0] == "7"
+
+
+# -- a Control Plane restarted on its file -----------------------------------------------
+
+
+def _store_config(path: Path) -> str:
+    return f"store: {{backend: sqlite, path: {path / 'cp.sqlite'}, flush_interval_seconds: 0.05}}\n"
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_restarted_control_plane_shows_what_happened_before(tmp_path: Path) -> None:
+    """After a restart: edges known (disconnected), events and operations kept,
+    numbers continue, and an idempotency key replays instead of running again."""
+    cp = await start_control_plane(config_text=_store_config(tmp_path))
+    try:
+        edge, _ = await connect_edge(cp.edge_wire_port, "edge-a")
+        code, op = await cp.post_json(
+            "/edges/edge-a/commands", {"name": "node.drain", "target": "node-1", "idempotency_key": "drain-once"}
+        )
+        assert code == 200 and op["state"] == "succeeded"
+        code, before = await cp.get_json("/edges/edge-a/events")
+        assert code == 200
+    finally:
+        await cp.stop()
+    kinds_before = [e["kind"] for e in before["items"]]
+    assert "operation.succeeded" in kinds_before
+    last_before = max(e["sequence"] for e in before["items"])
+    fleet_before = max(e["fleet_sequence"] for e in before["items"])
+
+    cp = await start_control_plane(config_text=_store_config(tmp_path))
+    try:
+        code, view = await cp.get_json("/edges/edge-a")
+        assert code == 200 and view["connected"] is False
+        code, events = await cp.get_json("/edges/edge-a/events")
+        kept = [(e["sequence"], e["kind"]) for e in events["items"]]
+        assert [k for _, k in kept][: len(kinds_before)] == kinds_before
+        assert "edge.disconnected" in [k for _, k in kept]
+        code, ops = await cp.get_json("/edges/edge-a/operations")
+        assert [(o["operation_id"], o["state"]) for o in ops["items"]] == [(op["operation_id"], "succeeded")]
+        edge, _ = await connect_edge(cp.edge_wire_port, "edge-a")
+        code, again = await cp.post_json(
+            "/edges/edge-a/commands", {"name": "node.drain", "target": "node-1", "idempotency_key": "drain-once"}
+        )
+        assert code == 200 and again["replayed"] is True and again["operation_id"] == op["operation_id"]
+        assert edge.commands_seen == []
+        code, events = await cp.get_json("/edges/edge-a/events")
+        connected = [e for e in events["items"] if e["kind"] == "edge.connected"][-1]
+        assert connected["sequence"] > last_before and connected["fleet_sequence"] > fleet_before
+    finally:
+        await cp.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_operation_in_flight_at_the_restart_ends_failed(tmp_path: Path) -> None:
+    """An operation the earlier process never saw end is failed, saying why, after the restart."""
+    cp = await start_control_plane(config_text=_store_config(tmp_path) + "shutdown: {grace_seconds: 0.1}\n")
+    try:
+        edge, _ = await connect_edge(cp.edge_wire_port, "edge-a", command_behaviour="hold")
+        posted = ensureDeferred(
+            cp.post_json("/edges/edge-a/commands", {"name": "node.drain", "target": "node-1", "timeout_seconds": 60})
+        )
+        await eventually(lambda: edge.held_commands, message="command held")
+        store = cp.service.store
+        await eventually(lambda: store.health().pending == 0 and store.commits > 0, message="flushed")
+        # As a kill -9 would leave it: the file as it is now.
+        store.abandon()
+    finally:
+        await cp.stop()
+    code, _ = await posted
+    assert code == 503
+    cp = await start_control_plane(config_text=_store_config(tmp_path))
+    try:
+        _, ops = await cp.get_json("/edges/edge-a/operations")
+        [op] = ops["items"]
+        assert op["state"] == "failed" and "restarted" in op["reason"]
+    finally:
+        await cp.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_store_that_cannot_write_is_reported_and_catches_up(tmp_path: Path) -> None:
+    """A failing commit makes /readyz say 503 with the store's error; the batch is written once the disk works."""
+    cp = await start_control_plane(config_text=_store_config(tmp_path))
+    store = cp.service.store
+    writer = store._writer
+    real_write = writer.write
+    failing = [True]
+
+    def write(batch: Batch) -> Any:
+        if failing[0]:
+            raise sqlite3.OperationalError("database or disk is full")
+        return real_write(batch)
+
+    writer.write = write
+    try:
+        await connect_edge(cp.edge_wire_port, "edge-a")
+        await eventually(lambda: not store.health().writable, message="write failed")
+        code, ready = await cp.get_json("/readyz")
+        assert code == 503 and ready["store"]["writable"] is False
+        assert "disk is full" in ready["store"]["error"]
+        failing[0] = False
+        await eventually(lambda: store.health().writable and store.health().pending == 0, message="caught up")
+        code, ready = await cp.get_json("/readyz")
+        assert code == 200 and ready["store"]["writable"] is True
+        rows = sqlite3.connect(str(tmp_path / "cp.sqlite")).execute("SELECT edge_id FROM edges").fetchall()
+        assert rows == [("edge-a",)]
+    finally:
+        await cp.stop()
+
+
+def test_registry_hands_the_store_every_change(tmp_path: Path) -> None:
+    """Enrolling, an operation's moves and disconnecting reach the store (what a restart restores)."""
+    seen: list[tuple[str, str]] = []
+
+    class Recorder:
+        def event_kept(self, event: EventRecord, size: int) -> None:
+            seen.append(("event", event.kind))
+
+        def operation_changed(self, operation: OperationRecord) -> None:
+            seen.append(("operation", operation.state))
+
+        def edge_changed(self, record: Any) -> None:
+            seen.append(("edge", "connected" if record.connected else "disconnected"))
+
+    registry = EdgeRegistry(reactor, RegistryLimits())
+    registry.store = Recorder()
+    token = registry.connect("edge-a", HeldEdgePeer(), HELLO)
+    registry.start_operation(_operation("edge-a", "op-1", state="sent"))
+    registry.advance_operation("edge-a", "op-1", "succeeded")
+    registry.disconnect("edge-a", token, "gone")
+    assert seen == [
+        ("event", "edge.connected"),
+        ("edge", "connected"),
+        ("operation", "sent"),
+        ("event", "operation.sent"),
+        ("operation", "succeeded"),
+        ("event", "operation.succeeded"),
+        ("event", "edge.disconnected"),
+        ("edge", "disconnected"),
+    ]

@@ -158,6 +158,39 @@ async def test_subscribe_to_unknown_edge_fails_with_the_server_code() -> None:
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_resume_past_the_servers_numbering_starts_over_from_its_first_event() -> None:
+    """A Control Plane restarted without a durable store numbers from 1 again: the
+    resumed subscription is told ``sequence_reset`` and gets the new events."""
+    cp = await start_control_plane()
+    wire_port = cp.service.port("client_wire")
+    client = ClientWireClient(cp.wire_url, reactor=reactor)
+    seen = Recorder()
+    try:
+        edge, _ = await connect_edge(cp.edge_wire_port, "edge-a")
+        subscription = await client.subscribe(
+            "edge-a", on_event=seen.on_event, on_lost=seen.on_lost, on_state=seen.on_state, backoff_initial=0.05
+        )
+        for message in ("one", "two", "three"):
+            edge.event("node.ready", message=message)
+        await eventually(lambda: seen.messages() == ["one", "two", "three"], timeout=5, message="three events")
+        before = subscription.last_sequence
+        await cp.stop()
+        cp = await start_control_plane(wire_port=wire_port)
+        edge, _ = await connect_edge(cp.edge_wire_port, "edge-a")
+        edge.event("node.ready", message="after the restart")
+        await eventually(lambda: subscription.reconnects == 1, timeout=10, message="a reconnect")
+        await eventually(
+            lambda: seen.messages()[-1:] == ["after the restart"], timeout=5, message="the new process's event"
+        )
+        assert [lost.reason for lost in seen.lost] == ["sequence_reset"]
+        assert before is not None and subscription.last_sequence is not None
+        assert subscription.last_sequence < before
+    finally:
+        await client.close()
+        await cp.stop()
+
+
+@pytest_twisted.ensureDeferred
 async def test_subscription_resumes_through_prepare_connection() -> None:
     """A dropped subscription is dialled again by its ClientService and resumed after the last event seen."""
     cp = await start_control_plane()

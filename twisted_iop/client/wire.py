@@ -79,6 +79,9 @@ RESPONSE_BODIES = frozenset({"error", "client_hello_response", "subscribe_respon
 
 EventCallback = Callable[[pb.FleetEvent], Any]
 LostCallback = Callable[[pb.EventsLost], Any]
+#: ``EventsLost.reason`` when the Control Plane's numbering restarted under a
+#: resumed subscription (its events are numbered from 1 again).
+SEQUENCE_RESET = "sequence_reset"
 StateCallback = Callable[[str, str], Any]
 
 
@@ -611,7 +614,10 @@ class EventSubscription:
             self._call(self._on_event, event)
         elif body == "events_lost":
             lost = envelope.events_lost
-            if self.last_sequence is None or lost.last_sequence > self.last_sequence:
+            if lost.reason == SEQUENCE_RESET:
+                # The server numbers from scratch: what it replays next is new here.
+                self.last_sequence = 0
+            elif self.last_sequence is None or lost.last_sequence > self.last_sequence:
                 self.last_sequence = int(lost.last_sequence)
             self._call(self._on_lost, lost)
         elif body == "error":

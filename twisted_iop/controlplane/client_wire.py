@@ -58,6 +58,10 @@ CLOSE_BAD_TOKEN = 4001
 CLOSE_UNSUPPORTED_VERSION = 4002
 CLOSE_HELLO_TIMEOUT = 4003
 CLOSE_TOO_MANY_VIOLATIONS = 4004
+#: ``EventsLost.reason`` when a resumed subscription's sequence is ahead of
+#: the buffer's newest: the numbering restarted under the client, which
+#: starts over from 0 (the events replayed after it are new to it).
+SEQUENCE_RESET = "sequence_reset"
 #: How many buffered events a resume replays at most per request.
 RESUME_BATCH = 10000
 #: Events queued for one open subscriber within a turn that are written at
@@ -330,7 +334,13 @@ class ClientWireServerProtocol(WebSocketServerProtocol):
         )
         if request.resume:
             since = request.since_sequence
-            if since + 1 < first:
+            if since > buffer.last_sequence:
+                # Numbers the client saw were given by an earlier numbering
+                # (a Control Plane restarted without a durable store, or on a
+                # new file): say so, and replay what this one has from its start.
+                self._send_envelope("events_lost", pb.EventsLost(reason=SEQUENCE_RESET))
+                since = 0
+            elif since + 1 < first:
                 missed = first - since - 1
                 self._send_envelope(
                     "events_lost",

@@ -136,7 +136,10 @@ class LiveConnection {
       this.lastSequence = sequence;
       this.emit("event", toEventJson(message));
     } else if (body === "events_lost") {
-      if (this.lastSequence === null || message.last_sequence > this.lastSequence) {
+      if (message.reason === "sequence_reset") {
+        // The Control Plane numbers from scratch: what it replays next is new here.
+        this.lastSequence = 0;
+      } else if (this.lastSequence === null || message.last_sequence > this.lastSequence) {
         this.lastSequence = message.last_sequence;
       }
       this.emit("lost", message);

@@ -90,6 +90,11 @@ class DaemonOptions(usage.Options, Generic[ConfigT]):
         """Warnings about a valid config (deprecated spellings ...)."""
         return ()
 
+    def check(self, config: ConfigT) -> str:
+        """With ``--check``: what else the config names that must be usable
+        (a file, a directory), in a few words; raises ConfigError if not."""
+        return ""
+
     @property
     def config(self) -> ConfigT:
         """The parsed config (after ``parseOptions``)."""
@@ -111,7 +116,12 @@ class DaemonOptions(usage.Options, Generic[ConfigT]):
             for notice in self.notices(config):
                 sys.stderr.write(f"{self.daemon_name}: warning: {notice}\n")
             source = path or "embedded defaults"
-            sys.stdout.write(f"{self.daemon_name}: {source}: configuration OK ({self.summary(config)})\n")
+            try:
+                checked = self.check(config)
+            except ConfigError as e:
+                raise ConfigurationExit(f"{self.daemon_name}: {source}: {e}") from None
+            summary = self.summary(config) + (f"; {checked}" if checked else "")
+            sys.stdout.write(f"{self.daemon_name}: {source}: configuration OK ({summary})\n")
             sys.stdout.flush()
             raise SystemExit(0)
 

@@ -11,6 +11,7 @@ from twisted.internet.defer import Deferred
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import Request
 
+from twisted_iop.configuration import ConfigError
 from twisted_iop.controlplane.client_wire import ClientWireFactory
 from twisted_iop.controlplane.cluster.replica import ClusterReplica
 from twisted_iop.controlplane.cluster.rollout_store import ClusterRollouts
@@ -22,7 +23,7 @@ from twisted_iop.controlplane.metrics import control_plane_metric_registry
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.controlplane.request_errors import SHUTTING_DOWN_REASON
 from twisted_iop.controlplane.rollouts import RolloutService
-from twisted_iop.controlplane.store.backends import make_store
+from twisted_iop.controlplane.store.backends import describe_store, make_store
 from twisted_iop.controlplane.store.interface import StoreError
 from twisted_iop.controlplane.store.restore import restore
 from twisted_iop.daemon import CLOSE_WAIT_SECONDS, DaemonOptions, DaemonService, compose, wait_until
@@ -53,6 +54,13 @@ class Options(DaemonOptions[ControlPlaneConfig]):
     def notices(self, config: ControlPlaneConfig) -> tuple[str, ...]:
         """Deprecated spellings found in the file."""
         return config.notices
+
+    def check(self, config: ControlPlaneConfig) -> str:
+        """The store's file: writable, not a directory, a version this release reads."""
+        try:
+            return describe_store(config.store)
+        except StoreError as e:
+            raise ConfigError(str(e)) from None
 
 
 #: Thresholds of the garbage collector in the daemon. A fleet fan-out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from twisted_iop.controlplane.store import sqlite_schema
 from twisted_iop.controlplane.store.interface import Store
 from twisted_iop.controlplane.store.memory import MemoryStore
 from twisted_iop.controlplane.store.settings import MEMORY, SQLITE, StoreSettings
@@ -24,3 +25,15 @@ def make_store(settings: StoreSettings, reactor: Any) -> Any:
         # the replicas' journal; the history's chunks are in memory here.
         store = MemoryStore(settings.history_max_bytes)
     return store
+
+
+def describe_store(settings: StoreSettings) -> str:
+    """The store in a few words, once checked (``--check``); raises
+    :class:`~twisted_iop.controlplane.store.interface.StoreError`.
+
+    An SQLite file is only read here: checked to be a store of a version
+    this release reads, never created or migrated.
+    """
+    if settings.backend != SQLITE:
+        return f"store: {settings.backend}"
+    return f"store: sqlite at {settings.path} ({sqlite_schema.inspect(settings.path)})"

@@ -127,8 +127,20 @@ def connect(path: str, synchronous: str = "normal", create: bool = True) -> sqli
 
 
 def _prepare(connection: sqlite3.Connection, path: str, synchronous: str) -> None:
+    version = _checked_version(connection, path)
+    connection.execute("PRAGMA journal_mode=WAL")
+    connection.execute(f"PRAGMA synchronous={'FULL' if synchronous == 'full' else 'NORMAL'}")
+    connection.execute(f"PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT}")
+    connection.execute("PRAGMA busy_timeout=5000")
+    if version < SCHEMA_VERSION:
+        migrate(connection, version)
+
+
+def _checked_version(connection: sqlite3.Connection, path: str) -> int:
+    """The file's schema version; raises :class:`StoreError` if it is not a
+    store, or is of a newer version than this release reads."""
     application_id = connection.execute("PRAGMA application_id").fetchone()[0]
-    version = connection.execute("PRAGMA user_version").fetchone()[0]
+    version: int = connection.execute("PRAGMA user_version").fetchone()[0]
     tables = connection.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
     if application_id != APPLICATION_ID and (application_id or tables):
         raise StoreError(f"store.path {path}: is not a twisted-iop Control Plane store (another SQLite file)")
@@ -137,12 +149,7 @@ def _prepare(connection: sqlite3.Connection, path: str, synchronous: str) -> Non
             f"store.path {path}: written by a newer twisted-iop (schema version {version}; "
             f"this one reads up to {SCHEMA_VERSION}): run the newer release, or move the file away"
         )
-    connection.execute("PRAGMA journal_mode=WAL")
-    connection.execute(f"PRAGMA synchronous={'FULL' if synchronous == 'full' else 'NORMAL'}")
-    connection.execute(f"PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT}")
-    connection.execute("PRAGMA busy_timeout=5000")
-    if version < SCHEMA_VERSION:
-        migrate(connection, version)
+    return version
 
 
 def migrate(connection: sqlite3.Connection, version: int) -> None:
@@ -158,6 +165,28 @@ def migrate(connection: sqlite3.Connection, version: int) -> None:
     except BaseException:
         connection.execute("ROLLBACK")
         raise
+
+
+def inspect(path: str) -> str:
+    """What is at ``path``, read only: "new file", or its schema version
+    and size; raises :class:`StoreError` for anything :func:`connect`
+    would refuse."""
+    file = check_path(path)
+    if not file.exists():
+        return "a new file will be created"
+    try:
+        connection = sqlite3.connect(f"file:{file}?mode=ro", uri=True)
+    except sqlite3.Error as e:
+        raise StoreError(f"store.path {path}: cannot open: {e}") from None
+    try:
+        version = _checked_version(connection, path)
+    except sqlite3.DatabaseError as e:
+        raise StoreError(f"store.path {path}: not a usable SQLite file ({e})") from None
+    finally:
+        connection.close()
+    size = file_bytes(path)
+    migrate_note = f", will be migrated to {SCHEMA_VERSION}" if version < SCHEMA_VERSION else ""
+    return f"schema version {version}{migrate_note}, {size} bytes"
 
 
 def file_bytes(path: str) -> int:

@@ -3,6 +3,7 @@ its bounds and versions, and a Control Plane restarted on its file."""
 
 from __future__ import annotations
 
+import io
 import sqlite3
 import time
 from collections.abc import AsyncIterator
@@ -11,9 +12,12 @@ from typing import Any
 
 import pytest
 import pytest_twisted
+import treq
 from twisted.internet import reactor
 from twisted.internet.defer import ensureDeferred, maybeDeferred
 
+from twisted_iop.client import ClientWireClient, ControlPlaneStatusRepository
+from twisted_iop.client.cli import parse_arguments, run
 from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.event_record import EventRecord
 from twisted_iop.controlplane.memory import RegistryLimits
@@ -372,14 +376,30 @@ async def test_a_store_that_cannot_write_is_reported_and_catches_up(tmp_path: Pa
         code, ready = await cp.get_json("/readyz")
         assert code == 503 and ready["store"]["writable"] is False
         assert "disk is full" in ready["store"]["error"]
+        metrics = (await (await treq.get(cp.http_url + "/metrics")).text()).splitlines()
+        assert "iop_store_writable 0.0" in metrics
+        code, out, err = await _iopctl_health(cp.http_url)
+        assert code == 1 and "NOT WRITABLE: database or disk is full" in out
+        assert err.startswith("iopctl: not_ready: the store cannot write")
         failing[0] = False
         await eventually(lambda: store.health().writable and store.health().pending == 0, message="caught up")
         code, ready = await cp.get_json("/readyz")
         assert code == 200 and ready["store"]["writable"] is True
+        code, out, err = await _iopctl_health(cp.http_url)
+        assert code == 0 and "sqlite, writing" in out and err == ""
         rows = sqlite3.connect(str(tmp_path / "cp.sqlite")).execute("SELECT edge_id FROM edges").fetchall()
         assert rows == [("edge-a",)]
     finally:
         await cp.stop()
+
+
+async def _iopctl_health(url: str) -> tuple[int, str, str]:
+    """``iopctl health`` against ``url``: exit code, output, errors."""
+    args = parse_arguments(["--url", url, "health"])
+    out, err = io.StringIO(), io.StringIO()
+    repository = ControlPlaneStatusRepository(url, timeout=10)
+    code = await run(reactor, args, repository, lambda a: ClientWireClient(url, reactor=reactor), out, err, None)
+    return code, out.getvalue(), err.getvalue()
 
 
 def test_registry_hands_the_store_every_change(tmp_path: Path) -> None:

@@ -174,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--idempotency-key", default=None, metavar="K", help="run at most once for this key")
     add("hello", "say hello on the client WebSocket and show the server's answer")
+    add("health", "is the Control Plane ready: listeners, the store (writing or not), cluster mode")
     p = add("completion", "print a shell completion script (bash or zsh)")
     p.add_argument("shell", choices=completion.SHELLS, metavar="SHELL", help="bash or zsh")
     rollout_cli.add_parser(add("rollout", "staged rollouts of one command to many edges"), common)
@@ -311,6 +312,18 @@ async def _dispatch(
             return EXIT_ERROR
     elif command == "hello":
         return await _hello(args, wire_factory, console)
+    elif command == "health":
+        readiness = await repository.readyz()
+        console.result(readiness, render.render_readiness)
+        if not readiness.ready:
+            store = readiness.store
+            reason = (
+                f"the store cannot write: {store.error}"
+                if store is not None and not store.writable
+                else "the Control Plane is not ready (see above)"
+            )
+            console.error("not_ready", reason)
+            return EXIT_ERROR
     elif command == "completion":
         console.out.write(completion.script(build_parser(), args.shell))
         console.out.flush()

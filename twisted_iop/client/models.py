@@ -232,11 +232,38 @@ class Health:
 
 
 @attrs.frozen
+class StoreReadiness:
+    """The store's part of ``GET /readyz``: whether it is writing."""
+
+    backend: str
+    writable: bool
+    error: str = ""
+    pending: int = 0
+    pending_bytes: int = 0
+    dropped: int = 0
+    last_commit_age_seconds: Optional[float] = None
+    file_bytes: int = 0
+
+
+@attrs.frozen
+class ClusterReadiness:
+    """Cluster mode's part of ``GET /readyz``: this replica and the shared store."""
+
+    replica_id: str
+    available: bool
+    loaded: bool
+
+
+@attrs.frozen
 class Readiness:
-    """``GET /readyz``: whether every listener is bound."""
+    """``GET /readyz``: whether every listener is bound, the store writes and
+    (cluster mode) Redis is reachable."""
 
     ready: bool
     listeners: dict[str, bool] = attrs.field(factory=dict)
+    stopping: bool = attrs.field(default=False, metadata=DEFAULTED)
+    store: Optional[StoreReadiness] = attrs.field(default=None, metadata=OPTIONAL)
+    cluster: Optional[ClusterReadiness] = attrs.field(default=None, metadata=OPTIONAL)
 
 
 # ---------------------------------------------------------------- edges

@@ -25,6 +25,7 @@ from twisted_iop.client.models import (
     OperationPage,
     ProviderCounters,
     ProviderStatus,
+    Readiness,
     StatusTotals,
 )
 
@@ -461,3 +462,53 @@ def render_operation(operation: Operation) -> str:
             f"  {time_text(h.at)}  {h.state}" + (f"  {h.reason}" if h.reason else "") for h in operation.history
         )
     return "\n".join(lines)
+
+
+def _size(count: int) -> str:
+    """Bytes for people: 512 B, 3.2 KiB, 1.5 MiB ..."""
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{count} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{count} B"  # pragma: no cover - the loop returns
+
+
+def render_readiness(readiness: Readiness) -> str:
+    """``iopctl health``: readiness, listeners, the store and cluster mode."""
+    rows: list[tuple[str, str]] = [
+        ("ready", "yes" if readiness.ready else "NO"),
+        ("stopping", "yes" if readiness.stopping else "no"),
+        (
+            "listeners",
+            ", ".join(
+                f"{label} {'bound' if bound else 'NOT BOUND'}" for label, bound in sorted(readiness.listeners.items())
+            )
+            or NONE,
+        ),
+    ]
+    store = readiness.store
+    if store is not None:
+        state = "writing" if store.writable else f"NOT WRITABLE: {store.error or 'no reason given'}"
+        age = store.last_commit_age_seconds
+        parts = [
+            f"{store.backend}, {state}",
+            f"{store.pending} changes queued ({_size(store.pending_bytes)})",
+            f"{store.dropped} dropped",
+        ]
+        if age is not None:
+            parts.append(f"last commit {age:.1f}s ago")
+        if store.backend == "sqlite":
+            parts.append(f"file {_size(store.file_bytes)}")
+        rows.append(("store", "; ".join(parts)))
+    cluster = readiness.cluster
+    if cluster is not None:
+        rows.append(
+            (
+                "cluster",
+                f"replica {cluster.replica_id}, redis {'reachable' if cluster.available else 'NOT REACHABLE'}, "
+                f"fleet {'loaded' if cluster.loaded else 'not loaded yet'}",
+            )
+        )
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)

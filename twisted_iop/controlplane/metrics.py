@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from twisted_iop.controlplane.gateway import EdgeGateway
     from twisted_iop.controlplane.registry import EdgeRegistry
     from twisted_iop.controlplane.rollouts import RolloutService
+    from twisted_iop.controlplane.store.interface import Store
     from twisted_iop.http_site import GuardedSite
 
 
@@ -66,6 +67,10 @@ class ControlPlaneParts(Protocol):
     @property
     def cluster(self) -> Optional[ClusterReplica]:
         """Cluster mode: this replica's link to the shared fleet (``None``: memory)."""
+
+    @property
+    def store(self) -> Store:
+        """What outlives the process: its health and commits."""
 
 
 def control_plane_metric_registry(service: ControlPlaneParts) -> CollectorRegistry:
@@ -155,6 +160,7 @@ def control_plane_metrics(service: ControlPlaneParts) -> Iterator[Metric]:
     yield counter("iop_http_refused_connections", "HTTP connections refused at a cap", site.refused_connections)
     yield counter("iop_http_timed_out_requests", "HTTP requests cut at a deadline", site.timed_out_requests)
     yield from rollout_metrics(service.rollouts)
+    yield from store_metrics(service.store)
     cluster = service.cluster
     if cluster is not None:
         yield gauge(
@@ -181,6 +187,20 @@ def control_plane_metrics(service: ControlPlaneParts) -> Iterator[Metric]:
         yield counter("iop_cluster_routed_requests", "Status asks and commands routed to other replicas", router.sent)
         yield counter("iop_cluster_routed_answers", "Answers received to routed requests", router.answered)
         yield gauge("iop_cluster_routed_waiting", "Routed requests waiting for their answer", router.waiting)
+
+
+def store_metrics(store: Store) -> Iterator[Metric]:
+    """Whether the store writes, what it has queued and dropped, and its commits."""
+    health = store.health()
+    yield gauge("iop_store_writable", "1 while the store's last write succeeded", int(health.writable))
+    yield gauge("iop_store_pending_changes", "Changes queued for the store, not yet on disk", health.pending)
+    yield gauge("iop_store_pending_bytes", "Estimated bytes of the changes queued for the store", health.pending_bytes)
+    yield counter("iop_store_dropped", "Changes dropped while the disk could not keep up", health.dropped)
+    yield gauge("iop_store_file_bytes", "Bytes of the store's file and write-ahead log", health.file_bytes)
+    yield counter("iop_store_commits", "Transactions committed by the store's writer", health.commits)
+    yield counter("iop_store_rows_written", "Rows written by the store", health.rows_written)
+    yield counter("iop_store_rows_trimmed", "Rows removed by the store's retention bounds", health.rows_trimmed)
+    yield counter("iop_store_commit_seconds", "Seconds the store's writer spent committing", health.commit_seconds)
 
 
 def rollout_metrics(rollouts: RolloutService) -> Iterator[Metric]:

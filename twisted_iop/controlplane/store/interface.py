@@ -141,6 +141,12 @@ class StoreHealth:
     path: str = ""
     #: Bytes of the file and its write-ahead log (0 for memory and redis).
     file_bytes: int = 0
+    #: Transactions committed, rows written and rows removed by the
+    #: retention bounds since start, and the seconds the commits took.
+    commits: int = 0
+    rows_written: int = 0
+    rows_trimmed: int = 0
+    commit_seconds: float = 0.0
 
 
 class Store(HistoryStore, Protocol):

@@ -367,6 +367,10 @@ class SqliteStore(Service):
             last_commit_age=None if last is None else max(0.0, self._clock.seconds() - last),
             path=self.path,
             file_bytes=sqlite_schema.file_bytes(self.path),
+            commits=self.commits,
+            rows_written=self.rows_written,
+            rows_trimmed=self.rows_trimmed,
+            commit_seconds=self.commit_seconds,
         )
 
     # -- reading back -------------------------------------------------------------------------

@@ -127,7 +127,7 @@ class ControlPlaneService(DaemonService):
         self.config = config
         #: What outlives the process (first: it starts first and stops last,
         #: after everything it is told has been recorded).
-        self.store = make_store(config.store, reactor)
+        self.store = make_store(config.store, reactor, config.cluster)
         self.add_state(self.store)
         self.registry = EdgeRegistry(reactor, config.registry)
         self.registry.store = self.store
@@ -138,6 +138,7 @@ class ControlPlaneService(DaemonService):
         if config.cluster.enabled:
             self.cluster = ClusterReplica(config.cluster, self.registry, self.gateway, reactor)
             self.add_state(self.cluster)
+            self.store.attach(self.cluster.link)
         self.readiness = ListenerReadiness(self.listeners)
         rollout_link = None if self.cluster is None else ClusterRollouts.of(self.cluster, config.rollouts.max_kept)
         self.rollouts = RolloutService(

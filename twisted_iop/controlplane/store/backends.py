@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from twisted_iop.controlplane.cluster.settings import ClusterConfig
 from twisted_iop.controlplane.store import sqlite_schema
 from twisted_iop.controlplane.store.interface import Store
 from twisted_iop.controlplane.store.memory import MemoryStore
+from twisted_iop.controlplane.store.redis import RedisStore
 from twisted_iop.controlplane.store.settings import MEMORY, SQLITE, StoreSettings
 from twisted_iop.controlplane.store.sqlite import SqliteStore
 
 
-def make_store(settings: StoreSettings, reactor: Any) -> Any:
+def make_store(settings: StoreSettings, reactor: Any, cluster: ClusterConfig = ClusterConfig()) -> Any:
     """The store ``settings`` describe (not opened yet): a
     :class:`~twisted_iop.controlplane.store.interface.Store` that is also a
     ``Service``."""
@@ -21,9 +23,8 @@ def make_store(settings: StoreSettings, reactor: Any) -> Any:
     elif settings.backend == MEMORY:
         store = MemoryStore(settings.history_max_bytes)
     else:
-        # Cluster mode: Redis keeps events, operations and rollouts through
-        # the replicas' journal; the history's chunks are in memory here.
-        store = MemoryStore(settings.history_max_bytes)
+        # Cluster mode: attached to the replica's link once it is made.
+        store = RedisStore(cluster.key_prefix, cluster.replica_id, reactor, settings.history_max_bytes)
     return store
 
 

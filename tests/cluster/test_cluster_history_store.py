@@ -1,0 +1,97 @@
+"""The redis store: history chunks shared through a real redis-server, and
+one sampling replica at a time."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest_twisted
+from twisted.internet import reactor
+
+from twisted_iop.controlplane.cluster.settings import parse_redis_url
+from twisted_iop.controlplane.cluster.store import RedisLink
+from twisted_iop.controlplane.store.interface import HistoryChunk
+from twisted_iop.controlplane.store.redis import RedisStore
+from twisted_iop.testing.harness import eventually
+from twisted_iop.testing.redis import RedisServer
+
+
+async def _store(server: RedisServer, replica: str, max_bytes: int = 2**30) -> tuple[RedisStore, RedisLink]:
+    link = RedisLink(parse_redis_url(server.url), reactor, 5.0)
+    link.start()
+    await eventually(lambda: link.up, message="redis connected")
+    store = RedisStore("iop", replica, reactor, max_bytes)
+    store.attach(link)
+    return store, link
+
+
+@pytest_twisted.async_yield_fixture
+async def stores(redis_server: RedisServer) -> AsyncIterator[list[Any]]:
+    """Two replicas' stores on one redis-server."""
+    made = [await _store(redis_server, "cp-1"), await _store(redis_server, "cp-2")]
+    yield [store for store, _ in made]
+    for store, link in made:
+        if store.running:
+            await store.stopService()
+        await link.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_chunk_written_by_one_replica_is_read_by_another(stores: list[RedisStore]) -> None:
+    """Chunks are shared: replaced by key, read by range, expired by tier."""
+    one, other = stores
+    one.history_write(HistoryChunk("fleet", 15, 100.0, 200.0, b"\x00\x01first"))
+    one.history_write(HistoryChunk("fleet", 15, 300.0, 400.0, b"second"))
+    one.history_write(HistoryChunk("fleet", 60, 100.0, 200.0, b"coarse"))
+    one.history_write(HistoryChunk("fleet", 15, 100.0, 250.0, b"\x00\x01first, grown"))
+
+    async def read(step: int, start: float, end: float) -> list[tuple[float, bytes]]:
+        return [(c.start, c.data) for c in await other.history_read(["fleet", "edge:none"], step, start, end)]
+
+    expected = [(100.0, b"\x00\x01first, grown"), (300.0, b"second")]
+    await eventually(lambda: _equals(read(15, 0, 1000), expected), message="chunks shared")
+    assert await read(15, 260.0, 290.0) == []
+    one.history_expire(15, 260.0)
+    await eventually(lambda: _equals(read(15, 0, 1000), [(300.0, b"second")]), message="expired")
+    assert await read(60, 0, 1000) == [(100.0, b"coarse")]
+
+
+async def _equals(got: Any, expected: Any) -> bool:
+    return bool(await got == expected)
+
+
+@pytest_twisted.ensureDeferred
+async def test_history_in_redis_is_bounded_in_bytes(redis_server: RedisServer) -> None:
+    """Past the byte bound the chunks that ended first are dropped."""
+    store, link = await _store(redis_server, "cp-1", max_bytes=20_000)
+    try:
+        for n in range(40):
+            store.history_write(HistoryChunk(f"edge:{n}", 15, float(n), float(n) + 10, b"z" * 1000))
+
+        async def kept() -> list[str]:
+            return [f"edge:{n}" for n in range(40) if await store.history_read([f"edge:{n}"], 15, 0, 100)]
+
+        await eventually(lambda: _last_kept(kept()), message="the newest kept")
+        names = await kept()
+        assert "edge:0" not in names and len(names) <= 20
+    finally:
+        await link.stop()
+
+
+async def _last_kept(names: Any) -> bool:
+    return "edge:39" in await names
+
+
+@pytest_twisted.ensureDeferred
+async def test_one_replica_samples_and_another_takes_over_when_it_stops(stores: list[RedisStore]) -> None:
+    """The sampling lease is held by one replica; when it stops, the other takes it."""
+    one, other = stores
+    one.startService()
+    await eventually(lambda: one.history_leader(), message="the first replica leads")
+    other.startService()
+    await eventually(lambda: other._lease_loop is not None and other._lease_loop.running, message="second polling")
+    assert one.history_leader() and not other.history_leader()
+    await one.stopService()
+    assert not one.history_leader()
+    await eventually(lambda: other.history_leader(), timeout=10, message="the second replica takes over")

@@ -36,6 +36,7 @@ from twisted_iop.controlplane.cluster.settings import (
 )
 from twisted_iop.controlplane.edge_wire import EdgeCredentials
 from twisted_iop.controlplane.hello_admission import HelloAdmissionSettings
+from twisted_iop.controlplane.history.settings import MAX_KEEP_SECONDS, HistorySettings, Tier
 from twisted_iop.controlplane.http_settings import HttpSettings
 from twisted_iop.controlplane.memory import RegistryLimits
 from twisted_iop.controlplane.rollouts import RolloutSettings
@@ -97,6 +98,8 @@ class ControlPlaneConfig:
     rollouts: RolloutSettings = RolloutSettings()
     #: How log lines are written (``logging.format``: text or json).
     logging: LoggingConfig = LoggingConfig()
+    #: Capacity history: interval, tiers and bounds (``history``).
+    history: HistorySettings = HistorySettings()
 
 
 def load_config(path: Optional[str], environ: Mapping[str, str] = os.environ) -> ControlPlaneConfig:
@@ -116,7 +119,18 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
     """Build the config from parsed YAML plus environment overrides."""
     root = Section(data, "")
     root.reject_unknown(
-        {"http", "client_wire", "edge_wire", "registry", "status", "shutdown", "cluster", "rollouts", "logging"}
+        {
+            "http",
+            "client_wire",
+            "edge_wire",
+            "registry",
+            "status",
+            "shutdown",
+            "cluster",
+            "rollouts",
+            "logging",
+            "history",
+        }
     )
     notices: list[str] = []
     http = root.section("http")
@@ -285,6 +299,82 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
         cluster=parse_cluster(root.section("cluster"), environ),
         rollouts=parse_rollouts(root.section("rollouts")),
         logging=parse_logging(root.section("logging")),
+        history=parse_history(root.section("history")),
+    )
+
+
+#: The most tiers ``history.tiers`` may list.
+MAX_HISTORY_TIERS = 6
+
+
+def parse_history(section: Section) -> HistorySettings:
+    """``history``: the sampling interval, the tiers and the bounds.
+
+    Each tier is ``{step_seconds, keep_hours}`` or ``{step_seconds,
+    keep_days}``; the first tier's step is the interval (it defaults to
+    it), and each step is a whole multiple of the one before.
+    """
+    section.reject_unknown({"enabled", "interval_seconds", "tiers", "max_series", "max_bytes", "parse_budget"})
+    default = HistorySettings()
+    interval = section.number("interval_seconds", default.interval_seconds)
+    if interval < 0.1 or interval > 3600:
+        raise ConfigError(f"{section.field_path('interval_seconds')}: must be between 0.1 and 3600, not {interval:g}")
+    if round(interval * 1000) != interval * 1000:
+        raise ConfigError(f"{section.field_path('interval_seconds')}: must be a whole number of milliseconds")
+    tiers: tuple[Tier, ...]
+    if section.has("tiers"):
+        raw = section.raw("tiers")
+        if not isinstance(raw, list) or not raw:
+            raise ConfigError(
+                f"{section.field_path('tiers')}: must be a list of {{step_seconds, keep_hours or keep_days}}"
+            )
+        if len(raw) > MAX_HISTORY_TIERS:
+            raise ConfigError(f"{section.field_path('tiers')}: at most {MAX_HISTORY_TIERS} tiers")
+        parsed: list[Tier] = []
+        for index, item in enumerate(raw):
+            entry = Section(item, f"{section.field_path('tiers')}[{index}]")
+            entry.reject_unknown({"step_seconds", "keep_hours", "keep_days"})
+            step = entry.number("step_seconds", interval if index == 0 else 0.0)
+            if entry.has("keep_hours") == entry.has("keep_days"):
+                raise ConfigError(f"{entry.field_path('keep_hours')}: give exactly one of keep_hours and keep_days")
+            keep = (
+                entry.number("keep_hours", 0.0) * 3600.0
+                if entry.has("keep_hours")
+                else entry.number("keep_days", 0.0) * 86400.0
+            )
+            if keep > MAX_KEEP_SECONDS:
+                raise ConfigError(f"{entry.field_path('keep_days')}: at most {MAX_KEEP_SECONDS // 86400} days")
+            step_ms = round(step * 1000)
+            if index == 0 and step_ms != round(interval * 1000):
+                raise ConfigError(
+                    f"{entry.field_path('step_seconds')}: the first tier's step is the interval "
+                    f"(history.interval_seconds: {interval:g}), not {step:g}"
+                )
+            if index > 0:
+                finer = parsed[-1]
+                if step_ms <= finer.step_ms or step_ms % finer.step_ms:
+                    raise ConfigError(
+                        f"{entry.field_path('step_seconds')}: must be a whole multiple (2 or more) "
+                        f"of the tier before ({finer.step_seconds:g}), not {step:g}"
+                    )
+            if keep < step * 2:
+                raise ConfigError(f"{entry.field_path('keep_hours')}: must keep at least two steps")
+            parsed.append(Tier(step_ms / 1000, keep))
+        tiers = tuple(parsed)
+    elif interval == default.interval_seconds:
+        tiers = default.tiers
+    else:
+        raise ConfigError(
+            f"{section.field_path('tiers')}: required when interval_seconds is not {default.interval_seconds:g} "
+            "(the first tier's step is the interval)"
+        )
+    return HistorySettings(
+        enabled=section.boolean("enabled", default.enabled),
+        interval_seconds=interval,
+        tiers=tiers,
+        max_series=section.integer("max_series", default.max_series, minimum=1, maximum=10_000_000),
+        max_bytes=section.integer("max_bytes", default.max_bytes, minimum=1024 * 1024, maximum=2**40),
+        parse_budget=section.integer("parse_budget", default.parse_budget, minimum=1, maximum=10_000_000),
     )
 
 

@@ -17,11 +17,13 @@ from twisted_iop.controlplane.cluster.rollout_store import ClusterRollouts
 from twisted_iop.controlplane.config import ControlPlaneConfig, load_config, unauthenticated_exposures
 from twisted_iop.controlplane.edge_wire import EdgeWireFactory
 from twisted_iop.controlplane.gateway import EdgeGateway
+from twisted_iop.controlplane.history.service import HistoryService
 from twisted_iop.controlplane.http_routes import ControlPlaneHttp, ListenerReadiness
 from twisted_iop.controlplane.metrics import control_plane_metric_registry
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.controlplane.request_errors import SHUTTING_DOWN_REASON
 from twisted_iop.controlplane.rollouts import RolloutService
+from twisted_iop.controlplane.store.memory import MemoryStore
 from twisted_iop.daemon import CLOSE_WAIT_SECONDS, DaemonOptions, DaemonService, compose, wait_until
 from twisted_iop.http_site import GuardedSite
 
@@ -120,6 +122,11 @@ class ControlPlaneService(DaemonService):
         if config.cluster.enabled:
             self.cluster = ClusterReplica(config.cluster, self.registry, self.gateway, reactor)
             self.add_state(self.cluster)
+        if not hasattr(self, "store"):
+            self.store = MemoryStore(history_max_bytes=config.history.max_bytes)
+        #: Capacity history: sampled every interval, kept in tiers in the store.
+        self.history = HistoryService(config.history, self.registry, self.gateway, self.store, reactor)
+        self.add_state(self.history)
         self.readiness = ListenerReadiness(self.listeners)
         rollout_link = None if self.cluster is None else ClusterRollouts.of(self.cluster, config.rollouts.max_kept)
         self.rollouts = RolloutService(
@@ -134,6 +141,7 @@ class ControlPlaneService(DaemonService):
             metrics=control_plane_metric_registry(self),
             cluster=self.cluster,
             rollouts=self.rollouts,
+            history=self.history,
         )
         self.edge_factory = EdgeWireFactory(
             self.registry,

@@ -91,8 +91,8 @@ def view_json(view: HistoryView, interval_seconds: float, **scope: Any) -> dict[
     return {
         "series": view.series,
         **scope,
-        "from": iso(view.start),
-        "to": iso(view.end),
+        "start": iso(view.start),
+        "end": iso(view.end),
         "step_seconds": view.tier.step_seconds,
         "keep_seconds": view.tier.keep_seconds,
         "interval_seconds": interval_seconds,

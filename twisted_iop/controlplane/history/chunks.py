@@ -96,6 +96,9 @@ class OpenChunk:
     points: int = 0
     data: bytearray = attrs.field(factory=bytearray)
     last: tuple[int, ...] = ()
+    #: The encoding of a row that repeats the last one's values one step
+    #: later (the step, its bytes): an unchanged row is not encoded again.
+    _repeat: tuple[int, bytes] = (-1, b"")
 
     def __attrs_post_init__(self) -> None:
         self.data += header(self.kind, self.columns)
@@ -103,11 +106,20 @@ class OpenChunk:
 
     def append(self, t_ms: int, values: tuple[int, ...]) -> None:
         """Add a point (its time after the last one's)."""
-        row = (t_ms, *values)
-        if len(row) != self.columns:
-            raise ValueError(f"a row of {len(row)} columns in a chunk of {self.columns}")
-        self.data += encode_row(row, self.last)
-        self.last = row
+        last = self.last
+        step = t_ms - last[0]
+        if self.points and values == last[1:]:
+            repeat = self._repeat
+            if repeat[0] != step:
+                repeat = self._repeat = (step, encode_row((step, *(0,) * (self.columns - 1)), (0,) * self.columns))
+            self.data += repeat[1]
+            self.last = (t_ms, *values)
+        else:
+            row = (t_ms, *values)
+            if len(row) != self.columns:
+                raise ValueError(f"a row of {len(row)} columns in a chunk of {self.columns}")
+            self.data += encode_row(row, last)
+            self.last = row
         if not self.points:
             self.start_ms = t_ms
         self.end_ms = t_ms

@@ -4,7 +4,8 @@ A :class:`HistoryRecorder` takes sampled points (:meth:`append`) and, per
 series, keeps:
 
 * the open chunk of the finest tier (:class:`~.chunks.OpenChunk`), written
-  to the store after every point (the store coalesces writes of one key),
+  to the store every :data:`WRITE_EVERY_POINTS` points (the store
+  coalesces writes of one key; views read the open chunk from memory),
   and written compressed once it is full (a new chunk starts with the
   next point);
 * for each coarser tier, the finer points of the bucket in progress;
@@ -40,6 +41,11 @@ from twisted_iop.controlplane.store.interface import HistoryChunk, HistoryStore
 
 #: A series with no point for this many intervals is closed and forgotten.
 IDLE_INTERVALS = 4
+#: The finest tier's open chunk is written every this many points (and when
+#: it closes): a crash loses at most this many intervals of the finest tier
+#: (a stop writes everything; the coarser tiers are written at every point).
+#: Writing it at every point cost about a third of a sample (bench/history.py).
+WRITE_EVERY_POINTS = 4
 
 Row = tuple[int, ...]
 
@@ -67,6 +73,9 @@ class HistoryRecorder:
     def __init__(self, settings: HistorySettings, store: HistoryStore) -> None:
         self.settings = settings
         self.tiers: tuple[Tier, ...] = settings.tiers
+        #: The coarser tiers' steps and every tier's key, computed once (read per point).
+        self._coarser_steps = [tier.step_ms for tier in settings.tiers[1:]]
+        self._keys = [tier.key for tier in settings.tiers]
         self._store = store
         self._series: dict[str, OpenSeries] = {}
         #: Points not recorded because ``max_series`` series were open.
@@ -100,9 +109,8 @@ class HistoryRecorder:
         series.last_ms = t_ms
         buckets = series.buckets
         pending = series.pending
-        for index in range(len(buckets)):
-            tier = self.tiers[index + 1]
-            bucket = t_ms - t_ms % tier.step_ms
+        for index, step_ms in enumerate(self._coarser_steps):
+            bucket = t_ms - t_ms % step_ms
             if buckets[index] != bucket:
                 if pending[index]:
                     self._roll(series, index)
@@ -149,13 +157,13 @@ class HistoryRecorder:
         if chunk.full:
             self._write(series.name, tier_index, chunk, closed=True)
             series.chunks[tier_index] = chunks.OpenChunk(chunk.kind, chunk.columns)
-        else:
+        elif tier_index or chunk.points % WRITE_EVERY_POINTS == 0:
             self._write(series.name, tier_index, chunk, closed=False)
 
     def _write(self, name: str, tier_index: int, chunk: chunks.OpenChunk, closed: bool) -> None:
         data = chunk.closed_bytes() if closed else chunk.open_bytes()
-        tier = self.tiers[tier_index]
-        self._store.history_write(HistoryChunk(name, tier.key, chunk.start_ms / 1000, chunk.end_ms / 1000, data))
+        key = self._keys[tier_index]
+        self._store.history_write(HistoryChunk(name, key, chunk.start_ms / 1000, chunk.end_ms / 1000, data))
         self.chunk_writes += 1
 
     # -- what views read of the open series --------------------------------------------

@@ -53,5 +53,6 @@ class HistorySettings:
     #: The bound on the bytes of history the store keeps (the oldest chunks go first).
     max_bytes: int = 256 * 1024 * 1024
     #: The most changed snapshots parsed per sample for the per-model and
-    #: engine figures (``breakdown.py``); the others keep their last ones.
-    parse_budget: int = 1000
+    #: engine figures (``breakdown.py``); the others keep their last ones
+    #: (at 10,000 busy edges each edge's are then at most 40 samples old).
+    parse_budget: int = 250

@@ -22,6 +22,7 @@ integer milliseconds since the epoch), so every series' buckets line up.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain, repeat
 from typing import Optional
 
 from twisted_iop.controlplane.history.fields import MISSING
@@ -47,14 +48,22 @@ def rolled_width(fields: int) -> int:
 
 
 def roll_sampled(rows: Sequence[Row]) -> Row:
-    """One rolled-up point of sampled ``rows`` (at least one, all as wide)."""
-    out: list[int] = [len(rows)]
-    for column in zip(*rows, strict=True):
-        if min(column) >= 0:
-            out += (sum(column), max(column), column[-1], len(column))
-        else:
-            present = [v for v in column if v >= 0]
-            out += (sum(present), max(present), present[-1], len(present)) if present else _NOTHING
+    """One rolled-up point of sampled ``rows`` (at least one, all as wide).
+
+    The columns' sums, maxima and minima are taken in C (``map`` over
+    ``zip``); only a column holding a missing value is walked in Python.
+    """
+    count = len(rows)
+    columns = list(zip(*rows, strict=True))
+    sums = list(map(sum, columns))
+    maxima = list(map(max, columns))
+    minima = list(map(min, columns))
+    out = [count, *chain.from_iterable(zip(sums, maxima, rows[-1], repeat(count)))]
+    for index, lowest in enumerate(minima):
+        if lowest < 0:
+            present = [v for v in columns[index] if v >= 0]
+            at = 1 + PER_FIELD * index
+            out[at : at + PER_FIELD] = (sum(present), max(present), present[-1], len(present)) if present else _NOTHING
     return tuple(out)
 
 

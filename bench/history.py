@@ -157,9 +157,12 @@ def sampling_cost(edges: int, rounds: int) -> None:
             flush=True,
         )
     open_bytes = sum(len(c.data) for s in history.recorder._series.values() for c in s.chunks)
+    points, writes = history.recorder.points_written, history.recorder.chunk_writes
+    sample()
     print(
         f"series kept {len(history.recorder)}; open chunks in memory {open_bytes / 1e6:.1f} MB of bytes; "
-        f"per sample: {len(ids) * 3 + 3} points, as many chunk writes"
+        f"the last sample: {history.recorder.points_written - points} points written (every tier), "
+        f"{history.recorder.chunk_writes - writes} chunks handed to the store"
     )
 
 

@@ -327,3 +327,70 @@ async def test_openapi_document_is_served_as_packaged() -> None:
         assert await response.content() == packaged
     finally:
         await cp.stop()
+
+
+#: Samples every 0.2 s, a 0.4 s and a 2 s tier.
+HISTORY_CONFIG = (
+    "history:\n  interval_seconds: 0.2\n  tiers:\n"
+    "  - {keep_hours: 1}\n  - {step_seconds: 0.4, keep_hours: 1}\n  - {step_seconds: 2, keep_hours: 2}\n"
+)
+
+
+@pytest_twisted.ensureDeferred
+async def test_history_views_and_their_errors_match_the_document() -> None:
+    """Real samples of real edges: the fleet, an edge, a model, a selector, a rolled-up tier and every 400."""
+    cp = await start_control_plane(config_text=HISTORY_CONFIG)
+    try:
+        client = Client(cp, await contract_of(cp))
+        edge, _ = await connect_edge(cp.edge_wire_port, "edge-a")
+        edge.status = lambda: _with_an_engine(snapshot("edge-a"))
+        await connect_edge(cp.edge_wire_port, "edge-b")
+        history = cp.service.history
+        await eventually(lambda: history.samples >= 4, timeout=10, message="four samples")
+        fleet = await client.call("GET", "/fleet/history?from=-60s", expect=200)
+        assert fleet["series"] == "fleet" and fleet["rolled_up"] is False and fleet["step_seconds"] == 0.2
+        assert fleet["columns"][0] == "t" and fleet["columns"][1:] == fleet["fields"]
+        capacity = fleet["columns"].index("capacity")
+        assert len(fleet["points"]) >= 3 and fleet["points"][-1][capacity] == 16
+        assert fleet["models"] == ["llama-3-8b"]
+        one = await client.call("GET", "/edges/edge-a/history?from=-60s&series=in_flight,engine_running", expect=200)
+        assert one["fields"] == ["in_flight", "engine_running"] and one["edge_id"] == "edge-a"
+        assert one["points"][-1][1:] == [2, 1]
+        other = await client.call("GET", "/edges/edge-b/history?from=-60s&series=engine_running", expect=200)
+        assert other["points"][-1][1] is None  # no engine reading: null, not 0
+        model = await client.call(
+            "GET", "/fleet/history?from=-60s&model=llama-3-8b&series=providers,in_flight", expect=200
+        )
+        assert model["series"] == "model:llama-3-8b" and model["points"][-1][1:] == [4, 4]
+        edge_model = await client.call("GET", "/edges/edge-a/history?model=llama-3-8b", expect=200)
+        assert edge_model["series"] == "edge:edge-a/model:llama-3-8b"
+        chosen = await client.call("GET", "/fleet/history?from=-60s&selector=site%3Dtest&series=capacity", expect=200)
+        assert chosen["selector"] == "site=test" and chosen["edges"] == 2 and chosen["points"][-1][1] == 16
+        rolled = await client.call("GET", "/fleet/history?step=0.4&series=in_flight,engine_running", expect=200)
+        assert rolled["rolled_up"] is True
+        assert rolled["columns"] == [
+            "t",
+            "count",
+            "in_flight.mean",
+            "in_flight.max",
+            "in_flight.last",
+            "engine_running.mean",
+            "engine_running.max",
+            "engine_running.last",
+        ]
+        assert rolled["points"] and rolled["points"][-1][2:5] == [4, 4, 4]
+        coarse = await client.call("GET", "/fleet/history?from=-2d", expect=200)
+        assert coarse["step_seconds"] == 2 and coarse["rolled_up"] is True
+        for path, code in (
+            ("/fleet/history?from=yesterday", "invalid_range"),
+            ("/fleet/history?from=now&to=-1h", "invalid_range"),
+            ("/fleet/history?step=7s", "invalid_step"),
+            ("/fleet/history?series=gpus", "invalid_series"),
+            ("/fleet/history?model=llama-3-8b&series=nodes_connected", "invalid_series"),
+            ("/fleet/history?selector=a%20in%20(", "invalid_selector"),
+            ("/edges/edge-a/history?step=x", "invalid_step"),
+        ):
+            assert (await client.call("GET", path, expect=400))["error"]["code"] == code, path
+        assert (await client.call("GET", "/edges/nope/history", expect=404))["error"]["code"] == "unknown_edge"
+    finally:
+        await cp.stop()

@@ -16,6 +16,7 @@
     hello                     say hello on the WebSocket wire
     completion bash|zsh       print a shell completion script
     rollout create|list|show|pause|resume|cancel ...   staged rollouts (iopctl rollout -h)
+    history [EDGE] [--since 2h] [--step S] [--model M] [-l SEL] [--series F,...] [--sparklines|--table]
 
 Exit codes: 0 ok, 1 the server answered an error (or a command did not
 succeed), 2 usage error, 3 the Control Plane cannot be reached. Errors are
@@ -34,7 +35,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import react
 
 from twisted_iop import __version__
-from twisted_iop.client import completion, render, rollout_cli
+from twisted_iop.client import completion, history_cli, render, rollout_cli
 from twisted_iop.client.cli_base import (
     EXIT_ERROR,
     EXIT_OK,
@@ -178,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("completion", "print a shell completion script (bash or zsh)")
     p.add_argument("shell", choices=completion.SHELLS, metavar="SHELL", help="bash or zsh")
     rollout_cli.add_parser(add("rollout", "staged rollouts of one command to many edges"), common)
+    history_cli.add_parser(add("history", "capacity over time: the fleet's or one edge's, as sparklines or a table"))
     return parser
 
 
@@ -329,6 +331,8 @@ async def _dispatch(
         console.out.flush()
     elif command == "rollout":
         return await rollout_cli.dispatch(reactor, args, repository, console, interrupted)
+    elif command == "history":
+        return await history_cli.dispatch(args, repository, console)
     else:  # pragma: no cover - argparse only lets known commands through
         raise UsageError(f"unknown command {command!r}")
     return EXIT_OK

@@ -40,6 +40,7 @@ from twisted_iop.client.errors import (
     InvalidResponse,
     OperationError,
 )
+from twisted_iop.client.history import HistoryViews
 from twisted_iop.client.models import (
     CommandCatalog,
     EdgeDetail,
@@ -156,7 +157,7 @@ def error_from_response(status: int, body: bytes) -> ControlPlaneError:
     return exc
 
 
-class ControlPlaneStatusRepository(RolloutViews):
+class ControlPlaneStatusRepository(RolloutViews, HistoryViews):
     """Typed access to every HTTP view of one Control Plane.
 
     ``base_url`` defaults to ``$IOP_CONTROL_PLANE_HTTP_URL`` and then to

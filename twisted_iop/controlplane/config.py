@@ -36,6 +36,7 @@ from twisted_iop.controlplane.cluster.settings import (
 )
 from twisted_iop.controlplane.edge_wire import EdgeCredentials
 from twisted_iop.controlplane.hello_admission import HelloAdmissionSettings
+from twisted_iop.controlplane.history.settings import HistorySettings, parse_history
 from twisted_iop.controlplane.http_settings import HttpSettings
 from twisted_iop.controlplane.memory import RegistryLimits
 from twisted_iop.controlplane.rollouts import RolloutSettings
@@ -100,6 +101,8 @@ class ControlPlaneConfig:
     logging: LoggingConfig = LoggingConfig()
     #: What outlives the process (``store``): sqlite by default.
     store: StoreSettings = attrs.field(factory=StoreSettings)
+    #: Capacity history: interval, tiers and bounds (``history``).
+    history: HistorySettings = HistorySettings()
 
 
 def load_config(path: Optional[str], environ: Mapping[str, str] = os.environ) -> ControlPlaneConfig:
@@ -130,6 +133,7 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
             "rollouts",
             "logging",
             "store",
+            "history",
         }
     )
     notices: list[str] = []
@@ -279,6 +283,7 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
         ),
     )
     cluster = parse_cluster(root.section("cluster"), environ)
+    history = parse_history(root.section("history"))
     return ControlPlaneConfig(
         http_listen=http_listen,
         wire_listen=wire_listen,
@@ -300,7 +305,10 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
         cluster=cluster,
         rollouts=parse_rollouts(root.section("rollouts")),
         logging=parse_logging(root.section("logging")),
-        store=parse_store(root.section("store"), environ, cluster.backend),
+        store=attrs.evolve(
+            parse_store(root.section("store"), environ, cluster.backend), history_max_bytes=history.max_bytes
+        ),
+        history=history,
     )
 
 

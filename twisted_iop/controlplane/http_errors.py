@@ -12,6 +12,7 @@ from twisted_iop.controlplane.cluster.store import ClusterUnavailable
 from twisted_iop.controlplane.command_dispatch import UnknownCommand
 from twisted_iop.controlplane.edge_filters import InvalidQuery, InvalidState
 from twisted_iop.controlplane.edge_record import EdgeNotConnected, UnknownEdge
+from twisted_iop.controlplane.history.queries import InvalidRange, InvalidSeries, InvalidStep
 from twisted_iop.controlplane.request_errors import EdgeDisconnected, EdgeErrorAnswer, EdgeTimeout, ShuttingDown
 from twisted_iop.label_selectors import SelectorError
 
@@ -52,6 +53,9 @@ DOMAIN_ERRORS: dict[type[Exception], tuple[int, str]] = {
     SelectorError: (400, "invalid_selector"),
     InvalidState: (400, "invalid_state"),
     InvalidQuery: (400, "bad_request"),
+    InvalidRange: (400, "invalid_range"),
+    InvalidStep: (400, "invalid_step"),
+    InvalidSeries: (400, "invalid_series"),
     Unauthorized: (401, "unauthorized"),
     Forbidden: (403, "forbidden"),
     UnknownEdge: (404, "unknown_edge"),

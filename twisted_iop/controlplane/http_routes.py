@@ -27,6 +27,9 @@ from twisted_iop.controlplane.console_files import CONSOLE_DIR, ConsoleFiles
 from twisted_iop.controlplane.edge_filters import EDGE_STATES, FLEET_STATES, EdgeFilter
 from twisted_iop.controlplane.edge_record import UnknownEdge
 from twisted_iop.controlplane.gateway import EdgeGateway
+from twisted_iop.controlplane.history.service import HistoryService
+from twisted_iop.controlplane.history.settings import HistorySettings
+from twisted_iop.controlplane.history_routes import add_history_routes
 from twisted_iop.controlplane.http_errors import (
     DOMAIN_ERRORS,
     BadRequest,
@@ -47,6 +50,7 @@ from twisted_iop.controlplane.request_errors import SHUTTING_DOWN_REASON
 from twisted_iop.controlplane.rollout_routes import add_rollout_routes
 from twisted_iop.controlplane.rollouts import RolloutService
 from twisted_iop.controlplane.store.interface import StoreHealth
+from twisted_iop.controlplane.store.memory import MemoryStore
 from twisted_iop.http_site import WRITE_METHODS, Refusal
 from twisted_iop.ids import id_problem
 from twisted_iop.metrics import render as render_metrics
@@ -178,12 +182,20 @@ class ControlPlaneHttp:
         cluster: Optional[ClusterReplica] = None,
         rollouts: Optional[RolloutService] = None,
         store: Optional[StoreHealthSource] = None,
+        history: Optional[HistoryService] = None,
     ) -> None:
         self._cluster = cluster
         #: What keeps the fleet's history across restarts (its health is part of readiness).
         self._store = store
         #: The rollouts (``rollout_routes.py`` puts their routes on this app).
         self._rollouts = rollouts if rollouts is not None else RolloutService(registry, gateway, clock)
+        #: Capacity history (``history_routes.py`` puts its routes on this app);
+        #: without one, an empty history that is never sampled.
+        self._history = (
+            history
+            if history is not None
+            else HistoryService(HistorySettings(), registry, gateway, MemoryStore(), clock)
+        )
         self._registry = registry
         self._gateway = gateway
         self._clock = clock
@@ -219,6 +231,11 @@ class ControlPlaneHttp:
         return error_body(request, 500, "internal", "internal error; see the Control Plane log")
 
     # -- helpers ----------------------------------------------------------------
+
+    @property
+    def _now(self) -> float:
+        """The clock's time."""
+        return self._clock.seconds()
 
     def _authorize(self, request: IRequest) -> Optional[ApiToken]:
         """The caller's token, checked for the role the method needs.
@@ -604,3 +621,4 @@ class ControlPlaneHttp:
 
 
 add_rollout_routes(ControlPlaneHttp.app)
+add_history_routes(ControlPlaneHttp.app)

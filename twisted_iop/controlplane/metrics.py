@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from twisted_iop.controlplane.cluster.replica import ClusterReplica
     from twisted_iop.controlplane.edge_wire import EdgeWireFactory
     from twisted_iop.controlplane.gateway import EdgeGateway
+    from twisted_iop.controlplane.history.service import HistoryService
     from twisted_iop.controlplane.registry import EdgeRegistry
     from twisted_iop.controlplane.rollouts import RolloutService
     from twisted_iop.controlplane.store.interface import Store
@@ -63,6 +64,10 @@ class ControlPlaneParts(Protocol):
     @property
     def rollouts(self) -> RolloutService:
         """Rollouts kept and their executions."""
+
+    @property
+    def history(self) -> HistoryService:
+        """Capacity history: its series and samples."""
 
     @property
     def cluster(self) -> Optional[ClusterReplica]:
@@ -161,6 +166,7 @@ def control_plane_metrics(service: ControlPlaneParts) -> Iterator[Metric]:
     yield counter("iop_http_timed_out_requests", "HTTP requests cut at a deadline", site.timed_out_requests)
     yield from rollout_metrics(service.rollouts)
     yield from store_metrics(service.store)
+    yield from history_metrics(service.history)
     cluster = service.cluster
     if cluster is not None:
         yield gauge(
@@ -217,3 +223,25 @@ def rollout_metrics(rollouts: RolloutService) -> Iterator[Metric]:
         count_by(executions, EXECUTION_STATES),
     )
     yield counter("iop_rollout_dispatched", "Operations dispatched by rollouts", rollouts.dispatched_total)
+
+
+def history_metrics(history: HistoryService) -> Iterator[Metric]:
+    """Capacity history: series kept, samples taken and skipped, points written."""
+    recorder = history.recorder
+    yield gauge("iop_history_series", "History series being sampled (open in memory)", len(recorder))
+    yield counter("iop_history_samples", "History samples taken", history.samples)
+    yield labelled(
+        CounterMetricFamily,
+        "iop_history_samples_skipped",
+        "History samples not taken, by why (busy: the previous one was still running or its round failed; "
+        "max_series: a new series beyond history.max_series, one per point refused)",
+        ["reason"],
+        [(["busy"], history.samples_skipped), (["max_series"], recorder.series_refused)],
+    )
+    yield counter("iop_history_points_written", "History points appended, every tier", recorder.points_written)
+    yield counter("iop_history_chunk_writes", "History chunks handed to the store", recorder.chunk_writes)
+    yield counter(
+        "iop_history_snapshots_parsed",
+        "Status snapshots parsed for the per-model and engine figures of history",
+        history.breakdowns.parsed,
+    )

@@ -18,6 +18,7 @@ from twisted_iop.controlplane.cluster.rollout_store import ClusterRollouts
 from twisted_iop.controlplane.config import ControlPlaneConfig, load_config, unauthenticated_exposures
 from twisted_iop.controlplane.edge_wire import EdgeWireFactory
 from twisted_iop.controlplane.gateway import EdgeGateway
+from twisted_iop.controlplane.history.service import HistoryService
 from twisted_iop.controlplane.http_routes import ControlPlaneHttp, ListenerReadiness
 from twisted_iop.controlplane.metrics import control_plane_metric_registry
 from twisted_iop.controlplane.registry import EdgeRegistry
@@ -139,6 +140,9 @@ class ControlPlaneService(DaemonService):
             self.cluster = ClusterReplica(config.cluster, self.registry, self.gateway, reactor)
             self.add_state(self.cluster)
             self.store.attach(self.cluster.link)
+        #: Capacity history: sampled every interval, kept in tiers in the store.
+        self.history = HistoryService(config.history, self.registry, self.gateway, self.store, reactor)
+        self.add_state(self.history)
         self.readiness = ListenerReadiness(self.listeners)
         rollout_link = None if self.cluster is None else ClusterRollouts.of(self.cluster, config.rollouts.max_kept)
         self.rollouts = RolloutService(
@@ -160,6 +164,7 @@ class ControlPlaneService(DaemonService):
             cluster=self.cluster,
             rollouts=self.rollouts,
             store=self.store,
+            history=self.history,
         )
         self.edge_factory = EdgeWireFactory(
             self.registry,

@@ -398,10 +398,11 @@ class HeldEdgePeer(EdgePeer):
 
 
 class AnsweringEdgePeer(EdgePeer):
-    """A peer that answers status and commands at once."""
+    """A peer that answers status and commands at once (status: what ``status()`` makes)."""
 
     def __init__(self, edge_id: str) -> None:
         self.edge_id = edge_id
+        self.status: Callable[[], pb.EdgeStatusResponse] = lambda: snapshot(edge_id)
         self.last_received = 0.0
         self.commands: list[pb.EdgeCommandRequest] = []
         self.status_requests = 0
@@ -410,7 +411,7 @@ class AnsweringEdgePeer(EdgePeer):
     def ask_status(self, timeout: float, own_deadline: bool, listener: StatusListener) -> int:
         """Answer at once."""
         self.status_requests += 1
-        listener.status_answered(snapshot(self.edge_id), None)
+        listener.status_answered(self.status(), None)
         return 0
 
     def cancel_status(self, request_id: int) -> None:

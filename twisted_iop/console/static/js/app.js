@@ -5,7 +5,7 @@
 import { apiToken, consoleConfig, setApiToken, subscribeLive } from "./iop-console.js";
 
 const $ = (selector) => document.querySelector(selector);
-const panels = ["iop-edge-detail", "iop-event-stream", "iop-operations", "iop-command-form"].map((t) => $(t));
+const panels = ["iop-edge-detail", "#edge-area iop-history-chart", "iop-event-stream", "iop-operations", "iop-command-form"].map((t) => $(t));
 const fleet = $("iop-fleet-overview");
 
 function selectedFromHash() {

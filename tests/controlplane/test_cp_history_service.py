@@ -1,0 +1,226 @@
+"""The history service with plain calls: a real registry and gateway, a fake clock, the memory store.
+
+Edges are :class:`AnsweringEdgePeer` s whose snapshots the tests change
+between samples; time moves with ``Clock.advance``. Views are read through
+:class:`HistoryQueries`, as the routes read them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
+
+from twisted_iop.controlplane.config import config_from_text
+from twisted_iop.controlplane.edge_hello import EdgeHello
+from twisted_iop.controlplane.gateway import EdgeGateway
+from twisted_iop.controlplane.history.fields import FLEET_FIELDS, MODEL_FIELDS
+from twisted_iop.controlplane.history.queries import choose_tier, parse_range
+from twisted_iop.controlplane.history.service import HistoryService
+from twisted_iop.controlplane.history.settings import HistorySettings
+from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.store.memory import MemoryStore
+from twisted_iop.testing.peers import AnsweringEdgePeer, set_engine, snapshot
+from twisted_iop.wire import control_pb2 as pb
+
+HELLO = EdgeHello({"site": "test"}, "1.0", "1.0", ())
+START = 1_700_000_000.0
+#: 1 s samples; 4 s and 20 s tiers.
+SETTINGS = config_from_text(
+    "history:\n  interval_seconds: 1\n  tiers:\n"
+    "  - {keep_hours: 1}\n  - {step_seconds: 4, keep_hours: 2}\n  - {step_seconds: 20, keep_hours: 4}\n"
+).history
+
+
+class Fleet:
+    """A registry, gateway and history over the memory store, with edges to change."""
+
+    def __init__(self, settings: HistorySettings = SETTINGS, store: MemoryStore | None = None) -> None:
+        self.clock = Clock()
+        self.clock.advance(START)
+        self.registry = EdgeRegistry(self.clock)
+        self.gateway = EdgeGateway(self.registry, self.clock, fleet_max_age_seconds=0.0)
+        self.store = store if store is not None else MemoryStore()
+        self.history = HistoryService(settings, self.registry, self.gateway, self.store, self.clock)
+        self.peers: dict[str, AnsweringEdgePeer] = {}
+        self.history.startService()
+
+    def connect(self, edge_id: str, in_flight: int = 1) -> AnsweringEdgePeer:
+        """Enroll an edge whose providers each have ``in_flight`` requests."""
+        peer = self.peers[edge_id] = AnsweringEdgePeer(edge_id)
+        self.set_in_flight(edge_id, in_flight)
+        self.registry.connect(edge_id, peer, HELLO)
+        return peer
+
+    def set_in_flight(self, edge_id: str, in_flight: int, engine: bool = False) -> None:
+        """The edge's next snapshots say ``in_flight`` on each of its two providers."""
+
+        def status() -> pb.EdgeStatusResponse:
+            response = snapshot(edge_id)
+            for node in response.nodes:
+                node.providers[0].in_flight = in_flight
+                if engine:
+                    set_engine(node.providers[0], running=in_flight, waiting=0, kv_cache_usage=0.5)
+            return response
+
+        self.peers[edge_id].status = status
+
+    def seconds(self, n: int) -> None:
+        """Let ``n`` intervals pass (each one samples)."""
+        for _ in range(n):
+            self.clock.advance(1)
+
+    def view(self, series: str, step: str | None = None, span: str = "-1h") -> Any:
+        """The points of a series, as the routes read them."""
+        queries = self.history.queries
+        now = self.clock.seconds()
+        start, end = parse_range(span, None, now)
+        index = (
+            choose_tier(queries.tiers, start, end, now)
+            if step is None
+            else [t.step_seconds for t in queries.tiers].index(float(step))
+        )
+        fields = MODEL_FIELDS if "model:" in series else FLEET_FIELDS
+        result: list[Any] = []
+        d: Deferred[Any] = queries.view(series, fields, index, start, end)
+        d.addCallback(result.append)
+        assert result, "the memory store answers at once"
+        return result[0]
+
+
+def column(view: Any, name: str) -> list[Any]:
+    """One field's values (sampled) or (mean, max, last) triples (rolled) in a view."""
+    at = [f.name for f in view.fields].index(name)
+    return [values[at] for _, _, values in view.points]
+
+
+def test_each_interval_samples_the_edges_the_models_and_the_fleet() -> None:
+    """Every second a point per edge, per edge model, per model and for the fleet, with the real figures."""
+    fleet = Fleet()
+    fleet.connect("edge-a", in_flight=1)
+    fleet.connect("edge-b", in_flight=3)
+    fleet.seconds(3)
+    assert fleet.history.samples == 3
+    assert fleet.history.rounds_started == 3  # nobody else asked for a round
+    a = fleet.view("edge:edge-a", step="1")
+    assert column(a, "in_flight") == [2, 2, 2] and column(a, "capacity") == [8, 8, 8]
+    assert column(a, "edges_connected") == [1, 1, 1]
+    assert column(a, "engine_running") == [None, None, None]  # no engine said anything: null, not 0
+    whole = fleet.view("fleet", step="1")
+    assert column(whole, "in_flight") == [8, 8, 8] and column(whole, "edges_connected") == [2, 2, 2]
+    assert [t for t, _, _ in whole.points] == [int((START + s) * 1000) for s in (1, 2, 3)]
+    model = fleet.view("model:llama-3-8b", step="1")
+    assert column(model, "in_flight") == [8, 8, 8] and column(model, "providers") == [4, 4, 4]
+    assert column(fleet.view("edge:edge-b/model:llama-3-8b", step="1"), "in_flight") == [6, 6, 6]
+
+
+def test_a_round_that_ran_anyway_is_sampled_without_a_new_one() -> None:
+    """When a fleet round ended within the interval, the sample reads it and starts none."""
+    fleet = Fleet()
+    fleet.connect("edge-a")
+    fleet.clock.advance(0.5)
+    fleet.gateway.fleet_status()
+    fleet.clock.advance(0.5)
+    assert fleet.history.samples == 1 and fleet.history.rounds_started == 0
+
+
+def test_rolled_up_tiers_hold_mean_max_and_last_and_the_bucket_in_progress() -> None:
+    """4 s points are the mean, max and last of their 1 s points; the open bucket shows as a partial point."""
+    fleet = Fleet()
+    fleet.connect("edge-a", in_flight=0)
+    values = [1, 5, 2, 4, 3, 3, 0, 6, 2]
+    for value in values:
+        fleet.set_in_flight("edge-a", value)
+        fleet.seconds(1)
+    view = fleet.view("edge:edge-a", step="4")
+    assert view.rolled
+    # Samples at START+1 .. START+9; 4 s buckets start at multiples of 4 s (START is one).
+    by_bucket: dict[int, list[int]] = {}
+    for second, value in zip(range(1, 10), values, strict=True):
+        by_bucket.setdefault((second // 4) * 4, []).append(value * 2)
+    expected = [(round(sum(v) / len(v), 3), max(v), v[-1]) for _, v in sorted(by_bucket.items())]
+    assert column(view, "in_flight") == expected
+    assert [count for _, count, _ in view.points] == [len(v) for _, v in sorted(by_bucket.items())]
+
+
+def test_history_survives_a_restart_through_the_store() -> None:
+    """A new service on the same store reads the old points back; a bucket split by the restart is combined."""
+    store = MemoryStore()
+    first = Fleet(store=store)
+    first.connect("edge-a", in_flight=2)
+    first.seconds(6)
+    first.history.stopService()
+    second = Fleet(store=store)
+    second.clock.advance(6)  # the same moment as the first one's clock
+    second.connect("edge-a", in_flight=4)
+    second.seconds(2)
+    sampled = second.view("edge:edge-a", step="1")
+    assert column(sampled, "in_flight") == [4] * 6 + [8, 8]
+    rolled = second.view("edge:edge-a", step="4")
+    # Samples at 1..6 then 7, 8: buckets [0,4) = 1,2,3; [4,8) = 4,5,6 (first) + 7 (second); [8,12) = 8.
+    assert [count for _, count, _ in rolled.points] == [3, 4, 1]
+    assert column(rolled, "in_flight")[1] == ((4 * 3 + 8) / 4, 8, 8)
+
+
+def test_max_series_bounds_what_is_sampled_and_counts_the_rest() -> None:
+    """Beyond max_series, new series are not started; the refusals are counted (and logged once)."""
+    settings = HistorySettings(interval_seconds=SETTINGS.interval_seconds, tiers=SETTINGS.tiers, max_series=4)
+    fleet = Fleet(settings)
+    fleet.connect("edge-a")
+    fleet.connect("edge-b")
+    fleet.seconds(2)
+    assert len(fleet.history.recorder) == 4
+    assert fleet.history.recorder.series_refused > 0
+
+
+def test_a_disconnected_edge_leaves_a_gap_and_its_series_is_closed() -> None:
+    """An edge gone stops getting points; after a few intervals its series is written closed and forgotten."""
+    fleet = Fleet()
+    peer = fleet.connect("edge-a")
+    fleet.connect("edge-b")
+    fleet.seconds(2)
+    token = fleet.registry.get("edge-a").token
+    assert token is not None
+    fleet.registry.disconnect("edge-a", token, "test")
+    fleet.seconds(8)
+    assert "edge:edge-a" not in fleet.history.recorder and "edge:edge-b" in fleet.history.recorder
+    assert len(fleet.view("edge:edge-a", step="1").points) == 2
+    assert column(fleet.view("fleet", step="1"), "edges_connected")[-1] == 1
+    assert peer.disconnects == []
+
+
+def test_engine_figures_and_the_parse_budget() -> None:
+    """Engine figures come from parsed snapshots; over the budget an edge keeps its last breakdown."""
+    settings = HistorySettings(interval_seconds=SETTINGS.interval_seconds, tiers=SETTINGS.tiers, parse_budget=1)
+    fleet = Fleet(settings)
+    fleet.connect("edge-a")
+    fleet.connect("edge-b")
+    fleet.set_in_flight("edge-a", 2, engine=True)
+    fleet.set_in_flight("edge-b", 3, engine=True)
+    fleet.seconds(3)
+    whole = fleet.view("fleet", step="1")
+    running = column(whole, "engine_running")
+    # One parse per sample: the first sample knows one edge's engines, the next both.
+    assert running[0] in (4, 6) and running[-1] == 10
+    assert column(whole, "kv_cache_usage")[-1] == 0.5
+    assert fleet.history.breakdowns.deferred >= 1
+
+
+def test_expiry_asks_the_store_to_forget_each_tier_past_its_keep() -> None:
+    """The chunks of an edge gone for longer than every tier keeps are forgotten by the store."""
+    fleet = Fleet()
+    fleet.connect("edge-a")
+    fleet.connect("edge-b")
+    fleet.seconds(5)
+    token = fleet.registry.get("edge-a").token
+    assert token is not None
+    fleet.registry.disconnect("edge-a", token, "test")
+    fleet.seconds(8)
+    keys = [tier.key for tier in fleet.history.settings.tiers]
+    assert all(fleet.store.history.read(["edge:edge-a"], key, 0, START + 1000) for key in keys)
+    fleet.clock.advance(5 * 3600)  # past every tier's keep
+    fleet.seconds(1)
+    assert not any(fleet.store.history.read(["edge:edge-a"], key, 0, START + 1000) for key in keys)
+    # edge-b's new point is in its open chunk (written to the store every few points).
+    assert fleet.view("edge:edge-b", step="1").points

@@ -1,0 +1,134 @@
+"""The sampled fields of capacity history, declared once.
+
+Every figure the history keeps is an integer: counts as they are, and the
+two fractional figures in fixed point (:attr:`Field.scale`):
+``tokens_per_second`` in hundredths of a token per second and
+``kv_cache_usage`` in thousandths (0..1000 for 0..100 %). A value nobody
+reported (no engine said its load, no provider reports its KV cache) is
+:data:`MISSING` (-1), which every real value is above, so it is never
+mistaken for 0; the JSON views show it as ``null``.
+
+Two shapes of series (:data:`SERIES_FIELDS`):
+
+* ``fleet`` and ``edge:<id>``: :data:`FLEET_FIELDS`, every figure;
+* ``model:<name>`` (the fleet's providers serving that model) and
+  ``edge:<id>/model:<name>``: :data:`MODEL_FIELDS`, fewer. A provider
+  serving several models counts its capacity, work and tokens under each
+  of them (what is available to a model, not a share of it), so the
+  models of an edge may add up to more than the edge.
+
+The chunk encoding (:mod:`.chunks`), the roll-ups (:mod:`.tiers`), the
+sampler (:mod:`.breakdown`, :mod:`.recorder`) and the views
+(:mod:`.queries`, the OpenAPI document) all take the names and order
+from here.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+
+import attrs
+
+#: The value of a field nobody reported (every real value is 0 or more).
+MISSING = -1
+
+
+class Combine(enum.Enum):
+    """How the values of several edges make one (the fleet, a selector's edges)."""
+
+    #: Added up (counts, capacity, tokens per second).
+    SUM = "sum"
+    #: The mean of the providers that reported it (a share: the KV cache).
+    MEAN = "mean"
+
+
+@attrs.frozen
+class Field:
+    """One sampled figure."""
+
+    name: str
+    #: What one unit of the JSON value is, in words (for the docs and the API).
+    unit: str
+    #: Stored integer = JSON value x scale (1 for counts).
+    scale: int = 1
+    combine: Combine = Combine.SUM
+
+
+#: Every figure of the fleet and of one edge, in stored order.
+FLEET_FIELDS: tuple[Field, ...] = (
+    Field("edges_connected", "edges"),
+    Field("nodes_connected", "nodes"),
+    Field("nodes_configured", "nodes"),
+    Field("providers", "providers"),
+    Field("providers_healthy", "providers"),
+    Field("providers_degraded", "providers"),
+    Field("providers_unhealthy", "providers"),
+    Field("providers_offline", "providers"),
+    Field("providers_unknown", "providers"),
+    Field("capacity", "requests"),
+    Field("in_flight", "requests"),
+    Field("queued", "requests"),
+    Field("long_context_capacity", "requests"),
+    Field("long_context_in_flight", "requests"),
+    Field("long_context_queued", "requests"),
+    Field("tokens_per_second", "completion tokens per second", scale=100),
+    Field("engines_reporting", "providers whose engine reported its load"),
+    Field("engine_running", "requests the engines run"),
+    Field("engine_waiting", "requests waiting inside the engines"),
+    Field("kv_cache_usage", "share of the KV cache in use (0..1)", scale=1000, combine=Combine.MEAN),
+)
+
+#: The figures of one model (fleet-wide, or on one edge), in stored order.
+MODEL_FIELDS: tuple[Field, ...] = (
+    Field("providers", "providers"),
+    Field("capacity", "requests"),
+    Field("in_flight", "requests"),
+    Field("queued", "requests"),
+    Field("long_context_capacity", "requests"),
+    Field("long_context_in_flight", "requests"),
+    Field("long_context_queued", "requests"),
+    Field("tokens_per_second", "completion tokens per second", scale=100),
+)
+
+FLEET = "fleet"
+EDGE_PREFIX = "edge:"
+MODEL_PREFIX = "model:"
+
+
+def edge_series(edge_id: str) -> str:
+    """The series name of one edge."""
+    return EDGE_PREFIX + edge_id
+
+
+def model_series(model: str, edge_id: str = "") -> str:
+    """The series name of one model, fleet-wide or on ``edge_id``."""
+    if edge_id:
+        return f"{EDGE_PREFIX}{edge_id}/{MODEL_PREFIX}{model}"
+    return MODEL_PREFIX + model
+
+
+def fields_of(series: str) -> tuple[Field, ...]:
+    """The fields a series holds (by its name's shape)."""
+    if series.startswith(MODEL_PREFIX) or f"/{MODEL_PREFIX}" in series:
+        return MODEL_FIELDS
+    return FLEET_FIELDS
+
+
+def names(fields: Sequence[Field]) -> tuple[str, ...]:
+    """The fields' names, in order."""
+    return tuple(field.name for field in fields)
+
+
+def index_of(fields: Sequence[Field]) -> dict[str, int]:
+    """Each field's place in a row of ``fields``."""
+    return {field.name: i for i, field in enumerate(fields)}
+
+
+def shown(value: float, field: Field) -> float | int | None:
+    """A stored value (or a mean of them) as the JSON views show it."""
+    if value < 0:
+        return None
+    if field.scale == 1:
+        return value if isinstance(value, int) else round(value, 3)
+    return round(value / field.scale, 3)

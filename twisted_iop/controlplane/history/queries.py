@@ -1,0 +1,337 @@
+"""Reading capacity history back: a view of one series (or of a selector's edges).
+
+:class:`HistoryQueries` answers ``GET /fleet/history`` and
+``GET /edges/{id}/history`` (``history_routes.py``):
+
+* **the range**: ``from`` / ``to`` as ISO 8601 times, seconds since the
+  epoch, ``now`` or relative to now (``-2h``, ``-30m``, ``-7d``);
+  by default the last hour (:func:`parse_time`);
+* **the tier**: ``step`` names one (``15``, ``15s``, ``1m``, ``10m``);
+  without it, the finest tier that keeps the range's start and gives at
+  most :data:`MAX_POINTS` points, else the coarsest (:func:`choose_tier`);
+* **the fields**: ``series=capacity,in_flight`` (default: all of the series');
+* **the points**: the store's chunks of the range (:meth:`HistoryStore.history_read`)
+  with the open chunks in memory laid over them (the same key: the
+  newer bytes win) and, on a rolled-up tier, the bucket in progress as a
+  partial point; two points of one bucket (a restart in the middle of it)
+  are combined into one (:func:`~.tiers.roll_rolled`: exact);
+* **a selector** (fleet view): the matching edges' series added up per
+  point time (a share, the KV cache, is their mean). On a rolled-up tier
+  the mean and last are the sums of the edges' means and lasts, and the
+  max is the sum of their maxima: an upper bound of the fleet's max, not
+  the max itself (the edges' peaks need not coincide).
+
+Pure but for the store's read (a Deferred).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any, Optional
+
+import attrs
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+
+from twisted_iop.controlplane.history import chunks, tiers
+from twisted_iop.controlplane.history.fields import Combine, Field, fields_of, names, shown
+from twisted_iop.controlplane.history.recorder import HistoryRecorder
+from twisted_iop.controlplane.history.settings import Tier
+from twisted_iop.controlplane.store.interface import HistoryChunk, HistoryStore
+
+#: A view without ``step`` gets at most about this many points.
+MAX_POINTS = 500
+#: The default range: the last hour.
+DEFAULT_RANGE_SECONDS = 3600.0
+#: The longest range a view may ask for (a year).
+MAX_RANGE_SECONDS = 366 * 86400.0
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+_RELATIVE = re.compile(r"^(?:now)?\s*-\s*(\d+(?:\.\d+)?)\s*([smhdw])$")
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|[smhd])?$")
+
+_log = Logger()
+
+
+class InvalidRange(ValueError):
+    """``from`` / ``to`` that are not a time, or not in order (400 ``invalid_range``)."""
+
+
+class InvalidStep(ValueError):
+    """A ``step`` that is no tier's (400 ``invalid_step``)."""
+
+
+class InvalidSeries(ValueError):
+    """A field name in ``series`` the view does not have (400 ``invalid_series``)."""
+
+
+def parse_time(text: Optional[str], now: float, default: float) -> float:
+    """Seconds since the epoch of ``text`` (ISO 8601, epoch seconds, ``now``, ``-2h``)."""
+    if text is None or not text.strip():
+        return default
+    text = text.strip()
+    if text == "now":
+        return now
+    relative = _RELATIVE.match(text)
+    if relative:
+        return now - float(relative.group(1)) * _UNITS[relative.group(2)]
+    try:
+        value = float(text)
+    except ValueError:
+        pass
+    else:
+        if not math.isfinite(value) or value < 0:
+            raise InvalidRange(f"{text[:40]!r} is not a time")
+        return value
+    try:
+        moment = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
+    except ValueError:
+        raise InvalidRange(
+            f"{text[:40]!r} is not a time: give ISO 8601 (2026-12-01T14:00:00Z), seconds since the epoch, "
+            "now, or a time before now (-2h, -30m, -7d)"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def parse_range(start_text: Optional[str], end_text: Optional[str], now: float) -> tuple[float, float]:
+    """The range a view asks for (default: the last hour)."""
+    end = parse_time(end_text, now, now)
+    start = parse_time(start_text, now, end - DEFAULT_RANGE_SECONDS)
+    if start >= end:
+        raise InvalidRange("'from' must be before 'to'")
+    if end - start > MAX_RANGE_SECONDS:
+        raise InvalidRange(f"a range is at most {MAX_RANGE_SECONDS / 86400:g} days")
+    return start, end
+
+
+def parse_step(text: Optional[str], tier_list: Sequence[Tier]) -> Optional[int]:
+    """The index of the tier ``step`` names (None: not given)."""
+    if text is None or not text.strip():
+        return None
+    match = _DURATION.match(text.strip())
+    steps = ", ".join(f"{t.step_seconds:g}" for t in tier_list)
+    if not match:
+        raise InvalidStep(f"step {text[:40]!r} is not a duration (the tiers' steps are {steps} seconds)")
+    unit = match.group(2) or "s"
+    step_ms = round(float(match.group(1)) * (0.001 if unit == "ms" else _UNITS[unit]) * 1000)
+    for index, tier in enumerate(tier_list):
+        if tier.step_ms == step_ms:
+            return index
+    raise InvalidStep(f"step {text[:40]!r} is not the step of a tier (the tiers' steps are {steps} seconds)")
+
+
+def parse_fields(text: Optional[str], available: Sequence[Field]) -> tuple[Field, ...]:
+    """The fields ``series`` names, in the series' order (all when not given)."""
+    if text is None or not text.strip():
+        return tuple(available)
+    wanted = [part.strip() for part in text.split(",") if part.strip()]
+    known = {field.name for field in available}
+    for name in wanted:
+        if name not in known:
+            raise InvalidSeries(
+                f"{name[:60]!r} is not a field of this view (its fields: {', '.join(names(available))})"
+            )
+    chosen = set(wanted)
+    return tuple(field for field in available if field.name in chosen)
+
+
+def choose_tier(tier_list: Sequence[Tier], start: float, end: float, now: float) -> int:
+    """The finest tier keeping ``start`` with at most :data:`MAX_POINTS` points in the range, else the coarsest."""
+    for index, tier in enumerate(tier_list):
+        if (end - start) / tier.step_seconds <= MAX_POINTS and start >= now - tier.keep_seconds:
+            return index
+    return len(tier_list) - 1
+
+
+Point = tuple[int, tuple[int, ...]]
+
+
+@attrs.frozen
+class HistoryView:
+    """What one view shows: its points, in the stored units, and how it was chosen."""
+
+    series: str
+    tier: Tier
+    rolled: bool
+    start: float
+    end: float
+    fields: tuple[Field, ...]
+    #: Per point: its time (ms) and, per chosen field, its value (sampled
+    #: tier) or its (mean, max, last) (rolled-up tier), in JSON's units.
+    points: list[tuple[int, Optional[int], list[Any]]]
+    #: The models with a series in this view's scope (for a model picker).
+    models: tuple[str, ...] = ()
+    #: A selector view: how many edges matched.
+    edges: Optional[int] = None
+
+
+class HistoryQueries:
+    """Views of the kept history (see the module docstring)."""
+
+    def __init__(self, recorder: HistoryRecorder, store: HistoryStore) -> None:
+        self._recorder = recorder
+        self._store = store
+        self.tiers = recorder.tiers
+        #: Chunks a read found unreadable (and skipped).
+        self.unreadable = 0
+
+    def models(self, edge_id: str = "") -> tuple[str, ...]:
+        """The models whose series are open, fleet-wide or of one edge."""
+        prefix = f"edge:{edge_id}/model:" if edge_id else "model:"
+        return tuple(sorted(name[len(prefix) :] for name in self._recorder.names() if name.startswith(prefix)))
+
+    def read(
+        self, series: Sequence[str], tier_index: int, start: float, end: float
+    ) -> Deferred[dict[str, list[Point]]]:
+        """The points of each of ``series`` at a tier within ``[start, end]``, by time."""
+        tier = self.tiers[tier_index]
+        rolled = tier_index > 0
+        reach = tier.step_seconds if rolled else 0.0
+        d = self._store.history_read(list(series), tier.key, start - reach, end)
+        return d.addCallback(self._points, series, tier_index, start, end)
+
+    def _points(
+        self, found: list[HistoryChunk], series: Sequence[str], tier_index: int, start: float, end: float
+    ) -> dict[str, list[Point]]:
+        tier = self.tiers[tier_index]
+        rolled = tier_index > 0
+        start_ms = math.ceil(start * 1000) - (tier.step_ms - 1 if rolled else 0)
+        end_ms = math.floor(end * 1000)
+        by_series: dict[str, dict[float, bytes]] = {name: {} for name in series}
+        for chunk in found:
+            if chunk.series in by_series:
+                by_series[chunk.series][chunk.start] = chunk.data
+        out: dict[str, list[Point]] = {}
+        for name, kept in by_series.items():
+            opened = self._recorder.open_chunk(name, tier_index)
+            if opened is not None:
+                kept[opened.start] = opened.data
+            points: dict[int, tuple[int, ...]] = {}
+            for _, data in sorted(kept.items()):
+                try:
+                    _, rows = chunks.decode(data)
+                except chunks.ChunkError as e:
+                    self.unreadable += 1
+                    _log.warn("history: a chunk of {series} is unreadable, skipped: {error}", series=name, error=e)
+                    continue
+                for row in rows:
+                    t_ms = row[0]
+                    if start_ms <= t_ms <= end_ms:
+                        _merge(points, t_ms, row[1:], rolled)
+            if rolled:
+                partial = self._recorder.partial(name, tier_index)
+                if partial is not None and start_ms <= partial[0] <= end_ms:
+                    _merge(points, partial[0], partial[1], rolled)
+            out[name] = sorted(points.items())
+        return out
+
+    def view(
+        self,
+        series: str,
+        chosen: tuple[Field, ...],
+        tier_index: int,
+        start: float,
+        end: float,
+        models: tuple[str, ...] = (),
+    ) -> Deferred[HistoryView]:
+        """One series' view."""
+        rolled = tier_index > 0
+
+        def made(points: dict[str, list[Point]]) -> HistoryView:
+            shown_points = _shown(points[series], fields_of(series), chosen, rolled)
+            return HistoryView(series, self.tiers[tier_index], rolled, start, end, chosen, shown_points, models)
+
+        return self.read([series], tier_index, start, end).addCallback(made)
+
+    def aggregate_view(
+        self,
+        label: str,
+        members: Sequence[str],
+        chosen: tuple[Field, ...],
+        tier_index: int,
+        start: float,
+        end: float,
+        models: tuple[str, ...] = (),
+    ) -> Deferred[HistoryView]:
+        """The view of ``members`` (a selector's edges, or their model series) added up."""
+        rolled = tier_index > 0
+        available = fields_of(members[0]) if members else fields_of(label)
+
+        def made(points: dict[str, list[Point]]) -> HistoryView:
+            combined = _combine(points.values(), available, chosen, rolled)
+            return HistoryView(
+                label, self.tiers[tier_index], rolled, start, end, chosen, combined, models, len(members)
+            )
+
+        return self.read(members, tier_index, start, end).addCallback(made)
+
+
+def _merge(points: dict[int, tuple[int, ...]], t_ms: int, values: tuple[int, ...], rolled: bool) -> None:
+    """Keep a point; two of one rolled-up bucket are combined, a sampled one replaced."""
+    kept = points.get(t_ms)
+    if kept is not None and rolled:
+        points[t_ms] = tiers.roll_rolled([kept, values])
+    else:
+        points[t_ms] = values
+
+
+def _shown(
+    points: list[Point], available: Sequence[Field], chosen: Sequence[Field], rolled: bool
+) -> list[tuple[int, Optional[int], list[Any]]]:
+    places = [available.index(field) for field in chosen]
+    out: list[tuple[int, Optional[int], list[Any]]] = []
+    for t_ms, values in points:
+        if not rolled:
+            out.append((t_ms, None, [shown(values[i], available[i]) for i in places]))
+            continue
+        parts: list[Any] = []
+        for i in places:
+            mean, most, last = tiers.field_parts(values, i)
+            field = available[i]
+            parts.append(
+                (None, None, None)
+                if mean is None or most is None or last is None
+                else (shown(mean, field), shown(most, field), shown(last, field))
+            )
+        out.append((t_ms, values[0], parts))
+    return out
+
+
+def _combine(
+    members: Iterable[list[Point]], available: Sequence[Field], chosen: Sequence[Field], rolled: bool
+) -> list[tuple[int, Optional[int], list[Any]]]:
+    """The members' points added up per time (a MEAN field: their mean)."""
+    places = [available.index(field) for field in chosen]
+    at: dict[int, list[tuple[int, ...]]] = {}
+    for points in members:
+        for t_ms, values in points:
+            at.setdefault(t_ms, []).append(values)
+    out: list[tuple[int, Optional[int], list[Any]]] = []
+    for t_ms in sorted(at):
+        rows = at[t_ms]
+        parts: list[Any] = []
+        for i in places:
+            field = available[i]
+            if not rolled:
+                present = [row[i] for row in rows if row[i] >= 0]
+                parts.append(shown(_together(present, field), field) if present else None)
+                continue
+            triples = [tiers.field_parts(row, i) for row in rows]
+            got = [(m, x, l) for m, x, l in triples if m is not None and x is not None and l is not None]
+            if not got:
+                parts.append((None, None, None))
+                continue
+            parts.append(tuple(shown(_together([g[k] for g in got], field), field) for k in range(3)))
+        out.append((t_ms, max(row[0] for row in rows) if rolled else None, parts))
+    return out
+
+
+def _together(values: Sequence[float], field: Field) -> float:
+    if field.combine is Combine.MEAN:
+        return sum(values) / len(values)
+    return sum(values)

@@ -1,0 +1,161 @@
+"""HTTP routes of capacity history: ``GET /fleet/history`` and ``GET /edges/{id}/history``.
+
+:func:`add_history_routes` puts them on the Control Plane's Klein app;
+each runs on the :class:`~twisted_iop.controlplane.http_routes.ControlPlaneHttp`
+it is bound to (its token checks and error handlers) and asks the
+:class:`~twisted_iop.controlplane.history.queries.HistoryQueries` of its
+history service. The query parameters (docs/http-api.md#capacity-history):
+``from``, ``to``, ``step``, ``series`` (field names), ``model`` and, on
+the fleet view, ``selector``. This module parses them and writes the JSON.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Protocol
+
+from klein import Klein
+from twisted.web.iweb import IRequest
+
+from twisted_iop.controlplane.auth import ApiToken
+from twisted_iop.controlplane.edge_filters import EdgeFilter
+from twisted_iop.controlplane.edge_record import EdgeRecord
+from twisted_iop.controlplane.history.fields import (
+    FLEET,
+    FLEET_FIELDS,
+    MODEL_FIELDS,
+    edge_series,
+    model_series,
+)
+from twisted_iop.controlplane.history.queries import (
+    HistoryView,
+    choose_tier,
+    parse_fields,
+    parse_range,
+    parse_step,
+)
+from twisted_iop.controlplane.history.service import HistoryService
+from twisted_iop.controlplane.http_errors import BadRequest, json_body
+from twisted_iop.controlplane.json_views import iso
+from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.label_selectors import parse_selector
+
+#: The longest model name a view accepts.
+MAX_MODEL_CHARS = 256
+
+
+class HistoryHost(Protocol):
+    """What the history routes use of ``ControlPlaneHttp``."""
+
+    _history: HistoryService
+    _registry: EdgeRegistry
+
+    @property
+    def _now(self) -> float:
+        """The clock's time."""
+
+    def _shared(self, request: IRequest) -> Optional[ApiToken]:
+        """The caller's token, a viewer's at least."""
+
+    def _edge(self, request: IRequest, edge_id: str) -> EdgeRecord:
+        """The edge's record (404 ``unknown_edge``)."""
+
+
+def _arg(request: IRequest, name: str) -> Optional[str]:
+    values = request.args.get(name.encode())
+    if not values:
+        return None
+    try:
+        return str(values[-1].decode("utf-8"))
+    except UnicodeDecodeError:
+        raise BadRequest(f"query parameter {name!r} is not valid UTF-8") from None
+
+
+def _model(request: IRequest) -> str:
+    model = (_arg(request, "model") or "").strip()
+    if len(model) > MAX_MODEL_CHARS:
+        raise BadRequest(f"query parameter 'model' is longer than {MAX_MODEL_CHARS} characters")
+    return model
+
+
+def view_json(view: HistoryView, interval_seconds: float, **scope: Any) -> dict[str, Any]:
+    """The JSON of a view (docs/http-api.md#capacity-history)."""
+    field_names = [field.name for field in view.fields]
+    if view.rolled:
+        columns = ["t", "count"] + [f"{name}.{part}" for name in field_names for part in ("mean", "max", "last")]
+        points = [
+            [t_ms / 1000, count, *(v for triple in values for v in triple)] for t_ms, count, values in view.points
+        ]
+    else:
+        columns = ["t", *field_names]
+        points = [[t_ms / 1000, *values] for t_ms, _, values in view.points]
+    return {
+        "series": view.series,
+        **scope,
+        "start": iso(view.start),
+        "end": iso(view.end),
+        "step_seconds": view.tier.step_seconds,
+        "keep_seconds": view.tier.keep_seconds,
+        "interval_seconds": interval_seconds,
+        "rolled_up": view.rolled,
+        "fields": field_names,
+        "columns": columns,
+        "points": points,
+        "models": list(view.models),
+        "edges": view.edges,
+    }
+
+
+def add_history_routes(app: Klein) -> None:
+    """Add the history routes to ``app`` (ControlPlaneHttp's)."""
+
+    def window(http: HistoryHost, request: IRequest) -> tuple[float, float, int]:
+        queries = http._history.queries
+        now = http._now
+        start, end = parse_range(_arg(request, "from"), _arg(request, "to"), now)
+        tier_index = parse_step(_arg(request, "step"), queries.tiers)
+        if tier_index is None:
+            tier_index = choose_tier(queries.tiers, start, end, now)
+        return start, end, tier_index
+
+    @app.route("/fleet/history", methods=["GET"])
+    async def fleet_history(http: HistoryHost, request: IRequest) -> bytes:
+        """The fleet's capacity over time (or a model's, or a selector's edges added up)."""
+        http._shared(request)
+        queries = http._history.queries
+        model = _model(request)
+        selector_text = _arg(request, "selector")
+        selector = parse_selector(selector_text)
+        chosen = parse_fields(_arg(request, "series"), MODEL_FIELDS if model else FLEET_FIELDS)
+        start, end, tier_index = window(http, request)
+        models = queries.models()
+        if selector.empty:
+            series = model_series(model) if model else FLEET
+            view = await queries.view(series, chosen, tier_index, start, end, models)
+        else:
+            matched = EdgeFilter(selector).records(http._registry.edges())
+            members = [model_series(model, r.edge_id) if model else edge_series(r.edge_id) for r in matched]
+            label = model_series(model) if model else FLEET
+            view = await queries.aggregate_view(label, members, chosen, tier_index, start, end, models)
+        body = view_json(
+            view,
+            http._history.settings.interval_seconds,
+            edge_id=None,
+            model=model or None,
+            selector=str(selector) if not selector.empty else None,
+        )
+        return json_body(request, 200, body)
+
+    @app.route("/edges/<edge_id>/history", methods=["GET"])
+    async def edge_history(http: HistoryHost, request: IRequest, edge_id: str) -> bytes:
+        """One edge's capacity over time (or one of its models')."""
+        http._edge(request, edge_id)
+        queries = http._history.queries
+        model = _model(request)
+        chosen = parse_fields(_arg(request, "series"), MODEL_FIELDS if model else FLEET_FIELDS)
+        start, end, tier_index = window(http, request)
+        series = model_series(model, edge_id) if model else edge_series(edge_id)
+        view = await queries.view(series, chosen, tier_index, start, end, queries.models(edge_id))
+        body = view_json(
+            view, http._history.settings.interval_seconds, edge_id=edge_id, model=model or None, selector=None
+        )
+        return json_body(request, 200, body)

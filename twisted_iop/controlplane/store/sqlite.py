@@ -31,12 +31,14 @@ from twisted.logger import Logger
 
 from twisted_iop.controlplane import stored_forms
 from twisted_iop.controlplane.event_record import EventRecord
+from twisted_iop.controlplane.live_event import event_record_of
 from twisted_iop.controlplane.operation_states import IN_FLIGHT_STATES, TERMINAL_STATES
 from twisted_iop.controlplane.operations import OperationRecord
 from twisted_iop.controlplane.store import sqlite_schema
 from twisted_iop.controlplane.store.interface import HistoryChunk, KeptEdge, KeptState, StoreError, StoreHealth
 from twisted_iop.controlplane.store.settings import StoreSettings
 from twisted_iop.controlplane.store.sqlite_writer import Batch, Committed, SqliteWriter
+from twisted_iop.wire import control_pb2 as pb
 
 if TYPE_CHECKING:
     from twisted_iop.controlplane.edge_record import EdgeRecord
@@ -402,17 +404,20 @@ class SqliteStore(Service):
                 )
             )
         events = []
-        for fleet_sequence, sequence, body in db.execute(
-            "SELECT fleet_sequence, sequence, body FROM events ORDER BY fleet_sequence"
+        message = pb.FleetEvent()
+        for fleet_sequence, edge_id, sequence, body in db.execute(
+            "SELECT fleet_sequence, edge_id, sequence, body FROM events ORDER BY fleet_sequence"
         ):
             try:
-                events.append(
-                    stored_forms.event_from(
-                        stored_forms.loads_object(body, "event"), int(sequence), int(fleet_sequence)
-                    )
-                )
-            except stored_forms.BadRecord as e:
+                message.ParseFromString(body)
+            except Exception as e:
                 self._skipped(f"event {fleet_sequence}: {e}")
+                continue
+            event = event_record_of(message)
+            if (event.fleet_sequence, event.edge_id, event.sequence) != (fleet_sequence, edge_id, sequence):
+                self._skipped(f"event {fleet_sequence}: its body does not match its row")
+                continue
+            events.append(event)
         operations = []
         for operation_id, body in db.execute("SELECT operation_id, body FROM operations ORDER BY created_at"):
             try:

@@ -44,12 +44,15 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             last_edge_sequence INTEGER NOT NULL DEFAULT 0
         )""",
         # The fleet sequence is the row id: events are appended in its order.
+        # The body is the event as /client carries it (a serialized FleetEvent,
+        # written from the one declaration of an event's fields); the other
+        # columns are what retention and the edges' views select on.
         """CREATE TABLE events (
             fleet_sequence INTEGER PRIMARY KEY,
             edge_id TEXT NOT NULL,
             sequence INTEGER NOT NULL,
             recorded_at REAL NOT NULL,
-            body TEXT NOT NULL,
+            body BLOB NOT NULL,
             bytes INTEGER NOT NULL
         )""",
         "CREATE INDEX events_by_edge ON events (edge_id, sequence)",

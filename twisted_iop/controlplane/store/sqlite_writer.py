@@ -34,8 +34,8 @@ from typing import Any, Optional
 import attrs
 from twisted.logger import Logger
 
-from twisted_iop.controlplane import stored_forms
 from twisted_iop.controlplane.event_record import EventRecord
+from twisted_iop.controlplane.live_event import fleet_event_message
 from twisted_iop.controlplane.store.interface import HistoryChunk
 from twisted_iop.controlplane.store.settings import Retention
 
@@ -206,9 +206,9 @@ class SqliteWriter:
             rows = []
             edge_bytes = self.edge_event_bytes
             for event in batch.events:
-                body = stored_forms.event_text(event)
-                size = len(body)
-                rows.append((event.fleet_sequence, event.edge_id, event.sequence, event.recorded_at, body, size))
+                payload = fleet_event_message(event).SerializeToString()
+                size = len(payload)
+                rows.append((event.fleet_sequence, event.edge_id, event.sequence, event.recorded_at, payload, size))
                 edge_bytes[event.edge_id] += size
                 self.stored_bytes += size
                 touched[event.edge_id] = event.sequence

@@ -19,7 +19,7 @@ UNITS = ROOT / "configs" / "systemd"
 DAEMONS = {"iop-control-plane": "control-plane", "iop-edge": "edge", "iop-node": "node"}
 INSTALLED_TWISTD = "/opt/twisted-iop/bin/twistd"
 #: Settings that name the daemon, and so differ between the units.
-PER_DAEMON = {"ExecStart", "EnvironmentFile"}
+PER_DAEMON = {"ExecStart", "EnvironmentFile", "StateDirectory"}
 #: The hardening every unit must carry (systemd-analyze security rates it 1.8).
 HARDENING = {
     "NoNewPrivileges",
@@ -75,6 +75,8 @@ def test_unit_is_consistent_and_hardened(name: str, tmp_path: Path) -> None:
         f"{INSTALLED_TWISTD} -n --pidfile= --logfile=- {name} --config /etc/iop/{conf}.yaml"
     )
     assert service["EnvironmentFile"] == f"-/etc/iop/{conf}.env"
+    # Its state (the store, pidfiles) under /var/lib/twisted-iop/<daemon>, writable under ProtectSystem=strict.
+    assert service["StateDirectory"] == f"twisted-iop/{conf}"
     assert set(service) >= HARDENING
     assert service["LimitNOFILE"] == "65536"
     # Apart from what names the daemon, the three [Service] sections are identical.

@@ -18,6 +18,8 @@ from twisted.internet.defer import ensureDeferred, maybeDeferred
 
 from twisted_iop.client import ClientWireClient, ControlPlaneStatusRepository
 from twisted_iop.client.cli import parse_arguments, run
+from twisted_iop.configuration import ConfigError
+from twisted_iop.controlplane.config import config_from_text
 from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.event_record import EventRecord
 from twisted_iop.controlplane.memory import RegistryLimits
@@ -432,3 +434,36 @@ def test_registry_hands_the_store_every_change(tmp_path: Path) -> None:
         ("event", "edge.disconnected"),
         ("edge", "disconnected"),
     ]
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("store: {backend: disk}", "store.backend: must be one of sqlite, memory, redis, not 'disk'"),
+        ("store: {backend: redis}", "store.backend: redis needs cluster.backend: redis"),
+        (
+            "cluster: {backend: redis}\nstore: {backend: sqlite}",
+            "store.backend: sqlite cannot be used with cluster.backend: redis",
+        ),
+        ("store: {flush_interval_seconds: 120}", "store.flush_interval_seconds: must be between 0.01 and 60 seconds"),
+        ("store: {synchronous: sometimes}", "store.synchronous: must be normal or full"),
+        ("store: {retention: {events_per_edge: 0}}", "store.retention.events_per_edge"),
+        ("store: {retention: {forever: true}}", "store.retention"),
+    ],
+)
+def test_store_settings_errors_name_the_field(text: str, error: str) -> None:
+    """A bad store setting is one error naming its dotted field."""
+    with pytest.raises(ConfigError) as raised:
+        config_from_text(text)
+    assert error in str(raised.value)
+
+
+def test_store_defaults_and_environment() -> None:
+    """sqlite under the state directory by default; redis in cluster mode; the environment overrides."""
+    assert config_from_text("").store.backend == "sqlite"
+    assert config_from_text("", {"STATE_DIRECTORY": "/var/lib/x"}).store.path == "/var/lib/x/control-plane.sqlite"
+    assert config_from_text("").store.path == "state/control-plane.sqlite"
+    assert config_from_text("cluster: {backend: redis}").store.backend == "redis"
+    overridden = config_from_text("", {"IOP_STORE_BACKEND": "memory", "IOP_STORE_PATH": "/tmp/x.sqlite"}).store
+    assert (overridden.backend, overridden.path) == ("memory", "/tmp/x.sqlite")
+    assert config_from_text("history: {max_bytes: 2097152}").store.history_max_bytes == 2097152

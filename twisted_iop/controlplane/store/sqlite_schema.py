@@ -115,6 +115,10 @@ def connect(path: str, synchronous: str = "normal", create: bool = True) -> sqli
         raise StoreError(f"store.path {path}: no such file")
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
+        if not file.exists():
+            # Only its owner reads the audit (SQLite gives its -wal and -shm
+            # files the mode of the database file).
+            os.close(os.open(file, os.O_CREAT | os.O_WRONLY, 0o600))
         connection = sqlite3.connect(str(file), isolation_level=None, check_same_thread=False)
     except (OSError, sqlite3.Error) as e:
         raise StoreError(f"store.path {path}: cannot open: {e}") from None

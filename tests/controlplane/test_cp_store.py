@@ -31,6 +31,7 @@ from twisted_iop.controlplane.store.memory import MemoryStore
 from twisted_iop.controlplane.store.settings import Retention, StoreSettings
 from twisted_iop.controlplane.store.sqlite import SqliteStore
 from twisted_iop.controlplane.store.sqlite_writer import Batch, SqliteWriter
+from twisted_iop.testing import store_contract
 from twisted_iop.testing.harness import eventually, start_control_plane
 from twisted_iop.testing.peers import HeldEdgePeer, connect_edge
 
@@ -60,34 +61,17 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
 # -- the history contract, every backend ----------------------------------------------
 
 
+@pytest.mark.parametrize("check", store_contract.CHECKS, ids=lambda check: check.__name__)
 @pytest_twisted.ensureDeferred
-async def test_history_chunks_read_back_by_range_and_replaced_by_key(store: Any) -> None:
-    """A chunk is read back when it overlaps the range; a second write of its key replaces it."""
-    store.history_write(HistoryChunk("fleet", 15, 100.0, 200.0, b"first"))
-    store.history_write(HistoryChunk("fleet", 15, 300.0, 400.0, b"second"))
-    store.history_write(HistoryChunk("edge:a", 15, 100.0, 200.0, b"other series"))
-    store.history_write(HistoryChunk("fleet", 60, 100.0, 200.0, b"other tier"))
-    store.history_write(HistoryChunk("fleet", 15, 100.0, 250.0, b"first, grown"))
-    chunks = await store.history_read(["fleet"], 15, 150.0, 350.0)
-    assert [(c.start, c.end, c.data) for c in chunks] == [(100.0, 250.0, b"first, grown"), (300.0, 400.0, b"second")]
-    assert [c.data for c in await store.history_read(["fleet"], 15, 260.0, 290.0)] == []
-    both = await store.history_read(["fleet", "edge:a"], 15, 0.0, 1000.0)
-    assert [(c.series, c.start) for c in both] == [("edge:a", 100.0), ("fleet", 100.0), ("fleet", 300.0)]
+async def test_the_history_contract(store: Any, check: Any) -> None:
+    """The memory and SQLite stores keep, replace, read and expire history chunks alike."""
 
+    async def settle() -> None:
+        if hasattr(store, "flush"):
+            store.flush()
+            await eventually(lambda: store.health().pending == 0, message="flushed")
 
-@pytest_twisted.ensureDeferred
-async def test_history_expiry_forgets_the_chunks_that_ended_before(store: Any) -> None:
-    """Expiring a tier forgets its chunks that ended before the time, and only that tier's."""
-    store.history_write(HistoryChunk("fleet", 15, 100.0, 200.0, b"old"))
-    store.history_write(HistoryChunk("fleet", 15, 300.0, 400.0, b"new"))
-    store.history_write(HistoryChunk("fleet", 60, 100.0, 200.0, b"coarse"))
-    if hasattr(store, "flush"):
-        store.flush()
-    store.history_expire(15, 250.0)
-    if hasattr(store, "flush"):
-        await eventually(lambda: store.health().pending == 0, message="flushed")
-    assert [c.data for c in await store.history_read(["fleet"], 15, 0.0, 1000.0)] == [b"new"]
-    assert [c.data for c in await store.history_read(["fleet"], 60, 0.0, 1000.0)] == [b"coarse"]
+    await check(store, store, settle)
 
 
 # -- the SQLite file -------------------------------------------------------------------

@@ -133,21 +133,37 @@ async def test_the_daemon_keeps_its_audit_across_sigterm_and_kill_9(tmp_path: Pa
     assert check == ("ok",)
 
 
-@pytest_twisted.ensureDeferred
-async def test_a_store_file_from_a_newer_release_stops_start_up_in_one_line(tmp_path: Path) -> None:
-    """Start-up refuses a newer file: exit 1, one line naming it, no traceback, the file untouched."""
-    path = tmp_path / DEFAULT_FILE
-    path.parent.mkdir()
+def _newer_file(path: Path) -> None:
     sqlite_schema.connect(str(path)).close()
     raw = sqlite3.connect(str(path))
     raw.execute("PRAGMA user_version=99")
     raw.close()
+
+
+def _garbage_file(path: Path) -> None:
+    path.write_bytes(b"\x00 not an SQLite database \xff" * 512)
+
+
+@pytest.mark.parametrize(
+    ("make", "line"),
+    [
+        (_newer_file, "written by a newer twisted-iop (schema version 99"),
+        (_garbage_file, "not a usable SQLite file"),
+    ],
+    ids=["newer", "corrupt"],
+)
+@pytest_twisted.ensureDeferred
+async def test_a_store_file_it_cannot_use_stops_start_up_in_one_line(tmp_path: Path, make: Any, line: str) -> None:
+    """Start-up refuses a newer or corrupt file: exit 1, one line naming it, no traceback, the file untouched."""
+    path = tmp_path / DEFAULT_FILE
+    path.parent.mkdir()
+    make(path)
     before = path.read_bytes()
     daemon = start_daemon(["iop-control-plane"], tmp_path, env=CONTROL_PLANE_LOOPBACK_ENV, name="cp")
     code = daemon.process.wait(30)
     log = daemon.log()
     assert code == 1
-    assert "written by a newer twisted-iop (schema version 99" in log
+    assert f"iop-control-plane: store.path {DEFAULT_FILE}: " in log and line in log
     assert "Traceback" not in log
     assert path.read_bytes() == before
 

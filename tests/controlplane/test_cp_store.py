@@ -192,9 +192,9 @@ def test_finished_operations_beyond_the_per_edge_count_go_first(tmp_path: Path) 
     """Finished operations over the bound are dropped oldest first; open ones never."""
     writer = _writer(tmp_path, Retention(operations_per_edge=3))
     batch = Batch()
-    batch.operations.append(("open", "a", 0.0, 0, "{}"))
+    batch.operations.append(("open", "a", 0.0, 0, {}))
     for n in range(1, 8):
-        batch.operations.append((f"op-{n}", "a", float(n), 1, "{}"))
+        batch.operations.append((f"op-{n}", "a", float(n), 1, {}))
     writer.write(batch)
     kept = [row[0] for row in writer._db.execute("SELECT operation_id FROM operations ORDER BY created_at")]
     assert kept == ["open", "op-5", "op-6", "op-7"]

@@ -37,7 +37,7 @@ from twisted_iop.controlplane.operations import OperationRecord
 from twisted_iop.controlplane.store import sqlite_schema
 from twisted_iop.controlplane.store.interface import HistoryChunk, KeptEdge, KeptState, StoreError, StoreHealth
 from twisted_iop.controlplane.store.settings import StoreSettings
-from twisted_iop.controlplane.store.sqlite_writer import Batch, Committed, SqliteWriter
+from twisted_iop.controlplane.store.sqlite_writer import Batch, Committed, EdgeRow, SqliteWriter
 from twisted_iop.wire import control_pb2 as pb
 
 if TYPE_CHECKING:
@@ -312,25 +312,15 @@ class SqliteStore(Service):
 
     def _take_batch(self) -> Batch:
         """Everything queued, serialized where it may still change."""
+        # Copies of what may still change (an operation, an edge, a rollout),
+        # taken now; their JSON text is written by the writer thread.
         operations = [
-            (
-                op.operation_id,
-                op.edge_id,
-                op.created_at,
-                int(op.finished),
-                stored_forms.dumps(stored_forms.operation_dict(op)),
-            )
+            (op.operation_id, op.edge_id, op.created_at, int(op.finished), stored_forms.operation_dict(op))
             for op in self._operations.values()
         ]
         edges = [_edge_row(record) for record in self._edges.values()]
         rollouts = [
-            (
-                r.rollout_id,
-                r.created_at,
-                int(r.settled),
-                stored_forms.dumps(stored_forms.rollout_dict(r)),
-            )
-            for r in self._rollouts.values()
+            (r.rollout_id, r.created_at, int(r.settled), stored_forms.rollout_dict(r)) for r in self._rollouts.values()
         ]
         batch = Batch(
             events=self._events,
@@ -458,11 +448,11 @@ def _meta_int(meta: dict[str, str], key: str) -> int:
         return 0
 
 
-def _edge_row(record: EdgeRecord) -> tuple[str, str, int, Optional[float], Optional[float], float, int, int, int]:
-    """An edge as its ``edges`` row."""
+def _edge_row(record: EdgeRecord) -> EdgeRow:
+    """An edge as its ``edges`` row (its hello as the object, written by the writer)."""
     return (
         record.edge_id,
-        stored_forms.hello_json(record.hello),
+        record.hello,
         int(record.connected),
         record.connected_at,
         record.disconnected_at,

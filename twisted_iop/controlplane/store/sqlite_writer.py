@@ -34,6 +34,8 @@ from typing import Any, Optional
 import attrs
 from twisted.logger import Logger
 
+from twisted_iop.controlplane import stored_forms
+from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.event_record import EventRecord
 from twisted_iop.controlplane.live_event import fleet_event_message
 from twisted_iop.controlplane.store.interface import HistoryChunk
@@ -44,12 +46,14 @@ AGE_PASS_SECONDS = 60.0
 #: Rows deleted per statement when trimming by bytes or age.
 TRIM_ROWS = 1000
 
-#: ``edges`` row: the columns in order.
-EdgeRow = tuple[str, str, int, Optional[float], Optional[float], float, int, int, int]
-#: ``operations`` row: operation_id, edge_id, created_at, finished, body.
-OperationRow = tuple[str, str, float, int, str]
-#: ``rollouts`` row: rollout_id, created_at, settled, body.
-RolloutRow = tuple[str, float, int, str]
+#: An ``edges`` row with its hello as the object (many edges share one:
+#: its JSON is written once per batch, here, not on the reactor).
+EdgeRow = tuple[str, EdgeHello, int, Optional[float], Optional[float], float, int, int, int]
+#: An ``operations`` row: operation_id, edge_id, created_at, finished, and
+#: the operation as JSON values (a copy taken on the reactor, dumped here).
+OperationRow = tuple[str, str, float, int, dict[str, Any]]
+#: A ``rollouts`` row: rollout_id, created_at, settled, the rollout as JSON values.
+RolloutRow = tuple[str, float, int, dict[str, Any]]
 
 
 @attrs.define
@@ -214,13 +218,21 @@ class SqliteWriter:
                 touched[event.edge_id] = event.sequence
             db.executemany("INSERT OR REPLACE INTO events VALUES (?, ?, ?, ?, ?, ?)", rows)
         if batch.edges:
+            hellos: dict[int, str] = {}
+
+            def hello_text(hello: EdgeHello) -> str:
+                text = hellos.get(id(hello))
+                if text is None:
+                    text = hellos[id(hello)] = stored_forms.hello_json(hello)
+                return text
+
             db.executemany(
                 """INSERT INTO edges VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?)
                 ON CONFLICT (edge_id) DO UPDATE SET hello = excluded.hello, connected = excluded.connected,
                     connected_at = excluded.connected_at, disconnected_at = excluded.disconnected_at,
                     last_seen = excluded.last_seen, enrollments = excluded.enrollments,
                     last_edge_sequence = excluded.last_edge_sequence""",
-                [(*row[:7], row[8]) for row in batch.edges],
+                [(row[0], hello_text(row[1]), *row[2:7], row[8]) for row in batch.edges],
             )
         if touched:
             db.executemany(
@@ -228,7 +240,8 @@ class SqliteWriter:
                 [(sequence, edge_id) for edge_id, sequence in touched.items()],
             )
         ops_touched: set[str] = set()
-        for operation_id, edge_id, created_at, finished, body in batch.operations:
+        for operation_id, edge_id, created_at, finished, value in batch.operations:
+            body = stored_forms.dumps(value)
             self.stored_bytes += len(body) - self._old_bytes("operations", "operation_id", operation_id)
             db.execute(
                 "INSERT OR REPLACE INTO operations VALUES (?, ?, ?, ?, ?, ?)",
@@ -236,7 +249,8 @@ class SqliteWriter:
             )
             if finished:
                 ops_touched.add(edge_id)
-        for rollout_id, created_at, settled, body in batch.rollouts:
+        for rollout_id, created_at, settled, state in batch.rollouts:
+            body = stored_forms.dumps(state)
             self.stored_bytes += len(body) - self._old_bytes("rollouts", "rollout_id", rollout_id)
             db.execute(
                 "INSERT OR REPLACE INTO rollouts VALUES (?, ?, ?, ?, ?)",
@@ -252,11 +266,11 @@ class SqliteWriter:
                 "INSERT OR REPLACE INTO history VALUES (?, ?, ?, ?, ?)",
                 (chunk.series, chunk.step, chunk.start, chunk.end, chunk.data),
             )
-        for key, value in batch.meta.items():
+        for key, number in batch.meta.items():
             db.execute(
                 "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = "
                 "CAST(max(CAST(value AS INTEGER), CAST(excluded.value AS INTEGER)) AS TEXT)",
-                (key, str(value)),
+                (key, str(number)),
             )
         trimmed += self._trim_events(touched)
         trimmed += self._trim_operations(ops_touched)

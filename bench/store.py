@@ -43,6 +43,9 @@ import fleet_fanout as ff
 import suite
 from twisted.internet import defer, task
 
+from twisted_iop.controlplane.store import sqlite_schema
+from twisted_iop.wire import control_pb2 as pb
+
 #: The two configurations compared: the suite's Control Plane config plus a store.
 BACKENDS = {
     "memory": "store:\n  backend: memory\n",
@@ -111,14 +114,14 @@ async def measure(args: Any, backend: str, workdir: Path) -> dict[str, Any]:
             path = workdir / "state" / "control-plane.sqlite"
             connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
             try:
-                stored = connection.execute(
-                    'SELECT count(*) FROM events WHERE body LIKE \'%"kind":"bench.tick"%\''
-                ).fetchone()[0]
-                rows = connection.execute("SELECT count(*) FROM events").fetchone()[0]
+                # Each body is the event's FleetEvent (its /client form).
+                bodies = [row[0] for row in connection.execute("SELECT body FROM events")]
+                rows = len(bodies)
+                stored = sum(pb.FleetEvent.FromString(body).kind == "bench.tick" for body in bodies)
             finally:
                 connection.close()
             figures["events_stored"] = stored
-            figures["file_bytes"] = ff_file_bytes(path)
+            figures["file_bytes"] = sqlite_schema.file_bytes(str(path))
             figures["rows"] = rows
             _, ready, _, _ = await http.get_json("/readyz")
             figures["dropped"] = ready["store"]["dropped"]
@@ -129,16 +132,6 @@ async def measure(args: Any, backend: str, workdir: Path) -> dict[str, Any]:
             await fleet.close()
         cp.stop()
     return figures
-
-
-def ff_file_bytes(path: Path) -> int:
-    """The file and its write-ahead log."""
-    total = 0
-    for suffix in ("", "-wal"):
-        candidate = Path(str(path) + suffix)
-        if candidate.exists():
-            total += candidate.stat().st_size
-    return total
 
 
 def report(runs: list[dict[str, Any]], args: Any) -> suite.Results:

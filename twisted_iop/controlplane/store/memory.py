@@ -92,30 +92,37 @@ class MemoryHistory:
             self.evicted += 1
 
 
-class MemoryStore(Service):
-    """A store that keeps nothing across restarts (``store.backend: memory``)."""
+class NothingToRestore(Service):
+    """The part of a store that writes no event, operation, edge or rollout
+    and hands nothing back at open: the memory store (nothing outlives the
+    process) and the Redis one (the replicas' journal keeps them)."""
 
-    backend = "memory"
     name = "store"
 
-    def __init__(self, history_max_bytes: int = DEFAULT_HISTORY_BYTES) -> None:
-        self.history = MemoryHistory(history_max_bytes)
-
     def open(self) -> KeptState:
-        """Nothing was kept."""
+        """Nothing to read back."""
         return KeptState()
 
     def event_kept(self, event: EventRecord, size: int) -> None:
-        """Kept by the event log alone."""
+        """Not written here."""
 
     def operation_changed(self, operation: OperationRecord) -> None:
-        """Kept by the edge's operation buffer alone."""
+        """Not written here."""
 
     def edge_changed(self, record: EdgeRecord) -> None:
-        """Kept by the registry alone."""
+        """Not written here."""
 
     def rollout_changed(self, rollout: Rollout) -> None:
-        """Kept by the rollout service alone."""
+        """Not written here."""
+
+
+class MemoryStore(NothingToRestore):
+    """A store that keeps nothing across restarts (``store.backend: memory``)."""
+
+    backend = "memory"
+
+    def __init__(self, history_max_bytes: int = DEFAULT_HISTORY_BYTES) -> None:
+        self.history = MemoryHistory(history_max_bytes)
 
     def history_write(self, chunk: HistoryChunk) -> None:
         """Keep ``chunk`` in memory."""

@@ -25,7 +25,6 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
-from twisted.application.service import Service
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
@@ -34,14 +33,11 @@ from twisted.python.failure import Failure
 
 from twisted_iop.controlplane import stored_forms
 from twisted_iop.controlplane.cluster.scripts import Script
-from twisted_iop.controlplane.event_record import EventRecord
-from twisted_iop.controlplane.operations import OperationRecord
-from twisted_iop.controlplane.store.interface import HistoryChunk, KeptState, StoreError, StoreHealth
+from twisted_iop.controlplane.store.interface import HistoryChunk, StoreError, StoreHealth
+from twisted_iop.controlplane.store.memory import NothingToRestore
 
 if TYPE_CHECKING:
     from twisted_iop.controlplane.cluster.store import RedisLink
-    from twisted_iop.controlplane.edge_record import EdgeRecord
-    from twisted_iop.controlplane.rollout_states import Rollout
 
 #: The separator of an index member's parts (ASCII unit separator).
 SEPARATOR = "\x1f"
@@ -108,11 +104,12 @@ return drop(mine)
 )
 
 
-class RedisStore(Service):
-    """The store of a replica in cluster mode (``store.backend: redis``)."""
+class RedisStore(NothingToRestore):
+    """The store of a replica in cluster mode (``store.backend: redis``):
+    events, operations, edges and rollouts are the journal's (in Redis,
+    loaded by every replica when it joins); this store keeps the history."""
 
     backend = "redis"
-    name = "store"
     _log = Logger()
 
     def __init__(self, prefix: str, replica_id: str, clock: IReactorTime, history_max_bytes: int) -> None:
@@ -138,24 +135,6 @@ class RedisStore(Service):
         if link is None:
             raise StoreError("the redis store is not attached to the replica's link yet")
         return link
-
-    # -- the interface: what the journal already keeps ------------------------------------
-
-    def open(self) -> KeptState:
-        """Nothing to read back here: every replica loads the shared fleet when it joins."""
-        return KeptState()
-
-    def event_kept(self, event: EventRecord, size: int) -> None:
-        """Kept in Redis by the journal."""
-
-    def operation_changed(self, operation: OperationRecord) -> None:
-        """Kept in Redis by the journal."""
-
-    def edge_changed(self, record: EdgeRecord) -> None:
-        """Kept in Redis by the journal."""
-
-    def rollout_changed(self, rollout: Rollout) -> None:
-        """Kept in Redis by the rollout store."""
 
     # -- history -----------------------------------------------------------------------
 

@@ -432,6 +432,10 @@ class FakeNodePeer(NodePeer):
         self.closed = 0
         self.probes: list[Deferred[pb.NodeProbeResponse]] = []
         self.answer: Optional[pb.NodeProbeResponse] = None
+        #: Provider commands sent, each with the Deferred the test answers.
+        self.provider_commands: list[
+            tuple[pb.NodeProviderCommandRequest, Deferred[pb.NodeProviderCommandResponse]]
+        ] = []
 
     def close(self) -> None:
         """Record the close."""
@@ -448,4 +452,12 @@ class FakeNodePeer(NodePeer):
             d.callback(self.answer)
         else:
             self.probes.append(d)
+        return d
+
+    def provider_command(
+        self, request: pb.NodeProviderCommandRequest, timeout: float
+    ) -> Deferred[pb.NodeProviderCommandResponse]:
+        """Record the command; the test answers its Deferred."""
+        d: Deferred[pb.NodeProviderCommandResponse] = Deferred()
+        self.provider_commands.append((request, d))
         return d

@@ -164,3 +164,34 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rfind(b")") + 2 :][:1] != b"Z"
+
+
+def processes_with(marker: str) -> list[int]:
+    """Live (not zombie) processes whose command line holds ``marker`` (``/proc`` is read)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in argv and alive(int(entry.name)):
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def group_members(leader: int) -> list[int]:
+    """Live processes in the process group ``leader`` leads (an engine and the workers it forked)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_bytes()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 2 and fields[2] == str(leader).encode() and alive(int(entry.name)):
+            members.append(int(entry.name))
+    return sorted(members)

@@ -22,7 +22,7 @@ from twisted_iop.node.tap import NodeService
 from twisted_iop.testing.configs import gateway_edge_yaml, gateway_node_yaml, write_yaml
 from twisted_iop.testing.harness import eventually, start_edge, start_node, stop
 from twisted_iop.testing.http import chat, post
-from twisted_iop.testing.launch import alive, free_port, launched_mock
+from twisted_iop.testing.launch import ChatLoad, alive, free_port, launched_mock
 from twisted_iop.wire import control_pb2 as pb
 
 #: Bound on the launched engine (a Python process) becoming ready on this machine.
@@ -80,41 +80,13 @@ async def start_launch_fleet(tmp_path: Path) -> LaunchFleet:
     return fleet
 
 
-@attrs.define
-class Load:
-    """Clients asking one request after another (every other one streamed) until stopped."""
-
-    base: str
-    outcomes: list[tuple[int, str]] = attrs.field(factory=list)
-    running: bool = True
-
-    async def client(self, index: int) -> None:
-        """One client's loop."""
-        stream = bool(index % 2)
-        while self.running:
-            answer = await post(self.base, "/v1/chat/completions", chat(stream=stream, max_tokens=MAX_TOKENS))
-            if answer.code != 200:
-                self.outcomes.append((answer.code, answer.body.decode(errors="replace")[:200]))
-            elif stream:
-                complete = answer.events[-1:] == [b"[DONE]"] and not any(b'"error"' in e for e in answer.events)
-                self.outcomes.append((200, "" if complete else f"broken stream: {answer.events[-2:]!r}"))
-            else:
-                tokens = answer.json()["usage"]["completion_tokens"]
-                self.outcomes.append((200, "" if tokens == MAX_TOKENS else f"{tokens} tokens"))
-            stream = not stream
-
-    def failures(self) -> list[tuple[int, str]]:
-        """Every request that did not end with a whole answer."""
-        return [o for o in self.outcomes if o != (200, "")]
-
-
 @pytest_twisted.ensureDeferred
 async def test_restart_with_drain_under_load_fails_no_request(tmp_path: Path) -> None:
     """provider.restart (drain by default) while 6 clients keep asking: the engine drains,
     restarts (a new pid) and is ready again; the Edge held it meanwhile; every request
     ended with a whole answer."""
     fleet = await start_launch_fleet(tmp_path)
-    load = Load(fleet.base)
+    load = ChatLoad(fleet.base, max_tokens=MAX_TOKENS)
     clients = [ensureDeferred(load.client(i)) for i in range(CLIENTS)]
     try:
         await eventually(lambda: len(load.outcomes) >= 10, timeout=20, message="the load running")

@@ -23,6 +23,7 @@ from twisted_iop.node.probes import ProbeResult, ProviderProber
 from twisted_iop.node.supervisor import EngineSupervisor, readiness_check
 from twisted_iop.testing.configs import MODEL
 from twisted_iop.testing.harness import MOCK_PROVIDER
+from twisted_iop.testing.http import chat, post
 
 #: A restart policy quick enough for tests.
 FAST_RESTART = {"policy": "always", "initial_seconds": 0.2, "max_seconds": 1, "max_restarts": 5, "window_seconds": 60}
@@ -195,3 +196,37 @@ def group_members(leader: int) -> list[int]:
         if len(fields) > 2 and fields[2] == str(leader).encode() and alive(int(entry.name)):
             members.append(int(entry.name))
     return sorted(members)
+
+
+@attrs.define
+class ChatLoad:
+    """Clients of an Edge's gateway asking one chat completion after another (every other one
+    streamed) until :attr:`running` is cleared; each outcome is ``(status, problem)``, the
+    problem ``""`` for a whole answer (all ``max_tokens`` tokens, a stream ending in ``[DONE]``)."""
+
+    base: str
+    model: str = MODEL
+    max_tokens: int = 10
+    outcomes: list[tuple[int, str]] = attrs.field(factory=list)
+    running: bool = True
+
+    async def client(self, index: int, stream_only: bool = False) -> None:
+        """One client's loop."""
+        stream = stream_only or bool(index % 2)
+        while self.running:
+            answer = await post(
+                self.base, "/v1/chat/completions", chat(stream=stream, max_tokens=self.max_tokens, model=self.model)
+            )
+            if answer.code != 200:
+                self.outcomes.append((answer.code, answer.body.decode(errors="replace")[:200]))
+            elif stream:
+                complete = answer.events[-1:] == [b"[DONE]"] and not any(b'"error"' in e for e in answer.events)
+                self.outcomes.append((200, "" if complete else f"broken stream: {answer.events[-2:]!r}"))
+            else:
+                tokens = answer.json()["usage"]["completion_tokens"]
+                self.outcomes.append((200, "" if tokens == self.max_tokens else f"{tokens} tokens"))
+            stream = stream_only or not stream
+
+    def failures(self) -> list[tuple[int, str]]:
+        """Every request that did not end with a whole answer."""
+        return [o for o in self.outcomes if o != (200, "")]

@@ -15,9 +15,11 @@ from typing import Any
 
 import attrs
 import pytest_twisted
+from prometheus_client import generate_latest
 from twisted.internet.defer import DeferredList, ensureDeferred
 
 from twisted_iop.edge.tap import EdgeService
+from twisted_iop.node.metrics import node_metric_registry
 from twisted_iop.node.tap import NodeService
 from twisted_iop.testing.configs import gateway_edge_yaml, gateway_node_yaml, write_yaml
 from twisted_iop.testing.harness import eventually, start_edge, start_node, stop
@@ -115,8 +117,9 @@ async def test_restart_with_drain_under_load_fails_no_request(tmp_path: Path) ->
 
 @pytest_twisted.ensureDeferred
 async def test_kill_9_is_seen_at_the_edge_and_requests_wait_for_the_restart(tmp_path: Path) -> None:
-    """kill -9 of the engine: the Edge hears crashed (reason, one restart) and leases nothing
-    until the Node restarted it; a request asked meanwhile is answered once it is ready."""
+    """kill -9 of the engine: the Edge hears crashed (reason, one restart; the Node's metrics
+    count the crash) and leases nothing until the Node restarted it; a request asked meanwhile
+    is answered once it is ready."""
     fleet = await start_launch_fleet(tmp_path)
     try:
         before = fleet.pid()
@@ -127,6 +130,10 @@ async def test_kill_9_is_seen_at_the_edge_and_requests_wait_for_the_restart(tmp_
         assert not fleet.edge.registry.provider_takes_work("node-1", "p1")
         snapshot = fleet.edge.status.snapshot().nodes[0].providers[0]
         assert snapshot.launch.state == pb.ENGINE_STATE_CRASHED and snapshot.launch.next_try_at_ms > 0
+        metrics = generate_latest(node_metric_registry(fleet.node)).decode()
+        assert 'iop_node_engine_state{provider="p1",state="crashed"} 1.0' in metrics
+        assert 'iop_node_engine_crashes_total{provider="p1"} 1.0' in metrics
+        assert 'iop_node_engine_restarts{provider="p1"} 1.0' in metrics
         assert snapshot.health == pb.PROVIDER_HEALTH_OFFLINE
         assert snapshot.health_reason == "engine crashed: killed by signal 9 (SIGKILL)"
         answer = await post(fleet.base, "/v1/chat/completions", chat(max_tokens=2))

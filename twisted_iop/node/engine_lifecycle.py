@@ -138,6 +138,8 @@ class EngineLifecycle:
         self.deadline: Optional[float] = None
         #: The last exit of its process, if any.
         self.last_exit: Optional[Exit] = None
+        #: Crashes in all (exits nobody asked for, failed starts), never reset.
+        self.crashes = 0
         self._recent: deque[float] = deque()
         self._after_stop = _AfterStop.STAY_DOWN
         self._crash_reason = ""
@@ -280,6 +282,7 @@ class EngineLifecycle:
         return [Do.SIGNAL]
 
     def _crashed(self, now: float, reason: str, clean: bool) -> list[Do]:
+        self.crashes += 1
         policy = self.policy
         if policy.policy == "never" or (policy.policy == "on-failure" and clean):
             state = EngineState.STOPPED if clean else EngineState.FAILED

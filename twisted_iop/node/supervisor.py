@@ -207,11 +207,19 @@ class LaunchedEngine:
         self._waiters: list[tuple[Callable[[], bool], Deferred[bool]]] = []
         #: Set when the provider left the configuration: it is dropped once stopped.
         self.retired = False
+        #: Output lines kept out of the Node's log by the rate limit, by processes that ended.
+        self._suppressed_before = 0
 
     @property
     def provider_id(self) -> str:
         """The provider whose engine this is."""
         return self.provider.provider_id
+
+    @property
+    def suppressed_lines(self) -> int:
+        """Output lines the rate limit kept out of the Node's log, over every process of this engine."""
+        current = self.protocol.limit.suppressed_total if self.protocol is not None else 0
+        return self._suppressed_before + current
 
     def _now(self) -> float:
         return self.supervisor.clock.seconds()
@@ -336,6 +344,7 @@ class LaunchedEngine:
     def _exited(self, protocol: EngineProcessProtocol, how: Exit) -> None:
         if protocol is not self.protocol:
             return
+        self._suppressed_before += protocol.limit.suppressed_total
         self.protocol = None
         pid = self.pid
         self.pid = None

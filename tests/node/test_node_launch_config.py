@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from twisted_iop.configuration import ConfigError
 from twisted_iop.node.config import default_state_directory, parse_node_config
@@ -150,3 +151,19 @@ def test_state_directory_default_and_setting(tmp_path: Path) -> None:
     assert parse_node_config(node(engine(), state_directory=str(tmp_path)), {}).state_directory == str(tmp_path)
     with pytest.raises(ConfigError, match=r"^state_directory: must be an absolute path"):
         parse_node_config(node(engine(), state_directory="state"), {})
+
+
+def test_the_commented_launch_example_of_the_sample_config_is_valid() -> None:
+    """configs/node.yaml's commented launch example parses once uncommented (its command is
+    found on the PATH of this checkout's virtualenv)."""
+    lines = (Path(__file__).resolve().parents[2] / "configs" / "node.yaml").read_text().splitlines()
+    start = lines.index("  # - provider_id: llama-a")
+    block = []
+    for line in lines[start:]:
+        if not line.startswith("  # "):
+            break
+        block.append("  " + line[4:])
+    data = yaml.safe_load("providers:\n" + "\n".join(block))
+    config = parse_node_config({"node_id": "node-1", **data}, {"PATH": str(Path(MOCK_PROVIDER).parent)})
+    launch = config.providers[0].launch
+    assert launch is not None and launch.command[0] == MOCK_PROVIDER and launch.stop.timeout_seconds == 20

@@ -20,6 +20,7 @@ from twisted.logger import ILogObserver, globalLogPublisher
 
 from twisted_iop.node.engine_lifecycle import EngineState
 from twisted_iop.node.engine_pidfiles import EngineRecord, PidfileDirectory, process_start_ticks
+from twisted_iop.node.supervisor import answer_provider_command
 from twisted_iop.testing.harness import MOCK_PROVIDER, eventually
 from twisted_iop.testing.launch import SupervisorRig, alive, free_port, launched_mock, launched_script
 from twisted_iop.wire import control_pb2 as pb
@@ -228,7 +229,8 @@ async def test_pidfile_naming_another_process_kills_nothing(rigs: list[Superviso
 
 @pytest_twisted.ensureDeferred
 async def test_stopping_the_supervisor_ends_every_engine(rigs: list[SupervisorRig], tmp_path: Path) -> None:
-    """The Node's stop: every engine gets its signal and is gone when stopService fires."""
+    """The Node's stop: every engine gets its signal and is gone when stopService fires; a
+    command after that starts nothing."""
     made = rig(rigs, tmp_path, launched_mock("a", free_port()), launched_mock("b", free_port()))
     await eventually(
         lambda: made.state("a") is EngineState.READY and made.state("b") is EngineState.READY,
@@ -240,3 +242,25 @@ async def test_stopping_the_supervisor_ends_every_engine(rigs: list[SupervisorRi
     assert all(pid is not None and not alive(pid) for pid in pids)
     assert [made.state("a"), made.state("b")] == [EngineState.STOPPED, EngineState.STOPPED]
     assert list((tmp_path / "state").iterdir()) == []
+    request = pb.NodeProviderCommandRequest(provider_id="a", action=pb.PROVIDER_ACTION_START)
+    answer = await answer_provider_command(made.supervisor, request)
+    assert not answer.ok and answer.reason == "the node is stopping; its engines are being stopped"
+    assert made.state("a") is EngineState.STOPPED
+
+
+@pytest_twisted.ensureDeferred
+async def test_provider_commands_from_the_wire_are_checked(rigs: list[SupervisorRig], tmp_path: Path) -> None:
+    """An unknown action, an unknown provider: ok=false with the reason; logs are bounded."""
+    made = rig(rigs, tmp_path, launched_script("quiet", "import time; print('hello', flush=True); time.sleep(60)"))
+    engine = made.supervisor.engines["quiet"]
+    await eventually(lambda: "hello" in engine.tail.text(1024), timeout=10, message="its first line")
+    odd = pb.NodeProviderCommandRequest(provider_id="quiet", action=99)  # type: ignore[arg-type]
+    answer = await answer_provider_command(made.supervisor, odd)
+    assert not answer.ok and answer.reason == "unknown provider action 99"
+    unknown = pb.NodeProviderCommandRequest(provider_id="nope", action=pb.PROVIDER_ACTION_LOGS)
+    answer = await answer_provider_command(made.supervisor, unknown)
+    assert not answer.ok and "no engine launched by this node" in answer.reason
+    logs = pb.NodeProviderCommandRequest(provider_id="quiet", action=pb.PROVIDER_ACTION_LOGS, max_log_bytes=10**9)
+    answer = await answer_provider_command(made.supervisor, logs)
+    assert answer.ok and answer.log_text == "hello\n" and answer.log_lines == 1
+    assert answer.launch.state in (pb.ENGINE_STATE_STARTING, pb.ENGINE_STATE_LOADING)

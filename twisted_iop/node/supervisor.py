@@ -510,6 +510,9 @@ class EngineSupervisor(Service):
         self.engines: dict[str, LaunchedEngine] = {}
         self._configured = tuple(p for p in providers if p.launch is not None)
         self._stdin: Optional[int] = None
+        #: Set when the Node's stop began: engines are not started again, commands are refused.
+        self.stopping = False
+        #: Set once every engine was stopped.
         self.stopped = False
 
     # -- the service ------------------------------------------------------------------
@@ -528,12 +531,13 @@ class EngineSupervisor(Service):
     def startService(self) -> None:
         """Start every launched engine (after stopping any an earlier Node left)."""
         super().startService()
-        self.stopped = False
+        self.stopped = self.stopping = False
         self.configure(self._configured)
 
     def stopService(self) -> Deferred[None]:
         """Stop every engine; fire once all exited (each within its stop timeout, then SIGKILL)."""
         super().stopService()
+        self.stopping = True
         now = self.clock.seconds()
         waits = []
         longest = 0.0
@@ -571,7 +575,7 @@ class EngineSupervisor(Service):
         ones stop; a changed ``launch`` block applies from the engine's next start."""
         launched = {p.provider_id: p for p in providers if p.launch is not None}
         self._configured = tuple(launched.values())
-        if not self.running:
+        if not self.running or self.stopping:
             return
         now = self.clock.seconds()
         for provider_id, engine in list(self.engines.items()):
@@ -618,6 +622,8 @@ class EngineSupervisor(Service):
     # -- the Edge's provider commands ---------------------------------------------------------
 
     def _engine(self, provider_id: str) -> LaunchedEngine:
+        if self.stopping:
+            raise NotLaunched("the node is stopping; its engines are being stopped")
         engine = self.engines.get(provider_id)
         if engine is None:
             raise NotLaunched(f"provider {provider_id!r} has no engine launched by this node (no launch block)")

@@ -67,13 +67,14 @@ class LaunchFleet:
         return response
 
 
-async def start_launch_fleet(tmp_path: Path) -> LaunchFleet:
-    """Start the Edge and the Node (its engine launched); wait until the Edge sees it ready."""
+async def start_launch_fleet(tmp_path: Path, **launch: Any) -> LaunchFleet:
+    """Start the Edge and the Node (its engine launched; ``launch`` overrides keys of its
+    launch block); wait until the Edge sees it ready."""
     edge_config = gateway_edge_yaml(second_node=False, capacity=4, inference={"queue_timeout_seconds": 60})
     edge_config["nodes"][0]["providers"][0]["kind"] = "openai"
     edge = await start_edge(write_yaml(tmp_path / "edge.yaml", edge_config))
     await edge.inference_server.bound()
-    provider = launched_mock("p1", free_port(), args=("--tokens-per-second", str(TOKENS_PER_SECOND)))
+    provider = launched_mock("p1", free_port(), args=("--tokens-per-second", str(TOKENS_PER_SECOND)), **launch)
     config = gateway_node_yaml("node-1", edge.node_port, provider)
     config["state_directory"] = str(tmp_path / "state")
     node = start_node(write_yaml(tmp_path / "node.yaml", config))
@@ -174,5 +175,23 @@ async def test_stop_start_and_logs_through_the_edge(tmp_path: Path) -> None:
         await stop(fleet.node)
         assert not alive(pid)
         assert list((tmp_path / "state").iterdir()) == []
+    finally:
+        await stop(fleet.node, fleet.edge)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_ready_engine_that_stops_answering_is_restarted(tmp_path: Path) -> None:
+    """liveness.failures 2: an engine frozen with SIGSTOP fails two probes in a row, is killed
+    (it cannot act on SIGTERM) after its stop timeout, counts as a crash with that reason, and
+    is ready again with a new pid."""
+    fleet = await start_launch_fleet(tmp_path, liveness={"failures": 2}, stop={"timeout_seconds": 0.5})
+    try:
+        frozen = fleet.pid()
+        os.kill(frozen, signal.SIGSTOP)
+        await eventually(lambda: fleet.state() == "crashed", timeout=15, message="crashed at the Edge")
+        launch = fleet.launch()
+        assert launch.reason.startswith("not alive: 2 health checks failed (no answer within 1s")
+        await eventually(lambda: fleet.state() == "ready", timeout=READY_SECONDS, message="ready again")
+        assert fleet.pid() != frozen and not alive(frozen)
     finally:
         await stop(fleet.node, fleet.edge)

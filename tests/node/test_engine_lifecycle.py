@@ -149,6 +149,16 @@ def test_start_timeout_stops_it_as_a_crash() -> None:
     assert lifecycle.reason == "not ready within 30s of its start"
 
 
+def test_a_ready_engine_that_stopped_answering_is_stopped_as_a_crash() -> None:
+    """unresponsive: a ready engine gets its stop signal, then crashed with that reason; only when ready."""
+    lifecycle = ready(EngineLifecycle(POLICY, 30, 5))
+    reason = "not alive: 3 health checks failed (engine loop dead)"
+    assert lifecycle.unresponsive(1, reason) == [Do.SIGNAL]
+    assert lifecycle.unresponsive(1, reason) == []  # already stopping
+    lifecycle.exited(2, Exit(signal=signal.SIGTERM))
+    assert lifecycle.state is EngineState.CRASHED and lifecycle.reason == reason and lifecycle.crashes == 1
+
+
 def test_spawn_failure_is_a_crash() -> None:
     """An executable that cannot run at all counts as a crash (and reaches failed at the limit)."""
     lifecycle = EngineLifecycle(attrs_policy(max_restarts=0), 30, 5)
@@ -255,6 +265,11 @@ class LifecycleMachine(RuleBasedStateMachine):
         assert actions == [Do.SIGNAL]
         self.processes = 1
         self.crash_restarts.clear()
+
+    @rule()
+    def unresponsive(self) -> None:
+        """Its liveness checks failed (counts only while ready)."""
+        self._do(self.lifecycle.unresponsive, "not alive")
 
     @rule(seconds=st.sampled_from([0.5, 1, 3, 8, 30, 60]))
     def time_passes(self, seconds: float) -> None:

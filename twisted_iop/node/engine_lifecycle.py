@@ -28,6 +28,8 @@ The rules:
   it was ready). A crash that would be the ``max_restarts + 1``-th restart
   within ``window_seconds`` makes it ``failed`` instead: down until an
   operator starts (or restarts) it, which clears the count.
+* A ready engine that failed its liveness checks is stopped, and that
+  counts as a crash.
 * ``stop``: the stop signal, SIGKILL after the stop timeout, ``stopped``
   once it exited; it stays down until started.
 * A copy of the engine that an earlier Node left running (its pidfile
@@ -193,6 +195,13 @@ class EngineLifecycle:
             return []
         self._forget_crashes()
         return self._stopping(now, reason, _AfterStop.START)
+
+    def unresponsive(self, now: float, reason: str) -> list[Do]:
+        """A ready engine failed its liveness checks: it is stopped, and that counts as a crash."""
+        if self.state is not EngineState.READY:
+            return []
+        self._crash_reason = reason
+        return self._stopping(now, reason, _AfterStop.CRASH)
 
     def drain(self, now: float, reason: str = "draining") -> bool:
         """Mark a ready engine as draining (no new leases); whether it was ready."""

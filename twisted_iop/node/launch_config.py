@@ -109,6 +109,20 @@ class ReadinessSettings:
 
 
 @attrs.frozen
+class LivenessSettings:
+    """``launch.liveness``: when a ready engine that stopped answering is restarted.
+
+    After ``failures`` periodic probes in a row (``probes.interval_seconds``
+    apart) found a ready engine ``offline`` or ``unhealthy`` (not busy: a
+    probe that timed out while this Node runs requests on it does not
+    count), it is stopped and that counts as a crash. 0 (the default)
+    never restarts a running engine for its health.
+    """
+
+    failures: int = 0
+
+
+@attrs.frozen
 class LogSettings:
     """``launch.logs``: how an engine's output reaches the Node's log and is kept."""
 
@@ -129,6 +143,7 @@ class LaunchConfig:
     env: Mapping[str, str] = attrs.field(factory=dict, repr=False)
     working_directory: Optional[str] = None
     readiness: ReadinessSettings = ReadinessSettings()
+    liveness: LivenessSettings = LivenessSettings()
     restart: RestartPolicy = RestartPolicy()
     stop: StopSettings = StopSettings()
     logs: LogSettings = LogSettings()
@@ -136,7 +151,7 @@ class LaunchConfig:
 
 def parse_launch(section: Section, environ: Mapping[str, str]) -> LaunchConfig:
     """Read a provider's ``launch`` block (the executable is looked up on ``PATH`` now)."""
-    section.reject_unknown({"command", "env", "working_directory", "readiness", "restart", "stop", "logs"})
+    section.reject_unknown({"command", "env", "working_directory", "readiness", "liveness", "restart", "stop", "logs"})
     env = _environment(section)
     working_directory = _working_directory(section)
     command = _command(section, env.get("PATH", environ.get("PATH", os.defpath)), working_directory)
@@ -145,6 +160,7 @@ def parse_launch(section: Section, environ: Mapping[str, str]) -> LaunchConfig:
         env=env,
         working_directory=working_directory,
         readiness=_readiness(section.section("readiness")),
+        liveness=_liveness(section.section("liveness")),
         restart=_restart(section.section("restart")),
         stop=_stop(section.section("stop")),
         logs=_logs(section.section("logs")),
@@ -225,6 +241,11 @@ def _readiness(section: Section) -> ReadinessSettings:
         request_timeout_seconds=section.number("request_timeout_seconds", 2.0),
         start_timeout_seconds=section.number("start_timeout_seconds", 600.0),
     )
+
+
+def _liveness(section: Section) -> LivenessSettings:
+    section.reject_unknown({"failures"})
+    return LivenessSettings(failures=section.integer("failures", 0, minimum=0, maximum=100))
 
 
 def _restart(section: Section) -> RestartPolicy:

@@ -187,6 +187,7 @@ class NodeRuntime(Service):
         def done(outcomes: list[tuple[bool, ProbeResult]]) -> list[ProbeResult]:
             self.rounds += 1
             results = [value for ok, value in outcomes if ok]
+            self._liveness(results)
             changed = self._record(results, providers)
             if report_changes and changed and self.session is not None and self.ready_sent:
                 self.session.send_health([self.report(r) for r in changed])
@@ -210,6 +211,16 @@ class NodeRuntime(Service):
         if state in (EngineState.STARTING, EngineState.LOADING):
             return ProbeResult(provider_id, pb.PROVIDER_HEALTH_UNHEALTHY, reason)
         return ProbeResult(provider_id, pb.PROVIDER_HEALTH_OFFLINE, reason)
+
+    def _liveness(self, results: list[ProbeResult]) -> None:
+        """Tell the supervisor what the probes found of its ready engines (a busy one is alive)."""
+        engines = self.engines
+        if engines is None:
+            return
+        for result in results:
+            if engines.state(result.provider_id) is EngineState.READY:
+                down = result.health in (pb.PROVIDER_HEALTH_OFFLINE, pb.PROVIDER_HEALTH_UNHEALTHY)
+                engines.probed(result.provider_id, not down, result.reason)
 
     def report(self, result: ProbeResult) -> pb.ProviderHealthReport:
         """The wire form of a provider's health, with its engine's state when the Node launches it."""

@@ -209,6 +209,8 @@ class LaunchedEngine:
         self.retired = False
         #: Output lines kept out of the Node's log by the rate limit, by processes that ended.
         self._suppressed_before = 0
+        #: Periodic probes in a row that found this ready engine down (its liveness).
+        self._failed_probes = 0
 
     @property
     def provider_id(self) -> str:
@@ -447,6 +449,25 @@ class LaunchedEngine:
         if self.retired and not lifecycle.running:
             self.supervisor.forget(self)
 
+    def probed(self, alive: bool, reason: str) -> None:
+        """A periodic probe's verdict on the engine while it is ready (its liveness)."""
+        assert self.provider.launch is not None
+        limit = self.provider.launch.liveness.failures
+        if alive or self.lifecycle.state is not EngineState.READY or not limit:
+            self._failed_probes = 0
+            return
+        self._failed_probes += 1
+        if self._failed_probes < limit:
+            return
+        self._failed_probes = 0
+        self._log.warn(
+            "provider {provider_id}: {count} health checks in a row failed ({reason}); restarting its engine",
+            provider_id=self.provider_id,
+            count=limit,
+            reason=reason,
+        )
+        self.act(self.lifecycle.unresponsive(self._now(), f"not alive: {limit} health checks failed ({reason})"))
+
     def wait_for(self, done: Callable[[], bool], seconds: float) -> Deferred[bool]:
         """Fire with True as soon as ``done()`` holds after a change (or now), False after ``seconds``."""
         if done():
@@ -611,6 +632,12 @@ class EngineSupervisor(Service):
         """``provider_id``'s engine state for the Edge; ``None`` when it is not launched."""
         engine = self.engines.get(provider_id)
         return engine.report() if engine is not None else None
+
+    def probed(self, provider_id: str, alive: bool, reason: str = "") -> None:
+        """A periodic probe of ``provider_id`` found its engine answering (or not): its liveness."""
+        engine = self.engines.get(provider_id)
+        if engine is not None:
+            engine.probed(alive, reason)
 
     def refusal(self, provider_id: str) -> Optional[str]:
         """Why a request for ``provider_id`` cannot run now (its engine is not up), or ``None``."""

@@ -22,7 +22,7 @@ from twisted_iop.node.engine_lifecycle import EngineState
 from twisted_iop.node.engine_pidfiles import EngineRecord, PidfileDirectory, process_start_ticks
 from twisted_iop.node.supervisor import answer_provider_command
 from twisted_iop.testing.harness import MOCK_PROVIDER, eventually
-from twisted_iop.testing.launch import SupervisorRig, alive, free_port, launched_mock, launched_script
+from twisted_iop.testing.launch import SupervisorRig, alive, free_port, launched_mock, launched_script, providers
 from twisted_iop.wire import control_pb2 as pb
 
 #: Bound on an engine (iop-mock-provider: a Python process) becoming ready on this machine.
@@ -264,3 +264,29 @@ async def test_provider_commands_from_the_wire_are_checked(rigs: list[Supervisor
     answer = await answer_provider_command(made.supervisor, logs)
     assert answer.ok and answer.log_text == "hello\n" and answer.log_lines == 1
     assert answer.launch.state in (pb.ENGINE_STATE_STARTING, pb.ENGINE_STATE_LOADING)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_reread_configuration_starts_new_engines_and_stops_removed_ones(
+    rigs: list[SupervisorRig], tmp_path: Path
+) -> None:
+    """providers re-read (providers.refresh): a provider no longer launched has its engine
+    stopped and forgotten; a newly launched one starts; one whose block changed keeps running."""
+    port_a, port_b = free_port(), free_port()
+    made = rig(rigs, tmp_path, launched_mock("a", port_a), launched_mock("c", free_port()))
+    await eventually(
+        lambda: made.state("a") is EngineState.READY and made.state("c") is EngineState.READY,
+        timeout=READY_SECONDS,
+        message="a and c ready",
+    )
+    a_pid, c_pid = made.pid("a"), made.pid("c")
+    assert a_pid is not None and c_pid is not None
+    changed_c = launched_mock("c", free_port(), stop={"signal": "INT", "timeout_seconds": 3})
+    made.supervisor.configure(providers(launched_mock("b", port_b), changed_c))
+    await eventually(
+        lambda: "a" not in made.supervisor.engines and made.state("b") is EngineState.READY,
+        timeout=READY_SECONDS,
+        message="a gone, b ready",
+    )
+    assert not alive(a_pid)
+    assert made.pid("c") == c_pid and made.supervisor.engines["c"].provider == providers(changed_c)[0]

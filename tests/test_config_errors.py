@@ -117,6 +117,24 @@ def test_a_bad_field_in_each_daemon(tmp_path: Path) -> None:
     assert missing == "iop-edge: --config PATH is required (see configs/edge.yaml)"
 
 
+def test_node_check_validates_a_launched_engines_executable(tmp_path: Path) -> None:
+    """``--check`` finds a launched engine's executable on PATH, or names the field when it cannot."""
+    node = tmp_path / "node.yaml"
+    launch = "{command: [%s, --listen, 'tcp:8001:interface=127.0.0.1'], stop: {signal: TERM, timeout_seconds: 20}}"
+    template = (
+        "node_id: node-1\nstate_directory: %s\nproviders:\n"
+        "  - {provider_id: llama-a, kind: llamacpp, models: [tiny], base_url: 'http://127.0.0.1:8001', launch: %s}\n"
+    )
+    node.write_text(template % (tmp_path / "state", launch % "iop-mock-provider"))
+    path = os.pathsep.join([str(Path(TWISTD).parent), os.environ.get("PATH", "")])
+    run = twistd(["iop-node", "--config", str(node), "--check"], tmp_path, env={"PATH": path})
+    assert run.code == 0, run
+    assert "engines launched: 1" in run.stdout and not (tmp_path / "state").exists()
+    node.write_text(template % (tmp_path / "state", launch % "no-such-engine"))
+    line = assert_one_line_error(twistd(["iop-node", "--config", str(node), "--check"], tmp_path), "iop-node: ")
+    assert line == f"iop-node: {node}: providers[0].launch.command[0]: 'no-such-engine' is not an executable on PATH"
+
+
 @pytest.mark.parametrize(
     ("plugin", "config"),
     [

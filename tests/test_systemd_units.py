@@ -18,8 +18,10 @@ UNITS = ROOT / "configs" / "systemd"
 #: unit name -> the config file name its daemon reads.
 DAEMONS = {"iop-control-plane": "control-plane", "iop-edge": "edge", "iop-node": "node"}
 INSTALLED_TWISTD = "/opt/twisted-iop/bin/twistd"
-#: Settings that name the daemon, and so differ between the units.
-PER_DAEMON = {"ExecStart", "EnvironmentFile", "StateDirectory"}
+#: Settings that name the daemon, and so differ between the units; the Node's
+#: stop also stops the engines it launches (longer, its own kill mode) and
+#: keeps their pidfiles in its state directory.
+PER_DAEMON = {"ExecStart", "EnvironmentFile", "TimeoutStopSec", "KillMode", "StateDirectory"}
 #: The hardening every unit must carry (systemd-analyze security rates it 1.8).
 HARDENING = {
     "NoNewPrivileges",
@@ -101,6 +103,17 @@ def test_unit_is_consistent_and_hardened(name: str, tmp_path: Path) -> None:
     match = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", security.stdout)
     assert match is not None, security
     assert float(match.group(1)) <= 2.0, security.stdout[-400:]
+
+
+def test_node_unit_stops_engines_itself_and_keeps_their_pidfiles() -> None:
+    """iop-node: SIGTERM to the Node alone (it stops its engines after its requests), time for
+    the grace and an engine's stop, and a state directory for the engines' pidfiles."""
+    node = dict(read_unit("iop-node")["Service"])
+    assert node["KillMode"] == "mixed" and node["StateDirectory"] == "twisted-iop/node"
+    assert int(node["TimeoutStopSec"].removesuffix("s")) >= 10 + 20 + 5
+    for other in ("iop-control-plane", "iop-edge"):
+        service = dict(read_unit(other)["Service"])
+        assert service["TimeoutStopSec"] == "20s" and "KillMode" not in service
 
 
 def test_operations_guide_installs_what_the_units_run() -> None:

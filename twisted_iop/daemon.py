@@ -52,6 +52,11 @@ CLOSE_WAIT_SECONDS = 3.0
 ServiceT = TypeVar("ServiceT", bound="DaemonService")
 
 
+class StartupError(RuntimeError):
+    """A service could not start (its state directory cannot be made ...): under ``twistd``
+    the daemon exits with this one line, as when a listener cannot bind."""
+
+
 class ConfigurationExit(SystemExit):
     """A configuration error under ``twistd``: its text goes to stderr, exit code 1.
 
@@ -282,7 +287,7 @@ class DaemonService(MultiService):
             self._log.info("open-file limit raised from {before} to {after}", before=before, after=after)
         try:
             super().privilegedStartService()
-        except BindError as e:
+        except (BindError, StartupError) as e:
             if not self.exit_on_bind_failure:
                 raise
             self._log.error("start-up failed: {error}", error=str(e))

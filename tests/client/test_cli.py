@@ -36,7 +36,7 @@ from twisted_iop.client.render import render_table
 from twisted_iop.client.repository import ControlPlaneStatusRepository
 from twisted_iop.client.wire import ClientWireClient
 from twisted_iop.testing.harness import Fleet, contract_validator, eventually, start_fleet
-from twisted_iop.testing.peers import set_engine, snapshot
+from twisted_iop.testing.peers import set_engine, set_launch, snapshot
 from twisted_iop.wire import control_pb2 as pb
 
 IOPCTL = str(Path(sys.executable).parent / "iopctl")
@@ -201,6 +201,7 @@ async def test_tables_of_every_view() -> None:
             "-",
             "0.0",
             "-",
+            "-",
             "llama-3-8b",
         ]
         cap_end = provider_lines[0].index("CAP ") + 3
@@ -233,6 +234,8 @@ async def test_status_shows_each_engine_beside_its_capacity() -> None:
         def status() -> pb.EdgeStatusResponse:
             response = snapshot("edge-a")
             set_engine(response.nodes[0].providers[0], saturated=True, cooling_down=True)
+            set_launch(response.nodes[1].providers[0])
+            response.nodes[1].providers[0].health_reason = "engine crashed: exited with code 1"
             return response
 
         fleet.edges["edge-a"].status = status
@@ -241,9 +244,10 @@ async def test_status_shows_each_engine_beside_its_capacity() -> None:
         _, totals, _, providers = result.out.strip("\n").split("\n\n")
         assert "engines    1 running, 3 waiting (1 of 2 report); 37.5 tokens/s; 1 saturated, 1 cooling down" in totals
         header, first, second = providers.splitlines()
-        assert header.split()[11:17] == ["ENG-RUN", "ENG-WAIT", "KV", "TOK/S", "FLAGS", "MODELS"]
-        assert first.split()[11:16] == ["1", "3", "42%", "37.5", "saturated,cooling-down"]
-        assert second.split()[11:16] == ["-", "-", "-", "0.0", "-"]
+        assert header.split()[11:18] == ["ENG-RUN", "ENG-WAIT", "KV", "TOK/S", "FLAGS", "LAUNCH", "MODELS"]
+        assert first.split()[11:17] == ["1", "3", "42%", "37.5", "saturated,cooling-down", "-"]
+        assert second.split()[11:17] == ["-", "-", "-", "0.0", "-", "crashed(2)"]
+        assert second.endswith("engine crashed: exited with code 1; next try 2023-11-14 22:13:24")
         assert first.index("42%") + 3 == header.index("KV") + 2  # right-aligned under its header
 
         printed = (await iopctl(["--json", "status", "edge-a"], fleet)).json()

@@ -22,7 +22,7 @@ from referencing.jsonschema import DRAFT202012
 from twisted_iop.controlplane.http_errors import DOMAIN_ERRORS
 from twisted_iop.controlplane.http_routes import ControlPlaneHttp
 from twisted_iop.testing.harness import ControlPlaneHarness, eventually, start_control_plane
-from twisted_iop.testing.peers import connect_edge, set_engine, snapshot
+from twisted_iop.testing.peers import connect_edge, set_engine, set_launch, snapshot
 from twisted_iop.wire import control_pb2 as pb
 
 SPEC_URI = "urn:iop:openapi"
@@ -99,8 +99,10 @@ class Client:
 
 
 def _with_an_engine(response: pb.EdgeStatusResponse) -> pb.EdgeStatusResponse:
-    """``response`` with an engine reading on its first node's provider (KV cache unknown)."""
+    """``response`` with an engine reading on its first node's provider (KV cache unknown), whose
+    engine its Node launches and which crashed."""
     set_engine(response.nodes[0].providers[0], kv_cache_usage=-1.0, saturated=True)
+    set_launch(response.nodes[0].providers[0])
     return response
 
 

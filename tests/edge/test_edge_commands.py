@@ -43,10 +43,22 @@ def test_catalog_lists_every_command() -> None:
     """The hello catalog names every command with its target kind."""
     _, runner, _ = make()
     specs = {spec.name: spec for spec in runner.catalog()}
-    assert set(specs) == {"node.drain", "node.undrain", "node.disconnect", "providers.refresh", "edge.diagnostics"}
+    assert set(specs) == {
+        "node.drain",
+        "node.undrain",
+        "node.disconnect",
+        "providers.refresh",
+        "edge.diagnostics",
+        "provider.restart",
+        "provider.stop",
+        "provider.start",
+        "provider.logs",
+    }
     assert specs["node.drain"].target_kind == "node"
     assert [a.name for a in specs["node.drain"].arguments] == ["reason"]
-    assert len(CATALOG) == 5
+    assert specs["provider.restart"].target_kind == "provider"
+    assert [a.name for a in specs["provider.restart"].arguments] == ["drain", "drain_timeout_seconds", "reason"]
+    assert len(CATALOG) == 9
 
 
 @pytest.mark.parametrize(

@@ -234,7 +234,9 @@ def test_standalone_pool_treats_every_provider_as_available() -> None:
 
 
 class PoolRegistryMachine(RuleBasedStateMachine):
-    """Nodes connect, get superseded, close, drain and report health while requests come and go.
+    """Nodes connect, get superseded, close, drain and report health (and their launched
+    engines' states) while provider commands hold and release providers and requests come
+    and go.
 
     The registry is the only owner of readiness, drain and health; the
     invariants check that the pool never leaks or over-counts a lease, keeps
@@ -295,6 +297,27 @@ class PoolRegistryMachine(RuleBasedStateMachine):
         if node is not None:
             self.registry.node_health(token, report(node, health))
 
+    @rule(
+        token=connections,
+        state=st.sampled_from([*pb.EngineState.values(), 42]),
+    )
+    def launch(self, token: int, state: int) -> None:
+        """A connection reports its provider healthy with a launched engine's state (any, unknown too)."""
+        node = self.registry.ownership.node_of(token)
+        if node is not None:
+            (healthy,) = report(node)
+            healthy.launch.state = state  # type: ignore[assignment]
+            self.registry.node_health(token, [healthy])
+
+    @rule(node=st.sampled_from(sorted(PROVIDERS)), held=st.booleans())
+    def hold(self, node: str, held: bool) -> None:
+        """A provider.* command holds the node's provider, or ends and releases it."""
+        provider_id = PROVIDERS[node].provider_id
+        if held:
+            self.registry.hold_provider(node, provider_id, "provider.restart")
+        else:
+            self.registry.release_provider(node, provider_id)
+
     @rule(node=st.sampled_from(sorted(PROVIDERS)), drained=st.booleans())
     def drain(self, node: str, drained: bool) -> None:
         """Drain or undrain a node."""
@@ -308,6 +331,8 @@ class PoolRegistryMachine(RuleBasedStateMachine):
         assert not registry.is_drained(lease.node_id), "lease on a drained node"
         health = registry.health(lease.node_id, lease.provider_id)
         assert health is not None and health.health in USABLE_HEALTH, "lease on an unusable provider"
+        assert health.launch is None or health.launch.ready, "lease on a launched engine that is not ready"
+        assert registry.held(lease.node_id, lease.provider_id) is None, "lease on a provider a command holds"
         assert not lease.lost and not lease.released
 
     @rule(model=st.sampled_from(["m", "x"]), long_context=st.booleans())

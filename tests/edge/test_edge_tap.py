@@ -87,7 +87,7 @@ def test_node_make_service_dials_edge(tmp_path: Path, monkeypatch: pytest.Monkey
     options.parseOptions(["--config", str(path)])
     reactor = MemoryReactorClock()
     service = make_node_service(options, reactor=reactor)
-    assert [s.name for s in service] == ["runtime", "metrics", "edge-link"]
+    assert [s.name for s in service] == ["runtime", "engines", "metrics", "edge-link"]
     service.privilegedStartService()
     service.startService()
     assert [(port, interface) for port, _, _, interface in reactor.tcpServers] == [(9102, "127.0.0.1")]
@@ -121,7 +121,7 @@ def test_metrics_listen_empty_disables_the_listener(tmp_path: Path, monkeypatch:
     node_options = NodeOptions()
     node_options.parseOptions(["--config", str(node_path)])
     node = make_node_service(node_options, reactor=MemoryReactorClock())
-    assert [s.name for s in node] == ["runtime", "edge-link"]
+    assert [s.name for s in node] == ["runtime", "engines", "edge-link"]
 
 
 def test_busy_node_port_fails_startup_cleanly(tmp_path: Path) -> None:

@@ -62,6 +62,12 @@ class FakeNode:
         """Not used here."""
         return Deferred()
 
+    def provider_command(
+        self, request: pb.NodeProviderCommandRequest, timeout: float
+    ) -> Deferred[pb.NodeProviderCommandResponse]:
+        """Not used here."""
+        return Deferred()
+
 
 class RecordingSink:
     """A response sink that records every call in order."""

@@ -358,6 +358,27 @@ class EngineLoad:
     age_seconds: float = 0.0
 
 
+EngineStateName = Literal[
+    "starting", "loading", "ready", "draining", "stopping", "crashed", "stopped", "failed", "unknown"
+]
+
+
+@attrs.frozen
+class EngineLaunch:
+    """The lifecycle of a provider's engine that its Node launches.
+
+    ``next_try_at`` is set while ``crashed`` (when its Node starts it
+    again); ``pid`` while its process runs.
+    """
+
+    state: EngineStateName = "unknown"
+    reason: str = ""
+    restarts: int = 0
+    next_try_at: Optional[datetime] = None
+    since: Optional[datetime] = None
+    pid: Optional[int] = None
+
+
 @attrs.frozen
 class TokenCounts:
     """Prompt and completion tokens counted from the engine's usage since the Edge started."""
@@ -377,6 +398,7 @@ class ProviderStatus:
     ``engine`` is ``None`` without a reading of the engine's load, and
     ``tokens_per_second`` ``None`` when the Edge sent no usable figure (a
     Control Plane before they were shown leaves the engine's members out).
+    ``launch`` is the engine's lifecycle when its Node launches it.
     """
 
     provider_id: str
@@ -392,6 +414,8 @@ class ProviderStatus:
     tokens: TokenCounts = _defaulted(TokenCounts())
     saturated: bool = _defaulted(False)
     cooling_down: bool = _defaulted(False)
+    #: ``None`` when someone else runs the engine (or an older Control Plane).
+    launch: Optional[EngineLaunch] = _defaulted(None)
 
 
 @attrs.frozen

@@ -94,6 +94,22 @@ def flags_text(provider: ProviderStatus) -> str:
     return ",".join(flags) or NONE
 
 
+def launch_text(provider: ProviderStatus) -> str:
+    """A launched engine's state, with its restarts: ``ready``, ``crashed(2)``; ``-`` when not launched."""
+    launch = provider.launch
+    if launch is None:
+        return NONE
+    return f"{launch.state}({launch.restarts})" if launch.restarts else launch.state
+
+
+def reason_text(provider: ProviderStatus) -> str:
+    """The health reason, and when a crashed engine is tried next."""
+    launch = provider.launch
+    if launch is not None and launch.next_try_at is not None:
+        return f"{provider.health_reason}; next try {time_text(launch.next_try_at)}"
+    return provider.health_reason
+
+
 def engine_cells(provider: ProviderStatus) -> tuple[str, str, str]:
     """The engine's running and waiting requests and KV cache use (``-`` without a reading)."""
     engine = provider.engine
@@ -243,8 +259,9 @@ def render_status(status: EdgeStatus) -> str:
             *engine_cells(p),
             rate_text(p.tokens_per_second),
             flags_text(p),
+            launch_text(p),
             ",".join(p.models) or NONE,
-            p.health_reason,
+            reason_text(p),
         )
         for n in status.nodes
         for p in n.providers
@@ -269,6 +286,7 @@ def render_status(status: EdgeStatus) -> str:
                     "KV",
                     "TOK/S",
                     "FLAGS",
+                    "LAUNCH",
                     "MODELS",
                     "REASON",
                 ),

@@ -206,6 +206,7 @@ def full_status_problem(response: pb.EdgeStatusResponse) -> Optional[str]:
                 len(provider.provider_id) > MAX_TEXT
                 or len(provider.kind) > MAX_TEXT
                 or len(provider.health_reason) > MAX_DESCRIPTION
+                or len(provider.launch.reason) > MAX_DESCRIPTION
                 or _too_long(provider.models, MAX_TEXT)
             ):
                 return "status snapshot has a provider string over its bound"

@@ -93,6 +93,7 @@ from twisted_iop.controlplane.json_templates import (
 from twisted_iop.controlplane.json_views import counts_json, fraction, rate, row_counts_json, snapshot_members
 from twisted_iop.controlplane.snapshots import StatusSnapshot
 from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.engine_states import engine_state_name
 from twisted_iop.wire.status_totals import COUNTS_LEN, EMPTY_COUNTS, HEALTH_NAMES, STATUS_NAMES
 
 #: Edge templates kept at most, and their bytes in all (a template is
@@ -260,6 +261,34 @@ ENGINE = (
 )
 
 
+def _launch_state(launch: pb.EngineLaunch) -> str:
+    return engine_state_name(launch.state)
+
+
+def _launch_pid(launch: pb.EngineLaunch) -> Optional[int]:
+    return launch.pid or None
+
+
+#: A launched engine's lifecycle, of its ``EngineLaunch`` (see :func:`_write_launch`).
+LAUNCH = (
+    Member("state", _launch_state, write_text),
+    Member("reason", "reason", write_text),
+    Member("restarts", "restarts", write_int),
+    Member("next_try_at", "next_try_at_ms", write_time_ms),
+    Member("since", "since_ms", write_time_ms),
+    Member("pid", _launch_pid, write_optional_int),
+)
+
+
+def _launch(provider: pb.ProviderSnapshot) -> Optional[pb.EngineLaunch]:
+    return provider.launch if provider.HasField("launch") else None
+
+
+def _write_launch(launch: Optional[pb.EngineLaunch]) -> bytes:
+    """A launched engine's lifecycle (``null`` when someone else runs the engine)."""
+    return _LAUNCH.render(launch) if launch is not None else b"null"
+
+
 def _status_name(provider: pb.ProviderSnapshot) -> str:
     return STATUS_NAMES.get(provider.status, "unavailable")
 
@@ -307,6 +336,7 @@ PROVIDER = (
     ),
     Member("saturated", "saturated", write_bool),
     Member("cooling_down", "cooling_down", write_bool),
+    Member("launch", _launch, _write_launch),
 )
 
 
@@ -332,6 +362,7 @@ NODE = (
 # Compiled once: these views keep no texts (no per-value members), so one
 # compilation serves every renderer.
 _ENGINE = Template("ENGINE", ENGINE)
+_LAUNCH = Template("LAUNCH", LAUNCH)
 _PROVIDER = Template("PROVIDER", PROVIDER)
 _NODE = Template("NODE", NODE)
 

@@ -21,6 +21,7 @@ from twisted_iop.controlplane.operation_states import LateOutcome
 from twisted_iop.controlplane.operations import OperationBuffer, OperationRecord
 from twisted_iop.controlplane.snapshots import StatusSnapshot
 from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.engine_states import engine_state_name
 from twisted_iop.wire.status_totals import (
     GENERAL_AT,
     HEALTH_AT,
@@ -132,6 +133,21 @@ def engine_json(engine: pb.EngineLoad) -> Optional[dict[str, Any]]:
     }
 
 
+def launch_json(provider: pb.ProviderSnapshot) -> Optional[dict[str, Any]]:
+    """The lifecycle of the provider's engine when its Node launches it (None: someone else runs it)."""
+    if not provider.HasField("launch"):
+        return None
+    launch = provider.launch
+    return {
+        "state": engine_state_name(launch.state),
+        "reason": launch.reason,
+        "restarts": launch.restarts,
+        "next_try_at": iso_ms(launch.next_try_at_ms),
+        "since": iso_ms(launch.since_ms),
+        "pid": launch.pid or None,
+    }
+
+
 def provider_json(provider: pb.ProviderSnapshot) -> dict[str, Any]:
     """One provider of a node snapshot: its admission counters and what its
     engine says (every figure from the wire bounded: never NaN or infinite)."""
@@ -153,6 +169,7 @@ def provider_json(provider: pb.ProviderSnapshot) -> dict[str, Any]:
         "tokens": {"prompt": provider.prompt_tokens, "completion": provider.completion_tokens},
         "saturated": provider.saturated,
         "cooling_down": provider.cooling_down,
+        "launch": launch_json(provider),
     }
 
 

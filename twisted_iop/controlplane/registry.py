@@ -499,12 +499,17 @@ class EdgeRegistry(Service):
     def _node_of(self, operation: OperationRecord) -> str:
         """The node an operation targets ("" if its command does not target a node).
 
-        A command aimed at a node is filed under that node too, so views
-        and subscribers filtering by node see what was done to it.
+        A command aimed at a node (or at a provider, ``node_id/provider_id``)
+        is filed under that node too, so views and subscribers filtering by
+        node see what was done to it.
         """
         record = self._edges[operation.edge_id]
-        targets_node = any(spec.name == operation.name and spec.target_kind == "node" for spec in record.hello.commands)
-        return operation.target if targets_node else ""
+        kind = next((spec.target_kind for spec in record.hello.commands if spec.name == operation.name), "")
+        if kind == "node":
+            return operation.target
+        if kind == "provider":  # node_id/provider_id: filed under its node
+            return operation.target.partition("/")[0]
+        return ""
 
     def _operation_event(self, operation: OperationRecord) -> None:
         if self._store is not None:

@@ -7,6 +7,16 @@ and produces no events. A valid one relays ``command.accepted`` and
 ``command.started``, runs, relays ``command.succeeded`` or
 ``command.failed`` and is answered ``SUCCEEDED`` or ``FAILED`` with a result
 map.
+
+The ``provider.*`` commands act on the engine a Node launches for one of
+its providers (target ``node_id/provider_id``, or ``node_id`` when the
+node has one provider): the provider is held out of new leases here
+before the Node is asked (so every request leased earlier reaches the
+Node first and its drain waits for it), and released when the Node
+answered. ``provider.logs`` returns the engine's last lines in result
+entries ``log.000``, ``log.001`` ... of at most
+:data:`LOG_CHUNK_CHARACTERS` characters each (what the Control Plane
+keeps of one result value), in order.
 """
 
 from __future__ import annotations
@@ -29,9 +39,21 @@ from twisted_iop.edge.config import NodeConfig, load_edge_config
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.engine_states import engine_state_name
+from twisted_iop.wire.hello import MAX_TEXT
 
 #: Used when a request carries no deadline.
 DEFAULT_COMMAND_TIMEOUT_SECONDS = 10.0
+#: Of a provider command's deadline, the share the Node has to answer (the rest carries the answer).
+NODE_ANSWER_SHARE = 0.8
+#: Characters of engine output per result entry of ``provider.logs`` (the Control Plane keeps 1024).
+LOG_CHUNK_CHARACTERS = 1000
+#: Bytes of output ``provider.logs`` returns unless ``bytes`` says, and at most
+#: (48 entries of the Control Plane's 64 per result, the rest for the other keys).
+DEFAULT_LOG_BYTES = 8 * 1024
+MAX_LOG_BYTES = 48 * LOG_CHUNK_CHARACTERS
+#: The longest drain a provider command may ask for.
+MAX_DRAIN_SECONDS = 3600.0
 
 
 class CommandRejected(Exception):
@@ -74,6 +96,15 @@ class CommandDefinition:
 
 
 _REASON = ArgumentSpec("reason", "free text recorded with the event")
+_DRAIN = ArgumentSpec(
+    "drain", "true (the default): no new leases, its requests in flight finish first; false: they are cut off"
+)
+_DRAIN_TIMEOUT = ArgumentSpec(
+    "drain_timeout_seconds", "how long the drain waits for requests in flight (default: half the deadline)"
+)
+_LOG_BYTES = ArgumentSpec(
+    "bytes", f"how much of the last output to return (default {DEFAULT_LOG_BYTES}, at most {MAX_LOG_BYTES})"
+)
 
 CATALOG: tuple[CommandDefinition, ...] = (
     CommandDefinition(
@@ -99,7 +130,39 @@ CATALOG: tuple[CommandDefinition, ...] = (
         "Versions, uptime, connection and queue counts of this edge.",
         "edge",
     ),
+    CommandDefinition(
+        "provider.restart",
+        "Restart the engine a node launches for a provider: drain, stop, start, wait until it is ready.",
+        "provider",
+        (_DRAIN, _DRAIN_TIMEOUT, _REASON),
+    ),
+    CommandDefinition(
+        "provider.stop",
+        "Stop the engine a node launches for a provider (after a drain); it stays stopped until provider.start.",
+        "provider",
+        (_DRAIN, _DRAIN_TIMEOUT, _REASON),
+    ),
+    CommandDefinition(
+        "provider.start",
+        "Start the engine a node launches for a provider (also one that failed) and wait until it is ready.",
+        "provider",
+        (_REASON,),
+    ),
+    CommandDefinition(
+        "provider.logs",
+        "The last lines of the output of the engine a node launches for a provider.",
+        "provider",
+        (_LOG_BYTES,),
+    ),
 )
+
+#: What each provider command asks the Node to do.
+PROVIDER_ACTIONS = {
+    "provider.restart": pb.PROVIDER_ACTION_RESTART,
+    "provider.stop": pb.PROVIDER_ACTION_STOP,
+    "provider.start": pb.PROVIDER_ACTION_START,
+    "provider.logs": pb.PROVIDER_ACTION_LOGS,
+}
 
 #: Something that re-reads the Nodes from the config file.
 NodesLoader = Callable[[], tuple[NodeConfig, ...]]
@@ -145,6 +208,7 @@ class CommandRunner:
             "node.disconnect": self._disconnect,
             "providers.refresh": self._refresh,
             "edge.diagnostics": self._diagnostics,
+            **{name: self._provider for name in PROVIDER_ACTIONS},
         }
         self.running = 0
 
@@ -177,10 +241,51 @@ class CommandRunner:
                 raise CommandRejected(f"no node named {request.target!r} is configured on this edge")
             if request.name == "node.disconnect" and not self._registry.ownership.tokens(request.target):
                 raise CommandRejected(f"node {request.target!r} has no connection to close")
+        elif definition.target_kind == "provider":
+            node_id, _ = self.provider_target(request)
+            if not self._registry.is_ready(node_id):
+                raise CommandRejected(f"node {node_id!r} is not connected; its engines cannot be reached")
+            self._check_provider_arguments(request)
         elif definition.target_kind == "edge" and request.target not in ("", self._registry.edge_id):
             raise CommandRejected(
                 f"{request.name} targets this edge; target must be empty or {self._registry.edge_id!r}"
             )
+
+    def provider_target(self, request: pb.EdgeCommandRequest) -> tuple[str, str]:
+        """``(node_id, provider_id)`` of a provider command's target; :class:`CommandRejected` if none."""
+        target = request.target
+        if not target:
+            raise CommandRejected(f"{request.name} needs a target: node_id/provider_id")
+        node_id, _, provider_id = target.partition("/")
+        nodes = {n.node_id: n for n in self._registry.nodes()}
+        node = nodes.get(node_id)
+        if node is None:
+            raise CommandRejected(f"no node named {node_id!r} is configured on this edge")
+        providers = [p.provider_id for p in node.providers]
+        if not provider_id:
+            if len(providers) != 1:
+                raise CommandRejected(
+                    f"node {node_id!r} has {len(providers)} providers; name one as {node_id}/PROVIDER "
+                    f"({', '.join(providers) or 'none configured'})"
+                )
+            provider_id = providers[0]
+        elif provider_id not in providers:
+            raise CommandRejected(f"no provider named {provider_id!r} is configured on node {node_id!r}")
+        return node_id, provider_id
+
+    @staticmethod
+    def _check_provider_arguments(request: pb.EdgeCommandRequest) -> None:
+        arguments = request.arguments
+        if "drain" in arguments and arguments["drain"] not in ("true", "false"):
+            raise CommandRejected(f"drain must be true or false, not {arguments['drain'][:40]!r}")
+        if "drain_timeout_seconds" in arguments:
+            seconds = _number(arguments["drain_timeout_seconds"])
+            if seconds is None or not 0 <= seconds <= MAX_DRAIN_SECONDS:
+                raise CommandRejected(f"drain_timeout_seconds must be a number from 0 to {MAX_DRAIN_SECONDS:g}")
+        if "bytes" in arguments:
+            size = _number(arguments["bytes"])
+            if size is None or size != int(size) or not 1 <= size <= MAX_LOG_BYTES:
+                raise CommandRejected(f"bytes must be a whole number from 1 to {MAX_LOG_BYTES}")
 
     def run(self, request: pb.EdgeCommandRequest) -> Deferred[pb.EdgeCommandResponse]:
         """Validate, run and answer ``request``, relaying its lifecycle events."""
@@ -223,16 +328,23 @@ class CommandRunner:
 
     def _emit(self, request: pb.EdgeCommandRequest, kind: str, message: str) -> None:
         """Relay one lifecycle event (``command.*``) of ``request``."""
+        node_id, provider_id = self._node_of(request)
         self._registry.relay.emit(
             kind,
             command_id=request.command_id,
-            node_id=self._node_of(request),
+            node_id=node_id,
+            provider_id=provider_id,
             message=message,
             attributes={"name": request.name, "target": request.target},
         )
 
-    def _node_of(self, request: pb.EdgeCommandRequest) -> str:
-        return request.target if self._definitions[request.name].target_kind == "node" else ""
+    def _node_of(self, request: pb.EdgeCommandRequest) -> tuple[str, str]:
+        kind = self._definitions[request.name].target_kind
+        if kind == "node":
+            return request.target, ""
+        if kind == "provider":
+            return self.provider_target(request)
+        return "", ""
 
     @staticmethod
     def _timeout(request: pb.EdgeCommandRequest) -> float:
@@ -306,6 +418,82 @@ class CommandRunner:
         for source in self._diagnostics_sources:
             result.update(source())
         return result
+
+    async def _provider(self, request: pb.EdgeCommandRequest) -> dict[str, str]:
+        """A ``provider.*`` command: held here (restart, stop), done by the Node, answered with the engine's state."""
+        node_id, provider_id = self.provider_target(request)
+        action = PROVIDER_ACTIONS[request.name]
+        deadline = self._timeout(request)
+        arguments = request.arguments
+        answer_within = deadline * NODE_ANSWER_SHARE
+        drain_timeout = _number(arguments.get("drain_timeout_seconds", "")) or answer_within / 2
+        sent = pb.NodeProviderCommandRequest(
+            provider_id=provider_id,
+            action=action,
+            drain=arguments.get("drain", "true") == "true",
+            drain_timeout_ms=int(min(drain_timeout, MAX_DRAIN_SECONDS) * 1000),
+            timeout_ms=int(answer_within * 1000),
+            max_log_bytes=int(_number(arguments.get("bytes", "")) or DEFAULT_LOG_BYTES),
+        )
+        holds = action in (pb.PROVIDER_ACTION_RESTART, pb.PROVIDER_ACTION_STOP)
+        if holds:
+            self._registry.hold_provider(node_id, provider_id, f"{request.name} {request.command_id}")
+        try:
+            answer = await self._registry.provider_command(node_id, sent, deadline * (1 + NODE_ANSWER_SHARE) / 2)
+        except Exception as e:
+            raise CommandFailed(f"node {node_id} did not answer: {type(e).__name__}: {e}") from None
+        finally:
+            if holds:
+                self._registry.release_provider(node_id, provider_id)
+        if not answer.ok:
+            raise CommandFailed(answer.reason[: MAX_TEXT * 4] or f"node {node_id} refused {request.name}")
+        result = {"node_id": node_id, "provider_id": provider_id}
+        if answer.HasField("launch"):
+            launch = answer.launch
+            result.update(
+                state=engine_state_name(launch.state),
+                state_reason=launch.reason[:MAX_TEXT],
+                restarts=str(launch.restarts),
+            )
+        if action in (pb.PROVIDER_ACTION_RESTART, pb.PROVIDER_ACTION_STOP):
+            result.update(drained_requests=str(answer.drained_requests), cut_requests=str(answer.cut_requests))
+        if answer.reason:
+            result["message"] = answer.reason[:MAX_TEXT]
+        if action == pb.PROVIDER_ACTION_LOGS:
+            result.update(log_chunks(answer.log_text[:MAX_LOG_BYTES], answer.log_lines))
+        return result
+
+
+def log_chunks(text: str, lines: int) -> dict[str, str]:
+    """An engine's last lines as result entries ``log.000`` ... of at most
+    :data:`LOG_CHUNK_CHARACTERS` characters, cut at line ends where a line fits."""
+    chunks: list[str] = []
+    current = ""
+    for line in text.splitlines(keepends=True):
+        while len(line) > LOG_CHUNK_CHARACTERS:
+            if current:
+                chunks.append(current)
+                current = ""
+            chunks.append(line[:LOG_CHUNK_CHARACTERS])
+            line = line[LOG_CHUNK_CHARACTERS:]
+        if len(current) + len(line) > LOG_CHUNK_CHARACTERS:
+            chunks.append(current)
+            current = ""
+        current += line
+    if current:
+        chunks.append(current)
+    result = {f"log.{i:03d}": chunk for i, chunk in enumerate(chunks)}
+    result["log_lines"] = str(lines)
+    result["log_chunks"] = str(len(chunks))
+    return result
+
+
+def _number(text: str) -> Optional[float]:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if value == value and abs(value) != float("inf") else None
 
 
 def _flag(value: bool) -> str:

@@ -168,7 +168,11 @@ class InferenceGateway:
                 if capacity <= 0:
                     continue
                 has_class = True
-                if pool.eligible(node.node_id, provider.provider_id):
+                # A launched engine on its way back (restarting, loading, crashed with a next
+                # try) is worth waiting for in the queue, bounded by its timeout.
+                if pool.eligible(node.node_id, provider.provider_id) or self._registry.engine_returning(
+                    node.node_id, provider.provider_id
+                ):
                     usable = True
         if not configured:
             raise InferenceError(404, "model_not_found", f"the model {model!r} does not exist on this gateway")

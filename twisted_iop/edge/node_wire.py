@@ -149,6 +149,19 @@ class NodeServerProtocol(AcceptedPeerProtocol):
         d = self.request("node_probe_request", pb.NodeProbeRequest(), timeout=timeout)
         return d.addCallback(lambda envelope: envelope.node_probe_response)
 
+    def provider_command(
+        self, request: pb.NodeProviderCommandRequest, timeout: float
+    ) -> Deferred[pb.NodeProviderCommandResponse]:
+        """Send ``NodeProviderCommandRequest``; fire with the Node's answer (an error frame fails it)."""
+        d = self.request("node_provider_command_request", request, timeout=timeout)
+        return d.addCallback(_provider_command_answer)
+
+
+def _provider_command_answer(envelope: pb.Envelope) -> pb.NodeProviderCommandResponse:
+    if envelope.WhichOneof("body") != "node_provider_command_response":
+        raise ValueError(f"the node answered {envelope.WhichOneof('body')} to a provider command")
+    return envelope.node_provider_command_response
+
 
 class NodeServerFactory(PeerServerFactory):
     """Builds Node connections over the Edge's registry.

@@ -32,6 +32,7 @@ from twisted.python.failure import Failure
 
 from twisted_iop.edge.config import EdgeConfig, NodeConfig, ProviderConfig
 from twisted_iop.edge.cooldown import Cooldowns
+from twisted_iop.edge.engine_launch import EngineLaunchInfo, checked_launch, launch_takes_work
 from twisted_iop.edge.engine_load import EngineLoads, EngineReading
 from twisted_iop.edge.events import EventRelay
 from twisted_iop.edge.ownership import NodeOwnership, Transition, TransitionKind
@@ -47,6 +48,17 @@ USABLE_HEALTH = frozenset({pb.PROVIDER_HEALTH_HEALTHY, pb.PROVIDER_HEALTH_DEGRAD
 #: Health values a Node may report; anything else (a newer Node's value,
 #: or garbage) is recorded as UNKNOWN with a reason.
 KNOWN_HEALTH = frozenset(pb.ProviderHealth.values()) - {pb.PROVIDER_HEALTH_UNSPECIFIED}
+
+#: Launched engines' states from which an engine becomes ready again by itself.
+RETURNING_ENGINE_STATES = frozenset(
+    {
+        pb.ENGINE_STATE_DRAINING,
+        pb.ENGINE_STATE_STOPPING,
+        pb.ENGINE_STATE_STARTING,
+        pb.ENGINE_STATE_LOADING,
+        pb.ENGINE_STATE_CRASHED,
+    }
+)
 
 #: At most this many models of one provider's health report are kept.
 MAX_MODELS = 256
@@ -64,6 +76,11 @@ class NodePeer(Protocol):
     def probe(self, timeout: float) -> Deferred[pb.NodeProbeResponse]:
         """Ask the Node to re-read its providers and probe them now."""
 
+    def provider_command(
+        self, request: pb.NodeProviderCommandRequest, timeout: float
+    ) -> Deferred[pb.NodeProviderCommandResponse]:
+        """Ask the Node to act on one provider's launched engine."""
+
 
 class UnknownNode(Exception):
     """No Node with that id is configured on this Edge."""
@@ -71,11 +88,13 @@ class UnknownNode(Exception):
 
 @attrs.frozen
 class ProviderHealth:
-    """The last health a Node's owner connection reported for a provider."""
+    """The last health a Node's owner connection reported for a provider, with its
+    engine's state when the Node launches it (``None``: someone else runs the engine)."""
 
     health: pb.ProviderHealth
     reason: str = ""
     models: tuple[str, ...] = ()
+    launch: Optional[EngineLaunchInfo] = None
 
 
 @attrs.frozen
@@ -111,6 +130,8 @@ class NodeRegistry(Service):
         self.engine_loads = EngineLoads(config.inference.saturation)
         self.cooldowns = Cooldowns(config.inference.cooldown)
         self.tokens = TokenCounter()
+        #: Providers a command holds out of new leases (a restart or stop of its engine), with why.
+        self._held: dict[tuple[str, str], str] = {}
         #: Timers that reconsider waiting work when a cool-down ends or a
         #: saturated reading goes stale, per (node, provider, which).
         self._timers: dict[tuple[str, str, str], IDelayedCall] = {}
@@ -295,7 +316,11 @@ class NodeRegistry(Service):
             new = self._checked_health(node_id, report)
             old = current.get(report.provider_id)
             current[report.provider_id] = new
+            if announce:
+                self._announce_launch(node_id, report.provider_id, old.launch if old is not None else None, new.launch)
             if old is not None and (old.health, old.reason) == (new.health, new.reason):
+                if old.launch != new.launch:
+                    changed.append(report.provider_id)
                 continue
             changed.append(report.provider_id)
             if announce:
@@ -321,6 +346,35 @@ class NodeRegistry(Service):
                 current[provider.provider_id] = ProviderHealth(pb.PROVIDER_HEALTH_UNKNOWN, "not reported by the node")
         return changed
 
+    def _announce_launch(
+        self, node_id: str, provider_id: str, old: Optional[EngineLaunchInfo], new: Optional[EngineLaunchInfo]
+    ) -> None:
+        """A ``provider.launch_changed`` event when the engine's state (or its reason or restarts) changed."""
+        if new is None or (
+            old is not None and (old.state, old.reason, old.restarts) == (new.state, new.reason, new.restarts)
+        ):
+            return
+        before = old.name if old is not None else "unknown"
+        if before != new.name:
+            self._log.info(
+                "node {node_id} provider {provider_id} engine {before} -> {after} {reason}",
+                node_id=node_id,
+                provider_id=provider_id,
+                before=before,
+                after=new.name,
+                reason=new.reason,
+            )
+        attributes = {"previous": before, "state": new.name, "reason": new.reason, "restarts": str(new.restarts)}
+        if new.next_try_at_ms:
+            attributes["next_try_at_ms"] = str(new.next_try_at_ms)
+        self.relay.emit(
+            "provider.launch_changed",
+            node_id=node_id,
+            provider_id=provider_id,
+            message=f"provider {provider_id} on node {node_id}: engine {new.name}",
+            attributes=attributes,
+        )
+
     def _checked_health(self, node_id: str, report: pb.ProviderHealthReport) -> ProviderHealth:
         """``report`` as a :class:`ProviderHealth`, every wire value checked.
 
@@ -345,7 +399,16 @@ class NodeRegistry(Service):
             reason = f"{detail}: {reason}" if reason else detail
             health = pb.PROVIDER_HEALTH_UNKNOWN
         models = tuple(model[:MAX_TEXT] for model in report.models[:MAX_MODELS])
-        return ProviderHealth(health, reason, models)
+        launch = checked_launch(report)
+        if launch is not None and launch.name == "unknown":
+            self._log.warn(
+                "node {node_id} reported an engine state this edge does not know for provider {provider_id}: "
+                "{reason}; it takes no work",
+                node_id=node_id,
+                provider_id=report.provider_id,
+                reason=launch.reason,
+            )
+        return ProviderHealth(health, reason, models, launch)
 
     # -- queries for the status provider and commands ------------------------
 
@@ -373,9 +436,12 @@ class NodeRegistry(Service):
         return health is not None and health.health in USABLE_HEALTH
 
     def provider_takes_work(self, node_id: str, provider_id: str) -> bool:
-        """Healthy (or degraded), its engine not saturated, not cooling down."""
+        """Healthy (or degraded), its launched engine (if any) ready and not held by a command,
+        its engine not saturated, not cooling down."""
         health = self._health.get(node_id, {}).get(provider_id)
-        if health is None or health.health not in USABLE_HEALTH:
+        if health is None or health.health not in USABLE_HEALTH or not launch_takes_work(health.launch):
+            return False
+        if (node_id, provider_id) in self._held:
             return False
         return not self.engine_loads.saturated(node_id, provider_id) and (
             self.cooldowns.cooling(node_id, provider_id) is None
@@ -396,6 +462,56 @@ class NodeRegistry(Service):
     def cooling_down(self, node_id: str, provider_id: str) -> Optional[str]:
         """Why the provider cools down now, or ``None``."""
         return self.cooldowns.cooling(node_id, provider_id)
+
+    def launch(self, node_id: str, provider_id: str) -> Optional[EngineLaunchInfo]:
+        """The state of the provider's launched engine as its Node last reported it, if it launches it."""
+        health = self.health(node_id, provider_id)
+        return health.launch if health is not None else None
+
+    def engine_returning(self, node_id: str, provider_id: str) -> bool:
+        """Whether the provider's launched engine is on its way back to ready (held by a restart,
+        draining, stopping, starting, loading, or crashed with a next try) on a ready, undrained node.
+
+        Requests for its models wait in the queue for it instead of failing at once; a
+        ``stopped`` or ``failed`` engine is not coming back by itself.
+        """
+        if not self.node_takes_work(node_id):
+            return False
+        if (node_id, provider_id) in self._held:
+            return True
+        launch = self.launch(node_id, provider_id)
+        return launch is not None and launch.state in RETURNING_ENGINE_STATES
+
+    def held(self, node_id: str, provider_id: str) -> Optional[str]:
+        """Why a command holds the provider out of new leases now, or ``None``."""
+        return self._held.get((node_id, provider_id))
+
+    # -- provider commands ------------------------------------------------------------
+
+    def hold_provider(self, node_id: str, provider_id: str, reason: str) -> None:
+        """No new leases for the provider until :meth:`release_provider` (a restart or stop of its engine).
+
+        Held before the command is sent: every request leased earlier was
+        sent to the Node before the command, on the same connection, so the
+        Node's drain sees them all.
+        """
+        self._held[(node_id, provider_id)] = reason
+
+    def release_provider(self, node_id: str, provider_id: str) -> None:
+        """The command ended: the provider takes work again when its state lets it."""
+        if self._held.pop((node_id, provider_id), None) is not None:
+            self.pool.reconsider()
+
+    def provider_command(
+        self, node_id: str, request: pb.NodeProviderCommandRequest, timeout: float
+    ) -> Deferred[pb.NodeProviderCommandResponse]:
+        """Send ``request`` to the owner connection of ``node_id``; fire with the Node's answer."""
+        peer = self.owner_peer(node_id)
+        if peer is None:
+            from twisted.internet.defer import fail
+
+            return fail(UnknownNode(f"node {node_id!r} is not connected"))
+        return peer.provider_command(request, timeout)
 
     # -- outcomes of requests (cool-downs) ------------------------------------
 

@@ -12,7 +12,8 @@ Rules (see docs/edge-and-node.md):
   ``DRAINED``; the engine's last reading (``engine``, its ``age_ms`` the age
   now), ``saturated``, tokens (totals and completion tokens per second over
   the last minute) and ``cooling_down``: a provider that cools down and
-  reports ``healthy`` shows ``degraded`` with the cool-down's reason.
+  reports ``healthy`` shows ``degraded`` with the cool-down's reason;
+  ``launch``, its engine's state when its Node launches it.
 
 :func:`provider_counters` is the one source of the lease counters, for
 this view and for ``/metrics`` alike.
@@ -85,7 +86,7 @@ class StatusProvider:
         reading = registry.engine_loads.last(node_id, provider_id)
         engine = reading.to_wire(now) if reading is not None else pb.EngineLoad(known=False, kv_cache_usage=-1.0)
         prompt_tokens, completion_tokens = registry.tokens.provider_totals(node_id, provider_id)
-        return pb.ProviderSnapshot(
+        snapshot = pb.ProviderSnapshot(
             provider_id=provider.provider_id,
             kind=provider.kind,
             models=list(provider.models),
@@ -105,6 +106,10 @@ class StatusProvider:
             saturated=registry.saturated(node_id, provider_id),
             cooling_down=cooling is not None,
         )
+        launch = health.launch if health is not None else None
+        if launch is not None:
+            snapshot.launch.CopyFrom(launch.to_wire())
+        return snapshot
 
 
 def provider_counters(registry: NodeRegistry, node_id: str, provider_id: str) -> LeaseCounters:

@@ -7,7 +7,9 @@ its id, kind and models are ever sent to the Edge.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlsplit
 
@@ -33,6 +35,7 @@ from twisted_iop.configuration import (
     parse_unique_list,
 )
 from twisted_iop.endpoints import is_loopback_listen
+from twisted_iop.node.launch_config import LaunchConfig, parse_launch
 from twisted_iop.wire.settings import DialConfig
 
 #: Where a Node dials its Edge unless configured otherwise.
@@ -46,6 +49,10 @@ ENV_METRICS_LISTEN = "IOP_NODE_METRICS_LISTEN"
 
 #: How often the engines' load is read unless ``probes.load_interval_seconds`` says otherwise.
 DEFAULT_LOAD_INTERVAL_SECONDS = 5.0
+
+#: Environment variable systemd sets to the unit's ``StateDirectory=`` (the
+#: default ``state_directory``).
+ENV_STATE_DIRECTORY = "STATE_DIRECTORY"
 
 #: Health values a mock provider (or its health file) may take.
 MOCK_HEALTH_VALUES = ("healthy", "degraded", "unhealthy", "offline")
@@ -92,6 +99,8 @@ class NodeProviderConfig:
     models: tuple[str, ...]
     base_url: str = attrs.field(default="", repr=False)
     mock: MockOptions = MockOptions()
+    #: How the Node runs this provider's engine; ``None``: someone else runs it.
+    launch: Optional[LaunchConfig] = None
 
 
 @attrs.frozen
@@ -111,6 +120,8 @@ class NodeRuntimeConfig:
     metrics_listen: str = DEFAULT_METRICS_LISTEN
     #: How log lines are written (``logging.format``: text or json).
     logging: LoggingConfig = LoggingConfig()
+    #: Where the pidfiles of launched engines are kept (``state_directory``).
+    state_directory: str = ""
 
 
 def load_node_config(path: Optional[str], environ: Optional[Mapping[str, str]] = None) -> NodeRuntimeConfig:
@@ -133,21 +144,47 @@ def parse_node_config(data: Mapping[str, Any], environ: Mapping[str, str] = {}) 
             "shutdown",
             "metrics",
             "logging",
+            "state_directory",
         }
     )
+    node_id = top.identifier("node_id")
     return NodeRuntimeConfig(
-        node_id=top.identifier("node_id"),
+        node_id=node_id,
         credential=parse_dialer_secret(top, "credential", "credential_file"),
         labels=top.string_map("labels"),
         edge=_edge(top.section("edge"), environ),
         probes=_probes(top.section("probes")),
-        providers=parse_node_providers(top.raw("providers")),
+        providers=parse_node_providers(top.raw("providers"), environ),
         shutdown=parse_shutdown(top.section("shutdown")),
         metrics_listen=parse_metrics_listen(
             top.section("metrics"), DEFAULT_METRICS_LISTEN, environ, ENV_METRICS_LISTEN
         ),
         logging=parse_logging(top.section("logging")),
+        state_directory=_state_directory(top, node_id, environ),
     )
+
+
+def default_state_directory(node_id: str, environ: Mapping[str, str]) -> str:
+    """Where a Node keeps its state unless ``state_directory`` says: systemd's
+    ``$STATE_DIRECTORY`` (its first entry), else ``$XDG_STATE_HOME/twisted-iop/<node_id>``
+    (``~/.local/state`` when unset)."""
+    systemd = environ.get(ENV_STATE_DIRECTORY, "").split(":")[0]
+    if systemd:
+        return systemd
+    base = environ.get("XDG_STATE_HOME") or str(Path(environ.get("HOME") or Path.home()) / ".local" / "state")
+    return str(Path(base) / "twisted-iop" / node_id)
+
+
+def _state_directory(top: Section, node_id: str, environ: Mapping[str, str]) -> str:
+    value = top.string("state_directory")
+    if not value:
+        return default_state_directory(node_id, environ)
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        raise ConfigError(f"{top.field_path('state_directory')}: must be an absolute path, not {value!r}")
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{top.field_path('state_directory')}: {value!r} is not a directory")
+    return str(path)
 
 
 def _edge(section: Section, environ: Mapping[str, str]) -> EdgeLinkConfig:
@@ -172,17 +209,44 @@ def _probes(section: Section) -> ProbeConfig:
     )
 
 
-def parse_node_providers(raw: Any) -> tuple[NodeProviderConfig, ...]:
-    """Read the ``providers`` list (also used when the Edge asks for a re-probe)."""
-    return parse_unique_list(raw, "providers", "providers", "provider_id", _provider)
+def parse_node_providers(raw: Any, environ: Optional[Mapping[str, str]] = None) -> tuple[NodeProviderConfig, ...]:
+    """Read the ``providers`` list (also used when the Edge asks for a re-probe).
+
+    ``environ`` (the process's environment when ``None``) gives the ``PATH``
+    a launched engine's executable is looked up on.
+    """
+    env = os.environ if environ is None else environ
+    providers = parse_unique_list(raw, "providers", "providers", "provider_id", lambda s: _provider(s, env))
+    launched: dict[str, int] = {}
+    for index, provider in enumerate(providers):
+        if provider.launch is None:
+            continue
+        address = urlsplit(provider.base_url).netloc
+        if address in launched:
+            raise ConfigError(
+                f"providers[{index}].base_url: the same address as providers[{launched[address]}], "
+                "whose engine this Node launches too"
+            )
+        launched[address] = index
+    return providers
 
 
-def _provider(section: Section) -> NodeProviderConfig:
-    section.reject_unknown({"provider_id", "kind", "models", "base_url", "mock"})
+def _provider(section: Section, environ: Mapping[str, str]) -> NodeProviderConfig:
+    section.reject_unknown({"provider_id", "kind", "models", "base_url", "mock", "launch"})
     provider_id, kind, models = parse_provider_basics(section, PROVIDER_KINDS)
     base_url = section.string("base_url")
+    if section.has("launch") and kind not in HTTP_PROVIDER_KINDS:
+        raise ConfigError(
+            f"{section.field_path('launch')}: only for engines reached over HTTP "
+            f"(kinds {', '.join(HTTP_PROVIDER_KINDS)}), not kind {kind}"
+        )
     if kind in HTTP_PROVIDER_KINDS:
         if not base_url:
+            if section.has("launch"):
+                raise ConfigError(
+                    f"{section.field_path('base_url')}: required for kind {kind}: where the launched engine "
+                    "listens (its readiness is checked and its requests sent there)"
+                )
             raise ConfigError(f"{section.field_path('base_url')}: required for kind {kind}")
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -194,8 +258,9 @@ def _provider(section: Section) -> NodeProviderConfig:
         if kind != "mock":
             raise ConfigError(f"{section.field_path('mock')}: only for kind mock")
         mock = _mock(section.section("mock"))
+    launch = parse_launch(section.section("launch"), environ) if section.has("launch") else None
     return NodeProviderConfig(
-        provider_id=provider_id, kind=kind, models=models, base_url=base_url.rstrip("/"), mock=mock
+        provider_id=provider_id, kind=kind, models=models, base_url=base_url.rstrip("/"), mock=mock, launch=launch
     )
 
 

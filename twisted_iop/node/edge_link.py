@@ -52,6 +52,14 @@ class EdgeLinkProtocol(HelloDialerProtocol["EdgeLink"]):
                 crash_log="answering a probe request failed",
                 crash_message="probe failed on the node",
             )
+        elif body == "node_provider_command_request":
+            self.reply_when_done(
+                self._link.runtime.answer_provider_command(envelope.node_provider_command_request),
+                "node_provider_command_response",
+                envelope.request_id,
+                crash_log="answering a provider command failed",
+                crash_message="the provider command failed on the node",
+            )
         elif body in INFERENCE_BODIES_FROM_EDGE and self._link.runtime.inference is not None:
             self._link.runtime.inference.handle(self, envelope, body)
         else:

@@ -153,6 +153,8 @@ class InferenceRunner:
         self.cancelled = 0
         #: Set when the Node stops: why new requests are refused.
         self.refusing = ""
+        #: Why a provider cannot take a request now (its launched engine is not up), or None.
+        self.refusal: Callable[[str], Optional[str]] = lambda provider_id: None
         self.refused = 0
         #: For /metrics: provider requests, start to done, per provider id.
         self.provider_seconds: dict[str, LatencyHistogram] = {}
@@ -250,6 +252,15 @@ class InferenceRunner:
         provider = next((p for p in self._providers() if p.provider_id == request.provider_id), None)
         if provider is None:
             refuse(f"provider {request.provider_id!r} is not hosted on this node")
+            return
+        not_up = self.refusal(provider.provider_id)
+        if not_up:
+            # The Edge runs it elsewhere (unavailable: the engine could not take it).
+            self.refused += 1
+            session.send(
+                "inference_done",
+                pb.InferenceDone(inference_id=inference_id, status=pb.INFERENCE_STATUS_UNAVAILABLE, error=not_up),
+            )
             return
         model = request.model if request.model in provider.models else OTHER_MODEL
         reply = _Reply(self, session, state, request, provider.provider_id, model, endpoint, self._clock.seconds())

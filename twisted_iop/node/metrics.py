@@ -2,7 +2,8 @@
 
 Served by the Node's metrics listener (``metrics.listen``) at
 ``GET /metrics``: provider health from the last probes, the inference
-runner's counters, latencies and tokens (``iop_tokens_total``), and the state of the link to the Edge.
+runner's counters, latencies and tokens (``iop_tokens_total``), the
+engines it launches (``iop_node_engine_*``), and the state of the link to the Edge.
 They are read from the parts named by :class:`NodeParts`, which the running
 ``NodeService`` (``tap.py``) provides; this module never imports the tap,
 which composes it.
@@ -17,12 +18,14 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from twisted_iop.metrics import counter, gauge, histograms, labelled, new_metric_registry, wire_metrics
+from twisted_iop.node.engine_lifecycle import EngineState
 from twisted_iop.node.inference import TOKEN_DIRECTIONS
 from twisted_iop.wire import control_pb2 as pb
 
 if TYPE_CHECKING:
     from twisted_iop.node.edge_link import EdgeLink
     from twisted_iop.node.runtime import NodeRuntime
+    from twisted_iop.node.supervisor import EngineSupervisor
 
 #: Health values as the ``health`` label shows them (``unknown``: not probed yet).
 HEALTH_NAMES = {
@@ -102,6 +105,9 @@ def node_metrics(service: NodeParts) -> Iterator[Metric]:
             ["provider", "model", "direction"],
             [(list(key), count) for key, count in sorted(tokens.items())],
         )
+    engines = runtime.engines
+    if engines is not None:
+        yield from engine_metrics(engines)
     link = service.link
     current = link.current
     yield gauge("iop_node_edge_connected", "1 while a connection to the Edge is open", 1 if current is not None else 0)
@@ -110,3 +116,40 @@ def node_metrics(service: NodeParts) -> Iterator[Metric]:
     yield gauge("iop_node_ready", "1 once NodeReady was sent on the current connection", 1 if runtime.ready_sent else 0)
     yield counter("iop_node_edge_acceptances", "Times the Edge accepted this Node", link.acceptances)
     yield from wire_metrics({"edge": link.wire_counters})
+
+
+def engine_metrics(engines: EngineSupervisor) -> Iterator[Metric]:
+    """The engines this Node launches: state, restarts, crashes and suppressed output lines."""
+    launched = sorted(engines.engines.values(), key=lambda e: e.provider_id)
+    yield labelled(
+        GaugeMetricFamily,
+        "iop_node_engine_state",
+        "1 for the state each launched engine is in, 0 for the others",
+        ["provider", "state"],
+        [
+            ([e.provider_id, state.value], 1 if e.lifecycle.state is state else 0)
+            for e in launched
+            for state in EngineState
+        ],
+    )
+    yield labelled(
+        GaugeMetricFamily,
+        "iop_node_engine_restarts",
+        "Restarts after crashes since the engine was last started by the Node or an operator",
+        ["provider"],
+        [([e.provider_id], e.lifecycle.restarts) for e in launched],
+    )
+    yield labelled(
+        CounterMetricFamily,
+        "iop_node_engine_crashes",
+        "Exits nobody asked for and failed starts of each launched engine",
+        ["provider"],
+        [([e.provider_id], e.lifecycle.crashes) for e in launched],
+    )
+    yield labelled(
+        CounterMetricFamily,
+        "iop_node_engine_log_lines_suppressed",
+        "Output lines of each launched engine kept out of the Node's log by its rate limit",
+        ["provider"],
+        [([e.provider_id], e.suppressed_lines) for e in launched],
+    )

@@ -21,8 +21,10 @@ from twisted.logger import Logger
 
 from twisted_iop.configuration import ConfigError, Section, load_yaml_mapping
 from twisted_iop.node.config import NodeProviderConfig, NodeRuntimeConfig, parse_node_providers
+from twisted_iop.node.engine_lifecycle import EngineState
 from twisted_iop.node.engines.base import LoadReading
 from twisted_iop.node.probes import ProbeResult, ProviderProber
+from twisted_iop.node.supervisor import EngineSupervisor, answer_provider_command
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.enums import enum_label
 
@@ -83,6 +85,8 @@ class NodeRuntime(Service):
         self.session: Optional[EdgeSession] = None
         #: Runs the inference requests the Edge forwards (set by the tap).
         self.inference: Optional[InferenceRunner] = None
+        #: Runs the engines of providers with a ``launch`` block (set by the tap).
+        self.engines: Optional[EngineSupervisor] = None
         self.ready_sent = False
         self.rounds = 0
         #: The last load sent per provider (for tests and the metrics).
@@ -121,7 +125,7 @@ class NodeRuntime(Service):
             if self.session is not session:
                 return
             self.ready_sent = True
-            session.send_ready([r.to_report() for r in results])
+            session.send_ready([self.report(r) for r in results])
             usable = sum(1 for r in results if r.health == pb.PROVIDER_HEALTH_HEALTHY)
             self._log.info(
                 "node {node_id} ready: {usable}/{total} providers healthy",
@@ -146,6 +150,16 @@ class NodeRuntime(Service):
             pb.NodeProviderSpec(provider_id=p.provider_id, kind=p.kind, models=list(p.models)) for p in self.providers
         ]
 
+    def answer_provider_command(
+        self, request: pb.NodeProviderCommandRequest
+    ) -> Deferred[pb.NodeProviderCommandResponse]:
+        """Run the Edge's command on a provider's launched engine (refused when the Node launches none)."""
+        if self.engines is None:
+            return succeed(
+                pb.NodeProviderCommandResponse(ok=False, reason="this node launches no engines (no launch blocks)")
+            )
+        return answer_provider_command(self.engines, request)
+
     def answer_probe_request(self) -> Deferred[pb.NodeProbeResponse]:
         """Re-read the providers (if there is a config file), probe, answer."""
         if self._load_providers is not None:
@@ -153,9 +167,12 @@ class NodeRuntime(Service):
                 self.providers = self._load_providers()
             except ConfigError as e:
                 self._log.warn("keeping the current providers; node.yaml not re-read: {error}", error=str(e))
+            else:
+                if self.engines is not None:
+                    self.engines.configure(self.providers)
 
         def answer(results: list[ProbeResult]) -> pb.NodeProbeResponse:
-            return pb.NodeProbeResponse(providers=self.provider_specs(), health=[r.to_report() for r in results])
+            return pb.NodeProbeResponse(providers=self.provider_specs(), health=[self.report(r) for r in results])
 
         return self.probe_round(report_changes=False).addCallback(answer)
 
@@ -165,25 +182,80 @@ class NodeRuntime(Service):
         """Probe every provider at once; record health; report changes if ready."""
         providers = self.providers
         timeout = self.config.probes.timeout_seconds
-        probes = [self._prober.probe(p, timeout) for p in providers]
+        probes = [self._probe(p, timeout) for p in providers]
 
         def done(outcomes: list[tuple[bool, ProbeResult]]) -> list[ProbeResult]:
             self.rounds += 1
             results = [value for ok, value in outcomes if ok]
+            self._liveness(results)
             changed = self._record(results, providers)
             if report_changes and changed and self.session is not None and self.ready_sent:
-                self.session.send_health([r.to_report() for r in changed])
+                self.session.send_health([self.report(r) for r in changed])
             return results
 
         return DeferredList(probes, consumeErrors=True).addCallback(done)
 
-    def _record(self, results: list[ProbeResult], providers: tuple[NodeProviderConfig, ...]) -> list[ProbeResult]:
-        wanted = {p.provider_id for p in providers}
-        for provider_id in [p for p in self.health if p not in wanted]:
-            del self.health[provider_id]
-        for provider_id in [p for p in self.load if p not in wanted]:
-            del self.load[provider_id]
-        self._prober.forget(wanted)
+    def _probe(self, provider: NodeProviderConfig, timeout: float) -> Deferred[ProbeResult]:
+        """The provider's health: probed, unless its launched engine is not up (then that says it)."""
+        derived = self._launch_health(provider.provider_id)
+        return succeed(derived) if derived is not None else self._prober.probe(provider, timeout)
+
+    def _launch_health(self, provider_id: str) -> Optional[ProbeResult]:
+        """The health of a provider whose launched engine is not up, from its state; else ``None``."""
+        engines = self.engines
+        state = engines.state(provider_id) if engines is not None else None
+        if engines is None or state is None or state in (EngineState.READY, EngineState.DRAINING):
+            return None
+        report = engines.report(provider_id)
+        reason = f"engine {state.value}" + (f": {report.reason}" if report is not None and report.reason else "")
+        if state in (EngineState.STARTING, EngineState.LOADING):
+            return ProbeResult(provider_id, pb.PROVIDER_HEALTH_UNHEALTHY, reason)
+        return ProbeResult(provider_id, pb.PROVIDER_HEALTH_OFFLINE, reason)
+
+    def _liveness(self, results: list[ProbeResult]) -> None:
+        """Tell the supervisor what the probes found of its ready engines (a busy one is alive)."""
+        engines = self.engines
+        if engines is None:
+            return
+        for result in results:
+            if engines.state(result.provider_id) is EngineState.READY:
+                down = result.health in (pb.PROVIDER_HEALTH_OFFLINE, pb.PROVIDER_HEALTH_UNHEALTHY)
+                engines.probed(result.provider_id, not down, result.reason)
+
+    def report(self, result: ProbeResult) -> pb.ProviderHealthReport:
+        """The wire form of a provider's health, with its engine's state when the Node launches it."""
+        report = result.to_report()
+        launch = self.engines.report(result.provider_id) if self.engines is not None else None
+        if launch is not None:
+            report.launch.CopyFrom(launch)
+        return report
+
+    def launch_changed(self, provider_id: str, ready_probe: Optional[ProbeResult]) -> None:
+        """A launched engine changed state: its health follows, and the Edge hears of it at once.
+
+        ``ready_probe`` is the readiness probe that found it ready (its
+        health counts now, not at the next periodic probe).
+        """
+        provider = next((p for p in self.providers if p.provider_id == provider_id), None)
+        if provider is None:
+            return
+        result = ready_probe if ready_probe is not None else self._launch_health(provider_id)
+        if result is not None:
+            self._record([result], self.providers, forget=False)
+        current = self.health.get(provider_id)
+        if current is not None and self.session is not None and self.ready_sent:
+            self.session.send_health([self.report(current)])
+
+    def _record(
+        self, results: list[ProbeResult], providers: tuple[NodeProviderConfig, ...], forget: bool = True
+    ) -> list[ProbeResult]:
+        if forget:
+            wanted = {p.provider_id for p in providers}
+            for provider_id in [p for p in self.health if p not in wanted]:
+                del self.health[provider_id]
+            for provider_id in [p for p in self.load if p not in wanted]:
+                del self.load[provider_id]
+            self._prober.forget(wanted)
         changed = []
         for result in results:
             old = self.health.get(result.provider_id)

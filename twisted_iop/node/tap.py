@@ -17,6 +17,7 @@ from twisted_iop.node.inference import InferenceRunner
 from twisted_iop.node.metrics import node_metric_registry
 from twisted_iop.node.probes import HTTPClient, ProviderProber
 from twisted_iop.node.runtime import NodeRuntime
+from twisted_iop.node.supervisor import EngineSupervisor, readiness_check
 
 
 class Options(DaemonOptions[NodeRuntimeConfig]):
@@ -35,8 +36,10 @@ class Options(DaemonOptions[NodeRuntimeConfig]):
     def summary(self, config: NodeRuntimeConfig) -> str:
         """Who it is and where it dials."""
         metrics = config.metrics_listen or "nothing (disabled)"
+        launched = sum(1 for p in config.providers if p.launch is not None)
+        engines = f", engines launched: {launched} (pidfiles in {config.state_directory})" if launched else ""
         return (
-            f"node {config.node_id}, providers: {len(config.providers)}, edge at {config.edge.address}, "
+            f"node {config.node_id}, providers: {len(config.providers)}{engines}, edge at {config.edge.address}, "
             f"metrics on {metrics}"
         )
 
@@ -46,7 +49,13 @@ SHUTTING_DOWN_REASON = "the Node is shutting down"
 
 
 class NodeService(DaemonService):
-    """The Node: its runtime (state) first, its metrics listener (if any), then the link to its Edge."""
+    """The Node: its runtime (state) first, the engines it launches, its metrics listener (if
+    any), then the link to its Edge.
+
+    Services stop in the reverse order, after the graceful stop's drain:
+    the link, the listener, then the engines (each its stop signal, SIGKILL
+    after its stop timeout), then the runtime.
+    """
 
     daemon_name = "iop-node"
 
@@ -54,12 +63,19 @@ class NodeService(DaemonService):
         super().__init__(reactor, config.shutdown.grace_seconds)
         self.config = config
         clock: Any = reactor
-        self.runtime = NodeRuntime(config, clock, ProviderProber(clock, http))
+        prober = ProviderProber(clock, http)
+        self.runtime = NodeRuntime(config, clock, prober)
         runtime = self.runtime
         self.inference = runtime.inference = InferenceRunner(
             lambda: runtime.providers, clock, cast(Optional[InferenceHTTPClient], http)
         )
+        self.engines = runtime.engines = EngineSupervisor(
+            config.providers, config.state_directory, reactor, readiness_check(prober), runtime.running_on
+        )
+        self.engines.listener = runtime
+        self.inference.refusal = self.engines.refusal
         self.add_state(self.runtime)
+        self.engines.setServiceParent(self)
         self.link = EdgeLink(config, self.runtime, clock)
         self.metrics_server: Optional[ListenerService] = None
         if config.metrics_listen:

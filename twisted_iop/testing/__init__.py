@@ -24,10 +24,14 @@ imports it. The modules:
   weights on llama.cpp's vocabulary, for running a real engine;
 * :mod:`twisted_iop.testing.llama_engine`: llama-cpp-python's OpenAI server
   as a child process, and a Control Plane, Edge and Nodes in front of it.
+* :mod:`twisted_iop.testing.launch`: node.yaml entries whose engine the Node
+  launches (``iop-mock-provider`` or a misbehaving script), an engine
+  supervisor with what it reported recorded, a chat load generator and
+  ``/proc`` helpers (processes by command line, a process group's members).
 
 Nothing here imports pytest; the test-only libraries (``cryptography``,
 ``jsonschema``, ``gguf``, ``openai``) are imported where they are used.
 This package imports nothing by itself: :mod:`harness`, :mod:`peers`,
-:mod:`http` and :mod:`llama_engine` use the global reactor, :mod:`frames`,
+:mod:`http`, :mod:`launch` and :mod:`llama_engine` use the global reactor, :mod:`frames`,
 :mod:`configs`, :mod:`wire` and :mod:`tiny_model` do not.
 """

@@ -111,6 +111,30 @@ def set_engine(
     return provider
 
 
+def set_launch(
+    provider: pb.ProviderSnapshot,
+    *,
+    state: int = pb.ENGINE_STATE_CRASHED,
+    reason: str = "exited with code 1",
+    restarts: int = 2,
+    next_try_at_ms: int = 1_700_000_004_000,
+    since_ms: int = 1_700_000_000_000,
+    pid: int = 0,
+) -> pb.ProviderSnapshot:
+    """Give ``provider`` the state of an engine its Node launches (crashed, by default), as set; returns it."""
+    provider.launch.CopyFrom(
+        pb.EngineLaunch(
+            state=state,  # type: ignore[arg-type]
+            reason=reason,
+            restarts=restarts,
+            next_try_at_ms=next_try_at_ms,
+            since_ms=since_ms,
+            pid=pid,
+        )
+    )
+    return provider
+
+
 def keep_status(
     registry: EdgeRegistry, edge_id: str, token: int, response: pb.EdgeStatusResponse, at: float = 0.0
 ) -> Optional[StatusSnapshot]:
@@ -433,6 +457,10 @@ class FakeNodePeer(NodePeer):
         self.closed = 0
         self.probes: list[Deferred[pb.NodeProbeResponse]] = []
         self.answer: Optional[pb.NodeProbeResponse] = None
+        #: Provider commands sent, each with the Deferred the test answers.
+        self.provider_commands: list[
+            tuple[pb.NodeProviderCommandRequest, Deferred[pb.NodeProviderCommandResponse]]
+        ] = []
 
     def close(self) -> None:
         """Record the close."""
@@ -449,4 +477,12 @@ class FakeNodePeer(NodePeer):
             d.callback(self.answer)
         else:
             self.probes.append(d)
+        return d
+
+    def provider_command(
+        self, request: pb.NodeProviderCommandRequest, timeout: float
+    ) -> Deferred[pb.NodeProviderCommandResponse]:
+        """Record the command; the test answers its Deferred."""
+        d: Deferred[pb.NodeProviderCommandResponse] = Deferred()
+        self.provider_commands.append((request, d))
         return d

@@ -40,12 +40,32 @@ class ProviderHealth(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PROVIDER_HEALTH_OFFLINE: _ClassVar[ProviderHealth]
     PROVIDER_HEALTH_UNKNOWN: _ClassVar[ProviderHealth]
 
+class EngineState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ENGINE_STATE_UNSPECIFIED: _ClassVar[EngineState]
+    ENGINE_STATE_STARTING: _ClassVar[EngineState]
+    ENGINE_STATE_LOADING: _ClassVar[EngineState]
+    ENGINE_STATE_READY: _ClassVar[EngineState]
+    ENGINE_STATE_DRAINING: _ClassVar[EngineState]
+    ENGINE_STATE_STOPPING: _ClassVar[EngineState]
+    ENGINE_STATE_CRASHED: _ClassVar[EngineState]
+    ENGINE_STATE_STOPPED: _ClassVar[EngineState]
+    ENGINE_STATE_FAILED: _ClassVar[EngineState]
+
 class CommandOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     COMMAND_OUTCOME_UNSPECIFIED: _ClassVar[CommandOutcome]
     COMMAND_OUTCOME_SUCCEEDED: _ClassVar[CommandOutcome]
     COMMAND_OUTCOME_FAILED: _ClassVar[CommandOutcome]
     COMMAND_OUTCOME_REJECTED: _ClassVar[CommandOutcome]
+
+class ProviderAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PROVIDER_ACTION_UNSPECIFIED: _ClassVar[ProviderAction]
+    PROVIDER_ACTION_RESTART: _ClassVar[ProviderAction]
+    PROVIDER_ACTION_STOP: _ClassVar[ProviderAction]
+    PROVIDER_ACTION_START: _ClassVar[ProviderAction]
+    PROVIDER_ACTION_LOGS: _ClassVar[ProviderAction]
 
 class InferenceEndpoint(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -86,10 +106,24 @@ PROVIDER_HEALTH_DEGRADED: ProviderHealth
 PROVIDER_HEALTH_UNHEALTHY: ProviderHealth
 PROVIDER_HEALTH_OFFLINE: ProviderHealth
 PROVIDER_HEALTH_UNKNOWN: ProviderHealth
+ENGINE_STATE_UNSPECIFIED: EngineState
+ENGINE_STATE_STARTING: EngineState
+ENGINE_STATE_LOADING: EngineState
+ENGINE_STATE_READY: EngineState
+ENGINE_STATE_DRAINING: EngineState
+ENGINE_STATE_STOPPING: EngineState
+ENGINE_STATE_CRASHED: EngineState
+ENGINE_STATE_STOPPED: EngineState
+ENGINE_STATE_FAILED: EngineState
 COMMAND_OUTCOME_UNSPECIFIED: CommandOutcome
 COMMAND_OUTCOME_SUCCEEDED: CommandOutcome
 COMMAND_OUTCOME_FAILED: CommandOutcome
 COMMAND_OUTCOME_REJECTED: CommandOutcome
+PROVIDER_ACTION_UNSPECIFIED: ProviderAction
+PROVIDER_ACTION_RESTART: ProviderAction
+PROVIDER_ACTION_STOP: ProviderAction
+PROVIDER_ACTION_START: ProviderAction
+PROVIDER_ACTION_LOGS: ProviderAction
 INFERENCE_ENDPOINT_UNSPECIFIED: InferenceEndpoint
 INFERENCE_ENDPOINT_CHAT_COMPLETIONS: InferenceEndpoint
 INFERENCE_ENDPOINT_COMPLETIONS: InferenceEndpoint
@@ -197,7 +231,7 @@ class EdgeStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ProviderSnapshot(_message.Message):
-    __slots__ = ("provider_id", "kind", "models", "status", "health", "health_reason", "capacity", "in_flight", "queued", "long_context_capacity", "long_context_in_flight", "long_context_queued", "engine", "tokens_per_second", "prompt_tokens", "completion_tokens", "saturated", "cooling_down")
+    __slots__ = ("provider_id", "kind", "models", "status", "health", "health_reason", "capacity", "in_flight", "queued", "long_context_capacity", "long_context_in_flight", "long_context_queued", "engine", "tokens_per_second", "prompt_tokens", "completion_tokens", "saturated", "cooling_down", "launch")
     PROVIDER_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
@@ -216,6 +250,7 @@ class ProviderSnapshot(_message.Message):
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SATURATED_FIELD_NUMBER: _ClassVar[int]
     COOLING_DOWN_FIELD_NUMBER: _ClassVar[int]
+    LAUNCH_FIELD_NUMBER: _ClassVar[int]
     provider_id: str
     kind: str
     models: _containers.RepeatedScalarFieldContainer[str]
@@ -234,7 +269,24 @@ class ProviderSnapshot(_message.Message):
     completion_tokens: int
     saturated: bool
     cooling_down: bool
-    def __init__(self, provider_id: _Optional[str] = ..., kind: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., status: _Optional[_Union[ProviderStatus, str]] = ..., health: _Optional[_Union[ProviderHealth, str]] = ..., health_reason: _Optional[str] = ..., capacity: _Optional[int] = ..., in_flight: _Optional[int] = ..., queued: _Optional[int] = ..., long_context_capacity: _Optional[int] = ..., long_context_in_flight: _Optional[int] = ..., long_context_queued: _Optional[int] = ..., engine: _Optional[_Union[EngineLoad, _Mapping]] = ..., tokens_per_second: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., saturated: _Optional[bool] = ..., cooling_down: _Optional[bool] = ...) -> None: ...
+    launch: EngineLaunch
+    def __init__(self, provider_id: _Optional[str] = ..., kind: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., status: _Optional[_Union[ProviderStatus, str]] = ..., health: _Optional[_Union[ProviderHealth, str]] = ..., health_reason: _Optional[str] = ..., capacity: _Optional[int] = ..., in_flight: _Optional[int] = ..., queued: _Optional[int] = ..., long_context_capacity: _Optional[int] = ..., long_context_in_flight: _Optional[int] = ..., long_context_queued: _Optional[int] = ..., engine: _Optional[_Union[EngineLoad, _Mapping]] = ..., tokens_per_second: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., saturated: _Optional[bool] = ..., cooling_down: _Optional[bool] = ..., launch: _Optional[_Union[EngineLaunch, _Mapping]] = ...) -> None: ...
+
+class EngineLaunch(_message.Message):
+    __slots__ = ("state", "reason", "restarts", "next_try_at_ms", "since_ms", "pid")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_TRY_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    state: EngineState
+    reason: str
+    restarts: int
+    next_try_at_ms: int
+    since_ms: int
+    pid: int
+    def __init__(self, state: _Optional[_Union[EngineState, str]] = ..., reason: _Optional[str] = ..., restarts: _Optional[int] = ..., next_try_at_ms: _Optional[int] = ..., since_ms: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class EngineLoad(_message.Message):
     __slots__ = ("known", "running", "waiting", "kv_cache_usage", "parallel", "age_ms")
@@ -452,16 +504,18 @@ class NodeHelloResponse(_message.Message):
     def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., reason_code: _Optional[str] = ..., permanent: _Optional[bool] = ..., protocol_major: _Optional[int] = ..., protocol_minor: _Optional[int] = ..., server_version: _Optional[str] = ..., keepalive_interval_ms: _Optional[int] = ..., keepalive_deadline_ms: _Optional[int] = ...) -> None: ...
 
 class ProviderHealthReport(_message.Message):
-    __slots__ = ("provider_id", "health", "reason", "models")
+    __slots__ = ("provider_id", "health", "reason", "models", "launch")
     PROVIDER_ID_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
+    LAUNCH_FIELD_NUMBER: _ClassVar[int]
     provider_id: str
     health: ProviderHealth
     reason: str
     models: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, provider_id: _Optional[str] = ..., health: _Optional[_Union[ProviderHealth, str]] = ..., reason: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ...) -> None: ...
+    launch: EngineLaunch
+    def __init__(self, provider_id: _Optional[str] = ..., health: _Optional[_Union[ProviderHealth, str]] = ..., reason: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., launch: _Optional[_Union[EngineLaunch, _Mapping]] = ...) -> None: ...
 
 class NodeReady(_message.Message):
     __slots__ = ("providers",)
@@ -500,6 +554,40 @@ class NodeProbeResponse(_message.Message):
     providers: _containers.RepeatedCompositeFieldContainer[NodeProviderSpec]
     health: _containers.RepeatedCompositeFieldContainer[ProviderHealthReport]
     def __init__(self, providers: _Optional[_Iterable[_Union[NodeProviderSpec, _Mapping]]] = ..., health: _Optional[_Iterable[_Union[ProviderHealthReport, _Mapping]]] = ...) -> None: ...
+
+class NodeProviderCommandRequest(_message.Message):
+    __slots__ = ("provider_id", "action", "drain", "drain_timeout_ms", "timeout_ms", "max_log_bytes")
+    PROVIDER_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_LOG_BYTES_FIELD_NUMBER: _ClassVar[int]
+    provider_id: str
+    action: ProviderAction
+    drain: bool
+    drain_timeout_ms: int
+    timeout_ms: int
+    max_log_bytes: int
+    def __init__(self, provider_id: _Optional[str] = ..., action: _Optional[_Union[ProviderAction, str]] = ..., drain: _Optional[bool] = ..., drain_timeout_ms: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., max_log_bytes: _Optional[int] = ...) -> None: ...
+
+class NodeProviderCommandResponse(_message.Message):
+    __slots__ = ("ok", "reason", "launch", "log_text", "log_lines", "drained_requests", "cut_requests")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    LAUNCH_FIELD_NUMBER: _ClassVar[int]
+    LOG_TEXT_FIELD_NUMBER: _ClassVar[int]
+    LOG_LINES_FIELD_NUMBER: _ClassVar[int]
+    DRAINED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    CUT_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    reason: str
+    launch: EngineLaunch
+    log_text: str
+    log_lines: int
+    drained_requests: int
+    cut_requests: int
+    def __init__(self, ok: _Optional[bool] = ..., reason: _Optional[str] = ..., launch: _Optional[_Union[EngineLaunch, _Mapping]] = ..., log_text: _Optional[str] = ..., log_lines: _Optional[int] = ..., drained_requests: _Optional[int] = ..., cut_requests: _Optional[int] = ...) -> None: ...
 
 class InferenceRequest(_message.Message):
     __slots__ = ("inference_id", "provider_id", "endpoint", "body", "stream", "model")
@@ -566,7 +654,7 @@ class InferenceCancel(_message.Message):
     def __init__(self, inference_id: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Envelope(_message.Message):
-    __slots__ = ("request_id", "error", "ping", "pong", "edge_hello_request", "edge_hello_response", "edge_status_request", "edge_status_response", "edge_command_request", "edge_command_response", "edge_event", "node_hello_request", "node_hello_response", "node_ready", "node_health_report", "node_probe_request", "node_probe_response", "node_load_report", "inference_request", "inference_chunk", "inference_done", "inference_cancel")
+    __slots__ = ("request_id", "error", "ping", "pong", "edge_hello_request", "edge_hello_response", "edge_status_request", "edge_status_response", "edge_command_request", "edge_command_response", "edge_event", "node_hello_request", "node_hello_response", "node_ready", "node_health_report", "node_probe_request", "node_probe_response", "node_load_report", "node_provider_command_request", "node_provider_command_response", "inference_request", "inference_chunk", "inference_done", "inference_cancel")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     PING_FIELD_NUMBER: _ClassVar[int]
@@ -585,6 +673,8 @@ class Envelope(_message.Message):
     NODE_PROBE_REQUEST_FIELD_NUMBER: _ClassVar[int]
     NODE_PROBE_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     NODE_LOAD_REPORT_FIELD_NUMBER: _ClassVar[int]
+    NODE_PROVIDER_COMMAND_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    NODE_PROVIDER_COMMAND_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     INFERENCE_REQUEST_FIELD_NUMBER: _ClassVar[int]
     INFERENCE_CHUNK_FIELD_NUMBER: _ClassVar[int]
     INFERENCE_DONE_FIELD_NUMBER: _ClassVar[int]
@@ -607,11 +697,13 @@ class Envelope(_message.Message):
     node_probe_request: NodeProbeRequest
     node_probe_response: NodeProbeResponse
     node_load_report: NodeLoadReport
+    node_provider_command_request: NodeProviderCommandRequest
+    node_provider_command_response: NodeProviderCommandResponse
     inference_request: InferenceRequest
     inference_chunk: InferenceChunk
     inference_done: InferenceDone
     inference_cancel: InferenceCancel
-    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., edge_hello_request: _Optional[_Union[EdgeHelloRequest, _Mapping]] = ..., edge_hello_response: _Optional[_Union[EdgeHelloResponse, _Mapping]] = ..., edge_status_request: _Optional[_Union[EdgeStatusRequest, _Mapping]] = ..., edge_status_response: _Optional[_Union[EdgeStatusResponse, _Mapping]] = ..., edge_command_request: _Optional[_Union[EdgeCommandRequest, _Mapping]] = ..., edge_command_response: _Optional[_Union[EdgeCommandResponse, _Mapping]] = ..., edge_event: _Optional[_Union[EdgeEvent, _Mapping]] = ..., node_hello_request: _Optional[_Union[NodeHelloRequest, _Mapping]] = ..., node_hello_response: _Optional[_Union[NodeHelloResponse, _Mapping]] = ..., node_ready: _Optional[_Union[NodeReady, _Mapping]] = ..., node_health_report: _Optional[_Union[NodeHealthReport, _Mapping]] = ..., node_probe_request: _Optional[_Union[NodeProbeRequest, _Mapping]] = ..., node_probe_response: _Optional[_Union[NodeProbeResponse, _Mapping]] = ..., node_load_report: _Optional[_Union[NodeLoadReport, _Mapping]] = ..., inference_request: _Optional[_Union[InferenceRequest, _Mapping]] = ..., inference_chunk: _Optional[_Union[InferenceChunk, _Mapping]] = ..., inference_done: _Optional[_Union[InferenceDone, _Mapping]] = ..., inference_cancel: _Optional[_Union[InferenceCancel, _Mapping]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., edge_hello_request: _Optional[_Union[EdgeHelloRequest, _Mapping]] = ..., edge_hello_response: _Optional[_Union[EdgeHelloResponse, _Mapping]] = ..., edge_status_request: _Optional[_Union[EdgeStatusRequest, _Mapping]] = ..., edge_status_response: _Optional[_Union[EdgeStatusResponse, _Mapping]] = ..., edge_command_request: _Optional[_Union[EdgeCommandRequest, _Mapping]] = ..., edge_command_response: _Optional[_Union[EdgeCommandResponse, _Mapping]] = ..., edge_event: _Optional[_Union[EdgeEvent, _Mapping]] = ..., node_hello_request: _Optional[_Union[NodeHelloRequest, _Mapping]] = ..., node_hello_response: _Optional[_Union[NodeHelloResponse, _Mapping]] = ..., node_ready: _Optional[_Union[NodeReady, _Mapping]] = ..., node_health_report: _Optional[_Union[NodeHealthReport, _Mapping]] = ..., node_probe_request: _Optional[_Union[NodeProbeRequest, _Mapping]] = ..., node_probe_response: _Optional[_Union[NodeProbeResponse, _Mapping]] = ..., node_load_report: _Optional[_Union[NodeLoadReport, _Mapping]] = ..., node_provider_command_request: _Optional[_Union[NodeProviderCommandRequest, _Mapping]] = ..., node_provider_command_response: _Optional[_Union[NodeProviderCommandResponse, _Mapping]] = ..., inference_request: _Optional[_Union[InferenceRequest, _Mapping]] = ..., inference_chunk: _Optional[_Union[InferenceChunk, _Mapping]] = ..., inference_done: _Optional[_Union[InferenceDone, _Mapping]] = ..., inference_cancel: _Optional[_Union[InferenceCancel, _Mapping]] = ...) -> None: ...
 
 class ClientHelloRequest(_message.Message):
     __slots__ = ("client_name", "protocol_major", "protocol_minor", "api_token")

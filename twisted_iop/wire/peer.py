@@ -59,6 +59,7 @@ RESPONSE_BODIES = frozenset(
         "edge_command_response",
         "node_hello_response",
         "node_probe_response",
+        "node_provider_command_response",
     }
 )
 

@@ -119,6 +119,8 @@ export function ago(iso) {
 
 const TONES = {
   available: "ok", healthy: "ok", succeeded: "ok", ok: "ok", connected: "ok", live: "ok",
+  ready: "ok",
+  starting: "warn", loading: "warn", draining: "warn", stopping: "warn", crashed: "bad", stopped: "off",
   drained: "warn", degraded: "warn", saturated: "warn", cooling_down: "bad", sent: "warn", accepted: "warn", running: "warn", timeout: "warn", reconnecting: "warn", connecting: "warn",
   unhealthy: "bad", failed: "bad", rejected: "bad", timed_out: "bad", edge_disconnected: "bad", error: "bad",
   unavailable: "off", offline: "off", unknown: "off", disconnected: "off", closed: "off",

@@ -1,7 +1,9 @@
 // <iop-command-form edge-id="...">: a form generated from the edge's
 // command catalog (GET /edges/{id}/commands): command, target (a choice of
-// the edge's nodes from its status for `target_kind: node`; none for `edge`
-// or no kind), its arguments, timeout and idempotency key. Submitting POSTs
+// the edge's nodes from its status for `target_kind: node`, of its
+// node/provider pairs for `target_kind: provider`, with a launched
+// engine's state beside it; none for `edge` or no kind), its arguments,
+// timeout and idempotency key. Submitting POSTs
 // /edges/{id}/commands and shows the resulting operation as a key/value
 // list: state, reason, result, a late outcome and a replay when the server
 // reports them, or the error (timed_out / edge_disconnected carry the
@@ -94,7 +96,7 @@ export class IopCommandForm extends IopElement {
       this.commands = commands;
       this.renderForm();
     }
-    if (!commands.some((c) => c.target_kind === "node")) return;
+    if (!commands.some((c) => c.target_kind === "node" || c.target_kind === "provider")) return;
     // The catalog shows at once; the node choice follows when the status answers.
     const nodes = await this.fetchNodes(edgeId);
     if (edgeId !== this.edgeId || JSON.stringify(nodes) === JSON.stringify(this.nodes)) return;
@@ -114,7 +116,14 @@ export class IopCommandForm extends IopElement {
     }
     return (Array.isArray(snapshot.nodes) ? snapshot.nodes : [])
       .filter((n) => typeof n?.node_id === "string" && n.node_id)
-      .map((n) => ({ node_id: n.node_id, connected: Boolean(n.connected), drained: Boolean(n.drained) }));
+      .map((n) => ({
+        node_id: n.node_id,
+        connected: Boolean(n.connected),
+        drained: Boolean(n.drained),
+        providers: (Array.isArray(n.providers) ? n.providers : [])
+          .filter((p) => typeof p?.provider_id === "string" && p.provider_id)
+          .map((p) => ({ provider_id: p.provider_id, launch: typeof p.launch?.state === "string" ? p.launch.state : "" })),
+      }));
   }
 
   renderForm() {
@@ -190,9 +199,9 @@ export class IopCommandForm extends IopElement {
     if (!command) return;
     this.root.querySelector("[data-desc]").textContent = command.description || "";
     let target = "";
-    if (command.target_kind === "node") {
-      target = `<div class="field"><label class="req" for="cmd-target">Target node</label>
-        <select id="cmd-target" name="target" required></select></div>`;
+    if (command.target_kind === "node" || command.target_kind === "provider") {
+      target = `<div class="field"><label class="req" for="cmd-target">Target ${esc(command.target_kind)}</label>
+        <select id="cmd-target" name="target" data-kind="${esc(command.target_kind)}" required></select></div>`;
     } else if (command.target_kind && command.target_kind !== "edge") {
       // A kind this console has no list for: the operator types the id.
       target = `<div class="field"><label class="req" for="cmd-target">Target ${esc(command.target_kind)}</label>
@@ -209,25 +218,35 @@ export class IopCommandForm extends IopElement {
     this.renderTargets();
   }
 
-  /** Fill the node choice from the edge's nodes, keeping the chosen one. */
+  /** Fill the node (or node/provider) choice from the edge's nodes, keeping the chosen one. */
   renderTargets() {
     const select = this.root.querySelector("select#cmd-target");
     if (!select) return;
     const chosen = select.value;
     const nodes = this.nodes || [];
-    if (!nodes.length) {
-      select.innerHTML = `<option value="">${this.nodes ? "this edge has no nodes" : "nodes not known yet"}</option>`;
+    const providers = select.dataset.kind === "provider";
+    const choices = providers
+      ? nodes.flatMap((n) =>
+          n.providers.map((p) => ({
+            value: `${n.node_id}/${p.provider_id}`,
+            notes: [n.connected ? "" : "not connected", p.launch ? `engine ${p.launch}` : "not launched"],
+          })),
+        )
+      : nodes.map((n) => ({ value: n.node_id, notes: [n.connected ? "" : "not connected", n.drained ? "drained" : ""] }));
+    if (!choices.length) {
+      const what = providers ? "providers" : "nodes";
+      select.innerHTML = `<option value="">${this.nodes ? `this edge has no ${what}` : `${what} not known yet`}</option>`;
       select.disabled = true;
       return;
     }
     select.disabled = false;
-    select.innerHTML = nodes
-      .map((n) => {
-        const notes = [n.connected ? "" : "not connected", n.drained ? "drained" : ""].filter(Boolean).join(", ");
-        return `<option value="${esc(n.node_id)}">${esc(n.node_id)}${notes ? ` (${esc(notes)})` : ""}</option>`;
+    select.innerHTML = choices
+      .map((c) => {
+        const notes = c.notes.filter(Boolean).join(", ");
+        return `<option value="${esc(c.value)}">${esc(c.value)}${notes ? ` (${esc(notes)})` : ""}</option>`;
       })
       .join("");
-    if (nodes.some((n) => n.node_id === chosen)) select.value = chosen;
+    if (choices.some((c) => c.value === chosen)) select.value = chosen;
   }
 
   async submit(form) {

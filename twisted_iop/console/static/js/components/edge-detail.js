@@ -2,7 +2,11 @@
 // health, general and long-context counters, and beside them what each
 // provider's engine says: requests running / waiting, KV cache use,
 // tokens per second, and "saturated" / "cooling down" badges) from
-// GET /edges/{id} and GET /edges/{id}/status. When the status view fails (409 not connected,
+// GET /edges/{id} and GET /edges/{id}/status. A provider whose engine its
+// Node launches shows that engine's state (starting, loading, ready,
+// draining, stopping, crashed, stopped, failed) with its reason, restarts
+// and next try, and a "last lines" button that runs provider.logs through
+// POST /edges/{id}/commands and shows the engine's output below the table. When the status view fails (409 not connected,
 // 503 edge went away, 504 edge timeout, 502 edge error) it says why and
 // shows the last known snapshot (from the error body, else the last one this
 // element received), marked stale. Live: re-fetched on node.*, edge.*,
@@ -11,9 +15,10 @@
 //
 // Attributes: edge-id (required), api-base, wire-url, refresh-interval.
 // Events: iop-edge-loaded {edge, status, stale, error};
+//         iop-logs-shown {target, lines, error};
 //         iop-auth-required {code, message}.
 
-import { ApiError, edgePath } from "../api.js";
+import { ApiError, edgePath, isAuthError } from "../api.js";
 import { IopElement, ago, badge, counters, esc, formatTime, fractionBar, rate } from "../base.js";
 
 const CSS = `
@@ -26,10 +31,40 @@ tr.node td .muted { font-weight: 400; }
 table[data-stale="true"] tbody { opacity: .72; }
 .reason { overflow-wrap: anywhere; }
 td:first-child { min-width: 10em; overflow-wrap: anywhere; }
+button.link { background: none; border: none; padding: 0; color: var(--_accent); font-weight: 500; font-size: 12px; text-decoration: underline; }
+.logs { margin-top: 10px; border: 1px solid var(--_border); border-radius: 8px; padding: 8px 10px; background: var(--_bg); }
+.logs[hidden] { display: none; }
+.logs h3 { margin: 0 0 6px; font-size: 13px; display: flex; gap: 10px; align-items: center; }
+.logs .spacer { flex: 1; }
+.logs pre { margin: 0; max-height: 24em; overflow: auto; white-space: pre-wrap; overflow-wrap: anywhere; font-size: 12px; }
 `;
 
 /** Columns of the provider table (a node row spans them). */
-const COLUMNS = 11;
+const COLUMNS = 12;
+/** How much of an engine's last output the "last lines" button asks for (bytes). */
+const LOG_BYTES = 16000;
+
+/** The launched engine's cell: its state, restarts, next try and reason, and its "last lines" button. */
+function launchCell(nodeId, p) {
+  const l = p.launch;
+  if (!l) return `<td data-launch="none"><span class="muted" title="someone else runs this engine">—</span></td>`;
+  const facts = [];
+  if (l.restarts) facts.push(`${l.restarts} restart${l.restarts === 1 ? "" : "s"}`);
+  if (l.next_try_at) facts.push(`next try ${formatTime(l.next_try_at)}`);
+  const target = `${nodeId}/${p.provider_id}`;
+  return `<td data-launch="${esc(l.state)}" data-restarts="${Number(l.restarts) || 0}">${badge(l.state)}${
+    facts.length ? ` <span class="small muted" data-launch-facts>${esc(facts.join(", "))}</span>` : ""
+  }${l.reason ? `<div class="small muted reason" data-launch-reason>${esc(l.reason)}</div>` : ""}
+    <div><button type="button" class="link" data-logs="${esc(target)}" title="provider.logs: the engine's last lines">last lines</button></div></td>`;
+}
+
+/** The text of a provider.logs operation's result: its log.000, log.001 ... entries in order. */
+export function logText(result) {
+  const count = Number(result?.log_chunks) || 0;
+  let text = "";
+  for (let i = 0; i < count; i += 1) text += result[`log.${String(i).padStart(3, "0")}`] ?? "";
+  return text;
+}
 
 /** The engine's cells of one provider: running / waiting, KV cache, tokens/s ("—" where it says nothing). */
 function engineCells(p) {
@@ -79,7 +114,45 @@ export class IopEdgeDetail extends IopElement {
           <span class="small muted" data-updated aria-live="polite"></span></div>
         <div class="error" data-error hidden role="alert"></div>
         <div data-body><p class="empty">Select an edge.</p></div>
+        <div class="logs" data-logs-panel hidden aria-live="polite">
+          <h3><span data-logs-title></span><span class="spacer"></span>
+            <button type="button" class="link" data-logs-close>close</button></h3>
+          <pre data-log-text></pre>
+        </div>
       </section>`;
+    this.root.addEventListener("click", (event) => {
+      const button = event.target.closest?.("button[data-logs]");
+      if (button) this.showLogs(button.dataset.logs);
+      else if (event.target.closest?.("button[data-logs-close]")) this.root.querySelector("[data-logs-panel]").hidden = true;
+    });
+  }
+
+  /** Run provider.logs for `target` (node/provider) and show the engine's last lines. */
+  async showLogs(target) {
+    const panel = this.root.querySelector("[data-logs-panel]");
+    const title = panel.querySelector("[data-logs-title]");
+    const pre = panel.querySelector("[data-log-text]");
+    panel.hidden = false;
+    panel.dataset.target = target;
+    title.textContent = `Last lines of ${target}`;
+    pre.textContent = "asking its node…";
+    let error = null;
+    let text = "";
+    try {
+      const operation = await this.fetchJson(edgePath(this.edgeId, "commands"), {
+        method: "POST",
+        body: { name: "provider.logs", target, arguments: { bytes: String(LOG_BYTES) } },
+      });
+      text = logText(operation.result);
+    } catch (e) {
+      if (!(e instanceof ApiError)) throw e;
+      error = { code: e.code, message: e.body?.operation?.reason || e.detail, status: e.status };
+      if (isAuthError(e)) this.emit("iop-auth-required", { code: e.code, message: e.detail });
+    }
+    if (panel.dataset.target !== target) return;
+    pre.textContent = error ? `${error.code}: ${error.message}` : text || "(no output yet)";
+    panel.dataset.state = error ? "error" : "shown";
+    this.emit("iop-logs-shown", { target, lines: text ? text.split("\n").length - 1 : 0, error });
   }
 
   start() {
@@ -147,6 +220,7 @@ export class IopEdgeDetail extends IopElement {
               <td class="small">${esc((p.models || []).join(", ")) || "—"}</td>
               <td>${badge(p.status)}${flagBadges(p)}</td>
               <td title="${esc(p.health_reason || "")}">${badge(p.health)}${p.health_reason ? ` <span class="small muted reason">${esc(p.health_reason)}</span>` : ""}</td>
+              ${launchCell(node.node_id, p)}
               <td class="num">${counters(p.general)}</td><td class="num">${p.general?.queued ?? 0}</td>
               <td class="num">${counters(p.long_context)}</td><td class="num">${p.long_context?.queued ?? 0}</td>
               ${engineCells(p)}
@@ -180,6 +254,7 @@ export class IopEdgeDetail extends IopElement {
       <table aria-label="Nodes and providers of ${esc(edge.edge_id)}" data-stale="${stale}">
         <thead>
           <tr><th rowspan="2">Node / provider</th><th rowspan="2">Models</th><th rowspan="2">Status</th><th rowspan="2">Health</th>
+              <th rowspan="2" title="the engine's lifecycle when its node launches it">Launch</th>
               <th colspan="2" class="group">General</th><th colspan="2" class="group">Long context</th><th colspan="3" class="group">Engine</th></tr>
           <tr><th class="num">in flight / cap</th><th class="num">queued</th><th class="num">in flight / cap</th><th class="num">queued</th>
               <th class="num" title="requests the engine is running / waiting inside it">running / waiting</th><th class="num">KV cache</th><th class="num">tokens/s</th></tr>

@@ -1,0 +1,783 @@
+"""The Node runs its engines: start, readiness, restart with backoff, logs, stop.
+
+:class:`EngineSupervisor` is the one owner of every launched engine's
+state (the ``launch`` blocks of node.yaml). Per engine a
+:class:`LaunchedEngine` feeds its pure
+:class:`~twisted_iop.node.engine_lifecycle.EngineLifecycle` with what
+happens (its process spawned or exited, its readiness answered, its
+timer due, an operator's ask) and does what the rules say (spawn, signal,
+kill), keeping one timer and at most one readiness check at a time.
+
+* **Readiness**: while ``starting`` or ``loading`` the engine is asked
+  every ``readiness.interval_seconds``: by default the adapter's own check
+  (the probe of its kind: health endpoint, then models list), so
+  llama.cpp's 503 "Loading model", a vLLM ``/health`` that is not 200 yet
+  or a port not yet bound is ``loading``, with the probe's reason.
+  Once ready, the runtime's periodic probes take over its health.
+* **Pidfiles** (:mod:`~twisted_iop.node.engine_pidfiles`): one per
+  running engine in the state directory. At start, an engine an earlier
+  Node left running (its pidfile and its command line match) is stopped
+  before ours starts; a stale pidfile is removed.
+* **Commands** (the Edge's ``provider.*``): restart and stop may drain
+  first (the engine is ``draining``: no new leases; the supervisor waits
+  for this Node's requests on it to finish, up to the drain timeout);
+  restart and start answer once the engine is ready again, or when the
+  answer is due; logs returns the last lines.
+* **Stop**: when the Node stops, after its requests in flight had their
+  grace, every engine gets its stop signal and SIGKILL after its stop
+  timeout; :meth:`EngineSupervisor.stopService` fires once all exited.
+
+The listener (the runtime) hears of every change of state at once, so
+the Edge stops leasing a provider the moment its engine is not ready.
+Reasons name the engine by its provider id only: never its command,
+environment or address.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Optional, Protocol
+
+import attrs
+from twisted.application.service import Service
+from twisted.internet.defer import CancelledError, Deferred, DeferredList, succeed
+from twisted.internet.defer import TimeoutError as DeferredTimeoutError
+from twisted.internet.error import ConnectError, ConnectionRefusedError
+from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.client import ResponseFailed, ResponseNeverReceived
+
+from twisted_iop.daemon import StartupError, wait_until
+from twisted_iop.node.config import NodeProviderConfig
+from twisted_iop.node.engine_lifecycle import STARTING_STATES, Do, EngineLifecycle, EngineState, Exit
+from twisted_iop.node.engine_logs import LogTail
+from twisted_iop.node.engine_pidfiles import EngineRecord, PidfileDirectory, is_recorded_engine, process_start_ticks
+from twisted_iop.node.engine_process import (
+    EngineProcessProtocol,
+    kill_group_members,
+    launcher_argv,
+    process_gone,
+    signal_group,
+    spawn_engine,
+)
+from twisted_iop.node.probes import ProbeResult, ProviderProber
+from twisted_iop.wire import control_pb2 as pb
+
+#: How often a leftover engine (not our child) is looked at while it stops.
+LEFTOVER_POLL_SECONDS = 0.1
+#: How long a stopping engine may take to be gone after SIGKILL before the Node gives up on it.
+KILL_GRACE_SECONDS = 5.0
+#: Health values under which a readiness probe counts as ready.
+READY_HEALTH = (pb.PROVIDER_HEALTH_HEALTHY, pb.PROVIDER_HEALTH_DEGRADED)
+
+#: A provider command's answer is due after this long when the Edge gives no time.
+DEFAULT_ANSWER_SECONDS = 10.0
+#: The longest a provider command may run before its answer, and the longest drain.
+MAX_COMMAND_SECONDS = 3600.0
+#: Bytes of output ``provider.logs`` returns unless asked for fewer.
+DEFAULT_LOG_ANSWER_BYTES = 16 * 1024
+#: The most bytes of output one ``provider.logs`` answer carries.
+MAX_LOG_ANSWER_BYTES = 64 * 1024
+
+#: Lifecycle states as the wire spells them.
+WIRE_STATES = {
+    EngineState.STARTING: pb.ENGINE_STATE_STARTING,
+    EngineState.LOADING: pb.ENGINE_STATE_LOADING,
+    EngineState.READY: pb.ENGINE_STATE_READY,
+    EngineState.DRAINING: pb.ENGINE_STATE_DRAINING,
+    EngineState.STOPPING: pb.ENGINE_STATE_STOPPING,
+    EngineState.CRASHED: pb.ENGINE_STATE_CRASHED,
+    EngineState.STOPPED: pb.ENGINE_STATE_STOPPED,
+    EngineState.FAILED: pb.ENGINE_STATE_FAILED,
+}
+
+
+@attrs.frozen
+class ReadinessAnswer:
+    """What one readiness check found; ``result`` is the probe when it was one."""
+
+    ready: bool
+    reason: str = ""
+    result: Optional[ProbeResult] = None
+
+
+#: Asks a provider's engine whether it is ready; never fails.
+ReadinessCheck = Callable[[NodeProviderConfig], Deferred[ReadinessAnswer]]
+
+
+class LaunchListener(Protocol):
+    """Who hears of every change of a launched engine's state (the runtime)."""
+
+    def launch_changed(self, provider_id: str, ready_probe: Optional[ProbeResult]) -> None:
+        """``provider_id``'s engine changed state; ``ready_probe`` is the probe that found it ready."""
+
+
+class NotLaunched(Exception):
+    """No engine of that provider is launched by this Node."""
+
+
+@attrs.frozen
+class ActionOutcome:
+    """How a provider command ended."""
+
+    ok: bool
+    reason: str
+    launch: Optional[pb.EngineLaunch] = None
+    drained_requests: int = 0
+    cut_requests: int = 0
+    log_text: str = ""
+    log_lines: int = 0
+
+
+def readiness_check(prober: ProviderProber) -> ReadinessCheck:
+    """The readiness check of launched engines, by way of ``prober``."""
+
+    def check(provider: NodeProviderConfig) -> Deferred[ReadinessAnswer]:
+        assert provider.launch is not None
+        settings = provider.launch.readiness
+        if settings.path is None:
+            probe = prober.probe(provider, settings.request_timeout_seconds)
+
+            def probed(result: ProbeResult) -> ReadinessAnswer:
+                return ReadinessAnswer(result.health in READY_HEALTH, result.reason or "not ready yet", result)
+
+            return probe.addCallback(probed)
+        path = settings.path
+
+        def answered(answer: Any) -> ReadinessAnswer:
+            if answer.status == 200:
+                return ReadinessAnswer(True)
+            return ReadinessAnswer(False, f"GET {path} answered {answer.status}")
+
+        def unanswered(failure: Failure) -> ReadinessAnswer:
+            return ReadinessAnswer(False, _unanswered_reason(failure, settings.request_timeout_seconds))
+
+        d = prober.get(provider.base_url + path, settings.request_timeout_seconds)
+        return d.addCallbacks(answered, unanswered)
+
+    return check
+
+
+def _failed_check(failure: Failure) -> ReadinessAnswer:
+    """A check that failed unexpectedly counts as not ready."""
+    return ReadinessAnswer(False, f"check failed ({type(failure.value).__name__})")
+
+
+def _unanswered_reason(failure: Failure, timeout: float) -> str:
+    if failure.check(DeferredTimeoutError, CancelledError):
+        return f"no answer within {timeout:g}s"
+    if failure.check(ConnectionRefusedError):
+        return "connection refused"
+    if failure.check(ResponseNeverReceived, ResponseFailed):
+        return "connection lost before the answer"
+    if failure.check(ConnectError):
+        return "cannot connect"
+    return f"check failed ({type(failure.value).__name__})"
+
+
+class LaunchedEngine:
+    """One provider's engine: its lifecycle, process, timer, readiness checks and tail."""
+
+    _log = Logger()
+
+    def __init__(self, supervisor: EngineSupervisor, provider: NodeProviderConfig) -> None:
+        assert provider.launch is not None
+        self.supervisor = supervisor
+        self.provider = provider
+        launch = provider.launch
+        self.lifecycle = EngineLifecycle(
+            launch.restart, launch.readiness.start_timeout_seconds, launch.stop.timeout_seconds, self._now()
+        )
+        self.tail = LogTail(launch.logs.tail_bytes)
+        self.protocol: Optional[EngineProcessProtocol] = None
+        #: The running engine's pid (ours, or a leftover being stopped).
+        self.pid: Optional[int] = None
+        self._leftover = False
+        self._leftover_poll: Optional[LoopingCall] = None
+        #: Counts spawns, so a late readiness answer of an earlier process is ignored.
+        self.generation = 0
+        self._timer: Optional[IDelayedCall] = None
+        self._check_call: Optional[IDelayedCall] = None
+        self._checking = False
+        self._shown: Optional[tuple[Any, ...]] = None
+        self._waiters: list[tuple[Callable[[], bool], Deferred[bool]]] = []
+        #: Set when the provider left the configuration: it is dropped once stopped.
+        self.retired = False
+        #: Output lines kept out of the Node's log by the rate limit, by processes that ended.
+        self._suppressed_before = 0
+        #: Periodic probes in a row that found this ready engine down (its liveness).
+        self._failed_probes = 0
+
+    @property
+    def provider_id(self) -> str:
+        """The provider whose engine this is."""
+        return self.provider.provider_id
+
+    @property
+    def suppressed_lines(self) -> int:
+        """Output lines the rate limit kept out of the Node's log, over every process of this engine."""
+        current = self.protocol.limit.suppressed_total if self.protocol is not None else 0
+        return self._suppressed_before + current
+
+    def _now(self) -> float:
+        return self.supervisor.clock.seconds()
+
+    # -- starting -------------------------------------------------------------------
+
+    def begin(self) -> None:
+        """The first start: a copy an earlier Node left running is stopped first."""
+        pidfiles = self.supervisor.pidfiles
+        record, present = pidfiles.read(self.provider_id)
+        assert self.provider.launch is not None
+        if record is not None and is_recorded_engine(record, also=launcher_argv(record.argv)):
+            self._log.warn(
+                "provider {provider_id}: its engine from an earlier Node still runs (pid {pid}); stopping it first",
+                provider_id=self.provider_id,
+                pid=record.pid,
+            )
+            self.pid = record.pid
+            self._leftover = True
+            self.act(
+                self.lifecycle.leftover(
+                    self._now(), f"stopping the engine an earlier Node left running (pid {record.pid})"
+                )
+            )
+            poll = self._leftover_poll = LoopingCall(self._poll_leftover)
+            poll.clock = self.supervisor.clock
+            poll.start(LEFTOVER_POLL_SECONDS, now=False)
+            return
+        if present:
+            self._log.info(
+                "provider {provider_id}: removing a stale pidfile (its process is gone or another one)",
+                provider_id=self.provider_id,
+            )
+            pidfiles.remove(self.provider_id)
+        self.act(self.lifecycle.start(self._now(), "started by the Node"))
+
+    def _poll_leftover(self) -> None:
+        if self.pid is not None and process_gone(self.pid):
+            self._stop_leftover_poll()
+            self._log.info(
+                "provider {provider_id}: the earlier engine (pid {pid}) is gone",
+                provider_id=self.provider_id,
+                pid=self.pid,
+            )
+            self.pid = None
+            self._leftover = False
+            self.supervisor.pidfiles.remove(self.provider_id)
+            self.act(self.lifecycle.exited(self._now(), Exit()))
+
+    def _stop_leftover_poll(self) -> None:
+        if self._leftover_poll is not None and self._leftover_poll.running:
+            self._leftover_poll.stop()
+        self._leftover_poll = None
+
+    # -- doing what the rules say -----------------------------------------------------
+
+    def act(self, actions: Iterable[Do], ready_probe: Optional[ProbeResult] = None) -> None:
+        """Carry out ``actions``, then arrange the timer and checks and tell the listener."""
+        pending = list(actions)
+        while pending:
+            action = pending.pop(0)
+            if action is Do.SPAWN:
+                pending.extend(self._spawn())
+            elif action is Do.SIGNAL:
+                assert self.provider.launch is not None
+                self._signal(self.provider.launch.stop.signal_number)
+            elif action is Do.KILL:
+                self._log.warn(
+                    "provider {provider_id}: its engine did not stop within {seconds:g}s; killing it",
+                    provider_id=self.provider_id,
+                    seconds=self.lifecycle.stop_timeout,
+                )
+                self._signal(signal.SIGKILL)
+        self._arrange()
+        self._changed(ready_probe)
+
+    def _spawn(self) -> list[Do]:
+        launch = self.provider.launch
+        assert launch is not None
+        supervisor = self.supervisor
+        self.generation += 1
+        protocol = EngineProcessProtocol(
+            self.provider_id, launch, supervisor.clock, self.tail, lambda how: self._exited(protocol, how), _ENGINE_LOG
+        )
+        try:
+            pid = spawn_engine(supervisor.reactor, launch, protocol, supervisor.environ, supervisor.stdin_fd())
+        except OSError as e:
+            reason = e.strerror or str(e)
+            self._log.error(
+                "provider {provider_id}: its engine cannot be started: {reason}",
+                provider_id=self.provider_id,
+                reason=reason,
+            )
+            return self.lifecycle.spawn_failed(self._now(), reason)
+        self.protocol = protocol
+        self.pid = pid
+        self._log.info(
+            "provider {provider_id}: engine started (pid {pid}): {why}",
+            provider_id=self.provider_id,
+            pid=pid,
+            why=self.lifecycle.reason,
+        )
+        record = EngineRecord(self.provider_id, pid, launch.command, process_start_ticks(pid))
+        try:
+            supervisor.pidfiles.write(record)
+        except OSError as e:
+            self._log.warn(
+                "provider {provider_id}: cannot write its pidfile: {error}", provider_id=self.provider_id, error=str(e)
+            )
+        return []
+
+    def _signal(self, number: int) -> None:
+        if self.pid is None:
+            return
+        if not signal_group(self.pid, number):
+            self._log.warn(
+                "provider {provider_id}: could not signal its engine (pid {pid})",
+                provider_id=self.provider_id,
+                pid=self.pid,
+            )
+
+    def _exited(self, protocol: EngineProcessProtocol, how: Exit) -> None:
+        if protocol is not self.protocol:
+            return
+        self._suppressed_before += protocol.limit.suppressed_total
+        self.protocol = None
+        pid = self.pid
+        self.pid = None
+        if pid is not None:
+            kill_group_members(pid)  # its workers do not outlive it
+        self.supervisor.pidfiles.remove(self.provider_id)
+        asked = self.lifecycle.state is EngineState.STOPPING
+        emit = self._log.info if asked else self._log.warn
+        emit(
+            "provider {provider_id}: engine (pid {pid}) {how}{asked}",
+            provider_id=self.provider_id,
+            pid=pid,
+            how=how.reason,
+            asked="" if asked else " (not asked to stop)",
+        )
+        protocol.stop_notes()
+        self.act(self.lifecycle.exited(self._now(), how))
+
+    def _arrange(self) -> None:
+        """One timer for the state's deadline; readiness checks while starting or loading."""
+        clock = self.supervisor.clock
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        deadline = self.lifecycle.deadline
+        if deadline is not None and not self.supervisor.stopped:
+            self._timer = clock.callLater(max(0.0, deadline - self._now()), self._due)
+        starting = self.lifecycle.state in STARTING_STATES and self.protocol is not None
+        if not starting and self._check_call is not None:
+            if self._check_call.active():
+                self._check_call.cancel()
+            self._check_call = None
+        elif starting and self._check_call is None and not self._checking:
+            assert self.provider.launch is not None
+            self._check_call = clock.callLater(self.provider.launch.readiness.interval_seconds, self._check)
+
+    def _due(self) -> None:
+        self._timer = None
+        self.act(self.lifecycle.timer_due(self._now()))
+
+    def _check(self) -> None:
+        self._check_call = None
+        if self.lifecycle.state not in STARTING_STATES:
+            return
+        self._checking = True
+        generation = self.generation
+        d = self.supervisor.check(self.provider)
+        d.addErrback(_failed_check)
+        d.addCallback(self._checked, generation)
+
+    def _checked(self, answer: ReadinessAnswer, generation: int) -> None:
+        self._checking = False
+        if generation != self.generation or self.lifecycle.state not in STARTING_STATES:
+            self._arrange()
+            return
+        self.act(
+            self.lifecycle.readiness(self._now(), answer.ready, answer.reason),
+            answer.result if answer.ready else None,
+        )
+
+    # -- what others see --------------------------------------------------------------
+
+    def report(self) -> pb.EngineLaunch:
+        """The engine's state as the wire carries it (the Node's clock in ms)."""
+        lifecycle = self.lifecycle
+        return pb.EngineLaunch(
+            state=WIRE_STATES[lifecycle.state],
+            reason=lifecycle.reason,
+            restarts=lifecycle.restarts,
+            next_try_at_ms=int(lifecycle.next_try_at * 1000) if lifecycle.next_try_at is not None else 0,
+            since_ms=int(lifecycle.since * 1000),
+            pid=(self.pid or 0) if lifecycle.running else 0,
+        )
+
+    def _changed(self, ready_probe: Optional[ProbeResult]) -> None:
+        lifecycle = self.lifecycle
+        shown = (lifecycle.state, lifecycle.reason, lifecycle.restarts, lifecycle.next_try_at, self.pid)
+        if shown == self._shown:
+            return
+        before = self._shown[0].value if self._shown is not None else "new"
+        self._shown = shown
+        if before != lifecycle.state.value:
+            self._log.info(
+                "provider {provider_id} engine {before} -> {after}{reason}",
+                provider_id=self.provider_id,
+                before=before,
+                after=lifecycle.state.value,
+                reason=f": {lifecycle.reason}" if lifecycle.reason else "",
+            )
+        listener = self.supervisor.listener
+        if listener is not None:
+            listener.launch_changed(self.provider_id, ready_probe)
+        # After the listener: whoever waits (a command's answer) sees what the Edge was told.
+        waiters, self._waiters = self._waiters, []
+        for done, waiter in waiters:
+            if done():
+                waiter.callback(True)
+            else:
+                self._waiters.append((done, waiter))
+        if self.retired and not lifecycle.running:
+            self.supervisor.forget(self)
+
+    def probed(self, alive: bool, reason: str) -> None:
+        """A periodic probe's verdict on the engine while it is ready (its liveness)."""
+        assert self.provider.launch is not None
+        limit = self.provider.launch.liveness.failures
+        if alive or self.lifecycle.state is not EngineState.READY or not limit:
+            self._failed_probes = 0
+            return
+        self._failed_probes += 1
+        if self._failed_probes < limit:
+            return
+        self._failed_probes = 0
+        self._log.warn(
+            "provider {provider_id}: {count} health checks in a row failed ({reason}); restarting its engine",
+            provider_id=self.provider_id,
+            count=limit,
+            reason=reason,
+        )
+        self.act(self.lifecycle.unresponsive(self._now(), f"not alive: {limit} health checks failed ({reason})"))
+
+    def wait_for(self, done: Callable[[], bool], seconds: float) -> Deferred[bool]:
+        """Fire with True as soon as ``done()`` holds after a change (or now), False after ``seconds``."""
+        if done():
+            return succeed(True)
+        waiter: Deferred[bool] = Deferred()
+        entry = (done, waiter)
+        self._waiters.append(entry)
+
+        def expired() -> None:
+            if entry in self._waiters:
+                self._waiters.remove(entry)
+                waiter.callback(False)
+
+        self.supervisor.clock.callLater(max(0.0, seconds), expired)
+        return waiter
+
+    def close(self) -> None:
+        """Cancel its timers (the Node stops)."""
+        for call in (self._timer, self._check_call):
+            if call is not None and call.active():
+                call.cancel()
+        self._timer = self._check_call = None
+        self._stop_leftover_poll()
+
+
+def _not_running(engine: LaunchedEngine) -> Callable[[], bool]:
+    return lambda: not engine.lifecycle.running
+
+
+#: The logger engines' output lines are written with (namespace ``iop.engine``).
+_ENGINE_LOG = Logger(namespace="iop.engine")
+
+
+class EngineSupervisor(Service):
+    """Every engine this Node launches (see the module docstring).
+
+    ``reactor`` spawns the processes and is the clock; ``check`` asks an
+    engine whether it is ready; ``running_on`` counts this Node's requests
+    on a provider (for drains).
+    """
+
+    _log = Logger()
+    name = "engines"
+
+    def __init__(
+        self,
+        providers: Iterable[NodeProviderConfig],
+        state_directory: str,
+        reactor: Any,
+        check: ReadinessCheck,
+        running_on: Callable[[str], int] = lambda provider_id: 0,
+        environ: Optional[Mapping[str, str]] = None,
+    ) -> None:
+        self.reactor = reactor
+        self.clock = reactor
+        self.check = check
+        self.running_on = running_on
+        self.environ: Mapping[str, str] = os.environ if environ is None else environ
+        self.pidfiles = PidfileDirectory(state_directory)
+        self.listener: Optional[LaunchListener] = None
+        self.engines: dict[str, LaunchedEngine] = {}
+        self._configured = tuple(p for p in providers if p.launch is not None)
+        self._stdin: Optional[int] = None
+        #: Set when the Node's stop began: engines are not started again, commands are refused.
+        self.stopping = False
+        #: Set once every engine was stopped.
+        self.stopped = False
+
+    # -- the service ------------------------------------------------------------------
+
+    def privilegedStartService(self) -> None:
+        """Create the state directory (a failure stops start-up with one line)."""
+        if self._configured:
+            try:
+                self.pidfiles.prepare()
+            except OSError as e:
+                raise StartupError(
+                    f"state_directory {self.pidfiles.path}: cannot keep the engines' pidfiles there: {e.strerror or e}"
+                ) from None
+        super().privilegedStartService()
+
+    def startService(self) -> None:
+        """Start every launched engine (after stopping any an earlier Node left)."""
+        super().startService()
+        self.stopped = self.stopping = False
+        self.configure(self._configured)
+
+    def stopService(self) -> Deferred[None]:
+        """Stop every engine; fire once all exited (each within its stop timeout, then SIGKILL)."""
+        super().stopService()
+        self.stopping = True
+        now = self.clock.seconds()
+        waits = []
+        longest = 0.0
+        for engine in list(self.engines.values()):
+            engine.act(engine.lifecycle.stop(now, "the Node is stopping"))
+            longest = max(longest, engine.lifecycle.stop_timeout)
+            waits.append(engine.wait_for(_not_running(engine), longest + KILL_GRACE_SECONDS))
+
+        def done(_: object) -> None:
+            self.stopped = True
+            for engine in self.engines.values():
+                engine.close()
+                if engine.lifecycle.running:
+                    self._log.error(
+                        "provider {provider_id}: its engine (pid {pid}) did not exit after SIGKILL",
+                        provider_id=engine.provider_id,
+                        pid=engine.pid,
+                    )
+            if self._stdin is not None:
+                os.close(self._stdin)
+                self._stdin = None
+
+        return DeferredList(waits, consumeErrors=True).addCallback(done)
+
+    def stdin_fd(self) -> int:
+        """A descriptor of ``/dev/null``, the engines' stdin."""
+        if self._stdin is None:
+            self._stdin = os.open(os.devnull, os.O_RDONLY)
+        return self._stdin
+
+    # -- the configuration --------------------------------------------------------------
+
+    def configure(self, providers: Iterable[NodeProviderConfig]) -> None:
+        """Take the providers (at start, or re-read): engines of new ones start, of removed
+        ones stop; a changed ``launch`` block applies from the engine's next start."""
+        launched = {p.provider_id: p for p in providers if p.launch is not None}
+        self._configured = tuple(launched.values())
+        if not self.running or self.stopping:
+            return
+        now = self.clock.seconds()
+        for provider_id, engine in list(self.engines.items()):
+            if provider_id not in launched:
+                engine.retired = True
+                engine.act(engine.lifecycle.stop(now, "no longer launched by this Node's configuration"))
+        for provider_id, provider in launched.items():
+            known = self.engines.get(provider_id)
+            if known is None:
+                engine = self.engines[provider_id] = LaunchedEngine(self, provider)
+                engine.begin()
+            else:
+                known.provider = provider
+
+    def forget(self, engine: LaunchedEngine) -> None:
+        """A retired engine has stopped: it leaves the supervisor."""
+        if self.engines.get(engine.provider_id) is engine:
+            engine.close()
+            del self.engines[engine.provider_id]
+
+    # -- what the runtime and the inference runner ask ------------------------------------
+
+    def launched(self, provider_id: str) -> bool:
+        """Whether this Node launches ``provider_id``'s engine."""
+        return provider_id in self.engines
+
+    def state(self, provider_id: str) -> Optional[EngineState]:
+        """The state of ``provider_id``'s engine; ``None`` when it is not launched."""
+        engine = self.engines.get(provider_id)
+        return engine.lifecycle.state if engine is not None else None
+
+    def report(self, provider_id: str) -> Optional[pb.EngineLaunch]:
+        """``provider_id``'s engine state for the Edge; ``None`` when it is not launched."""
+        engine = self.engines.get(provider_id)
+        return engine.report() if engine is not None else None
+
+    def probed(self, provider_id: str, alive: bool, reason: str = "") -> None:
+        """A periodic probe of ``provider_id`` found its engine answering (or not): its liveness."""
+        engine = self.engines.get(provider_id)
+        if engine is not None:
+            engine.probed(alive, reason)
+
+    def refusal(self, provider_id: str) -> Optional[str]:
+        """Why a request for ``provider_id`` cannot run now (its engine is not up), or ``None``."""
+        engine = self.engines.get(provider_id)
+        if engine is None or engine.lifecycle.state in (EngineState.READY, EngineState.DRAINING):
+            return None
+        return f"the engine of provider {provider_id} is {engine.lifecycle.state.value}"
+
+    # -- the Edge's provider commands ---------------------------------------------------------
+
+    def _engine(self, provider_id: str) -> LaunchedEngine:
+        if self.stopping:
+            raise NotLaunched("the node is stopping; its engines are being stopped")
+        engine = self.engines.get(provider_id)
+        if engine is None:
+            raise NotLaunched(f"provider {provider_id!r} has no engine launched by this node (no launch block)")
+        return engine
+
+    async def _drain(self, engine: LaunchedEngine, drain: bool, timeout: float, what: str) -> tuple[int, int]:
+        """Drain ``engine`` if asked and it is ready; (requests in flight at the start, still running at the end)."""
+        provider_id = engine.provider_id
+        in_flight = self.running_on(provider_id)
+        if not drain:
+            return in_flight, in_flight
+        if not engine.lifecycle.drain(self.clock.seconds(), f"{what}: waiting for {in_flight} requests in flight"):
+            return in_flight, in_flight
+        engine.act([])
+        await wait_until(
+            self.clock,
+            lambda: self.running_on(provider_id) == 0 or engine.lifecycle.state is not EngineState.DRAINING,
+            timeout,
+        )
+        left = self.running_on(provider_id)
+        if left:
+            self._log.warn(
+                "provider {provider_id}: {count} requests still running after the {seconds:g}s drain; cutting them off",
+                provider_id=provider_id,
+                count=left,
+                seconds=timeout,
+            )
+        return in_flight, left
+
+    async def restart(self, provider_id: str, drain: bool, drain_timeout: float, answer_within: float) -> ActionOutcome:
+        """Drain (if asked), stop, start and wait (up to ``answer_within`` in all) until ready."""
+        engine = self._engine(provider_id)
+        started = self.clock.seconds()
+        in_flight, cut = await self._drain(engine, drain, drain_timeout, "restart asked")
+        engine.act(engine.lifecycle.restart(self.clock.seconds(), "restart asked (provider.restart)"))
+        return await self._until_ready(engine, started, answer_within, in_flight, cut)
+
+    async def start(self, provider_id: str, answer_within: float) -> ActionOutcome:
+        """Start (also a failed or stopped engine) and wait until ready."""
+        engine = self._engine(provider_id)
+        started = self.clock.seconds()
+        engine.act(engine.lifecycle.start(started, "started by provider.start"))
+        return await self._until_ready(engine, started, answer_within, 0, 0)
+
+    async def stop(self, provider_id: str, drain: bool, drain_timeout: float, answer_within: float) -> ActionOutcome:
+        """Drain (if asked), then stop; it stays stopped until started."""
+        engine = self._engine(provider_id)
+        started = self.clock.seconds()
+        in_flight, cut = await self._drain(engine, drain, drain_timeout, "stop asked")
+        engine.act(engine.lifecycle.stop(self.clock.seconds(), "stopped by provider.stop"))
+        left = max(0.0, answer_within - (self.clock.seconds() - started))
+        stopped = await engine.wait_for(lambda: not engine.lifecycle.running, left)
+        reason = "stopped" if stopped else f"still {engine.lifecycle.state.value} when the answer was due"
+        return ActionOutcome(stopped, reason, engine.report(), in_flight, cut)
+
+    def logs(self, provider_id: str, max_bytes: int) -> ActionOutcome:
+        """The last lines of the engine's output, at most ``max_bytes`` bytes."""
+        engine = self._engine(provider_id)
+        lines = engine.tail.last(max_bytes)
+        text = "".join(line.text + "\n" for line in lines)
+        return ActionOutcome(True, "", engine.report(), log_text=text, log_lines=len(lines))
+
+    async def _until_ready(
+        self, engine: LaunchedEngine, started: float, answer_within: float, in_flight: int, cut: int
+    ) -> ActionOutcome:
+        left = max(0.0, answer_within - (self.clock.seconds() - started))
+        lifecycle = engine.lifecycle
+        await engine.wait_for(lambda: lifecycle.state in (EngineState.READY, EngineState.FAILED), left)
+        took = self.clock.seconds() - started
+        if lifecycle.state is EngineState.READY:
+            return ActionOutcome(True, f"ready after {took:.1f}s", engine.report(), in_flight, cut)
+        if lifecycle.state is EngineState.FAILED:
+            return ActionOutcome(False, f"failed: {lifecycle.reason}", engine.report(), in_flight, cut)
+        return ActionOutcome(
+            False,
+            f"not ready when the answer was due ({lifecycle.state.value}: {lifecycle.reason}); it goes on starting",
+            engine.report(),
+            in_flight,
+            cut,
+        )
+
+
+def answer_provider_command(
+    supervisor: EngineSupervisor, request: pb.NodeProviderCommandRequest
+) -> Deferred[pb.NodeProviderCommandResponse]:
+    """Run the Edge's ``NodeProviderCommandRequest`` and answer it (never fails: a refusal is ``ok=false``).
+
+    Every value from the Edge is checked: an unknown action is refused,
+    times are bounded by :data:`MAX_COMMAND_SECONDS`, the log answer by
+    :data:`MAX_LOG_ANSWER_BYTES`.
+    """
+
+    def seconds(milliseconds: int, default: float) -> float:
+        return min(milliseconds / 1000.0, MAX_COMMAND_SECONDS) if milliseconds else default
+
+    answer_within = seconds(request.timeout_ms, DEFAULT_ANSWER_SECONDS)
+    drain_timeout = seconds(request.drain_timeout_ms, answer_within / 2)
+    provider_id = request.provider_id
+    action = request.action
+
+    async def run() -> ActionOutcome:
+        if action == pb.PROVIDER_ACTION_RESTART:
+            return await supervisor.restart(provider_id, request.drain, drain_timeout, answer_within)
+        if action == pb.PROVIDER_ACTION_STOP:
+            return await supervisor.stop(provider_id, request.drain, drain_timeout, answer_within)
+        if action == pb.PROVIDER_ACTION_START:
+            return await supervisor.start(provider_id, answer_within)
+        if action == pb.PROVIDER_ACTION_LOGS:
+            wanted = request.max_log_bytes or DEFAULT_LOG_ANSWER_BYTES
+            return supervisor.logs(provider_id, min(wanted, MAX_LOG_ANSWER_BYTES))
+        return ActionOutcome(False, f"unknown provider action {action}")
+
+    def answered(outcome: ActionOutcome) -> pb.NodeProviderCommandResponse:
+        response = pb.NodeProviderCommandResponse(
+            ok=outcome.ok,
+            reason=outcome.reason,
+            log_text=outcome.log_text,
+            log_lines=outcome.log_lines,
+            drained_requests=outcome.drained_requests,
+            cut_requests=outcome.cut_requests,
+        )
+        if outcome.launch is not None:
+            response.launch.CopyFrom(outcome.launch)
+        return response
+
+    def refused(failure: Failure) -> pb.NodeProviderCommandResponse:
+        failure.trap(NotLaunched)
+        return pb.NodeProviderCommandResponse(ok=False, reason=str(failure.value))
+
+    return Deferred.fromCoroutine(run()).addCallbacks(answered, refused)

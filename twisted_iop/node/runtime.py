@@ -24,7 +24,8 @@ from twisted_iop.node.config import NodeProviderConfig, NodeRuntimeConfig, parse
 from twisted_iop.node.engine_lifecycle import EngineState
 from twisted_iop.node.engines.base import LoadReading
 from twisted_iop.node.probes import ProbeResult, ProviderProber
-from twisted_iop.node.supervisor import EngineSupervisor, answer_provider_command
+from twisted_iop.node.provider_commands import answer_provider_command
+from twisted_iop.node.supervisor import EngineSupervisor
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.enums import enum_label
 

@@ -42,14 +42,10 @@ from typing import Any, Optional, Protocol
 
 import attrs
 from twisted.application.service import Service
-from twisted.internet.defer import CancelledError, Deferred, DeferredList, succeed
-from twisted.internet.defer import TimeoutError as DeferredTimeoutError
-from twisted.internet.error import ConnectError, ConnectionRefusedError
+from twisted.internet.defer import Deferred, DeferredList, succeed
 from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
-from twisted.python.failure import Failure
-from twisted.web.client import ResponseFailed, ResponseNeverReceived
 
 from twisted_iop.daemon import StartupError, wait_until
 from twisted_iop.node.config import NodeProviderConfig
@@ -64,24 +60,15 @@ from twisted_iop.node.engine_process import (
     signal_group,
     spawn_engine,
 )
-from twisted_iop.node.probes import ProbeResult, ProviderProber
+from twisted_iop.node.engine_readiness import ReadinessAnswer, ReadinessCheck, failed_check
+from twisted_iop.node.probes import ProbeResult
 from twisted_iop.wire import control_pb2 as pb
 
 #: How often a leftover engine (not our child) is looked at while it stops.
 LEFTOVER_POLL_SECONDS = 0.1
 #: How long a stopping engine may take to be gone after SIGKILL before the Node gives up on it.
 KILL_GRACE_SECONDS = 5.0
-#: Health values under which a readiness probe counts as ready.
-READY_HEALTH = (pb.PROVIDER_HEALTH_HEALTHY, pb.PROVIDER_HEALTH_DEGRADED)
 
-#: A provider command's answer is due after this long when the Edge gives no time.
-DEFAULT_ANSWER_SECONDS = 10.0
-#: The longest a provider command may run before its answer, and the longest drain.
-MAX_COMMAND_SECONDS = 3600.0
-#: Bytes of output ``provider.logs`` returns unless asked for fewer.
-DEFAULT_LOG_ANSWER_BYTES = 16 * 1024
-#: The most bytes of output one ``provider.logs`` answer carries.
-MAX_LOG_ANSWER_BYTES = 64 * 1024
 
 #: Lifecycle states as the wire spells them.
 WIRE_STATES = {
@@ -94,19 +81,6 @@ WIRE_STATES = {
     EngineState.STOPPED: pb.ENGINE_STATE_STOPPED,
     EngineState.FAILED: pb.ENGINE_STATE_FAILED,
 }
-
-
-@attrs.frozen
-class ReadinessAnswer:
-    """What one readiness check found; ``result`` is the probe when it was one."""
-
-    ready: bool
-    reason: str = ""
-    result: Optional[ProbeResult] = None
-
-
-#: Asks a provider's engine whether it is ready; never fails.
-ReadinessCheck = Callable[[NodeProviderConfig], Deferred[ReadinessAnswer]]
 
 
 class LaunchListener(Protocol):
@@ -131,52 +105,6 @@ class ActionOutcome:
     cut_requests: int = 0
     log_text: str = ""
     log_lines: int = 0
-
-
-def readiness_check(prober: ProviderProber) -> ReadinessCheck:
-    """The readiness check of launched engines, by way of ``prober``."""
-
-    def check(provider: NodeProviderConfig) -> Deferred[ReadinessAnswer]:
-        assert provider.launch is not None
-        settings = provider.launch.readiness
-        if settings.path is None:
-            probe = prober.probe(provider, settings.request_timeout_seconds)
-
-            def probed(result: ProbeResult) -> ReadinessAnswer:
-                return ReadinessAnswer(result.health in READY_HEALTH, result.reason or "not ready yet", result)
-
-            return probe.addCallback(probed)
-        path = settings.path
-
-        def answered(answer: Any) -> ReadinessAnswer:
-            if answer.status == 200:
-                return ReadinessAnswer(True)
-            return ReadinessAnswer(False, f"GET {path} answered {answer.status}")
-
-        def unanswered(failure: Failure) -> ReadinessAnswer:
-            return ReadinessAnswer(False, _unanswered_reason(failure, settings.request_timeout_seconds))
-
-        d = prober.get(provider.base_url + path, settings.request_timeout_seconds)
-        return d.addCallbacks(answered, unanswered)
-
-    return check
-
-
-def _failed_check(failure: Failure) -> ReadinessAnswer:
-    """A check that failed unexpectedly counts as not ready."""
-    return ReadinessAnswer(False, f"check failed ({type(failure.value).__name__})")
-
-
-def _unanswered_reason(failure: Failure, timeout: float) -> str:
-    if failure.check(DeferredTimeoutError, CancelledError):
-        return f"no answer within {timeout:g}s"
-    if failure.check(ConnectionRefusedError):
-        return "connection refused"
-    if failure.check(ResponseNeverReceived, ResponseFailed):
-        return "connection lost before the answer"
-    if failure.check(ConnectError):
-        return "cannot connect"
-    return f"check failed ({type(failure.value).__name__})"
 
 
 class LaunchedEngine:
@@ -394,7 +322,7 @@ class LaunchedEngine:
         self._checking = True
         generation = self.generation
         d = self.supervisor.check(self.provider)
-        d.addErrback(_failed_check)
+        d.addErrback(failed_check)
         d.addCallback(self._checked, generation)
 
     def _checked(self, answer: ReadinessAnswer, generation: int) -> None:
@@ -731,53 +659,3 @@ class EngineSupervisor(Service):
             in_flight,
             cut,
         )
-
-
-def answer_provider_command(
-    supervisor: EngineSupervisor, request: pb.NodeProviderCommandRequest
-) -> Deferred[pb.NodeProviderCommandResponse]:
-    """Run the Edge's ``NodeProviderCommandRequest`` and answer it (never fails: a refusal is ``ok=false``).
-
-    Every value from the Edge is checked: an unknown action is refused,
-    times are bounded by :data:`MAX_COMMAND_SECONDS`, the log answer by
-    :data:`MAX_LOG_ANSWER_BYTES`.
-    """
-
-    def seconds(milliseconds: int, default: float) -> float:
-        return min(milliseconds / 1000.0, MAX_COMMAND_SECONDS) if milliseconds else default
-
-    answer_within = seconds(request.timeout_ms, DEFAULT_ANSWER_SECONDS)
-    drain_timeout = seconds(request.drain_timeout_ms, answer_within / 2)
-    provider_id = request.provider_id
-    action = request.action
-
-    async def run() -> ActionOutcome:
-        if action == pb.PROVIDER_ACTION_RESTART:
-            return await supervisor.restart(provider_id, request.drain, drain_timeout, answer_within)
-        if action == pb.PROVIDER_ACTION_STOP:
-            return await supervisor.stop(provider_id, request.drain, drain_timeout, answer_within)
-        if action == pb.PROVIDER_ACTION_START:
-            return await supervisor.start(provider_id, answer_within)
-        if action == pb.PROVIDER_ACTION_LOGS:
-            wanted = request.max_log_bytes or DEFAULT_LOG_ANSWER_BYTES
-            return supervisor.logs(provider_id, min(wanted, MAX_LOG_ANSWER_BYTES))
-        return ActionOutcome(False, f"unknown provider action {action}")
-
-    def answered(outcome: ActionOutcome) -> pb.NodeProviderCommandResponse:
-        response = pb.NodeProviderCommandResponse(
-            ok=outcome.ok,
-            reason=outcome.reason,
-            log_text=outcome.log_text,
-            log_lines=outcome.log_lines,
-            drained_requests=outcome.drained_requests,
-            cut_requests=outcome.cut_requests,
-        )
-        if outcome.launch is not None:
-            response.launch.CopyFrom(outcome.launch)
-        return response
-
-    def refused(failure: Failure) -> pb.NodeProviderCommandResponse:
-        failure.trap(NotLaunched)
-        return pb.NodeProviderCommandResponse(ok=False, reason=str(failure.value))
-
-    return Deferred.fromCoroutine(run()).addCallbacks(answered, refused)

@@ -13,11 +13,12 @@ from twisted_iop.metrics import metrics_site
 from twisted_iop.node.config import NodeRuntimeConfig, load_node_config, unauthenticated_exposures
 from twisted_iop.node.edge_link import EdgeLink
 from twisted_iop.node.engine_http import InferenceHTTPClient
+from twisted_iop.node.engine_readiness import readiness_check
 from twisted_iop.node.inference import InferenceRunner
 from twisted_iop.node.metrics import node_metric_registry
 from twisted_iop.node.probes import HTTPClient, ProviderProber
 from twisted_iop.node.runtime import NodeRuntime
-from twisted_iop.node.supervisor import EngineSupervisor, readiness_check
+from twisted_iop.node.supervisor import EngineSupervisor
 
 
 class Options(DaemonOptions[NodeRuntimeConfig]):

@@ -264,6 +264,22 @@ def test_an_older_file_is_migrated_forward_keeping_its_rows(tmp_path: Path, monk
     assert migrated.execute("SELECT value FROM meta").fetchone()[0] == "7"
 
 
+def test_an_event_field_declared_later_is_a_column_added_at_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file made before a field was declared gets its column when opened; its rows read the default."""
+    path = str(tmp_path / "cp.sqlite")
+    writer = SqliteWriter(sqlite_schema.connect(path), Retention(), 2**30, lambda f, *a: f(*a), lambda: 0.0)
+    writer.write(Batch(events=[_event("edge-a", 1, 1)]))
+    writer._db.close()
+    monkeypatch.setattr(
+        sqlite_schema, "EVENT_COLUMNS", (*sqlite_schema.EVENT_COLUMNS, ("note", "TEXT NOT NULL DEFAULT ''"))
+    )
+    reopened = sqlite_schema.connect(path)
+    assert "note" in [row[1] for row in reopened.execute("PRAGMA table_info(events)")]
+    assert reopened.execute("SELECT note, kind FROM events").fetchall() == [("", "test.kind")]
+
+
 # -- a Control Plane restarted on its file -----------------------------------------------
 
 

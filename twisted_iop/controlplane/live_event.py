@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import cast
 
-from twisted_iop.controlplane.event_record import EVENT_FIELDS, NO_ATTRIBUTES, EventRecord, FieldKind, new_record
+from twisted_iop.controlplane.event_record import EVENT_FIELDS, EventRecord, FieldKind
 from twisted_iop.controlplane.ws_frames import event_envelope_frame
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.preserialized import client_event_envelope
@@ -60,41 +60,6 @@ def _compile_fleet_event_message() -> Callable[[EventRecord], pb.FleetEvent]:
 
 #: The wire form of a recorded event (see :func:`_fleet_event_source`).
 fleet_event_message = _compile_fleet_event_message()
-
-
-def _event_record_source() -> str:
-    """The source of :func:`event_record_of`, the inverse of
-    :func:`fleet_event_message`, written from the same declaration (times
-    come back from their milliseconds)."""
-    wire_fields = pb.FleetEvent.DESCRIPTOR.fields_by_name
-    values = []
-    for name, kind in EVENT_FIELDS:
-        if kind is FieldKind.TIME:
-            values.append(f"message.{name}_ms / 1000.0")
-        elif kind is FieldKind.MAP:
-            values.append(f"dict(message.{name}) if message.{name} else NO_ATTRIBUTES")
-        elif name in wire_fields:
-            values.append(f"message.{name}")
-        else:  # a field FleetEvent does not carry (none today) comes back empty
-            values.append("0" if kind is FieldKind.SEQUENCE else '""')
-    return f"def event_record_of(message):\n    return new_record(EventRecord, ({', '.join(values)},))\n"
-
-
-def _compile_event_record_of() -> Callable[[pb.FleetEvent], EventRecord]:
-    namespace: dict[str, object] = {
-        "EventRecord": EventRecord,
-        "new_record": new_record,
-        "NO_ATTRIBUTES": NO_ATTRIBUTES,
-    }
-    exec(compile(_event_record_source(), "<event_record_of>", "exec"), namespace)
-    function = cast(Callable[[pb.FleetEvent], EventRecord], namespace["event_record_of"])
-    function.__doc__ = "The recorded event a ``FleetEvent`` carries (its times to the millisecond)."
-    return function
-
-
-#: The recorded event of a ``FleetEvent`` (see :func:`_event_record_source`):
-#: how the SQLite store reads back the events it kept in this form.
-event_record_of = _compile_event_record_of()
 
 
 def event_payload(event: EventRecord) -> bytes:

@@ -14,13 +14,14 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Mapping
+from operator import itemgetter
 from typing import Any, Optional
 
 import attrs
 
 from twisted_iop.controlplane import rollout_states as rs
 from twisted_iop.controlplane.edge_hello import EdgeHello
-from twisted_iop.controlplane.event_record import EVENT_FIELDS, EventRecord, FieldKind
+from twisted_iop.controlplane.event_record import EVENT_FIELDS, NO_ATTRIBUTES, EventRecord, FieldKind, record_from
 from twisted_iop.controlplane.operation_states import LateOutcome
 from twisted_iop.controlplane.operations import OperationRecord
 from twisted_iop.wire import control_pb2 as pb
@@ -163,6 +164,59 @@ def event_from(data: Mapping[str, Any], sequence: int, fleet_sequence: int) -> E
         fleet_sequence,
         **{name: _event_value(data, name, kind) for name, kind in _STORED_EVENT_FIELDS},
     )
+
+
+# -- events as SQLite rows -----------------------------------------------------------------
+
+
+#: The SQLite type of each kind of field.
+_COLUMN_TYPES = {
+    FieldKind.SEQUENCE: "INTEGER NOT NULL DEFAULT 0",
+    FieldKind.TEXT: "TEXT NOT NULL DEFAULT ''",
+    FieldKind.OPTIONAL_TEXT: "TEXT NOT NULL DEFAULT ''",
+    FieldKind.TIME: "REAL NOT NULL DEFAULT 0",
+    FieldKind.MAP: "TEXT",
+}
+#: The columns of an event row, one per declared field, in declaration
+#: order, with their SQLite types (the attribute map as JSON text, NULL when
+#: empty). The SQLite store's ``events`` table is made from these, and a
+#: field declared later is a column added when an older file is opened.
+EVENT_COLUMNS: tuple[tuple[str, str], ...] = tuple((name, _COLUMN_TYPES[kind]) for name, kind in EVENT_FIELDS)
+_MAP_INDEX = next(i for i, (_, kind) in enumerate(EVENT_FIELDS) if kind is FieldKind.MAP)
+assert len(EVENT_FIELDS) - 1 == _MAP_INDEX
+_FIELDS_BUT_MAP = itemgetter(*range(_MAP_INDEX))
+_TIMES = tuple(i for i, (_, kind) in enumerate(EVENT_FIELDS) if kind is FieldKind.TIME)
+_TEXTS = tuple(i for i, (_, kind) in enumerate(EVENT_FIELDS) if kind in (FieldKind.TEXT, FieldKind.OPTIONAL_TEXT))
+_SEQUENCES = tuple(i for i, (_, kind) in enumerate(EVENT_FIELDS) if kind is FieldKind.SEQUENCE)
+
+
+def event_row(event: EventRecord) -> tuple[Any, ...]:
+    """``event`` as the values of :data:`EVENT_COLUMNS` (in C but the
+    attributes, which are JSON only when there are any)."""
+    attributes = event.attributes
+    return (*_FIELDS_BUT_MAP(event), dumps(dict(attributes)) if attributes else None)
+
+
+def event_from_row(row: tuple[Any, ...]) -> EventRecord:
+    """The event of :func:`event_row`, checked as wire input is; raises :class:`BadRecord`."""
+    if len(row) != len(EVENT_COLUMNS):
+        raise BadRecord(f"an event row has {len(row)} columns, not {len(EVENT_COLUMNS)}")
+    values = list(row)
+    for i in _SEQUENCES:
+        if isinstance(values[i], bool) or not isinstance(values[i], int) or values[i] < 0:
+            raise BadRecord(f"event field {EVENT_FIELDS[i][0]!r} must be a whole number")
+    for i in _TIMES:
+        if isinstance(values[i], bool) or not isinstance(values[i], (int, float)):
+            raise BadRecord(f"event field {EVENT_FIELDS[i][0]!r} must be a number")
+        values[i] = float(values[i])
+    for i in _TEXTS:
+        if values[i] is None:
+            values[i] = ""
+        elif not isinstance(values[i], str):
+            raise BadRecord(f"event field {EVENT_FIELDS[i][0]!r} must be a string")
+    text = values[_MAP_INDEX]
+    values[_MAP_INDEX] = _str_map({"a": loads_object(text, "event attributes")}, "a") if text else NO_ATTRIBUTES
+    return record_from(values)
 
 
 # -- operations ---------------------------------------------------------------------

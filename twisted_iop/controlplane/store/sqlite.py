@@ -31,14 +31,12 @@ from twisted.logger import Logger
 
 from twisted_iop.controlplane import stored_forms
 from twisted_iop.controlplane.event_record import EventRecord
-from twisted_iop.controlplane.live_event import event_record_of
 from twisted_iop.controlplane.operation_states import IN_FLIGHT_STATES, TERMINAL_STATES
 from twisted_iop.controlplane.operations import OperationRecord
 from twisted_iop.controlplane.store import sqlite_schema
 from twisted_iop.controlplane.store.interface import HistoryChunk, KeptEdge, KeptState, StoreError, StoreHealth
 from twisted_iop.controlplane.store.settings import StoreSettings
 from twisted_iop.controlplane.store.sqlite_writer import Batch, Committed, EdgeRow, SqliteWriter
-from twisted_iop.wire import control_pb2 as pb
 
 if TYPE_CHECKING:
     from twisted_iop.controlplane.edge_record import EdgeRecord
@@ -67,6 +65,7 @@ class SqliteStore(Service):
         self._clock: IReactorTime = reactor
         self._writer: Optional[SqliteWriter] = None
         self._events: list[EventRecord] = []
+        self._event_sizes: list[int] = []
         self._operations: dict[str, OperationRecord] = {}
         self._edges: dict[str, EdgeRecord] = {}
         self._rollouts: dict[str, Rollout] = {}
@@ -184,6 +183,7 @@ class SqliteStore(Service):
             self._drop("event")
             return
         self._events.append(event)
+        self._event_sizes.append(size)
         self._pending_bytes += size
 
     def operation_changed(self, operation: OperationRecord) -> None:
@@ -324,6 +324,7 @@ class SqliteStore(Service):
         ]
         batch = Batch(
             events=self._events,
+            event_sizes=self._event_sizes,
             operations=operations,
             edges=edges,
             rollouts=rollouts,
@@ -337,6 +338,7 @@ class SqliteStore(Service):
             if rollout_sequences:
                 batch.meta["rollout_event_sequence"] = max(rollout_sequences)
         self._events = []
+        self._event_sizes = []
         self._operations = {}
         self._edges = {}
         self._rollouts = {}
@@ -394,20 +396,12 @@ class SqliteStore(Service):
                 )
             )
         events = []
-        message = pb.FleetEvent()
-        for fleet_sequence, edge_id, sequence, body in db.execute(
-            "SELECT fleet_sequence, edge_id, sequence, body FROM events ORDER BY fleet_sequence"
-        ):
+        columns = ", ".join(name for name, _ in stored_forms.EVENT_COLUMNS)
+        for row in db.execute(f"SELECT {columns} FROM events ORDER BY fleet_sequence"):
             try:
-                message.ParseFromString(body)
-            except Exception as e:
-                self._skipped(f"event {fleet_sequence}: {e}")
-                continue
-            event = event_record_of(message)
-            if (event.fleet_sequence, event.edge_id, event.sequence) != (fleet_sequence, edge_id, sequence):
-                self._skipped(f"event {fleet_sequence}: its body does not match its row")
-                continue
-            events.append(event)
+                events.append(stored_forms.event_from_row(row))
+            except stored_forms.BadRecord as e:
+                self._skipped(f"event: {e}")
         operations = []
         for operation_id, body in db.execute("SELECT operation_id, body FROM operations ORDER BY created_at"):
             try:

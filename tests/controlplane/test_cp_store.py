@@ -4,6 +4,7 @@ its bounds and versions, and a Control Plane restarted on its file."""
 from __future__ import annotations
 
 import io
+import json
 import sqlite3
 import time
 from collections.abc import AsyncIterator
@@ -19,6 +20,7 @@ from twisted.internet.defer import ensureDeferred, maybeDeferred
 from twisted_iop.client import ClientWireClient, ControlPlaneStatusRepository
 from twisted_iop.client.cli import parse_arguments, run
 from twisted_iop.configuration import ConfigError
+from twisted_iop.controlplane import stored_forms
 from twisted_iop.controlplane.config import config_from_text
 from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.event_record import EventRecord
@@ -142,10 +144,12 @@ def test_events_are_bounded_per_edge_and_for_the_fleet(tmp_path: Path) -> None:
             fleet += 1
             batch.events.append(_event(edge_id, sequences[edge_id], fleet))
         writer.write(batch)
-    rows = sqlite3.connect(str(tmp_path / "cp.sqlite")).execute(
-        "SELECT edge_id, sequence, fleet_sequence FROM events ORDER BY fleet_sequence"
+    kept = sorted(
+        (event.edge_id, event.sequence, event.fleet_sequence)
+        for (body,) in writer._db.execute("SELECT body FROM events")
+        for event in stored_forms.events_of_block(body)
     )
-    kept = list(rows)
+    kept.sort(key=lambda row: row[2])
     assert len(kept) == 10
     assert [s for e, s, _ in kept if e == "a"] == [6, 7, 8, 9, 10]
     assert kept[-1][2] == 20
@@ -166,7 +170,7 @@ def test_the_file_stops_growing_once_the_bounds_are_reached(tmp_path: Path) -> N
         writer.write(batch)
         writer._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
         sizes.append(sqlite_schema.file_bytes(path))
-    count = sqlite3.connect(path).execute("SELECT count(*) FROM events").fetchone()[0]
+    count = sqlite3.connect(path).execute("SELECT sum(count) FROM events").fetchone()[0]
     assert count <= 2000
     # Unbounded, 40 rounds of 500 events of 200+ bytes would take over 4 MB.
     assert sizes[-1] < 4_000_000, sizes
@@ -184,7 +188,7 @@ def test_bytes_bound_drops_the_oldest_events(tmp_path: Path) -> None:
             batch.events.append(_event(f"edge-{fleet % 7}", fleet, fleet, "y" * 1000))
         writer.write(batch)
     assert writer.stored_bytes <= 1024 * 1024
-    oldest = writer._db.execute("SELECT min(fleet_sequence) FROM events").fetchone()[0]
+    oldest = writer._db.execute("SELECT min(last_fleet_sequence) FROM events").fetchone()[0]
     assert oldest > 1000
 
 
@@ -264,20 +268,30 @@ def test_an_older_file_is_migrated_forward_keeping_its_rows(tmp_path: Path, monk
     assert migrated.execute("SELECT value FROM meta").fetchone()[0] == "7"
 
 
-def test_an_event_field_declared_later_is_a_column_added_at_open(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A file made before a field was declared gets its column when opened; its rows read the default."""
-    path = str(tmp_path / "cp.sqlite")
-    writer = SqliteWriter(sqlite_schema.connect(path), Retention(), 2**30, lambda f, *a: f(*a), lambda: 0.0)
-    writer.write(Batch(events=[_event("edge-a", 1, 1)]))
-    writer._db.close()
-    monkeypatch.setattr(
-        sqlite_schema, "EVENT_COLUMNS", (*sqlite_schema.EVENT_COLUMNS, ("note", "TEXT NOT NULL DEFAULT ''"))
-    )
-    reopened = sqlite_schema.connect(path)
-    assert "note" in [row[1] for row in reopened.execute("PRAGMA table_info(events)")]
-    assert reopened.execute("SELECT note, kind FROM events").fetchall() == [("", "test.kind")]
+def test_a_block_written_before_a_field_was_declared_reads_its_default() -> None:
+    """A block names its fields: one without a field declared later reads it empty; bad values are refused."""
+    block = json.loads(stored_forms.event_block([_event("edge-a", 1, 1)]))
+    at = block["fields"].index("node_id")
+    del block["fields"][at]
+    del block["rows"][0][at]
+    [event] = stored_forms.events_of_block(json.dumps(block))
+    assert (event.edge_id, event.node_id, event.message) == ("edge-a", "", "m")
+    block["rows"][0][0] = "not a number"
+    with pytest.raises(stored_forms.BadRecord):
+        stored_forms.events_of_block(json.dumps(block))
+
+
+def test_a_busy_edge_costs_one_row_per_write(tmp_path: Path) -> None:
+    """The events one write has of one edge are one block (one row), cut at the block's bounds."""
+    writer = _writer(tmp_path, Retention())
+    writer.write(Batch(events=[_event("a", n, n) for n in range(1, 601)] + [_event("b", 1, 601)]))
+    rows = writer._db.execute("SELECT edge_id, count FROM events ORDER BY block").fetchall()
+    assert rows == [("a", 256), ("b", 1), ("a", 256), ("a", 88)] or rows == [
+        ("a", 256),
+        ("a", 256),
+        ("a", 88),
+        ("b", 1),
+    ]
 
 
 # -- a Control Plane restarted on its file -----------------------------------------------

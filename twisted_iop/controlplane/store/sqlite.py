@@ -396,12 +396,17 @@ class SqliteStore(Service):
                 )
             )
         events = []
-        columns = ", ".join(name for name, _ in stored_forms.EVENT_COLUMNS)
-        for row in db.execute(f"SELECT {columns} FROM events ORDER BY fleet_sequence"):
+        for block, edge_id, body in db.execute("SELECT block, edge_id, body FROM events ORDER BY block"):
             try:
-                events.append(stored_forms.event_from_row(row))
+                kept = stored_forms.events_of_block(body)
+                if any(event.edge_id != edge_id for event in kept):
+                    raise stored_forms.BadRecord("an event of another edge")
             except stored_forms.BadRecord as e:
-                self._skipped(f"event: {e}")
+                self._skipped(f"event block {block}: {e}")
+                continue
+            events.extend(kept)
+        # The blocks of one write are per edge: fleet order is restored here.
+        events.sort(key=lambda event: event.fleet_sequence)
         operations = []
         for operation_id, body in db.execute("SELECT operation_id, body FROM operations ORDER BY created_at"):
             try:

@@ -20,7 +20,6 @@ import sqlite3
 from pathlib import Path
 
 from twisted_iop.controlplane.store.interface import StoreError
-from twisted_iop.controlplane.stored_forms import EVENT_COLUMNS
 
 #: "IOPc" as a big-endian int: this file is a Control Plane store.
 APPLICATION_ID = 0x494F5063
@@ -28,27 +27,6 @@ APPLICATION_ID = 0x494F5063
 SCHEMA_VERSION = 1
 #: The write-ahead log is truncated to this after a checkpoint.
 JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
-
-
-def events_table() -> str:
-    """The ``events`` table, its columns from the one declaration of an event's fields."""
-    columns = ",\n            ".join(
-        f"{name} {'INTEGER PRIMARY KEY' if name == 'fleet_sequence' else kind}" for name, kind in EVENT_COLUMNS
-    )
-    return f"CREATE TABLE events (\n            {columns},\n            bytes INTEGER NOT NULL\n        )"
-
-
-def add_event_columns(connection: sqlite3.Connection) -> list[str]:
-    """Add the columns of fields declared since the file was made (an event
-    field added in code is a column added at open: older rows read it as
-    its default); the names added."""
-    have = {row[1] for row in connection.execute("PRAGMA table_info(events)")}
-    added = []
-    for name, kind in EVENT_COLUMNS:
-        if name not in have:
-            connection.execute(f"ALTER TABLE events ADD COLUMN {name} {kind}")
-            added.append(name)
-    return added
 
 
 #: The statements that take a file from version ``n - 1`` to ``n``.
@@ -66,11 +44,23 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             last_sequence INTEGER NOT NULL DEFAULT 0,
             last_edge_sequence INTEGER NOT NULL DEFAULT 0
         )""",
-        # One column per declared field of an event (stored_forms.EVENT_COLUMNS),
-        # the fleet sequence the row id (events are appended in its order),
-        # and the bytes each counts against the bounds.
-        events_table(),
-        "CREATE INDEX events_by_edge ON events (edge_id, sequence)",
+        # Events in blocks: each row holds one edge's events of one write, in
+        # order (stored_forms.event_block: the field names, then a row per
+        # event), so a busy edge costs one row per flush, not one per event.
+        # Rows are appended in fleet order (the block number); the other
+        # columns are what retention and loading select on.
+        """CREATE TABLE events (
+            block INTEGER PRIMARY KEY,
+            edge_id TEXT NOT NULL,
+            first_sequence INTEGER NOT NULL,
+            last_sequence INTEGER NOT NULL,
+            last_fleet_sequence INTEGER NOT NULL,
+            recorded_at REAL NOT NULL,
+            count INTEGER NOT NULL,
+            bytes INTEGER NOT NULL,
+            body TEXT NOT NULL
+        )""",
+        "CREATE INDEX events_by_edge ON events (edge_id, last_sequence)",
         """CREATE TABLE operations (
             operation_id TEXT PRIMARY KEY,
             edge_id TEXT NOT NULL,
@@ -156,7 +146,6 @@ def _prepare(connection: sqlite3.Connection, path: str, synchronous: str) -> Non
     connection.execute("PRAGMA busy_timeout=5000")
     if version < SCHEMA_VERSION:
         migrate(connection, version)
-    add_event_columns(connection)
 
 
 def _checked_version(connection: sqlite3.Connection, path: str) -> int:

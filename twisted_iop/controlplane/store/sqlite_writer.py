@@ -11,10 +11,19 @@ one transaction, applies the retention bounds in the same transaction,
 and reports back on the reactor (``callFromThread``). Reads for the
 history go through the same thread, after the writes queued before them.
 
+Events are written in **blocks**: the events one write has of one edge
+are one row (at most :data:`BLOCK_EVENTS` events, :data:`BLOCK_BYTES`
+bytes), so an edge relaying a burst costs one row per flush instead of
+one per event: the row's insert and its index entries, the most of what
+SQLite spends per row, are shared by the block (``bench/event_instructions.py
+--compare-stores``). Retention drops whole blocks.
+
 Retention, enforced as the writes happen (the oldest go first):
 
-* events: per edge by count and bytes, for the fleet by count, with
-  operations and rollouts by bytes together, and by age;
+* events: per edge by count (the blocks all of whose events are older
+  than the newest N) and bytes (the oldest block, never the last), for
+  the fleet by count, with operations and rollouts by bytes together, and
+  by age;
 * operations: finished ones per edge by count, and by age;
 * rollouts: settled ones by count and age; edges by count (the one not
   seen for longest first, its events and operations with it) and age;
@@ -41,11 +50,14 @@ from twisted_iop.controlplane.memory import event_size
 from twisted_iop.controlplane.store.interface import HistoryChunk
 from twisted_iop.controlplane.store.settings import Retention
 
-#: Writes one event row (the columns named: an older file has added ones at its end).
-INSERT_EVENT = (
-    f"INSERT OR REPLACE INTO events ({', '.join(name for name, _ in stored_forms.EVENT_COLUMNS)}, bytes) "
-    f"VALUES ({', '.join('?' for _ in stored_forms.EVENT_COLUMNS)}, ?)"
+#: Writes one block of an edge's events.
+INSERT_BLOCK = (
+    "INSERT INTO events (edge_id, first_sequence, last_sequence, last_fleet_sequence, recorded_at, count, bytes, body) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
+#: A block holds at most this many events, and at most this many estimated bytes.
+BLOCK_EVENTS = 256
+BLOCK_BYTES = 256 * 1024
 #: Age-based retention runs at most this often (it scans from the oldest).
 AGE_PASS_SECONDS = 60.0
 #: Rows deleted per statement when trimming by bytes or age.
@@ -219,15 +231,26 @@ class SqliteWriter:
             if len(sizes) != len(events):
                 # A batch made without the log's measures (tools, tests).
                 sizes = [event_size(e) for e in events]
+            rows = []
             edge_bytes = self.edge_event_bytes
-            for event, size in zip(events, sizes, strict=True):
-                edge_id = event.edge_id
+            for edge_id, block, size in _blocks(events, sizes):
+                first, last = block[0], block[-1]
+                rows.append(
+                    (
+                        edge_id,
+                        first.sequence,
+                        last.sequence,
+                        last.fleet_sequence,
+                        last.recorded_at,
+                        len(block),
+                        size,
+                        stored_forms.event_block(block),
+                    )
+                )
                 edge_bytes[edge_id] += size
-                touched[edge_id] = event.sequence
-            self.stored_bytes += sum(sizes)
-            db.executemany(
-                INSERT_EVENT, [(*stored_forms.event_row(e), size) for e, size in zip(events, sizes, strict=True)]
-            )
+                touched[edge_id] = last.sequence
+                self.stored_bytes += size
+            db.executemany(INSERT_BLOCK, rows)
         if batch.edges:
             hellos: dict[int, str] = {}
 
@@ -305,7 +328,7 @@ class SqliteWriter:
     # -- retention ----------------------------------------------------------------------
 
     def _delete_events(self, where: str, arguments: Sequence[Any]) -> int:
-        """Delete events (counting their bytes off); how many."""
+        """Delete blocks of events (counting their bytes off); how many blocks."""
         removed = self._db.execute(f"DELETE FROM events {where} RETURNING edge_id, bytes", arguments).fetchall()
         edge_bytes = self.edge_event_bytes
         for edge_id, size in removed:
@@ -318,24 +341,25 @@ class SqliteWriter:
         trimmed = 0
         for edge_id, last in touched.items():
             if last > retention.events_per_edge:
+                # Blocks all of whose events are older than the newest N.
                 trimmed += self._delete_events(
-                    "WHERE edge_id = ? AND sequence <= ?", (edge_id, last - retention.events_per_edge)
+                    "WHERE edge_id = ? AND last_sequence <= ?", (edge_id, last - retention.events_per_edge)
                 )
             while self.edge_event_bytes[edge_id] > retention.event_bytes_per_edge:
-                # The edge's oldest tenth (at least one): one statement, not one per row.
-                count = self._db.execute("SELECT count(*) FROM events WHERE edge_id = ?", (edge_id,)).fetchone()[0]
-                if count <= 1:
+                # The edge's oldest block, unless it is its last.
+                oldest = self._db.execute(
+                    "SELECT block FROM events WHERE edge_id = ? ORDER BY last_sequence LIMIT 2", (edge_id,)
+                ).fetchall()
+                if len(oldest) < 2:
                     break
-                trimmed += self._delete_events(
-                    "WHERE fleet_sequence IN (SELECT fleet_sequence FROM events WHERE edge_id = ? "
-                    "ORDER BY sequence LIMIT ?)",
-                    (edge_id, max(1, count // 10)),
-                )
-        newest = self._db.execute("SELECT max(fleet_sequence) FROM events").fetchone()[0]
+                trimmed += self._delete_events("WHERE block = ?", (oldest[0][0],))
+        newest = self._db.execute("SELECT max(last_fleet_sequence) FROM events").fetchone()[0]
         if newest is not None and newest > retention.fleet_events:
-            oldest = self._db.execute("SELECT min(fleet_sequence) FROM events").fetchone()[0]
-            if oldest <= newest - retention.fleet_events:
-                trimmed += self._delete_events("WHERE fleet_sequence <= ?", (newest - retention.fleet_events,))
+            # Blocks all of whose events are older than the fleet's newest N.
+            trimmed += self._delete_events(
+                "WHERE block IN (SELECT block FROM events WHERE last_fleet_sequence <= ? ORDER BY block LIMIT ?)",
+                (newest - retention.fleet_events, TRIM_ROWS * 10),
+            )
         return trimmed
 
     def _trim_operations(self, edges: set[str]) -> int:
@@ -409,8 +433,7 @@ class SqliteWriter:
         limit = self._retention.max_bytes
         while self.stored_bytes > limit:
             removed = self._delete_events(
-                "WHERE fleet_sequence IN (SELECT fleet_sequence FROM events ORDER BY fleet_sequence LIMIT ?)",
-                (TRIM_ROWS,),
+                "WHERE block IN (SELECT block FROM events ORDER BY block LIMIT ?)", (TRIM_ROWS,)
             )
             if not removed:
                 ops = self._db.execute(
@@ -429,8 +452,7 @@ class SqliteWriter:
         trimmed = 0
         while True:
             removed = self._delete_events(
-                "WHERE fleet_sequence IN (SELECT fleet_sequence FROM events ORDER BY fleet_sequence LIMIT ?) "
-                "AND recorded_at < ?",
+                "WHERE block IN (SELECT block FROM events ORDER BY block LIMIT ?) AND recorded_at < ?",
                 (TRIM_ROWS, before),
             )
             trimmed += removed
@@ -465,3 +487,21 @@ class SqliteWriter:
             )
             chunks.extend(HistoryChunk(name, step, row[0], row[1], bytes(row[2])) for row in rows)
         return chunks
+
+
+def _blocks(events: Sequence[EventRecord], sizes: Sequence[int]) -> list[tuple[str, list[EventRecord], int]]:
+    """The events of one write grouped by edge, in order, cut into blocks of
+    at most :data:`BLOCK_EVENTS` events and :data:`BLOCK_BYTES` bytes; each
+    with its edge and bytes. Blocks come in the order of their first event
+    (so block numbers follow fleet order, write by write)."""
+    open_blocks: dict[str, tuple[list[EventRecord], list[int]]] = {}
+    blocks: list[tuple[str, list[EventRecord], list[int]]] = []
+    for event, size in zip(events, sizes, strict=True):
+        edge_id = event.edge_id
+        current = open_blocks.get(edge_id)
+        if current is None or len(current[0]) >= BLOCK_EVENTS or current[1][0] + size > BLOCK_BYTES:
+            current = open_blocks[edge_id] = ([], [0])
+            blocks.append((edge_id, current[0], current[1]))
+        current[0].append(event)
+        current[1][0] += size
+    return [(edge_id, block, total[0]) for edge_id, block, total in blocks]

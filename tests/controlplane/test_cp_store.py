@@ -4,7 +4,7 @@ its bounds and versions, and a Control Plane restarted on its file."""
 from __future__ import annotations
 
 import io
-import json
+import marshal
 import sqlite3
 import time
 from collections.abc import AsyncIterator
@@ -269,16 +269,17 @@ def test_an_older_file_is_migrated_forward_keeping_its_rows(tmp_path: Path, monk
 
 
 def test_a_block_written_before_a_field_was_declared_reads_its_default() -> None:
-    """A block names its fields: one without a field declared later reads it empty; bad values are refused."""
-    block = json.loads(stored_forms.event_block([_event("edge-a", 1, 1)]))
-    at = block["fields"].index("node_id")
-    del block["fields"][at]
-    del block["rows"][0][at]
-    [event] = stored_forms.events_of_block(json.dumps(block))
+    """A block names its fields: one without a field declared later reads it
+    empty; values of the wrong type, or bytes that are no block, are refused."""
+    names, rows = marshal.loads(stored_forms.event_block([_event("edge-a", 1, 1)]))
+    at = names.index("node_id")
+    older = marshal.dumps((names[:at] + names[at + 1 :], [rows[0][:at] + rows[0][at + 1 :]]), 2)
+    [event] = stored_forms.events_of_block(older)
     assert (event.edge_id, event.node_id, event.message) == ("edge-a", "", "m")
-    block["rows"][0][0] = "not a number"
-    with pytest.raises(stored_forms.BadRecord):
-        stored_forms.events_of_block(json.dumps(block))
+    wrong = marshal.dumps((names, [("not a number", *rows[0][1:])]), 2)
+    for bad in (wrong, b"\x00garbage", marshal.dumps("a string", 2)):
+        with pytest.raises(stored_forms.BadRecord):
+            stored_forms.events_of_block(bad)
 
 
 def test_a_busy_edge_costs_one_row_per_write(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+import marshal
 from collections.abc import Mapping, Sequence
 from operator import itemgetter
 from typing import Any, Optional
@@ -190,24 +191,45 @@ _DEFAULTS = {
 }
 
 
-def event_block(events: Sequence[EventRecord]) -> str:
-    """Events (one edge's, in order) as one JSON text: the field names once,
-    then one row of values per event, written by the json module's C
-    encoder (the work per event is a tuple and a dict)."""
-    return dumps({"fields": EVENT_ROW_FIELDS, "rows": [(*_FIELDS_BUT_MAP(e), dict(e.attributes)) for e in events]})
+#: The version of Python's ``marshal`` format blocks are written in: the
+#: format of 2.5 and later, which every later Python reads.
+MARSHAL_VERSION = 2
 
 
-def events_of_block(text: Any) -> list[EventRecord]:
+def event_block(events: Sequence[EventRecord]) -> bytes:
+    """Events (one edge's, in order) as one block of bytes: the field names
+    once, then one tuple of values per event.
+
+    Written with ``marshal`` (format version 2), which is about ten times
+    cheaper than JSON for these values (0.3 us against 2.8-3.7 us an event:
+    a float as JSON text is most of an event's cost): the writer thread
+    holds the interpreter for that long per event, time the event loop
+    cannot run. ``marshal`` only rebuilds values (nothing runs when a block
+    is read), the blocks are only ever read from the Control Plane's own
+    file (mode 0600, marked as a store, refused otherwise), and every value
+    read back is checked as wire input is (:func:`events_of_block`).
+    """
+    rows = [(*_FIELDS_BUT_MAP(e), dict(e.attributes)) for e in events]
+    return marshal.dumps((EVENT_ROW_FIELDS, rows), MARSHAL_VERSION)
+
+
+def events_of_block(data: Any) -> list[EventRecord]:
     """The events of :func:`event_block`, checked as wire input is; raises :class:`BadRecord`."""
-    block = loads_object(text, "event block")
-    names = block.get("fields")
-    rows = block.get("rows")
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names) or not isinstance(rows, list):
-        raise BadRecord("an event block needs a list of field names and a list of rows")
+    if not isinstance(data, bytes):
+        raise BadRecord("an event block must be bytes")
+    try:
+        block = marshal.loads(data)
+    except (ValueError, EOFError, TypeError) as e:
+        raise BadRecord(f"an event block does not read back ({e})") from None
+    if not isinstance(block, tuple) or len(block) != 2:
+        raise BadRecord("an event block must be its field names and its rows")
+    names, rows = block
+    if not isinstance(names, tuple) or not all(isinstance(n, str) for n in names) or not isinstance(rows, list):
+        raise BadRecord("an event block needs a tuple of field names and a list of rows")
     where = {name: i for i, name in enumerate(names)}
     events = []
     for row in rows:
-        if not isinstance(row, list) or len(row) != len(names):
+        if not isinstance(row, tuple) or len(row) != len(names):
             raise BadRecord("an event row does not match its block's fields")
         values: list[Any] = []
         for name, kind in EVENT_FIELDS:

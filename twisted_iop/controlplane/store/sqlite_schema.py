@@ -45,8 +45,9 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             last_edge_sequence INTEGER NOT NULL DEFAULT 0
         )""",
         # Events in blocks: each row holds one edge's events of one write, in
-        # order (stored_forms.event_block: the field names, then a row per
-        # event), so a busy edge costs one row per flush, not one per event.
+        # order (stored_forms.event_block: the field names, then a row of
+        # values per event, in marshal's format 2), so a busy edge costs one
+        # row per flush, not one per event.
         # Rows are appended in fleet order (the block number); the other
         # columns are what retention and loading select on.
         """CREATE TABLE events (
@@ -58,7 +59,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             recorded_at REAL NOT NULL,
             count INTEGER NOT NULL,
             bytes INTEGER NOT NULL,
-            body TEXT NOT NULL
+            body BLOB NOT NULL
         )""",
         "CREATE INDEX events_by_edge ON events (edge_id, last_sequence)",
         """CREATE TABLE operations (

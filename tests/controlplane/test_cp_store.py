@@ -192,6 +192,21 @@ def test_bytes_bound_drops_the_oldest_events(tmp_path: Path) -> None:
     assert oldest > 1000
 
 
+def test_numbering_goes_on_after_every_event_of_an_edge_aged_out(tmp_path: Path) -> None:
+    """When the age bound removes all of an edge's events, its newest number is kept for the next start."""
+    writer = _writer(tmp_path, Retention(max_age_seconds=3600.0))
+    edge_row = ("edge-a", HELLO, 0, None, None, NOW + 7200, 1, 0, 0)
+    old = [e._replace(recorded_at=NOW - 7200) for e in (_event("edge-a", n, n) for n in (1, 2, 3))]
+    writer.write(Batch(events=old, edges=[edge_row], now=NOW - 7200))
+    writer.write(Batch(edges=[edge_row], now=NOW + 3600))
+    assert writer._db.execute("SELECT count(*) FROM events").fetchone()[0] == 0
+    writer._db.close()
+    store = SqliteStore(sqlite_settings(tmp_path), reactor)
+    kept = store.open()
+    store.abandon()
+    assert [(edge.edge_id, edge.last_sequence) for edge in kept.edges] == [("edge-a", 3)]
+
+
 def test_finished_operations_beyond_the_per_edge_count_go_first(tmp_path: Path) -> None:
     """Finished operations over the bound are dropped oldest first; open ones never."""
     writer = _writer(tmp_path, Retention(operations_per_edge=3))

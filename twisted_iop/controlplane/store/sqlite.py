@@ -371,6 +371,9 @@ class SqliteStore(Service):
 
     def _read_kept(self, db: sqlite3.Connection) -> KeptState:
         meta = dict(db.execute("SELECT key, value FROM meta"))
+        # An edge's newest event number: its newest block's, or what its row
+        # kept of the blocks the bounds removed.
+        newest = dict(db.execute("SELECT edge_id, max(last_sequence) FROM events GROUP BY edge_id"))
         edges = []
         for row in db.execute(
             "SELECT edge_id, hello, connected, connected_at, disconnected_at, last_seen, enrollments, "
@@ -391,7 +394,7 @@ class SqliteStore(Service):
                     disconnected_at=row[4],
                     last_seen=float(row[5]),
                     enrollments=int(row[6]),
-                    last_sequence=int(row[7]),
+                    last_sequence=max(int(row[7]), int(newest.get(row[0]) or 0)),
                     last_edge_sequence=int(row[8]),
                 )
             )

@@ -268,11 +268,6 @@ class SqliteWriter:
                     last_edge_sequence = excluded.last_edge_sequence""",
                 [(row[0], hello_text(row[1]), *row[2:7], row[8]) for row in batch.edges],
             )
-        if touched:
-            db.executemany(
-                "UPDATE edges SET last_sequence = max(last_sequence, ?) WHERE edge_id = ?",
-                [(sequence, edge_id) for edge_id, sequence in touched.items()],
-            )
         ops_touched: set[str] = set()
         for operation_id, edge_id, created_at, finished, value in batch.operations:
             body = stored_forms.dumps(value)
@@ -328,12 +323,27 @@ class SqliteWriter:
     # -- retention ----------------------------------------------------------------------
 
     def _delete_events(self, where: str, arguments: Sequence[Any]) -> int:
-        """Delete blocks of events (counting their bytes off); how many blocks."""
-        removed = self._db.execute(f"DELETE FROM events {where} RETURNING edge_id, bytes", arguments).fetchall()
+        """Delete blocks of events (counting their bytes off); how many blocks.
+
+        An edge's newest number is read from its newest block when it opens
+        again; the edge's row keeps the newest number of what is deleted, so
+        numbering goes on after every block of an edge is gone (written here,
+        when blocks go, rather than at every write).
+        """
+        removed = self._db.execute(
+            f"DELETE FROM events {where} RETURNING edge_id, bytes, last_sequence", arguments
+        ).fetchall()
         edge_bytes = self.edge_event_bytes
-        for edge_id, size in removed:
+        newest: dict[str, int] = {}
+        for edge_id, size, last_sequence in removed:
             edge_bytes[edge_id] -= size
             self.stored_bytes -= size
+            newest[edge_id] = max(newest.get(edge_id, 0), last_sequence)
+        if newest:
+            self._db.executemany(
+                "UPDATE edges SET last_sequence = max(last_sequence, ?) WHERE edge_id = ?",
+                [(sequence, edge_id) for edge_id, sequence in newest.items()],
+            )
         return len(removed)
 
     def _trim_events(self, touched: dict[str, int]) -> int:

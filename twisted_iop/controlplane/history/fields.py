@@ -8,7 +8,7 @@ reported (no engine said its load, no provider reports its KV cache) is
 :data:`MISSING` (-1), which every real value is above, so it is never
 mistaken for 0; the JSON views show it as ``null``.
 
-Two shapes of series (:data:`SERIES_FIELDS`):
+Two shapes of series:
 
 * ``fleet`` and ``edge:<id>``: :data:`FLEET_FIELDS`, every figure;
 * ``model:<name>`` (the fleet's providers serving that model) and
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
+from typing import Optional
 
 import attrs
 
@@ -72,7 +73,7 @@ FLEET_FIELDS: tuple[Field, ...] = (
     Field("long_context_capacity", "requests"),
     Field("long_context_in_flight", "requests"),
     Field("long_context_queued", "requests"),
-    Field("tokens_per_second", "completion tokens per second", scale=100),
+    Field("tokens_per_second", "completion tokens per second"),
     Field("engines_reporting", "providers whose engine reported its load"),
     Field("engine_running", "requests the engines run"),
     Field("engine_waiting", "requests waiting inside the engines"),
@@ -88,12 +89,17 @@ MODEL_FIELDS: tuple[Field, ...] = (
     Field("long_context_capacity", "requests"),
     Field("long_context_in_flight", "requests"),
     Field("long_context_queued", "requests"),
-    Field("tokens_per_second", "completion tokens per second", scale=100),
+    Field("tokens_per_second", "completion tokens per second"),
 )
 
 FLEET = "fleet"
 EDGE_PREFIX = "edge:"
 MODEL_PREFIX = "model:"
+#: The groups the per-edge series are kept in, column-wise (:mod:`.frames`):
+#: each edge's series, keyed by its id, and each model on an edge, keyed
+#: ``<edge id>/<model>`` (an edge id has no ``/``).
+EDGES_GROUP = "edges"
+EDGE_MODELS_GROUP = "edge-models"
 
 
 def edge_series(edge_id: str) -> str:
@@ -106,6 +112,19 @@ def model_series(model: str, edge_id: str = "") -> str:
     if edge_id:
         return f"{EDGE_PREFIX}{edge_id}/{MODEL_PREFIX}{model}"
     return MODEL_PREFIX + model
+
+
+def group_key(series: str) -> Optional[tuple[str, str, str]]:
+    """Where a per-edge series is kept: its group, its edge's id and its key
+    in the group (None: the fleet's or a model's, kept as a series of its own)."""
+    if not series.startswith(EDGE_PREFIX):
+        return None
+    edge_id, slash, model = series[len(EDGE_PREFIX) :].partition("/")
+    if not slash:
+        return EDGES_GROUP, edge_id, edge_id
+    if not model.startswith(MODEL_PREFIX):
+        return None
+    return EDGE_MODELS_GROUP, edge_id, f"{edge_id}/{model[len(MODEL_PREFIX) :]}"
 
 
 def fields_of(series: str) -> tuple[Field, ...]:

@@ -78,7 +78,8 @@ def _model(request: IRequest) -> str:
 
 
 def view_json(view: HistoryView, interval_seconds: float, **scope: Any) -> dict[str, Any]:
-    """The JSON of a view (docs/http-api.md#capacity-history)."""
+    """The JSON of a view (docs/http-api.md#capacity-history); ``interval_seconds``
+    is how often its series is sampled (an edge's: the first edge tier's step)."""
     field_names = [field.name for field in view.fields]
     if view.rolled:
         columns = ["t", "count"] + [f"{name}.{part}" for name in field_names for part in ("mean", "max", "last")]
@@ -132,15 +133,17 @@ def add_history_routes(app: Klein) -> None:
         if selector.empty:
             start, end, tier_index = window(http, request, label)
             view = await queries.view(label, chosen, tier_index, start, end, models)
+            interval = queries.tiers[0].step_seconds
         else:
             # A selector's edges are added up from their own series, in the edge tiers.
             start, end, tier_index = window(http, request, edge_series("-"))
             matched = EdgeFilter(selector).records(http._registry.edges())
             members = [model_series(model, r.edge_id) if model else edge_series(r.edge_id) for r in matched]
             view = await queries.aggregate_view(label, members, chosen, tier_index, start, end, models)
+            interval = queries.edge_tiers[0].step_seconds
         body = view_json(
             view,
-            http._history.settings.interval_seconds,
+            interval,
             edge_id=None,
             model=model or None,
             selector=str(selector) if not selector.empty else None,
@@ -158,6 +161,6 @@ def add_history_routes(app: Klein) -> None:
         start, end, tier_index = window(http, request, series)
         view = await queries.view(series, chosen, tier_index, start, end, queries.models(edge_id))
         body = view_json(
-            view, http._history.settings.interval_seconds, edge_id=edge_id, model=model or None, selector=None
+            view, queries.tiers_for(series)[0].step_seconds, edge_id=edge_id, model=model or None, selector=None
         )
         return json_body(request, 200, body)

@@ -26,7 +26,7 @@ are counted as refused; an edge's counts still add to the fleet's point).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import chain, compress
 from operator import add, attrgetter, is_not, sub
 from typing import Optional
@@ -74,6 +74,7 @@ class _Away:
     """The record behind an edge slot whose edge is away."""
 
     snapshot: StatusSnapshot = _AWAY
+    token: Optional[int] = None
 
 
 _AWAY_EDGE = _Away()
@@ -84,6 +85,7 @@ _MODEL_AWAY = (MISSING,) * len(MODEL_FIELDS)
 
 _get_counts = attrgetter("counts")
 _get_snapshot = attrgetter("snapshot")
+_get_token = attrgetter("token")
 
 ModelRows = dict[str, tuple[int, ...]]
 
@@ -105,6 +107,8 @@ class _Segment:
     #: This sample's snapshots, and the counts handed last.
     snapshots: list[StatusSnapshot] = attrs.Factory(list)
     counts: Optional[list[tuple[int, ...]]] = None
+    #: The connection token of each slot's record when last looked at (away: None).
+    tokens: list[Optional[int]] = attrs.Factory(list)
     #: This sample's changes.
     new_edges: list[str] = attrs.Factory(list)
     edge_patches: dict[int, tuple[int, ...]] = attrs.Factory(dict)
@@ -132,10 +136,10 @@ class EdgeSampler:
         self.models = FrameGroup(EDGE_MODELS, settings.edge_tiers, store)
         self._segments = [_Segment(s, self.edges.segments[s], self.models.segments[s]) for s in range(SEGMENTS)]
         self._other_series = other_series
-        self._idle_ms = IDLE_FRAMES * round(settings.interval_seconds * 1000)
-        #: The records of the last sample, and the present ones by edge id.
-        self._records: list[EdgeRecord] = []
+        self._idle_ms = IDLE_FRAMES * settings.edge_tiers[0].step_ms
+        #: The present edges by id (with a slot or refused one), and how many have a slot.
         self._by_id: dict[str, EdgeRecord] = {}
+        self._present = 0
         #: Present edges without a slot (``max_series``).
         self._refused: dict[str, EdgeRecord] = {}
         self._slots = 0
@@ -144,6 +148,8 @@ class EdgeSampler:
         self._model_totals: dict[str, tuple[int, tuple[int, ...]]] = {}
         #: The KV-cache shares reported, added up, and how many providers reported one.
         self._kv = [0, 0]
+        #: Per engine figure of the edges (:data:`~.breakdown.EXTRA_FIELDS`): the present values added up, and how many.
+        self._extras = [[0, 0] for _ in range(len(FLEET_FIELDS) - _FIRST_EXTRA)]
         self._t_ms = 0
         self._todo: list[int] = []
         #: Points not recorded for ``max_series`` (an edge's or a model's, per sample).
@@ -152,24 +158,22 @@ class EdgeSampler:
 
     # -- a sample ---------------------------------------------------------------------
 
-    def begin(self, t_ms: int, records: list[EdgeRecord]) -> None:
-        """Start a sample of ``records`` (the connected edges with a snapshot) at ``t_ms``."""
+    def begin(self, t_ms: int, edges: Callable[[], Iterable[EdgeRecord]], connected: int) -> None:
+        """Start a sample at ``t_ms`` of the connected edges with a snapshot among
+        ``edges()`` (the registry's), ``connected`` of them connected."""
         self._t_ms = t_ms
-        if records != self._records:
-            self._membership(records)
-            self._records = records
+        if not self._same_members(connected):
+            self._membership([r for r in edges() if r.token is not None and r.snapshot is not None])
         elif self._refused:
             self._place_refused()
         self.refused += len(self._refused)
-        fresh: list[list[int]] = []
+        fresh = 0
         for segment in self._segments:
-            if not segment.records:
-                fresh.append([])
-                continue
-            snapshots = segment.snapshots = list(map(_get_snapshot, segment.records))
-            # A snapshot object not looked at yet (compared by identity: no bytes are read).
-            fresh.append(list(compress(range(len(snapshots)), map(is_not, snapshots, segment.seen))))
-        self._examine(fresh)
+            if segment.records:
+                segment.snapshots = list(map(_get_snapshot, segment.records))
+                # New snapshot objects (compared by identity: no bytes read; summed in C).
+                fresh += sum(map(is_not, segment.snapshots, segment.seen))
+        self.breakdowns.deferred += fresh - self._examine() if fresh else 0
         self._todo = [s.index for s in self._segments if s.records]
 
     def step(self, segments: int) -> bool:
@@ -192,9 +196,6 @@ class EdgeSampler:
             whole = [(column, flat[at::COUNTS_LEN]) for column, at in COUNT_COLUMNS]
             segment.counts = counts
         segment.edges.append(t_ms, segment.new_edges, whole, list(segment.edge_patches.items()))
-        if segment.edge_patches or segment.new_edges:
-            for column in EDGES.patch_columns:
-                segment.totals.pop(column, None)
         new_keys, patches = self._model_patches(segment)
         if new_keys or patches or len(segment.models):
             segment.models.append(t_ms, new_keys, [], patches)
@@ -211,6 +212,16 @@ class EdgeSampler:
                 self._slots -= before - len(segment.models)
 
     # -- who has a slot ---------------------------------------------------------------
+
+    def _same_members(self, connected: int) -> bool:
+        """Whether the edges sampled last time are all still connected on the
+        same connections and no other edge is (without building the list)."""
+        if connected != self._present + len(self._refused):
+            return False
+        for segment in self._segments:
+            if segment.records and list(map(_get_token, segment.records)) != segment.tokens:
+                return False
+        return True
 
     def _membership(self, records: list[EdgeRecord]) -> None:
         by_id = {record.edge_id: record for record in records}
@@ -240,6 +251,8 @@ class EdgeSampler:
                 self._refused[edge_id] = record
         self._by_id = by_id
         self._place_refused()
+        for segment in self._segments:
+            segment.tokens = list(map(_get_token, segment.records))
 
     def _place_refused(self) -> None:
         for edge_id in sorted(self._refused):
@@ -255,6 +268,7 @@ class EdgeSampler:
             segment.new_edges.append(edge_id)
             self._slots += 1
             self._join(segment, slot, record)
+            segment.tokens.append(record.token)
 
     def _room(self, key: str) -> bool:
         if self._slots + self._other_series() < self.settings.max_series:
@@ -270,6 +284,7 @@ class EdgeSampler:
         return False
 
     def _join(self, segment: _Segment, slot: int, record: EdgeRecord) -> None:
+        self._present += 1
         data, breakdown = self.breakdowns.kept(record.edge_id)
         segment.records[slot] = record
         segment.kept[slot] = data
@@ -279,6 +294,7 @@ class EdgeSampler:
         self._count(breakdown, 1)
 
     def _leave(self, segment: _Segment, slot: int, edge_id: str) -> None:
+        self._present -= 1
         breakdown = segment.breakdowns[slot]
         segment.records[slot] = _AWAY_EDGE
         segment.seen[slot] = _AWAY
@@ -294,6 +310,7 @@ class EdgeSampler:
         order = [place[key] for key in segment.edges.keys]
         self._slots -= len(old_keys) - len(order)
         segment.records = [segment.records[slot] for slot in order]
+        segment.tokens = [segment.tokens[slot] for slot in order]
         segment.seen = [segment.seen[slot] for slot in order]
         segment.kept = [segment.kept[slot] for slot in order]
         segment.breakdowns = [segment.breakdowns[slot] for slot in order]
@@ -302,31 +319,29 @@ class EdgeSampler:
 
     # -- breakdowns ---------------------------------------------------------------------
 
-    def _examine(self, fresh: list[list[int]]) -> None:
+    def _examine(self) -> int:
         """Look at the new snapshots in turn, from where the last sample stopped:
         those whose bytes changed are parsed (in their segment's step), up to
         ``parse_budget`` of them, and at most :data:`LOOKS_PER_PARSE` times as
         many are looked at (a round gives every edge a new snapshot, mostly
-        with the same bytes in a steady fleet); the others wait for their turn."""
+        with the same bytes in a steady fleet); the others wait for their
+        turn. How many were looked at."""
         budget = self.settings.parse_budget
         looks = budget * LOOKS_PER_PARSE
         start_segment, start_slot = self._cursor
         picked = looked = 0
-        total = sum(map(len, fresh))
         for turn in range(SEGMENTS + 1):
             index = (start_segment + turn) % SEGMENTS
-            slots = fresh[index]
-            if not slots:
-                continue
-            if turn == 0:
-                slots = [slot for slot in slots if slot >= start_slot]
-            elif turn == SEGMENTS:
-                slots = [slot for slot in slots if slot < start_slot]
-            if not slots:
-                continue
             segment = self._segments[index]
             snapshots, seen, kept = segment.snapshots, segment.seen, segment.kept
-            for slot in slots:
+            if not segment.records:
+                continue
+            first, end = 0, len(snapshots)
+            if turn == 0:
+                first = min(start_slot, end)
+            elif turn == SEGMENTS:
+                end = min(start_slot, end)
+            for slot in compress(range(first, end), map(is_not, snapshots[first:end], seen[first:end])):
                 snapshot = snapshots[slot]
                 looked += 1
                 data = snapshot.data
@@ -336,10 +351,8 @@ class EdgeSampler:
                 seen[slot] = snapshot
                 self._cursor = (index, slot + 1)
                 if picked >= budget or looked >= looks:
-                    break
-            if picked >= budget or looked >= looks:
-                break
-        self.breakdowns.deferred += total - looked
+                    return looked
+        return looked
 
     def _parse(self, segment: _Segment, slot: int) -> None:
         record = segment.records[slot]
@@ -374,6 +387,11 @@ class EdgeSampler:
         """Add (1) or take away (-1) an edge's breakdown from the fleet's totals."""
         kv = self._kv
         totals = self._model_totals
+        extras = self._extras
+        for at, value in enumerate(breakdown.extras):
+            if value >= 0:
+                extras[at][0] += sign * value
+                extras[at][1] += sign
         if sign > 0:
             kv[0] += breakdown.kv_sum
             kv[1] += breakdown.kv_reporting
@@ -422,14 +440,12 @@ class EdgeSampler:
         width = len(FLEET_FIELDS)
         totals = [0] * width
         present = [0] * width
-        sampled = False
         for segment in self._segments:
-            columns = segment.edges.columns
             if not segment.edges.present:
                 continue
-            sampled = True
+            columns = segment.edges.columns
             cache = segment.totals
-            for column in range(1, _KV_AT):
+            for column, _ in COUNT_COLUMNS:
                 values = columns[column]
                 kept = cache.get(column)
                 if kept is not None and kept[0] is values:
@@ -440,6 +456,9 @@ class EdgeSampler:
                     cache[column] = (values, total, count)
                 totals[column] += total
                 present[column] += count
+        for at, (total, count) in enumerate(self._extras, start=_FIRST_EXTRA):
+            totals[at], present[at] = total, count
+        sampled = self._present > 0
         for record in self._refused.values():
             snapshot = record.snapshot
             if snapshot is None:
@@ -449,7 +468,7 @@ class EdgeSampler:
             for column, at in COUNT_COLUMNS:
                 row[column] = snapshot.counts[at]
             row[_FIRST_EXTRA:] = self.breakdowns.kept(record.edge_id)[1].extras
-            for column in range(1, _KV_AT):
+            for column in range(1, width):
                 if row[column] >= 0:
                     totals[column] += row[column]
                     present[column] += 1
@@ -460,6 +479,24 @@ class EdgeSampler:
         row += [totals[c] if present[c] else MISSING for c in range(1, _KV_AT)]
         kv_sum, kv_reporting = self._kv
         row.append(kv_sum // kv_reporting if kv_reporting else MISSING)
+        return tuple(row)
+
+    def fleet_row_between(self, edges: Iterable[EdgeRecord], connected: int) -> tuple[int, ...]:
+        """The fleet's point between two samples of the edges: the counts of
+        the connected edges' snapshots added up now, the engines' figures as
+        at the last sample of the edges."""
+        counts = [r.snapshot.counts for r in edges if r.token is not None and r.snapshot is not None]
+        width = len(FLEET_FIELDS)
+        if not counts:
+            return (connected, *(0,) * (width - 4), MISSING, MISSING, MISSING)
+        flat = list(chain.from_iterable(counts))
+        row = [connected] + [0] * (width - 1)
+        for column, at in COUNT_COLUMNS:
+            row[column] = sum(flat[at::COUNTS_LEN])
+        for at, (total, count) in enumerate(self._extras, start=_FIRST_EXTRA):
+            row[at] = total if count else MISSING
+        kv_sum, kv_reporting = self._kv
+        row[_KV_AT] = kv_sum // kv_reporting if kv_reporting else MISSING
         return tuple(row)
 
     def model_rows(self) -> list[tuple[str, tuple[int, ...]]]:

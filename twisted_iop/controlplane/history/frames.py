@@ -43,6 +43,7 @@ restart). No I/O but the store's write methods, which return at once.
 from __future__ import annotations
 
 import zlib
+from array import array
 from collections.abc import Sequence
 from itertools import repeat
 from operator import add, mul, sub
@@ -59,7 +60,7 @@ from twisted_iop.controlplane.history.tiers import PER_FIELD
 from twisted_iop.controlplane.store.interface import HistoryChunk, HistoryStore
 
 #: Segments per group (part of the stored form: a key's segment is a hash of its edge id).
-SEGMENTS = 32
+SEGMENTS = 16
 #: A chunk closes after this many frames.
 MAX_FRAMES = 40
 #: zlib's level for the rolled-up tiers' chunks: their bytes are as small at 1 as
@@ -76,6 +77,41 @@ COMPACT_SHARE = 8
 
 Column = Sequence[int]
 Row = tuple[int, ...]
+
+#: A whole column is added up in 64-bit lanes (:func:`_pack`) while its values are below this
+#: (2^40 each, summed over at most 2^23 frames of a bucket, stays below 2^63).
+LANE_LIMIT = 1 << 40
+_LANE_BITS = 64
+_LANE_MASK = (1 << _LANE_BITS) - 1
+_lane_constants: dict[int, tuple[int, int]] = {}
+
+
+def _pack(values: Sequence[int]) -> int:
+    """Non-negative values below :data:`LANE_LIMIT` as the 64-bit lanes of one int (the first lowest)."""
+    return int.from_bytes(array("q", values).tobytes(), "little")
+
+
+def _unpack(packed: int, count: int) -> list[int]:
+    """The ``count`` lanes of a packed int."""
+    out = array("q")
+    out.frombytes(packed.to_bytes(8 * count, "little"))
+    return out.tolist()
+
+
+def _lane_max(a: int, b: int, count: int) -> int:
+    """The lane-wise max of two packed ints (lanes below 2^63): a few operations on whole ints."""
+    constants = _lane_constants.get(count)
+    if constants is None:
+        constants = _lane_constants[count] = (
+            int.from_bytes(bytes(7) + b"\x80", "little") * sum(1 << (_LANE_BITS * i) for i in range(count)),
+            (1 << (_LANE_BITS * count)) - 1,
+        )
+    tops, ones = constants
+    # A lane of (a | top) - b keeps its top bit where a >= b (no lane borrows from the next).
+    wins = (((a | tops) - b) & tops) >> (_LANE_BITS - 1)
+    wins = (wins << _LANE_BITS) - wins  # 1 -> all ones, lane by lane
+    return (a & wins) | (b & (ones ^ wins))
+
 
 _log = Logger()
 
@@ -160,6 +196,9 @@ class _SampledBucket:
         self.moved = False
         #: Whole columns nothing was added to yet (their sums are 0, their max and last missing).
         self.fresh = [True] * width
+        #: Whole columns added up in lanes (:func:`_pack`): their sums and maxima, packed
+        #: (until a value is missing or a slot is born: then in the lists above).
+        self.lanes: list[Optional[tuple[int, int]]] = [None] * width
         self._parts: Optional[list[tuple[list[int], list[int], list[int], list[int]]]] = None
 
     @property
@@ -170,6 +209,7 @@ class _SampledBucket:
         """``count`` new slots, born at this frame."""
         for column in self.whole:
             self._flush(column)
+            self._unlane(column)
         frames = self.frames
         self.born = self.born + [frames] * count
         self.since = self.since + [frames] * count
@@ -203,6 +243,17 @@ class _SampledBucket:
         self.pending[column] = None
         if not values:
             return
+        lanes = self.lanes[column]
+        if (lanes is not None or self.fresh[column]) and min(values) >= 0 and max(values) < LANE_LIMIT:
+            packed = _pack(values)
+            if lanes is None:
+                self.fresh[column] = False
+                self.lanes[column] = (packed * times, packed)
+            else:
+                self.lanes[column] = (lanes[0] + packed * times, _lane_max(lanes[1], packed, len(values)))
+            self.last[column] = values
+            return
+        self._unlane(column)
         if min(values) >= 0:
             added = values if times == 1 else list(map(mul, values, repeat(times)))
             self.last[column] = values
@@ -220,6 +271,15 @@ class _SampledBucket:
             ]
             self.last[column] = [v if v >= 0 else l for v, l in zip(values, self.last[column], strict=True)]
         self.max[column] = [v if v > m else m for v, m in zip(values, self.max[column], strict=True)]
+
+    def _unlane(self, column: int) -> None:
+        """A whole column's sums and maxima from its lanes into its lists."""
+        lanes = self.lanes[column]
+        if lanes is not None:
+            count = len(self.born)
+            self.sum[column] = _unpack(lanes[0], count)
+            self.max[column] = _unpack(lanes[1], count)
+            self.lanes[column] = None
 
     def patched(self, slot: int, old: Sequence[int]) -> None:
         """Slot ``slot``'s patch values (``old``, in patch column order) change at this frame: add their run so far."""
@@ -256,6 +316,7 @@ class _SampledBucket:
         born_here = any(self.born)
         for column in self.whole:
             self._flush(column)
+            self._unlane(column)
             missing = self.missing[column]
             if born_here or any(missing):
                 self.n[column] = [frames - b - m for b, m in zip(self.born, missing, strict=True)]
@@ -309,6 +370,10 @@ class _SampledBucket:
                 if value >= 0 and runs > 0:
                     total, n, most, last = total + value * runs, n + runs, max(most, value), value
             else:
+                lanes = self.lanes[column]
+                if lanes is not None:
+                    total = (lanes[0] >> (_LANE_BITS * slot)) & _LANE_MASK
+                    most = (lanes[1] >> (_LANE_BITS * slot)) & _LANE_MASK
                 missing = self.missing[column][slot]
                 pending = self.pending[column]
                 if pending is not None and slot < len(pending):

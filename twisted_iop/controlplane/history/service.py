@@ -8,15 +8,20 @@ Every ``history.interval_seconds`` the :class:`HistoryService` samples:
 * otherwise it starts a round through the gateway (one round at a time:
   it joins one in progress) and samples when the round ends.
 
-A sample reads each connected edge's kept snapshot: its counts (kept with
-it, free to read) and its breakdown (per model, the engines' figures:
-:mod:`.breakdown`, parsed only when the snapshot changed, within a
-budget). The :class:`~.edge_sampler.EdgeSampler` records every edge
+The edges are sampled at the first step of ``history.edge_tiers`` (by
+default every 30 s, every other sample): such a sample reads each
+connected edge's kept snapshot: its counts (kept with it, free to read)
+and its breakdown (per model, the engines' figures: :mod:`.breakdown`,
+parsed only when the snapshot changed, within a budget). The
+:class:`~.edge_sampler.EdgeSampler` records every edge
 (``edge:<id>``) and each model it serves (``edge:<id>/model:<name>``)
 column-wise, one segment of edges at a time, :data:`SEGMENTS_PER_TURN`
 segments per reactor turn (so 10,000 edges never hold the event loop in
-one turn); then the :class:`~.recorder.HistoryRecorder` takes the point
-of each model fleet-wide (``model:<name>``) and of the fleet (``fleet``).
+one turn); then, at every sample, the :class:`~.recorder.HistoryRecorder` takes the
+point of each model fleet-wide (``model:<name>``) and of the fleet
+(``fleet``; between the samples of the edges, its counts are added up
+from the connected edges' snapshots, its engines' figures and the
+models' are those of the last sample of the edges).
 Both roll the points up into the coarser tiers and write the chunks to
 the store; every :data:`EXPIRE_EVERY_SECONDS` the store forgets what is
 older than each tier keeps. At stop, the open chunks and partial
@@ -65,6 +70,8 @@ class _Sampling:
     """A sample being taken, segment by segment."""
 
     t_ms: int
+    #: Whether it samples the edges too (the first sample of an edge step).
+    edges: bool
 
 
 class HistoryService(Service):
@@ -93,6 +100,9 @@ class HistoryService(Service):
         self._gateway = gateway
         self._clock = clock
         self._interval_ms = round(settings.interval_seconds * 1000)
+        self._edge_step_ms = settings.edge_tiers[0].step_ms
+        #: The edge step of the last sample of the edges.
+        self._last_edge_bucket = -1
         self._loop: Optional[LoopingCall] = None
         self._sampling: Optional[_Sampling] = None
         self._waiting_for_round = False
@@ -103,6 +113,8 @@ class HistoryService(Service):
         self._last_sample_at = 0.0
         #: For /metrics and tests.
         self.samples = 0
+        #: Samples that sampled the edges too.
+        self.edge_samples = 0
         self.samples_skipped = 0
         #: Intervals this replica did not sample because another one does (cluster mode).
         self.intervals_elsewhere = 0
@@ -195,33 +207,43 @@ class HistoryService(Service):
     # -- one sample -------------------------------------------------------------------------
 
     def sample(self, now: float) -> None:
-        """Take a sample of every connected edge's kept snapshot at ``now`` (segment by segment)."""
+        """Take a sample at ``now``: of the fleet, and, at the first sample of
+        each edge step (``history.edge_tiers``' first), of every connected
+        edge's kept snapshot (segment by segment)."""
         self._last_sample_at = self._clock.seconds()
         self._open = True
         t_ms = round(now * 1000 / self._interval_ms) * self._interval_ms
-        records = [r for r in self._registry.edges() if r.token is not None and r.snapshot is not None]
-        self.edges.begin(t_ms, records)
-        sampling = self._sampling = _Sampling(t_ms)
+        edge_bucket = t_ms - t_ms % self._edge_step_ms
+        sampling = self._sampling = _Sampling(t_ms, edge_bucket > self._last_edge_bucket)
+        if sampling.edges:
+            self._last_edge_bucket = edge_bucket
+            self.edge_samples += 1
+            self.edges.begin(t_ms, self._registry.edges, self._registry.connected_count)
         self._step(sampling)
 
     def _step(self, sampling: _Sampling) -> None:
         if self._sampling is not sampling:
             return
-        if self.edges.step(SEGMENTS_PER_TURN):
+        if not sampling.edges or self.edges.step(SEGMENTS_PER_TURN):
             self._finish(sampling)
         else:
             self._clock.callLater(0, self._step, sampling)
 
     def _finish_now(self, sampling: _Sampling) -> None:
         """Take the rest of a sample in one go (at stop)."""
-        while not self.edges.step(SEGMENTS):
+        while sampling.edges and not self.edges.step(SEGMENTS):
             pass
         self._finish(sampling)
 
     def _finish(self, sampling: _Sampling) -> None:
         self._sampling = None
         t_ms = sampling.t_ms
-        self.recorder.append(FLEET, t_ms, self.edges.fleet_row(self._registry.connected_count))
+        connected = self._registry.connected_count
+        if sampling.edges:
+            fleet = self.edges.fleet_row(connected)
+        else:
+            fleet = self.edges.fleet_row_between(self._registry.edges(), connected)
+        self.recorder.append(FLEET, t_ms, fleet)
         for model, row in self.edges.model_rows():
             self.recorder.append(model_series(model), t_ms, row)
         self.samples += 1

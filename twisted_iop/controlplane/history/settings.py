@@ -39,11 +39,12 @@ DEFAULT_TIERS: tuple[Tier, ...] = (
     Tier(60.0, 48 * 3600.0),
     Tier(600.0, 30 * 86400.0),
 )
-#: Each edge and each model on it: 15 s for 1 h, 5 min for 48 h, 1 h for 30 days
-#: (a view of 1 h, 6 h, 24 h and 7 d gets 240, 72, 288 and 168 points).
+#: Each edge and each model on it: sampled every 30 s (every other interval)
+#: and kept 1 h, 5 min for 48 h, 1 h for 30 days (a view of 1 h, 6 h, 24 h
+#: and 7 d gets 120, 72, 288 and 168 points).
 DEFAULT_EDGE_TIERS: tuple[Tier, ...] = (
-    Tier(15.0, 3600.0),
-    Tier(300.0, 48 * 3600.0),
+    Tier(30.0, 3600.0),
+    Tier(600.0, 48 * 3600.0),
     Tier(3600.0, 30 * 86400.0),
 )
 
@@ -58,8 +59,10 @@ class HistorySettings:
     #: The fleet's and the models' (fleet-wide) tiers: finest first; each
     #: step a whole multiple of the one before, the first the interval.
     tiers: tuple[Tier, ...] = DEFAULT_TIERS
-    #: Each edge's and each model's on an edge (the same rules); by default
-    #: :data:`DEFAULT_EDGE_TIERS` at the default interval, else ``tiers``.
+    #: Each edge's and each model's on an edge (the same rules, but the first
+    #: step may be a whole multiple of the interval: the edges are sampled at
+    #: that step); by default :data:`DEFAULT_EDGE_TIERS` at the default
+    #: interval, else ``tiers``.
     edge_tiers: tuple[Tier, ...] = attrs.field(
         default=attrs.Factory(
             lambda self: DEFAULT_EDGE_TIERS if self.interval_seconds == 15.0 else self.tiers, takes_self=True
@@ -69,9 +72,10 @@ class HistorySettings:
     max_series: int = 50_000
     #: The bound on the bytes of history the store keeps (the oldest chunks go first).
     max_bytes: int = 256 * 1024 * 1024
-    #: The most changed snapshots parsed per sample for the per-model and
-    #: engine figures (``breakdown.py``); the others keep their last ones
-    #: (at 10,000 busy edges each edge's are then at most 40 samples old).
+    #: The most changed snapshots parsed per sample of the edges for the
+    #: per-model and engine figures (``breakdown.py``); the others keep their
+    #: last ones (at 10,000 busy edges each edge's are then at most 40
+    #: samples of the edges old: 20 minutes at the default edge tiers).
     parse_budget: int = 250
 
 
@@ -85,9 +89,11 @@ def parse_history(section: Section) -> HistorySettings:
     ``tiers`` (the fleet and each model) and ``edge_tiers`` (each edge and
     each model on an edge) are lists of ``{step_seconds, keep_hours}`` or
     ``{step_seconds, keep_days}``; the first tier's step is the interval
-    (it defaults to it), and each step is a whole multiple of the one
-    before. At the default interval each list has its default; at another,
-    ``tiers`` is required and ``edge_tiers`` defaults to ``tiers``.
+    (it defaults to it; for ``edge_tiers`` it may be a whole multiple of
+    it: edges are sampled every that many seconds), and each step is a
+    whole multiple of the one before. At the default interval each list
+    has its default; at another, ``tiers`` is required and ``edge_tiers``
+    defaults to ``tiers``.
     """
     section.reject_unknown(
         {"enabled", "interval_seconds", "tiers", "edge_tiers", "max_series", "max_bytes", "parse_budget"}
@@ -100,7 +106,7 @@ def parse_history(section: Section) -> HistorySettings:
         raise ConfigError(f"{section.field_path('interval_seconds')}: must be a whole number of milliseconds")
     tiers: tuple[Tier, ...]
     if section.has("tiers"):
-        tiers = _parse_tiers(section, "tiers", interval)
+        tiers = _parse_tiers(section, "tiers", interval, first_multiple=False)
     elif interval == default.interval_seconds:
         tiers = default.tiers
     else:
@@ -109,7 +115,7 @@ def parse_history(section: Section) -> HistorySettings:
             "(the first tier's step is the interval)"
         )
     if section.has("edge_tiers"):
-        edge_tiers = _parse_tiers(section, "edge_tiers", interval)
+        edge_tiers = _parse_tiers(section, "edge_tiers", interval, first_multiple=True)
     elif interval == default.interval_seconds:
         edge_tiers = default.edge_tiers
     else:
@@ -125,8 +131,9 @@ def parse_history(section: Section) -> HistorySettings:
     )
 
 
-def _parse_tiers(section: Section, name: str, interval: float) -> tuple[Tier, ...]:
-    """One list of tiers (``tiers`` or ``edge_tiers``), its errors naming the field."""
+def _parse_tiers(section: Section, name: str, interval: float, first_multiple: bool) -> tuple[Tier, ...]:
+    """One list of tiers (``tiers`` or ``edge_tiers``), its errors naming the field;
+    with ``first_multiple`` the first step may be a whole multiple of the interval."""
     raw = section.raw(name)
     if not isinstance(raw, list) or not raw:
         raise ConfigError(f"{section.field_path(name)}: must be a list of {{step_seconds, keep_hours or keep_days}}")
@@ -147,7 +154,13 @@ def _parse_tiers(section: Section, name: str, interval: float) -> tuple[Tier, ..
         if keep > MAX_KEEP_SECONDS:
             raise ConfigError(f"{entry.field_path('keep_days')}: at most {MAX_KEEP_SECONDS // 86400} days")
         step_ms = round(step * 1000)
-        if index == 0 and step_ms != round(interval * 1000):
+        interval_ms = round(interval * 1000)
+        if index == 0 and first_multiple and (step_ms < interval_ms or step_ms % interval_ms):
+            raise ConfigError(
+                f"{entry.field_path('step_seconds')}: the first tier's step is the interval "
+                f"(history.interval_seconds: {interval:g}) or a whole multiple of it, not {step:g}"
+            )
+        if index == 0 and not first_multiple and step_ms != interval_ms:
             raise ConfigError(
                 f"{entry.field_path('step_seconds')}: the first tier's step is the interval "
                 f"(history.interval_seconds: {interval:g}), not {step:g}"

@@ -235,7 +235,9 @@ class _SampledBucket:
                 pending[column] = values
                 self.times[column] = 1
 
-    def _flush(self, column: int) -> None:
+    def _flush(self, column: int, final: bool = False) -> None:
+        """Add the pending list (``final``: the last of the bucket, so a column
+        held all along is not packed into lanes only to be unpacked)."""
         values = self.pending[column]
         if values is None:
             return
@@ -244,7 +246,7 @@ class _SampledBucket:
         if not values:
             return
         lanes = self.lanes[column]
-        if (lanes is not None or self.fresh[column]) and min(values) >= 0 and max(values) < LANE_LIMIT:
+        if (lanes is not None or (self.fresh[column] and not final)) and min(values) >= 0 and max(values) < LANE_LIMIT:
             packed = _pack(values)
             if lanes is None:
                 self.fresh[column] = False
@@ -315,7 +317,7 @@ class _SampledBucket:
         full = [frames] * len(self.born)
         born_here = any(self.born)
         for column in self.whole:
-            self._flush(column)
+            self._flush(column, final=True)
             self._unlane(column)
             missing = self.missing[column]
             if born_here or any(missing):

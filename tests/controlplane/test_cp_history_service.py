@@ -274,3 +274,29 @@ def test_only_the_replica_holding_the_sampling_lease_samples_and_every_replica_s
     assert leader.history.samples == 8 and follower.history.samples == 1
     assert column(leader.view("edge:edge-a", step="4"), "in_flight")[-1][0] == 4
     assert column(follower.view("edge:edge-a", step="1"), "in_flight") == [4] * 9
+
+
+def test_edges_sampled_every_other_interval_and_the_fleet_at_every_one() -> None:
+    """With the first edge tier twice the interval, an edge gets a point every
+    2 s; the fleet gets one every second, its counts read fresh each time."""
+    settings = config_from_text(
+        "history:\n  interval_seconds: 1\n  tiers:\n  - {keep_hours: 1}\n  - {step_seconds: 4, keep_hours: 2}\n"
+        "  edge_tiers:\n  - {step_seconds: 2, keep_hours: 1}\n  - {step_seconds: 4, keep_hours: 2}\n"
+    ).history
+    fleet = Fleet(settings)
+    fleet.connect("edge-a", in_flight=1)
+    for value in (1, 2, 3, 4, 5, 6):
+        fleet.set_in_flight("edge-a", value)
+        fleet.seconds(1)
+    assert fleet.history.samples == 6 and fleet.history.edge_samples == 4
+    edge = fleet.view("edge:edge-a", step="2")
+    # A sample of the edges is the first of each 2 s step: START+1 (of [0, 2): START is one), +2, +4, +6.
+    assert [t for t, _, _ in edge.points] == [int((START + s) * 1000) for s in (1, 2, 4, 6)]
+    assert column(edge, "in_flight") == [2, 4, 8, 12]
+    whole = fleet.view("fleet", step="1")
+    assert column(whole, "in_flight") == [2, 4, 6, 8, 10, 12]
+    assert column(whole, "capacity") == [8] * 6
+    # The edge's 4 s points are of its own samples: [0, 4) holds START+1 and +2, [4, 8) +4 and +6.
+    rolled = fleet.view("edge:edge-a", step="4")
+    assert [count for _, count, _ in rolled.points] == [2, 2]
+    assert column(rolled, "in_flight") == [(3.0, 4, 4), (10.0, 12, 12)]

@@ -66,9 +66,11 @@ SPARSE = 1
 #: A whole column is stored sparse when at most this share of its slots changed.
 SPARSE_SHARE = 4
 #: zlib's level, and a small window and memory level: each open chunk
-#: keeps a compressor (about 40 KiB with these, 256 KiB with zlib's
-#: defaults), and the frames' redundancy is local (measured: within 2 %
-#: of the default window on a busy day of bench/history.py).
+#: keeps a compressor (about 48 KiB with these, 256 KiB with zlib's
+#: defaults: 96 open chunks at the default tiers), and the frames'
+#: redundancy is local (measured on a busy simulated day of
+#: bench/history.py: the finest tier 4 % larger than with the default
+#: window, the rolled-up tiers the same).
 ZLIB_LEVEL = 6
 ZLIB_WBITS = 12
 ZLIB_MEMLEVEL = 6
@@ -99,12 +101,21 @@ def header(kind: int, columns: int, patch_columns: Sequence[int]) -> bytes:
 
 
 def stored_rolled(columns: list[Sequence[int]]) -> list[Sequence[int]]:
-    """Rolled-up columns as a chunk stores them: each n as count less n."""
+    """Rolled-up columns as a chunk stores them: each n as count less n
+    (the columns where nothing was missing share one list of zeros)."""
     count = columns[0]
     out = list(columns)
+    zeros: list[int] = [0] * len(count)
     for at in range(PER_FIELD, len(columns), PER_FIELD):
-        out[at] = list(map(sub, count, columns[at]))
+        out[at] = stored_n(count, columns[at], zeros)
     return out
+
+
+def stored_n(count: Sequence[int], n: Sequence[int], zeros: list[int]) -> Sequence[int]:
+    """A field's n as a chunk stores it: count less n (``zeros`` when nothing was missing)."""
+    if n is count or n == count:
+        return zeros
+    return list(map(sub, count, n))
 
 
 class ColumnChunkWriter:

@@ -1,9 +1,10 @@
 """The sampled fields of capacity history, declared once.
 
-Every figure the history keeps is an integer: counts as they are, and the
-two fractional figures in fixed point (:attr:`Field.scale`):
-``tokens_per_second`` in hundredths of a token per second and
-``kv_cache_usage`` in thousandths (0..1000 for 0..100 %). A value nobody
+Every figure the history keeps is an integer: counts as they are,
+``tokens_per_second`` in whole tokens per second (hundredths cost a fifth
+of a busy day's bytes, for a precision no chart shows), and
+``kv_cache_usage`` in fixed point (:attr:`Field.scale`), thousandths
+(0..1000 for 0..100 %). A value nobody
 reported (no engine said its load, no provider reports its KV cache) is
 :data:`MISSING` (-1), which every real value is above, so it is never
 mistaken for 0; the JSON views show it as ``null``.
@@ -17,10 +18,12 @@ Two shapes of series:
   of them (what is available to a model, not a share of it), so the
   models of an edge may add up to more than the edge.
 
-The chunk encoding (:mod:`.chunks`), the roll-ups (:mod:`.tiers`), the
-sampler (:mod:`.breakdown`, :mod:`.recorder`) and the views
-(:mod:`.queries`, the OpenAPI document) all take the names and order
-from here.
+The per-edge series are kept by group (:func:`group_key`: ``edges`` and
+``edge-models``, column-wise in :mod:`.frames`), the fleet's each on its
+own. The chunk encodings (:mod:`.chunks`, :mod:`.columns`), the roll-ups
+(:mod:`.tiers`), the sampler (:mod:`.breakdown`, :mod:`.edge_sampler`,
+:mod:`.recorder`) and the views (:mod:`.queries`, the OpenAPI document)
+all take the names and order from here.
 """
 
 from __future__ import annotations

@@ -841,17 +841,9 @@ class FrameGroup:
         self.stats = FrameStats()
         self.segments = [SegmentRecorder(shape, s, self.tiers, store, self.stats) for s in range(SEGMENTS)]
 
-    def __len__(self) -> int:
-        return sum(len(segment) for segment in self.segments)
-
     def of(self, edge_id: str) -> SegmentRecorder:
         """The segment of an edge's keys."""
         return self.segments[segment_of(edge_id)]
-
-    @property
-    def present(self) -> int:
-        """Keys present now."""
-        return sum(segment.present for segment in self.segments)
 
     def flush(self) -> None:
         """Write every point in progress and close every chunk (at stop)."""

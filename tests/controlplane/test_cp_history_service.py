@@ -16,11 +16,12 @@ from twisted_iop.controlplane.config import config_from_text
 from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.gateway import EdgeGateway
 from twisted_iop.controlplane.history.fields import FLEET_FIELDS, MODEL_FIELDS
+from twisted_iop.controlplane.history.frames import store_key
 from twisted_iop.controlplane.history.queries import choose_tier, parse_range
 from twisted_iop.controlplane.history.service import HistoryService
 from twisted_iop.controlplane.history.settings import HistorySettings
 from twisted_iop.controlplane.registry import EdgeRegistry
-from twisted_iop.controlplane.store.memory import MemoryStore
+from twisted_iop.controlplane.store.memory import MemoryHistory, MemoryStore
 from twisted_iop.testing.peers import AnsweringEdgePeer, set_engine, snapshot
 from twisted_iop.wire import control_pb2 as pb
 
@@ -76,10 +77,11 @@ class Fleet:
         queries = self.history.queries
         now = self.clock.seconds()
         start, end = parse_range(span, None, now)
+        tier_list = queries.tiers_for(series)
         index = (
-            choose_tier(queries.tiers, start, end, now)
+            choose_tier(tier_list, start, end, now)
             if step is None
-            else [t.step_seconds for t in queries.tiers].index(float(step))
+            else [t.step_seconds for t in tier_list].index(float(step))
         )
         fields = MODEL_FIELDS if "model:" in series else FLEET_FIELDS
         result: list[Any] = []
@@ -170,8 +172,8 @@ def test_max_series_bounds_what_is_sampled_and_counts_the_rest() -> None:
     fleet.connect("edge-a")
     fleet.connect("edge-b")
     fleet.seconds(2)
-    assert len(fleet.history.recorder) == 4
-    assert fleet.history.recorder.series_refused > 0
+    assert fleet.history.series_kept == 4
+    assert fleet.history.series_refused > 0
 
 
 def test_a_disconnected_edge_leaves_a_gap_and_its_series_is_closed() -> None:
@@ -184,7 +186,8 @@ def test_a_disconnected_edge_leaves_a_gap_and_its_series_is_closed() -> None:
     assert token is not None
     fleet.registry.disconnect("edge-a", token, "test")
     fleet.seconds(8)
-    assert "edge:edge-a" not in fleet.history.recorder and "edge:edge-b" in fleet.history.recorder
+    assert not fleet.history.keeps("edge:edge-a") and fleet.history.keeps("edge:edge-b")
+    assert not fleet.history.keeps("edge:edge-a/model:llama-3-8b")
     assert len(fleet.view("edge:edge-a", step="1").points) == 2
     assert column(fleet.view("fleet", step="1"), "edges_connected")[-1] == 1
     assert peer.disconnects == []
@@ -217,10 +220,83 @@ def test_expiry_asks_the_store_to_forget_each_tier_past_its_keep() -> None:
     assert token is not None
     fleet.registry.disconnect("edge-a", token, "test")
     fleet.seconds(8)
-    keys = [tier.key for tier in fleet.history.settings.tiers]
-    assert all(fleet.store.history.read(["edge:edge-a"], key, 0, START + 1000) for key in keys)
+    segment = fleet.history.edges.edges.of("edge-a")
+    keys = [store_key(tier) for tier in fleet.history.settings.edge_tiers]
+    assert all(fleet.store.history.read([segment.series], key, 0, START + 1000) for key in keys)
+    steps = [str(tier.step_seconds) for tier in fleet.history.settings.edge_tiers]
+    assert all(fleet.view("edge:edge-a", step=step, span="-6h").points for step in steps)
     fleet.clock.advance(5 * 3600)  # past every tier's keep
     fleet.seconds(1)
-    assert not any(fleet.store.history.read(["edge:edge-a"], key, 0, START + 1000) for key in keys)
+    assert not any(fleet.view("edge:edge-a", step=step, span="-6h").points for step in steps)
+    assert not any(
+        fleet.store.history.read(["fleet"], tier.key, 0, START + 1000) for tier in fleet.history.settings.tiers
+    )
     # edge-b's new point is in its open chunk (written to the store every few points).
     assert fleet.view("edge:edge-b", step="1").points
+
+
+class LeaseStore(MemoryStore):
+    """A memory store that says whether this replica holds the sampling lease (as the redis store does)."""
+
+    def __init__(self, history: MemoryHistory, leads: bool) -> None:
+        super().__init__()
+        self.history = history
+        self.leads = leads
+
+    def history_leader(self) -> bool:
+        """Whether this replica samples."""
+        return self.leads
+
+
+def test_only_the_replica_holding_the_sampling_lease_samples_and_every_replica_serves_views() -> None:
+    """A replica without the lease takes no sample and starts no round; it reads the leader's points from the store."""
+    shared = MemoryHistory()
+    leader = Fleet(store=LeaseStore(shared, leads=True))
+    follower_store = LeaseStore(shared, leads=False)
+    follower = Fleet(store=follower_store)
+    for fleet in (leader, follower):
+        fleet.connect("edge-a", in_flight=2)
+    for _ in range(8):
+        leader.seconds(1)
+        follower.seconds(1)
+    assert leader.history.samples == 8
+    assert follower.history.samples == 0 and follower.history.rounds_started == 0
+    assert follower.history.intervals_elsewhere == 8
+    assert follower.history.series_kept == 0
+    # Written every few frames by the leader, read from the store by the follower.
+    assert column(follower.view("edge:edge-a", step="1"), "in_flight") == [4] * 8
+    assert column(follower.view("fleet", step="1"), "in_flight") == [4] * 8
+    # The lease moves: the old leader writes what it had open and stops; the other one samples.
+    assert isinstance(leader.store, LeaseStore)
+    leader.store.leads, follower_store.leads = False, True
+    leader.seconds(1)
+    follower.seconds(1)
+    assert leader.history.samples == 8 and follower.history.samples == 1
+    assert column(leader.view("edge:edge-a", step="4"), "in_flight")[-1][0] == 4
+    assert column(follower.view("edge:edge-a", step="1"), "in_flight") == [4] * 9
+
+
+def test_edges_sampled_every_other_interval_and_the_fleet_at_every_one() -> None:
+    """With the first edge tier twice the interval, an edge gets a point every
+    2 s; the fleet gets one every second, its counts read fresh each time."""
+    settings = config_from_text(
+        "history:\n  interval_seconds: 1\n  tiers:\n  - {keep_hours: 1}\n  - {step_seconds: 4, keep_hours: 2}\n"
+        "  edge_tiers:\n  - {step_seconds: 2, keep_hours: 1}\n  - {step_seconds: 4, keep_hours: 2}\n"
+    ).history
+    fleet = Fleet(settings)
+    fleet.connect("edge-a", in_flight=1)
+    for value in (1, 2, 3, 4, 5, 6):
+        fleet.set_in_flight("edge-a", value)
+        fleet.seconds(1)
+    assert fleet.history.samples == 6 and fleet.history.edge_samples == 4
+    edge = fleet.view("edge:edge-a", step="2")
+    # A sample of the edges is the first of each 2 s step: START+1 (of [0, 2): START is one), +2, +4, +6.
+    assert [t for t, _, _ in edge.points] == [int((START + s) * 1000) for s in (1, 2, 4, 6)]
+    assert column(edge, "in_flight") == [2, 4, 8, 12]
+    whole = fleet.view("fleet", step="1")
+    assert column(whole, "in_flight") == [2, 4, 6, 8, 10, 12]
+    assert column(whole, "capacity") == [8] * 6
+    # The edge's 4 s points are of its own samples: [0, 4) holds START+1 and +2, [4, 8) +4 and +6.
+    rolled = fleet.view("edge:edge-a", step="4")
+    assert [count for _, count, _ in rolled.points] == [2, 2]
+    assert column(rolled, "in_flight") == [(3.0, 4, 4), (10.0, 12, 12)]

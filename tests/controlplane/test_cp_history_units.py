@@ -123,13 +123,14 @@ def test_series_names_choose_their_fields_and_values_show_in_their_units() -> No
     assert fields_of("model:llama") == MODEL_FIELDS and fields_of("edge:a/model:llama") == MODEL_FIELDS
     tokens = next(f for f in FLEET_FIELDS if f.name == "tokens_per_second")
     kv = next(f for f in FLEET_FIELDS if f.name == "kv_cache_usage")
-    assert shown(12345, tokens) == 123.45 and shown(420, kv) == 0.42
+    assert shown(12345, tokens) == 12345 and shown(420, kv) == 0.42
     assert shown(MISSING, kv) is None and shown(0, kv) == 0
     assert shown(7, FLEET_FIELDS[0]) == 7
 
 
 def test_history_settings_defaults_and_a_short_interval() -> None:
-    """The defaults are 15 s / 6 h, 1 min / 48 h, 10 min / 30 d; tests may sample every half second."""
+    """The fleet's tiers are 15 s / 6 h, 1 min / 48 h, 10 min / 30 d, the edges' 30 s / 1 h, 10 min / 48 h,
+    1 h / 30 d; tests may sample every half second, and the edges at a whole multiple of the interval."""
     default = config_from_text("").history
     assert default.enabled and default.interval_seconds == 15.0
     assert [(t.step_seconds, t.keep_seconds) for t in default.tiers] == [
@@ -138,10 +139,21 @@ def test_history_settings_defaults_and_a_short_interval() -> None:
         (600.0, 30 * 86400.0),
     ]
     assert [t.key for t in default.tiers] == [15, 60, 600]
+    assert [(t.step_seconds, t.keep_seconds) for t in default.edge_tiers] == [
+        (30.0, 3600.0),
+        (600.0, 48 * 3600.0),
+        (3600.0, 30 * 86400.0),
+    ]
     short = config_from_text(
         "history:\n  interval_seconds: 0.5\n  tiers:\n  - {keep_hours: 1}\n  - {step_seconds: 2, keep_days: 1}\n"
     ).history
     assert [(t.step_ms, t.key) for t in short.tiers] == [(500, 500), (2000, 2)]
+    assert short.edge_tiers == short.tiers  # another interval: the edges keep the fleet's tiers
+    edges_every_second = config_from_text(
+        "history:\n  interval_seconds: 0.5\n  tiers:\n  - {keep_hours: 1}\n"
+        "  edge_tiers:\n  - {step_seconds: 1, keep_hours: 1}\n  - {step_seconds: 10, keep_days: 2}\n"
+    ).history
+    assert [t.step_ms for t in edges_every_second.edge_tiers] == [1000, 10_000]
 
 
 @pytest.mark.parametrize(
@@ -159,6 +171,15 @@ def test_history_settings_defaults_and_a_short_interval() -> None:
         ),
         ("history:\n  tiers: [{keep_hours: 0.001}]\n", "history.tiers[0].keep_hours: must keep at least two steps"),
         ("history:\n  max_series: 0\n", "history.max_series: must be between 1"),
+        (
+            "history:\n  edge_tiers: [{step_seconds: 20, keep_hours: 1}]\n",
+            "history.edge_tiers[0].step_seconds: the first tier's step is the interval .* or a whole multiple",
+        ),
+        (
+            "history:\n  edge_tiers: [{step_seconds: 30, keep_hours: 1}, {step_seconds: 45, keep_hours: 2}]\n",
+            "history.edge_tiers[1].step_seconds: must be a whole multiple",
+        ),
+        ("history:\n  edge_tiers: {step_seconds: 30}\n", "history.edge_tiers: must be a list"),
         ("history:\n  enabled: maybe\n", "history.enabled: must be true or false"),
     ],
 )

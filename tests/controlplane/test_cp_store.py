@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 import pytest_twisted
 import treq
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.internet import reactor
 from twisted.internet.defer import ensureDeferred, maybeDeferred
 
@@ -29,7 +31,7 @@ from twisted_iop.controlplane.operations import OperationRecord
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.controlplane.store import sqlite_schema
 from twisted_iop.controlplane.store.interface import HistoryChunk, StoreError
-from twisted_iop.controlplane.store.memory import MemoryStore
+from twisted_iop.controlplane.store.memory import MemoryHistory, MemoryStore, chunk_bytes
 from twisted_iop.controlplane.store.settings import Retention, StoreSettings
 from twisted_iop.controlplane.store.sqlite import SqliteStore
 from twisted_iop.controlplane.store.sqlite_writer import Batch, SqliteWriter
@@ -74,6 +76,55 @@ async def test_the_history_contract(store: Any, check: Any) -> None:
             await eventually(lambda: store.health().pending == 0, message="flushed")
 
     await check(store, store, settle)
+
+
+#: One operation on the memory history: a write (series, step, start, end, bytes),
+#: an expiry (step, before) or a new byte bound.
+history_operation = st.one_of(
+    st.tuples(
+        st.just("write"),
+        st.sampled_from(["fleet", "edges/00", "edges/01"]),
+        st.sampled_from([15, -30, 60]),
+        st.integers(0, 20),
+        st.integers(0, 40),
+        st.integers(0, 3000),
+    ),
+    st.tuples(st.just("expire"), st.sampled_from([15, -30, 60]), st.integers(0, 50)),
+)
+
+
+@given(st.lists(history_operation, max_size=60), st.integers(3000, 20_000))
+@settings(max_examples=200, deadline=None)
+def test_memory_history_keeps_what_a_plain_model_keeps(operations: list[Any], max_bytes: int) -> None:
+    """Writes that replace by key, expiry by end and the byte bound (the chunk
+    that ended first goes first) leave the chunks a plain dict and sort leave."""
+    history = MemoryHistory(max_bytes)
+    model: dict[tuple[str, int, float], HistoryChunk] = {}
+    writes = 0
+    for operation in operations:
+        if operation[0] == "write":
+            _, series, step, start, length, size = operation
+            writes += 1
+            # A distinct end per write: the bound's order has no ties to break.
+            end = float(start + length) + writes / 1000
+            chunk = HistoryChunk(series, step, float(start), end, b"x" * size)
+            history.write(chunk)
+            model[(series, step, float(start))] = chunk
+            while sum(chunk_bytes(c) for c in model.values()) > max_bytes:
+                oldest = min(model, key=lambda key: (model[key].end, key))
+                del model[oldest]
+        else:
+            _, step, before = operation
+            history.expire(step, before)
+            model = {key: c for key, c in model.items() if not (key[1] == step and c.end < before)}
+    kept = {
+        (c.series, c.step, c.start): c
+        for step in (15, -30, 60)
+        for c in history.read(["fleet", "edges/00", "edges/01"], step, -1, 1e9)
+    }
+    assert kept == model
+    assert history.bytes == sum(chunk_bytes(c) for c in model.values())
+    assert len(history) == len(model)
 
 
 # -- the SQLite file -------------------------------------------------------------------

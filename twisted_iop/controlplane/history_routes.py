@@ -78,7 +78,8 @@ def _model(request: IRequest) -> str:
 
 
 def view_json(view: HistoryView, interval_seconds: float, **scope: Any) -> dict[str, Any]:
-    """The JSON of a view (docs/http-api.md#capacity-history)."""
+    """The JSON of a view (docs/http-api.md#capacity-history); ``interval_seconds``
+    is how often its series is sampled (an edge's: the first edge tier's step)."""
     field_names = [field.name for field in view.fields]
     if view.rolled:
         columns = ["t", "count"] + [f"{name}.{part}" for name in field_names for part in ("mean", "max", "last")]
@@ -108,13 +109,14 @@ def view_json(view: HistoryView, interval_seconds: float, **scope: Any) -> dict[
 def add_history_routes(app: Klein) -> None:
     """Add the history routes to ``app`` (ControlPlaneHttp's)."""
 
-    def window(http: HistoryHost, request: IRequest) -> tuple[float, float, int]:
-        queries = http._history.queries
+    def window(http: HistoryHost, request: IRequest, series: str) -> tuple[float, float, int]:
+        """The range and the tier (of ``series``' tiers: the fleet's, or the edge tiers)."""
+        tier_list = http._history.queries.tiers_for(series)
         now = http._now
         start, end = parse_range(_arg(request, "from"), _arg(request, "to"), now)
-        tier_index = parse_step(_arg(request, "step"), queries.tiers)
+        tier_index = parse_step(_arg(request, "step"), tier_list)
         if tier_index is None:
-            tier_index = choose_tier(queries.tiers, start, end, now)
+            tier_index = choose_tier(tier_list, start, end, now)
         return start, end, tier_index
 
     @app.route("/fleet/history", methods=["GET"])
@@ -126,19 +128,22 @@ def add_history_routes(app: Klein) -> None:
         selector_text = _arg(request, "selector")
         selector = parse_selector(selector_text)
         chosen = parse_fields(_arg(request, "series"), MODEL_FIELDS if model else FLEET_FIELDS)
-        start, end, tier_index = window(http, request)
         models = queries.models()
+        label = model_series(model) if model else FLEET
         if selector.empty:
-            series = model_series(model) if model else FLEET
-            view = await queries.view(series, chosen, tier_index, start, end, models)
+            start, end, tier_index = window(http, request, label)
+            view = await queries.view(label, chosen, tier_index, start, end, models)
+            interval = queries.tiers[0].step_seconds
         else:
+            # A selector's edges are added up from their own series, in the edge tiers.
+            start, end, tier_index = window(http, request, edge_series("-"))
             matched = EdgeFilter(selector).records(http._registry.edges())
             members = [model_series(model, r.edge_id) if model else edge_series(r.edge_id) for r in matched]
-            label = model_series(model) if model else FLEET
             view = await queries.aggregate_view(label, members, chosen, tier_index, start, end, models)
+            interval = queries.edge_tiers[0].step_seconds
         body = view_json(
             view,
-            http._history.settings.interval_seconds,
+            interval,
             edge_id=None,
             model=model or None,
             selector=str(selector) if not selector.empty else None,
@@ -152,10 +157,10 @@ def add_history_routes(app: Klein) -> None:
         queries = http._history.queries
         model = _model(request)
         chosen = parse_fields(_arg(request, "series"), MODEL_FIELDS if model else FLEET_FIELDS)
-        start, end, tier_index = window(http, request)
         series = model_series(model, edge_id) if model else edge_series(edge_id)
+        start, end, tier_index = window(http, request, series)
         view = await queries.view(series, chosen, tier_index, start, end, queries.models(edge_id))
         body = view_json(
-            view, http._history.settings.interval_seconds, edge_id=edge_id, model=model or None, selector=None
+            view, queries.tiers_for(series)[0].step_seconds, edge_id=edge_id, model=model or None, selector=None
         )
         return json_body(request, 200, body)

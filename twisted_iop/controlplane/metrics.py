@@ -227,19 +227,27 @@ def rollout_metrics(rollouts: RolloutService) -> Iterator[Metric]:
 
 def history_metrics(history: HistoryService) -> Iterator[Metric]:
     """Capacity history: series kept, samples taken and skipped, points written."""
-    recorder = history.recorder
-    yield gauge("iop_history_series", "History series being sampled (open in memory)", len(recorder))
+    yield gauge(
+        "iop_history_series",
+        "History series being sampled (the fleet's, and every edge's and model on an edge's, in memory)",
+        history.series_kept,
+    )
     yield counter("iop_history_samples", "History samples taken", history.samples)
     yield labelled(
         CounterMetricFamily,
         "iop_history_samples_skipped",
         "History samples not taken, by why (busy: the previous one was still running or its round failed; "
-        "max_series: a new series beyond history.max_series, one per point refused)",
+        "max_series: a new series beyond history.max_series, one per point refused; elsewhere: another "
+        "replica samples, cluster mode)",
         ["reason"],
-        [(["busy"], history.samples_skipped), (["max_series"], recorder.series_refused)],
+        [
+            (["busy"], history.samples_skipped),
+            (["max_series"], history.series_refused),
+            (["elsewhere"], history.intervals_elsewhere),
+        ],
     )
-    yield counter("iop_history_points_written", "History points appended, every tier", recorder.points_written)
-    yield counter("iop_history_chunk_writes", "History chunks handed to the store", recorder.chunk_writes)
+    yield counter("iop_history_points_written", "History points appended, every tier", history.points_written)
+    yield counter("iop_history_chunk_writes", "History chunks handed to the store", history.chunk_writes)
     yield counter(
         "iop_history_snapshots_parsed",
         "Status snapshots parsed for the per-model and engine figures of history",

@@ -2,14 +2,21 @@
 
 One module per role (docs/architecture.md):
 
-* :mod:`.settings`: ``history`` in control-plane.yaml (interval, tiers, bounds);
+* :mod:`.settings`: ``history`` in control-plane.yaml (interval, the fleet's
+  tiers and the edges', bounds);
 * :mod:`.fields`: the one declaration of the sampled fields and their order;
 * :mod:`.tiers`: rolling finer points up into coarser ones (sum, max, last, count);
-* :mod:`.chunks`: a chunk of points as bytes (zigzag-varint deltas, zlib);
+* :mod:`.chunks`: a chunk of one series' points as bytes (zigzag-varint deltas, zlib);
+* :mod:`.columns`: a chunk of many series (a segment of edges) as frames of
+  changed columns and patches, and reading one key out of it;
 * :mod:`.breakdown`: what a status snapshot adds up to beyond its counts
   (per model, the engines' figures), parsed once per distinct snapshot;
-* :mod:`.recorder`: the open chunks and roll-ups of every series, and
-  their writes to the store;
+* :mod:`.frames`: every edge's and model-on-an-edge's series, column-wise,
+  by segment (the speed trick);
+* :mod:`.edge_sampler`: a sample of the edges as one frame per segment,
+  and the fleet's and models' totals;
+* :mod:`.recorder`: the open chunks and roll-ups of the fleet's own series
+  (the fleet, each model fleet-wide), and their writes to the store;
 * :mod:`.service`: the :class:`~.service.HistoryService` that samples on
   its interval (from the fleet rounds) and expires old chunks;
 * :mod:`.queries`: reading a view back (tier, range, fields, selector).

@@ -6,18 +6,18 @@ and waiting requests, the KV cache) need the snapshot parsed and its
 providers visited. :func:`breakdown_of` does that once;
 :class:`BreakdownCache` keeps the result per edge with the bytes it was
 made from, so an edge whose snapshot did not change since is not parsed
-again, and parses at most ``budget`` changed snapshots per sample: a busy
-fleet changes every snapshot every round, and parsing 10,000 of them
-costs more than the round (about 30 us each on the 2-core development
-machine); an edge over the budget keeps its previous breakdown until its
-turn comes (the edges are taken in a rotating order, so each comes within
-``edges / budget`` samples).
+again. The sampler (:mod:`.edge_sampler`) parses at most ``parse_budget``
+changed snapshots per sample: a busy fleet changes every snapshot every
+round, and parsing 10,000 of them costs more than the round (about 35 us
+each on the 2-core development machine, parse and visit); an edge over
+the budget keeps its previous breakdown until its turn comes (the edges
+are taken in a rotating order, so each comes within ``edges / budget``
+samples).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from operator import itemgetter
+from operator import attrgetter
 from typing import Optional
 
 import attrs
@@ -28,14 +28,17 @@ from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.status_totals import GENERAL_AT, HEALTH_AT, TOTALS_FIELDS
 
 #: Fixed-point scales (fields.py declares them; these are the same numbers).
-TOKENS_SCALE = 100
+TOKENS_SCALE = 1
 KV_SCALE = 1000
 
 _FIELD_NAMES = names(FLEET_FIELDS)
 #: The fields of an edge's row read from its counts, and where they are in the counts.
 _FROM_COUNTS = ("nodes_connected", "nodes_configured", "providers", *TOTALS_FIELDS[HEALTH_AT["healthy"] :])
 assert _FIELD_NAMES[1 : 1 + len(_FROM_COUNTS)] == _FROM_COUNTS, "fields.py and status_totals.py disagree"
-_pick_counts = itemgetter(*(TOTALS_FIELDS.index(name) for name in _FROM_COUNTS))
+#: Each of those as (its column in an edge's row, its place in the counts).
+COUNT_COLUMNS: tuple[tuple[int, int], ...] = tuple(
+    (1 + i, TOTALS_FIELDS.index(name)) for i, name in enumerate(_FROM_COUNTS)
+)
 #: The fields after those: what only a parse tells.
 EXTRA_FIELDS = _FIELD_NAMES[1 + len(_FROM_COUNTS) :]
 assert EXTRA_FIELDS == ("tokens_per_second", "engines_reporting", "engine_running", "engine_waiting", "kv_cache_usage")
@@ -62,57 +65,55 @@ class Breakdown:
 EMPTY = Breakdown(NO_EXTRAS, 0, 0, ())
 
 
-def edge_row(counts: Sequence[int], extras: tuple[int, ...]) -> tuple[int, ...]:
-    """An edge's row of :data:`~.fields.FLEET_FIELDS` from its snapshot's counts and its extras."""
-    return (1, *_pick_counts(counts), *extras)
+_PROVIDER_COUNTS = attrgetter(
+    "capacity", "in_flight", "queued", "long_context_capacity", "long_context_in_flight", "long_context_queued"
+)
+_ENGINE = attrgetter("known", "running", "waiting", "kv_cache_usage")
+_get_tokens = attrgetter("tokens_per_second")
+_get_engine = attrgetter("engine")
+_get_models = attrgetter("models")
 
 
 def breakdown_of(response: pb.EdgeStatusResponse) -> Breakdown:
-    """Visit the providers of a parsed snapshot once."""
-    tokens = 0.0
-    reporting = running = waiting = kv_reporting = 0
-    kv_sum = 0
-    models: dict[str, list[int]] = {}
-    for node in response.nodes:
-        for p in node.providers:
-            provider_tokens = p.tokens_per_second
-            if provider_tokens == provider_tokens and provider_tokens > 0:  # NaN and negatives count as 0
-                tokens += provider_tokens
+    """Visit the providers of a parsed snapshot once (each field read in C by ``attrgetter``)."""
+    providers = [p for node in response.nodes for p in node.providers]
+    # NaN and negatives count as 0.
+    valid = [t if t == t and t > 0 else 0.0 for t in map(_get_tokens, providers)]
+    reporting = running = waiting = kv_reporting = kv_sum = 0
+    for known, provider_running, provider_waiting, kv in map(_ENGINE, map(_get_engine, providers)):
+        if known:
+            reporting += 1
+            running += provider_running
+            waiting += provider_waiting
+            if 0.0 <= kv <= 1.0:
+                kv_sum += round(kv * KV_SCALE)
+                kv_reporting += 1
+    serving: dict[str, list[int]] = {}
+    for index, provider_models in enumerate(map(_get_models, providers)):
+        for model in provider_models:
+            indexes = serving.setdefault(model, [])
+            if not indexes or indexes[-1] != index:  # a model named twice by one provider counts once
+                indexes.append(index)
+    models: list[tuple[str, tuple[int, ...]]] = []
+    if serving:
+        counts = list(map(_PROVIDER_COUNTS, providers))
+        for model in sorted(serving):
+            indexes = serving[model]
+            if len(indexes) == 1:
+                only = indexes[0]
+                models.append((model, (1, *counts[only], round(min(valid[only], 1e12) * TOKENS_SCALE))))
             else:
-                provider_tokens = 0.0
-            engine = p.engine
-            if engine.known:
-                reporting += 1
-                running += engine.running
-                waiting += engine.waiting
-                kv = engine.kv_cache_usage
-                if 0.0 <= kv <= 1.0:
-                    kv_sum += round(kv * KV_SCALE)
-                    kv_reporting += 1
-            row = (
-                1,
-                p.capacity,
-                p.in_flight,
-                p.queued,
-                p.long_context_capacity,
-                p.long_context_in_flight,
-                p.long_context_queued,
-                round(min(provider_tokens, 1e12) * TOKENS_SCALE),
-            )
-            for model in set(p.models):
-                kept = models.get(model)
-                if kept is None:
-                    models[model] = list(row)
-                else:
-                    models[model] = [a + b for a, b in zip(kept, row, strict=True)]
+                summed = map(sum, zip(*[counts[i] for i in indexes], strict=True))
+                tokens = round(min(sum(valid[i] for i in indexes), 1e12) * TOKENS_SCALE)
+                models.append((model, (len(indexes), *summed, tokens)))
     extras = (
-        round(min(tokens, 1e12) * TOKENS_SCALE),
+        round(min(sum(valid), 1e12) * TOKENS_SCALE),
         reporting,
         running if reporting else MISSING,
         waiting if reporting else MISSING,
         kv_sum // kv_reporting if kv_reporting else MISSING,
     )
-    return Breakdown(extras, kv_sum, kv_reporting, tuple((m, tuple(models[m])) for m in sorted(models)))
+    return Breakdown(extras, kv_sum, kv_reporting, tuple(models))
 
 
 class BreakdownCache:
@@ -128,21 +129,16 @@ class BreakdownCache:
     def __len__(self) -> int:
         return len(self._kept)
 
-    def of(self, edge_id: str, snapshot: StatusSnapshot, may_parse: bool) -> tuple[Breakdown, bool]:
-        """The breakdown of ``edge_id``'s snapshot and whether it was parsed
-        now; with ``may_parse`` false, a changed snapshot is not parsed and
-        the previous breakdown (or :data:`EMPTY`) serves."""
-        kept = self._kept.get(edge_id)
-        data = snapshot.data
-        if kept is not None and (kept[0] is data or kept[0] == data):
-            return kept[1], False
-        if not may_parse:
-            self.deferred += 1
-            return (EMPTY if kept is None else kept[1]), False
+    def kept(self, edge_id: str) -> tuple[bytes, Breakdown]:
+        """The bytes an edge's breakdown was made from and the breakdown (``b""`` and :data:`EMPTY`: none yet)."""
+        return self._kept.get(edge_id, _NONE)
+
+    def parse(self, edge_id: str, snapshot: StatusSnapshot) -> Breakdown:
+        """Parse ``edge_id``'s snapshot, keep and return its breakdown."""
         made = breakdown_of(snapshot.parse())
-        self._kept[edge_id] = (data, made)
+        self._kept[edge_id] = (snapshot.data, made)
         self.parsed += 1
-        return made, True
+        return made
 
     def forget_except(self, edge_ids: set[str]) -> None:
         """Forget the edges not in ``edge_ids`` (gone from the registry)."""
@@ -153,3 +149,6 @@ class BreakdownCache:
         """The kept breakdown of an edge, if any."""
         kept = self._kept.get(edge_id)
         return None if kept is None else kept[1]
+
+
+_NONE: tuple[bytes, Breakdown] = (b"", EMPTY)

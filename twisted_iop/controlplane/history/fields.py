@@ -1,14 +1,15 @@
 """The sampled fields of capacity history, declared once.
 
-Every figure the history keeps is an integer: counts as they are, and the
-two fractional figures in fixed point (:attr:`Field.scale`):
-``tokens_per_second`` in hundredths of a token per second and
-``kv_cache_usage`` in thousandths (0..1000 for 0..100 %). A value nobody
+Every figure the history keeps is an integer: counts as they are,
+``tokens_per_second`` in whole tokens per second (hundredths cost a fifth
+of a busy day's bytes, for a precision no chart shows), and
+``kv_cache_usage`` in fixed point (:attr:`Field.scale`), thousandths
+(0..1000 for 0..100 %). A value nobody
 reported (no engine said its load, no provider reports its KV cache) is
 :data:`MISSING` (-1), which every real value is above, so it is never
 mistaken for 0; the JSON views show it as ``null``.
 
-Two shapes of series (:data:`SERIES_FIELDS`):
+Two shapes of series:
 
 * ``fleet`` and ``edge:<id>``: :data:`FLEET_FIELDS`, every figure;
 * ``model:<name>`` (the fleet's providers serving that model) and
@@ -17,16 +18,19 @@ Two shapes of series (:data:`SERIES_FIELDS`):
   of them (what is available to a model, not a share of it), so the
   models of an edge may add up to more than the edge.
 
-The chunk encoding (:mod:`.chunks`), the roll-ups (:mod:`.tiers`), the
-sampler (:mod:`.breakdown`, :mod:`.recorder`) and the views
-(:mod:`.queries`, the OpenAPI document) all take the names and order
-from here.
+The per-edge series are kept by group (:func:`group_key`: ``edges`` and
+``edge-models``, column-wise in :mod:`.frames`), the fleet's each on its
+own. The chunk encodings (:mod:`.chunks`, :mod:`.columns`), the roll-ups
+(:mod:`.tiers`), the sampler (:mod:`.breakdown`, :mod:`.edge_sampler`,
+:mod:`.recorder`) and the views (:mod:`.queries`, the OpenAPI document)
+all take the names and order from here.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
+from typing import Optional
 
 import attrs
 
@@ -72,7 +76,7 @@ FLEET_FIELDS: tuple[Field, ...] = (
     Field("long_context_capacity", "requests"),
     Field("long_context_in_flight", "requests"),
     Field("long_context_queued", "requests"),
-    Field("tokens_per_second", "completion tokens per second", scale=100),
+    Field("tokens_per_second", "completion tokens per second"),
     Field("engines_reporting", "providers whose engine reported its load"),
     Field("engine_running", "requests the engines run"),
     Field("engine_waiting", "requests waiting inside the engines"),
@@ -88,12 +92,17 @@ MODEL_FIELDS: tuple[Field, ...] = (
     Field("long_context_capacity", "requests"),
     Field("long_context_in_flight", "requests"),
     Field("long_context_queued", "requests"),
-    Field("tokens_per_second", "completion tokens per second", scale=100),
+    Field("tokens_per_second", "completion tokens per second"),
 )
 
 FLEET = "fleet"
 EDGE_PREFIX = "edge:"
 MODEL_PREFIX = "model:"
+#: The groups the per-edge series are kept in, column-wise (:mod:`.frames`):
+#: each edge's series, keyed by its id, and each model on an edge, keyed
+#: ``<edge id>/<model>`` (an edge id has no ``/``).
+EDGES_GROUP = "edges"
+EDGE_MODELS_GROUP = "edge-models"
 
 
 def edge_series(edge_id: str) -> str:
@@ -106,6 +115,19 @@ def model_series(model: str, edge_id: str = "") -> str:
     if edge_id:
         return f"{EDGE_PREFIX}{edge_id}/{MODEL_PREFIX}{model}"
     return MODEL_PREFIX + model
+
+
+def group_key(series: str) -> Optional[tuple[str, str, str]]:
+    """Where a per-edge series is kept: its group, its edge's id and its key
+    in the group (None: the fleet's or a model's, kept as a series of its own)."""
+    if not series.startswith(EDGE_PREFIX):
+        return None
+    edge_id, slash, model = series[len(EDGE_PREFIX) :].partition("/")
+    if not slash:
+        return EDGES_GROUP, edge_id, edge_id
+    if not model.startswith(MODEL_PREFIX):
+        return None
+    return EDGE_MODELS_GROUP, edge_id, f"{edge_id}/{model[len(MODEL_PREFIX) :]}"
 
 
 def fields_of(series: str) -> tuple[Field, ...]:

@@ -6,15 +6,20 @@
 * **the range**: ``from`` / ``to`` as ISO 8601 times, seconds since the
   epoch, ``now`` or relative to now (``-2h``, ``-30m``, ``-7d``);
   by default the last hour (:func:`parse_time`);
-* **the tier**: ``step`` names one (``15``, ``15s``, ``1m``, ``10m``);
-  without it, the finest tier that keeps the range's start and gives at
-  most :data:`MAX_POINTS` points, else the coarsest (:func:`choose_tier`);
+* **the tier**: ``step`` names one (``15``, ``15s``, ``1m``, ``10m``) of
+  the series' tiers (the fleet's and the models' ``history.tiers``, or
+  an edge's and its models' ``history.edge_tiers``); without it, the
+  finest tier that keeps the range's start and gives at most
+  :data:`MAX_POINTS` points, else the coarsest (:func:`choose_tier`);
 * **the fields**: ``series=capacity,in_flight`` (default: all of the series');
 * **the points**: the store's chunks of the range (:meth:`HistoryStore.history_read`)
   with the open chunks in memory laid over them (the same key: the
   newer bytes win) and, on a rolled-up tier, the bucket in progress as a
-  partial point; two points of one bucket (a restart in the middle of it)
-  are combined into one (:func:`~.tiers.roll_rolled`: exact);
+  partial point; two points of one bucket (a restart or a compaction in
+  the middle of it) are combined into one (:func:`~.tiers.roll_rolled`:
+  exact). An edge's series (and its models') are read out of its
+  segment's column chunks (:mod:`.columns`: only the wanted keys are
+  followed through the frames);
 * **a selector** (fleet view): the matching edges' series added up per
   point time (a share, the KV cache, is their mean). On a rolled-up tier
   the mean and last are the sums of the edges' means and lasts, and the
@@ -33,11 +38,13 @@ from datetime import UTC, datetime
 from typing import Any, Optional
 
 import attrs
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 
-from twisted_iop.controlplane.history import chunks, tiers
-from twisted_iop.controlplane.history.fields import Combine, Field, fields_of, names, shown
+from twisted_iop.controlplane.history import chunks, columns, tiers
+from twisted_iop.controlplane.history.edge_sampler import EdgeSampler
+from twisted_iop.controlplane.history.fields import MODEL_PREFIX, Combine, Field, fields_of, group_key, names, shown
+from twisted_iop.controlplane.history.frames import SegmentRecorder, store_key
 from twisted_iop.controlplane.history.recorder import HistoryRecorder
 from twisted_iop.controlplane.history.settings import Tier
 from twisted_iop.controlplane.store.interface import HistoryChunk, HistoryStore
@@ -173,62 +180,144 @@ class HistoryView:
 class HistoryQueries:
     """Views of the kept history (see the module docstring)."""
 
-    def __init__(self, recorder: HistoryRecorder, store: HistoryStore) -> None:
+    def __init__(self, recorder: HistoryRecorder, sampler: EdgeSampler, store: HistoryStore) -> None:
         self._recorder = recorder
+        self._sampler = sampler
+        self._groups = {sampler.edges.shape.name: sampler.edges, sampler.models.shape.name: sampler.models}
         self._store = store
+        #: The fleet's and the models' tiers, and each edge's.
         self.tiers = recorder.tiers
+        self.edge_tiers = sampler.edges.tiers
         #: Chunks a read found unreadable (and skipped).
         self.unreadable = 0
 
+    def tiers_for(self, series: str) -> tuple[Tier, ...]:
+        """The tiers a series is kept in (an edge's and its models' are the edge tiers)."""
+        return self.edge_tiers if group_key(series) is not None else self.tiers
+
     def models(self, edge_id: str = "") -> tuple[str, ...]:
-        """The models whose series are open, fleet-wide or of one edge."""
-        prefix = f"edge:{edge_id}/model:" if edge_id else "model:"
+        """The models with a series, fleet-wide or on one edge."""
+        if edge_id:
+            return self._sampler.models_of(edge_id)
+        prefix = MODEL_PREFIX
         return tuple(sorted(name[len(prefix) :] for name in self._recorder.names() if name.startswith(prefix)))
 
     def read(
         self, series: Sequence[str], tier_index: int, start: float, end: float
     ) -> Deferred[dict[str, list[Point]]]:
-        """The points of each of ``series`` at a tier within ``[start, end]``, by time."""
-        tier = self.tiers[tier_index]
-        rolled = tier_index > 0
-        reach = tier.step_seconds if rolled else 0.0
-        d = self._store.history_read(list(series), tier.key, start - reach, end)
-        return d.addCallback(self._points, series, tier_index, start, end)
+        """The points of each of ``series`` (all kept in the same tiers) at a tier within ``[start, end]``, by time."""
+        if not series:
+            return succeed({})
+        tier_list = self.tiers_for(series[0])
+        tier = tier_list[tier_index]
+        reach = tier.step_seconds if tier_index > 0 else 0.0
+        names: set[str] = set()
+        grouped = False
+        for name in series:
+            where = group_key(name)
+            if where is None:
+                names.add(name)
+            else:
+                names.add(self._groups[where[0]].of(where[1]).series)
+                grouped = True
+        key = store_key(tier) if grouped else tier.key
+        d = self._store.history_read(sorted(names), key, start - reach, end + reach)
+        return d.addCallback(self._points, series, tier_list, tier_index, start, end)
 
     def _points(
-        self, found: list[HistoryChunk], series: Sequence[str], tier_index: int, start: float, end: float
+        self,
+        found: list[HistoryChunk],
+        series: Sequence[str],
+        tier_list: tuple[Tier, ...],
+        tier_index: int,
+        start: float,
+        end: float,
     ) -> dict[str, list[Point]]:
-        tier = self.tiers[tier_index]
+        tier = tier_list[tier_index]
         rolled = tier_index > 0
         start_ms = math.ceil(start * 1000) - (tier.step_ms - 1 if rolled else 0)
         end_ms = math.floor(end * 1000)
-        by_series: dict[str, dict[float, bytes]] = {name: {} for name in series}
+        kept: dict[str, dict[float, bytes]] = {}
         for chunk in found:
-            if chunk.series in by_series:
-                by_series[chunk.series][chunk.start] = chunk.data
+            kept.setdefault(chunk.series, {})[chunk.start] = chunk.data
         out: dict[str, list[Point]] = {}
-        for name, kept in by_series.items():
-            opened = self._recorder.open_chunk(name, tier_index)
-            if opened is not None:
-                kept[opened.start] = opened.data
-            points: dict[int, tuple[int, ...]] = {}
-            for _, data in sorted(kept.items()):
-                try:
-                    _, rows = chunks.decode(data)
-                except chunks.ChunkError as e:
-                    self.unreadable += 1
-                    _log.warn("history: a chunk of {series} is unreadable, skipped: {error}", series=name, error=e)
-                    continue
-                for row in rows:
-                    t_ms = row[0]
-                    if start_ms <= t_ms <= end_ms:
-                        _merge(points, t_ms, row[1:], rolled)
-            if rolled:
-                partial = self._recorder.partial(name, tier_index)
-                if partial is not None and start_ms <= partial[0] <= end_ms:
-                    _merge(points, partial[0], partial[1], rolled)
-            out[name] = sorted(points.items())
+        #: Per segment series of a group: the segment and the keys wanted of it.
+        segments: dict[str, tuple[SegmentRecorder, dict[str, str]]] = {}
+        for name in series:
+            where = group_key(name)
+            if where is None:
+                out[name] = self._series_points(name, kept.get(name, {}), tier_index, start_ms, end_ms)
+            else:
+                segment = self._groups[where[0]].of(where[1])
+                segments.setdefault(segment.series, (segment, {}))[1][where[2]] = name
+        for store_name, (segment, wanted) in segments.items():
+            points = self._segment_points(segment, wanted, kept.get(store_name, {}), tier_index, start_ms, end_ms)
+            out.update(points)
         return out
+
+    def _series_points(
+        self, name: str, kept: dict[float, bytes], tier_index: int, start_ms: int, end_ms: int
+    ) -> list[Point]:
+        """One series of its own (the fleet, a model fleet-wide): its chunks, the open one over them."""
+        rolled = tier_index > 0
+        opened = self._recorder.open_chunk(name, tier_index)
+        if opened is not None:
+            kept[opened.start] = opened.data
+        points: dict[int, tuple[int, ...]] = {}
+        for _, data in sorted(kept.items()):
+            try:
+                _, rows = chunks.decode(data)
+            except chunks.ChunkError as e:
+                self._unreadable(name, e)
+                continue
+            for row in rows:
+                t_ms = row[0]
+                if start_ms <= t_ms <= end_ms:
+                    _merge(points, t_ms, row[1:], rolled)
+        if rolled:
+            partial = self._recorder.partial(name, tier_index)
+            if partial is not None and start_ms <= partial[0] <= end_ms:
+                _merge(points, partial[0], partial[1], rolled)
+        return sorted(points.items())
+
+    def _segment_points(
+        self,
+        segment: SegmentRecorder,
+        wanted: dict[str, str],
+        kept: dict[float, bytes],
+        tier_index: int,
+        start_ms: int,
+        end_ms: int,
+    ) -> dict[str, list[Point]]:
+        """Keys of one segment (``wanted``: key -> series name): read out of its column chunks."""
+        rolled = tier_index > 0
+        opened = segment.open_chunk(tier_index)
+        if opened is not None:
+            kept[opened.start] = opened.data
+        points: dict[str, dict[int, tuple[int, ...]]] = {key: {} for key in wanted}
+        for _, data in sorted(kept.items()):
+            try:
+                _, decoded = columns.decode(data, wanted)
+            except chunks.ChunkError as e:
+                self._unreadable(segment.series, e)
+                continue
+            for key, rows in decoded.items():
+                into = points[key]
+                for t_ms, values in rows:
+                    if start_ms <= t_ms <= end_ms:
+                        _merge(into, t_ms, values, rolled)
+        out: dict[str, list[Point]] = {}
+        for key, into in points.items():
+            if rolled:
+                partial = segment.partial(key, tier_index)
+                if partial is not None and start_ms <= partial[0] <= end_ms:
+                    _merge(into, partial[0], partial[1], rolled)
+            out[wanted[key]] = sorted(into.items())
+        return out
+
+    def _unreadable(self, series: str, error: Exception) -> None:
+        self.unreadable += 1
+        _log.warn("history: a chunk of {series} is unreadable, skipped: {error}", series=series, error=error)
 
     def view(
         self,
@@ -241,10 +330,11 @@ class HistoryQueries:
     ) -> Deferred[HistoryView]:
         """One series' view."""
         rolled = tier_index > 0
+        tier = self.tiers_for(series)[tier_index]
 
         def made(points: dict[str, list[Point]]) -> HistoryView:
             shown_points = _shown(points[series], fields_of(series), chosen, rolled)
-            return HistoryView(series, self.tiers[tier_index], rolled, start, end, chosen, shown_points, models)
+            return HistoryView(series, tier, rolled, start, end, chosen, shown_points, models)
 
         return self.read([series], tier_index, start, end).addCallback(made)
 
@@ -261,12 +351,11 @@ class HistoryQueries:
         """The view of ``members`` (a selector's edges, or their model series) added up."""
         rolled = tier_index > 0
         available = fields_of(members[0]) if members else fields_of(label)
+        tier = self.edge_tiers[tier_index]  # members are edges' series
 
         def made(points: dict[str, list[Point]]) -> HistoryView:
             combined = _combine(points.values(), available, chosen, rolled)
-            return HistoryView(
-                label, self.tiers[tier_index], rolled, start, end, chosen, combined, models, len(members)
-            )
+            return HistoryView(label, tier, rolled, start, end, chosen, combined, models, len(members))
 
         return self.read(members, tier_index, start, end).addCallback(made)
 

@@ -1,7 +1,9 @@
-"""The open chunks and roll-ups of every series, and their writes to the store.
+"""The open chunks and roll-ups of the fleet's series, and their writes to the store.
 
-A :class:`HistoryRecorder` takes sampled points (:meth:`append`) and, per
-series, keeps:
+A :class:`HistoryRecorder` keeps the few series sampled as one row each
+(``fleet`` and each model fleet-wide, ``model:<name>``; every edge's
+series are kept column-wise by :mod:`.frames`). It takes sampled points
+(:meth:`append`) and, per series, keeps:
 
 * the open chunk of the finest tier (:class:`~.chunks.OpenChunk`), written
   to the store every :data:`WRITE_EVERY_POINTS` points (the store
@@ -19,9 +21,9 @@ the bucket it was in the middle of is kept as a partial point (its count
 says how many sampled points it holds), and a view combines two points
 of one bucket into one (:mod:`.queries`).
 
-Bounded: at most ``max_series`` series are kept open (a series beyond it
-is not started; :attr:`series_refused` counts the points refused, the
-first refusal is logged); a series that got no point for
+Bounded: at most ``max_series`` series are kept open, with the per-edge
+keys (a series beyond it is not started; :attr:`series_refused` counts
+the points refused, the first refusal is logged); a series that got no point for
 :data:`IDLE_INTERVALS` intervals (a disconnected edge, a model no longer
 served) is closed and forgotten (:meth:`sweep`). No I/O: the store's
 write methods return at once.
@@ -29,6 +31,7 @@ write methods return at once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Optional
 
 import attrs
@@ -70,8 +73,11 @@ class HistoryRecorder:
 
     _log = Logger()
 
-    def __init__(self, settings: HistorySettings, store: HistoryStore) -> None:
+    def __init__(
+        self, settings: HistorySettings, store: HistoryStore, other_series: Callable[[], int] = lambda: 0
+    ) -> None:
         self.settings = settings
+        self._other_series = other_series
         self.tiers: tuple[Tier, ...] = settings.tiers
         #: The coarser tiers' steps and every tier's key, computed once (read per point).
         self._coarser_steps = [tier.step_ms for tier in settings.tiers[1:]]
@@ -121,7 +127,7 @@ class HistoryRecorder:
         return True
 
     def _start(self, name: str) -> Optional[OpenSeries]:
-        if len(self._series) >= self.settings.max_series:
+        if len(self._series) + self._other_series() >= self.settings.max_series:
             self.series_refused += 1
             if not self._refusal_logged:
                 self._refusal_logged = True

@@ -8,24 +8,35 @@ Every ``history.interval_seconds`` the :class:`HistoryService` samples:
 * otherwise it starts a round through the gateway (one round at a time:
   it joins one in progress) and samples when the round ends.
 
-A sample reads each connected edge's kept snapshot: its counts (kept with
-it, free to read) and its breakdown (per model, the engines' figures:
-:mod:`.breakdown`, parsed only when the snapshot changed, within a
-budget). It appends one point to the series of each edge
-(``edge:<id>``), each model an edge serves (``edge:<id>/model:<name>``),
-each model fleet-wide (``model:<name>``) and the fleet (``fleet``), in
-slices of :data:`SAMPLE_SLICE` edges per reactor turn (so 10,000 edges
-never hold the event loop in one turn). The
-:class:`~.recorder.HistoryRecorder` rolls the points up into the coarser
-tiers and writes the chunks to the store; every
-:data:`EXPIRE_EVERY_SECONDS` the store forgets what is older than each
-tier keeps. At stop, the open chunks and partial roll-ups are written.
+The edges are sampled at the first step of ``history.edge_tiers`` (by
+default every 30 s, every other sample): such a sample reads each
+connected edge's kept snapshot: its counts (kept with it, free to read)
+and its breakdown (per model, the engines' figures: :mod:`.breakdown`,
+parsed only when the snapshot changed, within a budget). The
+:class:`~.edge_sampler.EdgeSampler` records every edge
+(``edge:<id>``) and each model it serves (``edge:<id>/model:<name>``)
+column-wise, one segment of edges at a time, :data:`SEGMENTS_PER_TURN`
+segments per reactor turn (so 10,000 edges never hold the event loop in
+one turn); then, at every sample, the :class:`~.recorder.HistoryRecorder` takes the
+point of each model fleet-wide (``model:<name>``) and of the fleet
+(``fleet``; between the samples of the edges, its counts are added up
+from the connected edges' snapshots, its engines' figures and the
+models' are those of the last sample of the edges).
+Both roll the points up into the coarser tiers and write the chunks to
+the store; every :data:`EXPIRE_EVERY_SECONDS` the store forgets what is
+older than each tier keeps. At stop, the open chunks and partial
+roll-ups are written.
+
+In cluster mode one replica samples: a store with ``history_leader()``
+(the Redis store: the replica holding the sampling lease) is asked at
+each interval, and a replica that does not lead takes no sample (and,
+if it led before, writes what it had open); every replica serves the
+views from the store.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from operator import add
 from typing import Any, Optional
 
 import attrs
@@ -35,40 +46,32 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from twisted_iop.controlplane.edge_record import EdgeRecord
 from twisted_iop.controlplane.gateway import EdgeGateway
-from twisted_iop.controlplane.history.breakdown import BreakdownCache, edge_row
-from twisted_iop.controlplane.history.fields import FLEET, FLEET_FIELDS, MISSING, edge_series, model_series
+from twisted_iop.controlplane.history.breakdown import BreakdownCache
+from twisted_iop.controlplane.history.edge_sampler import EdgeSampler
+from twisted_iop.controlplane.history.fields import EDGES_GROUP, FLEET, group_key, model_series
+from twisted_iop.controlplane.history.frames import SEGMENTS, store_key
 from twisted_iop.controlplane.history.queries import HistoryQueries
 from twisted_iop.controlplane.history.recorder import HistoryRecorder
 from twisted_iop.controlplane.history.settings import HistorySettings
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.controlplane.store.interface import HistoryStore
 
-#: Edges sampled per reactor turn.
-SAMPLE_SLICE = 1000
+#: Segments of edges sampled per reactor turn (of :data:`~.frames.SEGMENTS`).
+SEGMENTS_PER_TURN = SEGMENTS // 8
 #: Seconds between asking the store to forget what each tier no longer keeps.
 EXPIRE_EVERY_SECONDS = 300.0
 #: Idle series are closed (and gone edges' breakdowns forgotten) every this many samples.
 SWEEP_EVERY_SAMPLES = 4
 
-_KV_AT = len(FLEET_FIELDS) - 1
-assert FLEET_FIELDS[_KV_AT].name == "kv_cache_usage"
-
 
 @attrs.define(eq=False)
 class _Sampling:
-    """A sample being taken, slice by slice."""
+    """A sample being taken, segment by segment."""
 
     t_ms: int
-    records: list[EdgeRecord]
-    rows: list[tuple[int, ...]] = attrs.field(factory=list)
-    models: dict[str, tuple[int, ...]] = attrs.field(factory=dict)
-    kv_sum: int = 0
-    kv_reporting: int = 0
-    parses: int = 0
-    #: The index of the next record to sample.
-    next: int = 0
+    #: Whether it samples the edges too (the first sample of an edge step).
+    edges: bool
 
 
 class HistoryService(Service):
@@ -87,24 +90,34 @@ class HistoryService(Service):
     ) -> None:
         self.settings = settings
         self.store = store
-        self.recorder = HistoryRecorder(settings, store)
-        #: What the views read.
-        self.queries = HistoryQueries(self.recorder, store)
         self.breakdowns = BreakdownCache()
+        #: Every edge and each model on it (column-wise), and the fleet's own series.
+        self.edges = EdgeSampler(settings, store, self.breakdowns, lambda: len(self.recorder))
+        self.recorder = HistoryRecorder(settings, store, lambda: self.edges.slots)
+        #: What the views read.
+        self.queries = HistoryQueries(self.recorder, self.edges, store)
         self._registry = registry
         self._gateway = gateway
         self._clock = clock
         self._interval_ms = round(settings.interval_seconds * 1000)
+        self._edge_step_ms = settings.edge_tiers[0].step_ms
+        #: The edge step of the last sample of the edges.
+        self._last_edge_bucket = -1
         self._loop: Optional[LoopingCall] = None
         self._sampling: Optional[_Sampling] = None
         self._waiting_for_round = False
-        self._offset = 0
+        #: Whether this process has chunks open (it sampled and did not stand down since).
+        self._open = False
         self._last_expire = 0.0
         #: When the last sample was taken (a round that ended before it is not news).
         self._last_sample_at = 0.0
         #: For /metrics and tests.
         self.samples = 0
+        #: Samples that sampled the edges too.
+        self.edge_samples = 0
         self.samples_skipped = 0
+        #: Intervals this replica did not sample because another one does (cluster mode).
+        self.intervals_elsewhere = 0
         self.rounds_started = 0
         #: Called after each sample with its time in ms (tests wait on it).
         self.sampled: list[Callable[[int], None]] = []
@@ -136,8 +149,22 @@ class HistoryService(Service):
         self._loop = None
         if self._sampling is not None:
             self._finish_now(self._sampling)
-        self.recorder.close_all()
+        self._stand_down()
         return super().stopService()
+
+    def _stand_down(self) -> None:
+        """Write every open chunk and point in progress (this process samples no more for now)."""
+        if self._open:
+            self._open = False
+            self.recorder.close_all()
+            self.edges.flush()
+
+    @property
+    def leading(self) -> bool:
+        """Whether this process samples: always, but in cluster mode only the
+        replica holding the store's sampling lease (``history_leader``)."""
+        leader = getattr(self.store, "history_leader", None)
+        return leader is None or bool(leader())
 
     def _loop_failed(self, failure: Failure) -> None:
         self._log.failure("history: the sampling timer stopped", failure)
@@ -146,6 +173,10 @@ class HistoryService(Service):
         """One interval: sample now from a fresh round, or start one and sample when it ends."""
         if self._sampling is not None or self._waiting_for_round:
             self.samples_skipped += 1
+            return
+        if not self.leading:
+            self.intervals_elsewhere += 1
+            self._stand_down()
             return
         now = self._clock.seconds()
         last = self._gateway.last_round
@@ -165,7 +196,7 @@ class HistoryService(Service):
 
     def _round_ended(self, _: object, tick_at: float) -> None:
         self._waiting_for_round = False
-        if self.running:
+        if self.running and self.leading:
             self.sample(tick_at)
 
     def _round_failed(self, failure: Failure) -> None:
@@ -176,68 +207,46 @@ class HistoryService(Service):
     # -- one sample -------------------------------------------------------------------------
 
     def sample(self, now: float) -> None:
-        """Take a sample of every connected edge's kept snapshot at ``now`` (in slices)."""
+        """Take a sample at ``now``: of the fleet, and, at the first sample of
+        each edge step (``history.edge_tiers``' first), of every connected
+        edge's kept snapshot (segment by segment)."""
         self._last_sample_at = self._clock.seconds()
+        self._open = True
         t_ms = round(now * 1000 / self._interval_ms) * self._interval_ms
-        records = [r for r in self._registry.edges() if r.token is not None and r.snapshot is not None]
-        if records:
-            # A rotating start: the parse budget goes to other edges first next time.
-            start = self._offset % len(records)
-            records = records[start:] + records[:start]
-        sampling = self._sampling = _Sampling(t_ms, records)
+        edge_bucket = t_ms - t_ms % self._edge_step_ms
+        sampling = self._sampling = _Sampling(t_ms, edge_bucket > self._last_edge_bucket)
+        if sampling.edges:
+            self._last_edge_bucket = edge_bucket
+            self.edge_samples += 1
+            self.edges.begin(t_ms, self._registry.edges, self._registry.connected_count)
         self._step(sampling)
 
     def _step(self, sampling: _Sampling) -> None:
         if self._sampling is not sampling:
             return
-        if self._slice(sampling):
+        if not sampling.edges or self.edges.step(SEGMENTS_PER_TURN):
             self._finish(sampling)
         else:
             self._clock.callLater(0, self._step, sampling)
 
-    def _slice(self, sampling: _Sampling) -> bool:
-        """Sample the next :data:`SAMPLE_SLICE` edges; True when none is left."""
-        start = sampling.next
-        end = sampling.next = start + SAMPLE_SLICE
-        t_ms = sampling.t_ms
-        append = self.recorder.append
-        of = self.breakdowns.of
-        budget = self.settings.parse_budget
-        rows = sampling.rows
-        models = sampling.models
-        for record in sampling.records[start:end]:
-            snapshot = record.snapshot
-            if snapshot is None:
-                continue
-            edge_id = record.edge_id
-            breakdown, parsed = of(edge_id, snapshot, sampling.parses < budget)
-            if parsed:
-                sampling.parses += 1
-            row = edge_row(snapshot.counts, breakdown.extras)
-            append(edge_series(edge_id), t_ms, row)
-            rows.append(row)
-            sampling.kv_sum += breakdown.kv_sum
-            sampling.kv_reporting += breakdown.kv_reporting
-            for model, model_row in breakdown.models:
-                append(model_series(model, edge_id), t_ms, model_row)
-                kept = models.get(model)
-                models[model] = model_row if kept is None else tuple(map(add, kept, model_row))
-        return end >= len(sampling.records)
-
     def _finish_now(self, sampling: _Sampling) -> None:
         """Take the rest of a sample in one go (at stop)."""
-        while not self._slice(sampling):
+        while sampling.edges and not self.edges.step(SEGMENTS):
             pass
         self._finish(sampling)
 
     def _finish(self, sampling: _Sampling) -> None:
         self._sampling = None
         t_ms = sampling.t_ms
-        self.recorder.append(FLEET, t_ms, self._fleet_row(sampling))
-        for model in sorted(sampling.models):
-            self.recorder.append(model_series(model), t_ms, sampling.models[model])
+        connected = self._registry.connected_count
+        if sampling.edges:
+            fleet = self.edges.fleet_row(connected)
+        else:
+            fleet = self.edges.fleet_row_between(self._registry.edges(), connected)
+        self.recorder.append(FLEET, t_ms, fleet)
+        for model, row in self.edges.model_rows():
+            self.recorder.append(model_series(model), t_ms, row)
         self.samples += 1
-        self._offset += max(sampling.parses, 1)
         now = self._clock.seconds()
         if self.samples % SWEEP_EVERY_SAMPLES == 0:
             self.recorder.sweep(t_ms)
@@ -246,29 +255,37 @@ class HistoryService(Service):
             self._last_expire = now
             for tier in self.settings.tiers:
                 self.store.history_expire(tier.key, now - tier.keep_seconds)
+            for tier in self.settings.edge_tiers:
+                self.store.history_expire(store_key(tier), now - tier.keep_seconds)
         for listener in list(self.sampled):
             listener(t_ms)
 
-    def _fleet_row(self, sampling: _Sampling) -> tuple[int, ...]:
-        """The fleet's point: the edges' rows added up (missing values left
-        out), the KV cache as the mean of every provider reporting it."""
-        row: list[int] = [self._registry.connected_count]
-        rows = sampling.rows
-        if not rows:
-            # Nothing connected: no capacity, no tokens; the engines said nothing.
-            return (*row, *(0,) * (len(FLEET_FIELDS) - 4), MISSING, MISSING, MISSING)
-        for column in list(zip(*rows, strict=True))[1:_KV_AT]:
-            if min(column) >= 0:
-                row.append(sum(column))
-            else:
-                present = [v for v in column if v >= 0]
-                row.append(sum(present) if present else MISSING)
-        row.append(sampling.kv_sum // sampling.kv_reporting if sampling.kv_reporting else MISSING)
-        return tuple(row)
-
     # -- figures ----------------------------------------------------------------------------
+
+    def keeps(self, series: str) -> bool:
+        """Whether ``series`` is sampled now (an edge gone for a while is not)."""
+        where = group_key(series)
+        if where is None:
+            return series in self.recorder
+        group = self.edges.edges if where[0] == EDGES_GROUP else self.edges.models
+        return where[2] in group.of(where[1]).slot_of
 
     @property
     def series_kept(self) -> int:
-        """Series open now."""
-        return len(self.recorder)
+        """Series kept now: the fleet's own and every per-edge key with a slot."""
+        return len(self.recorder) + self.edges.slots
+
+    @property
+    def series_refused(self) -> int:
+        """Points not recorded for ``history.max_series``."""
+        return self.recorder.series_refused + self.edges.refused
+
+    @property
+    def points_written(self) -> int:
+        """Points appended, every tier (a per-edge frame counts one per slot)."""
+        return self.recorder.points_written + self.edges.edges.stats.points + self.edges.models.stats.points
+
+    @property
+    def chunk_writes(self) -> int:
+        """Chunks handed to the store (open ones again as they grow)."""
+        return self.recorder.chunk_writes + self.edges.edges.stats.chunk_writes + self.edges.models.stats.chunk_writes

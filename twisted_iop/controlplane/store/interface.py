@@ -54,7 +54,8 @@ class HistoryChunk:
     """
 
     series: str
-    #: The tier's step in seconds (15, 60, 600 ...): which tier it belongs to.
+    #: The tier's step in seconds (15, 60, 600 ...): which tier it belongs to
+    #: (negated for the column chunks of every edge, kept in ``history.edge_tiers``).
     step: int
     start: float
     end: float

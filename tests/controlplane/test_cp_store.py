@@ -548,3 +548,40 @@ def test_store_defaults_and_environment() -> None:
     overridden = config_from_text("", {"IOP_STORE_BACKEND": "memory", "IOP_STORE_PATH": "/tmp/x.sqlite"}).store
     assert (overridden.backend, overridden.path) == ("memory", "/tmp/x.sqlite")
     assert config_from_text("history: {max_bytes: 2097152}").store.history_max_bytes == 2097152
+
+
+#: Capacity history sampled fast (the client tests' tiers), on the SQLite store.
+FAST_HISTORY = (
+    "history:\n  interval_seconds: 0.2\n  tiers:\n"
+    "  - {keep_hours: 1}\n  - {step_seconds: 0.4, keep_hours: 1}\n  - {step_seconds: 2, keep_hours: 2}\n"
+)
+
+
+@pytest_twisted.ensureDeferred
+async def test_capacity_history_survives_a_restart_on_the_sqlite_store(tmp_path: Path) -> None:
+    """The fleet's and an edge's history sampled before a restart is served after it, from the file."""
+    config = _store_config(tmp_path) + FAST_HISTORY
+    cp = await start_control_plane(config_text=config)
+    try:
+        await connect_edge(cp.edge_wire_port, "edge-a")
+        history = cp.service.history
+        await eventually(lambda: history.samples >= 6, timeout=10, message="six samples")
+        code, before = await cp.get_json("/fleet/history?from=-60s&series=capacity")
+        assert code == 200 and before["points"]
+        code, edge_before = await cp.get_json("/edges/edge-a/history?from=-60s&series=capacity")
+        assert code == 200 and edge_before["points"]
+    finally:
+        await cp.stop()
+    cp = await start_control_plane(
+        config_text=config.replace("interval_seconds: 0.2", "enabled: false\n  interval_seconds: 0.2")
+    )
+    try:
+        code, after = await cp.get_json("/fleet/history?from=-60s&series=capacity")
+        assert code == 200
+        kept = {tuple(point) for point in after["points"]}
+        assert {tuple(point) for point in before["points"]} <= kept
+        code, edge_after = await cp.get_json("/edges/edge-a/history?from=-60s&series=capacity")
+        assert code == 200
+        assert {tuple(p) for p in edge_before["points"]} <= {tuple(p) for p in edge_after["points"]}
+    finally:
+        await cp.stop()

@@ -141,6 +141,28 @@ class OpenChunk:
         return close(self.data)
 
 
+def inflate(payload: bytes, what: str, limit: int = MAX_DECODED_BYTES) -> bytes:
+    """``payload`` decompressed, at most ``limit`` bytes; raises :class:`ChunkError` naming ``what``."""
+    try:
+        inflater = zlib.decompressobj()
+        inflated = inflater.decompress(payload, limit)
+    except zlib.error as e:
+        raise ChunkError(f"{what} that does not decompress: {e}") from None
+    if inflater.unconsumed_tail:
+        raise ChunkError(f"{what} larger than the bound")
+    return inflated
+
+
+def packed_values(payload: bytes, what: str) -> list[int]:
+    """The zigzag-varint values of ``payload``; raises :class:`ChunkError` naming ``what``."""
+    message = _Packed()
+    try:
+        message.ParseFromString(payload)
+    except DecodeError:
+        raise ChunkError(f"{what} whose values do not parse") from None
+    return list(message.v)
+
+
 def close(data: bytes | bytearray) -> bytes:
     """An open chunk's bytes, compressed."""
     if not data or data[0] != OPEN:
@@ -155,19 +177,8 @@ def decode(data: bytes) -> tuple[int, list[tuple[int, ...]]]:
     kind, columns = data[1], data[2]
     payload = data[3:]
     if data[0] == CLOSED:
-        try:
-            inflater = zlib.decompressobj()
-            payload = inflater.decompress(payload, MAX_DECODED_BYTES)
-            if inflater.unconsumed_tail:
-                raise ChunkError("a history chunk larger than the bound")
-        except zlib.error as e:
-            raise ChunkError(f"a history chunk that does not decompress: {e}") from None
-    message = _Packed()
-    try:
-        message.ParseFromString(payload)
-    except DecodeError:
-        raise ChunkError("a history chunk whose rows do not parse") from None
-    flat = list(message.v)
+        payload = inflate(payload, "a history chunk")
+    flat = packed_values(payload, "a history chunk")
     if len(flat) % columns:
         raise ChunkError("a history chunk with a partial row")
     rows: list[tuple[int, ...]] = []

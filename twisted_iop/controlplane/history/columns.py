@@ -53,7 +53,7 @@ from itertools import accumulate, compress
 from operator import sub
 from typing import Optional
 
-from twisted_iop.controlplane.history.chunks import ROLLED, SAMPLED, ChunkError, _Packed
+from twisted_iop.controlplane.history.chunks import ROLLED, SAMPLED, ChunkError, _Packed, inflate, packed_values
 from twisted_iop.controlplane.history.tiers import PER_FIELD
 
 #: The first byte of a column chunk (row chunks use 1 and 2).
@@ -230,19 +230,8 @@ def _values_of(data: bytes) -> tuple[int, int, tuple[int, ...], list[int]]:
     patch_columns = tuple(data[4 : 4 + patch_count])
     if any(c >= columns for c in patch_columns):
         raise ChunkError("a column chunk with a bad header")
-    try:
-        inflater = zlib.decompressobj()
-        payload = inflater.decompress(data[4 + patch_count :], MAX_DECODED_BYTES)
-        if inflater.unconsumed_tail:
-            raise ChunkError("a column chunk larger than the bound")
-    except zlib.error as e:
-        raise ChunkError(f"a column chunk that does not decompress: {e}") from None
-    message = _Packed()
-    try:
-        message.ParseFromString(payload)
-    except Exception:
-        raise ChunkError("a column chunk whose values do not parse") from None
-    return kind, columns, patch_columns, list(message.v)
+    payload = inflate(data[4 + patch_count :], "a column chunk", MAX_DECODED_BYTES)
+    return kind, columns, patch_columns, packed_values(payload, "a column chunk")
 
 
 def decode(data: bytes, wanted: Optional[Collection[str]] = None) -> tuple[int, dict[str, list[tuple[int, Row]]]]:

@@ -228,10 +228,15 @@ async def run(args: Any) -> None:
     for repetition in range(args.repeat):
         order = ["memory", "sqlite"] if repetition % 2 == 0 else ["sqlite", "memory"]
         for backend in order:
-            with tempfile.TemporaryDirectory(prefix=f"iop-store-bench-{backend}-") as directory:
-                print(f"== {backend} (repetition {repetition + 1})", flush=True)
-                runs.append(await measure(args, backend, Path(directory)))
-                await ff.sleep(1.0)
+            print(f"== {backend} (repetition {repetition + 1})", flush=True)
+            if args.keep:
+                directory = Path(tempfile.mkdtemp(prefix=f"iop-store-bench-{backend}-"))
+                print(f"   kept in {directory}", flush=True)
+                runs.append(await measure(args, backend, directory))
+            else:
+                with tempfile.TemporaryDirectory(prefix=f"iop-store-bench-{backend}-") as name:
+                    runs.append(await measure(args, backend, Path(name)))
+            await ff.sleep(1.0)
     print()
     print(report(runs, args).table())
 
@@ -244,6 +249,7 @@ def main() -> None:
     parser.add_argument("--event-seconds", type=float, default=2.0, help="seconds of live events at each rate")
     parser.add_argument("--repeat", type=int, default=2, help="repetitions, the order alternating")
     parser.add_argument("--enroll-timeout", type=float, default=60.0, help="deadline for all edges to enroll")
+    parser.add_argument("--keep", action="store_true", help="keep each run's directory (config, log, store)")
     args = parser.parse_args()
     task.react(lambda _: defer.ensureDeferred(run(args)))
 

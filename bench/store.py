@@ -108,25 +108,27 @@ async def measure(args: Any, backend: str, workdir: Path) -> dict[str, Any]:
             span = max((report["last_ns"] - started_ns) / 1e9, took)
             figures[f"{key}_delivered_per_second"] = report["received"] / span if report["received"] else 0.0
         figures["events_sent"] = sender.sent
+        # The daemon may still be reading a backlog of relayed events: wait
+        # until every one sent is numbered (or nothing more comes for 5 s).
+        last_seen = [-1, time.monotonic()]
+
+        async def recorded_all() -> bool:
+            _, body, _, _ = await http.get_json("/fleet/events?limit=1")
+            newest = int(body["last_sequence"])
+            if newest != last_seen[0]:
+                last_seen[:] = [newest, time.monotonic()]
+            return newest >= base + sender.sent or time.monotonic() - last_seen[1] > 5.0
+
+        await ff.eventually(recorded_all, 120, "the relayed events to be recorded")
+        # Every event the fleet numbered since the relayed ones began (edge
+        # events among them, if any came): what the store had to keep.
+        figures["events_numbered"] = last_seen[0] - base
         if backend == "sqlite":
 
             async def flushed() -> bool:
                 _, ready, _, _ = await http.get_json("/readyz")
                 return bool(ready["store"]["pending"] == 0 and ready["store"]["writable"])
 
-            await ff.eventually(flushed, 30, "the store to write what is queued")
-            # The daemon may still be reading a backlog of relayed events:
-            # wait until every one sent is recorded (or nothing more comes).
-            last_seen = [-1, time.monotonic()]
-
-            async def recorded_all() -> bool:
-                _, body, _, _ = await http.get_json("/fleet/events?limit=1")
-                newest = int(body["last_sequence"])
-                if newest != last_seen[0]:
-                    last_seen[:] = [newest, time.monotonic()]
-                return newest >= base + sender.sent or time.monotonic() - last_seen[1] > 5.0
-
-            await ff.eventually(recorded_all, 120, "the relayed events to be recorded")
             await ff.eventually(flushed, 30, "the store to write what is queued")
             path = workdir / "state" / "control-plane.sqlite"
             connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
@@ -138,9 +140,11 @@ async def measure(args: Any, backend: str, workdir: Path) -> dict[str, Any]:
                 ]
                 rows = len(events)
                 stored = sum(event.kind == "bench.tick" for event in events)
+                stored_since = sum(event.fleet_sequence > base for event in events)
             finally:
                 connection.close()
             figures["events_stored"] = stored
+            figures["events_stored_since"] = stored_since
             figures["file_bytes"] = sqlite_schema.file_bytes(str(path))
             figures["rows"] = rows
             _, ready, _, _ = await http.get_json("/readyz")
@@ -201,7 +205,23 @@ def report(runs: list[dict[str, Any]], args: Any) -> suite.Results:
     )
     for r in runs:
         if r["backend"] != "sqlite":
+            results.add(
+                "relayed events numbered (memory)",
+                f"{r['events_numbered']:,} of {r['events_sent']:,} sent",
+                "-",
+                None,
+                "-",
+                None,
+            )
             continue
+        results.add(
+            "events numbered since the relayed ones began, on disk",
+            f"{r['events_stored_since']:,} of {r['events_numbered']:,}",
+            "-",
+            None,
+            "all",
+            r["events_stored_since"] == r["events_numbered"],
+        )
         results.add(
             "relayed events on disk once flushed",
             f"{r['events_stored']:,} of {r['events_sent']:,} sent ({r['dropped']} dropped by the store)",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import marshal
 import sqlite3
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -176,6 +177,35 @@ async def test_what_the_store_was_told_comes_back_when_it_opens_again(tmp_path: 
         assert (op.operation_id, op.state, op.idempotency_key) == ("op-1", "succeeded", "key-1")
     finally:
         await second.stopService()
+
+
+@pytest_twisted.ensureDeferred
+async def test_pending_counts_the_batch_the_writer_has_until_it_is_on_disk(tmp_path: Path) -> None:
+    """``pending`` (``/readyz``, ``iop_store_pending_changes``) is 0 only once
+    what was handed to the writer is committed, not when it leaves the queue."""
+    store = SqliteStore(sqlite_settings(tmp_path, flush_interval_seconds=60.0), reactor)
+    store.open()
+    store.startService()
+    gate = threading.Event()
+    try:
+        writer = store._writer
+        assert writer is not None
+        # The writer is busy with something else until the gate opens.
+        writer.submit(lambda: gate.wait(10.0), lambda _: None, lambda _: None)
+        for n in range(1, 4):
+            store.event_kept(_event("edge-a", n, n), 100)
+        store.flush()
+        assert store.health().pending == 3
+        await eventually(lambda: writer._jobs.qsize() == 1, message="the batch waiting on the writer")
+        assert store.health().pending == 3
+        gate.set()
+        await eventually(lambda: store.health().pending == 0, message="written")
+        with sqlite3.connect(f"file:{tmp_path / 'cp.sqlite'}?mode=ro", uri=True) as connection:
+            [(count,)] = connection.execute("SELECT sum(count) FROM events").fetchall()
+        assert count == 3
+    finally:
+        gate.set()
+        await store.stopService()
 
 
 def _writer(path: Path, retention: Retention, history_max_bytes: int = 2**30) -> SqliteWriter:

@@ -75,6 +75,8 @@ class SqliteStore(Service):
         #: A batch that failed, written again first.
         self._retry: Optional[Batch] = None
         self._writing = False
+        #: Changes in the batch the writer has now (not yet on disk).
+        self._in_flight = 0
         self._loop: Optional[LoopingCall] = None
         self._closing: Optional[Deferred[None]] = None
         self._closed = False
@@ -279,10 +281,12 @@ class SqliteStore(Service):
         if not len(batch):
             return
         self._writing = True
+        self._in_flight = len(batch)
         size = self._pending_bytes
 
         def written(committed: Committed) -> None:
             self._writing = False
+            self._in_flight = 0
             self._pending_bytes = max(0, self._pending_bytes - size)
             self.commits += 1
             self.rows_written += committed.rows
@@ -297,6 +301,7 @@ class SqliteStore(Service):
 
         def failed(error: BaseException) -> None:
             self._writing = False
+            self._in_flight = 0
             message = str(error).splitlines()[0] if str(error) else type(error).__name__
             if self._error != message:
                 self._log.error("store {path}: a write failed: {error}", path=self.path, error=message)
@@ -355,7 +360,7 @@ class SqliteStore(Service):
             backend=self.backend,
             writable=not self._error and (self._writer is None or self._writer.alive or self._closed),
             error=self._error,
-            pending=self._pending_count() + (len(self._retry) if self._retry is not None else 0),
+            pending=self._pending_count() + self._in_flight + (len(self._retry) if self._retry is not None else 0),
             pending_bytes=self._pending_bytes,
             dropped=self.dropped,
             last_commit_age=None if last is None else max(0.0, self._clock.seconds() - last),

@@ -256,6 +256,13 @@ async def run(args: Any) -> None:
             else:
                 with tempfile.TemporaryDirectory(prefix=f"iop-store-bench-{backend}-") as name:
                     runs.append(await measure(args, backend, Path(name)))
+            r = runs[-1]
+            print(
+                f"   round p50 {r['round_p50'] * 1000:.0f} ms, CPU per event at 10k/s "
+                f"{r['10k_cpu_per_event'] * 1e6:.1f} us, p99 {r['10k_p99'] * 1000:.1f} ms, "
+                f"delivered at 30k/s {r['30k_delivered_per_second'] / 1000:.1f}k/s",
+                flush=True,
+            )
             await ff.sleep(1.0)
     print()
     print(report(runs, args).table())
@@ -267,7 +274,7 @@ def main() -> None:
     parser.add_argument("--edges", type=int, default=10_000, help="edges enrolled (default 10,000)")
     parser.add_argument("--rounds", type=int, default=5, help="fleet rounds per backend")
     parser.add_argument("--event-seconds", type=float, default=2.0, help="seconds of live events at each rate")
-    parser.add_argument("--repeat", type=int, default=2, help="repetitions, the order alternating")
+    parser.add_argument("--repeat", type=int, default=4, help="repetitions, the order alternating")
     parser.add_argument("--enroll-timeout", type=float, default=60.0, help="deadline for all edges to enroll")
     parser.add_argument("--keep", action="store_true", help="keep each run's directory (config, log, store)")
     args = parser.parse_args()

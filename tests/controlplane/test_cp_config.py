@@ -81,6 +81,8 @@ def test_environment_overrides_listeners() -> None:
         ("edge_wire: {credentials: {'bad id': 'x'}}", "edge_wire.credentials"),
         ("registry: {events_per_edge: 0}", "registry.events_per_edge"),
         ("http: {status_timeout_seconds: 0}", "http.status_timeout_seconds"),
+        ("http: {engine_command_timeout_seconds: 301}", "http.engine_command_timeout_seconds: must not exceed"),
+        ("http: {engine_command_timeout_seconds: 0}", "http.engine_command_timeout_seconds"),
         ("status: {fleet_max_age_seconds: -1}", "status.fleet_max_age_seconds"),
         ("status: {fleet_max_age_seconds: soon}", "status.fleet_max_age_seconds"),
         ("status: {max_age: 1}", "status.max_age"),
@@ -323,3 +325,16 @@ async def test_the_access_log_can_be_turned_off() -> None:
     for enabled in (True, False):
         lines = await _access_lines(enabled)
         assert any('"GET /healthz HTTP/1.1" 200' in line for line in lines) is enabled
+
+
+def test_engine_commands_get_their_own_default_deadline() -> None:
+    """provider.restart and provider.start wait for a model to load: 300 s by
+    default (at most the maximum), every other command the general default."""
+    settings = config_from_text("").http
+    assert settings.command_timeout("provider.restart") == settings.command_timeout("provider.start") == 300.0
+    assert settings.command_timeout("node.drain") == settings.command_timeout("provider.stop") == 10.0
+    capped = config_from_text("http: {max_command_timeout_seconds: 60}").http
+    assert capped.command_timeout("provider.restart") == 60.0
+    chosen = config_from_text("http: {engine_command_timeout_seconds: 120, default_command_timeout_seconds: 5}")
+    assert chosen.http.command_timeout("provider.start") == 120.0
+    assert chosen.http.command_timeout("edge.reload") == 5.0

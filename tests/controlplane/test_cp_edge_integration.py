@@ -6,11 +6,12 @@ import json
 import struct
 
 import pytest_twisted
+from twisted.internet.defer import ensureDeferred
 
 from twisted_iop.testing.frames import decode_frames
 from twisted_iop.testing.harness import eventually, start_control_plane
 from twisted_iop.testing.http import connect
-from twisted_iop.testing.peers import connect_edge, snapshot
+from twisted_iop.testing.peers import CATALOG, connect_edge, snapshot
 from twisted_iop.wire import control_pb2 as pb
 
 
@@ -165,6 +166,37 @@ async def test_command_timeout_and_disconnect_states() -> None:
         assert body["operation"]["state"] == "edge_disconnected"
         code, ops = await cp.get_json("/edges/edge-a/operations")
         assert sorted(o["state"] for o in ops["items"]) == ["edge_disconnected", "timed_out"]
+    finally:
+        await cp.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_engine_commands_default_to_the_engine_deadline() -> None:
+    """Without timeout_seconds, provider.restart (a command or a rollout's) is
+    given http.engine_command_timeout_seconds (a model takes minutes to load)
+    and other commands http.default_command_timeout_seconds."""
+    cp = await start_control_plane()
+    try:
+        edge, _ = await connect_edge(
+            cp.edge_wire_port,
+            "edge-a",
+            command_behaviour="hold",
+            catalog=[*CATALOG, pb.CommandSpec(name="provider.restart", target_kind="provider")],
+        )
+        posted = [
+            ensureDeferred(cp.post_json("/edges/edge-a/commands", {"name": name, "target": "node-1"}))
+            for name in ("provider.restart", "node.drain")
+        ]
+        code, rollout = await cp.post_json(
+            "/rollouts", {"command": {"name": "provider.restart", "target": "node-1"}, "selector": ""}
+        )
+        assert code == 201, rollout
+        await eventually(lambda: len(edge.held_commands) == 3, message="three commands held")
+        deadlines = sorted((command.name, command.timeout_ms) for _, command in edge.held_commands)
+        assert deadlines == [("node.drain", 10_000), ("provider.restart", 300_000), ("provider.restart", 300_000)]
+        while edge.held_commands:
+            edge.answer_held()
+        assert [(await d)[0] for d in posted] == [200, 200]
     finally:
         await cp.stop()
 

@@ -144,6 +144,7 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
             "api_token",
             "status_timeout_seconds",
             "default_command_timeout_seconds",
+            "engine_command_timeout_seconds",
             "max_command_timeout_seconds",
             "max_body_bytes",
             "tokens",
@@ -218,6 +219,9 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
     default_timeout = http.number("default_command_timeout_seconds", 10.0)
     if default_timeout > max_timeout:
         raise ConfigError("http.default_command_timeout_seconds: must not exceed max_command_timeout_seconds")
+    engine_timeout = http.number("engine_command_timeout_seconds", min(300.0, max_timeout))
+    if engine_timeout > max_timeout:
+        raise ConfigError("http.engine_command_timeout_seconds: must not exceed max_command_timeout_seconds")
     max_body_bytes = http.integer("max_body_bytes", 65536, minimum=1024)
     site_limits = SiteLimits(
         max_body_bytes=max_body_bytes,
@@ -232,6 +236,7 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
         tokens=tokens,
         default_command_timeout_seconds=default_timeout,
         max_command_timeout_seconds=max_timeout,
+        engine_command_timeout_seconds=engine_timeout,
         max_body_bytes=max_body_bytes,
         wire_public_url=wire.string("public_url"),
         wire_port=_port_of(wire_listen),

@@ -492,7 +492,7 @@ class ControlPlaneHttp:
             raise BadRequest(
                 f"argument names are at most {MAX_TEXT} characters and values at most {MAX_ARGUMENT_VALUE}"
             )
-        timeout = body.get("timeout_seconds", self._settings.default_command_timeout_seconds)
+        timeout = body.get("timeout_seconds", self._settings.command_timeout(name))
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
             raise BadRequest("field 'timeout_seconds' must be a number")
         if not 0 < timeout <= self._settings.max_command_timeout_seconds:

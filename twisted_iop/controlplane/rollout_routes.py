@@ -251,12 +251,13 @@ def rollout_request(http: RolloutHost, request: IRequest, body: dict[str, Any]) 
         key = header.decode("utf-8", "replace")
     if key is not None and (not isinstance(key, str) or len(key) > MAX_KEY_CHARS):
         raise BadRequest(f"field 'idempotency_key' must be a string of at most {MAX_KEY_CHARS} characters")
+    command = _command(body)
     return RolloutRequest(
-        command=_command(body),
+        command=command,
         selector=_selector(body["selector"], "selector"),
         strategy=_strategy(body, limits.default_max_in_flight, limits.max_pause_seconds),
         abort=_abort(body),
-        timeout_seconds=settings.default_command_timeout_seconds if timeout is None else float(timeout),
+        timeout_seconds=settings.command_timeout(command.name) if timeout is None else float(timeout),
         disconnected=disconnected,
         wait_seconds=limits.default_wait_seconds if wait is None else float(wait),
         idempotency_key=key or "",

@@ -143,7 +143,7 @@ export class IopCommandForm extends IopElement {
         <div data-params class="params"></div>
         <div class="row">
           <div class="field"><label for="cmd-timeout">Timeout (s)</label>
-            <input id="cmd-timeout" name="timeout" type="number" min="1" max="300" step="1" placeholder="10"></div>
+            <input id="cmd-timeout" name="timeout" type="number" min="1" max="300" step="1" placeholder="default"></div>
           <div class="field"><label for="cmd-key">Idempotency key</label>
             <input id="cmd-key" name="idempotency_key" type="text" placeholder="optional" autocomplete="off"></div>
         </div>

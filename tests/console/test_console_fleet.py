@@ -157,7 +157,10 @@ async def test_console_on_a_fleet_of_daemons(browser: Browser, tmp_path: Path) -
             page.wait_for_selector('iop-command-form .outcome[data-state="succeeded"]')
             page.wait_for_selector('iop-edge-detail tr[data-provider="mock-b"][data-status="drained"]', timeout=6000)
             page.wait_for_selector('iop-operations tr[data-state="succeeded"]')
+            # From the top (the form scrolled the page: a full-page shot of a
+            # scrolled page draws the sticky header and fleet list mid-page);
             # animations="disabled" finishes the new-event highlight before the shot.
+            page.evaluate("window.scrollTo(0, 0)")
             page.screenshot(path=str(screenshot), full_page=True, animations="disabled")
 
         await browser.call(drain_from_the_form)

@@ -5,43 +5,20 @@ from __future__ import annotations
 
 import json
 import math
-from importlib import resources
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from jsonschema import Draft202012Validator
-from referencing import Registry
-from referencing.jsonschema import DRAFT202012
-from twisted.internet.task import Clock
 
-from twisted_iop.controlplane.edge_hello import EdgeHello
-from twisted_iop.controlplane.json_bytes import JsonBytesRenderer
-from twisted_iop.controlplane.json_views import provider_json
-from twisted_iop.controlplane.registry import EdgeRegistry
-from twisted_iop.testing import json_reference as reference
-from twisted_iop.testing.peers import HeldEdgePeer, keep_status, set_engine, snapshot
+from twisted_iop.testing.peers import set_engine, snapshot
+from twisted_iop.testing.provider_views import edge_status_body
+from twisted_iop.testing.provider_views import shown_provider as _shown
 from twisted_iop.wire import control_pb2 as pb
-
-_DOCUMENT = json.loads(resources.files("twisted_iop.controlplane").joinpath("openapi.json").read_text())
-_PROVIDER = Draft202012Validator(
-    {"$ref": "urn:iop:openapi#/components/schemas/Provider"},
-    registry=Registry().with_resource("urn:iop:openapi", DRAFT202012.create_resource(_DOCUMENT)),
-)
 
 
 def _provider(**engine: Any) -> pb.ProviderSnapshot:
     provider = pb.ProviderSnapshot(provider_id="p1", kind="vllm", capacity=4, in_flight=1)
     return set_engine(provider, **engine)
-
-
-def _shown(provider: pb.ProviderSnapshot) -> dict[str, Any]:
-    """The provider's JSON as it leaves the process: strict JSON, valid against the document."""
-    shown = provider_json(provider)
-    json.dumps(shown, allow_nan=False)
-    errors = [e.message for e in _PROVIDER.iter_errors(shown)]
-    assert not errors, errors
-    return shown
 
 
 def test_an_engine_reading_is_shown_beside_the_capacity_counters() -> None:
@@ -125,18 +102,11 @@ def test_the_status_view_shows_the_engine_as_the_reference_does(
     """GET /edges/{id}/status with an engine reading on one provider is byte
     for byte the compact JSON of the reference, strict JSON, and carries the
     reading on that provider alone."""
-    registry = EdgeRegistry(Clock())
-    hello = EdgeHello(labels={"site": "a"}, software_version="1", protocol_version="1.0", commands=())
-    token = registry.connect("edge-1", HeldEdgePeer(), hello)
     response = snapshot("edge-1", nodes=2)
     set_engine(
         response.nodes[0].providers[0], kv_cache_usage=kv, tokens_per_second=rate, waiting=waiting, cooling_down=cooling
     )
-    kept = keep_status(registry, "edge-1", token, response)
-    assert kept is not None
-    record = registry.get("edge-1")
-    body = JsonBytesRenderer().edge_status(record, kept, False)
-    assert body == reference.compact(reference.snapshot_json(record, kept, False))
+    body = edge_status_body(response, {"site": "a"})
     rendered = json.loads(body, parse_constant=_refuse)
     first, second = (node["providers"][0] for node in rendered["nodes"])
     assert first["cooling_down"] is cooling and first["engine"]["waiting"] == waiting

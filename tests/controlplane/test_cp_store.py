@@ -34,7 +34,7 @@ from twisted_iop.controlplane.store import sqlite_schema
 from twisted_iop.controlplane.store.interface import HistoryChunk, StoreError
 from twisted_iop.controlplane.store.memory import MemoryHistory, MemoryStore, chunk_bytes
 from twisted_iop.controlplane.store.settings import Retention, StoreSettings
-from twisted_iop.controlplane.store.sqlite import SqliteStore
+from twisted_iop.controlplane.store.sqlite import SqliteStore, _edge_row
 from twisted_iop.controlplane.store.sqlite_writer import Batch, SqliteWriter
 from twisted_iop.testing import store_contract
 from twisted_iop.testing.harness import eventually, start_control_plane
@@ -378,6 +378,47 @@ def test_a_block_written_before_a_field_was_declared_reads_its_default() -> None
             stored_forms.events_of_block(bad)
 
 
+def _row_with(field: str, value: Any) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
+    names, rows = marshal.loads(stored_forms.event_block([_event("edge-a", 1, 1), _event("edge-a", 2, 2)]))
+    at = names.index(field)
+    return names, [rows[0], (*rows[1][:at], value, *rows[1][at + 1 :])]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("sequence", -1),
+        ("sequence", True),
+        ("fleet_sequence", 2.0),
+        ("occurred_at", "yesterday"),
+        ("occurred_at", None),
+        ("kind", 7),
+        ("message", b"bytes"),
+        ("attributes", {"k": 1}),
+        ("attributes", ["k"]),
+    ],
+)
+def test_a_block_with_one_wrong_value_is_refused(field: str, value: Any) -> None:
+    """One value of the wrong type (or a negative number) anywhere in a block refuses the block."""
+    names, rows = _row_with(field, value)
+    with pytest.raises(stored_forms.BadRecord, match=field):
+        stored_forms.events_of_block(marshal.dumps((names, rows), 2))
+
+
+def test_a_block_checks_its_shape_its_edge_and_reads_whole_times() -> None:
+    """Rows of another width, names that are not texts, or another edge's event
+    are refused; a time written as a whole number reads back as a float."""
+    names, rows = _row_with("occurred_at", 5)
+    [_, second] = stored_forms.events_of_block(marshal.dumps((names, rows), 2), "edge-a")
+    assert second.occurred_at == 5.0 and type(second.occurred_at) is float
+    with pytest.raises(stored_forms.BadRecord, match="another edge"):
+        stored_forms.events_of_block(marshal.dumps((names, rows), 2), "edge-b")
+    for bad in ((names, [rows[0], rows[1][:-1]]), (names, [rows[0], list(rows[1])]), ((*names[:-1], 3), rows)):
+        with pytest.raises(stored_forms.BadRecord):
+            stored_forms.events_of_block(marshal.dumps(bad, 2))
+    assert stored_forms.events_of_block(marshal.dumps((names, []), 2)) == []
+
+
 def test_a_busy_edge_costs_one_row_per_write(tmp_path: Path) -> None:
     """The events one write has of one edge are one block (one row), cut at the block's bounds."""
     writer = _writer(tmp_path, Retention())
@@ -437,6 +478,40 @@ async def test_a_restarted_control_plane_shows_what_happened_before(tmp_path: Pa
         code, events = await cp.get_json("/edges/edge-a/events")
         connected = [e for e in events["items"] if e["kind"] == "edge.connected"][-1]
         assert connected["sequence"] > last_before and connected["fleet_sequence"] > fleet_before
+    finally:
+        await cp.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_fleet_buffer_takes_the_newest_run_it_can_hold_sharing_the_edges_kept_events(
+    tmp_path: Path,
+) -> None:
+    """Restored: every edge its events; the fleet the newest numbers without a gap,
+    no more than ``registry.fleet_events``, each the same kept event as its edge's."""
+    writer = _writer(tmp_path, Retention())
+    registry = EdgeRegistry(reactor)
+    batch = Batch()
+    for edge_id in ("edge-a", "edge-b"):
+        record = registry.known(edge_id, HELLO)
+        record.last_seen = NOW
+        batch.edges.append(_edge_row(record))
+    # edge-a: fleet numbers 1-3; then a gap (4 was removed); edge-b: 5-14.
+    batch.events += [_event("edge-a", n, n) for n in range(1, 4)]
+    batch.events += [_event("edge-b", n, n + 4) for n in range(1, 11)]
+    batch.meta["fleet_sequence"] = 14
+    writer.write(batch)
+    writer._db.close()
+    cp = await start_control_plane(config_text=_store_config(tmp_path) + "registry: {fleet_events: 5}\n")
+    try:
+        _, fleet = await cp.get_json("/fleet/events?limit=100")
+        assert [e["fleet_sequence"] for e in fleet["items"]] == [10, 11, 12, 13, 14]
+        assert fleet["last_sequence"] == 14
+        for edge_id, count in (("edge-a", 3), ("edge-b", 10)):
+            _, events = await cp.get_json(f"/edges/{edge_id}/events?limit=100")
+            assert [e["sequence"] for e in events["items"]] == list(range(1, count + 1))
+        restored = cp.service.registry
+        edge_b = restored.get("edge-b").events
+        assert edge_b._events[-1] is restored.fleet_events._events[-1]
     finally:
         await cp.stop()
 

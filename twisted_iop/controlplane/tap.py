@@ -201,6 +201,18 @@ class ControlPlaneService(DaemonService):
         if self.store_opened:
             return
         self.store_opened = True
+        # Reading back a full store makes a million objects that all live on:
+        # collecting while they are made walks them again and again (it took
+        # as long as reading them). One collection follows, in startService.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            self._open_store()
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _open_store(self) -> None:
         try:
             kept = self.store.open()
         except StoreError as e:

@@ -22,13 +22,14 @@ edges' bounds after.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from twisted.logger import Logger
 
 from twisted_iop.controlplane import stored_forms
 from twisted_iop.controlplane.event_log import EventBuffer
 from twisted_iop.controlplane.event_record import EventRecord
+from twisted_iop.controlplane.memory import kept_form
 from twisted_iop.controlplane.store.interface import KeptState
 
 if TYPE_CHECKING:
@@ -59,23 +60,34 @@ def restore(kept: KeptState, registry: EdgeRegistry, gateway: EdgeGateway, rollo
         if edge.connected:
             died_connected.append(edge.edge_id)
     rollout_events = rollouts.event_buffer
-    for event in kept.events:
-        buffer: EventBuffer
+    fleet = registry.fleet_events
+    # The fleet's buffer takes the newest run of numbers without a gap, and
+    # of it no more than it can hold (older ones would only be dropped).
+    events = kept.events
+    fleet_from = max(_newest_run_start(events), len(events) - fleet.capacity)
+    for index, event in enumerate(events):
+        buffer: Optional[EventBuffer]
         if not event.edge_id:
             buffer = rollout_events
         elif event.edge_id in records:
             buffer = records[event.edge_id][0].events
         else:
+            buffer = None
+        if buffer is not None and event.sequence <= buffer.last_sequence:
+            buffer = None
+        in_fleet = index >= fleet_from
+        if buffer is None and not in_fleet:
             continue
-        if event.sequence > buffer.last_sequence:
-            buffer.append(event, event.sequence)
+        # One kept form in both buffers, as a live event is.
+        form = kept_form(event)
+        if buffer is not None:
+            buffer.append_kept(form, event.sequence)
+        if in_fleet:
+            fleet.append_kept(form, event.fleet_sequence)
     for record, last_sequence in records.values():
         _continue_numbering(record.events, last_sequence)
         registry.keep_disconnected(record)
     _continue_numbering(rollout_events, kept.rollout_event_sequence)
-    fleet = registry.fleet_events
-    for event in _newest_run(kept.events):
-        fleet.append(event, event.fleet_sequence)
     _continue_numbering(fleet, kept.fleet_sequence)
     operations = 0
     for operation in kept.operations:
@@ -116,14 +128,11 @@ def _continue_numbering(buffer: EventBuffer, last_sequence: int) -> None:
         buffer.last_sequence = last_sequence
 
 
-def _newest_run(events: tuple[EventRecord, ...]) -> list[EventRecord]:
-    """The newest events whose fleet sequences follow each other without a
-    gap (a buffer's numbers are contiguous; the store's per-edge bounds may
-    have left older gaps), oldest first."""
-    run: list[EventRecord] = []
-    for event in reversed(events):
-        if run and event.fleet_sequence != run[-1].fleet_sequence - 1:
-            break
-        run.append(event)
-    run.reverse()
-    return run
+def _newest_run_start(events: tuple[EventRecord, ...]) -> int:
+    """Where the newest events whose fleet sequences follow each other
+    without a gap begin (a buffer's numbers are contiguous; the store's
+    per-edge bounds may have left older gaps)."""
+    start = len(events)
+    while start > 1 and events[start - 2].fleet_sequence == events[start - 1].fleet_sequence - 1:
+        start -= 1
+    return start - 1 if events else 0

@@ -406,13 +406,9 @@ class SqliteStore(Service):
         events = []
         for block, edge_id, body in db.execute("SELECT block, edge_id, body FROM events ORDER BY block"):
             try:
-                kept = stored_forms.events_of_block(body)
-                if any(event.edge_id != edge_id for event in kept):
-                    raise stored_forms.BadRecord("an event of another edge")
+                events += stored_forms.events_of_block(body, edge_id)
             except stored_forms.BadRecord as e:
                 self._skipped(f"event block {block}: {e}")
-                continue
-            events.extend(kept)
         # The blocks of one write are per edge: fleet order is restored here.
         events.sort(key=lambda event: event.fleet_sequence)
         operations = []

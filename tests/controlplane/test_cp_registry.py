@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from twisted.internet.task import Clock
 from twisted.logger import LogLevel, capturedLogs
 
 from twisted_iop.controlplane import operation_states
+from twisted_iop.controlplane import registry as registry_module
 from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.event_log import PROTOCOL_VIOLATION_INTERVAL_SECONDS, EventBuffer
 from twisted_iop.controlplane.memory import RegistryLimits
@@ -59,6 +62,37 @@ def test_newest_wins_and_old_token_is_stale() -> None:
     assert registry.record_edge_event("edge-a", old, pb.EdgeEvent(kind="node.ready")) is None
     assert kinds(registry, "edge-a") == ["edge.connected", "edge.superseded", "edge.connected"]
     assert registry.connected_count == 1
+
+
+def test_a_forgotten_edge_dialing_in_again_continues_its_numbering() -> None:
+    """An edge forgotten for the bounds comes back with its sequences going on
+    (never a number twice), and its own event numbering remembered."""
+    registry, _ = make_registry(disconnected_edges=1)
+    token = registry.connect("e0", HeldEdgePeer(), HELLO)
+    registry.record_edge_event("e0", token, pb.EdgeEvent(kind="node.ready", edge_sequence=7))
+    registry.disconnect("e0", token, "gone")
+    before = registry.get("e0").events.last_sequence
+    assert before == 3
+    other = registry.connect("e1", HeldEdgePeer(), HELLO)
+    registry.disconnect("e1", other, "gone")
+    assert registry.find("e0") is None and registry.forgotten_edges == 1
+    token = registry.connect("e0", HeldEdgePeer(), HELLO)
+    [connected] = registry.get("e0").events.since(0, 10)
+    assert (connected.kind, connected.sequence) == ("edge.connected", before + 1)
+    # Its own numbering went on from 7: 9 says one event was lost, 8 would not.
+    registry.record_edge_event("e0", token, pb.EdgeEvent(kind="node.ready", edge_sequence=9))
+    assert kinds(registry, "e0") == ["edge.connected", "edge.events_lost", "node.ready"]
+
+
+def test_forgotten_numbering_is_bounded(monkeypatch: Any) -> None:
+    """At most FORGOTTEN_NUMBERING forgotten edges are remembered, the oldest go first."""
+    monkeypatch.setattr(registry_module, "FORGOTTEN_NUMBERING", 2)
+    registry, _ = make_registry()
+    for i in range(3):
+        registry.remember_numbering(f"e{i}", 10 + i, 0)
+    for i, expected in ((0, 0), (1, 11), (2, 12)):
+        registry.connect(f"e{i}", HeldEdgePeer(), HELLO)
+        assert registry.get(f"e{i}").events.last_sequence == expected + 1
 
 
 def test_disconnected_edges_are_bounded() -> None:

@@ -52,6 +52,10 @@ from twisted_iop.controlplane.snapshots import StatusSnapshot
 from twisted_iop.wire import control_pb2 as pb
 
 SUPERSEDED_MESSAGE = "a newer connection of this edge took over"
+#: Forgotten edges whose numbering is kept: two numbers each, about 320
+#: bytes with an edge id of 64 characters (the longest), so at most about
+#: 31 MiB; as many edges as a store keeps (``store.retention.edges``).
+FORGOTTEN_NUMBERING = 100_000
 #: The message of every ``edge.connected`` event: one text for all edges
 #: (the event names its edge), not one kept per edge.
 CONNECTED_MESSAGE = "connected"
@@ -125,6 +129,11 @@ class EdgeRegistry(Service):
         self.disconnected_bytes = 0
         #: Disconnected edges forgotten for the count or the byte bound.
         self.forgotten_edges = 0
+        #: The numbering of forgotten edges (their newest event sequence and
+        #: the newest of the edge's own), oldest first: one that dials in
+        #: again continues from it, so no sequence of an edge is given twice
+        #: (a store keeps its earlier events; a client may have seen them).
+        self._forgotten_numbering: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._tokens = itertools.count(1)
         self.event_log = EventLog(clock, limits)
         self._observers: list[ConnectionObserver] = []
@@ -333,8 +342,19 @@ class EdgeRegistry(Service):
             excess_bytes -= kept
         for edge_id in chosen:
             self.disconnected_bytes -= self._disconnected.pop(edge_id)
-            if self._edges.pop(edge_id, None) is not None:
+            record = self._edges.pop(edge_id, None)
+            if record is not None:
                 self.forgotten_edges += 1
+                self.remember_numbering(edge_id, record.events.last_sequence, record.events.last_edge_sequence)
+
+    def remember_numbering(self, edge_id: str, last_sequence: int, last_edge_sequence: int) -> None:
+        """Keep where the numbering of ``edge_id`` (not known now) stands, for
+        when it dials in again (at most :data:`FORGOTTEN_NUMBERING` edges)."""
+        numbering = self._forgotten_numbering
+        numbering[edge_id] = (last_sequence, last_edge_sequence)
+        numbering.move_to_end(edge_id)
+        while len(numbering) > FORGOTTEN_NUMBERING:
+            numbering.popitem(last=False)
 
     def _new_record(self, edge_id: str, hello: EdgeHello) -> EdgeRecord:
         record = EdgeRecord(
@@ -343,6 +363,9 @@ class EdgeRegistry(Service):
             events=self.event_log.edge_buffer(),
             operation_limits=self._operation_limits,
         )
+        numbering = self._forgotten_numbering.pop(edge_id, None)
+        if numbering is not None:
+            record.events.last_sequence, record.events.last_edge_sequence = numbering
         self._edges[edge_id] = record
         return record
 

@@ -517,6 +517,39 @@ async def test_the_fleet_buffer_takes_the_newest_run_it_can_hold_sharing_the_edg
 
 
 @pytest_twisted.ensureDeferred
+async def test_edges_past_the_disconnected_bounds_are_not_restored_and_continue_numbering(tmp_path: Path) -> None:
+    """Restored on a file with more edges than ``registry.disconnected_edges``: the
+    ones that went away last are shown; an older one dialing in numbers on."""
+    writer = _writer(tmp_path, Retention())
+    registry = EdgeRegistry(reactor)
+    batch = Batch()
+    fleet = 0
+    for i in range(4):
+        edge_id = f"edge-{i}"
+        record = registry.known(edge_id, HELLO)
+        record.last_seen = NOW + i
+        batch.edges.append((*_edge_row(record)[:7], 5, 0))
+        for n in range(1, 6):
+            fleet += 1
+            batch.events.append(_event(edge_id, n, fleet))
+    batch.meta["fleet_sequence"] = fleet
+    writer.write(batch)
+    writer._db.close()
+    cp = await start_control_plane(config_text=_store_config(tmp_path) + "registry: {disconnected_edges: 2}\n")
+    try:
+        _, edges = await cp.get_json("/edges")
+        assert sorted(e["edge_id"] for e in edges["items"]) == ["edge-2", "edge-3"]
+        _, events = await cp.get_json("/edges/edge-3/events")
+        assert [e["sequence"] for e in events["items"]] == [1, 2, 3, 4, 5]
+        edge, _ = await connect_edge(cp.edge_wire_port, "edge-0")
+        _, events = await cp.get_json("/edges/edge-0/events")
+        assert [(e["kind"], e["sequence"]) for e in events["items"]] == [("edge.connected", 6)]
+        edge.tcp.loseConnection()
+    finally:
+        await cp.stop()
+
+
+@pytest_twisted.ensureDeferred
 async def test_an_operation_in_flight_at_the_restart_ends_failed(tmp_path: Path) -> None:
     """An operation the earlier process never saw end is failed, saying why, after the restart."""
     cp = await start_control_plane(config_text=_store_config(tmp_path) + "shutdown: {grace_seconds: 0.1}\n")

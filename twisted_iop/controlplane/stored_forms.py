@@ -16,6 +16,7 @@ import json
 import marshal
 from collections.abc import Mapping, Sequence
 from functools import partial
+from itertools import chain
 from operator import itemgetter
 from typing import Any, Optional
 
@@ -277,7 +278,15 @@ def _event_column(column: tuple[Any, ...], name: str, kind: FieldKind) -> Sequen
             raise BadRecord(f"event field {name!r} must be a number")
         return [float(value) for value in column]
     if kind is FieldKind.MAP:
-        return [_str_map({name: value}, name) if value else NO_ATTRIBUTES for value in column]
+        # marshal made each dict afresh: checked (keys and values texts), not copied.
+        maps = [value for value in column if value]
+        if (
+            not set(map(type, maps)) <= {dict}
+            or not set(map(type, chain.from_iterable(maps))) <= {str}
+            or not set(map(type, chain.from_iterable(map(dict.values, maps)))) <= {str}
+        ):
+            raise BadRecord(f"field {name!r} must be an object of strings")
+        return [value or NO_ATTRIBUTES for value in column]
     if not types <= {str}:
         raise BadRecord(f"event field {name!r} must be a string")
     return column

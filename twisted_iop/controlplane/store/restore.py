@@ -16,23 +16,27 @@ own each fact, through their own methods:
   command room ends it ``failed`` with :data:`RESTARTED_REASON`;
 * rollouts are shown again, and those that had not settled run on.
 
-The buffers' own bounds apply as the events go in, and the disconnected
-edges' bounds after.
+The buffers' own bounds apply as the events go in. The bounds of
+disconnected edges (``registry.disconnected_edges`` and
+``disconnected_bytes``) hold the edges that went away last: older ones are
+not built at all, only their numbering is remembered (one that dials in
+again continues it), and their events stay in the store.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from twisted.logger import Logger
 
 from twisted_iop.controlplane import stored_forms
 from twisted_iop.controlplane.event_log import EventBuffer
 from twisted_iop.controlplane.event_record import EventRecord
-from twisted_iop.controlplane.memory import kept_form
+from twisted_iop.controlplane.memory import KeptEvent, kept_form
 from twisted_iop.controlplane.store.interface import KeptState
 
 if TYPE_CHECKING:
+    from twisted_iop.controlplane.edge_record import EdgeRecord
     from twisted_iop.controlplane.gateway import EdgeGateway
     from twisted_iop.controlplane.registry import EdgeRegistry
     from twisted_iop.controlplane.rollouts import RolloutService
@@ -47,46 +51,59 @@ _log = Logger()
 
 def restore(kept: KeptState, registry: EdgeRegistry, gateway: EdgeGateway, rollouts: RolloutService) -> dict[str, int]:
     """Put ``kept`` back; return what was restored, by kind (for the log line)."""
-    records = {}
+    events = kept.events
+    rollout_events = rollouts.event_buffer
+    fleet = registry.fleet_events
+    # The fleet's buffer takes the newest run of numbers without a gap, and
+    # of it no more than it can hold (older ones would only be dropped).
+    fleet_from = max(_newest_run_start(events), len(events) - fleet.capacity)
+    fleet_tail = events[fleet_from:]
+    tail_start = fleet_tail[0].fleet_sequence if fleet_tail else 0
+    by_edge: dict[str, list[EventRecord]] = {}
+    for event in events:
+        if event.edge_id:
+            by_edge.setdefault(event.edge_id, []).append(event)
+        elif event.sequence > rollout_events.last_sequence:
+            rollout_events.append(event, event.sequence)
+    # Kept forms of the fleet's events, shared with their edges' buffers.
+    tail_forms: dict[int, KeptEvent] = {}
+    # The edges that went away last first, as long as the registry's bounds
+    # for disconnected edges hold them: it would forget the older ones at
+    # once, so they are not built (their numbering is remembered).
+    limits = registry.limits
+    records: dict[str, tuple[EdgeRecord, int]] = {}
     died_connected = []
-    for edge in kept.edges:
+    held_bytes = 0
+    for edge in reversed(kept.edges):
+        full = len(records) >= limits.disconnected_edges or held_bytes > limits.disconnected_bytes
+        if full:
+            registry.remember_numbering(edge.edge_id, edge.last_sequence, edge.last_edge_sequence)
+            continue
         record = registry.known(edge.edge_id, stored_forms.hello_from(edge.hello))
         record.connected_at = edge.connected_at
         record.disconnected_at = edge.disconnected_at if not edge.connected else edge.last_seen
         record.last_seen = edge.last_seen
         record.enrollments = edge.enrollments
-        record.events.last_edge_sequence = edge.last_edge_sequence
+        buffer = record.events
+        buffer.last_edge_sequence = edge.last_edge_sequence
+        for event in by_edge.get(edge.edge_id, ()):
+            if event.sequence > buffer.last_sequence:
+                # One kept form in both buffers, as a live event is.
+                form = kept_form(event)
+                buffer.append_kept(form, event.sequence)
+                if event.fleet_sequence >= tail_start:
+                    tail_forms[event.fleet_sequence] = form
+        _continue_numbering(buffer, edge.last_sequence)
+        held_bytes += record.kept_bytes()
         records[edge.edge_id] = (record, edge.last_sequence)
         if edge.connected:
             died_connected.append(edge.edge_id)
-    rollout_events = rollouts.event_buffer
-    fleet = registry.fleet_events
-    # The fleet's buffer takes the newest run of numbers without a gap, and
-    # of it no more than it can hold (older ones would only be dropped).
-    events = kept.events
-    fleet_from = max(_newest_run_start(events), len(events) - fleet.capacity)
-    for index, event in enumerate(events):
-        buffer: Optional[EventBuffer]
-        if not event.edge_id:
-            buffer = rollout_events
-        elif event.edge_id in records:
-            buffer = records[event.edge_id][0].events
-        else:
-            buffer = None
-        if buffer is not None and event.sequence <= buffer.last_sequence:
-            buffer = None
-        in_fleet = index >= fleet_from
-        if buffer is None and not in_fleet:
-            continue
-        # One kept form in both buffers, as a live event is.
-        form = kept_form(event)
-        if buffer is not None:
-            buffer.append_kept(form, event.sequence)
-        if in_fleet:
-            fleet.append_kept(form, event.fleet_sequence)
-    for record, last_sequence in records.values():
-        _continue_numbering(record.events, last_sequence)
+    # Counted against the bounds in the order they went away (the oldest first).
+    for record, _ in reversed(records.values()):
         registry.keep_disconnected(record)
+    for event in fleet_tail:
+        shared = tail_forms.get(event.fleet_sequence)
+        fleet.append_kept(kept_form(event) if shared is None else shared, event.fleet_sequence)
     _continue_numbering(rollout_events, kept.rollout_event_sequence)
     _continue_numbering(fleet, kept.fleet_sequence)
     operations = 0

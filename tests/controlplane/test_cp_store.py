@@ -413,7 +413,12 @@ def test_a_block_checks_its_shape_its_edge_and_reads_whole_times() -> None:
     assert second.occurred_at == 5.0 and type(second.occurred_at) is float
     with pytest.raises(stored_forms.BadRecord, match="another edge"):
         stored_forms.events_of_block(marshal.dumps((names, rows), 2), "edge-b")
-    for bad in ((names, [rows[0], rows[1][:-1]]), (names, [rows[0], list(rows[1])]), ((*names[:-1], 3), rows)):
+    wrong_shapes: list[Any] = [
+        (names, [rows[0], rows[1][:-1]]),
+        (names, [rows[0], list(rows[1])]),
+        ((*names[:-1], 3), rows),
+    ]
+    for bad in wrong_shapes:
         with pytest.raises(stored_forms.BadRecord):
             stored_forms.events_of_block(marshal.dumps(bad, 2))
     assert stored_forms.events_of_block(marshal.dumps((names, []), 2)) == []

@@ -27,6 +27,17 @@ from twisted_iop.wire.hello import MAX_TEXT
 
 #: Milliseconds since the epoch beyond which a Node's time is not believed (year 9999).
 MAX_TIME_MS = 253_402_300_799_000
+#: States from which an engine becomes ready again by itself (``stopped``
+#: and ``failed`` wait to be told).
+RETURNING_STATES = frozenset(
+    {
+        pb.ENGINE_STATE_DRAINING,
+        pb.ENGINE_STATE_STOPPING,
+        pb.ENGINE_STATE_STARTING,
+        pb.ENGINE_STATE_LOADING,
+        pb.ENGINE_STATE_CRASHED,
+    }
+)
 
 
 @attrs.frozen
@@ -49,6 +60,11 @@ class EngineLaunchInfo:
     def ready(self) -> bool:
         """Whether it may take leases."""
         return self.state == pb.ENGINE_STATE_READY
+
+    @property
+    def returning(self) -> bool:
+        """Whether it is on its way back to ready by itself."""
+        return self.state in RETURNING_STATES
 
     def to_wire(self) -> pb.EngineLaunch:
         """The snapshot's form."""
@@ -80,6 +96,24 @@ def checked_launch(report: pb.ProviderHealthReport) -> Optional[EngineLaunchInfo
         since_ms=_time_ms(launch.since_ms),
         pid=launch.pid,
     )
+
+
+def launch_change(old: Optional[EngineLaunchInfo], new: Optional[EngineLaunchInfo]) -> Optional[dict[str, str]]:
+    """The attributes of a ``provider.launch_changed`` event when the engine's
+    state, reason or restarts changed from ``old`` to ``new``; else ``None``."""
+    if new is None or (
+        old is not None and (old.state, old.reason, old.restarts) == (new.state, new.reason, new.restarts)
+    ):
+        return None
+    attributes = {
+        "previous": old.name if old is not None else "unknown",
+        "state": new.name,
+        "reason": new.reason,
+        "restarts": str(new.restarts),
+    }
+    if new.next_try_at_ms:
+        attributes["next_try_at_ms"] = str(new.next_try_at_ms)
+    return attributes
 
 
 def launch_takes_work(launch: Optional[EngineLaunchInfo]) -> bool:

@@ -25,14 +25,14 @@ from typing import Optional, Protocol
 
 import attrs
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, fail
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from twisted_iop.edge.config import EdgeConfig, NodeConfig, ProviderConfig
 from twisted_iop.edge.cooldown import Cooldowns
-from twisted_iop.edge.engine_launch import EngineLaunchInfo, checked_launch, launch_takes_work
+from twisted_iop.edge.engine_launch import EngineLaunchInfo, checked_launch, launch_change, launch_takes_work
 from twisted_iop.edge.engine_load import EngineLoads, EngineReading
 from twisted_iop.edge.events import EventRelay
 from twisted_iop.edge.ownership import NodeOwnership, Transition, TransitionKind
@@ -48,17 +48,6 @@ USABLE_HEALTH = frozenset({pb.PROVIDER_HEALTH_HEALTHY, pb.PROVIDER_HEALTH_DEGRAD
 #: Health values a Node may report; anything else (a newer Node's value,
 #: or garbage) is recorded as UNKNOWN with a reason.
 KNOWN_HEALTH = frozenset(pb.ProviderHealth.values()) - {pb.PROVIDER_HEALTH_UNSPECIFIED}
-
-#: Launched engines' states from which an engine becomes ready again by itself.
-RETURNING_ENGINE_STATES = frozenset(
-    {
-        pb.ENGINE_STATE_DRAINING,
-        pb.ENGINE_STATE_STOPPING,
-        pb.ENGINE_STATE_STARTING,
-        pb.ENGINE_STATE_LOADING,
-        pb.ENGINE_STATE_CRASHED,
-    }
-)
 
 #: At most this many models of one provider's health report are kept.
 MAX_MODELS = 256
@@ -350,23 +339,18 @@ class NodeRegistry(Service):
         self, node_id: str, provider_id: str, old: Optional[EngineLaunchInfo], new: Optional[EngineLaunchInfo]
     ) -> None:
         """A ``provider.launch_changed`` event when the engine's state (or its reason or restarts) changed."""
-        if new is None or (
-            old is not None and (old.state, old.reason, old.restarts) == (new.state, new.reason, new.restarts)
-        ):
+        attributes = launch_change(old, new)
+        if new is None or attributes is None:
             return
-        before = old.name if old is not None else "unknown"
-        if before != new.name:
+        if attributes["previous"] != new.name:
             self._log.info(
                 "node {node_id} provider {provider_id} engine {before} -> {after} {reason}",
                 node_id=node_id,
                 provider_id=provider_id,
-                before=before,
+                before=attributes["previous"],
                 after=new.name,
                 reason=new.reason,
             )
-        attributes = {"previous": before, "state": new.name, "reason": new.reason, "restarts": str(new.restarts)}
-        if new.next_try_at_ms:
-            attributes["next_try_at_ms"] = str(new.next_try_at_ms)
         self.relay.emit(
             "provider.launch_changed",
             node_id=node_id,
@@ -480,7 +464,7 @@ class NodeRegistry(Service):
         if (node_id, provider_id) in self._held:
             return True
         launch = self.launch(node_id, provider_id)
-        return launch is not None and launch.state in RETURNING_ENGINE_STATES
+        return launch is not None and launch.returning
 
     def held(self, node_id: str, provider_id: str) -> Optional[str]:
         """Why a command holds the provider out of new leases now, or ``None``."""
@@ -508,8 +492,6 @@ class NodeRegistry(Service):
         """Send ``request`` to the owner connection of ``node_id``; fire with the Node's answer."""
         peer = self.owner_peer(node_id)
         if peer is None:
-            from twisted.internet.defer import fail
-
             return fail(UnknownNode(f"node {node_id!r} is not connected"))
         return peer.provider_command(request, timeout)
 

@@ -18,6 +18,7 @@ from typing import Any, cast
 import pytest_twisted
 from twisted.logger import ILogObserver, globalLogPublisher
 
+from twisted_iop.node import provider_commands
 from twisted_iop.node.engine_lifecycle import EngineState
 from twisted_iop.node.engine_pidfiles import EngineRecord, PidfileDirectory, process_start_ticks
 from twisted_iop.node.provider_commands import answer_provider_command
@@ -65,7 +66,7 @@ async def test_engine_starts_is_ready_then_stops_with_its_pidfile(rigs: list[Sup
     assert ready[0].ready_probe is not None and ready[0].ready_probe.health == pb.PROVIDER_HEALTH_HEALTHY
     report = made.supervisor.report("mock-a")
     assert report is not None and report.state == pb.ENGINE_STATE_READY and report.pid == pid
-    outcome = await made.supervisor.stop("mock-a", drain=False, drain_timeout=1, answer_within=10)
+    outcome = await provider_commands.stop(made.supervisor, "mock-a", drain=False, drain_timeout=1, answer_within=10)
     assert outcome.ok and made.state("mock-a") is EngineState.STOPPED
     assert not alive(pid) and not pidfile.exists()
 
@@ -111,10 +112,10 @@ async def test_command_that_exits_at_once_fails_after_the_restart_limit(
     assert report.reason == "exited with code 3; 2 restarts within 300s: the limit"
     assert report.restarts == 2 and report.next_try_at_ms == 0 and report.pid == 0
     assert made.states("bad").count(EngineState.CRASHED) == 2
-    logs = made.supervisor.logs("bad", 4096)
+    logs = provider_commands.logs(made.supervisor, "bad", 4096)
     assert logs.log_text.count("cannot open the model file\n") == 3 and logs.log_lines == 3
     assert made.supervisor.refusal("bad") == "the engine of provider bad is failed"
-    outcome = await made.supervisor.start("bad", answer_within=20)
+    outcome = await provider_commands.start(made.supervisor, "bad", answer_within=20)
     assert not outcome.ok and outcome.reason.startswith("failed: exited with code 3")
     assert made.states("bad")[-1] is EngineState.FAILED
 
@@ -139,7 +140,7 @@ async def test_stop_signals_the_whole_group_and_kills_it_after_the_timeout(
     pid = made.pid("stubborn")
     assert pid is not None and alive(worker)
     assert made.state("stubborn") in (EngineState.STARTING, EngineState.LOADING)  # nothing listens: never ready
-    outcome = await made.supervisor.stop("stubborn", drain=False, drain_timeout=1, answer_within=10)
+    outcome = await provider_commands.stop(made.supervisor, "stubborn", drain=False, drain_timeout=1, answer_within=10)
     assert outcome.ok
     report = made.supervisor.report("stubborn")
     assert report is not None and report.reason == "stopped by provider.stop; killed by signal 9 (SIGKILL)"

@@ -1,18 +1,29 @@
 """The Edge's ``provider.*`` commands, as the Node runs and answers them.
 
-A ``NodeProviderCommandRequest`` from the node wire becomes one call on
-the :class:`~twisted_iop.node.supervisor.EngineSupervisor` (restart,
-stop, start, logs) and its outcome one ``NodeProviderCommandResponse``.
-Every value from the Edge is checked here: an unknown action is refused,
-times and the log answer are bounded.
+A ``NodeProviderCommandRequest`` from the node wire becomes one action on
+an engine of the :class:`~twisted_iop.node.supervisor.EngineSupervisor`
+(:func:`restart`, :func:`stop`, :func:`start`, :func:`logs`) and its
+outcome one ``NodeProviderCommandResponse``. Every value from the Edge is
+checked here: an unknown action is refused, times and the log answer are
+bounded. Restart and stop may drain first (the engine is ``draining``: no
+new leases; the action waits for this Node's requests on it to finish, up
+to the drain timeout, then cuts off what still runs); restart and start
+answer once the engine is ready again, or when the answer is due (it goes
+on starting).
 """
 
 from __future__ import annotations
 
+from typing import Optional
+
+import attrs
 from twisted.internet.defer import Deferred
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from twisted_iop.node.supervisor import ActionOutcome, EngineSupervisor, NotLaunched
+from twisted_iop.daemon import wait_until
+from twisted_iop.node.engine_lifecycle import EngineState
+from twisted_iop.node.supervisor import EngineSupervisor, LaunchedEngine, NotLaunched
 from twisted_iop.wire import control_pb2 as pb
 
 #: A provider command's answer is due after this long when the Edge gives no time.
@@ -23,6 +34,21 @@ MAX_COMMAND_SECONDS = 3600.0
 DEFAULT_LOG_ANSWER_BYTES = 16 * 1024
 #: The most bytes of output one ``provider.logs`` answer carries.
 MAX_LOG_ANSWER_BYTES = 64 * 1024
+
+_log = Logger()
+
+
+@attrs.frozen
+class ActionOutcome:
+    """How a provider command ended."""
+
+    ok: bool
+    reason: str
+    launch: Optional[pb.EngineLaunch] = None
+    drained_requests: int = 0
+    cut_requests: int = 0
+    log_text: str = ""
+    log_lines: int = 0
 
 
 def answer_provider_command(
@@ -45,14 +71,14 @@ def answer_provider_command(
 
     async def run() -> ActionOutcome:
         if action == pb.PROVIDER_ACTION_RESTART:
-            return await supervisor.restart(provider_id, request.drain, drain_timeout, answer_within)
+            return await restart(supervisor, provider_id, request.drain, drain_timeout, answer_within)
         if action == pb.PROVIDER_ACTION_STOP:
-            return await supervisor.stop(provider_id, request.drain, drain_timeout, answer_within)
+            return await stop(supervisor, provider_id, request.drain, drain_timeout, answer_within)
         if action == pb.PROVIDER_ACTION_START:
-            return await supervisor.start(provider_id, answer_within)
+            return await start(supervisor, provider_id, answer_within)
         if action == pb.PROVIDER_ACTION_LOGS:
             wanted = request.max_log_bytes or DEFAULT_LOG_ANSWER_BYTES
-            return supervisor.logs(provider_id, min(wanted, MAX_LOG_ANSWER_BYTES))
+            return logs(supervisor, provider_id, min(wanted, MAX_LOG_ANSWER_BYTES))
         return ActionOutcome(False, f"unknown provider action {action}")
 
     def answered(outcome: ActionOutcome) -> pb.NodeProviderCommandResponse:
@@ -73,3 +99,93 @@ def answer_provider_command(
         return pb.NodeProviderCommandResponse(ok=False, reason=str(failure.value))
 
     return Deferred.fromCoroutine(run()).addCallbacks(answered, refused)
+
+
+async def restart(
+    supervisor: EngineSupervisor, provider_id: str, drain: bool, drain_timeout: float, answer_within: float
+) -> ActionOutcome:
+    """Drain (if asked), stop, start and wait (up to ``answer_within`` in all) until ready."""
+    engine = supervisor.commanded(provider_id)
+    started = supervisor.clock.seconds()
+    in_flight, cut = await _drain(supervisor, engine, drain, drain_timeout, "restart asked")
+    engine.act(engine.lifecycle.restart(supervisor.clock.seconds(), "restart asked (provider.restart)"))
+    return await _until_ready(supervisor, engine, started, answer_within, in_flight, cut)
+
+
+async def start(supervisor: EngineSupervisor, provider_id: str, answer_within: float) -> ActionOutcome:
+    """Start (also a failed or stopped engine) and wait until ready."""
+    engine = supervisor.commanded(provider_id)
+    started = supervisor.clock.seconds()
+    engine.act(engine.lifecycle.start(started, "started by provider.start"))
+    return await _until_ready(supervisor, engine, started, answer_within, 0, 0)
+
+
+async def stop(
+    supervisor: EngineSupervisor, provider_id: str, drain: bool, drain_timeout: float, answer_within: float
+) -> ActionOutcome:
+    """Drain (if asked), then stop; it stays stopped until started."""
+    engine = supervisor.commanded(provider_id)
+    clock = supervisor.clock
+    started = clock.seconds()
+    in_flight, cut = await _drain(supervisor, engine, drain, drain_timeout, "stop asked")
+    engine.act(engine.lifecycle.stop(clock.seconds(), "stopped by provider.stop"))
+    left = max(0.0, answer_within - (clock.seconds() - started))
+    stopped = await engine.wait_for(lambda: not engine.lifecycle.running, left)
+    reason = "stopped" if stopped else f"still {engine.lifecycle.state.value} when the answer was due"
+    return ActionOutcome(stopped, reason, engine.report(), in_flight, cut)
+
+
+def logs(supervisor: EngineSupervisor, provider_id: str, max_bytes: int) -> ActionOutcome:
+    """The last lines of the engine's output, at most ``max_bytes`` bytes."""
+    engine = supervisor.commanded(provider_id)
+    lines = engine.tail.last(max_bytes)
+    text = "".join(line.text + "\n" for line in lines)
+    return ActionOutcome(True, "", engine.report(), log_text=text, log_lines=len(lines))
+
+
+async def _drain(
+    supervisor: EngineSupervisor, engine: LaunchedEngine, drain: bool, timeout: float, what: str
+) -> tuple[int, int]:
+    """Drain ``engine`` if asked and it is ready; (requests in flight at the start, still running at the end)."""
+    provider_id = engine.provider_id
+    running_on = supervisor.running_on
+    in_flight = running_on(provider_id)
+    if not drain:
+        return in_flight, in_flight
+    if not engine.lifecycle.drain(supervisor.clock.seconds(), f"{what}: waiting for {in_flight} requests in flight"):
+        return in_flight, in_flight
+    engine.act([])
+    await wait_until(
+        supervisor.clock,
+        lambda: running_on(provider_id) == 0 or engine.lifecycle.state is not EngineState.DRAINING,
+        timeout,
+    )
+    left = running_on(provider_id)
+    if left:
+        _log.warn(
+            "provider {provider_id}: {count} requests still running after the {seconds:g}s drain; cutting them off",
+            provider_id=provider_id,
+            count=left,
+            seconds=timeout,
+        )
+    return in_flight, left
+
+
+async def _until_ready(
+    supervisor: EngineSupervisor, engine: LaunchedEngine, started: float, answer_within: float, in_flight: int, cut: int
+) -> ActionOutcome:
+    left = max(0.0, answer_within - (supervisor.clock.seconds() - started))
+    lifecycle = engine.lifecycle
+    await engine.wait_for(lambda: lifecycle.state in (EngineState.READY, EngineState.FAILED), left)
+    took = supervisor.clock.seconds() - started
+    if lifecycle.state is EngineState.READY:
+        return ActionOutcome(True, f"ready after {took:.1f}s", engine.report(), in_flight, cut)
+    if lifecycle.state is EngineState.FAILED:
+        return ActionOutcome(False, f"failed: {lifecycle.reason}", engine.report(), in_flight, cut)
+    return ActionOutcome(
+        False,
+        f"not ready when the answer was due ({lifecycle.state.value}: {lifecycle.reason}); it goes on starting",
+        engine.report(),
+        in_flight,
+        cut,
+    )

@@ -18,11 +18,10 @@ kill), keeping one timer and at most one readiness check at a time.
   running engine in the state directory. At start, an engine an earlier
   Node left running (its pidfile and its command line match) is stopped
   before ours starts; a stale pidfile is removed.
-* **Commands** (the Edge's ``provider.*``): restart and stop may drain
-  first (the engine is ``draining``: no new leases; the supervisor waits
-  for this Node's requests on it to finish, up to the drain timeout);
-  restart and start answer once the engine is ready again, or when the
-  answer is due; logs returns the last lines.
+* **Commands** (the Edge's ``provider.*``): run by
+  :mod:`~twisted_iop.node.provider_commands` on the engine
+  :meth:`EngineSupervisor.commanded` names (drain, restart, stop, start,
+  logs), through the same lifecycle rules.
 * **Stop**: when the Node stops, after its requests in flight had their
   grace, every engine gets its stop signal and SIGKILL after its stop
   timeout; :meth:`EngineSupervisor.stopService` fires once all exited.
@@ -40,14 +39,13 @@ import signal
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Optional, Protocol
 
-import attrs
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList, succeed
 from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
-from twisted_iop.daemon import StartupError, wait_until
+from twisted_iop.daemon import StartupError
 from twisted_iop.node.config import NodeProviderConfig
 from twisted_iop.node.engine_lifecycle import STARTING_STATES, Do, EngineLifecycle, EngineState, Exit
 from twisted_iop.node.engine_logs import LogTail
@@ -92,19 +90,6 @@ class LaunchListener(Protocol):
 
 class NotLaunched(Exception):
     """No engine of that provider is launched by this Node."""
-
-
-@attrs.frozen
-class ActionOutcome:
-    """How a provider command ended."""
-
-    ok: bool
-    reason: str
-    launch: Optional[pb.EngineLaunch] = None
-    drained_requests: int = 0
-    cut_requests: int = 0
-    log_text: str = ""
-    log_lines: int = 0
 
 
 class LaunchedEngine:
@@ -574,88 +559,13 @@ class EngineSupervisor(Service):
             return None
         return f"the engine of provider {provider_id} is {engine.lifecycle.state.value}"
 
-    # -- the Edge's provider commands ---------------------------------------------------------
+    # -- the Edge's provider commands (run by :mod:`.provider_commands`) -------------------------
 
-    def _engine(self, provider_id: str) -> LaunchedEngine:
+    def commanded(self, provider_id: str) -> LaunchedEngine:
+        """The engine a provider command acts on; raises :class:`NotLaunched`."""
         if self.stopping:
             raise NotLaunched("the node is stopping; its engines are being stopped")
         engine = self.engines.get(provider_id)
         if engine is None:
             raise NotLaunched(f"provider {provider_id!r} has no engine launched by this node (no launch block)")
         return engine
-
-    async def _drain(self, engine: LaunchedEngine, drain: bool, timeout: float, what: str) -> tuple[int, int]:
-        """Drain ``engine`` if asked and it is ready; (requests in flight at the start, still running at the end)."""
-        provider_id = engine.provider_id
-        in_flight = self.running_on(provider_id)
-        if not drain:
-            return in_flight, in_flight
-        if not engine.lifecycle.drain(self.clock.seconds(), f"{what}: waiting for {in_flight} requests in flight"):
-            return in_flight, in_flight
-        engine.act([])
-        await wait_until(
-            self.clock,
-            lambda: self.running_on(provider_id) == 0 or engine.lifecycle.state is not EngineState.DRAINING,
-            timeout,
-        )
-        left = self.running_on(provider_id)
-        if left:
-            self._log.warn(
-                "provider {provider_id}: {count} requests still running after the {seconds:g}s drain; cutting them off",
-                provider_id=provider_id,
-                count=left,
-                seconds=timeout,
-            )
-        return in_flight, left
-
-    async def restart(self, provider_id: str, drain: bool, drain_timeout: float, answer_within: float) -> ActionOutcome:
-        """Drain (if asked), stop, start and wait (up to ``answer_within`` in all) until ready."""
-        engine = self._engine(provider_id)
-        started = self.clock.seconds()
-        in_flight, cut = await self._drain(engine, drain, drain_timeout, "restart asked")
-        engine.act(engine.lifecycle.restart(self.clock.seconds(), "restart asked (provider.restart)"))
-        return await self._until_ready(engine, started, answer_within, in_flight, cut)
-
-    async def start(self, provider_id: str, answer_within: float) -> ActionOutcome:
-        """Start (also a failed or stopped engine) and wait until ready."""
-        engine = self._engine(provider_id)
-        started = self.clock.seconds()
-        engine.act(engine.lifecycle.start(started, "started by provider.start"))
-        return await self._until_ready(engine, started, answer_within, 0, 0)
-
-    async def stop(self, provider_id: str, drain: bool, drain_timeout: float, answer_within: float) -> ActionOutcome:
-        """Drain (if asked), then stop; it stays stopped until started."""
-        engine = self._engine(provider_id)
-        started = self.clock.seconds()
-        in_flight, cut = await self._drain(engine, drain, drain_timeout, "stop asked")
-        engine.act(engine.lifecycle.stop(self.clock.seconds(), "stopped by provider.stop"))
-        left = max(0.0, answer_within - (self.clock.seconds() - started))
-        stopped = await engine.wait_for(lambda: not engine.lifecycle.running, left)
-        reason = "stopped" if stopped else f"still {engine.lifecycle.state.value} when the answer was due"
-        return ActionOutcome(stopped, reason, engine.report(), in_flight, cut)
-
-    def logs(self, provider_id: str, max_bytes: int) -> ActionOutcome:
-        """The last lines of the engine's output, at most ``max_bytes`` bytes."""
-        engine = self._engine(provider_id)
-        lines = engine.tail.last(max_bytes)
-        text = "".join(line.text + "\n" for line in lines)
-        return ActionOutcome(True, "", engine.report(), log_text=text, log_lines=len(lines))
-
-    async def _until_ready(
-        self, engine: LaunchedEngine, started: float, answer_within: float, in_flight: int, cut: int
-    ) -> ActionOutcome:
-        left = max(0.0, answer_within - (self.clock.seconds() - started))
-        lifecycle = engine.lifecycle
-        await engine.wait_for(lambda: lifecycle.state in (EngineState.READY, EngineState.FAILED), left)
-        took = self.clock.seconds() - started
-        if lifecycle.state is EngineState.READY:
-            return ActionOutcome(True, f"ready after {took:.1f}s", engine.report(), in_flight, cut)
-        if lifecycle.state is EngineState.FAILED:
-            return ActionOutcome(False, f"failed: {lifecycle.reason}", engine.report(), in_flight, cut)
-        return ActionOutcome(
-            False,
-            f"not ready when the answer was due ({lifecycle.state.value}: {lifecycle.reason}); it goes on starting",
-            engine.report(),
-            in_flight,
-            cut,
-        )

@@ -9,7 +9,6 @@ the ones running finish in the drain). ``make llama-engine`` installs the engine
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from twisted.internet.defer import DeferredList, ensureDeferred
 from twisted_iop.testing.configs import gateway_edge_yaml, gateway_node_yaml, write_yaml
 from twisted_iop.testing.harness import eventually, start_edge, start_node, stop
 from twisted_iop.testing.launch import ChatLoad, alive, free_port
-from twisted_iop.testing.llama_engine import ENGINE_FLAGS
+from twisted_iop.testing.llama_engine import llama_server_argv
 from twisted_iop.testing.tiny_model import tiny_model
 from twisted_iop.wire import control_pb2 as pb
 
@@ -42,22 +41,7 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def launched_llama(provider_id: str, port: int, model: Path) -> dict[str, Any]:
     """node.yaml's provider whose engine the Node launches: llama-cpp-python on ``port``."""
-    command = [
-        sys.executable,
-        "-m",
-        "llama_cpp.server",
-        "--model",
-        str(model),
-        "--model_alias",
-        MODEL,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--n_ctx",
-        str(N_CTX),
-        *ENGINE_FLAGS,
-    ]
+    command = llama_server_argv(model, MODEL, port, N_CTX)
     return {
         "provider_id": provider_id,
         "kind": "llamacpp",

@@ -129,22 +129,12 @@ class LlamaEngine:
         return self.process.wait(5)
 
 
-def start_llama_engine(
-    model: Path,
-    log_dir: Path,
-    model_name: str,
-    n_ctx: int = 512,
-    extra_flags: tuple[str, ...] = (),
-    timeout: float = START_TIMEOUT_SECONDS,
-) -> LlamaEngine:
-    """Start the engine serving ``model`` as ``model_name`` on a free loopback port.
-
-    Waits (bounded by ``timeout``) until ``GET /v1/models`` answers; on a
-    timeout or an early exit the engine is stopped and ``AssertionError``
-    carries its log.
-    """
-    port = free_port()
-    argv = [
+def llama_server_argv(
+    model: Path, model_name: str, port: int, n_ctx: int = 512, extra_flags: tuple[str, ...] = ()
+) -> list[str]:
+    """The command line of llama-cpp-python's server serving ``model`` as
+    ``model_name`` on ``127.0.0.1:port`` (with the suite's engine flags)."""
+    return [
         sys.executable,
         "-m",
         "llama_cpp.server",
@@ -161,6 +151,24 @@ def start_llama_engine(
         *ENGINE_FLAGS,
         *extra_flags,
     ]
+
+
+def start_llama_engine(
+    model: Path,
+    log_dir: Path,
+    model_name: str,
+    n_ctx: int = 512,
+    extra_flags: tuple[str, ...] = (),
+    timeout: float = START_TIMEOUT_SECONDS,
+) -> LlamaEngine:
+    """Start the engine serving ``model`` as ``model_name`` on a free loopback port.
+
+    Waits (bounded by ``timeout``) until ``GET /v1/models`` answers; on a
+    timeout or an early exit the engine is stopped and ``AssertionError``
+    carries its log.
+    """
+    port = free_port()
+    argv = llama_server_argv(model, model_name, port, n_ctx, extra_flags)
     log_path = log_dir / f"llama-engine-{port}.log"
     with open(log_path, "wb") as handle:
         process = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

@@ -71,7 +71,7 @@ def restore(kept: KeptState, registry: EdgeRegistry, gateway: EdgeGateway, rollo
     # for disconnected edges hold them: it would forget the older ones at
     # once, so they are not built (their numbering is remembered).
     limits = registry.limits
-    records: dict[str, tuple[EdgeRecord, int]] = {}
+    records: dict[str, EdgeRecord] = {}
     died_connected = []
     held_bytes = 0
     for edge in reversed(kept.edges):
@@ -95,11 +95,11 @@ def restore(kept: KeptState, registry: EdgeRegistry, gateway: EdgeGateway, rollo
                     tail_forms[event.fleet_sequence] = form
         _continue_numbering(buffer, edge.last_sequence)
         held_bytes += record.kept_bytes()
-        records[edge.edge_id] = (record, edge.last_sequence)
+        records[edge.edge_id] = record
         if edge.connected:
             died_connected.append(edge.edge_id)
     # Counted against the bounds in the order they went away (the oldest first).
-    for record, _ in reversed(records.values()):
+    for record in reversed(records.values()):
         registry.keep_disconnected(record)
     for event in fleet_tail:
         shared = tail_forms.get(event.fleet_sequence)

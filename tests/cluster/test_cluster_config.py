@@ -155,3 +155,16 @@ def test_a_bad_redis_url_never_shows_its_password() -> None:
     config = config_from_text("cluster: {backend: redis, redis_url: 'redis://user:s3cret@r:6379/0'}")
     assert config.cluster.redis.password == "s3cret"
     assert "s3cret" not in repr(config) and "s3cret" not in str(config.cluster.redis)
+
+
+def test_the_single_process_sample_turns_cluster_mode_on_with_one_setting() -> None:
+    """configs/control-plane.yaml with ``cluster.backend: redis`` and nothing else
+    changed is a valid cluster config: its store follows the cluster (redis), and
+    unchanged it keeps the embedded sqlite store."""
+    text = (ROOT / "configs" / "control-plane.yaml").read_text()
+    assert config_from_text(text).store.backend == "sqlite"
+    assert "\ncluster:\n  backend: memory\n" in text
+    clustered = text.replace("\ncluster:\n  backend: memory\n", "\ncluster:\n  backend: redis\n")
+    config = config_from_text(clustered)
+    assert config.cluster.backend == REDIS
+    assert config.store.backend == "redis"

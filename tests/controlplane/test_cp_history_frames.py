@@ -10,7 +10,6 @@ that key's sampled rows.
 
 from __future__ import annotations
 
-import contextlib
 import zlib
 from typing import Any, Optional
 
@@ -181,9 +180,19 @@ def test_bytes_that_are_not_a_column_chunk_raise_chunk_error(data: bytes) -> Non
 @given(st.lists(st.integers(-3, 300), max_size=40))
 @settings(max_examples=300)
 def test_any_values_in_a_column_chunk_are_read_or_refused_with_chunk_error(values: list[int]) -> None:
-    """Whatever values a stream holds, decode gives points or a ChunkError."""
+    """Whatever values a stream holds, decode gives well-formed points (the
+    header's kind, each key's rows of the header's three columns) or a
+    ChunkError that says what is wrong."""
     message = _Packed()
     message.v.extend(values)
     data = columns.header(0, 3, (0, 2)) + zlib.compress(message.SerializeToString())
-    with contextlib.suppress(ChunkError):
-        columns.decode(data)
+    try:
+        kind, points = columns.decode(data)
+    except ChunkError as e:
+        assert str(e)
+        return
+    assert kind == 0
+    for key, rows in points.items():
+        assert isinstance(key, str)
+        for t_ms, row in rows:
+            assert isinstance(t_ms, int) and len(row) == 3

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import sys
+import tracemalloc
 
 import pytest
 from hypothesis import given, settings
@@ -319,10 +320,28 @@ def test_edges_announcing_one_catalog_share_one_copy() -> None:
     assert cache.detached(big) is not cache.detached(big) and len(cache) == memory.SHARED_CATALOGS
 
 
-def test_pending_requests_hold_no_table_when_idle() -> None:
-    """After the last outstanding request ends, the table is a fresh empty dict."""
+def test_pending_requests_give_their_memory_back_when_idle() -> None:
+    """A burst of outstanding requests leaves no memory held once the last one
+    is answered (a connection idle after a busy moment costs what an idle one
+    does), and the table keeps working."""
     pending: PendingRequests[str] = PendingRequests()
-    ids = [pending.add(None, 0, TimeoutError)[0] for _ in range(6)]
-    for request_id in ids:
-        pending.answer(request_id, "ok")
-    assert len(pending) == 0 and sys.getsizeof(pending._pending) == sys.getsizeof({})
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        ids = [pending.add(None, 0, TimeoutError)[0] for _ in range(5000)]
+        busy = tracemalloc.get_traced_memory()[0]
+        for request_id in ids:
+            pending.answer(request_id, "ok")
+        del ids
+        gc.collect()  # the answered Deferreds are collected, not counted
+        idle = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert len(pending) == 0
+    assert busy - before > 100_000  # the burst really held memory
+    assert idle - before < 4096
+    request_id, answered = pending.add(None, 0, TimeoutError)
+    results: list[str] = []
+    answered.addCallback(results.append)
+    pending.answer(request_id, "ok")
+    assert results == ["ok"] and len(pending) == 0

@@ -514,9 +514,13 @@ async def test_the_fleet_buffer_takes_the_newest_run_it_can_hold_sharing_the_edg
         for edge_id, count in (("edge-a", 3), ("edge-b", 10)):
             _, events = await cp.get_json(f"/edges/{edge_id}/events?limit=100")
             assert [e["sequence"] for e in events["items"]] == list(range(1, count + 1))
-        restored = cp.service.registry
-        edge_b = restored.get("edge-b").events
-        assert edge_b._events[-1] is restored.fleet_events._events[-1]
+        # The fleet's newest event is edge-b's newest, as its edge's view shows it.
+        _, edge_b = await cp.get_json("/edges/edge-b/events?limit=100")
+        newest_of_edge, newest_of_fleet = edge_b["items"][-1], fleet["items"][-1]
+        assert newest_of_fleet["edge_id"] == "edge-b" and newest_of_edge["sequence"] == 10
+        shared = (set(newest_of_edge) & set(newest_of_fleet)) - {"fleet_sequence"}
+        assert {"sequence", "attributes"} <= shared
+        assert {k: newest_of_edge[k] for k in shared} == {k: newest_of_fleet[k] for k in shared}
     finally:
         await cp.stop()
 

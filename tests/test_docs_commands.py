@@ -37,7 +37,7 @@ from twisted_iop.testing.harness import TWISTD
 
 ROOT = Path(__file__).resolve().parents[1]
 
-DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCUMENTS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
 PROGRAMS = ("twistd", "iopctl", "curl", "make")
 PLUGINS = ("iop-control-plane", "iop-edge", "iop-node")
 SHELL_BLOCKS = ("", "sh", "shell", "bash", "console")

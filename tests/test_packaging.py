@@ -4,6 +4,7 @@ and an editable install make twistd list the plugins."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -85,3 +86,31 @@ def test_install_registers_twistd_plugins(tmp_path: Path, editable: bool) -> Non
         cwd=str(tmp_path),
     ).stdout
     assert str(source) in where if editable else "site-packages" in where
+
+
+NEWS_TYPES = {"feature", "bugfix", "removal", "doc", "misc"}
+
+
+def test_every_news_fragment_has_an_issue_and_a_known_type() -> None:
+    """Each file in newsfragments/ is ``ISSUE.TYPE.md`` with a type the
+    changelog's configuration declares, and says something."""
+    declared = set(re.findall(r'directory = "(\w+)"\nname', (ROOT / "pyproject.toml").read_text()))
+    assert declared == NEWS_TYPES
+    fragments = [p for p in (ROOT / "newsfragments").iterdir() if p.name != ".gitignore"]
+    assert fragments, "the unreleased changes have their fragments"
+    for fragment in fragments:
+        issue, kind, suffix = fragment.name.split(".", 2)
+        assert issue.isdigit() and kind in NEWS_TYPES and suffix == "md", fragment.name
+        assert fragment.read_text().strip(), f"{fragment.name} is empty"
+
+
+def test_the_changelog_builds_from_the_fragments() -> None:
+    """``towncrier build --draft`` renders every fragment into the changelog."""
+    towncrier = Path(sys.executable).parent / "towncrier"
+    done = subprocess.run(
+        [str(towncrier), "build", "--draft", "--version", "0.0.0"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    for fragment in (ROOT / "newsfragments").glob("*.md"):
+        first_words = " ".join(fragment.read_text().split()[:6])
+        assert first_words in " ".join(done.stdout.split()), fragment.name

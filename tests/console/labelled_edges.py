@@ -14,7 +14,7 @@ from twisted_iop.wire import control_pb2 as pb
 #: Control Plane settings for tests that connect many edges: hellos are not paced.
 MANY_EDGES_CONFIG = "edge_wire:\n  hello_admission:\n    max_per_second: 0\n"
 #: Hellos answered retry_later are tried again (as an Edge does) at most this many times.
-HELLO_ATTEMPTS = 5
+HELLO_ATTEMPTS = 20
 #: Edges connected at once while a fleet is built.
 CONNECT_CHUNK = 250
 
@@ -36,7 +36,7 @@ class LabelledEdge(ScriptedEdge):
             labels=self.labels,
             commands=self.catalog,
         )
-        d = self.request("edge_hello_request", request, 10)
+        d = self.request("edge_hello_request", request, 60)
         return d.addCallback(lambda env: env.edge_hello_response)
 
 

@@ -68,7 +68,7 @@ async def test_two_thousand_edges_scroll_to_the_last_with_few_dom_rows(browser: 
         def loaded() -> dict[str, Any]:
             page.on("request", lambda r: fleet_requests.append(r.url) if "/fleet/status" in r.url else None)
             page.goto(cp.http_url + "/console/")
-            page.wait_for_selector(f'iop-fleet-overview [data-count]:has-text("{FLEET_SIZE} edges")', timeout=30_000)
+            page.wait_for_selector(f'iop-fleet-overview [data-count]:has-text("{FLEET_SIZE} edges")', timeout=90_000)
             first = page.evaluate(SHOWN_IDS)[0]
             at_top = page.evaluate(DOM_ROWS)
             page.evaluate(SCROLL_TO_END)

@@ -122,7 +122,7 @@ async def test_ten_thousand_rows_render_and_scroll_fast(browser: Browser) -> Non
                 "document.addEventListener('iop-fleet-loaded', () => { window.__loadedAt ??= performance.now(); })"
             )
             page.goto(cp.http_url + "/console/")
-            page.wait_for_function("() => window.__loadedAt !== undefined", timeout=30_000)
+            page.wait_for_function("() => window.__loadedAt !== undefined", timeout=90_000)
             first_paint = page.evaluate(
                 "async () => { await new Promise((r) => requestAnimationFrame(() => setTimeout(r, 0)));"
                 " const t0 = performance.now(); const el = document.querySelector('iop-fleet-overview');"

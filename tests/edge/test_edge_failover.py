@@ -65,8 +65,10 @@ class Sink:
         self.error = error
 
 
-def fleet(nodes: int = 2, failover: dict[str, Any] | None = None) -> tuple[InferenceGateway, list[FakeNode], Clock]:
-    """A gateway with ``nodes`` ready Nodes ``n1``.. each with one provider ``p1``.. of capacity 2."""
+def fleet(
+    nodes: int = 2, failover: dict[str, Any] | None = None, capacity: int = 2
+) -> tuple[InferenceGateway, list[FakeNode], Clock]:
+    """A gateway with ``nodes`` ready Nodes ``n1``.. each with one provider ``p1``.. of ``capacity``."""
     clock = Clock()
     clock.advance(1000)
     config = parse_edge_config(
@@ -75,7 +77,7 @@ def fleet(nodes: int = 2, failover: dict[str, Any] | None = None) -> tuple[Infer
             "nodes": [
                 {
                     "node_id": f"n{i}",
-                    "providers": [{"provider_id": f"p{i}", "kind": "mock", "models": [MODEL], "capacity": 2}],
+                    "providers": [{"provider_id": f"p{i}", "kind": "mock", "models": [MODEL], "capacity": capacity}],
                 }
                 for i in range(1, nodes + 1)
             ],
@@ -153,15 +155,23 @@ def test_unreachable_engine_is_retried_on_the_other_provider_which_cools_down() 
     assert not any(p.cooling_down for n in snapshot.nodes for p in n.providers)
 
 
-def test_overloaded_429_is_retried_elsewhere_and_the_last_one_reaches_the_client() -> None:
-    """An engine's 429 goes to the other provider; when that one is overloaded too, the client gets 429 + Retry-After."""
-    gateway, peers, _clock = fleet()
+def test_overloaded_429_is_retried_elsewhere_then_waits_and_the_last_one_reaches_the_client() -> None:
+    """An engine's 429 goes to the other provider; when that one is overloaded too, the
+    request waits for one to cool down (overloaded is "not now") and is sent again; once its
+    retries are spent the client gets the engine's 429 + Retry-After."""
+    gateway, peers, clock = fleet()
     inference_id, sink = submit(gateway)
     first = holder(peers, inference_id)
     answer(gateway, first, overloaded(inference_id))
     second = holder(peers, inference_id)
     assert second is not first
     answer(gateway, second, overloaded(inference_id))
+    for _ in range(gateway.config.max_retries):
+        if sink.error is not None:
+            break
+        assert gateway.lifecycle.queued_total() == 1, "waits in the queue, not failed"
+        clock.advance(5.1)  # a cool-down ends: the request is sent again
+        answer(gateway, holder(peers, inference_id), overloaded(inference_id))
     assert sink.error is not None
     assert (sink.error.status, sink.error.code, sink.error.retry_after) == (429, "overloaded", 7)
     assert json.loads(sink.error.to_json())["error"]["message"] == "server busy"
@@ -182,12 +192,31 @@ def test_no_retry_after_the_first_byte() -> None:
     assert gateway.outcomes.get("completed", 0) == 0 and gateway.outcomes["provider_error"] == 1
 
 
-def test_the_only_provider_failing_gives_the_client_its_error() -> None:
-    """No other provider: 503 provider_unavailable, as before."""
-    gateway, peers, _clock = fleet(nodes=1)
+def test_the_only_provider_unreachable_makes_the_request_wait_for_it() -> None:
+    """No other provider, and the Node still serves it: the request waits in the queue
+    (an engine on its way back is "not now") and is sent again when the cool-down ends."""
+    gateway, peers, clock = fleet(nodes=1)
     inference_id, sink = submit(gateway)
-    answer(gateway, peers[0], pb.InferenceDone(inference_id=inference_id, status=pb.INFERENCE_STATUS_UNAVAILABLE))
+    unreachable = pb.InferenceDone(inference_id=inference_id, status=pb.INFERENCE_STATUS_UNAVAILABLE)
+    answer(gateway, peers[0], unreachable)
+    assert sink.error is None and gateway.lifecycle.queued_total() == 1
+    assert len(peers[0].requests()) == 1
+    clock.advance(5.1)
+    assert len(peers[0].requests()) == 2
+    answer(gateway, peers[0], pb.InferenceDone(inference_id=inference_id, status=pb.INFERENCE_STATUS_OK))
+    assert sink.completed and sink.error is None
+
+
+def test_the_only_provider_failing_every_retry_gives_the_client_its_error() -> None:
+    """Once its retries are spent, the client gets 503 provider_unavailable with the reason."""
+    gateway, peers, clock = fleet(nodes=1)
+    inference_id, sink = submit(gateway)
+    for _ in range(gateway.config.max_retries + 1):
+        assert sink.error is None
+        answer(gateway, peers[0], pb.InferenceDone(inference_id=inference_id, status=pb.INFERENCE_STATUS_UNAVAILABLE))
+        clock.advance(5.1)
     assert sink.error is not None and (sink.error.status, sink.error.code) == (503, "provider_unavailable")
+    assert len(peers[0].requests()) == gateway.config.max_retries + 1
 
 
 def test_retries_are_bounded_by_max_retries() -> None:

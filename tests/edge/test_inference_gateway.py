@@ -192,8 +192,8 @@ async def test_three_times_capacity_queue_then_drain_back_to_zero(tmp_path: Path
 
 
 @pytest_twisted.ensureDeferred
-async def test_queue_bound_answers_429_and_queue_timeout_504(tmp_path: Path) -> None:
-    """A full queue gets 429 with Retry-After; a queued request with no lease in time gets 504."""
+async def test_queue_bound_answers_429_and_queue_timeout_503(tmp_path: Path) -> None:
+    """A full queue gets 429 with Retry-After; a queued request with no lease in time gets 503 with Retry-After."""
     fleet = await start_fleet(
         tmp_path,
         second_node=False,
@@ -211,7 +211,8 @@ async def test_queue_bound_answers_429_and_queue_timeout_504(tmp_path: Path) -> 
         assert answer.headers.getRawHeaders(b"retry-after") == [b"3"]
         assert answer.json()["error"]["code"] == "queue_full"
         timed_out = await queued
-        assert timed_out.code == 504 and timed_out.json()["error"]["code"] == "queue_timeout"
+        assert timed_out.code == 503 and timed_out.json()["error"]["code"] == "queue_timeout"
+        assert timed_out.headers.getRawHeaders(b"retry-after") == [b"3"]
         assert fleet.counters("node-1").queued == 0 and fleet.counters("node-1").in_flight == 1
     finally:
         await stop(*fleet.nodes.values(), fleet.edge)

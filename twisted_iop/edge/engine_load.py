@@ -9,7 +9,17 @@ and answers the questions admission asks:
 * the *fresh* reading (at most ``stale_after_seconds`` old, counted from
   when the engine was read): an older one counts as unknown;
 * whether the engine is *saturated*: waiting above ``max_waiting`` or KV
-  cache above ``max_kv_cache`` in a fresh reading;
+  cache above ``max_kv_cache`` in a fresh reading, and until a reading is
+  clearly below (waiting at most half of ``max_waiting``, KV cache 0.05
+  under its bound): the hysteresis keeps one busy moment from flipping
+  the state at every reading;
+* how many requests the Edge may have in flight on a saturated engine
+  (its *lease limit*): saturated is "not now", not "no": the Edge keeps
+  its in-flight where the engine holds ``max_waiting`` waiting, so the
+  other requests wait in the Edge's queue and one is sent each time a
+  request ends. The requests the Edge sent after the engine was read
+  (its in-flight above what the engine reported) are counted as already
+  there;
 * the engine's parallelism (``capacity: auto``): the last one reported on
   the current connection, whatever its age (it is a property of how the
   engine was started, not of the moment).
@@ -26,7 +36,7 @@ before engine load existed).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Optional
 
 import attrs
@@ -38,6 +48,8 @@ MAX_ENGINE_REQUESTS = 1_000_000
 MAX_ENGINE_PARALLEL = 100_000
 #: A reading said to be older than this (ms) is clamped to it.
 MAX_READING_AGE_MS = 3_600_000
+#: A saturated engine's KV cache must fall this far under its bound to recover.
+KV_HYSTERESIS = 0.05
 
 
 @attrs.frozen
@@ -106,6 +118,26 @@ class SaturationRule:
         kv = reading.kv_cache_usage
         return reading.waiting > self.max_waiting or (kv is not None and kv > self.max_kv_cache)
 
+    def recovered(self, reading: EngineReading) -> bool:
+        """Whether ``reading`` is clearly under both thresholds (a saturated engine leaves the state)."""
+        kv = reading.kv_cache_usage
+        return reading.waiting <= self.max_waiting // 2 and (kv is None or kv <= self.max_kv_cache - KV_HYSTERESIS)
+
+    def lease_limit(self, reading: EngineReading, in_flight: int) -> int:
+        """Requests the Edge may have in flight on a saturated engine, given its ``in_flight``
+        when ``reading`` arrived.
+
+        The engine holds ``running + waiting``; the Edge's requests above that
+        were sent after the engine was read and count as waiting too. The limit
+        is what brings the engine's waiting to ``max_waiting`` (KV over its
+        bound: no more than the engine already holds).
+        """
+        busy = reading.busy()
+        unseen = max(0, in_flight - busy)
+        if reading.kv_cache_usage is not None and reading.kv_cache_usage > self.max_kv_cache:
+            return max(0, in_flight - unseen)
+        return max(0, in_flight - unseen - (reading.waiting - self.max_waiting))
+
 
 class EngineLoads:
     """The last checked reading of every provider's engine, per Node."""
@@ -115,18 +147,24 @@ class EngineLoads:
         self._readings: dict[tuple[str, str], EngineReading] = {}
         #: Readings not yet older than the rule's bound (expired by a timer).
         self._fresh: dict[tuple[str, str], EngineReading] = {}
-        #: Providers whose fresh reading is over a threshold.
-        self._saturated: set[tuple[str, str]] = set()
+        #: Providers saturated now, with how many requests the Edge may have in flight on each.
+        self._saturated: dict[tuple[str, str], int] = {}
         self._by_node: dict[str, set[str]] = {}
 
     def update(
-        self, node_id: str, known_providers: Iterable[str], reports: Iterable[pb.ProviderLoadReport], now: float
+        self,
+        node_id: str,
+        known_providers: Iterable[str],
+        reports: Iterable[pb.ProviderLoadReport],
+        now: float,
+        in_flight: Optional[Mapping[str, int]] = None,
     ) -> list[str]:
         """Keep the readings of ``reports`` for providers in ``known_providers``; return their ids.
 
         Unknown provider ids are ignored; a provider reported as not known
         loses its reading. A reading that arrives already stale is kept
-        (for its parallelism) but not fresh.
+        (for its parallelism) but not fresh. ``in_flight``: the Edge's
+        requests on each provider now (for a saturated engine's lease limit).
         """
         known = set(known_providers)
         updated: list[str] = []
@@ -143,10 +181,12 @@ class EngineLoads:
                 self._by_node.setdefault(node_id, set()).add(provider_id)
                 if self.stale_in(reading, now) > 0:
                     self._fresh[key] = reading
-                    if self.rule.saturated(reading):
-                        self._saturated.add(key)
+                    rule = self.rule
+                    if rule.saturated(reading) or (key in self._saturated and not rule.recovered(reading)):
+                        ours = (in_flight or {}).get(provider_id, reading.busy())
+                        self._saturated[key] = rule.lease_limit(reading, ours)
                     else:
-                        self._saturated.discard(key)
+                        self._saturated.pop(key, None)
                 else:
                     self.expire(node_id, provider_id)
             updated.append(provider_id)
@@ -160,7 +200,7 @@ class EngineLoads:
         """The provider's reading reached its age bound: it counts as unknown now."""
         key = (node_id, provider_id)
         self._fresh.pop(key, None)
-        self._saturated.discard(key)
+        self._saturated.pop(key, None)
 
     def forget_node(self, node_id: str) -> None:
         """``node_id`` disconnected: its readings go with it."""
@@ -184,6 +224,10 @@ class EngineLoads:
     def saturated(self, node_id: str, provider_id: str) -> bool:
         """Whether the fresh reading is over a threshold (unknown is never saturated)."""
         return (node_id, provider_id) in self._saturated
+
+    def lease_limit(self, node_id: str, provider_id: str) -> Optional[int]:
+        """How many requests the Edge may have in flight on a saturated engine; ``None`` when not saturated."""
+        return self._saturated.get((node_id, provider_id))
 
     def parallel(self, node_id: str, provider_id: str) -> int:
         """The engine's parallelism from its last reading; 0 when unknown."""

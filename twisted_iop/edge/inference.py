@@ -39,7 +39,13 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 from twisted_iop.edge.inference_config import InferenceConfig
-from twisted_iop.edge.inference_errors import FailureKind, client_error, failure_kind
+from twisted_iop.edge.inference_errors import (
+    UNSUPPORTED_MEMORY_SECONDS,
+    FailureKind,
+    client_error,
+    failure_kind,
+    not_supported,
+)
 from twisted_iop.edge.inference_lifecycle import InferenceError, InferenceLifecycle, Outcome, Phase, QueueFull, Ticket
 from twisted_iop.edge.pool import NoSuchModel
 from twisted_iop.edge.registry import NodeRegistry
@@ -57,6 +63,8 @@ ENDPOINT_NAMES = {
     pb.INFERENCE_ENDPOINT_EMBEDDINGS: EMBEDDINGS,
 }
 #: Outcomes that are a failed request (logged, one line each).
+#: Most (node, provider, endpoint) "not supported" answers remembered at once.
+MAX_UNSUPPORTED = 4096
 _FAILURES = frozenset({Outcome.PROVIDER_ERROR, Outcome.NODE_SILENT, Outcome.QUEUE_TIMEOUT})
 
 # -- the gateway (I/O) ---------------------------------------------------------
@@ -130,6 +138,9 @@ class InferenceGateway:
         #: For /metrics: requests ended by (endpoint, outcome), time to the
         #: first output and to the end of completed requests, queue waits.
         self.requests: dict[tuple[str, str], int] = {}
+        #: Endpoints a provider answered "not supported" for, until when (bounded by
+        #: :data:`MAX_UNSUPPORTED`): not sent there again meanwhile.
+        self._unsupported: dict[tuple[str, str, int], tuple[InferenceError, float]] = {}
         self.first_byte_seconds = LatencyHistogram()
         self.total_seconds = LatencyHistogram()
         self.queue_wait_seconds = LatencyHistogram()
@@ -143,19 +154,20 @@ class InferenceGateway:
         return estimate_prompt_tokens(body) + max(0, extra) > self.config.long_context_threshold_tokens
 
     def available_models(self) -> list[str]:
-        """Models some ready, non-drained, usable provider serves now."""
+        """Models some provider serves now or only "not now" (saturated, cooling down,
+        re-probing, its engine on its way back): a request for one waits instead of failing."""
         models: dict[str, None] = {}
-        pool = self._registry.pool
-        for node in self._registry.nodes():
+        registry = self._registry
+        for node in registry.nodes():
             for provider in node.providers:
-                if pool.eligible(node.node_id, provider.provider_id):
+                if registry.provider_may_serve(node.node_id, provider.provider_id):
                     for model in provider.models:
                         models.setdefault(model, None)
         return list(models)
 
     def check_model(self, model: str, long_context: bool) -> None:
         """Raise the right :class:`InferenceError` if ``model`` cannot be admitted now."""
-        pool = self._registry.pool
+        registry = self._registry
         configured = False
         has_class = False
         usable = False
@@ -168,11 +180,9 @@ class InferenceGateway:
                 if capacity <= 0:
                     continue
                 has_class = True
-                # A launched engine on its way back (restarting, loading, crashed with a next
-                # try) is worth waiting for in the queue, bounded by its timeout.
-                if pool.eligible(node.node_id, provider.provider_id) or self._registry.engine_returning(
-                    node.node_id, provider.provider_id
-                ):
+                # Saturated, cooling down, re-probing or a launched engine on its way back is
+                # "not now": worth waiting for in the queue, bounded by its timeout.
+                if registry.provider_may_serve(node.node_id, provider.provider_id):
                     usable = True
         if not configured:
             raise InferenceError(404, "model_not_found", f"the model {model!r} does not exist on this gateway")
@@ -186,7 +196,12 @@ class InferenceGateway:
             )
         if not usable:
             raise InferenceError(
-                503, "model_unavailable", f"no provider of {model!r} can take requests now", kind="server_error"
+                503,
+                "model_unavailable",
+                f"no provider of {model!r} can take requests: their nodes are not connected or drained, "
+                "or their engines are stopped",
+                kind="server_error",
+                retry_after=self.config.retry_after_seconds,
             )
 
     # -- requests --------------------------------------------------------------------
@@ -325,6 +340,10 @@ class InferenceGateway:
             self._end(admitted, Outcome.COMPLETED, done=done)
             return
         error = client_error(done, self.config.retry_after_seconds)
+        if not_supported(done):
+            self._remember_unsupported(node_id, provider_id, admitted.endpoint, error)
+            if self._try_elsewhere(admitted, error):
+                return
         kind = failure_kind(done)
         if kind is not FailureKind.CLIENT:
             reason = f"{error.code}: {error.message}"[:200]
@@ -333,21 +352,65 @@ class InferenceGateway:
             self._forget_peer(admitted)
             self._cancel_timer(admitted)
             admitted.queued_at = self._clock.seconds()  # metrics: a retry waits again
-            if self.lifecycle.failed_before_output(admitted.ticket):
+            elsewhere = self.lifecycle.failed_before_output(admitted.ticket)
+            # No other provider takes it now, but this one is only "not now" (an engine
+            # restarting or re-probing): the request waits for it in the queue.
+            if elsewhere or (
+                self._registry.provider_may_serve(node_id, provider_id)
+                and self.lifecycle.wait_for_return(admitted.ticket)
+            ):
                 self.retries[error.code] = self.retries.get(error.code, 0) + 1
                 self._log.info(
                     "inference {id} (model {model}) failed on node {node_id} provider {provider_id} "
-                    "before its first byte ({code}); retrying on another provider",
+                    "before its first byte ({code}); {next}",
                     id=admitted.ticket.inference_id,
                     model=admitted.ticket.model,
                     node_id=node_id,
                     provider_id=provider_id,
                     code=error.code,
+                    next="retrying on another provider" if elsewhere else "waiting for a provider to take it",
                 )
                 if admitted.ticket.phase is Phase.QUEUED:
                     self._start_queue_timer(admitted)
                 return
         self._end(admitted, Outcome.PROVIDER_ERROR, error)
+
+    def _remember_unsupported(
+        self, node_id: str, provider_id: str, endpoint: pb.InferenceEndpoint, error: InferenceError
+    ) -> None:
+        """The provider does not serve ``endpoint``: not sent there again for a while."""
+        if len(self._unsupported) >= MAX_UNSUPPORTED:
+            self._unsupported.pop(next(iter(self._unsupported)))
+        self._unsupported[(node_id, provider_id, int(endpoint))] = (
+            error,
+            self._clock.seconds() + UNSUPPORTED_MEMORY_SECONDS,
+        )
+
+    def _known_unsupported(
+        self, node_id: str, provider_id: str, endpoint: pb.InferenceEndpoint
+    ) -> Optional[InferenceError]:
+        """The remembered "not supported" answer of the provider for ``endpoint``, if still kept."""
+        key = (node_id, provider_id, int(endpoint))
+        remembered = self._unsupported.get(key)
+        if remembered is None:
+            return None
+        if remembered[1] <= self._clock.seconds():
+            del self._unsupported[key]
+            return None
+        return remembered[0]
+
+    def _try_elsewhere(self, admitted: _AdmittedRequest, error: InferenceError) -> bool:
+        """The leased provider does not serve the request's endpoint: send it to another
+        provider of its model if one takes work (True), else the caller ends it with ``error``."""
+        if admitted.ticket.phase is not Phase.LEASED:
+            return False
+        self._forget_peer(admitted)
+        self._cancel_timer(admitted)
+        if not self.lifecycle.failed_before_output(admitted.ticket):
+            return False
+        if admitted.ticket.phase is Phase.QUEUED:
+            self._start_queue_timer(admitted)
+        return True
 
     def connection_lost(self, peer: InferenceNodePeer) -> None:
         """A Node connection closed: retry what had no output yet, fail the rest."""
@@ -376,6 +439,11 @@ class InferenceGateway:
         assert lease is not None
         self._cancel_timer(admitted)
         self.queue_wait_seconds.observe(self._clock.seconds() - admitted.queued_at)  # metrics
+        unsupported = self._known_unsupported(lease.node_id, lease.provider_id, admitted.endpoint)
+        if unsupported is not None:
+            if not self._try_elsewhere(admitted, unsupported):
+                self._end(admitted, Outcome.PROVIDER_ERROR, unsupported)
+            return
         peer = self._registry.owner_peer(lease.node_id)
         if peer is None or getattr(peer, "closing", False) or not hasattr(peer, "send"):
             self._node_lost(admitted)
@@ -484,10 +552,11 @@ class InferenceGateway:
             admitted,
             Outcome.QUEUE_TIMEOUT,
             InferenceError(
-                504,
+                503,
                 "queue_timeout",
                 f"no provider of {admitted.ticket.model!r} became free within {seconds:g}s",
                 kind="server_error",
+                retry_after=self.config.retry_after_seconds,
             ),
         )
 

@@ -18,7 +18,16 @@ error passes through as ``provider_error`` with its status; unreachable is
 * ``PROVIDER``: the provider failed it (5xx, a broken stream): counts
   towards the provider's failure share.
 * ``CLIENT``: the request itself was wrong (too long, unknown model,
-  invalid): no retry, and it says nothing about the provider.
+  invalid, an endpoint the engine does not serve: 400, 404, 405, 413,
+  422, 501): no retry, and it says nothing about the provider; it never
+  counts toward a cool-down.
+
+An engine that answers 501 (llama-server's ``not_supported_error``, e.g.
+``/v1/embeddings`` without ``--embeddings``) does not serve that
+endpoint: the client gets 501 ``not_supported`` with the engine's
+message, and the gateway remembers it per provider and endpoint
+(:data:`UNSUPPORTED_MEMORY_SECONDS`) so it stops sending that endpoint
+there; the provider keeps serving the others.
 """
 
 from __future__ import annotations
@@ -43,6 +52,14 @@ OVERLOADED = "overloaded"
 INVALID_REQUEST = "invalid_request"
 PROVIDER_ERROR = "provider_error"
 PROVIDER_UNAVAILABLE = "provider_unavailable"
+NOT_SUPPORTED = "not_supported"
+#: An engine's status for "I do not serve this endpoint".
+NOT_SUPPORTED_STATUSES = frozenset({501})
+#: Engine statuses that say the request was the client's mistake, whatever code a Node gave them.
+CLIENT_STATUSES = frozenset({400, 404, 405, 413, 422, 501})
+#: How long an endpoint a provider answered 501 for is not sent to it again (an engine
+#: restarted with the feature on is found again after this).
+UNSUPPORTED_MEMORY_SECONDS = 60.0
 
 
 class FailureKind(enum.Enum):
@@ -69,13 +86,30 @@ def failure_kind(done: pb.InferenceDone) -> FailureKind:
             return FailureKind.CLIENT
     if done.status == pb.INFERENCE_STATUS_REJECTED:
         return FailureKind.CLIENT
+    if done.status == pb.INFERENCE_STATUS_PROVIDER_ERROR and done.http_status in CLIENT_STATUSES:
+        return FailureKind.CLIENT
     return FailureKind.PROVIDER
+
+
+def not_supported(done: pb.InferenceDone) -> bool:
+    """Whether the engine said it does not serve the request's endpoint."""
+    return done.status == pb.INFERENCE_STATUS_PROVIDER_ERROR and done.http_status in NOT_SUPPORTED_STATUSES
 
 
 def client_error(done: pb.InferenceDone, default_retry_after: int) -> InferenceError:
     """The client's OpenAI error for an ``InferenceDone`` that is not OK."""
     code = done.error_code
     message = done.error[:MAX_MESSAGE]
+    if not_supported(done):
+        engine = _openai_error(done.body)
+        if engine is not None and isinstance(engine.get("message"), str) and engine["message"]:
+            message = engine["message"][:MAX_MESSAGE]
+        return InferenceError(
+            done.http_status,
+            NOT_SUPPORTED,
+            message or "the provider does not serve this endpoint",
+            kind="not_supported_error",
+        )
     if code:
         return _coded_error(done, code, message, default_retry_after)
     status = done.status

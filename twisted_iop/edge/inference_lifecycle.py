@@ -231,6 +231,17 @@ class InferenceLifecycle:
         ticket.avoid = avoid
         return self._requeue(ticket, Outcome.PROVIDER_ERROR)
 
+    def wait_for_return(self, ticket: Ticket) -> bool:
+        """The only providers of ``ticket`` could not take it but are "not now" (an engine
+        restarting, re-probing, cooling down). True if it went back to its queue to wait
+        for one of them (its queue timeout bounds the wait).
+
+        Only with no output at its client yet and while it has retries left.
+        """
+        if ticket.phase is not Phase.LEASED or ticket.lease is None or ticket.attempts > self.max_retries:
+            return False
+        return self._requeue(ticket, Outcome.PROVIDER_ERROR)
+
     def _requeue(self, ticket: Ticket, outcome: Outcome) -> bool:
         self._release(ticket)
         self.tickets.pop(ticket.inference_id, None)

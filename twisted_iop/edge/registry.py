@@ -218,7 +218,8 @@ class NodeRegistry(Service):
         loads = self.engine_loads
         known = [p.provider_id for p in self.node(node_id).providers]
         before = {p: loads.saturated(node_id, p) for p in known}
-        updated = loads.update(node_id, known, reports, now)
+        in_flight = {p: self.pool.counters(node_id, p).in_flight for p in known}
+        updated = loads.update(node_id, known, reports, now, in_flight)
         for provider_id in updated:
             saturated = loads.saturated(node_id, provider_id)
             if saturated != before[provider_id]:
@@ -226,7 +227,11 @@ class NodeRegistry(Service):
                     "node {node_id} provider {provider_id} engine {state}",
                     node_id=node_id,
                     provider_id=provider_id,
-                    state="saturated: no new leases" if saturated else "no longer saturated",
+                    state=(
+                        f"saturated: at most {loads.lease_limit(node_id, provider_id)} requests in flight"
+                        if saturated
+                        else "no longer saturated"
+                    ),
                 )
             reading = loads.fresh(node_id, provider_id)
             if reading is not None:
@@ -307,6 +312,8 @@ class NodeRegistry(Service):
             current[report.provider_id] = new
             if announce:
                 self._announce_launch(node_id, report.provider_id, old.launch if old is not None else None, new.launch)
+            if self._recovered(old, new):
+                self._end_cooldown(node_id, report.provider_id)
             if old is not None and (old.health, old.reason) == (new.health, new.reason):
                 if old.launch != new.launch:
                     changed.append(report.provider_id)
@@ -334,6 +341,25 @@ class NodeRegistry(Service):
             if provider.provider_id not in current:
                 current[provider.provider_id] = ProviderHealth(pb.PROVIDER_HEALTH_UNKNOWN, "not reported by the node")
         return changed
+
+    @staticmethod
+    def _recovered(old: Optional[ProviderHealth], new: ProviderHealth) -> bool:
+        """Whether a report says a provider that could not take work now can."""
+        usable = new.health in USABLE_HEALTH and launch_takes_work(new.launch)
+        was_usable = old is not None and old.health in USABLE_HEALTH and launch_takes_work(old.launch)
+        return usable and not was_usable
+
+    def _end_cooldown(self, node_id: str, provider_id: str) -> None:
+        """The Node says the engine answers again: its cool-down (if any) ends now."""
+        if self.cooldowns.cooling(node_id, provider_id) is None:
+            return
+        self._cancel_timer(node_id, provider_id, "cooldown")
+        self.cooldowns.end(node_id, provider_id)
+        self._log.info(
+            "node {node_id} provider {provider_id} answers again: its cool-down ends",
+            node_id=node_id,
+            provider_id=provider_id,
+        )
 
     def _announce_launch(
         self, node_id: str, provider_id: str, old: Optional[EngineLaunchInfo], new: Optional[EngineLaunchInfo]
@@ -427,9 +453,10 @@ class NodeRegistry(Service):
             return False
         if (node_id, provider_id) in self._held:
             return False
-        return not self.engine_loads.saturated(node_id, provider_id) and (
-            self.cooldowns.cooling(node_id, provider_id) is None
-        )
+        if self.cooldowns.cooling(node_id, provider_id) is not None:
+            return False
+        limit = self.engine_loads.lease_limit(node_id, provider_id)
+        return limit is None or self.pool.counters(node_id, provider_id).in_flight < limit
 
     def engine_load(self, node_id: str, provider_id: str) -> Optional[EngineReading]:
         """The engine's fresh reading, ``None`` when unknown or stale."""
@@ -465,6 +492,22 @@ class NodeRegistry(Service):
             return True
         launch = self.launch(node_id, provider_id)
         return launch is not None and launch.returning
+
+    def provider_may_serve(self, node_id: str, provider_id: str) -> bool:
+        """Whether the provider takes work now or is only "not now": saturated, cooling
+        down, re-probing (its Node is ready but its engine does not answer yet) or a
+        launched engine on its way back. Requests for its models wait in the queue.
+
+        Gone (requests are refused at once): its Node is not connected or is
+        drained, or its launched engine is ``stopped`` or ``failed`` and will
+        not come back by itself.
+        """
+        if not self.node_takes_work(node_id):
+            return False
+        if (node_id, provider_id) in self._held:
+            return True
+        launch = self.launch(node_id, provider_id)
+        return launch is None or launch.ready or launch.returning
 
     def held(self, node_id: str, provider_id: str) -> Optional[str]:
         """Why a command holds the provider out of new leases now, or ``None``."""

@@ -64,6 +64,11 @@ MAX_STREAMS = 4096
 CLIENT_DEADLINE_SECONDS = 120.0
 
 
+def client_deadline(streams: int, tokens: int) -> float:
+    """The load generator's bound: 120 s plus the run at a slow 2,000 tokens/s."""
+    return CLIENT_DEADLINE_SECONDS + streams * tokens / 2000.0
+
+
 # -- processes ------------------------------------------------------------------
 
 
@@ -226,7 +231,7 @@ async def _load(port: int, streams: int, tokens: int) -> dict[str, Any]:
 
     cpu_before = time.process_time()
     began = time.perf_counter()
-    await asyncio.wait_for(asyncio.gather(*(guarded() for _ in range(streams))), CLIENT_DEADLINE_SECONDS)
+    await asyncio.wait_for(asyncio.gather(*(guarded() for _ in range(streams))), client_deadline(streams, tokens))
     wall = time.perf_counter() - began
     return {
         "wall": wall,
@@ -384,7 +389,7 @@ class Rig:
                 str(self.tokens),
             ],
             capture_output=True,
-            timeout=CLIENT_DEADLINE_SECONDS + 30,
+            timeout=client_deadline(streams, self.tokens) + 30,
             check=False,
         )
         after = self.cpu()

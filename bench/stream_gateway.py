@@ -520,9 +520,8 @@ def main(argv: Optional[list[str]] = None) -> None:
                 f" per stream; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start"
                 f" (the machine is shared: other processes run beside the bench)"
             )
-            rig.run_arm("straight", min(streams))  # warm up every path once
-            rig.run_arm("nginx", min(streams))
-            rig.run_arm("edge+node", min(streams))
+            for arm in ("straight", "nginx", "edge+node"):  # warm up every path once
+                rig.run_arm(arm, min(64, *streams))
             for count in streams:
                 print(f"{count} concurrent streams (load average {os.getloadavg()[0]:.1f}):")
                 for run in range(1, repeat + 1):

@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 PYTEST_ARGS ?=
 
-.PHONY: setup llama-engine shells run run-edge run-node test lint browser redis proto mypy bench bench-full bench-inference bench-cluster bench-engine clean
+.PHONY: setup llama-engine shells run run-edge run-node test lint browser redis proto mypy bench bench-full bench-inference bench-stream nginx bench-cluster bench-engine clean
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -91,10 +91,11 @@ mypy: setup
 # The benchmark suite (docs/performance.md): every figure next to the same
 # run's reference (bare echo server, minimal Klein app), its target and
 # PASS/MISS. bench: 1,000 edges (about a minute); bench-full: 1k, 10k, 20k.
-bench: setup
+bench: setup nginx
 	$(PY) bench/suite.py --quick
 	$(PY) bench/tls_storm.py --edges 1000
 	$(PY) bench/inference_gateway.py --quick
+	$(PY) bench/stream_gateway.py --quick
 
 bench-full: setup
 	$(PY) bench/suite.py
@@ -103,6 +104,17 @@ bench-full: setup
 # The inference gateway against its targets (under a minute).
 bench-inference: setup
 	$(PY) bench/inference_gateway.py --quick
+
+# Streamed tokens through Edge + Node against nginx (a C hop) and the paced
+# engine called directly, at 64, 256 and 1,024 streams (about 3 minutes);
+# `$(PY) bench/stream_gateway.py --quick` runs 64 only. nginx comes from
+# Debian's nginx-light, installed here when missing.
+bench-stream: setup nginx
+	$(PY) bench/stream_gateway.py
+
+nginx:
+	@command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx || \
+		{ apt-get update -qq && apt-get install -y -qq nginx-light; }
 
 # Tokens per second through Edge + Node against a real engine (llama-cpp-python
 # on a tiny local model) called directly, at 1 and 4 streams (about 3 minutes).

@@ -29,6 +29,8 @@ MODEL_NOT_FOUND = "model_not_found"
 OVERLOADED = "overloaded"
 INVALID_REQUEST = "invalid_request"
 PROVIDER_ERROR = "provider_error"
+#: An engine's "this endpoint is not served here" (kept as it is for the client).
+NOT_SUPPORTED_STATUS = 501
 ERROR_CODES = (CONTEXT_LENGTH_EXCEEDED, MODEL_NOT_FOUND, OVERLOADED, INVALID_REQUEST, PROVIDER_ERROR)
 
 #: The OpenAI error ``type`` of each code.
@@ -97,9 +99,10 @@ class EngineError:
 
     def to_json(self) -> bytes:
         """The OpenAI error body."""
-        return json.dumps(
-            {"error": {"message": self.message, "type": ERROR_TYPES.get(self.code, "server_error"), "code": self.code}}
-        ).encode()
+        kind = (
+            "not_supported_error" if self.status == NOT_SUPPORTED_STATUS else ERROR_TYPES.get(self.code, "server_error")
+        )
+        return json.dumps({"error": {"message": self.message, "type": kind, "code": self.code}}).encode()
 
     @property
     def retryable(self) -> bool:
@@ -261,6 +264,11 @@ def client_status(engine_status: int, code: str) -> int:
         return 404
     if code in (CONTEXT_LENGTH_EXCEEDED, INVALID_REQUEST):
         return engine_status if engine_status in (400, 413, 422) else 400
+    if engine_status == NOT_SUPPORTED_STATUS:
+        # The engine does not serve this endpoint (llama-server's embeddings without
+        # --embeddings): the client's call, kept as 501 so the Edge never counts it
+        # against the engine (an older Edge shows it as provider_error).
+        return NOT_SUPPORTED_STATUS
     return 502
 
 

@@ -344,8 +344,9 @@ class NodeRuntime(Service):
     def load_round(self) -> Deferred[list[pb.ProviderLoadReport]]:
         """Read every provider's engine load at once; send it to the Edge if ready.
 
-        A provider whose engine exports no load, or whose reading failed,
-        is sent with ``known=false``; ``age_ms`` is the time from the
+        A provider whose engine exports no load, whose reading failed, or
+        that was last found offline (its engine is not asked) is sent with
+        ``known=false``; ``age_ms`` is the time from the
         reading to the send.
         """
         providers = self.providers
@@ -354,7 +355,7 @@ class NodeRuntime(Service):
         def read_at(reading: Optional[LoadReading]) -> tuple[Optional[LoadReading], float]:
             return reading, self._clock.seconds()
 
-        readings = [self._prober.read_load(p, timeout).addCallback(read_at) for p in providers]
+        readings = [self._read_load(p, timeout).addCallback(read_at) for p in providers]
 
         def done(outcomes: list[tuple[bool, tuple[Optional[LoadReading], float]]]) -> list[pb.ProviderLoadReport]:
             self.load_rounds += 1
@@ -370,6 +371,13 @@ class NodeRuntime(Service):
             return reports
 
         return DeferredList(readings, consumeErrors=True).addCallback(done)
+
+    def _read_load(self, provider: NodeProviderConfig, timeout: float) -> Deferred[Optional[LoadReading]]:
+        """The engine's load; not asked of a provider last found offline (unknown, and no failed reads logged)."""
+        last = self.health.get(provider.provider_id)
+        if last is not None and last.health == pb.PROVIDER_HEALTH_OFFLINE:
+            return succeed(None)
+        return self._prober.read_load(provider, timeout)
 
     def _periodic_load(self) -> Deferred[None]:
         if self.session is None or not self.ready_sent:

@@ -37,6 +37,26 @@ $(LLAMA_VOCAB): | $(LLAMA_SDIST)
 	tar -xzf $(LLAMA_SDIST) -O llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp/models/ggml-vocab-llama-spm.gguf > $@.partial
 	mv $@.partial $@
 
+# llama.cpp's own C++ server, built once per machine from the same sdist's
+# vendored llama.cpp (about 10 minutes on 2 cores) into the cache beside the
+# wheels; the tests find it through IOP_LLAMA_SERVER.
+LLAMA_SERVER_SRC := $(abspath $(WHEEL_CACHE)/..)/llama-server-$(LLAMA_CPP_VERSION)-src
+LLAMA_SERVER ?= $(abspath $(WHEEL_CACHE)/..)/llama-server-$(LLAMA_CPP_VERSION)/llama-server
+export IOP_LLAMA_SERVER := $(LLAMA_SERVER)
+
+$(LLAMA_SERVER): | $(LLAMA_SDIST)
+	@echo "building llama-server (llama.cpp of llama-cpp-python $(LLAMA_CPP_VERSION)) into $(dir $@), once"
+	@mkdir -p $(LLAMA_SERVER_SRC) $(dir $@)
+	@tar -xzf $(LLAMA_SDIST) -C $(LLAMA_SERVER_SRC) --strip-components=1
+	@cd $(LLAMA_SERVER_SRC)/vendor/llama.cpp && \
+	  cmake -B build -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF \
+	    -DLLAMA_CURL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
+	    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF > build.log 2>&1 && \
+	  cmake --build build --target llama-server -j2 >> build.log 2>&1 || \
+	  { tail -20 build.log; exit 1; }
+	@cp $(LLAMA_SERVER_SRC)/vendor/llama.cpp/build/bin/llama-server $@.partial
+	@mv $@.partial $@
+
 $(BIN)/.llama-engine: $(BIN)/.installed | $(LLAMA_SDIST)
 	@ls $(WHEEL_CACHE)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl >/dev/null 2>&1 || { \
 	  echo "building llama-cpp-python $(LLAMA_CPP_VERSION) into $(WHEEL_CACHE), once (about 8 minutes on 2 cores)"; \
@@ -44,7 +64,7 @@ $(BIN)/.llama-engine: $(BIN)/.installed | $(LLAMA_SDIST)
 	$(PY) -m pip install --quiet --no-index --find-links $(WHEEL_CACHE) 'llama-cpp-python[server]==$(LLAMA_CPP_VERSION)'
 	touch $@
 
-llama-engine: $(BIN)/.llama-engine $(LLAMA_VOCAB)
+llama-engine: $(BIN)/.llama-engine $(LLAMA_VOCAB) $(LLAMA_SERVER)
 
 run: setup
 	$(BIN)/twistd -n --pidfile= iop-control-plane --config configs/control-plane.yaml

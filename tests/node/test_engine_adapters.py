@@ -252,6 +252,26 @@ def test_llamacpp_slots_edge_cases(slots: bytes, expected: Any) -> None:
         assert reading is not None and (reading.running, reading.parallel) == expected
 
 
+@pytest.mark.parametrize(
+    ("props", "expected"),
+    [
+        (b'{"total_slots": 4, "default_generation_settings": {"n_ctx": 512}}', 4),
+        (b'{"total_slots": 0}', None),
+        (b'{"total_slots": true}', None),
+        (b'{"total_slots": "4"}', None),
+        (b"[4]", None),
+    ],
+)
+def test_llamacpp_parallel_from_props_when_slots_are_off(props: bytes, expected: Any) -> None:
+    """With ``--no-slots`` (/slots 501), ``/props`` ``total_slots`` is the parallelism; /slots still wins."""
+    adapter = adapter_for("llamacpp")
+    metrics = b"llamacpp:requests_processing 1\nllamacpp:requests_deferred 0\n"
+    reading = adapter.read_load({"/props": props, "/metrics": metrics})
+    assert reading is not None and reading.parallel == expected
+    both = adapter.read_load({"/slots": b'[{"id": 0, "is_processing": false}]', "/props": props})
+    assert both is not None and both.parallel == 1
+
+
 def test_wire_form_of_a_reading() -> None:
     """A reading on the wire: known, unknown KV cache negative, unknown parallelism 0, the age bounded."""
     reading = base.LoadReading(running=2, waiting=1)

@@ -30,7 +30,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 
 from twisted_iop.node.config import NodeProviderConfig
-from twisted_iop.node.engine_stream import NO_DONE, NO_OUTPUT, engine_request
+from twisted_iop.node.engine_stream import NO_DONE, NO_OUTPUT, engine_request, estimated_usage
 from twisted_iop.node.engines.kinds import adapter_for
 from twisted_iop.node.inference import RESPONSE_HEADERS_TIMEOUT_SECONDS, InferenceRunner
 from twisted_iop.testing.configs import node_yaml, write_yaml
@@ -476,6 +476,43 @@ async def test_a_client_that_asked_for_usage_gets_the_usage_chunk(engine: Engine
     assert engine.resource.received[0]["stream_options"] == {"include_usage": True}
     assert [json.loads(c)["choices"] for c in chunks] == [chunk("a")["choices"], []]
     assert done.usage.completion_tokens == 3
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_stream_without_usage_is_counted_as_estimated(engine: Engine, runner: InferenceRunner) -> None:
+    """No usage chunk (llama-cpp-python): one completion token per content chunk, the prompt's characters / 4."""
+    role_only = {
+        "id": "c",
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": {"role": "assistant"}}],
+    }
+    engine.resource.answers.append(events(role_only, chunk("a"), chunk("b"), chunk("c"), chunk("")))
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 41}]}
+    _, done = await run(runner, body, stream=True)
+    assert done.status == pb.INFERENCE_STATUS_OK
+    usage = done.usage
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens, usage.estimated) == (11, 3, 14, True)
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_engines_usage_wins_and_is_not_estimated(engine: Engine, runner: InferenceRunner) -> None:
+    """A usage chunk from the engine is the exact count: not labelled estimated."""
+    engine.resource.answers.append(events(chunk("a"), chunk("b"), USAGE_CHUNK))
+    _, done = await run(runner, chat(), stream=True)
+    assert (done.usage.completion_tokens, done.usage.estimated) == (3, False)
+
+
+def test_estimated_prompt_of_text_parts_and_completions() -> None:
+    """Text parts of multi-part messages and a completions ``prompt`` count; a body that is not JSON counts 0."""
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "abcd"}, {"type": "image_url"}]}]}
+    assert estimated_usage(json.dumps(parts).encode(), 2)["prompt_tokens"] == 1
+    assert estimated_usage(b'{"prompt": ["abcdefgh", 3]}', 0)["prompt_tokens"] == 2
+    assert estimated_usage(b"not json", 5) == {
+        "prompt_tokens": 0,
+        "completion_tokens": 5,
+        "total_tokens": 5,
+        "estimated": True,
+    }
 
 
 @pytest_twisted.ensureDeferred

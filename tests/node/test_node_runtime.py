@@ -111,6 +111,41 @@ def test_health_change_reported_by_periodic_probe(tmp_path: Path) -> None:
     pair.runtime.stopService()
 
 
+def test_provider_down_is_reprobed_with_backoff_and_reported_the_moment_it_is_back(tmp_path: Path) -> None:
+    """A provider found down is re-probed at 0.5 s, 1 s, 2 s...; the Edge hears it is healthy at the re-probe."""
+    health_file = tmp_path / "b.health"
+    health_file.write_text("offline engine gone")
+    pair = Pair(parse_node_config(node_mapping(str(health_file))))
+    pair.runtime.startService()
+    _, _, pump = pair.connect()
+    assert pair.runtime.reprobes == {"mock-b": 0.5}
+    pair.clock.advance(0.5)
+    assert pair.runtime.reprobes == {"mock-b": 1.0}
+    pair.clock.advance(1.0)
+    assert pair.runtime.reprobes == {"mock-b": 2.0}
+    pair.clock.advance(2.0)
+    # Capped at the probe interval (5 s).
+    assert pair.runtime.reprobes == {"mock-b": 4.0}
+    pair.clock.advance(4.0)
+    assert pair.runtime.reprobes == {"mock-b": 5.0}
+    health_file.write_text("healthy")
+    pair.clock.advance(5.0)
+    pump.flush()
+    health = pair.registry.health("node-1", "mock-b")
+    assert health is not None and health.health == pb.PROVIDER_HEALTH_HEALTHY
+    assert pair.runtime.reprobes == {}
+    health_file.write_text("offline again")
+    pair.clock.advance(5.0)  # the periodic round finds it down: the backoff starts over
+    assert pair.runtime.reprobes == {"mock-b": 0.5}
+    health_file.write_text("healthy")
+    pair.clock.advance(0.5)
+    pump.flush()
+    health = pair.registry.health("node-1", "mock-b")
+    assert health is not None and health.health == pb.PROVIDER_HEALTH_HEALTHY
+    pair.runtime.stopService()
+    assert pair.runtime.reprobes == {}
+
+
 def test_probe_request_rereads_providers(tmp_path: Path) -> None:
     """NodeProbeRequest makes the Node re-read node.yaml's providers and answer with them."""
     path = tmp_path / "node.yaml"

@@ -77,6 +77,26 @@ def test_load_rounds_run_on_their_interval_and_can_be_off() -> None:
         assert len(session.load) == expected
 
 
+def test_an_offline_provider_is_not_asked_its_load() -> None:
+    """A provider last found offline is sent known=false without asking its engine (no failed reads logged)."""
+    clock = Clock()
+    mock = {"provider_id": "mock-a", "kind": "mock", "models": ["m"], "mock": {"health": "offline"}}
+    asked: list[str] = []
+
+    class CountingProber(ProviderProber):
+        def read_load(self, provider: Any, timeout: float) -> Any:
+            asked.append(provider.provider_id)
+            return super().read_load(provider, timeout)
+
+    runtime = NodeRuntime(config([mock]), clock, CountingProber(clock))
+    session = RecordingSession()
+    runtime.session_accepted(session)
+    sent: list[list[pb.ProviderLoadReport]] = []
+    runtime.load_round().addCallback(sent.append)
+    [[report]] = sent
+    assert (report.provider_id, report.load.known, asked) == ("mock-a", False, [])
+
+
 def test_no_load_round_before_ready() -> None:
     """Without a ready session the periodic load round asks no engine."""
     clock = Clock()

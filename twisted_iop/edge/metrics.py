@@ -195,3 +195,13 @@ def _engine_metrics(registry: NodeRegistry) -> Iterator[Metric]:
         tokens.add_metric([node_id, provider_id, model, "prompt"], prompt)
         tokens.add_metric([node_id, provider_id, model, "completion"], completion)
     yield tokens
+    estimated = CounterMetricFamily(
+        "iop_tokens_estimated",
+        "The part of iop_tokens the Node estimated (the engine sent no usage: one completion token per"
+        " streamed content chunk, the prompt's characters / 4)",
+        labels=[*labels, "model", "direction"],
+    )
+    for node_id, provider_id, model, prompt, completion in registry.tokens.estimated_totals():
+        estimated.add_metric([node_id, provider_id, model, "prompt"], prompt)
+        estimated.add_metric([node_id, provider_id, model, "completion"], completion)
+    yield estimated

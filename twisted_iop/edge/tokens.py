@@ -6,6 +6,11 @@ completion tokens to the provider's last minute: one bucket per second
 in a ring of :data:`WINDOW_SECONDS` (bounded, whatever the traffic), from
 which tokens per second are read. A request's tokens count when it ends,
 so a long stream shows in the rate at its end, as the engine reports it.
+
+A usage the Node estimated (``InferenceUsage.estimated``: the engine sent
+none, as llama-cpp-python's streams) counts in the totals like an exact
+one, and in :meth:`TokenCounter.estimated_totals` too: the part of the
+totals that is an estimate.
 """
 
 from __future__ import annotations
@@ -31,14 +36,29 @@ class TokenCounter:
         #: (node, provider, model) -> [prompt, completion]
         self._totals: dict[tuple[str, str, str], list[int]] = {}
         self._windows: dict[tuple[str, str], _Window] = {}
+        #: (node, provider, model) -> [prompt, completion] of the estimated usages only
+        self._estimated: dict[tuple[str, str, str], list[int]] = {}
 
-    def add(self, node_id: str, provider_id: str, model: str, prompt: int, completion: int, now: float) -> None:
-        """Count one request's usage at ``now``."""
+    def add(
+        self,
+        node_id: str,
+        provider_id: str,
+        model: str,
+        prompt: int,
+        completion: int,
+        now: float,
+        estimated: bool = False,
+    ) -> None:
+        """Count one request's usage at ``now`` (``estimated``: the Node's estimate, not the engine's count)."""
         prompt = max(0, min(prompt, MAX_TOKENS_PER_REQUEST))
         completion = max(0, min(completion, MAX_TOKENS_PER_REQUEST))
         totals = self._totals.setdefault((node_id, provider_id, model), [0, 0])
         totals[0] += prompt
         totals[1] += completion
+        if estimated:
+            part = self._estimated.setdefault((node_id, provider_id, model), [0, 0])
+            part[0] += prompt
+            part[1] += completion
         window = self._windows.setdefault((node_id, provider_id), _Window())
         second = int(now)
         slot = second % WINDOW_SECONDS
@@ -68,3 +88,7 @@ class TokenCounter:
     def totals(self) -> list[tuple[str, str, str, int, int]]:
         """Every (node, provider, model, prompt, completion), sorted."""
         return sorted((n, p, m, tp, tc) for (n, p, m), (tp, tc) in self._totals.items())
+
+    def estimated_totals(self) -> list[tuple[str, str, str, int, int]]:
+        """The estimated part of :meth:`totals`: every (node, provider, model, prompt, completion), sorted."""
+        return sorted((n, p, m, tp, tc) for (n, p, m), (tp, tc) in self._estimated.items())

@@ -27,6 +27,7 @@ Cost (``timeit``, best of 5, CPython 3.11 on a shared 2-core machine):
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any, Optional, Protocol, cast
 
@@ -91,6 +92,48 @@ def engine_request(body: bytes, endpoint: str, stream: bool, adapter: EngineAdap
     return EngineRequest(json.dumps(parsed, separators=(",", ":")).encode(), relay_usage=False)
 
 
+#: A streamed event with some content: a non-empty ``content`` (chat) or ``text`` (completions) string.
+_CONTENT = re.compile(rb'"(?:content|text)"\s*:\s*"(?!")')
+#: Characters per prompt token in an estimated usage (the usual rule of thumb for English).
+CHARS_PER_TOKEN = 4
+
+
+def estimated_usage(request_body: bytes, content_chunks: int) -> dict[str, Any]:
+    """The usage of a stream whose engine sent none: one token per content chunk, the prompt's characters / 4.
+
+    The prompt is the request's ``messages`` contents (text parts of
+    multi-part ones) or its ``prompt``; a body that is not JSON counts 0.
+    """
+    try:
+        parsed = json.loads(request_body)
+    except ValueError:
+        parsed = None
+    chars = 0
+    if isinstance(parsed, dict):
+        messages = parsed.get("messages")
+        if isinstance(messages, list):
+            for message in messages[:10_000]:
+                content = message.get("content") if isinstance(message, dict) else None
+                if isinstance(content, str):
+                    chars += len(content)
+                elif isinstance(content, list):
+                    chars += sum(
+                        len(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+                    )
+        prompt = parsed.get("prompt")
+        if isinstance(prompt, str):
+            chars += len(prompt)
+        elif isinstance(prompt, list):
+            chars += sum(len(p) for p in prompt if isinstance(p, str))
+    prompt_tokens = (chars + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": content_chunks,
+        "total_tokens": prompt_tokens + content_chunks,
+        "estimated": True,
+    }
+
+
 @attrs.frozen
 class EngineAnswer:
     """How an engine's answer ended: a success (``error`` is ``None``) or an error in the client's terms."""
@@ -101,6 +144,8 @@ class EngineAnswer:
     error: Optional[EngineError] = None
     #: The engine's connection was cut before the answer ended (a killed engine).
     cut: bool = False
+    #: Streamed events that carried some content (what an estimated usage counts).
+    content_chunks: int = 0
 
 
 def provider_error(message: str) -> EngineError:
@@ -147,6 +192,7 @@ class EngineBodyReader(TwistedProtocol):
         self._buffer = bytearray()
         self._usage: Optional[Mapping[str, Any]] = None
         self._relayed = 0
+        self._content_chunks = 0
         self._saw_done = False
         self._stopped = False
 
@@ -192,6 +238,8 @@ class EngineBodyReader(TwistedProtocol):
         if kind is _DATA:
             if event.usage is not None:
                 self._usage = event.usage
+            if _CONTENT.search(payload) is not None:
+                self._content_chunks += 1
             self._relayed += 1
             self._sink.event(payload)
         elif kind is _DONE:
@@ -231,7 +279,7 @@ class EngineBodyReader(TwistedProtocol):
                 error = provider_error(NO_DONE if self._relayed else NO_OUTPUT)
                 self._sink.finished(EngineAnswer(error.status, error.to_json(), self._usage, error))
                 return
-            self._sink.finished(EngineAnswer(self._status, b"", self._usage))
+            self._sink.finished(EngineAnswer(self._status, b"", self._usage, content_chunks=self._content_chunks))
             return
         body = bytes(self._buffer)
         self._sink.finished(EngineAnswer(self._status, body, _whole_usage(body)))

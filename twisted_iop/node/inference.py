@@ -53,7 +53,13 @@ from twisted_iop.metrics import LatencyHistogram
 from twisted_iop.mock_provider import MockBehaviour, MockRun
 from twisted_iop.node.config import NodeProviderConfig
 from twisted_iop.node.engine_http import InferenceHTTPClient, ProviderHTTPClient
-from twisted_iop.node.engine_stream import EngineAnswer, EngineBodyReader, EngineRequest, engine_request
+from twisted_iop.node.engine_stream import (
+    EngineAnswer,
+    EngineBodyReader,
+    EngineRequest,
+    engine_request,
+    estimated_usage,
+)
 from twisted_iop.node.engines.base import EngineAdapter, EngineError
 from twisted_iop.node.engines.kinds import adapter_for
 from twisted_iop.openai_api import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, ENDPOINT_PATHS
@@ -424,6 +430,7 @@ class _Reply:
             message.usage.prompt_tokens = prompt
             message.usage.completion_tokens = completion
             message.usage.total_tokens = _count(usage.get("total_tokens"))
+            message.usage.estimated = usage.get("estimated") is True
             self._runner._count_tokens(self.provider_id, self._model, prompt, completion)
         if not ok:
             self._log.warn(
@@ -558,7 +565,11 @@ class _HTTPJob:
             return
         error = answer.error
         if error is None:
-            self._reply.done(pb.INFERENCE_STATUS_OK, answer.http_status, answer.body, answer.usage)
+            usage = answer.usage
+            if not usage and self._stream:
+                # llama-cpp-python's streams carry no usage: estimated, and said to be.
+                usage = estimated_usage(self._request_body.body, answer.content_chunks)
+            self._reply.done(pb.INFERENCE_STATUS_OK, answer.http_status, answer.body, usage)
         elif answer.cut and not self._reply.chunks:
             # Nothing reached the Edge: as if the engine had never answered,
             # so the Edge may run the request on another provider.

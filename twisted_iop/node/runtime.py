@@ -6,6 +6,14 @@ and on request) and load rounds (every ``probes.load_interval_seconds``:
 each engine's own running and waiting requests and KV-cache use), and
 tells the current Edge connection about readiness, health changes and
 load through the small :class:`EdgeSession` interface.
+
+A provider found offline or unhealthy is re-probed on its own with a short
+backoff (:data:`FIRST_REPROBE_SECONDS`, doubling, up to the probe
+interval) instead of at the next round, and the Edge hears of it the
+moment it answers healthy: a returning engine is back in rotation within
+one backoff step of its health check passing. A launched engine that is
+starting or loading is the supervisor's to report (it says ``ready`` at
+once); it is not re-probed.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ from typing import TYPE_CHECKING, Optional, Protocol
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList, succeed
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
@@ -31,6 +39,11 @@ from twisted_iop.wire.enums import enum_label
 
 if TYPE_CHECKING:
     from twisted_iop.node.inference import InferenceRunner
+
+#: The first re-probe of a provider found down comes this soon; each next one twice later, up to the interval.
+FIRST_REPROBE_SECONDS = 0.5
+
+_DOWN = (pb.PROVIDER_HEALTH_OFFLINE, pb.PROVIDER_HEALTH_UNHEALTHY)
 
 #: Something that re-reads the providers of node.yaml.
 ProvidersLoader = Callable[[], tuple[NodeProviderConfig, ...]]
@@ -97,6 +110,8 @@ class NodeRuntime(Service):
         self._loop.clock = clock
         self._load_loop = LoopingCall(self._periodic_load)
         self._load_loop.clock = clock
+        #: The pending re-probe of each provider found down, with the delay it was scheduled at.
+        self._reprobes: dict[str, tuple[IDelayedCall, float]] = {}
 
     def startService(self) -> None:
         super().startService()
@@ -108,6 +123,10 @@ class NodeRuntime(Service):
         for loop in (self._loop, self._load_loop):
             if loop.running:
                 loop.stop()
+        for call, _ in self._reprobes.values():
+            if call.active():
+                call.cancel()
+        self._reprobes.clear()
         self._prober.close()
         return super().stopService()
 
@@ -192,9 +211,51 @@ class NodeRuntime(Service):
             changed = self._record(results, providers)
             if report_changes and changed and self.session is not None and self.ready_sent:
                 self.session.send_health([self.report(r) for r in changed])
+            for result in results:
+                self._reprobe_if_down(result)
             return results
 
         return DeferredList(probes, consumeErrors=True).addCallback(done)
+
+    @property
+    def reprobes(self) -> dict[str, float]:
+        """The delay of each provider's pending re-probe (for tests and the metrics)."""
+        return {pid: delay for pid, (call, delay) in self._reprobes.items() if call.active()}
+
+    def _reprobe_if_down(self, result: ProbeResult, last_delay: float = 0.0) -> None:
+        """Schedule a re-probe of a provider found down (none if one is pending or it is up)."""
+        pid = result.provider_id
+        pending = self._reprobes.get(pid)
+        if result.health not in _DOWN or not self.running or self._launch_health(pid) is not None:
+            if pending is not None and pending[0].active():
+                pending[0].cancel()
+            self._reprobes.pop(pid, None)
+            return
+        if pending is not None and pending[0].active():
+            return
+        interval = self.config.probes.interval_seconds
+        delay = min(interval, FIRST_REPROBE_SECONDS if last_delay <= 0 else last_delay * 2)
+        self._reprobes[pid] = (self._clock.callLater(delay, self._reprobe, pid, delay), delay)
+
+    def _reprobe(self, provider_id: str, delay: float) -> None:
+        """Probe one provider found down; report a change at once; again later if still down."""
+        self._reprobes.pop(provider_id, None)
+        provider = next((p for p in self.providers if p.provider_id == provider_id), None)
+        if provider is None or not self.running:
+            return
+
+        def done(result: ProbeResult) -> None:
+            if provider_id not in {p.provider_id for p in self.providers}:
+                return
+            self._liveness([result])
+            changed = self._record([result], self.providers, forget=False)
+            if changed and self.session is not None and self.ready_sent:
+                self.session.send_health([self.report(r) for r in changed])
+            self._reprobe_if_down(result, delay)
+
+        self._probe(provider, self.config.probes.timeout_seconds).addCallback(done).addErrback(
+            lambda f: self._log.failure("re-probe of provider {provider_id} failed", f, provider_id=provider_id)
+        )
 
     def _probe(self, provider: NodeProviderConfig, timeout: float) -> Deferred[ProbeResult]:
         """The provider's health: probed, unless its launched engine is not up (then that says it)."""
@@ -283,8 +344,9 @@ class NodeRuntime(Service):
     def load_round(self) -> Deferred[list[pb.ProviderLoadReport]]:
         """Read every provider's engine load at once; send it to the Edge if ready.
 
-        A provider whose engine exports no load, or whose reading failed,
-        is sent with ``known=false``; ``age_ms`` is the time from the
+        A provider whose engine exports no load, whose reading failed, or
+        that was last found offline (its engine is not asked) is sent with
+        ``known=false``; ``age_ms`` is the time from the
         reading to the send.
         """
         providers = self.providers
@@ -293,7 +355,7 @@ class NodeRuntime(Service):
         def read_at(reading: Optional[LoadReading]) -> tuple[Optional[LoadReading], float]:
             return reading, self._clock.seconds()
 
-        readings = [self._prober.read_load(p, timeout).addCallback(read_at) for p in providers]
+        readings = [self._read_load(p, timeout).addCallback(read_at) for p in providers]
 
         def done(outcomes: list[tuple[bool, tuple[Optional[LoadReading], float]]]) -> list[pb.ProviderLoadReport]:
             self.load_rounds += 1
@@ -309,6 +371,13 @@ class NodeRuntime(Service):
             return reports
 
         return DeferredList(readings, consumeErrors=True).addCallback(done)
+
+    def _read_load(self, provider: NodeProviderConfig, timeout: float) -> Deferred[Optional[LoadReading]]:
+        """The engine's load; not asked of a provider last found offline (unknown, and no failed reads logged)."""
+        last = self.health.get(provider.provider_id)
+        if last is not None and last.health == pb.PROVIDER_HEALTH_OFFLINE:
+            return succeed(None)
+        return self._prober.read_load(provider, timeout)
 
     def _periodic_load(self) -> Deferred[None]:
         if self.session is None or not self.ready_sent:

@@ -242,6 +242,8 @@ SGLANG = EngineShapes(
 # -- llama.cpp's server ---------------------------------------------------------------
 # tools/server/README.md ("GET /health", "GET /slots", "GET /metrics", started with --metrics);
 # tools/server/utils.hpp format_error_response (error types, exceed_context_size_error).
+# No KV-cache metric: the llama-server of llama-cpp-python 0.3.36's vendored llama.cpp exports
+# none (the llamacpp:kv_cache_usage_ratio of older builds is gone), so its KV use is unknown.
 
 _LLAMACPP_METRICS = b"""# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.
 # TYPE llamacpp:prompt_tokens_total counter
@@ -249,9 +251,6 @@ llamacpp:prompt_tokens_total 412
 # HELP llamacpp:tokens_predicted_total Number of generation tokens processed.
 # TYPE llamacpp:tokens_predicted_total counter
 llamacpp:tokens_predicted_total 1290
-# HELP llamacpp:kv_cache_usage_ratio KV-cache usage. 1 means 100 percent usage.
-# TYPE llamacpp:kv_cache_usage_ratio gauge
-llamacpp:kv_cache_usage_ratio 0.25
 # HELP llamacpp:requests_processing Number of requests processing.
 # TYPE llamacpp:requests_processing gauge
 llamacpp:requests_processing 1
@@ -290,9 +289,10 @@ LLAMACPP = EngineShapes(
     models=_openai_models("llamacpp", meta={"n_ctx_train": 2048, "n_params": 1000000}),
     load={
         "/slots": Reply(200, as_json([_slot(0, True), _slot(1, False)])),
+        "/props": Reply(200, as_json({"total_slots": 2, "model_alias": "{model}", "default_generation_settings": {}})),
         "/metrics": Reply(200, _LLAMACPP_METRICS, PROMETHEUS),
     },
-    expected_load=(1, 3, 0.25, 2),
+    expected_load=(1, 3, None, 2),
     errors={
         "context_length_exceeded": RecordedError(
             400,

@@ -614,14 +614,16 @@ class InferenceChunk(_message.Message):
     def __init__(self, inference_id: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class InferenceUsage(_message.Message):
-    __slots__ = ("prompt_tokens", "completion_tokens", "total_tokens")
+    __slots__ = ("prompt_tokens", "completion_tokens", "total_tokens", "estimated")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATED_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ...) -> None: ...
+    estimated: bool
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ..., estimated: _Optional[bool] = ...) -> None: ...
 
 class InferenceDone(_message.Message):
     __slots__ = ("inference_id", "status", "http_status", "body", "usage", "error", "chunks", "error_code", "retry_after_seconds")

@@ -13,10 +13,15 @@ Both are one kind: what one lacks answers 404 and is skipped.
 * models: ``GET /v1/models`` (OpenAI shape, both servers);
 * load: ``GET /slots`` (a JSON list, one object per slot with
   ``is_processing``; its length is the parallelism ``--parallel``; off
-  with ``--no-slots``) and ``GET /metrics`` (only with ``--metrics``):
-  ``llamacpp:requests_processing``, ``llamacpp:requests_deferred``,
-  ``llamacpp:kv_cache_usage_ratio`` (``tools/server/README.md``, "GET
-  /slots", "GET /metrics"). llama-cpp-python exports neither;
+  with ``--no-slots``, then 501), ``GET /props`` (``total_slots``: the
+  parallelism when ``/slots`` is off) and ``GET /metrics`` (only with
+  ``--metrics``): ``llamacpp:requests_processing``,
+  ``llamacpp:requests_deferred`` (``tools/server/README.md``, "GET
+  /slots", "GET /props", "GET /metrics"). llama-server exports no KV-cache
+  use (the ``llamacpp:kv_cache_usage_ratio`` of older builds is gone from
+  the one vendored in llama-cpp-python 0.3.36): KV is unknown, and
+  ``max_kv_cache`` never applies to it. A ``kv_cache_usage_ratio`` an
+  older build still exports is read. llama-cpp-python exports none of these;
 * errors: llama.cpp's ``{"error": {"code", "message", "type"}}`` with
   ``type`` ``exceed_context_size_error`` for a prompt over the context
   (``tools/server/utils.hpp``, ``format_error_response``);
@@ -43,7 +48,7 @@ class LlamaCppAdapter(EngineAdapter):
 
     kind = "llamacpp"
     health_path = "/health"
-    load_paths = ("/slots", "/metrics")
+    load_paths = ("/slots", "/props", "/metrics")
 
     def check_health(self, status: int, body: bytes) -> Optional[HealthCheck]:
         """Loading is unhealthy ("loading model"); "no slot available" is busy; 404 is llama-cpp-python."""
@@ -56,9 +61,11 @@ class LlamaCppAdapter(EngineAdapter):
         return super().check_health(status, body)
 
     def read_load(self, answers: Mapping[str, bytes]) -> Optional[LoadReading]:
-        """Slots in use and their number from ``/slots``; deferred requests and KV cache from ``/metrics``."""
+        """Slots in use and their number from ``/slots`` (their number from ``/props`` when it is off); the rest from ``/metrics``."""
         processing, deferred, kv_cache = metrics_load(answers, (PROCESSING,), (DEFERRED,), (KV_CACHE,))
         busy_slots, slots = _slots(answers.get("/slots"))
+        if slots is None:
+            slots = _total_slots(answers.get("/props"))
         running = processing if processing is not None else busy_slots
         return LoadReading.of(running, deferred, kv_cache, slots)
 
@@ -75,3 +82,14 @@ def _slots(body: Optional[bytes]) -> tuple[Optional[int], Optional[int]]:
     # ``is_processing`` since 2024; before it, ``state`` (0 idle, 1 processing).
     busy = sum(1 for slot in parsed if slot.get("is_processing") is True or slot.get("state") == 1)
     return busy, len(parsed)
+
+
+def _total_slots(body: Optional[bytes]) -> Optional[int]:
+    """``total_slots`` of a ``/props`` answer; ``None`` if it has none that makes sense."""
+    if body is None:
+        return None
+    parsed: Any = json_body(body)
+    total = parsed.get("total_slots") if isinstance(parsed, dict) else None
+    if isinstance(total, bool) or not isinstance(total, int) or not 0 < total <= MAX_REQUESTS:
+        return None
+    return total

@@ -305,3 +305,38 @@ def test_kill_9_of_one_engine_under_load_fails_over_to_the_other(two_engines: En
     assert len(failed) <= 1, summary(failed)
     after = [o for o in outcomes if o.started > kill_time]
     assert len(after) >= LOAD_CLIENTS and all(o.ok for o in after), "after the kill: " + summary(after)
+
+
+def counted_estimated_tokens(fleet: EngineFleet) -> dict[str, float]:
+    """The Edge's ``iop_tokens_estimated_total`` for :data:`MODEL`, summed over providers, by direction."""
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(fleet.metrics_text()):
+        for sample in family.samples:
+            if sample.name == "iop_tokens_estimated_total" and sample.labels.get("model") == MODEL:
+                direction = sample.labels.get("direction", "")
+                totals[direction] = totals.get(direction, 0.0) + sample.value
+    return totals
+
+
+def test_a_stream_without_usage_counts_estimated_tokens(one_engine: EngineFleet) -> None:
+    """llama-cpp-python sends no usage in its streams: the Edge counts one completion token per
+    content chunk the client received (and an estimated prompt), labelled estimated in /metrics."""
+    client = one_engine.client()
+    before, estimated_before = counted_tokens(one_engine), counted_estimated_tokens(one_engine)
+    streamed = ask(client, stream=True, max_tokens=12, prompt="count these")
+    assert streamed.ok and streamed.chunks > 0, streamed
+
+    def grown() -> dict[str, float]:
+        now, estimated = counted_tokens(one_engine), counted_estimated_tokens(one_engine)
+        return {
+            "completion": now.get("completion", 0.0) - before.get("completion", 0.0),
+            "estimated_completion": estimated.get("completion", 0.0) - estimated_before.get("completion", 0.0),
+            "estimated_prompt": estimated.get("prompt", 0.0) - estimated_before.get("prompt", 0.0),
+        }
+
+    counted = wait_until(
+        lambda: grown()["estimated_completion"] > 0 and grown(), timeout=10, message="estimated tokens"
+    )
+    assert counted["estimated_completion"] == counted["completion"]
+    assert streamed.chunks - 1 <= counted["estimated_completion"] <= streamed.chunks + 1
+    assert counted["estimated_prompt"] >= 1

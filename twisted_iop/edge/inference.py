@@ -334,6 +334,7 @@ class InferenceGateway:
                 usage.prompt_tokens,
                 usage.completion_tokens,
                 self._clock.seconds(),
+                estimated=usage.estimated,
             )
         if done.status == pb.INFERENCE_STATUS_OK:
             self._registry.request_succeeded(node_id, provider_id)

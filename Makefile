@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 PYTEST_ARGS ?=
 
-.PHONY: setup llama-engine shells run run-edge run-node test lint browser redis proto mypy bench bench-full bench-inference bench-stream nginx bench-cluster bench-engine clean
+.PHONY: setup llama-engine llama-server shells run run-edge run-node test lint browser redis proto mypy bench bench-full bench-inference bench-stream nginx bench-cluster bench-engine clean
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,7 +39,7 @@ $(LLAMA_VOCAB): | $(LLAMA_SDIST)
 
 # llama.cpp's own C++ server, built once per machine from the same sdist's
 # vendored llama.cpp (about 10 minutes on 2 cores) into the cache beside the
-# wheels; the tests find it through IOP_LLAMA_SERVER.
+# wheels (`make llama-server`); its harness finds it through IOP_LLAMA_SERVER.
 LLAMA_SERVER_SRC := $(abspath $(WHEEL_CACHE)/..)/llama-server-$(LLAMA_CPP_VERSION)-src
 LLAMA_SERVER ?= $(abspath $(WHEEL_CACHE)/..)/llama-server-$(LLAMA_CPP_VERSION)/llama-server
 export IOP_LLAMA_SERVER := $(LLAMA_SERVER)
@@ -64,7 +64,11 @@ $(BIN)/.llama-engine: $(BIN)/.installed | $(LLAMA_SDIST)
 	$(PY) -m pip install --quiet --no-index --find-links $(WHEEL_CACHE) 'llama-cpp-python[server]==$(LLAMA_CPP_VERSION)'
 	touch $@
 
-llama-engine: $(BIN)/.llama-engine $(LLAMA_VOCAB) $(LLAMA_SERVER)
+llama-engine: $(BIN)/.llama-engine $(LLAMA_VOCAB)
+
+# llama-server alone (`make llama-server`): its harness is
+# twisted_iop/testing/llama_server.py; the suite does not build it yet.
+llama-server: $(LLAMA_SERVER)
 
 run: setup
 	$(BIN)/twistd -n --pidfile= iop-control-plane --config configs/control-plane.yaml

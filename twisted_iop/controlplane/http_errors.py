@@ -4,7 +4,7 @@ the one table that maps domain errors to a status and a stable code."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Optional
 
 from twisted.web.iweb import IRequest
 
@@ -23,6 +23,23 @@ class BadRequest(Exception):
     def __init__(self, message: str, code: str = "bad_request") -> None:
         super().__init__(message)
         self.code = code
+
+
+def query_text(request: IRequest, name: str) -> Optional[str]:
+    """The one value of query parameter ``name`` (None when absent), for every view.
+
+    Given more than once, or not UTF-8, it is a 400 ``bad_request`` naming
+    the parameter: which of two ``limit=`` a view used was a guess.
+    """
+    values = request.args.get(name.encode())
+    if not values:
+        return None
+    if len(values) > 1:
+        raise BadRequest(f"query parameter {name!r} is given {len(values)} times; give it once")
+    try:
+        return str(values[0].decode("utf-8"))
+    except UnicodeDecodeError:
+        raise BadRequest(f"query parameter {name!r} is not valid UTF-8") from None
 
 
 class NotFound(Exception):

@@ -40,6 +40,7 @@ from twisted_iop.controlplane.http_errors import (
     encoded_json_body,
     error_body,
     json_body,
+    query_text,
 )
 from twisted_iop.controlplane.http_settings import HttpSettings
 from twisted_iop.controlplane.json_bytes import JsonBytesRenderer
@@ -124,18 +125,12 @@ def store_json(health: StoreHealth) -> dict[str, Any]:
 
 
 def _arg(request: IRequest, name: str) -> Optional[str]:
-    values = request.args.get(name.encode())
-    if not values:
-        return None
-    try:
-        return values[-1].decode("utf-8")
-    except UnicodeDecodeError:
-        raise BadRequest(f"query parameter {name!r} is not valid UTF-8") from None
+    return query_text(request, name)
 
 
 def _int_arg(request: IRequest, name: str, default: int, minimum: int, maximum: Optional[int] = None) -> int:
     text = _arg(request, name)
-    if text is None or text == "":
+    if text is None:
         return default
     try:
         value = int(text)

@@ -216,7 +216,8 @@ class GuardedRequest(Request):
         if site.stopping and self.channel.request_path not in limits.paths_while_stopping:
             return Refusal(503, "shutting_down", "the server is shutting down; retry after its restart")
         if method not in limits.methods:
-            allowed = b", ".join(sorted(limits.methods))
+            allowed = site.allowed_methods(self.channel.request_path) if site.allowed_methods else None
+            allowed = allowed or b", ".join(sorted(limits.methods))
             return Refusal(
                 405,
                 "method_not_allowed",
@@ -607,6 +608,7 @@ class GuardedSite(Site):
         realm: bytes = b"iop",
         access_log: bool = True,
         tcp_nodelay: bool = False,
+        allowed_methods: Optional[Callable[[bytes], Optional[bytes]]] = None,
     ) -> None:
         super().__init__(resource, timeout=limits.idle_timeout_seconds, reactor=reactor, logFormatter=access_line)
         self.limits = limits
@@ -615,6 +617,8 @@ class GuardedSite(Site):
         self.error_json = error_json
         self.realm = realm
         self.access_log = access_log
+        #: The ``Allow`` header of a path (its routes'), None where unknown.
+        self.allowed_methods = allowed_methods
         self.tcp_nodelay = tcp_nodelay
         #: Open connections: on this listener, and per peer address.
         self.connections = 0

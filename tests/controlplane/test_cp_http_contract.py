@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import pytest_twisted
+import treq
 from treq.testing import StubTreq
 from twisted.internet.task import Clock
 
@@ -14,6 +15,7 @@ from twisted_iop.controlplane.auth import ApiToken, ApiTokens, token_digest
 from twisted_iop.controlplane.gateway import EdgeGateway
 from twisted_iop.controlplane.http_routes import ControlPlaneHttp, HttpSettings, ListenerReadiness
 from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.testing.harness import start_control_plane
 
 
 def _api(**settings: Any) -> StubTreq:
@@ -66,3 +68,36 @@ async def test_a_token_in_the_query_is_not_accepted() -> None:
     assert (code, body["error"]["code"]) == (401, "unauthorized")
     code, _ = await _get(treq, "/edges", headers={b"Authorization": [b"Bearer " + secret.encode()]})
     assert code == 200
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_method_a_route_does_not_serve_is_405_with_its_allow() -> None:
+    """POST on a GET-only route (``/``, ``/healthz``, ``/console``) is a JSON 405 whose
+    ``Allow`` names only what is served; a path no route serves stays 404."""
+    stub: Any = _api()
+    for path in ("/", "/healthz", "/console", "/console/index.html", "/edges"):
+        response = await stub.post("http://cp" + path, data=b"{}", headers={b"content-type": [b"application/json"]})
+        body = json.loads(await response.content())
+        assert (response.code, body["error"]["code"]) == (405, "method_not_allowed"), path
+        assert response.headers.getRawHeaders(b"allow") == [b"GET, HEAD"], path
+    response = await stub.post("http://cp/nowhere", data=b"{}", headers={b"content-type": [b"application/json"]})
+    assert response.code == 404
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_sites_own_405_and_400_speak_for_the_routes() -> None:
+    """Through the daemon's site: OPTIONS on ``/rollouts/0/pause`` says ``Allow: POST``
+    (the route's methods), on ``/healthz`` ``GET, HEAD``; ``GET /edges/%FF`` is a JSON 400."""
+    cp = await start_control_plane()
+    try:
+        for path, allow in (("/rollouts/0/pause", b"POST"), ("/healthz", b"GET, HEAD")):
+            response = await treq.request("OPTIONS", cp.http_url + path)
+            await response.content()
+            assert response.code == 405
+            assert response.headers.getRawHeaders(b"allow") == [allow], path
+        response = await treq.get(cp.http_url + "/edges/%FF")
+        assert response.code == 400
+        assert response.headers.getRawHeaders(b"content-type") == [b"application/json"]
+        assert json.loads(await response.content())["error"]["code"] == "invalid_path"
+    finally:
+        await cp.stop()

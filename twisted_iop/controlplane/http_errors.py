@@ -7,6 +7,8 @@ import json
 from typing import Any, Optional
 
 from twisted.web.iweb import IRequest
+from werkzeug.exceptions import HTTPException
+from werkzeug.routing import Map
 
 from twisted_iop.controlplane.cluster.store import ClusterUnavailable
 from twisted_iop.controlplane.command_dispatch import UnknownCommand
@@ -40,6 +42,34 @@ def query_text(request: IRequest, name: str) -> Optional[str]:
         return str(values[0].decode("utf-8"))
     except UnicodeDecodeError:
         raise BadRequest(f"query parameter {name!r} is not valid UTF-8") from None
+
+
+#: Methods a route may serve, in the order an ``Allow`` header names them.
+ROUTE_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+
+
+def served_methods(url_map: Map, path: str, fallback_endpoint: str) -> list[str]:
+    """The methods a route other than ``fallback_endpoint`` (the JSON 404 for
+    every path) serves at ``path``, HEAD with GET: what ``Allow`` names."""
+    adapter = url_map.bind("iop")
+    served: list[str] = []
+    for method in ROUTE_METHODS:
+        try:
+            rule, _ = adapter.match(path, method=method, return_rule=True)
+        except HTTPException:
+            continue
+        if rule.endpoint != fallback_endpoint:
+            served.append(method)
+    if "GET" in served:
+        served.insert(1, "HEAD")
+    return served
+
+
+def method_not_allowed(request: IRequest, served: list[str]) -> bytes:
+    """The JSON 405 for a method ``path`` does not serve, with its ``Allow``."""
+    request.setHeader(b"Allow", ", ".join(served).encode("ascii"))
+    method = request.method.decode("ascii", "replace")[:20]
+    return error_body(request, 405, "method_not_allowed", f"method {method} is not served here")
 
 
 class NotFound(Exception):

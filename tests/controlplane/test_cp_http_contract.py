@@ -4,6 +4,7 @@ query parameters given once and well formed, tokens from the header only."""
 from __future__ import annotations
 
 import json
+from importlib import resources
 from typing import Any
 
 import pytest_twisted
@@ -13,6 +14,8 @@ from twisted.internet.task import Clock
 
 from twisted_iop.controlplane.auth import ApiToken, ApiTokens, token_digest
 from twisted_iop.controlplane.gateway import EdgeGateway
+from twisted_iop.controlplane.history.queries import parse_step
+from twisted_iop.controlplane.history.settings import DEFAULT_EDGE_TIERS, DEFAULT_TIERS
 from twisted_iop.controlplane.http_routes import ControlPlaneHttp, HttpSettings, ListenerReadiness
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.testing.harness import start_control_plane
@@ -101,3 +104,12 @@ async def test_the_sites_own_405_and_400_speak_for_the_routes() -> None:
         assert json.loads(await response.content())["error"]["code"] == "invalid_path"
     finally:
         await cp.stop()
+
+
+def test_the_documented_step_example_is_a_step_of_every_series() -> None:
+    """The document's ``step`` example is shared by the fleet's, a selector's and an edge's
+    history: it names a tier of both default tier lists (``1m`` is no edge tier: 400)."""
+    document = json.loads(resources.files("twisted_iop.controlplane").joinpath("openapi.json").read_text())
+    example = document["components"]["parameters"]["HistoryStep"]["example"]
+    for tier_list in (DEFAULT_TIERS, DEFAULT_EDGE_TIERS):
+        assert parse_step(example, tier_list) is not None

@@ -13,12 +13,21 @@ from treq.testing import StubTreq
 from twisted.internet.task import Clock
 
 from twisted_iop.controlplane.auth import ApiToken, ApiTokens, token_digest
+from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.gateway import EdgeGateway
 from twisted_iop.controlplane.history.queries import parse_step
 from twisted_iop.controlplane.history.settings import DEFAULT_EDGE_TIERS, DEFAULT_TIERS
 from twisted_iop.controlplane.http_routes import ControlPlaneHttp, HttpSettings, ListenerReadiness
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.testing.harness import start_control_plane
+from twisted_iop.testing.peers import CATALOG, HeldEdgePeer
+
+HELLO = EdgeHello(labels={}, software_version="t", protocol_version="1.0", commands=tuple(CATALOG))
+
+
+def _http(registry: EdgeRegistry, gateway: EdgeGateway, clock: Clock) -> ControlPlaneHttp:
+    """The Control Plane's views over ``registry`` and ``gateway``."""
+    return ControlPlaneHttp(registry, gateway, clock, ListenerReadiness([]), HttpSettings())
 
 
 def _api(**settings: Any) -> StubTreq:
@@ -113,3 +122,32 @@ def test_the_documented_step_example_is_a_step_of_every_series() -> None:
     example = document["components"]["parameters"]["HistoryStep"]["example"]
     for tier_list in (DEFAULT_TIERS, DEFAULT_EDGE_TIERS):
         assert parse_step(example, tier_list) is not None
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_key_replayed_after_a_stop_gets_the_operation_as_it_ended() -> None:
+    """A command never answered, the Control Plane stopped (its caller: 503 ``shutting_down``),
+    then a running Control Plane on the same records gets the same key: the failed operation
+    with a 200 and ``replayed``, not the stop's 503 that a retrying client would loop on."""
+    clock = Clock()
+    clock.advance(1_700_000_000)
+    registry = EdgeRegistry(clock)
+    registry.connect("edge-00", HeldEdgePeer(), HELLO)
+    command = json.dumps({"name": "node.drain", "target": "node-1", "idempotency_key": "K"}).encode()
+    headers = {b"content-type": [b"application/json"]}
+
+    stopping = EdgeGateway(registry, clock)
+    first: Any = StubTreq(_http(registry, stopping, clock).app.resource())
+    answer = first.post("http://cp/edges/edge-00/commands", data=command, headers=headers)
+    stopping.shut_down()
+    first.flush()
+    response = await answer
+    assert response.code == 503
+    assert json.loads(await response.content())["error"]["code"] == "shutting_down"
+
+    running: Any = StubTreq(_http(registry, EdgeGateway(registry, clock), clock).app.resource())
+    response = await running.post("http://cp/edges/edge-00/commands", data=command, headers=headers)
+    body = json.loads(await response.content())
+    assert response.code == 200, body
+    assert body["state"] == "failed" and body["replayed"] is True
+    assert "stopped before this operation ended" in body["reason"]

@@ -50,7 +50,7 @@ from twisted_iop.controlplane.json_bytes import JsonBytesRenderer
 from twisted_iop.controlplane.operation_states import EDGE_DISCONNECTED, FAILED, SUPERSEDED, TIMED_OUT
 from twisted_iop.controlplane.operations import OperationRecord
 from twisted_iop.controlplane.registry import EdgeRegistry
-from twisted_iop.controlplane.request_errors import SHUTTING_DOWN_REASON
+from twisted_iop.controlplane.request_errors import SHUTTING_DOWN_REASON, STOPPED_BEFORE_END_REASON
 from twisted_iop.controlplane.rollout_routes import add_rollout_routes
 from twisted_iop.controlplane.rollouts import RolloutService
 from twisted_iop.controlplane.store.interface import StoreHealth
@@ -549,7 +549,13 @@ class ControlPlaneHttp:
         if operation.state == SUPERSEDED:
             return error_body(request, 503, "edge_superseded", operation.reason, operation=rendered, replayed=replayed)
         if operation.state == FAILED and operation.reason == SHUTTING_DOWN_REASON:
-            return error_body(request, 503, "shutting_down", operation.reason, operation=rendered, replayed=replayed)
+            if self._gateway.stopping:
+                return error_body(
+                    request, 503, "shutting_down", operation.reason, operation=rendered, replayed=replayed
+                )
+            # Ended by a stop that is over (a restart, or another replica's):
+            # the operation as it ended, never the stop's 503 kept by its key.
+            rendered["reason"] = STOPPED_BEFORE_END_REASON
         rendered["replayed"] = replayed
         return json_body(request, 200, rendered)
 

@@ -20,7 +20,7 @@ application, checked before a request reaches a route:
   client);
 * **browsers**: the ``Host`` header must name this server (IP literals,
   ``localhost`` or a configured name: DNS rebinding), a cross-origin write is
-  refused, writes must say ``Content-Type: application/json``, and every
+  refused, a write with a body must say ``Content-Type: application/json``, and every
   answer carries ``X-Content-Type-Options``, ``X-Frame-Options``, a
   Content-Security-Policy and a ``Server`` header without versions;
 * methods other than the ones served get a JSON 405;
@@ -39,7 +39,7 @@ import ipaddress
 import json
 from collections.abc import Callable, Iterable
 from typing import Any, Optional
-from urllib.parse import urlsplit
+from urllib.parse import unquote_to_bytes, urlsplit
 
 import attrs
 from twisted.internet.interfaces import IAddress, IDelayedCall
@@ -48,6 +48,8 @@ from twisted.logger import Logger
 from twisted.protocols.policies import ProtocolWrapper
 from twisted.web.http import HTTPChannel
 from twisted.web.server import Request, Site
+
+from twisted_iop.access_log import access_line, refusal_line
 
 #: What the ``Server`` header says (never a version).
 SERVER_NAME = b"twisted-iop"
@@ -82,6 +84,7 @@ _PHRASES = {
     405: b"Method Not Allowed",
     408: b"Request Timeout",
     413: b"Content Too Large",
+    414: b"URI Too Long",
     415: b"Unsupported Media Type",
     421: b"Misdirected Request",
     503: b"Service Unavailable",
@@ -213,7 +216,8 @@ class GuardedRequest(Request):
         if site.stopping and self.channel.request_path not in limits.paths_while_stopping:
             return Refusal(503, "shutting_down", "the server is shutting down; retry after its restart")
         if method not in limits.methods:
-            allowed = b", ".join(sorted(limits.methods))
+            allowed = site.allowed_methods(self.channel.request_path) if site.allowed_methods else None
+            allowed = allowed or b", ".join(sorted(limits.methods))
             return Refusal(
                 405,
                 "method_not_allowed",
@@ -254,6 +258,10 @@ class GuardedRequest(Request):
             origin == b"null" or _origin_host(origin) != host.decode("ascii", "replace").lower()
         ):
             return Refusal(403, "cross_origin", "cross-origin writes are not allowed")
+        if length == 0:
+            # No body (Content-Length: 0, or none and not chunked): nothing
+            # to say the type of (a body-less POST /rollouts/{id}/cancel).
+            return None
         content_type = headers.getRawHeaders(b"content-type", [b""])[0]
         media = content_type.split(b";", 1)[0].strip().lower()
         if media != b"application/json":
@@ -282,7 +290,7 @@ class GuardedRequest(Request):
             return
         self.refused = refusal
         self.content = _Discard()  # type: ignore[assignment]
-        self.channel.refuse(refusal)
+        self.channel.refuse(refusal, self)
 
 
 #: The site's headers as they are written on every answer.
@@ -302,6 +310,9 @@ class GuardedChannel(HTTPChannel):
         self.peer_host = ""
         self.request_method = b""
         self.request_path = b""
+        #: The current request's target and HTTP version (for the access log of a refusal).
+        self.request_uri = b""
+        self.request_version = b""
         #: The connection's one deadline timer. It is never moved later or
         #: cancelled when a request ends (both cost a reactor operation per
         #: request): when it fires it looks at the deadline of now and
@@ -368,7 +379,12 @@ class GuardedChannel(HTTPChannel):
                 self._start_deadlines()
             parts = line.split(b" ", 2)
             self.request_method = parts[0].upper()
-            self.request_path = parts[1].split(b"?", 1)[0] if len(parts) > 1 else b""
+            self.request_uri = parts[1] if len(parts) > 1 else b""
+            self.request_version = parts[2] if len(parts) > 2 else b""
+            self.request_path = self.request_uri.split(b"?", 1)[0]
+            if not _utf8_path(self.request_path):
+                self.refuse(Refusal(400, "invalid_path", "the request path is not UTF-8 once percent-decoded"))
+                return
         # Called directly (a header line costs no super() lookup).
         HTTPChannel.lineReceived(self, line)
 
@@ -376,6 +392,18 @@ class GuardedChannel(HTTPChannel):
         if self._refused:
             return
         super().rawDataReceived(data)
+
+    def lineLengthExceeded(self, line: bytes) -> None:
+        """A request line or header line over the limit: a JSON 414 or 431, not a silent close."""
+        if not self.request_method:
+            self.request_method = line.split(b" ", 1)[0][:16].upper()
+            self.refuse(Refusal(414, "uri_too_long", f"the request line exceeds {self.MAX_LENGTH} bytes"))
+        else:
+            self.refuse(Refusal(431, "headers_too_large", f"a header line exceeds {self.MAX_LENGTH} bytes"))
+
+    def _respondToBadRequestAndDisconnect(self) -> None:
+        """Twisted's bare 400 (too many headers, a malformed request line), as JSON."""
+        self.refuse(Refusal(400, "bad_request", "the request is malformed or its headers too large"))
 
     def allHeadersReceived(self) -> None:
         if self._deadline_at is not None and self._awaiting == "headers":
@@ -413,6 +441,7 @@ class GuardedChannel(HTTPChannel):
         self._deadline_at = None
         self.request_method = b""
         self.request_path = b""
+        self.request_uri = b""
 
     def writeHeaders(self, version: bytes, code: bytes, reason: bytes, headers: Any) -> None:
         """Write an answer's headers: the request's own, then the site's.
@@ -442,8 +471,9 @@ class GuardedChannel(HTTPChannel):
         assert self.transport is not None
         self.transport.writeSequence(sequence)
 
-    def refuse(self, refusal: Refusal) -> None:
-        """Write ``refusal`` as the whole answer and close the connection."""
+    def refuse(self, refusal: Refusal, request: Optional[GuardedRequest] = None) -> None:
+        """Write ``refusal`` as the whole answer and close the connection,
+        with an access-log line like any answer's."""
         if self._refused or self.transport is None:
             return
         self._refused = True
@@ -462,6 +492,7 @@ class GuardedChannel(HTTPChannel):
             lines.append(b'WWW-Authenticate: Bearer realm="' + self.site.realm + b'"')
         self.transport.write(b"\r\n".join(lines) + b"\r\n\r\n" + body)
         self.transport.loseConnection()
+        self.site.log_refusal(self, refusal.status, len(body), request)
 
     def _start_deadlines(self) -> None:
         limits = self.site.limits
@@ -521,6 +552,15 @@ class GuardedChannel(HTTPChannel):
         super().connectionLost(reason)
 
 
+def _utf8_path(path: bytes) -> bool:
+    """Whether ``path`` is UTF-8 once percent-decoded (what the routes can match)."""
+    try:
+        unquote_to_bytes(path).decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 class _SocketWatch(ProtocolWrapper):
     """What the socket's transport delivers to once a resource is about to
     take the socket over from a channel (see
@@ -568,14 +608,17 @@ class GuardedSite(Site):
         realm: bytes = b"iop",
         access_log: bool = True,
         tcp_nodelay: bool = False,
+        allowed_methods: Optional[Callable[[bytes], Optional[bytes]]] = None,
     ) -> None:
-        super().__init__(resource, timeout=limits.idle_timeout_seconds, reactor=reactor)
+        super().__init__(resource, timeout=limits.idle_timeout_seconds, reactor=reactor, logFormatter=access_line)
         self.limits = limits
         self.authorize = authorize
         #: The error body of a refusal (the views' JSON shape unless told otherwise).
         self.error_json = error_json
         self.realm = realm
         self.access_log = access_log
+        #: The ``Allow`` header of a path (its routes'), None where unknown.
+        self.allowed_methods = allowed_methods
         self.tcp_nodelay = tcp_nodelay
         #: Open connections: on this listener, and per peer address.
         self.connections = 0
@@ -633,6 +676,14 @@ class GuardedSite(Site):
         """One access-log line per request, unless the listener's volume makes it noise."""
         if self.access_log:
             super().log(request)
+
+    def log_refusal(self, channel: GuardedChannel, status: int, length: int, request: Optional[GuardedRequest]) -> None:
+        """The access-log line of an answer the site gave itself (405, 408, 413, 415, 421 ...)."""
+        if not self.access_log or self._logFile is None:
+            return
+        headers = None if request is None else request.requestHeaders
+        line = refusal_line(self._logDateTime or "-", channel, status, length, headers)
+        self._logFile.write(line + "\n")
 
     def connection_made(self, channel: GuardedChannel, transport: Any) -> None:
         """Count a connection made (``transport`` is its socket's)."""

@@ -34,7 +34,7 @@ from twisted_iop.controlplane.history.queries import (
     parse_step,
 )
 from twisted_iop.controlplane.history.service import HistoryService
-from twisted_iop.controlplane.http_errors import BadRequest, json_body
+from twisted_iop.controlplane.http_errors import BadRequest, json_body, query_text
 from twisted_iop.controlplane.json_views import iso
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.label_selectors import parse_selector
@@ -61,13 +61,7 @@ class HistoryHost(Protocol):
 
 
 def _arg(request: IRequest, name: str) -> Optional[str]:
-    values = request.args.get(name.encode())
-    if not values:
-        return None
-    try:
-        return str(values[-1].decode("utf-8"))
-    except UnicodeDecodeError:
-        raise BadRequest(f"query parameter {name!r} is not valid UTF-8") from None
+    return query_text(request, name)
 
 
 def _model(request: IRequest) -> str:

@@ -4,9 +4,11 @@ the one table that maps domain errors to a status and a stable code."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Optional
 
 from twisted.web.iweb import IRequest
+from werkzeug.exceptions import HTTPException
+from werkzeug.routing import Map
 
 from twisted_iop.controlplane.cluster.store import ClusterUnavailable
 from twisted_iop.controlplane.command_dispatch import UnknownCommand
@@ -23,6 +25,51 @@ class BadRequest(Exception):
     def __init__(self, message: str, code: str = "bad_request") -> None:
         super().__init__(message)
         self.code = code
+
+
+def query_text(request: IRequest, name: str) -> Optional[str]:
+    """The one value of query parameter ``name`` (None when absent), for every view.
+
+    Given more than once, or not UTF-8, it is a 400 ``bad_request`` naming
+    the parameter: which of two ``limit=`` a view used was a guess.
+    """
+    values = request.args.get(name.encode())
+    if not values:
+        return None
+    if len(values) > 1:
+        raise BadRequest(f"query parameter {name!r} is given {len(values)} times; give it once")
+    try:
+        return str(values[0].decode("utf-8"))
+    except UnicodeDecodeError:
+        raise BadRequest(f"query parameter {name!r} is not valid UTF-8") from None
+
+
+#: Methods a route may serve, in the order an ``Allow`` header names them.
+ROUTE_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+
+
+def served_methods(url_map: Map, path: str, fallback_endpoint: str) -> list[str]:
+    """The methods a route other than ``fallback_endpoint`` (the JSON 404 for
+    every path) serves at ``path``, HEAD with GET: what ``Allow`` names."""
+    adapter = url_map.bind("iop")
+    served: list[str] = []
+    for method in ROUTE_METHODS:
+        try:
+            rule, _ = adapter.match(path, method=method, return_rule=True)
+        except HTTPException:
+            continue
+        if rule.endpoint != fallback_endpoint:
+            served.append(method)
+    if "GET" in served:
+        served.insert(1, "HEAD")
+    return served
+
+
+def method_not_allowed(request: IRequest, served: list[str]) -> bytes:
+    """The JSON 405 for a method ``path`` does not serve, with its ``Allow``."""
+    request.setHeader(b"Allow", ", ".join(served).encode("ascii"))
+    method = request.method.decode("ascii", "replace")[:20]
+    return error_body(request, 405, "method_not_allowed", f"method {method} is not served here")
 
 
 class NotFound(Exception):

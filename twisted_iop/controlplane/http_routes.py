@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Sequence
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Optional, Protocol
-from urllib.parse import urlsplit
+from urllib.parse import unquote_to_bytes, urlsplit
 
 from klein import Klein
 from prometheus_client import CollectorRegistry
@@ -17,6 +17,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 from twisted.web.static import File
+from werkzeug.exceptions import MethodNotAllowed
 
 from twisted_iop.controlplane import json_views as views
 from twisted_iop.controlplane.auth import OPERATOR, VIEWER, ApiToken
@@ -40,13 +41,16 @@ from twisted_iop.controlplane.http_errors import (
     encoded_json_body,
     error_body,
     json_body,
+    method_not_allowed,
+    query_text,
+    served_methods,
 )
 from twisted_iop.controlplane.http_settings import HttpSettings
 from twisted_iop.controlplane.json_bytes import JsonBytesRenderer
 from twisted_iop.controlplane.operation_states import EDGE_DISCONNECTED, FAILED, SUPERSEDED, TIMED_OUT
 from twisted_iop.controlplane.operations import OperationRecord
 from twisted_iop.controlplane.registry import EdgeRegistry
-from twisted_iop.controlplane.request_errors import SHUTTING_DOWN_REASON
+from twisted_iop.controlplane.request_errors import SHUTTING_DOWN_REASON, STOPPED_BEFORE_END_REASON
 from twisted_iop.controlplane.rollout_routes import add_rollout_routes
 from twisted_iop.controlplane.rollouts import RolloutService
 from twisted_iop.controlplane.store.interface import StoreHealth
@@ -124,18 +128,12 @@ def store_json(health: StoreHealth) -> dict[str, Any]:
 
 
 def _arg(request: IRequest, name: str) -> Optional[str]:
-    values = request.args.get(name.encode())
-    if not values:
-        return None
-    try:
-        return values[-1].decode("utf-8")
-    except UnicodeDecodeError:
-        raise BadRequest(f"query parameter {name!r} is not valid UTF-8") from None
+    return query_text(request, name)
 
 
 def _int_arg(request: IRequest, name: str, default: int, minimum: int, maximum: Optional[int] = None) -> int:
     text = _arg(request, name)
-    if text is None or text == "":
+    if text is None:
         return default
     try:
         value = int(text)
@@ -224,6 +222,12 @@ class ControlPlaneHttp:
                     request.setHeader(b"WWW-Authenticate", b'Bearer realm="iop"')
                 return error_body(request, status, code, str(error))
         raise error
+
+    @app.handle_errors(MethodNotAllowed)
+    def _method_not_allowed(self, request: IRequest, failure: Failure) -> bytes:
+        error = failure.value
+        assert isinstance(error, MethodNotAllowed)
+        return method_not_allowed(request, [m for m in ("GET", "HEAD", "POST") if m in (error.valid_methods or ())])
 
     @app.handle_errors(Exception)
     def _internal(self, request: IRequest, failure: Failure) -> bytes:
@@ -545,7 +549,13 @@ class ControlPlaneHttp:
         if operation.state == SUPERSEDED:
             return error_body(request, 503, "edge_superseded", operation.reason, operation=rendered, replayed=replayed)
         if operation.state == FAILED and operation.reason == SHUTTING_DOWN_REASON:
-            return error_body(request, 503, "shutting_down", operation.reason, operation=rendered, replayed=replayed)
+            if self._gateway.stopping:
+                return error_body(
+                    request, 503, "shutting_down", operation.reason, operation=rendered, replayed=replayed
+                )
+            # Ended by a stop that is over (a restart, or another replica's):
+            # the operation as it ended, never the stop's 503 kept by its key.
+            rendered["reason"] = STOPPED_BEFORE_END_REASON
         rendered["replayed"] = replayed
         return json_body(request, 200, rendered)
 
@@ -616,8 +626,20 @@ class ControlPlaneHttp:
 
     @app.route("/<path:rest>", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     def not_found(self, request: IRequest, rest: str) -> bytes:
-        """Anything else: a JSON 404."""
+        """Anything else: a JSON 404, or a 405 where another method is served."""
+        served = served_methods(self.app.url_map, "/" + rest, "not_found")
+        if served:
+            return method_not_allowed(request, served)
         return error_body(request, 404, "not_found", "no such resource")
+
+    def allow_header(self, path: bytes) -> Optional[bytes]:
+        """The ``Allow`` header of ``path`` (the site's 405 for OPTIONS, TRACE ...), None if unknown."""
+        try:
+            text = unquote_to_bytes(path).decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        served = served_methods(self.app.url_map, text, "not_found")
+        return ", ".join(served).encode("ascii") if served else None
 
 
 add_rollout_routes(ControlPlaneHttp.app)

@@ -12,6 +12,12 @@ from twisted_iop.wire.peer import PeerDisconnected, RemoteError, RequestTimeout
 #: Why a command ended (``failed``) when the Control Plane stopped before its answer.
 SHUTTING_DOWN_REASON = "the Control Plane is shutting down"
 
+#: What a replay of such a command says once the Control Plane runs again:
+#: it ended for good (a client retrying the same key must not loop on a 503).
+STOPPED_BEFORE_END_REASON = (
+    "the Control Plane stopped before this operation ended; send the command again with a new key"
+)
+
 
 class EdgeTimeout(Exception):
     """The edge did not answer within the deadline."""

@@ -20,7 +20,7 @@ from twisted.web.iweb import IRequest
 from twisted_iop.controlplane import rollout_states as rs
 from twisted_iop.controlplane.auth import ApiToken
 from twisted_iop.controlplane.bounds import MAX_ARGUMENT_VALUE
-from twisted_iop.controlplane.http_errors import BadRequest, error_body, json_body
+from twisted_iop.controlplane.http_errors import BadRequest, error_body, json_body, query_text
 from twisted_iop.controlplane.http_settings import HttpSettings
 from twisted_iop.controlplane.json_views import iso
 from twisted_iop.controlplane.rollouts import (
@@ -265,18 +265,12 @@ def rollout_request(http: RolloutHost, request: IRequest, body: dict[str, Any]) 
 
 
 def _query(request: IRequest, name: str) -> str:
-    values = request.args.get(name.encode())
-    if not values:
-        return ""
-    try:
-        return str(values[-1].decode("utf-8"))
-    except UnicodeDecodeError:
-        raise BadRequest(f"query parameter {name!r} is not valid UTF-8") from None
+    return query_text(request, name) or ""
 
 
 def _limit(request: IRequest) -> int:
-    text = _query(request, "limit")
-    if not text:
+    text = query_text(request, "limit")
+    if text is None:
         return DEFAULT_PAGE
     if not text.isdigit() or not 1 <= int(text) <= MAX_PAGE:
         raise BadRequest(f"query parameter 'limit' must be a whole number between 1 and {MAX_PAGE}")

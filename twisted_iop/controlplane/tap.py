@@ -180,7 +180,12 @@ class ControlPlaneService(DaemonService):
         self.client_factory = ClientWireFactory(self.registry, config.client_wire, reactor)
         root = HttpRoot(self.http.app.resource(), WebSocketResource(self.client_factory))
         site = self.http_site = GuardedSite(
-            root, config.http_site, self.http.check_headers, reactor, access_log=config.http_access_log
+            root,
+            config.http_site,
+            self.http.check_headers,
+            reactor,
+            access_log=config.http_access_log,
+            allowed_methods=self.http.allow_header,
         )
         self.add_listener("edge_wire", config.edge_wire_listen, self.edge_factory, reactor, config.edge_wire_tls)
         self.add_listener("client_wire", config.wire_listen, self.client_factory, reactor)

@@ -15,10 +15,17 @@ event-loop lag during the storm (``iop_event_loop_lag_max_seconds``, which
 resets at each scrape), the longest any one edge waited from its first
 dial to its accepted hello, the longest a hello waited in the Control
 Plane's admission queue (``iop_edge_hello_queue_wait_max_seconds``), and
-the ``retry_later`` answers. Target:
-within 2x echo, the lag under 100 ms.
+the ``retry_later`` answers by reason. Targets: within 2x echo, no hello
+waiting in the queue longer than ``max_queue_wait_ms``; the loop's lag is
+reported (on a contended CPU it lags because of the machine).
+
+It runs in two modes (``--mode quiet``, ``--mode hog``, default both, each
+``--repeat`` times): quiet, and with a CPU hog beside it (one busy process
+per core minus one, :mod:`cpu_hog`), the contended machine a restart meets
+at a busy site. Each result is printed with the mode and the load average.
 
     .venv/bin/python bench/enrollment_storm.py --edges 10000
+    .venv/bin/python bench/enrollment_storm.py --edges 10000 --mode hog --repeat 2
     .venv/bin/python bench/enrollment_storm.py --edges 10000 --profile /tmp/storm.prof
 """
 
@@ -36,6 +43,7 @@ from typing import Any, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fleet_fanout as ff
+from cpu_hog import MODES, CpuHog, hog_count, machine_note
 from suite import Reference
 from twisted.internet import defer, reactor, task
 
@@ -126,7 +134,7 @@ async def run(n: int, timeout: float, workdir: Path, profile: Optional[Path] = N
         cp_result["queue_wait"] = metric(page.decode(), "iop_edge_hello_queue_wait_max_seconds")
         cp_result["refused"] = {
             reason: metric(page.decode(), f'iop_edge_hello_admission_refused_total{{reason="{reason}"}}')
-            for reason in ("queue_full", "queue_wait", "loop_lag")
+            for reason in ("queue_full", "queue_wait")
         }
         await fleet.close()
     finally:
@@ -134,16 +142,18 @@ async def run(n: int, timeout: float, workdir: Path, profile: Optional[Path] = N
     return {"echo": echo_result, "cp": cp_result}
 
 
-def report(n: int, figures: dict[str, Any]) -> bool:
-    """Print the figures with the settings they depend on; True if the targets are met."""
+def report(n: int, figures: dict[str, Any], note: str) -> bool:
+    """Print the figures with the settings and the machine they depend on; True if the targets are met."""
     settings = config_from_text(CONFIG).hello_admission
     echo, cp = figures["echo"], figures["cp"]
     ratio = cp["seconds"] / echo["seconds"]
     print(f"\n== enrollment storm: {n:,} unpaced edges over {ff.LOOPBACK}")
+    print(note)
     print(
         f"settings: edge_wire.hello_admission max_pending_hellos={settings.max_pending_hellos} "
         f"slice_ms={settings.slice_ms:g} max_queue_wait_ms={settings.max_queue_wait_ms:g} "
         f"max_loop_lag_ms={settings.max_loop_lag_ms:g} lag_grace_ms={settings.lag_grace_ms:g} "
+        f"lagging_slice_ms={settings.lagging_slice_ms:g} "
         f"max_per_second={settings.max_per_second:g}; edge listen backlog 4096"
     )
     for name, result in (("echo", echo), ("control plane", cp)):
@@ -152,12 +162,17 @@ def report(n: int, figures: dict[str, Any]) -> bool:
             f"longest wait {result['longest_wait']:.2f} s, retry_later answers {result['retried']:,}"
             + (f", dial failures {result['dial_failures']}" if result["dial_failures"] else "")
         )
-    print(f"  ratio {ratio:.2f}x echo (target <= 2x); loop's largest lag {cp['max_lag'] * 1000:.0f} ms (target < 100)")
+    print(f"  ratio {ratio:.2f}x echo (target <= 2x); loop's largest lag {cp['max_lag'] * 1000:.0f} ms (reported)")
     print(
         f"  longest a hello waited in the Control Plane's admission queue: {cp['queue_wait'] * 1000:.0f} ms; "
         "refused by reason: " + ", ".join(f"{reason} {count:.0f}" for reason, count in cp["refused"].items())
     )
-    ok = cp["enrolled"] == n and echo["enrolled"] == n and ratio <= 2.0 and cp["max_lag"] < 0.1
+    ok = (
+        cp["enrolled"] == n
+        and echo["enrolled"] == n
+        and ratio <= 2.0
+        and cp["queue_wait"] * 1000 <= settings.max_queue_wait_ms
+    )
     print("  verdict:", "ok" if ok else "MISSED")
     return ok
 
@@ -170,12 +185,21 @@ def main() -> None:
     parser.add_argument(
         "--profile", type=Path, help="cProfile the Control Plane during its storm into this file (slows it)"
     )
+    parser.add_argument("--mode", choices=(*MODES, "both"), default="both", help="quiet, with a CPU hog, or both")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each mode")
     args = parser.parse_args()
-    outcome: dict[str, Any] = {}
+    outcome: dict[str, Any] = {"ok": True}
+    modes = MODES if args.mode == "both" else (args.mode,)
 
     async def body() -> None:
-        with tempfile.TemporaryDirectory(prefix="enrollment-storm-") as workdir:
-            outcome["ok"] = report(args.edges, await run(args.edges, args.timeout, Path(workdir), args.profile))
+        for _ in range(args.repeat):
+            for mode in modes:
+                with CpuHog(hog_count() if mode == "hog" else 0):
+                    with tempfile.TemporaryDirectory(prefix="enrollment-storm-") as workdir:
+                        figures = await run(args.edges, args.timeout, Path(workdir), args.profile)
+                    note = machine_note(mode)
+                outcome["ok"] = report(args.edges, figures, note) and outcome["ok"]
+                sys.stdout.flush()
 
     def done(_: object) -> None:
         if reactor.running:

@@ -18,7 +18,12 @@ Control Plane (``--no-plain`` skips it).
 
 Target (docs/performance.md): 10,000 edges over TLS in <= 15 s.
 
-Run: ``.venv/bin/python bench/tls_storm.py --edges 10000``.
+``--mode hog`` runs it with a CPU hog beside it (``bench/cpu_hog.py``: one
+busy process per core minus one), the contended machine a restart meets;
+the mode, the load average and the admission settings are printed beside
+the figures.
+
+Run: ``.venv/bin/python bench/tls_storm.py --edges 10000 [--mode hog]``.
 """
 
 from __future__ import annotations
@@ -35,10 +40,13 @@ from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import attrs
 import fleet_fanout as ff
+from cpu_hog import MODES, CpuHog, hog_count, machine_note
 from twisted.internet import defer
 from twisted.internet.ssl import Certificate, CertificateOptions
 
+from twisted_iop.controlplane.config import config_from_text
 from twisted_iop.testing.pki import CertificateAuthority
 
 TARGET_SECONDS = 15.0
@@ -109,6 +117,9 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     config = ff.BENCH_CONFIG.replace(
         "edge_wire:\n", "edge_wire:\n" + "".join(f"  {line}\n" for line in args.edge_wire), 1
     )
+    settings = config_from_text(config).hello_admission
+    print(machine_note(args.mode), flush=True)
+    print(f"settings: edge_wire.hello_admission {attrs.asdict(settings)}", flush=True)
     if not args.no_plain:
         results["tcp"] = await storm(
             workdir / "tcp", args.edges, f"tcp:0:interface={ff.LOOPBACK}", None, args.timeout, config
@@ -150,6 +161,7 @@ def main() -> None:
         help="what-if: one more edge_wire setting of the Control Plane (repeatable)",
     )
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    parser.add_argument("--mode", choices=MODES, default="quiet", help="quiet, or with a CPU hog beside it")
     args = parser.parse_args()
     limit = ff.raise_open_file_limit(args.edges + ff.SPARE_FDS)
     print(
@@ -161,7 +173,8 @@ def main() -> None:
     results: dict[str, Any] = {}
 
     async def work() -> None:
-        results.update(await run(args, workdir))
+        with CpuHog(hog_count() if args.mode == "hog" else 0):
+            results.update(await run(args, workdir))
 
     def report(failed: bool) -> None:
         if args.json:

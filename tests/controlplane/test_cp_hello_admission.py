@@ -172,9 +172,9 @@ def test_the_hint_follows_the_measured_drain_rate() -> None:
     assert second - first == pytest.approx(1 / admission.drain_rate())
 
 
-def test_a_lagging_loop_refuses_only_after_the_grace() -> None:
-    """Probe runs 80 ms late: hellos still queue for the first 100 ms of lag, then ``loop_lag``
-    refusals; a punctual run ends them."""
+def test_a_lagging_loop_queues_hellos_instead_of_refusing_them() -> None:
+    """Probe runs late past the grace: hellos are queued (not processed on arrival, not refused);
+    a punctual run makes a hello at an empty queue pass at once again."""
     clock, admission = started()
     clock.advance(0.1)  # the probe due at 0.02 runs at 0.1: over 50 ms since 0.07
     log: list[str] = []
@@ -182,12 +182,54 @@ def test_a_lagging_loop_refuses_only_after_the_grace() -> None:
     clock.rightNow += 0.05  # lagging for 80 ms: within the grace
     assert admission.offer(Hello("b", log, clock, 0), 1) is None
     clock.advance(0.1)  # next probe (due 0.12) runs at 0.25: still lagging, for 180 ms now
-    hint = admission.offer(Hello("c", log, clock, 0), 1)
-    assert hint is not None and hint > 0
-    assert admission.refused["loop_lag"] == 1
+    assert log == ["a", "b"]
+    assert admission.lagging(clock.seconds())
+    assert admission.offer(Hello("c", log, clock, 0), 1) is None
+    assert log == ["a", "b"] and admission.pending == 1
+    assert admission.refused_total == 0 and admission.lag_queued_total == 1
+    clock.turn()
+    assert log == ["a", "b", "c"]
     clock.advance(0.02)  # on time
+    assert not admission.lagging(clock.seconds())
     assert admission.offer(Hello("d", log, clock, 0), 1) is None
-    assert log == ["a", "b", "d"]
+    assert log == ["a", "b", "c", "d"]
+
+
+def test_a_lagging_loop_works_the_queue_off_in_smaller_slices() -> None:
+    """Lagging past the grace, a turn processes hellos for ``lagging_slice_ms`` (2 ms), not
+    ``slice_ms`` (10 ms): 1 ms hellos go two per turn, none on arrival."""
+    settings = attrs.evolve(SETTINGS, lagging_slice_ms=2, max_pending_hellos=100, max_queue_wait_ms=100_000)
+    clock, admission = started(settings)
+    clock.advance(0.1)
+    clock.rightNow += 0.1  # lagging for 130 ms, past the 100 ms grace
+    log, answers = offer_all(clock, admission, [str(i) for i in range(30)], cost=0.001)
+    assert answers == [None] * 30 and log == []
+    clock.turn()
+    assert len(log) == 2 and admission.lagging_turns == 1
+    clock.turn()
+    assert len(log) == 4
+    assert admission.refused_total == 0
+
+
+def test_a_punctual_loop_works_the_queue_off_in_whole_slices() -> None:
+    """The same backlog on a loop that runs on time: ten 1 ms hellos per 10 ms turn."""
+    settings = attrs.evolve(SETTINGS, lagging_slice_ms=2, max_pending_hellos=100, max_queue_wait_ms=100_000)
+    clock, admission = started(settings)
+    log, answers = offer_all(clock, admission, [str(i) for i in range(30)], cost=0.001)
+    assert answers == [None] * 30 and len(log) == 10
+    clock.turn()
+    assert len(log) == 20 and admission.lagging_turns == 0
+
+
+def test_a_lagging_loop_still_refuses_what_the_queue_cannot_hold() -> None:
+    """Lagging, a full queue still answers ``retry_later`` (counted as ``queue_full``)."""
+    clock, admission = started(attrs.evolve(SETTINGS, max_queue_wait_ms=100_000))
+    clock.advance(0.1)
+    clock.rightNow += 0.1
+    _, answers = offer_all(clock, admission, [str(i) for i in range(11)], cost=0.001)
+    assert answers[:10] == [None] * 10
+    assert answers[10] is not None and answers[10] > 0
+    assert admission.refused == {"queue_full": 1, "queue_wait": 0}
 
 
 def test_a_fixed_cap_paces_the_queue() -> None:
@@ -288,6 +330,7 @@ def test_the_older_rate_setting_still_loads_as_the_fixed_cap_with_a_notice() -> 
         ("edge_wire:\n  hello_admission:\n    max_queue_wait_ms: x\n", "edge_wire.hello_admission.max_queue_wait_ms"),
         ("edge_wire:\n  hello_admission:\n    max_pending_bytes: 10\n", "edge_wire.hello_admission.max_pending_bytes"),
         ("edge_wire:\n  hello_admission:\n    lag_grace_ms: -1\n", "edge_wire.hello_admission.lag_grace_ms"),
+        ("edge_wire:\n  hello_admission:\n    lagging_slice_ms: 0\n", "edge_wire.hello_admission.lagging_slice_ms"),
     ],
 )
 def test_bad_admission_settings_name_the_field(text: str, field: str) -> None:

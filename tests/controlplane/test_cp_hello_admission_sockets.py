@@ -1,5 +1,5 @@
 """Hello admission over real sockets: a burst is queued and enrolls, a closed edge leaves the queue,
-a loop lagging past the grace says retry_later."""
+a loop lagging past the grace still enrolls them."""
 
 from __future__ import annotations
 
@@ -115,29 +115,23 @@ async def test_a_queued_hello_whose_edge_closes_is_dropped_and_the_next_one_serv
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_reactor_lagging_past_the_grace_tells_edges_to_retry_later_then_admits_them() -> None:
-    """Once every reactor turn has blocked for 200 ms for longer than the 500 ms grace, hellos get
-    retry_later with a hint; once it stops, one passes."""
+async def test_a_reactor_lagging_past_the_grace_still_enrolls_edges_without_retry_later() -> None:
+    """Every reactor turn blocks for 200 ms, longer than the 500 ms grace: hellos are queued and
+    enrolled, none is told retry_later (the loop lags because of something else, refusing would
+    not help)."""
     cp = await start_control_plane()
     enroller = Enroller(cp)
     lagging = LoopingCall(time.sleep, 0.2)
     try:
         lagging.start(0.0)
         await deferLater(reactor, 1.0, lambda: None)
-        answers = []
-        for i in range(3):
-            edge = ScriptedEdge(f"slow-{i}")
-            await connectProtocol(enroller.endpoint, edge)
-            enroller.edges.append(edge)
-            answers.append(await edge.hello())
+        admission = cp.service.edge_factory.hello_admission
+        answers = [await enroller.enroll(f"slow-{i}", attempts=1) for i in range(3)]
         lagging.stop()
-        for answer in answers:
-            assert not answer.accepted and answer.reason_code == "retry_later" and not answer.permanent
-            assert answer.retry_after_ms >= 20
-        assert cp.service.edge_factory.hello_admission.refused["loop_lag"] == 3
-        assert cp.registry.find("slow-0") is None
-        accepted = await enroller.enroll("slow-0")
-        assert accepted.accepted
+        assert all(answer.accepted for answer in answers)
+        assert admission.refused_total == 0
+        assert admission.lag_queued_total >= 1
+        assert cp.registry.find("slow-2") is not None
     finally:
         if lagging.running:
             lagging.stop()

@@ -340,6 +340,7 @@ def parse_hello_admission(edge: Section, notices: list[str]) -> HelloAdmissionSe
             "max_queue_wait_ms",
             "max_loop_lag_ms",
             "lag_grace_ms",
+            "lagging_slice_ms",
             "max_per_second",
             "probe_interval_ms",
         }
@@ -370,6 +371,9 @@ def parse_hello_admission(edge: Section, notices: list[str]) -> HelloAdmissionSe
         max_queue_wait_ms=number("max_queue_wait_ms", default.max_queue_wait_ms, minimum=1.0, exclusive_minimum=False),
         max_loop_lag_ms=number("max_loop_lag_ms", default.max_loop_lag_ms, minimum=1.0, exclusive_minimum=False),
         lag_grace_ms=number("lag_grace_ms", default.lag_grace_ms, exclusive_minimum=False),
+        lagging_slice_ms=min(
+            number("lagging_slice_ms", default.lagging_slice_ms, minimum=0.1, exclusive_minimum=False), 1000.0
+        ),
         max_per_second=max_per_second,
         probe_interval_ms=min(
             number("probe_interval_ms", default.probe_interval_ms, minimum=1.0, exclusive_minimum=False), 1000.0

@@ -13,14 +13,24 @@ almost as much as an admission. So hellos are queued, not refused:
   of one turn, and a hello waits only for the hellos ahead of it. A hello
   arriving at an empty queue is processed at once while the turn's slice
   lasts.
-* A hello is told ``retry_later`` only when the queue is full, when its
-  expected wait (the hellos ahead of it at the drain rate: the rate the
-  slices were measured processing hellos at, of which the queue is
-  expected to get half the loop) is over ``max_queue_wait_ms`` (the Edge waits ``request_timeout_seconds``,
-  10 s by default, for the answer), or when the loop has lagged more than
-  ``max_loop_lag_ms`` for ``lag_grace_ms`` (measured by
-  :class:`LoopLagProbe`). The hint is the queue's drain time at the
+* A hello is told ``retry_later`` only when refusing it helps: when the
+  queue is full, or when its expected wait (the hellos ahead of it at the
+  drain rate: the rate the slices were measured processing hellos at, of
+  which the queue is expected to get half the loop) is over
+  ``max_queue_wait_ms`` (the Edge waits ``request_timeout_seconds``, 10 s
+  by default, for the answer). The hint is the queue's drain time at the
   measured rate, spread one slot apart per refused edge and capped.
+* A loop lagging more than ``max_loop_lag_ms`` for ``lag_grace_ms``
+  (measured by :class:`LoopLagProbe`; on a contended CPU the loop lags
+  because the machine is busy, not because of the hellos) sends no edge
+  away: a refused edge dials again with another connection and another
+  hello, which makes the storm longer and the loop busier. Instead the
+  admission takes fewer hellos into each turn: no hello is processed at
+  once on arrival (it queues behind the others), and each turn's slice
+  shrinks to ``lagging_slice_ms``, so reads and status rounds of the edges
+  already enrolled keep their share of the loop. The slices measured while
+  lagging still move the drain rate, so the expected-wait rule stays
+  honest about what the queue can hold.
 * An optional fixed cap (``max_per_second``, 0: none) paces the drain.
 
 Both classes are pure apart from the injected clock (``callLater`` and
@@ -63,10 +73,12 @@ class HelloAdmissionSettings:
     slice_ms: float = 10.0
     #: A hello whose expected wait in the queue is longer is told ``retry_later`` (ms).
     max_queue_wait_ms: float = 5000.0
-    #: Refuse hellos once the loop has lagged more than this (ms) ...
+    #: Once the loop has lagged more than this (ms) ...
     max_loop_lag_ms: float = 100.0
-    #: ... for this long (ms).
+    #: ... for this long (ms), hellos queue instead of being processed on arrival ...
     lag_grace_ms: float = 500.0
+    #: ... and each turn processes queued hellos for this long at most (ms), not ``slice_ms``.
+    lagging_slice_ms: float = 2.0
     #: A fixed cap of processed hellos per second (burst twice as many); 0: none.
     max_per_second: float = 0.0
     #: How often the lag probe runs (ms).
@@ -204,6 +216,7 @@ class HelloAdmission:
         self._slice = settings.slice_ms / 1000.0
         self._max_wait = settings.max_queue_wait_ms / 1000.0
         self._grace = settings.lag_grace_ms / 1000.0
+        self._lagging_slice = min(settings.lagging_slice_ms, settings.slice_ms) / 1000.0
         self._fixed = _Pace(clock, settings.max_per_second) if settings.max_per_second > 0 else None
         #: Waiting hellos, oldest first: each one's frame size and when it was queued.
         self._queue: OrderedDict[WaitingHello, tuple[int, float]] = OrderedDict()
@@ -222,7 +235,11 @@ class HelloAdmission:
         #: The longest a hello waited in the queue (seconds) since :meth:`reset_longest_wait`.
         self.longest_wait = 0.0
         #: Hellos told ``retry_later`` by reason, since start.
-        self.refused: dict[str, int] = {"queue_full": 0, "queue_wait": 0, "loop_lag": 0}
+        self.refused: dict[str, int] = {"queue_full": 0, "queue_wait": 0}
+        #: Turns worked off with the lagging loop's smaller slice, since start.
+        self.lagging_turns = 0
+        #: Hellos queued on arrival (not processed at once) because the loop lagged, since start.
+        self.lag_queued_total = 0
 
     def start(self) -> None:
         """Start watching the loop (the factory starts)."""
@@ -275,15 +292,19 @@ class HelloAdmission:
         seen, self.longest_wait = self.longest_wait, 0.0
         return seen
 
+    def lagging(self, now: float) -> bool:
+        """Whether the loop has lagged more than ``max_loop_lag_ms`` for ``lag_grace_ms`` as of ``now``."""
+        if not self.probe.running:
+            return False
+        lagging = self.probe.lagging_for(now)
+        return lagging is not None and lagging >= self._grace
+
     def offer(self, hello: WaitingHello, size: int) -> Optional[float]:
         """Take ``hello`` (a frame of ``size`` bytes): None if processed or queued, else the seconds to wait first."""
         now = self._clock.seconds()
-        if self.probe.running:
-            lagging = self.probe.lagging_for(now)
-            if lagging is not None and lagging >= self._grace:
-                return self._refuse("loop_lag", now)
         queue = self._queue
-        if not queue and self._fixed is None:
+        lagging = self.lagging(now)
+        if not lagging and not queue and self._fixed is None:
             started = self._slice_started
             if started is None:
                 # The next turn ends this slice (and works off what it left).
@@ -304,6 +325,8 @@ class HelloAdmission:
         queue[hello] = (size, now)
         self._bytes += size
         self.queued_total += 1
+        if lagging:
+            self.lag_queued_total += 1
         if self._turn is None:
             self._schedule(0.0)
         return None
@@ -324,7 +347,11 @@ class HelloAdmission:
         clock = self._clock
         start = now = clock.seconds()
         self._slice_started = start
-        deadline = start + self._slice
+        if self.lagging(start):
+            self.lagging_turns += 1
+            deadline = start + self._lagging_slice
+        else:
+            deadline = start + self._slice
         queue = self._queue
         fixed = self._fixed
         done = 0
@@ -368,7 +395,7 @@ class HelloAdmission:
     def _refuse(self, reason: str, now: float) -> float:
         self.refused[reason] += 1
         rate = self.drain_rate()
-        # Back once half the queue ahead is worked off (or the lag is over),
+        # Back once half the queue ahead is worked off,
         # one refused edge per slot of the drain rate, so a refused herd
         # comes back as fast as the queue takes it, not as one herd.
         probe = self.probe

@@ -17,7 +17,14 @@ from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.gateway import EdgeGateway
 from twisted_iop.controlplane.history.queries import parse_step
 from twisted_iop.controlplane.history.settings import DEFAULT_EDGE_TIERS, DEFAULT_TIERS
-from twisted_iop.controlplane.http_routes import ControlPlaneHttp, HttpSettings, ListenerReadiness
+from twisted_iop.controlplane.http_routes import (
+    MAX_ARGUMENT_VALUE,
+    MAX_COMMAND_ARGUMENTS,
+    MAX_TEXT,
+    ControlPlaneHttp,
+    HttpSettings,
+    ListenerReadiness,
+)
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.testing.harness import start_control_plane
 from twisted_iop.testing.peers import CATALOG, HeldEdgePeer
@@ -151,3 +158,15 @@ async def test_a_key_replayed_after_a_stop_gets_the_operation_as_it_ended() -> N
     assert response.code == 200, body
     assert body["state"] == "failed" and body["replayed"] is True
     assert "stopped before this operation ended" in body["reason"]
+
+
+def test_the_command_schema_states_the_bounds_the_server_enforces() -> None:
+    """The document's command body says what ``POST /edges/{id}/commands`` refuses with a 400:
+    32 arguments, names and target of 256 characters, values of 1,024, a timeout of at most 300 s."""
+    document = json.loads(resources.files("twisted_iop.controlplane").joinpath("openapi.json").read_text())
+    command = document["components"]["schemas"]["CommandRequest"]["properties"]
+    assert command["target"]["maxLength"] == MAX_TEXT
+    assert command["arguments"]["maxProperties"] == MAX_COMMAND_ARGUMENTS
+    assert command["arguments"]["propertyNames"]["maxLength"] == MAX_TEXT
+    assert command["arguments"]["additionalProperties"]["maxLength"] == MAX_ARGUMENT_VALUE
+    assert command["timeout_seconds"]["maximum"] == HttpSettings().max_command_timeout_seconds

@@ -5,47 +5,22 @@ every answer (refusals included) with no secret in it."""
 from __future__ import annotations
 
 import io
-import json
 from typing import Any
 
 import pytest_twisted
-from twisted.internet import reactor
-from twisted.internet.endpoints import TCP4ServerEndpoint
-from twisted.web.resource import Resource
+from test_http_site import Echo, serve
 
 from twisted_iop.access_log import redacted_uri
-from twisted_iop.http_site import GuardedSite, SiteLimits
+from twisted_iop.http_site import SiteLimits
 from twisted_iop.testing.http import connect, request_head
-
-
-class Echo(Resource):
-    """Answers with the size of the body it read."""
-
-    isLeaf = True
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.bodies: list[int] = []
-
-    def render_GET(self, request: Any) -> bytes:
-        request.setHeader(b"content-type", b"application/json")
-        return b'{"ok": true}'
-
-    def render_POST(self, request: Any) -> bytes:
-        size = len(request.content.read())
-        self.bodies.append(size)
-        request.setHeader(b"content-type", b"application/json")
-        return json.dumps({"read": size}).encode()
 
 
 async def _serve(limits: SiteLimits = SiteLimits()) -> tuple[Any, int, Echo, io.StringIO]:
     """A guarded site on 127.0.0.1:0 whose access log is a string buffer."""
-    echo = Echo()
-    site = GuardedSite(echo, limits, reactor=reactor)
-    port = await TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(site)
+    port, number, echo, site = await serve(limits)
     log = io.StringIO()
     site.logFile = log
-    return port, port.getHost().port, echo, log
+    return port, number, echo, log
 
 
 @pytest_twisted.ensureDeferred

@@ -199,12 +199,13 @@ def summary(outcomes: list[Outcome]) -> str:
     )
 
 
-def counted_tokens(fleet: EngineFleet) -> dict[str, float]:
-    """The Edge's ``iop_tokens_total`` for :data:`MODEL`, summed over providers, by direction."""
+def counted_tokens(fleet: EngineFleet, metric: str = "iop_tokens_total") -> dict[str, float]:
+    """The Edge's ``metric`` (``iop_tokens_total``, or ``iop_tokens_estimated_total``) for
+    :data:`MODEL`, summed over providers, by direction."""
     totals: dict[str, float] = {}
     for family in text_string_to_metric_families(fleet.metrics_text()):
         for sample in family.samples:
-            if sample.name == "iop_tokens_total" and sample.labels.get("model") == MODEL:
+            if sample.name == metric and sample.labels.get("model") == MODEL:
                 direction = sample.labels.get("direction", "")
                 totals[direction] = totals.get(direction, 0.0) + sample.value
     return totals
@@ -307,27 +308,16 @@ def test_kill_9_of_one_engine_under_load_fails_over_to_the_other(two_engines: En
     assert len(after) >= LOAD_CLIENTS and all(o.ok for o in after), "after the kill: " + summary(after)
 
 
-def counted_estimated_tokens(fleet: EngineFleet) -> dict[str, float]:
-    """The Edge's ``iop_tokens_estimated_total`` for :data:`MODEL`, summed over providers, by direction."""
-    totals: dict[str, float] = {}
-    for family in text_string_to_metric_families(fleet.metrics_text()):
-        for sample in family.samples:
-            if sample.name == "iop_tokens_estimated_total" and sample.labels.get("model") == MODEL:
-                direction = sample.labels.get("direction", "")
-                totals[direction] = totals.get(direction, 0.0) + sample.value
-    return totals
-
-
 def test_a_stream_without_usage_counts_estimated_tokens(one_engine: EngineFleet) -> None:
     """llama-cpp-python sends no usage in its streams: the Edge counts one completion token per
     content chunk the client received (and an estimated prompt), labelled estimated in /metrics."""
     client = one_engine.client()
-    before, estimated_before = counted_tokens(one_engine), counted_estimated_tokens(one_engine)
+    before, estimated_before = counted_tokens(one_engine), counted_tokens(one_engine, "iop_tokens_estimated_total")
     streamed = ask(client, stream=True, max_tokens=12, prompt="count these")
     assert streamed.ok and streamed.chunks > 0, streamed
 
     def grown() -> dict[str, float]:
-        now, estimated = counted_tokens(one_engine), counted_estimated_tokens(one_engine)
+        now, estimated = counted_tokens(one_engine), counted_tokens(one_engine, "iop_tokens_estimated_total")
         return {
             "completion": now.get("completion", 0.0) - before.get("completion", 0.0),
             "estimated_completion": estimated.get("completion", 0.0) - estimated_before.get("completion", 0.0),

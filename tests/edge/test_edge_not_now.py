@@ -14,7 +14,7 @@ from test_edge_failover import FakeNode, Sink, answer, fleet, holder, submit
 
 from twisted_iop.edge.engine_load import EngineLoads, EngineReading, SaturationRule
 from twisted_iop.edge.inference import InferenceGateway
-from twisted_iop.edge.inference_errors import UNSUPPORTED_MEMORY_SECONDS
+from twisted_iop.edge.inference_errors import MAX_UNSUPPORTED, UNSUPPORTED_MEMORY_SECONDS, UnsupportedEndpoints
 from twisted_iop.edge.inference_lifecycle import InferenceError
 from twisted_iop.testing.configs import MODEL
 from twisted_iop.wire import control_pb2 as pb
@@ -256,3 +256,19 @@ def test_engine_caused_failures_still_cool_a_provider() -> None:
         inference_id, _sink = submit(gateway)
         answer(gateway, peers[0], engine_error(inference_id, 500, kind="server_error", code="provider_error"))
     assert gateway._registry.cooling_down("n1", "p1")
+
+
+def test_unsupported_endpoints_are_bounded_and_expire() -> None:
+    """At most MAX_UNSUPPORTED answers are kept (the oldest goes first), each for
+    UNSUPPORTED_MEMORY_SECONDS, per provider and endpoint."""
+    kept = UnsupportedEndpoints()
+    error = InferenceError(501, "not_supported", "no embeddings")
+    chat_endpoint, embeddings_endpoint = pb.INFERENCE_ENDPOINT_CHAT_COMPLETIONS, pb.INFERENCE_ENDPOINT_EMBEDDINGS
+    for i in range(MAX_UNSUPPORTED + 10):
+        kept.remember("n1", f"p{i}", embeddings_endpoint, error, now=0.0)
+    assert len(kept) == MAX_UNSUPPORTED
+    assert kept.known("n1", "p0", embeddings_endpoint, now=1.0) is None  # the oldest went first
+    newest = f"p{MAX_UNSUPPORTED + 9}"
+    assert kept.known("n1", newest, embeddings_endpoint, now=1.0) is error
+    assert kept.known("n1", newest, chat_endpoint, now=1.0) is None
+    assert kept.known("n1", newest, embeddings_endpoint, now=UNSUPPORTED_MEMORY_SECONDS) is None

@@ -121,5 +121,11 @@ def launch_takes_work(launch: Optional[EngineLaunchInfo]) -> bool:
     return launch is None or launch.ready
 
 
+def launch_may_serve(launch: Optional[EngineLaunchInfo]) -> bool:
+    """Whether a provider with this engine state serves now or will by itself: not
+    launched, ready, or on its way back (``stopped`` and ``failed`` do not come back)."""
+    return launch is None or launch.ready or launch.returning
+
+
 def _time_ms(value: int) -> int:
     return value if 0 < value <= MAX_TIME_MS else 0

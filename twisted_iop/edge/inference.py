@@ -40,8 +40,8 @@ from twisted.logger import Logger
 
 from twisted_iop.edge.inference_config import InferenceConfig
 from twisted_iop.edge.inference_errors import (
-    UNSUPPORTED_MEMORY_SECONDS,
     FailureKind,
+    UnsupportedEndpoints,
     client_error,
     failure_kind,
     not_supported,
@@ -63,8 +63,6 @@ ENDPOINT_NAMES = {
     pb.INFERENCE_ENDPOINT_EMBEDDINGS: EMBEDDINGS,
 }
 #: Outcomes that are a failed request (logged, one line each).
-#: Most (node, provider, endpoint) "not supported" answers remembered at once.
-MAX_UNSUPPORTED = 4096
 _FAILURES = frozenset({Outcome.PROVIDER_ERROR, Outcome.NODE_SILENT, Outcome.QUEUE_TIMEOUT})
 
 # -- the gateway (I/O) ---------------------------------------------------------
@@ -138,9 +136,8 @@ class InferenceGateway:
         #: For /metrics: requests ended by (endpoint, outcome), time to the
         #: first output and to the end of completed requests, queue waits.
         self.requests: dict[tuple[str, str], int] = {}
-        #: Endpoints a provider answered "not supported" for, until when (bounded by
-        #: :data:`MAX_UNSUPPORTED`): not sent there again meanwhile.
-        self._unsupported: dict[tuple[str, str, int], tuple[InferenceError, float]] = {}
+        #: Endpoints a provider answered "not supported" for: not sent there again for a while.
+        self.unsupported = UnsupportedEndpoints()
         self.first_byte_seconds = LatencyHistogram()
         self.total_seconds = LatencyHistogram()
         self.queue_wait_seconds = LatencyHistogram()
@@ -342,8 +339,8 @@ class InferenceGateway:
             return
         error = client_error(done, self.config.retry_after_seconds)
         if not_supported(done):
-            self._remember_unsupported(node_id, provider_id, admitted.endpoint, error)
-            if self._try_elsewhere(admitted, error):
+            self.unsupported.remember(node_id, provider_id, admitted.endpoint, error, self._clock.seconds())
+            if self._try_elsewhere(admitted):
                 return
         kind = failure_kind(done)
         if kind is not FailureKind.CLIENT:
@@ -376,31 +373,7 @@ class InferenceGateway:
                 return
         self._end(admitted, Outcome.PROVIDER_ERROR, error)
 
-    def _remember_unsupported(
-        self, node_id: str, provider_id: str, endpoint: pb.InferenceEndpoint, error: InferenceError
-    ) -> None:
-        """The provider does not serve ``endpoint``: not sent there again for a while."""
-        if len(self._unsupported) >= MAX_UNSUPPORTED:
-            self._unsupported.pop(next(iter(self._unsupported)))
-        self._unsupported[(node_id, provider_id, int(endpoint))] = (
-            error,
-            self._clock.seconds() + UNSUPPORTED_MEMORY_SECONDS,
-        )
-
-    def _known_unsupported(
-        self, node_id: str, provider_id: str, endpoint: pb.InferenceEndpoint
-    ) -> Optional[InferenceError]:
-        """The remembered "not supported" answer of the provider for ``endpoint``, if still kept."""
-        key = (node_id, provider_id, int(endpoint))
-        remembered = self._unsupported.get(key)
-        if remembered is None:
-            return None
-        if remembered[1] <= self._clock.seconds():
-            del self._unsupported[key]
-            return None
-        return remembered[0]
-
-    def _try_elsewhere(self, admitted: _AdmittedRequest, error: InferenceError) -> bool:
+    def _try_elsewhere(self, admitted: _AdmittedRequest) -> bool:
         """The leased provider does not serve the request's endpoint: send it to another
         provider of its model if one takes work (True), else the caller ends it with ``error``."""
         if admitted.ticket.phase is not Phase.LEASED:
@@ -440,9 +413,9 @@ class InferenceGateway:
         assert lease is not None
         self._cancel_timer(admitted)
         self.queue_wait_seconds.observe(self._clock.seconds() - admitted.queued_at)  # metrics
-        unsupported = self._known_unsupported(lease.node_id, lease.provider_id, admitted.endpoint)
+        unsupported = self.unsupported.known(lease.node_id, lease.provider_id, admitted.endpoint, self._clock.seconds())
         if unsupported is not None:
-            if not self._try_elsewhere(admitted, unsupported):
+            if not self._try_elsewhere(admitted):
                 self._end(admitted, Outcome.PROVIDER_ERROR, unsupported)
             return
         peer = self._registry.owner_peer(lease.node_id)

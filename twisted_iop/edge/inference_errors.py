@@ -60,6 +60,8 @@ CLIENT_STATUSES = frozenset({400, 404, 405, 413, 422, 501})
 #: How long an endpoint a provider answered 501 for is not sent to it again (an engine
 #: restarted with the feature on is found again after this).
 UNSUPPORTED_MEMORY_SECONDS = 60.0
+#: Most (node, provider, endpoint) "not supported" answers remembered at once.
+MAX_UNSUPPORTED = 4096
 
 
 class FailureKind(enum.Enum):
@@ -162,3 +164,36 @@ def _openai_error(body: bytes) -> Optional[dict[str, Any]]:
     if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
         return parsed["error"]
     return None
+
+
+class UnsupportedEndpoints:
+    """The endpoints providers answered "not supported" for, each kept
+    :data:`UNSUPPORTED_MEMORY_SECONDS` (at most :data:`MAX_UNSUPPORTED`, the
+    oldest dropped first), so such requests are answered without the engine."""
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[str, str, int], tuple[InferenceError, float]] = {}
+
+    def remember(
+        self, node_id: str, provider_id: str, endpoint: pb.InferenceEndpoint, error: InferenceError, now: float
+    ) -> None:
+        """The provider does not serve ``endpoint`` (its answer was ``error``)."""
+        if len(self._kept) >= MAX_UNSUPPORTED:
+            self._kept.pop(next(iter(self._kept)))
+        self._kept[(node_id, provider_id, int(endpoint))] = (error, now + UNSUPPORTED_MEMORY_SECONDS)
+
+    def known(
+        self, node_id: str, provider_id: str, endpoint: pb.InferenceEndpoint, now: float
+    ) -> Optional[InferenceError]:
+        """The provider's remembered answer for ``endpoint``, if still kept."""
+        key = (node_id, provider_id, int(endpoint))
+        kept = self._kept.get(key)
+        if kept is None:
+            return None
+        if kept[1] <= now:
+            del self._kept[key]
+            return None
+        return kept[0]
+
+    def __len__(self) -> int:
+        return len(self._kept)

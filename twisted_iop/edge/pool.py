@@ -284,6 +284,11 @@ class ProviderPool:
             long_context_queued=self._pressure(provider, True),
         )
 
+    def in_flight(self, node_id: str, provider_id: str) -> int:
+        """General-class leases held on one provider (0 when it is not configured)."""
+        provider = self._providers.get((node_id, provider_id))
+        return provider.in_flight if provider is not None else 0
+
     def queued_total(self, long_context: Optional[bool] = None) -> int:
         """Requests waiting in admission queues (one class, or both)."""
         return sum(len(q) for (model, lc), q in self._queues.items() if long_context is None or lc == long_context)

@@ -32,7 +32,13 @@ from twisted.python.failure import Failure
 
 from twisted_iop.edge.config import EdgeConfig, NodeConfig, ProviderConfig
 from twisted_iop.edge.cooldown import Cooldowns
-from twisted_iop.edge.engine_launch import EngineLaunchInfo, checked_launch, launch_change, launch_takes_work
+from twisted_iop.edge.engine_launch import (
+    EngineLaunchInfo,
+    checked_launch,
+    launch_change,
+    launch_may_serve,
+    launch_takes_work,
+)
 from twisted_iop.edge.engine_load import EngineLoads, EngineReading
 from twisted_iop.edge.events import EventRelay
 from twisted_iop.edge.ownership import NodeOwnership, Transition, TransitionKind
@@ -218,7 +224,7 @@ class NodeRegistry(Service):
         loads = self.engine_loads
         known = [p.provider_id for p in self.node(node_id).providers]
         before = {p: loads.saturated(node_id, p) for p in known}
-        in_flight = {p: self.pool.counters(node_id, p).in_flight for p in known}
+        in_flight = {p: self.pool.in_flight(node_id, p) for p in known}
         updated = loads.update(node_id, known, reports, now, in_flight)
         for provider_id in updated:
             saturated = loads.saturated(node_id, provider_id)
@@ -456,7 +462,7 @@ class NodeRegistry(Service):
         if self.cooldowns.cooling(node_id, provider_id) is not None:
             return False
         limit = self.engine_loads.lease_limit(node_id, provider_id)
-        return limit is None or self.pool.counters(node_id, provider_id).in_flight < limit
+        return limit is None or self.pool.in_flight(node_id, provider_id) < limit
 
     def engine_load(self, node_id: str, provider_id: str) -> Optional[EngineReading]:
         """The engine's fresh reading, ``None`` when unknown or stale."""
@@ -479,20 +485,6 @@ class NodeRegistry(Service):
         health = self.health(node_id, provider_id)
         return health.launch if health is not None else None
 
-    def engine_returning(self, node_id: str, provider_id: str) -> bool:
-        """Whether the provider's launched engine is on its way back to ready (held by a restart,
-        draining, stopping, starting, loading, or crashed with a next try) on a ready, undrained node.
-
-        Requests for its models wait in the queue for it instead of failing at once; a
-        ``stopped`` or ``failed`` engine is not coming back by itself.
-        """
-        if not self.node_takes_work(node_id):
-            return False
-        if (node_id, provider_id) in self._held:
-            return True
-        launch = self.launch(node_id, provider_id)
-        return launch is not None and launch.returning
-
     def provider_may_serve(self, node_id: str, provider_id: str) -> bool:
         """Whether the provider takes work now or is only "not now": saturated, cooling
         down, re-probing (its Node is ready but its engine does not answer yet) or a
@@ -504,10 +496,7 @@ class NodeRegistry(Service):
         """
         if not self.node_takes_work(node_id):
             return False
-        if (node_id, provider_id) in self._held:
-            return True
-        launch = self.launch(node_id, provider_id)
-        return launch is None or launch.ready or launch.returning
+        return (node_id, provider_id) in self._held or launch_may_serve(self.launch(node_id, provider_id))
 
     def held(self, node_id: str, provider_id: str) -> Optional[str]:
         """Why a command holds the provider out of new leases now, or ``None``."""

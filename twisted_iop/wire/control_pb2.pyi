@@ -231,7 +231,7 @@ class EdgeStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ProviderSnapshot(_message.Message):
-    __slots__ = ("provider_id", "kind", "models", "status", "health", "health_reason", "capacity", "in_flight", "queued", "long_context_capacity", "long_context_in_flight", "long_context_queued", "engine", "tokens_per_second", "prompt_tokens", "completion_tokens", "saturated", "cooling_down", "launch")
+    __slots__ = ("provider_id", "kind", "models", "status", "health", "health_reason", "capacity", "in_flight", "queued", "long_context_capacity", "long_context_in_flight", "long_context_queued", "engine", "tokens_per_second", "prompt_tokens", "completion_tokens", "saturated", "cooling_down", "launch", "latency")
     PROVIDER_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
@@ -251,6 +251,7 @@ class ProviderSnapshot(_message.Message):
     SATURATED_FIELD_NUMBER: _ClassVar[int]
     COOLING_DOWN_FIELD_NUMBER: _ClassVar[int]
     LAUNCH_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_FIELD_NUMBER: _ClassVar[int]
     provider_id: str
     kind: str
     models: _containers.RepeatedScalarFieldContainer[str]
@@ -270,7 +271,46 @@ class ProviderSnapshot(_message.Message):
     saturated: bool
     cooling_down: bool
     launch: EngineLaunch
-    def __init__(self, provider_id: _Optional[str] = ..., kind: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., status: _Optional[_Union[ProviderStatus, str]] = ..., health: _Optional[_Union[ProviderHealth, str]] = ..., health_reason: _Optional[str] = ..., capacity: _Optional[int] = ..., in_flight: _Optional[int] = ..., queued: _Optional[int] = ..., long_context_capacity: _Optional[int] = ..., long_context_in_flight: _Optional[int] = ..., long_context_queued: _Optional[int] = ..., engine: _Optional[_Union[EngineLoad, _Mapping]] = ..., tokens_per_second: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., saturated: _Optional[bool] = ..., cooling_down: _Optional[bool] = ..., launch: _Optional[_Union[EngineLaunch, _Mapping]] = ...) -> None: ...
+    latency: ProviderLatency
+    def __init__(self, provider_id: _Optional[str] = ..., kind: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., status: _Optional[_Union[ProviderStatus, str]] = ..., health: _Optional[_Union[ProviderHealth, str]] = ..., health_reason: _Optional[str] = ..., capacity: _Optional[int] = ..., in_flight: _Optional[int] = ..., queued: _Optional[int] = ..., long_context_capacity: _Optional[int] = ..., long_context_in_flight: _Optional[int] = ..., long_context_queued: _Optional[int] = ..., engine: _Optional[_Union[EngineLoad, _Mapping]] = ..., tokens_per_second: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., saturated: _Optional[bool] = ..., cooling_down: _Optional[bool] = ..., launch: _Optional[_Union[EngineLaunch, _Mapping]] = ..., latency: _Optional[_Union[ProviderLatency, _Mapping]] = ...) -> None: ...
+
+class LatencySketch(_message.Message):
+    __slots__ = ("index", "count", "sum_seconds")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    SUM_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    index: _containers.RepeatedScalarFieldContainer[int]
+    count: _containers.RepeatedScalarFieldContainer[int]
+    sum_seconds: float
+    def __init__(self, index: _Optional[_Iterable[int]] = ..., count: _Optional[_Iterable[int]] = ..., sum_seconds: _Optional[float] = ...) -> None: ...
+
+class ProviderLatency(_message.Message):
+    __slots__ = ("ttft_recent", "tpot_recent", "duration_recent", "window_seconds", "ttft_total", "tpot_total", "duration_total", "requests_total", "errors_total", "counting_since_ms", "requests_recent", "errors_recent")
+    TTFT_RECENT_FIELD_NUMBER: _ClassVar[int]
+    TPOT_RECENT_FIELD_NUMBER: _ClassVar[int]
+    DURATION_RECENT_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TTFT_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    TPOT_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    DURATION_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    COUNTING_SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_RECENT_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_RECENT_FIELD_NUMBER: _ClassVar[int]
+    ttft_recent: LatencySketch
+    tpot_recent: LatencySketch
+    duration_recent: LatencySketch
+    window_seconds: float
+    ttft_total: LatencySketch
+    tpot_total: LatencySketch
+    duration_total: LatencySketch
+    requests_total: int
+    errors_total: int
+    counting_since_ms: int
+    requests_recent: int
+    errors_recent: int
+    def __init__(self, ttft_recent: _Optional[_Union[LatencySketch, _Mapping]] = ..., tpot_recent: _Optional[_Union[LatencySketch, _Mapping]] = ..., duration_recent: _Optional[_Union[LatencySketch, _Mapping]] = ..., window_seconds: _Optional[float] = ..., ttft_total: _Optional[_Union[LatencySketch, _Mapping]] = ..., tpot_total: _Optional[_Union[LatencySketch, _Mapping]] = ..., duration_total: _Optional[_Union[LatencySketch, _Mapping]] = ..., requests_total: _Optional[int] = ..., errors_total: _Optional[int] = ..., counting_since_ms: _Optional[int] = ..., requests_recent: _Optional[int] = ..., errors_recent: _Optional[int] = ...) -> None: ...
 
 class EngineLaunch(_message.Message):
     __slots__ = ("state", "reason", "restarts", "next_try_at_ms", "since_ms", "pid")
@@ -590,20 +630,22 @@ class NodeProviderCommandResponse(_message.Message):
     def __init__(self, ok: _Optional[bool] = ..., reason: _Optional[str] = ..., launch: _Optional[_Union[EngineLaunch, _Mapping]] = ..., log_text: _Optional[str] = ..., log_lines: _Optional[int] = ..., drained_requests: _Optional[int] = ..., cut_requests: _Optional[int] = ...) -> None: ...
 
 class InferenceRequest(_message.Message):
-    __slots__ = ("inference_id", "provider_id", "endpoint", "body", "stream", "model")
+    __slots__ = ("inference_id", "provider_id", "endpoint", "body", "stream", "model", "traceparent")
     INFERENCE_ID_FIELD_NUMBER: _ClassVar[int]
     PROVIDER_ID_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     inference_id: int
     provider_id: str
     endpoint: InferenceEndpoint
     body: bytes
     stream: bool
     model: str
-    def __init__(self, inference_id: _Optional[int] = ..., provider_id: _Optional[str] = ..., endpoint: _Optional[_Union[InferenceEndpoint, str]] = ..., body: _Optional[bytes] = ..., stream: _Optional[bool] = ..., model: _Optional[str] = ...) -> None: ...
+    traceparent: str
+    def __init__(self, inference_id: _Optional[int] = ..., provider_id: _Optional[str] = ..., endpoint: _Optional[_Union[InferenceEndpoint, str]] = ..., body: _Optional[bytes] = ..., stream: _Optional[bool] = ..., model: _Optional[str] = ..., traceparent: _Optional[str] = ...) -> None: ...
 
 class InferenceChunk(_message.Message):
     __slots__ = ("inference_id", "data")

@@ -252,7 +252,7 @@ class EdgeStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ProviderSnapshot(_message.Message):
-    __slots__ = ("provider_id", "kind", "models", "status", "health", "health_reason", "capacity", "in_flight", "queued", "long_context_capacity", "long_context_in_flight", "long_context_queued", "engine", "tokens_per_second", "prompt_tokens", "completion_tokens", "saturated", "cooling_down", "launch", "latency", "deployment")
+    __slots__ = ("provider_id", "kind", "models", "status", "health", "health_reason", "capacity", "in_flight", "queued", "long_context_capacity", "long_context_in_flight", "long_context_queued", "engine", "tokens_per_second", "prompt_tokens", "completion_tokens", "saturated", "cooling_down", "launch", "latency", "deployment", "estimated_prompt_tokens", "estimated_completion_tokens")
     PROVIDER_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
@@ -274,6 +274,8 @@ class ProviderSnapshot(_message.Message):
     LAUNCH_FIELD_NUMBER: _ClassVar[int]
     LATENCY_FIELD_NUMBER: _ClassVar[int]
     DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATED_COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     provider_id: str
     kind: str
     models: _containers.RepeatedScalarFieldContainer[str]
@@ -295,7 +297,9 @@ class ProviderSnapshot(_message.Message):
     launch: EngineLaunch
     latency: ProviderLatency
     deployment: str
-    def __init__(self, provider_id: _Optional[str] = ..., kind: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., status: _Optional[_Union[ProviderStatus, str]] = ..., health: _Optional[_Union[ProviderHealth, str]] = ..., health_reason: _Optional[str] = ..., capacity: _Optional[int] = ..., in_flight: _Optional[int] = ..., queued: _Optional[int] = ..., long_context_capacity: _Optional[int] = ..., long_context_in_flight: _Optional[int] = ..., long_context_queued: _Optional[int] = ..., engine: _Optional[_Union[EngineLoad, _Mapping]] = ..., tokens_per_second: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., saturated: _Optional[bool] = ..., cooling_down: _Optional[bool] = ..., launch: _Optional[_Union[EngineLaunch, _Mapping]] = ..., latency: _Optional[_Union[ProviderLatency, _Mapping]] = ..., deployment: _Optional[str] = ...) -> None: ...
+    estimated_prompt_tokens: int
+    estimated_completion_tokens: int
+    def __init__(self, provider_id: _Optional[str] = ..., kind: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., status: _Optional[_Union[ProviderStatus, str]] = ..., health: _Optional[_Union[ProviderHealth, str]] = ..., health_reason: _Optional[str] = ..., capacity: _Optional[int] = ..., in_flight: _Optional[int] = ..., queued: _Optional[int] = ..., long_context_capacity: _Optional[int] = ..., long_context_in_flight: _Optional[int] = ..., long_context_queued: _Optional[int] = ..., engine: _Optional[_Union[EngineLoad, _Mapping]] = ..., tokens_per_second: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., saturated: _Optional[bool] = ..., cooling_down: _Optional[bool] = ..., launch: _Optional[_Union[EngineLaunch, _Mapping]] = ..., latency: _Optional[_Union[ProviderLatency, _Mapping]] = ..., deployment: _Optional[str] = ..., estimated_prompt_tokens: _Optional[int] = ..., estimated_completion_tokens: _Optional[int] = ...) -> None: ...
 
 class LatencySketch(_message.Message):
     __slots__ = ("index", "count", "sum_seconds")

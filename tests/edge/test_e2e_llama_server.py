@@ -42,7 +42,7 @@ INFERENCE = {"queue_timeout_seconds": 120}
 #: node.yaml's default probe interval: a returning engine is found by the Node's re-probe, not
 #: by a periodic probe that happens to come soon. The engine's load is read every second (5 by
 #: default), so that a saturation run of some seconds sees several readings.
-PROBES = {"interval_seconds": 10, "timeout_seconds": 2, "load_interval_seconds": 1}
+PROBES: dict[str, float] = {"interval_seconds": 10, "timeout_seconds": 2, "load_interval_seconds": 1}
 #: Tokens per request of the saturation and embedder runs: long enough that the engine holds
 #: requests waiting inside it across several load readings.
 LONG_MAX_TOKENS = 96

@@ -31,7 +31,7 @@ LLAMA_SDIST := $(WHEEL_CACHE)/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz
 LLAMA_VOCAB ?= $(abspath $(WHEEL_CACHE)/..)/ggml-vocab-llama-spm.gguf
 export IOP_LLAMA_VOCAB := $(LLAMA_VOCAB)
 
-$(LLAMA_SDIST):
+$(LLAMA_SDIST): | $(BIN)/.installed
 	mkdir -p $(WHEEL_CACHE)
 	$(PY) -m pip download --quiet --no-binary :all: --no-deps 'llama-cpp-python==$(LLAMA_CPP_VERSION)' -d $(WHEEL_CACHE)
 

@@ -7,8 +7,6 @@ import json
 from typing import Any, Optional
 
 from twisted.web.iweb import IRequest
-from werkzeug.exceptions import HTTPException
-from werkzeug.routing import Map
 
 from twisted_iop.controlplane.cluster.store import ClusterUnavailable
 from twisted_iop.controlplane.command_dispatch import UnknownCommand
@@ -44,25 +42,12 @@ def query_text(request: IRequest, name: str) -> Optional[str]:
         raise BadRequest(f"query parameter {name!r} is not valid UTF-8") from None
 
 
-#: Methods a route may serve, in the order an ``Allow`` header names them.
-ROUTE_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
-
-
-def served_methods(url_map: Map, path: str, fallback_endpoint: str) -> list[str]:
-    """The methods a route other than ``fallback_endpoint`` (the JSON 404 for
-    every path) serves at ``path``, HEAD with GET: what ``Allow`` names."""
-    adapter = url_map.bind("iop")
-    served: list[str] = []
-    for method in ROUTE_METHODS:
-        try:
-            rule, _ = adapter.match(path, method=method, return_rule=True)
-        except HTTPException:
-            continue
-        if rule.endpoint != fallback_endpoint:
-            served.append(method)
-    if "GET" in served:
-        served.insert(1, "HEAD")
-    return served
+def body_field(body: dict[str, Any], name: str, empty: Any) -> Any:
+    """The body's field ``name``, or ``empty`` when it is missing or null (null is
+    "not given"); ``false``, ``0`` or ``[]`` are returned as they are, for the
+    caller's type check to refuse."""
+    value = body.get(name)
+    return empty if value is None else value
 
 
 def method_not_allowed(request: IRequest, served: list[str]) -> bytes:

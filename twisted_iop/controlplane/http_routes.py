@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Sequence
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Optional, Protocol
-from urllib.parse import unquote_to_bytes, urlsplit
+from urllib.parse import urlsplit
 
 from klein import Klein
 from prometheus_client import CollectorRegistry
@@ -38,12 +38,12 @@ from twisted_iop.controlplane.http_errors import (
     Forbidden,
     NotFound,
     Unauthorized,
+    body_field,
     encoded_json_body,
     error_body,
     json_body,
     method_not_allowed,
     query_text,
-    served_methods,
 )
 from twisted_iop.controlplane.http_settings import HttpSettings
 from twisted_iop.controlplane.json_bytes import JsonBytesRenderer
@@ -58,6 +58,7 @@ from twisted_iop.controlplane.store.memory import MemoryStore
 from twisted_iop.http_site import WRITE_METHODS, Refusal
 from twisted_iop.ids import id_problem
 from twisted_iop.metrics import render as render_metrics
+from twisted_iop.route_methods import allow_header, served_methods
 from twisted_iop.wire.hello import MAX_COMMAND_ARGUMENTS, MAX_TEXT
 
 if TYPE_CHECKING:
@@ -481,10 +482,10 @@ class ControlPlaneHttp:
         name = body.get("name")
         if not isinstance(name, str) or not name:
             raise BadRequest("field 'name' must be a non-empty string")
-        target = body.get("target") or ""
+        target = body_field(body, "target", "")
         if not isinstance(target, str):
             raise BadRequest("field 'target' must be a string")
-        arguments = body.get("arguments") or {}
+        arguments = body_field(body, "arguments", {})
         if not isinstance(arguments, dict) or not all(
             isinstance(k, str) and isinstance(v, (str, int, float, bool)) for k, v in arguments.items()
         ):
@@ -507,6 +508,10 @@ class ControlPlaneHttp:
         header = request.getHeader(b"idempotency-key")
         if key is None and header is not None:
             key = header.decode("utf-8", "replace")
+        elif header is not None and len(header.decode("utf-8", "replace")) > 200:
+            # The body's key wins, but a header over its documented bound is
+            # still a bad request (not silently ignored).
+            raise BadRequest("the Idempotency-Key header must be at most 200 characters")
         if key is None:
             key = body.get("command_id")
         if key is not None and (not isinstance(key, str) or len(key) > 200):
@@ -634,12 +639,7 @@ class ControlPlaneHttp:
 
     def allow_header(self, path: bytes) -> Optional[bytes]:
         """The ``Allow`` header of ``path`` (the site's 405 for OPTIONS, TRACE ...), None if unknown."""
-        try:
-            text = unquote_to_bytes(path).decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-        served = served_methods(self.app.url_map, text, "not_found")
-        return ", ".join(served).encode("ascii") if served else None
+        return allow_header(self.app.url_map, path, "not_found")
 
 
 add_rollout_routes(ControlPlaneHttp.app)

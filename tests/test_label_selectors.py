@@ -141,7 +141,8 @@ def test_the_documents_pattern_is_the_parsers_language(text: str) -> None:
         parsed = True
     except SelectorError:
         parsed = False
-    assert bool(re.match(SELECTOR_PATTERN, text)) is parsed, text
+    # fullmatch: a JSON Schema pattern's $ is the end (Python's would also take a final newline).
+    assert bool(re.fullmatch(SELECTOR_PATTERN, text)) is parsed, text
 
 
 @given(st.from_regex(SELECTOR_PATTERN, fullmatch=True).filter(lambda t: len(t) <= MAX_SELECTOR_CHARS))

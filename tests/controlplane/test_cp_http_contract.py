@@ -208,14 +208,14 @@ def test_the_documents_patterns_are_the_servers_rules() -> None:
         (execution_state, EXECUTION_STATES, False, False),
         (parameters["HistorySeries"]["schema"]["pattern"], names(FLEET_FIELDS) + names(MODEL_FIELDS), False, True),
     ):
-        matches = re.compile(pattern).match
+        matches = re.compile(pattern).fullmatch
         assert matches(",".join(known)) and matches(" , ".join(reversed(known)))
         for name in known:
             assert matches(name) and matches(f" {name} ")
             assert bool(matches(name.upper())) is any_case, (pattern, name)
         assert not matches("bogus") and not matches(known[0] + ",bogus")
         assert bool(matches(known[0] + ",," + known[0])) is empty_parts
-    step = re.compile(parameters["HistoryStep"]["schema"]["pattern"]).match
+    step = re.compile(parameters["HistoryStep"]["schema"]["pattern"]).fullmatch
     assert all(step(text) for text in ("15", "15s", " 10m ", "1.5h", "500ms", ""))
     assert not any(step(text) for text in ("15x", "-1m", "\u0661\u0665", "1e3"))
 
@@ -253,12 +253,20 @@ async def test_lengths_are_counted_before_spaces_are_trimmed() -> None:
         assert (status, body["error"]["code"]) == (400, code), path
     status, _ = await _get(api, f"/fleet/history?step={'+' * 32}&series={'+' * 1024}&model={'+' * 256}")
     assert status == 200
+    # A whole number is ASCII digits, nothing around them (int() took "5\r" and other scripts' digits).
+    for path in ("/edges", "/fleet/operations", "/rollouts", "/fleet/events", "/fleet/status"):
+        for limit in ("5%0D", "+5", "1_0", "%D9%A5", "9" * 5000):
+            status, body = await _get(api, f"{path}?limit={limit}")
+            assert (status, body["error"]["code"]) == (400, "bad_request"), (path, limit)
+        status, _ = await _get(api, f"{path}?limit=5")
+        assert status == 200, path
 
 
 @pytest_twisted.ensureDeferred
 async def test_a_wrong_value_is_not_taken_for_a_missing_one() -> None:
     """null is "not given", but false, 0 or [] where a string or an object belongs is 400; an
-    Idempotency-Key header over 200 characters is 400 even beside a body key."""
+    Idempotency-Key header over 200 characters is 400 even beside a body key; a number too
+    large for a float is 400, and 2.0 where a whole number belongs is 2."""
     clock = Clock()
     clock.advance(1_700_000_000)
     registry = EdgeRegistry(clock)
@@ -278,6 +286,18 @@ async def test_a_wrong_value_is_not_taken_for_a_missing_one() -> None:
         response = await api.post("http://cp" + path, data=json.dumps(body).encode(), headers=headers)
         answer = json.loads(await response.content())
         assert (response.code, answer["error"]["code"]) == (400, "bad_request"), (path, body, answer)
+    # A number too large for a float is a 400 like any out-of-range one (it was a 500).
+    huge = b'{"command": {"name": "node.drain"}, "selector": "", "wait_seconds": 1' + b"0" * 400 + b"}"
+    response = await api.post("http://cp/rollouts", data=huge, headers=json_type)
+    assert response.code == 400, await response.content()
     nulls = {"command": {"name": "node.drain", "target": None, "arguments": None}, "selector": "", "strategy": None}
     response = await api.post("http://cp/rollouts", data=json.dumps(nulls).encode(), headers=json_type)
     assert response.code == 201, await response.content()
+    # 2.0 is the whole number 2 (JSON Schema's "integer" says so too).
+    whole = {"command": {"name": "node.drain"}, "selector": "", "strategy": {"batch_size": 2.0, "max_in_flight": 3.0}}
+    response = await api.post("http://cp/rollouts", data=json.dumps(whole).encode(), headers=json_type)
+    assert response.code == 201, await response.content()
+    assert json.loads(await response.content())["strategy"]["batch_size"] == 2
+    whole["strategy"] = {"batch_size": 2.5}
+    response = await api.post("http://cp/rollouts", data=json.dumps(whole).encode(), headers=json_type)
+    assert response.code == 400

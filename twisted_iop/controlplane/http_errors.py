@@ -4,6 +4,7 @@ the one table that maps domain errors to a status and a stable code."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Optional
 
 from twisted.web.iweb import IRequest
@@ -40,6 +41,29 @@ def query_text(request: IRequest, name: str) -> Optional[str]:
         return str(values[0].decode("utf-8"))
     except UnicodeDecodeError:
         raise BadRequest(f"query parameter {name!r} is not valid UTF-8") from None
+
+
+#: A whole number in a query: ASCII digits (int() would also take "5\r", "1_000" or
+#: another script's digits).
+_WHOLE = re.compile(r"-?[0-9]+")
+
+
+def query_int(request: IRequest, name: str, default: int, minimum: int, maximum: Optional[int] = None) -> int:
+    """The whole number query parameter ``name`` (``default`` when absent), for every view:
+    ASCII digits only, as the document's ``integer`` says, within the bounds; else 400."""
+    text = query_text(request, name)
+    if text is None:
+        return default
+    try:
+        value = int(text) if _WHOLE.fullmatch(text) else None
+    except ValueError:  # more digits than int() reads
+        value = None
+    if value is None:
+        raise BadRequest(f"query parameter {name!r} must be a whole number, not {text[:40]!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
+        raise BadRequest(f"query parameter {name!r} must be {bound}")
+    return value
 
 
 def body_field(body: dict[str, Any], name: str, empty: Any) -> Any:

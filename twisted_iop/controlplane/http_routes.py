@@ -43,6 +43,7 @@ from twisted_iop.controlplane.http_errors import (
     error_body,
     json_body,
     method_not_allowed,
+    query_int,
     query_text,
 )
 from twisted_iop.controlplane.http_settings import HttpSettings
@@ -132,23 +133,9 @@ def _arg(request: IRequest, name: str) -> Optional[str]:
     return query_text(request, name)
 
 
-def _int_arg(request: IRequest, name: str, default: int, minimum: int, maximum: Optional[int] = None) -> int:
-    text = _arg(request, name)
-    if text is None:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        raise BadRequest(f"query parameter {name!r} must be a whole number, not {text[:40]!r}") from None
-    if value < minimum or (maximum is not None and value > maximum):
-        bound = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
-        raise BadRequest(f"query parameter {name!r} must be {bound}")
-    return value
-
-
 def _page(request: IRequest, keys: list[str]) -> tuple[list[str], str | None]:
     """Cut a sorted key list at ``cursor``/``limit``; return keys and next cursor."""
-    limit = _int_arg(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
+    limit = query_int(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
     cursor = _arg(request, "cursor")
     start = 0
     if cursor:
@@ -409,8 +396,8 @@ class ControlPlaneHttp:
         return json_body(request, 200, dict(edge_id=edge_id, **self._events_page(request, record.events, "sequence")))
 
     def _events_page(self, request: IRequest, buffer: Any, key: str) -> dict[str, Any]:
-        since = _int_arg(request, "since", 0, 0)
-        limit = _int_arg(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
+        since = query_int(request, "since", 0, 0)
+        limit = query_int(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
         events = buffer.since(since, limit)
         next_since = getattr(events[-1], key) if events else max(since, 0)
         return {
@@ -439,7 +426,7 @@ class ControlPlaneHttp:
         return json_body(request, 200, page)
 
     def _operations_page(self, request: IRequest, operations: list[OperationRecord]) -> dict[str, Any]:
-        limit = _int_arg(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
+        limit = query_int(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
         cursor = _arg(request, "cursor")
         start = 0
         if cursor:
@@ -573,7 +560,7 @@ class ControlPlaneHttp:
         Filtered by ``selector``, ``state`` and ``q``, the round asks only
         the matching edges and the totals are those of the matching rows."""
         self._shared(request)
-        limit = _int_arg(request, "limit", MAX_PAGE, 1, 10000)
+        limit = query_int(request, "limit", MAX_PAGE, 1, 10000)
         cursor = _arg(request, "cursor") or ""
         round_ = await self._gateway.fleet_status(_filter(request, FLEET_STATES))
         return encoded_json_body(request, 200, self._json.fleet_page(round_, cursor, limit, self._clock.seconds()))

@@ -20,7 +20,7 @@ from twisted.web.iweb import IRequest
 from twisted_iop.controlplane import rollout_states as rs
 from twisted_iop.controlplane.auth import ApiToken
 from twisted_iop.controlplane.bounds import MAX_ARGUMENT_VALUE
-from twisted_iop.controlplane.http_errors import BadRequest, body_field, error_body, json_body, query_text
+from twisted_iop.controlplane.http_errors import BadRequest, body_field, error_body, json_body, query_int, query_text
 from twisted_iop.controlplane.http_settings import HttpSettings
 from twisted_iop.controlplane.json_views import iso
 from twisted_iop.controlplane.rollouts import (
@@ -147,8 +147,13 @@ def _number(
     value = section.get(name)
     if value is None:
         return None
-    kinds = (int,) if whole else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value):
+    # A whole number may be written 2.0: JSON (and JSON Schema's "integer") has one number
+    # type. An int is never turned into a float here: 10**400 would not fit (a 500).
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (isinstance(value, float) and not (math.isfinite(value) and (value.is_integer() or not whole)))
+    ):
         raise BadRequest(f"field '{field}{name}' must be a {'whole ' if whole else ''}number")
     if not minimum <= value <= maximum:
         raise BadRequest(f"field '{field}{name}' must be between {_plain(minimum)} and {_plain(maximum)}")
@@ -273,12 +278,7 @@ def _query(request: IRequest, name: str) -> str:
 
 
 def _limit(request: IRequest) -> int:
-    text = query_text(request, "limit")
-    if text is None:
-        return DEFAULT_PAGE
-    if not text.isdigit() or not 1 <= int(text) <= MAX_PAGE:
-        raise BadRequest(f"query parameter 'limit' must be a whole number between 1 and {MAX_PAGE}")
-    return int(text)
+    return query_int(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
 
 
 def _states(request: IRequest) -> Optional[frozenset[str]]:

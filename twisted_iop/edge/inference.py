@@ -51,7 +51,7 @@ from twisted_iop.edge.inference_lifecycle import InferenceError, InferenceLifecy
 from twisted_iop.edge.pool import NoSuchModel
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.metrics import LatencyHistogram
-from twisted_iop.openai_api import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, estimate_prompt_tokens
+from twisted_iop.openai_api import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, estimate_prompt_tokens, whole_tokens
 from twisted_iop.wire import control_pb2 as pb
 
 #: Wire bodies of the inference path that the Edge receives from a Node
@@ -148,8 +148,8 @@ class InferenceGateway:
     def long_context(self, body: dict[str, Any]) -> bool:
         """Whether characters/4 + max_tokens is above the threshold."""
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        extra = max_tokens if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) else 0
-        return estimate_prompt_tokens(body) + max(0, extra) > self.config.long_context_threshold_tokens
+        extra = whole_tokens(max_tokens) or 0
+        return estimate_prompt_tokens(body) + extra > self.config.long_context_threshold_tokens
 
     def available_models(self) -> list[str]:
         """Models some provider serves now or only "not now" (saturated, cooling down,

@@ -14,8 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+from twisted.internet.interfaces import IListeningPort
 from twisted.web.resource import Resource
-from twisted.web.server import Request
+from twisted.web.server import Request, Site
 
 
 @attrs.frozen
@@ -57,6 +58,12 @@ class OtlpReceiver(Resource):
         request.setResponseCode(self.status)
         request.setHeader(b"Content-Type", b"application/x-protobuf")
         return b""  # an empty ExportTraceServiceResponse
+
+
+def listen_otlp_receiver(reactor: Any, receiver: OtlpReceiver) -> tuple[IListeningPort, str]:
+    """Serve ``receiver`` on ``127.0.0.1:0``: its port and the endpoint URL to configure."""
+    port: IListeningPort = reactor.listenTCP(0, Site(receiver), interface="127.0.0.1")
+    return port, f"http://127.0.0.1:{port.getHost().port}"  # type: ignore[attr-defined]
 
 
 def decoded_spans(bodies: list[bytes]) -> list[ReceivedSpan]:

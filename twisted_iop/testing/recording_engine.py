@@ -103,7 +103,7 @@ def _one(request: Request, name: bytes) -> Optional[str]:
     return ",".join(v.decode("latin-1") for v in values)
 
 
-def listen_recording_engine(reactor: Any, engine: RecordingEngine) -> IListeningPort:
-    """Serve ``engine`` on ``127.0.0.1:0``; the port says where (``getHost().port``)."""
+def listen_recording_engine(reactor: Any, engine: RecordingEngine) -> tuple[IListeningPort, str]:
+    """Serve ``engine`` on ``127.0.0.1:0``: its port and its base URL (a provider's ``base_url``)."""
     port: IListeningPort = reactor.listenTCP(0, Site(engine), interface="127.0.0.1")
-    return port
+    return port, f"http://127.0.0.1:{port.getHost().port}"  # type: ignore[attr-defined]

@@ -167,7 +167,11 @@ class RequestTrace:
 
 
 class TraceSink:
-    """Where recorded traces go when they end (the exporter's queue)."""
+    """Where recorded traces go when they end (the exporter's queue), and what became of their spans."""
+
+    exported_spans = 0
+    dropped_spans = 0
+    failed_spans = 0
 
     def add(self, trace: RequestTrace) -> None:
         """Take a finished, recorded trace (never blocking)."""

@@ -100,6 +100,24 @@ async def test_a_failed_export_is_counted_and_stop_drains_the_queue() -> None:
     assert exporter.closed
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_stop_with_a_failing_collector_waits_for_one_export_only() -> None:
+    """A stop while an export hangs on a refusing collector: after it, the queue counts as failed, unsent."""
+    exporter = BlockingExporter(ok=False)
+    exporter.go.clear()
+    service, tracer = export_service(exporter, max_batch_traces=2, max_queued_traces=10, export_interval_seconds=60)
+    finished_trace(tracer)
+    finished_trace(tracer)  # a full batch: its export starts and hangs
+    await eventually(lambda: service.queued() == 0, message="batch taken")
+    for _ in range(6):
+        finished_trace(tracer)
+    stopped = service.stopService()
+    exporter.go.set()  # the hanging export fails
+    await stopped
+    assert len(exporter.batches) == 1 and service.queued() == 0
+    assert service.failed_spans == 8 * 2 and service.exported_spans == 0
+
+
 def test_the_tracing_section_is_validated_naming_each_field() -> None:
     """Bad values name their dotted field; an endpoint without a path gets /v1/traces."""
     config = parse_tracing_config(Section({"otlp_endpoint": "http://collector:4318"}, "tracing"))

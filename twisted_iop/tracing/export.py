@@ -133,7 +133,8 @@ class TraceExport(Service, TraceSink):
         self._log.info("exporting traces over OTLP/HTTP to {endpoint}", endpoint=self.config.otlp_endpoint)
 
     def stopService(self) -> Deferred[None]:
-        """Export what is queued (one batch after another), then stop the thread."""
+        """Export what is queued (one batch after another, unless the collector is failing:
+        then what is left counts as failed), then stop the thread."""
         super().stopService()
         if self._loop is not None and self._loop.running:
             self._loop.stop()
@@ -144,6 +145,11 @@ class TraceExport(Service, TraceSink):
 
         def drain(_: object) -> Deferred[Any]:
             if not self._queue:
+                return succeed(None)
+            if self._failing:
+                # The collector is failing: a stop waits for no more than one export.
+                self.failed_spans += sum(trace.span_count() for trace in self._queue)
+                self._queue.clear()
                 return succeed(None)
             batch = self._take_batch()
             return self._run(batch).addCallback(drain)

@@ -196,3 +196,34 @@ def test_with_tracing_and_no_sdk_start_up_fails_naming_the_extra(tmp_path: Path)
     assert lines[0].startswith("check: iop-edge: ") and "pip install 'twisted-iop[tracing]'" in lines[0]
     assert lines[1].startswith("start: iop-edge: tracing.otlp_endpoint is set but OpenTelemetry is not installed")
     assert "twisted-iop[tracing]" in lines[1]
+
+
+def test_the_edge_composes_the_export_when_tracing_is_set(tmp_path: Path) -> None:
+    """With ``tracing.otlp_endpoint``, the Edge holds a trace export fed by its gateway's tracer; ``--check`` names it."""
+    pytest.importorskip("opentelemetry.sdk.trace", reason="the [tracing] extra is not installed")
+    from twisted.internet.testing import MemoryReactorClock
+
+    from twisted_iop.edge.tap import Options, makeService
+
+    data = gateway_edge_yaml()
+    data["tracing"] = {"otlp_endpoint": "http://127.0.0.1:4318", "sample_ratio": 0.25}
+    config = write_yaml(tmp_path / "edge.yaml", data)
+    options = Options()
+    options.parseOptions(["--config", config])
+    service = makeService(options, reactor=MemoryReactorClock())
+    assert service.trace_export is not None and service.trace_export.parent is service
+    assert service.inference.tracer.sink is service.trace_export
+    assert service.inference.tracer.sample_ratio == 0.25
+    assert service.trace_export.config.otlp_endpoint == "http://127.0.0.1:4318/v1/traces"
+    checked = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"from twisted_iop.edge.tap import Options; Options().parseOptions(['--config', {config!r}, '--check'])",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert checked.returncode == 0, checked.stderr
+    assert "traces to http://127.0.0.1:4318/v1/traces" in checked.stdout

@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 $(BIN)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,dev]' --config-settings editable_mode=compat
+	$(PY) -m pip install --quiet -e '.[test,dev,tracing]' --config-settings editable_mode=compat
 	touch $@
 
 setup: $(BIN)/.installed

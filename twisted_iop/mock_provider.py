@@ -11,7 +11,10 @@ so both speak the same OpenAI shapes:
   streaming as server-sent events), so the Node's HTTP proxy path can be
   tested and measured against a real server over real sockets. It also
   answers ``GET /mock/stats`` (requests started, completed, failed and
-  aborted by the client) for tests and benchmarks.
+  aborted by the client) for tests and benchmarks, and ``GET /mock/traces``:
+  the ``traceparent`` and ``tracestate`` headers of the last
+  :data:`MAX_RECORDED_TRACES` completion requests, so a test can check that a
+  client's trace reached the engine.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import argparse
 import json
 import random
 import sys
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
@@ -46,6 +50,10 @@ __all__ = ["ENDPOINT_PATHS", "MockBehaviour", "MockProviderServer", "MockRun", "
 UNPACED_BATCH = 64
 #: Upper bound on the tokens of one mock answer, whatever max_tokens says.
 MAX_MOCK_TOKENS = 100_000
+#: Trace headers of this many requests are kept for ``GET /mock/traces``.
+MAX_RECORDED_TRACES = 1000
+#: A trace header longer than this is kept cut (it is only shown back).
+MAX_RECORDED_HEADER_CHARS = 1024
 
 _WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "and", "runs", "away")
 
@@ -304,6 +312,8 @@ class MockProviderServer:
         self._clock = clock
         self._rand = rand
         self.stats = MockStats()
+        #: (traceparent, tracestate) of the last completion requests ("" when absent).
+        self.traces: deque[tuple[str, str]] = deque(maxlen=MAX_RECORDED_TRACES)
 
     @app.route("/v1/models", methods=["GET"])
     def list_models(self, request: IRequest) -> bytes:
@@ -317,6 +327,13 @@ class MockProviderServer:
         """Counters for tests and benchmarks."""
         request.setHeader(b"Content-Type", b"application/json")
         return json.dumps(attrs.asdict(self.stats)).encode()
+
+    @app.route("/mock/traces", methods=["GET"])
+    def show_traces(self, request: IRequest) -> bytes:
+        """The trace headers of the last completion requests, oldest first."""
+        request.setHeader(b"Content-Type", b"application/json")
+        traces = [{"traceparent": parent, "tracestate": state} for parent, state in self.traces]
+        return json.dumps({"traces": traces}).encode()
 
     @app.route("/v1/chat/completions", methods=["POST"])
     def chat_completions(self, request: IRequest) -> Any:
@@ -335,6 +352,7 @@ class MockProviderServer:
 
     def _serve(self, request: Any, endpoint: str) -> Any:
         request.setHeader(b"Content-Type", b"application/json")
+        self.traces.append((_header(request, b"traceparent"), _header(request, b"tracestate")))
         try:
             body = json.loads(request.content.read())
         except ValueError:
@@ -392,6 +410,11 @@ class MockProviderServer:
         run = MockRun(self._clock, self.behaviour, endpoint, body, on_chunk, on_done, self._rand)
         run.start()
         return answer
+
+
+def _header(request: Any, name: bytes) -> str:
+    values = request.requestHeaders.getRawHeaders(name) or []
+    return ",".join(v.decode("latin-1") for v in values)[:MAX_RECORDED_HEADER_CHARS]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -41,6 +41,7 @@ from twisted_iop.credentials import Digests
 from twisted_iop.edge.inference_config import InferenceConfig, parse_inference_config
 from twisted_iop.endpoints import is_loopback_listen
 from twisted_iop.tls import TLSListenConfig
+from twisted_iop.tracing.config import TracingConfig, parse_tracing_config
 from twisted_iop.wire import DEFAULT_MAX_FRAME_BYTES
 from twisted_iop.wire.limits import FailedHelloLimits
 from twisted_iop.wire.settings import DialConfig, KeepaliveConfig, PeerSettings
@@ -163,6 +164,8 @@ class EdgeConfig:
     metrics_listen: str = DEFAULT_METRICS_LISTEN
     #: How log lines are written (``logging.format``: text or json).
     logging: LoggingConfig = LoggingConfig()
+    #: Section ``tracing``: where the inference path's spans are exported (see docs/tracing.md).
+    tracing: TracingConfig = TracingConfig()
 
     def node(self, node_id: str) -> Optional[NodeConfig]:
         """The configured Node ``node_id``, if any."""
@@ -180,7 +183,9 @@ def load_edge_config(path: Optional[str], environ: Optional[Mapping[str, str]] =
 def parse_edge_config(data: Mapping[str, Any], environ: Mapping[str, str] = {}) -> EdgeConfig:
     """Validate a parsed edge.yaml mapping into an :class:`EdgeConfig`."""
     top = Section(data, "")
-    top.reject_unknown({"control_plane", "node_server", "nodes", "inference", "shutdown", "metrics", "logging"})
+    top.reject_unknown(
+        {"control_plane", "node_server", "nodes", "inference", "shutdown", "metrics", "logging", "tracing"}
+    )
     control_plane = _control_plane(top.section("control_plane"), environ)
     node_server = _node_server(top.section("node_server"), environ)
     credentials = parse_checked_credentials(top.section("node_server"), "credentials", "credentials_file")
@@ -195,6 +200,7 @@ def parse_edge_config(data: Mapping[str, Any], environ: Mapping[str, str] = {}) 
         shutdown=parse_shutdown(top.section("shutdown")),
         metrics_listen=metrics_listen,
         logging=parse_logging(top.section("logging")),
+        tracing=parse_tracing_config(top.section("tracing")),
     )
 
 

@@ -26,7 +26,10 @@ What a failed answer means for the client and the provider is
 :mod:`~twisted_iop.edge.inference_errors`'. Each failed request is one log
 line (model, provider, code, reason); a successful one is none. Tokens of
 the engine's usage are counted in the registry's
-:class:`~twisted_iop.edge.tokens.TokenCounter`.
+:class:`~twisted_iop.edge.tokens.TokenCounter`. Each request carries its
+trace (:class:`~twisted_iop.tracing.spans.RequestTrace`): every attempt on
+a provider is a span whose ``traceparent`` goes to the Node, and a failed
+attempt's code is the reason of the next.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from twisted_iop.edge.pool import NoSuchModel
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.metrics import LatencyHistogram
 from twisted_iop.openai_api import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, estimate_prompt_tokens, whole_tokens
+from twisted_iop.tracing.spans import EdgeTracer, RequestTrace
 from twisted_iop.wire import control_pb2 as pb
 
 #: Wire bodies of the inference path that the Edge receives from a Node
@@ -62,6 +66,12 @@ ENDPOINT_NAMES = {
     pb.INFERENCE_ENDPOINT_CHAT_COMPLETIONS: CHAT_COMPLETIONS,
     pb.INFERENCE_ENDPOINT_COMPLETIONS: COMPLETIONS,
     pb.INFERENCE_ENDPOINT_EMBEDDINGS: EMBEDDINGS,
+}
+#: The OpenTelemetry GenAI operation of each endpoint (``gen_ai.operation.name`` of its spans).
+GENAI_OPERATIONS = {
+    pb.INFERENCE_ENDPOINT_CHAT_COMPLETIONS: "chat",
+    pb.INFERENCE_ENDPOINT_COMPLETIONS: "text_completion",
+    pb.INFERENCE_ENDPOINT_EMBEDDINGS: "embeddings",
 }
 #: Outcomes that are a failed request (logged, one line each).
 _FAILURES = frozenset({Outcome.PROVIDER_ERROR, Outcome.NODE_SILENT, Outcome.QUEUE_TIMEOUT})
@@ -104,6 +114,7 @@ class _AdmittedRequest:
     endpoint: pb.InferenceEndpoint
     body: bytes
     stream: bool
+    trace: RequestTrace
     peer: Optional[InferenceNodePeer] = None
     timer: Optional[IDelayedCall] = None
     #: When it was admitted, and when it last joined a queue (metrics).
@@ -119,8 +130,16 @@ class InferenceGateway:
 
     _log = Logger()
 
-    def __init__(self, registry: NodeRegistry, config: InferenceConfig, clock: IReactorTime) -> None:
+    def __init__(
+        self,
+        registry: NodeRegistry,
+        config: InferenceConfig,
+        clock: IReactorTime,
+        tracer: Optional[EdgeTracer] = None,
+    ) -> None:
         self._registry = registry
+        #: Starts each request's trace (and hands the recorded ones to the exporter).
+        self.tracer = tracer if tracer is not None else EdgeTracer()
         self.config = config
         self._clock = clock
         self.lifecycle = InferenceLifecycle(registry.pool, config.max_queued_per_model, config.max_retries)
@@ -204,6 +223,17 @@ class InferenceGateway:
 
     # -- requests --------------------------------------------------------------------
 
+    def start_trace(
+        self,
+        endpoint: pb.InferenceEndpoint,
+        model: str,
+        traceparent: Optional[list[bytes]] = None,
+        tracestate: Optional[list[bytes]] = None,
+    ) -> RequestTrace:
+        """The trace of a new request: its client's (``traceparent`` header lines) or a new one."""
+        operation = GENAI_OPERATIONS.get(endpoint, "unknown")
+        return self.tracer.start(traceparent, tracestate, operation, model, self._clock.seconds())
+
     def submit(
         self,
         endpoint: pb.InferenceEndpoint,
@@ -212,12 +242,31 @@ class InferenceGateway:
         body: bytes,
         stream: bool,
         sink: ResponseSink,
+        trace: Optional[RequestTrace] = None,
     ) -> int:
         """Admit a request (lease now or queue); return its inference id.
 
         Raises :class:`InferenceError` (404, 400, 503, 429) when it cannot
-        even wait for a lease.
+        even wait for a lease (its trace ends with that error).
         """
+        if trace is None:
+            trace = self.start_trace(endpoint, model)
+        try:
+            return self._submit(endpoint, model, long_context, body, stream, sink, trace)
+        except InferenceError as refused:
+            trace.finish(self._clock.seconds(), refused.code, refused.status)
+            raise
+
+    def _submit(
+        self,
+        endpoint: pb.InferenceEndpoint,
+        model: str,
+        long_context: bool,
+        body: bytes,
+        stream: bool,
+        sink: ResponseSink,
+        trace: RequestTrace,
+    ) -> int:
         try:
             if self.stopping:
                 raise InferenceError(503, "shutting_down", "the edge is shutting down", kind="server_error")
@@ -257,7 +306,7 @@ class InferenceGateway:
             self._count_request(endpoint, "model_not_found")
             raise InferenceError(404, "model_not_found", str(e)) from None
         now = self._clock.seconds()
-        admitted = _AdmittedRequest(ticket, sink, endpoint, body, stream, submitted_at=now, queued_at=now)
+        admitted = _AdmittedRequest(ticket, sink, endpoint, body, stream, trace, submitted_at=now, queued_at=now)
         self._admitted[ticket.inference_id] = admitted
         if pending:
             self._dispatch(admitted)
@@ -325,6 +374,7 @@ class InferenceGateway:
         node_id, provider_id = lease.node_id, lease.provider_id
         if done.HasField("usage"):
             usage = done.usage
+            admitted.trace.usage(usage.prompt_tokens, usage.completion_tokens)
             self._registry.tokens.add(
                 node_id,
                 provider_id,
@@ -339,6 +389,7 @@ class InferenceGateway:
             self._end(admitted, Outcome.COMPLETED, done=done)
             return
         error = client_error(done, self.config.retry_after_seconds)
+        admitted.trace.attempt_failed(error.code, self._clock.seconds())  # the reason of a next attempt
         if not_supported(done):
             self.unsupported.remember(node_id, provider_id, admitted.endpoint, error, self._clock.seconds())
             self._log.info(
@@ -443,6 +494,8 @@ class InferenceGateway:
             body=admitted.body,
             stream=admitted.stream,
             model=ticket.model,
+            traceparent=admitted.trace.attempt(lease.node_id, lease.provider_id, self._clock.seconds()),
+            tracestate=admitted.trace.tracestate,
         )
         node_peer.send("inference_request", request)
         self._arm_idle_timer(admitted)
@@ -450,6 +503,7 @@ class InferenceGateway:
     def _node_lost(self, admitted: _AdmittedRequest) -> None:
         lease = admitted.ticket.lease
         lost_node = f"node {lease.node_id} provider {lease.provider_id}" if lease is not None else "no provider"
+        admitted.trace.attempt_failed(Outcome.NODE_LOST.value, self._clock.seconds())
         self._forget_peer(admitted)
         self._cancel_timer(admitted)
         admitted.queued_at = self._clock.seconds()  # metrics: a retry waits again
@@ -462,6 +516,7 @@ class InferenceGateway:
         self._count_request(admitted.endpoint, Outcome.NODE_LOST.value)
         self._write_pending(admitted)
         error = InferenceError(502, "node_lost", "the node running this request was lost", kind="server_error")
+        admitted.trace.finish(self._clock.seconds(), error.code, error.status)
         self._log_failure(admitted, error, lost_node)
         admitted.sink.fail(error)
 
@@ -489,6 +544,7 @@ class InferenceGateway:
             peer.send("inference_cancel", pb.InferenceCancel(inference_id=ticket.inference_id, reason=outcome.value))
         self._count(outcome.value)
         self._count_request(admitted.endpoint, outcome.value)
+        self._finish_trace(admitted, outcome, error)
         if outcome is Outcome.COMPLETED:
             elapsed = self._clock.seconds() - admitted.submitted_at
             self.total_seconds.observe(elapsed)  # metrics
@@ -502,6 +558,15 @@ class InferenceGateway:
             admitted.sink.complete(done)
         elif error is not None:
             admitted.sink.fail(error)
+
+    def _finish_trace(self, admitted: _AdmittedRequest, outcome: Outcome, error: Optional[InferenceError]) -> None:
+        """End the request's trace: its error code (or how it ended) and the status sent."""
+        if error is not None:
+            admitted.trace.finish(self._clock.seconds(), error.code, error.status)
+        elif outcome is Outcome.COMPLETED:
+            admitted.trace.finish(self._clock.seconds(), "", 200)
+        else:
+            admitted.trace.finish(self._clock.seconds(), outcome.value)
 
     def _log_failure(self, admitted: _AdmittedRequest, error: InferenceError, where: str, quiet: bool = False) -> None:
         """The one line of a failed request: model, provider, code and reason (never an address);

@@ -8,6 +8,11 @@ document, ``twisted_iop/edge/openapi.json``, served without a key like the
 Control Plane's). Every error is an OpenAI error body
 ``{"error": {"message", "type", "code"}}``; :class:`InferenceError` is
 mapped to it here, once. See docs/inference.md.
+
+Every inference answer carries ``traceparent`` (the Edge's server span of
+the request's trace, continued from the client's ``traceparent`` or new)
+and, once a provider was tried, ``x-iop-route:
+node=<id>;provider=<id>;attempts=N`` (see docs/tracing.md).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from twisted_iop.edge.inference_lifecycle import InferenceError, Outcome
 from twisted_iop.http_site import GuardedSite, Refusal, SiteLimits
 from twisted_iop.openai_api import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, error_body, whole_tokens
 from twisted_iop.route_methods import allow_header, served_methods
+from twisted_iop.tracing.spans import ROUTE_HEADER, RequestTrace
 from twisted_iop.wire import control_pb2 as pb
 
 #: The OpenAPI document of this API (packaged beside this module).
@@ -91,10 +97,13 @@ class _HttpResponseSink:
 
     _log = Logger()
 
-    def __init__(self, request: Any, stream: bool, gateway: InferenceGateway) -> None:
+    def __init__(
+        self, request: Any, stream: bool, gateway: InferenceGateway, trace: Optional[RequestTrace] = None
+    ) -> None:
         self._request = request
         self._stream = stream
         self._gateway = gateway
+        self._trace = trace
         self.inference_id = 0
         self.result: Deferred[bytes] = Deferred(self._client_gone)
         self._headers_sent = False
@@ -131,6 +140,7 @@ class _HttpResponseSink:
             self._unregister()
             self.result.callback(b"")
         else:
+            self._route()
             self._request.setHeader(b"Content-Type", b"application/json")
             self.result.callback(bytes(done.body))
 
@@ -145,6 +155,7 @@ class _HttpResponseSink:
             self._unregister()
             self.result.callback(b"")
         else:
+            self._route()
             self.result.errback(error)
 
     def _start_stream(self) -> None:
@@ -152,11 +163,18 @@ class _HttpResponseSink:
             return
         self._headers_sent = True
         request = self._request
+        self._route()
         request.setResponseCode(200)
         request.setHeader(b"Content-Type", b"text/event-stream")
         request.setHeader(b"Cache-Control", b"no-cache")
         request.setHeader(b"X-Accel-Buffering", b"no")
         request.registerProducer(self, True)
+
+    def _route(self) -> None:
+        """``x-iop-route``: where the request ran (ids), once a provider was tried."""
+        route = self._trace.route_header() if self._trace is not None else None
+        if route is not None:
+            self._request.setHeader(ROUTE_HEADER, route)
 
     def _client_gone(self, _: Deferred[bytes]) -> None:
         if not self._over:
@@ -286,8 +304,14 @@ class InferenceAPI:
         model = body["model"]
         stream = bool(body.get("stream", False)) and endpoint != EMBEDDINGS
         long_context = self._gateway.long_context(body)
-        sink = _HttpResponseSink(request, stream, self._gateway)
-        sink.inference_id = self._gateway.submit(_WIRE_ENDPOINTS[endpoint], model, long_context, raw, stream, sink)
+        wire_endpoint = _WIRE_ENDPOINTS[endpoint]
+        headers = request.requestHeaders
+        trace = self._gateway.start_trace(
+            wire_endpoint, model, headers.getRawHeaders(b"traceparent"), headers.getRawHeaders(b"tracestate")
+        )
+        request.setHeader(b"traceparent", trace.traceparent().encode("ascii"))
+        sink = _HttpResponseSink(request, stream, self._gateway, trace)
+        sink.inference_id = self._gateway.submit(wire_endpoint, model, long_context, raw, stream, sink, trace)
         return sink.result
 
     # -- anything else -------------------------------------------------------------

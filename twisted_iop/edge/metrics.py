@@ -136,6 +136,7 @@ def edge_metrics(service: EdgeParts) -> Iterator[Metric]:
     yield histogram(
         "iop_inference_queue_wait_seconds", "Admission (or a retry) to a lease", inference.queue_wait_seconds
     )
+    yield from _trace_metrics(inference)
     link = service.link
     yield gauge(
         "iop_edge_control_plane_connected",
@@ -151,6 +152,25 @@ def edge_metrics(service: EdgeParts) -> Iterator[Metric]:
     relay = registry.relay
     yield gauge("iop_edge_outbox_events", "Events waiting for the Control Plane", relay.outbox_length)
     yield counter("iop_edge_outbox_dropped_events", "Events dropped from a full outbox", relay.dropped_total)
+
+
+def _trace_metrics(inference: InferenceGateway) -> Iterator[Metric]:
+    """Client traceparents that were not valid, and the spans of the OTLP export (when it is on)."""
+    tracer = inference.tracer
+    yield counter(
+        "iop_inference_invalid_traceparents",
+        "Inference requests whose traceparent header was not valid W3C trace context (a new trace was started)",
+        tracer.invalid_traceparents,
+    )
+    sink = tracer.sink
+    if sink is not None:
+        yield labelled(
+            CounterMetricFamily,
+            "iop_trace_spans",
+            "Spans of inference traces for the OTLP collector, by what became of them",
+            ["result"],
+            [(["exported"], sink.exported_spans), (["dropped"], sink.dropped_spans), (["failed"], sink.failed_spans)],
+        )
 
 
 def _engine_metrics(registry: NodeRegistry) -> Iterator[Metric]:

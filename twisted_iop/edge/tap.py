@@ -10,6 +10,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import clientFromString
 from twisted.internet.interfaces import IProtocolFactory
 
+from twisted_iop.configuration import ConfigError
 from twisted_iop.daemon import CLOSE_WAIT_SECONDS, DaemonOptions, DaemonService, compose, wait_until
 from twisted_iop.edge.commands import CommandRunner
 from twisted_iop.edge.config import EdgeConfig, load_edge_config, unauthenticated_exposures
@@ -22,6 +23,8 @@ from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.edge.status import StatusProvider
 from twisted_iop.listeners import ListenerService
 from twisted_iop.metrics import metrics_site
+from twisted_iop.tracing.export import TraceExport, missing_sdk
+from twisted_iop.tracing.spans import EdgeTracer
 
 
 class Options(DaemonOptions[EdgeConfig]):
@@ -39,12 +42,21 @@ class Options(DaemonOptions[EdgeConfig]):
 
     def summary(self, config: EdgeConfig) -> str:
         """Who it is, where it listens and dials."""
+        traces = f", traces to {config.tracing.otlp_endpoint}" if config.tracing.otlp_endpoint else ""
         return (
             f"edge {config.control_plane.edge_id}, nodes: {len(config.nodes)}, "
             f"node_server on {config.node_server.listen}, inference on {config.inference.listen}, "
             f"metrics on {config.metrics_listen or 'nothing (disabled)'}, "
-            f"control plane at {', '.join(config.control_plane.addresses)}"
+            f"control plane at {', '.join(config.control_plane.addresses)}{traces}"
         )
+
+    def check(self, config: EdgeConfig) -> str:
+        """With ``tracing.otlp_endpoint`` set, the ``[tracing]`` extra must be installed."""
+        if config.tracing.otlp_endpoint:
+            problem = missing_sdk()
+            if problem is not None:
+                raise ConfigError(problem)
+        return ""
 
 
 #: What the Edge tells its Nodes and the Control Plane when it stops.
@@ -62,6 +74,12 @@ class EdgeService(DaemonService):
         clock: Any = reactor
         self.registry = NodeRegistry(config, clock)
         self.add_state(self.registry)
+        # The trace export (tracing.otlp_endpoint): started before the listeners, stopped after them.
+        self.trace_export: Optional[TraceExport] = None
+        if config.tracing.otlp_endpoint:
+            self.trace_export = TraceExport(config.tracing, reactor)
+            self.trace_export.setServiceParent(self)
+        tracer = EdgeTracer(config.tracing.sample_ratio, self.trace_export)
         self.status = StatusProvider(self.registry, clock)
         self.commands = CommandRunner(
             self.registry, clock, probe_timeout_seconds=config.node_server.probe_timeout_seconds
@@ -83,7 +101,7 @@ class EdgeService(DaemonService):
             config.node_server.tls,
         )
         # The inference gateway: its own listener; Node messages reach it through the node server.
-        self.inference = self.node_factory.inference = InferenceGateway(self.registry, config.inference, clock)
+        self.inference = self.node_factory.inference = InferenceGateway(self.registry, config.inference, clock, tracer)
         site = self.inference_site = inference_site(InferenceAPI(self.inference), config.inference, reactor)
         self.inference_server = self.add_listener("inference", config.inference.listen, site, reactor)
         self.metrics_server: Optional[ListenerService] = None

@@ -17,7 +17,10 @@ aborted and nothing more is sent.
   with an error event an error. The engine is asked for the usage chunk
   of a stream (and that chunk kept from a client that did not ask).
   No answer at all (refused, reset, no headers in time) is ``UNAVAILABLE``
-  with an empty ``error_code``: the Edge may retry it elsewhere.
+  with an empty ``error_code``: the Edge may retry it elsewhere. The
+  request's ``traceparent`` (its attempt's span at the Edge) goes to the
+  engine as its ``traceparent`` header, checked again here: one that is not
+  valid W3C trace context is not sent.
 * ``mock``: :class:`~twisted_iop.mock_provider.MockRun` in process, paced
   by the provider's mock options.
 
@@ -63,6 +66,7 @@ from twisted_iop.node.engine_stream import (
 from twisted_iop.node.engines.base import EngineAdapter, EngineError
 from twisted_iop.node.engines.kinds import adapter_for
 from twisted_iop.openai_api import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, ENDPOINT_PATHS
+from twisted_iop.tracing.context import parse_traceparent, parse_tracestate
 from twisted_iop.wire import control_pb2 as pb
 
 #: Wire bodies of the inference path that the Node receives from its Edge
@@ -285,7 +289,7 @@ class InferenceRunner:
             url = provider.base_url + ENDPOINT_PATHS[endpoint]
             stream = bool(request.stream)
             sent = engine_request(bytes(request.body), endpoint, stream, adapter)
-            job = _HTTPJob(self._http, self._clock, adapter, url, sent, stream, reply)
+            job = _HTTPJob(self._http, self._clock, adapter, url, sent, stream, reply, _trace_headers(request))
         state.jobs[inference_id] = job
         job.start()
         if state.paused and inference_id in state.jobs:
@@ -335,6 +339,21 @@ class InferenceRunner:
         if completion:
             key = (provider_id, model, "completion")
             tokens[key] = tokens.get(key, 0) + completion
+
+
+def _trace_headers(request: pb.InferenceRequest) -> dict[bytes, list[bytes]]:
+    """The request's ``traceparent`` (and ``tracestate``) for the engine, if it is valid W3C
+    trace context: a peer's word is checked, and a ``tracestate`` goes only with its traceparent."""
+    if not request.traceparent:
+        return {}
+    parent = parse_traceparent(request.traceparent)
+    if parent is None:
+        return {}
+    headers = {b"traceparent": [parent.header().encode("ascii")]}
+    state = parse_tracestate([request.tracestate]) if request.tracestate else ""
+    if state:
+        headers[b"tracestate"] = [state.encode("ascii")]
+    return headers
 
 
 def _behaviour(provider: NodeProviderConfig) -> MockBehaviour:
@@ -500,9 +519,12 @@ class _HTTPJob:
         request: EngineRequest,
         stream: bool,
         reply: _Reply,
+        trace_headers: Optional[dict[bytes, list[bytes]]] = None,
     ) -> None:
         self.provider_id = reply.provider_id
         self._http = http
+        #: ``traceparent`` and ``tracestate`` for the engine (checked), or none.
+        self._trace_headers = trace_headers
         self._clock = clock
         self._adapter = adapter
         self._url = url
@@ -520,6 +542,8 @@ class _HTTPJob:
         headers = {b"Content-Type": [b"application/json"]}
         if self._stream:
             headers[b"Accept"] = [b"text/event-stream"]
+        if self._trace_headers:
+            headers.update(self._trace_headers)
         d = self._http.request("POST", self._url, data=self._request_body.body, headers=headers, unbuffered=True)
         d.addTimeout(RESPONSE_HEADERS_TIMEOUT_SECONDS, self._clock)
         self._request = d

@@ -673,7 +673,7 @@ class NodeProviderCommandResponse(_message.Message):
     def __init__(self, ok: _Optional[bool] = ..., reason: _Optional[str] = ..., launch: _Optional[_Union[EngineLaunch, _Mapping]] = ..., log_text: _Optional[str] = ..., log_lines: _Optional[int] = ..., drained_requests: _Optional[int] = ..., cut_requests: _Optional[int] = ...) -> None: ...
 
 class InferenceRequest(_message.Message):
-    __slots__ = ("inference_id", "provider_id", "endpoint", "body", "stream", "model", "traceparent")
+    __slots__ = ("inference_id", "provider_id", "endpoint", "body", "stream", "model", "traceparent", "tracestate")
     INFERENCE_ID_FIELD_NUMBER: _ClassVar[int]
     PROVIDER_ID_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
@@ -681,6 +681,7 @@ class InferenceRequest(_message.Message):
     STREAM_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    TRACESTATE_FIELD_NUMBER: _ClassVar[int]
     inference_id: int
     provider_id: str
     endpoint: InferenceEndpoint
@@ -688,7 +689,8 @@ class InferenceRequest(_message.Message):
     stream: bool
     model: str
     traceparent: str
-    def __init__(self, inference_id: _Optional[int] = ..., provider_id: _Optional[str] = ..., endpoint: _Optional[_Union[InferenceEndpoint, str]] = ..., body: _Optional[bytes] = ..., stream: _Optional[bool] = ..., model: _Optional[str] = ..., traceparent: _Optional[str] = ...) -> None: ...
+    tracestate: str
+    def __init__(self, inference_id: _Optional[int] = ..., provider_id: _Optional[str] = ..., endpoint: _Optional[_Union[InferenceEndpoint, str]] = ..., body: _Optional[bytes] = ..., stream: _Optional[bool] = ..., model: _Optional[str] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ...) -> None: ...
 
 class InferenceChunk(_message.Message):
     __slots__ = ("inference_id", "data")

@@ -5,12 +5,12 @@ requests, and a peer's bad sketch left out with one warning, never a crash."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet.task import Clock
-from twisted.logger import LogLevel, globalLogPublisher
+from twisted.logger import ILogObserver, LogLevel, globalLogPublisher
 
 from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.fleet_rounds import FleetRound, StatusRow
@@ -103,13 +103,13 @@ def test_a_bad_sketch_is_left_out_with_one_warning() -> None:
     token = registry.connect("edge-1", HeldEdgePeer(), hello)
     kept = keep_status(registry, "edge-1", token, response)
     assert kept is not None
-    globalLogPublisher.addObserver(observe)
+    globalLogPublisher.addObserver(cast(ILogObserver, observe))
     try:
         renderer = JsonBytesRenderer()
         renderer.edge_status(registry.get("edge-1"), kept, False)
         renderer.edge_status(registry.get("edge-1"), kept, False)  # a kept rendering: no new warning
     finally:
-        globalLogPublisher.removeObserver(observe)
+        globalLogPublisher.removeObserver(cast(ILogObserver, observe))
     providers = [node["providers"][0]["latency"] for node in body["nodes"]]
     assert providers[0]["requests"] == 10 and providers[1] == latency_json(None)
     assert body["models"]["llama-3-8b"]["latency"]["requests"] == 10

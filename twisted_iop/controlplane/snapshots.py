@@ -34,6 +34,10 @@ from twisted_iop.wire.status_totals import COUNTS_LEN, carried_counts, counts_pr
 BOUNDS = "bounds"
 TOTALS = "totals"
 
+#: The tag of ``ProviderSnapshot.latency`` (field 20, length-delimited) as serialized.
+_LATENCY_TAG = b"\xa2\x01"  # the varint of (20 << 3) | 2 = 162
+assert pb.ProviderSnapshot.DESCRIPTOR.fields_by_name["latency"].number == 20
+
 #: The most a count of a routed snapshot may say (far above any real fleet).
 MAX_COUNT = 2**40
 
@@ -106,7 +110,9 @@ def checked_snapshot(
             problem = "status totals differ from the counts of its providers"
         if problem is not None:
             raise SnapshotRefused(TOTALS, problem)
-    return StatusSnapshot(data, received_at, share_counts(counts), latency_key(response))
+    # A provider's latency field's tag in the bytes, or no figures (a match may be a false one: then counted).
+    key = latency_key(response) if _LATENCY_TAG in data else b""
+    return StatusSnapshot(data, received_at, share_counts(counts), key)
 
 
 def latency_key(response: pb.EdgeStatusResponse) -> bytes:

@@ -200,6 +200,8 @@ async def test_tables_of_every_view() -> None:
             "-",
             "-",
             "0.0",
+            "-",  # TTFT p95: no request yet
+            "-",  # TPOT p95
             "-",
             "-",
             "llama-3-8b",
@@ -244,9 +246,19 @@ async def test_status_shows_each_engine_beside_its_capacity() -> None:
         _, totals, _, providers = result.out.strip("\n").split("\n\n")
         assert "engines    1 running, 3 waiting (1 of 2 report); 37.5 tokens/s; 1 saturated, 1 cooling down" in totals
         header, first, second = providers.splitlines()
-        assert header.split()[11:18] == ["ENG-RUN", "ENG-WAIT", "KV", "TOK/S", "FLAGS", "LAUNCH", "MODELS"]
-        assert first.split()[11:17] == ["1", "3", "42%", "37.5", "saturated,cooling-down", "-"]
-        assert second.split()[11:17] == ["-", "-", "-", "0.0", "-", "crashed(2)"]
+        assert header.split()[11:20] == [
+            "ENG-RUN",
+            "ENG-WAIT",
+            "KV",
+            "TOK/S",
+            "TTFT-P95",
+            "TPOT-P95",
+            "FLAGS",
+            "LAUNCH",
+            "MODELS",
+        ]
+        assert first.split()[11:19] == ["1", "3", "42%", "37.5", "-", "-", "saturated,cooling-down", "-"]
+        assert second.split()[11:19] == ["-", "-", "-", "0.0", "-", "-", "-", "crashed(2)"]
         assert second.endswith("engine crashed: exited with code 1; next try 2023-11-14 22:13:24")
         assert first.index("42%") + 3 == header.index("KV") + 2  # right-aligned under its header
 
@@ -283,8 +295,8 @@ async def test_fleet_with_a_frozen_edge() -> None:
         assert rows["edge-b"].split()[1:3] == ["timeout", "yes"]
         assert rows["edge-b"].endswith("edge_timeout: edge 'edge-b' did not answer within 0.5s")
         for edge_id in ("edge-a", "edge-c"):
-            # state, connected, nodes, providers, the six counters, and no error text
-            assert rows[edge_id].split()[1:] == ["ok", "yes", "2/2", "2", "8", "2", "4", "2", "0", "2"]
+            # state, connected, nodes, providers, the six counters, TTFT/TPOT p95 (none), and no error text
+            assert rows[edge_id].split()[1:] == ["ok", "yes", "2/2", "2", "8", "2", "4", "2", "0", "2", "-", "-"]
         as_json = (await iopctl(["--json", "fleet"], fleet)).json()
         contract_validator("FleetStatus").validate(as_json)
         json_rows = {row["edge_id"]: row for row in as_json["items"]}

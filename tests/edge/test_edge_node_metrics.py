@@ -117,7 +117,11 @@ async def test_edge_and_node_metrics_follow_the_fleet(tmp_path: Path) -> None:
         assert samples[("iop_inference_requests_total", refused)] == 1
         assert samples[("iop_inference_seconds_count", (("phase", "total"),))] == 2
         assert samples[("iop_inference_seconds_count", (("phase", "first_byte"),))] == 2
-        assert samples[("iop_inference_queue_wait_seconds_count", ())] == 2
+        waited = (("model", MODEL), ("node", "node-1"), ("provider", "p1"))
+        assert samples[("iop_inference_queue_wait_seconds_count", waited)] == 2
+        ok = (("model", MODEL), ("node", "node-1"), ("outcome", "ok"), ("provider", "p1"))
+        assert samples[("gen_ai_server_request_duration_seconds_count", ok)] == 2
+        assert samples[("gen_ai_server_time_to_first_token_seconds_count", ok)] == 1  # the streamed one
         assert samples[("iop_inference_in_flight", ())] == 0
         assert samples[provider("iop_edge_provider_in_flight", "node-1", "p1", "general")] == 0
         # The mock's usage: 3 + 4 completion tokens, as in the status view.

@@ -405,6 +405,33 @@ def _defaulted(default: Any) -> Any:
 
 
 @attrs.frozen
+class Latency:
+    """How fast requests went over the Edge's recent window (``window_seconds``).
+
+    Quantiles are within 2 % of a duration really observed at that rank
+    (docs/latency.md), ``None`` when no request of their kind ended in the
+    window: TTFT of streamed requests, TPOT and duration of completed ones.
+    """
+
+    ttft_p50_seconds: Optional[float] = None
+    ttft_p95_seconds: Optional[float] = None
+    tpot_p50_seconds: Optional[float] = None
+    tpot_p95_seconds: Optional[float] = None
+    duration_p95_seconds: Optional[float] = None
+    requests_per_second: Optional[float] = None
+    requests: int = 0
+    errors: int = 0
+    window_seconds: Optional[float] = None
+
+
+@attrs.frozen
+class ModelStatus:
+    """One model of an edge: its providers' figures merged."""
+
+    latency: Latency = Latency()
+
+
+@attrs.frozen
 class ProviderStatus:
     """One inference provider on a node, as the edge reported it.
 
@@ -429,6 +456,8 @@ class ProviderStatus:
     cooling_down: bool = _defaulted(False)
     #: ``None`` when someone else runs the engine (or an older Control Plane).
     launch: Optional[EngineLaunch] = _defaulted(None)
+    #: No figures from an older Control Plane.
+    latency: Latency = _defaulted(Latency())
 
 
 @attrs.frozen
@@ -473,6 +502,8 @@ class EdgeStatus:
     received_at: Optional[datetime] = None
     nodes: tuple[NodeStatus, ...] = ()
     totals: StatusTotals = StatusTotals()
+    #: Per model its providers list, their figures merged (empty from an older Control Plane).
+    models: dict[str, ModelStatus] = attrs.field(factory=dict, metadata=DEFAULTED)
 
 
 FleetRowState = Literal["ok", "timeout", "error", "disconnected"]
@@ -504,6 +535,8 @@ class FleetStatusRow:
     providers_by_health: dict[str, int] = attrs.field(factory=dict, metadata=DEFAULTED)
     general: ProviderCounters = ProviderCounters()
     long_context: ProviderCounters = ProviderCounters()
+    #: Its providers' figures merged (none from an older Control Plane).
+    latency: Latency = _defaulted(Latency())
 
 
 @attrs.frozen

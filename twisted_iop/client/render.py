@@ -88,6 +88,15 @@ def rate_text(rate: Optional[float]) -> str:
     return NONE if rate is None else f"{rate:.1f}"
 
 
+def seconds_text(seconds: Optional[float]) -> str:
+    """A latency in milliseconds below 10 s (``412ms``), else in seconds (``12.4s``); ``-`` for none."""
+    if seconds is None:
+        return NONE
+    if seconds < 10:
+        return f"{seconds * 1000:.0f}ms" if seconds >= 0.001 else f"{seconds * 1000:.2f}ms"
+    return f"{seconds:.1f}s"
+
+
 def flags_text(provider: ProviderStatus) -> str:
     """``saturated``, ``cooling-down``, both (comma-separated), or ``-``."""
     flags = [name for name, on in (("saturated", provider.saturated), ("cooling-down", provider.cooling_down)) if on]
@@ -258,6 +267,8 @@ def render_status(status: EdgeStatus) -> str:
             p.long_context.queued,
             *engine_cells(p),
             rate_text(p.tokens_per_second),
+            seconds_text(p.latency.ttft_p95_seconds),
+            seconds_text(p.latency.tpot_p95_seconds),
             flags_text(p),
             launch_text(p),
             ",".join(p.models) or NONE,
@@ -285,13 +296,38 @@ def render_status(status: EdgeStatus) -> str:
                     "ENG-WAIT",
                     "KV",
                     "TOK/S",
+                    "TTFT-P95",
+                    "TPOT-P95",
                     "FLAGS",
                     "LAUNCH",
                     "MODELS",
                     "REASON",
                 ),
                 provider_rows,
-                numeric=range(5, 15),
+                numeric=range(5, 17),
+            )
+        )
+    model_rows = [
+        (
+            model,
+            seconds_text(m.latency.ttft_p50_seconds),
+            seconds_text(m.latency.ttft_p95_seconds),
+            seconds_text(m.latency.tpot_p50_seconds),
+            seconds_text(m.latency.tpot_p95_seconds),
+            seconds_text(m.latency.duration_p95_seconds),
+            NONE if m.latency.requests_per_second is None else f"{m.latency.requests_per_second:.2f}",
+            m.latency.errors,
+        )
+        for model, m in sorted(status.models.items())
+    ]
+    if not any(m.latency.requests for m in status.models.values()):
+        model_rows = []  # no request ended in the window: no table of dashes
+    if model_rows:
+        parts.append(
+            render_table(
+                ("MODEL", "TTFT-P50", "TTFT-P95", "TPOT-P50", "TPOT-P95", "DUR-P95", "REQ/S", "ERRORS"),
+                model_rows,
+                numeric=range(1, 8),
             )
         )
     return "\n\n".join(parts)
@@ -326,6 +362,8 @@ def render_fleet(fleet: FleetStatus) -> str:
             r.long_context.capacity,
             r.long_context.in_flight,
             r.long_context.queued,
+            seconds_text(r.latency.ttft_p95_seconds),
+            seconds_text(r.latency.tpot_p95_seconds),
             row_error_text(r),
         )
         for r in fleet.items
@@ -344,10 +382,12 @@ def render_fleet(fleet: FleetStatus) -> str:
                 "LC-CAP",
                 "LC-IN-FLIGHT",
                 "LC-QUEUED",
+                "TTFT-P95",
+                "TPOT-P95",
                 "ERROR",
             ),
             rows,
-            numeric=range(3, 11),
+            numeric=range(3, 13),
         )
     )
     return "\n\n".join(parts)

@@ -53,7 +53,12 @@ each is bounded in count and bytes, and none is kept at module level:
   member, none over :data:`~twisted_iop.controlplane.json_templates.FRAGMENT_MAX_BYTES`;
 * a fleet round's totals, per round (weakly): at most :data:`ROUNDS_KEPT`;
 * a snapshot's shared members as JSON bytes, per snapshot (weakly): at
-  most :data:`SNAPSHOTS_KEPT`, and :data:`SNAPSHOTS_BYTES` of them in all.
+  most :data:`SNAPSHOTS_KEPT`, and :data:`SNAPSHOTS_BYTES` of them in all;
+* a fleet row's ``latency`` object, per distinct latency key of the
+  snapshots (``snapshots.latency_key``: a snapshot without figures costs
+  nothing, and a new snapshot with the figures of the last one no parse),
+  or per snapshot (weakly) when its key is unknown: at most
+  :data:`LATENCIES_KEPT` of each (about 0.3 KiB an entry).
 
 The oldest entry goes first when a bound is reached;
 :meth:`JsonBytesRenderer.kept` says what each cache holds.
@@ -62,7 +67,7 @@ The oldest entry goes first when a bound is reached;
 from __future__ import annotations
 
 import bisect
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Iterable
 from typing import Any, Optional
 
@@ -91,6 +96,7 @@ from twisted_iop.controlplane.json_templates import (
     write_time_ms,
 )
 from twisted_iop.controlplane.json_views import counts_json, fraction, rate, row_counts_json, snapshot_members
+from twisted_iop.controlplane.latency_views import edge_latency_json, latency_json, models_json, provider_latency_json
 from twisted_iop.controlplane.snapshots import StatusSnapshot
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.engine_states import engine_state_name
@@ -107,6 +113,11 @@ ROUND_TOTALS_BYTES = 64 * 1024
 #: Snapshots whose shared members are kept, and the bytes of their JSON in all.
 SNAPSHOTS_KEPT = 1024
 SNAPSHOTS_BYTES = 8 * 1024 * 1024
+#: Fleet rows' ``latency`` objects kept (one per snapshot, about 0.25 KiB each), and their bytes in all.
+LATENCIES_KEPT = 16_384
+LATENCIES_BYTES = 4 * 1024 * 1024
+#: A row without a snapshot: no figures.
+_NO_LATENCY = write_json(latency_json(None))
 
 _BUFFER_COUNTS = (
     Member("capacity", "capacity", write_int),
@@ -348,6 +359,7 @@ PROVIDER = (
     Member("saturated", "saturated", write_bool),
     Member("cooling_down", "cooling_down", write_bool),
     Member("launch", _launch, _write_launch),
+    Member("latency", provider_latency_json, write_json),
 )
 
 
@@ -386,6 +398,10 @@ def _write_totals(counts: tuple[int, ...]) -> bytes:
     return write_json(counts_json(counts))
 
 
+def _write_models(response: pb.EdgeStatusResponse) -> bytes:
+    return write_json(models_json(response))
+
+
 @attrs.frozen
 class _SnapshotView:
     """A kept snapshot and the message parsed from its bytes."""
@@ -401,6 +417,7 @@ SNAPSHOT_MEMBERS = (
     Member("received_at", "snapshot.received_at", write_time),
     Member("nodes", "response.nodes", _write_nodes),
     Member("totals", "snapshot.counts", _write_totals),
+    Member("models", "response", _write_models),
 )
 
 
@@ -431,7 +448,10 @@ class JsonBytesRenderer:
         self._edge_templates: WeakTable[EdgeRecord, tuple[EdgeHello, bytes]] = WeakTable(
             EDGE_TEMPLATES_KEPT, EDGE_TEMPLATES_BYTES
         )
-        self._row = Template("FLEET_ROW", FLEET_ROW)
+        self._row = Template("FLEET_ROW", (*FLEET_ROW, Member("latency", self._row_latency, write_raw)))
+        self._latencies: WeakTable[StatusSnapshot, bytes] = WeakTable(LATENCIES_KEPT, LATENCIES_BYTES)
+        #: The same, keyed by the snapshots' latency keys (equal figures, written once).
+        self._latencies_by_key: OrderedDict[bytes, bytes] = OrderedDict()
         self._page = Template("FLEET_PAGE", FLEET_PAGE)
         self._round_totals: WeakTable[FleetRound, bytes] = WeakTable(ROUNDS_KEPT, ROUND_TOTALS_BYTES)
         self._status = Template("EDGE_STATUS", EDGE_STATUS)
@@ -461,6 +481,30 @@ class JsonBytesRenderer:
         page = _FleetPage(generated_at, round_.round_at, items, len(rows), next_cursor, totals)
         return self._page.render(page)
 
+    def _row_latency(self, row: StatusRow) -> bytes:
+        """A fleet row's ``latency``: its snapshot's providers merged, written once per snapshot."""
+        snapshot = row.snapshot
+        if snapshot is None:
+            return _NO_LATENCY
+        key = snapshot.latency_key
+        if key == b"":
+            return _NO_LATENCY  # no provider carries figures: nothing to parse
+        if key is None:
+            written = self._latencies.get(snapshot)
+            if written is None:
+                written = write_json(edge_latency_json(snapshot.parse()))
+                self._latencies.keep(snapshot, written, len(written))
+            return written
+        written = self._latencies_by_key.get(key)
+        if written is None:
+            written = write_json(edge_latency_json(snapshot.parse()))
+            self._latencies_by_key[key] = written
+            if len(self._latencies_by_key) > LATENCIES_KEPT:
+                self._latencies_by_key.popitem(last=False)
+        else:
+            self._latencies_by_key.move_to_end(key)
+        return written
+
     def edge_status(self, record: EdgeRecord, snapshot: StatusSnapshot, stale: bool) -> bytes:
         """``GET /edges/{id}/status``: a snapshot of the edge, with its totals."""
         members = self._snapshots.get(snapshot)
@@ -487,4 +531,8 @@ class JsonBytesRenderer:
             "fleet_counts": Kept(len(counts.texts), counts.bytes),
             "round_totals": Kept(len(self._round_totals), self._round_totals.bytes),
             "snapshot_members": Kept(len(self._snapshots), self._snapshots.bytes),
+            "row_latencies": Kept(
+                len(self._latencies) + len(self._latencies_by_key),
+                self._latencies.bytes + sum(len(k) + len(v) for k, v in self._latencies_by_key.items()),
+            ),
         }

@@ -17,6 +17,7 @@ from typing import Any, Optional, Union
 from twisted_iop.controlplane.edge_record import EdgeRecord
 from twisted_iop.controlplane.event_log import EventBuffer
 from twisted_iop.controlplane.event_record import EVENT_FIELDS, EventRecord, FieldKind
+from twisted_iop.controlplane.latency_views import models_json, provider_latency_json
 from twisted_iop.controlplane.operation_states import LateOutcome
 from twisted_iop.controlplane.operations import OperationBuffer, OperationRecord
 from twisted_iop.controlplane.snapshots import StatusSnapshot
@@ -177,6 +178,7 @@ def provider_json(provider: pb.ProviderSnapshot) -> dict[str, Any]:
         "saturated": provider.saturated,
         "cooling_down": provider.cooling_down,
         "launch": launch_json(provider),
+        "latency": provider_latency_json(provider),
     }
 
 
@@ -231,6 +233,7 @@ def snapshot_members(snapshot: StatusSnapshot) -> dict[str, Any]:
         "received_at": iso(snapshot.received_at),
         "nodes": [node_json(n) for n in response.nodes],
         "totals": counts_json(snapshot.counts),
+        "models": models_json(response),
     }
 
 

@@ -17,6 +17,7 @@ the nodes parses the bytes once (:meth:`StatusSnapshot.parse`).
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from collections.abc import Callable, Sequence
 from typing import Optional
@@ -33,6 +34,10 @@ from twisted_iop.wire.status_totals import COUNTS_LEN, carried_counts, counts_pr
 BOUNDS = "bounds"
 TOTALS = "totals"
 
+#: The tag of ``ProviderSnapshot.latency`` (field 20, length-delimited) as serialized.
+_LATENCY_TAG = b"\xa2\x01"  # the varint of (20 << 3) | 2 = 162
+assert pb.ProviderSnapshot.DESCRIPTOR.fields_by_name["latency"].number == 20
+
 #: The most a count of a routed snapshot may say (far above any real fleet).
 MAX_COUNT = 2**40
 
@@ -45,6 +50,9 @@ class StatusSnapshot:
     data: bytes
     received_at: float
     counts: tuple[int, ...]
+    #: What its providers' latency figures are, as a key (:func:`latency_key`): b"" when
+    #: none carries any, None when unknown (a routed snapshot: its bytes tell).
+    latency_key: Optional[bytes] = None
 
     def parse(self) -> pb.EdgeStatusResponse:
         """The snapshot parsed from its bytes (a new message on every call: parse once per view)."""
@@ -54,7 +62,12 @@ class StatusSnapshot:
 
     def size(self) -> int:
         """Estimated bytes this snapshot keeps: itself, its bytes and its counts."""
-        return sys.getsizeof(self) + sys.getsizeof(self.data) + sys.getsizeof(self.counts)
+        return (
+            sys.getsizeof(self)
+            + sys.getsizeof(self.data)
+            + sys.getsizeof(self.counts)
+            + (sys.getsizeof(self.latency_key) if self.latency_key else 0)
+        )
 
 
 class SnapshotRefused(Exception):
@@ -97,7 +110,29 @@ def checked_snapshot(
             problem = "status totals differ from the counts of its providers"
         if problem is not None:
             raise SnapshotRefused(TOTALS, problem)
-    return StatusSnapshot(data, received_at, share_counts(counts))
+    # A provider's latency field's tag in the bytes, or no figures (a match may be a false one: then counted).
+    key = latency_key(response) if _LATENCY_TAG in data else b""
+    return StatusSnapshot(data, received_at, share_counts(counts), key)
+
+
+def latency_key(response: pb.EdgeStatusResponse) -> bytes:
+    """A digest of every provider's latency figures, in order (b"" when none has any).
+
+    Snapshots with equal keys show equal latency, so a view writes the
+    figures once per key, not once per snapshot: an edge answers a new
+    snapshot every round, and most of them carry no figures or the same
+    ones (an idle edge), which then cost no parse of sketches.
+    """
+    digest = None
+    for node in response.nodes:
+        for provider in node.providers:
+            if provider.HasField("latency"):
+                if digest is None:
+                    digest = hashlib.blake2b(digest_size=16)
+                figures = provider.latency.SerializeToString(deterministic=True)
+                digest.update(b"%d:" % len(figures))
+                digest.update(figures)
+    return digest.digest() if digest is not None else b""
 
 
 def routed_snapshot(data: bytes, counts: Sequence[object], at: object) -> Optional[StatusSnapshot]:

@@ -51,7 +51,8 @@ from twisted_iop.edge.inference_errors import (
     not_supported,
 )
 from twisted_iop.edge.inference_lifecycle import InferenceError, InferenceLifecycle, Outcome, Phase, QueueFull, Ticket
-from twisted_iop.edge.pool import NoSuchModel
+from twisted_iop.edge.latency import CANCELLED, CLIENT_ERROR, ERROR, OK
+from twisted_iop.edge.pool import Lease, NoSuchModel
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.metrics import LatencyHistogram
 from twisted_iop.openai_api import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, estimate_prompt_tokens, whole_tokens
@@ -75,6 +76,17 @@ GENAI_OPERATIONS = {
 }
 #: Outcomes that are a failed request (logged, one line each).
 _FAILURES = frozenset({Outcome.PROVIDER_ERROR, Outcome.NODE_SILENT, Outcome.QUEUE_TIMEOUT})
+#: The latency figures' outcome of each ending (a provider error may be the client's: see ``client_fault``).
+_LATENCY_OUTCOMES = {
+    Outcome.COMPLETED: OK,
+    Outcome.PROVIDER_ERROR: ERROR,
+    Outcome.CLIENT_GONE: CANCELLED,
+    Outcome.CLIENT_TOO_SLOW: CANCELLED,
+    Outcome.NODE_LOST: ERROR,
+    Outcome.NODE_SILENT: ERROR,
+    Outcome.QUEUE_TIMEOUT: ERROR,
+    Outcome.EDGE_STOPPING: ERROR,
+}
 
 # -- the gateway (I/O) ---------------------------------------------------------
 
@@ -121,6 +133,10 @@ class _AdmittedRequest:
     submitted_at: float = 0.0
     queued_at: float = 0.0
     first_output: bool = False
+    #: When its first streamed output reached the Edge (latency: its time to first token).
+    first_output_at: Optional[float] = None
+    #: Its provider error was the client's own (a 4xx by inference_errors' rules): not an error of the provider's.
+    client_fault: bool = False
     #: Events received in this reactor turn, not yet given to the sink.
     pending: list[bytes] = attrs.field(factory=list)
 
@@ -154,13 +170,13 @@ class InferenceGateway:
         #: Requests sent to another provider after a failure, by the failure's code.
         self.retries: dict[str, int] = {}
         #: For /metrics: requests ended by (endpoint, outcome), time to the
-        #: first output and to the end of completed requests, queue waits.
+        #: first output and to the end of completed requests (the GenAI
+        #: latency figures and queue waits are the registry's ``latency``).
         self.requests: dict[tuple[str, str], int] = {}
         #: Endpoints a provider answered "not supported" for: not sent there again for a while.
         self.unsupported = UnsupportedEndpoints()
         self.first_byte_seconds = LatencyHistogram()
         self.total_seconds = LatencyHistogram()
-        self.queue_wait_seconds = LatencyHistogram()
 
     # -- questions the API asks ----------------------------------------------------
 
@@ -360,7 +376,8 @@ class InferenceGateway:
                 self.lifecycle.first_output(admitted.ticket)
                 if not admitted.first_output:
                     admitted.first_output = True
-                    self.first_byte_seconds.observe(self._clock.seconds() - admitted.submitted_at)  # metrics
+                    now = admitted.first_output_at = self._clock.seconds()
+                    self.first_byte_seconds.observe(now - admitted.submitted_at)  # metrics
                 self._flushing.append(admitted)
                 if self._flush_call is None:
                     self._flush_call = self._clock.callLater(0, self._flush)
@@ -404,6 +421,7 @@ class InferenceGateway:
             if self._try_elsewhere(admitted):
                 return
         kind = failure_kind(done)
+        admitted.client_fault = kind is FailureKind.CLIENT
         if kind is not FailureKind.CLIENT:
             reason = f"{error.code}: {error.message}"[:200]
             self._registry.request_failed(node_id, provider_id, reason, cool_down_now=kind is FailureKind.ELSEWHERE)
@@ -474,10 +492,12 @@ class InferenceGateway:
         lease = ticket.lease
         assert lease is not None
         self._cancel_timer(admitted)
-        self.queue_wait_seconds.observe(self._clock.seconds() - admitted.queued_at)  # metrics
-        unsupported = self.unsupported.known(lease.node_id, lease.provider_id, admitted.endpoint, self._clock.seconds())
+        now = self._clock.seconds()
+        self._registry.latency.queue_waited(ticket.model, lease.node_id, lease.provider_id, now - admitted.queued_at)
+        unsupported = self.unsupported.known(lease.node_id, lease.provider_id, admitted.endpoint, now)
         if unsupported is not None:
             if not self._try_elsewhere(admitted):
+                admitted.client_fault = True  # the engine does not serve the endpoint asked for
                 self._end(admitted, Outcome.PROVIDER_ERROR, unsupported, quiet=True)  # said once, when remembered
             return
         peer = self._registry.owner_peer(lease.node_id)
@@ -502,6 +522,7 @@ class InferenceGateway:
 
     def _node_lost(self, admitted: _AdmittedRequest) -> None:
         lease = admitted.ticket.lease
+        last_lease = lease
         lost_node = f"node {lease.node_id} provider {lease.provider_id}" if lease is not None else "no provider"
         admitted.trace.attempt_failed(Outcome.NODE_LOST.value, self._clock.seconds())
         self._forget_peer(admitted)
@@ -514,6 +535,7 @@ class InferenceGateway:
         self._admitted.pop(admitted.ticket.inference_id, None)
         self._count(Outcome.NODE_LOST.value)
         self._count_request(admitted.endpoint, Outcome.NODE_LOST.value)
+        self._record_latency(admitted, last_lease, ERROR, None)
         self._write_pending(admitted)
         error = InferenceError(502, "node_lost", "the node running this request was lost", kind="server_error")
         admitted.trace.finish(self._clock.seconds(), error.code, error.status)
@@ -531,8 +553,8 @@ class InferenceGateway:
         ticket = admitted.ticket
         if self._admitted.pop(ticket.inference_id, None) is None:
             return
+        lease = ticket.lease
         if error is not None and outcome in _FAILURES:
-            lease = ticket.lease
             where = f"node {lease.node_id} provider {lease.provider_id}" if lease is not None else "no provider"
             self._log_failure(admitted, error, where, quiet)
             if outcome is Outcome.NODE_SILENT and lease is not None:
@@ -550,6 +572,15 @@ class InferenceGateway:
             self.total_seconds.observe(elapsed)  # metrics
             if not admitted.first_output:
                 self.first_byte_seconds.observe(elapsed)  # metrics: a whole answer is its first byte
+        latency_outcome = _LATENCY_OUTCOMES[outcome]
+        if latency_outcome == ERROR and admitted.client_fault:
+            latency_outcome = CLIENT_ERROR
+        self._record_latency(
+            admitted,
+            lease,
+            latency_outcome,
+            done.usage.completion_tokens if done is not None and done.HasField("usage") else None,
+        )
         if done is not None or error is not None:
             self._write_pending(admitted)  # what arrived before the end goes first
         else:
@@ -558,6 +589,21 @@ class InferenceGateway:
             admitted.sink.complete(done)
         elif error is not None:
             admitted.sink.fail(error)
+
+    def _record_latency(
+        self, admitted: _AdmittedRequest, lease: Optional[Lease], outcome: str, completion_tokens: Optional[int]
+    ) -> None:
+        """The request's figures to the latency recorder, on the provider that held it last."""
+        self._registry.latency.request_ended(
+            admitted.ticket.model,
+            lease.node_id if lease is not None else "",
+            lease.provider_id if lease is not None else "",
+            outcome,
+            admitted.submitted_at,
+            admitted.first_output_at,
+            self._clock.seconds(),
+            completion_tokens,
+        )
 
     def _finish_trace(self, admitted: _AdmittedRequest, outcome: Outcome, error: Optional[InferenceError]) -> None:
         """End the request's trace: its error code (or how it ended) and the status sent."""

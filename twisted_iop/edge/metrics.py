@@ -22,7 +22,6 @@ from twisted_iop.metrics import (
     counter,
     gauge,
     hello_rejections,
-    histogram,
     histograms,
     labelled,
     new_metric_registry,
@@ -32,6 +31,7 @@ from twisted_iop.metrics import (
 if TYPE_CHECKING:
     from twisted_iop.edge.control_plane_link import ControlPlaneLink
     from twisted_iop.edge.inference import InferenceGateway
+    from twisted_iop.edge.latency import LatencyRecorder
     from twisted_iop.edge.node_wire import NodeServerFactory
     from twisted_iop.edge.registry import NodeRegistry
 
@@ -133,9 +133,7 @@ def edge_metrics(service: EdgeParts) -> Iterator[Metric]:
         ["code"],
         [([code], count) for code, count in sorted(inference.retries.items())],
     )
-    yield histogram(
-        "iop_inference_queue_wait_seconds", "Admission (or a retry) to a lease", inference.queue_wait_seconds
-    )
+    yield from _latency_metrics(registry.latency)
     yield from _trace_metrics(inference)
     link = service.link
     yield gauge(
@@ -171,6 +169,41 @@ def _trace_metrics(inference: InferenceGateway) -> Iterator[Metric]:
             ["result"],
             [(["exported"], sink.exported_spans), (["dropped"], sink.dropped_spans), (["failed"], sink.failed_spans)],
         )
+
+
+def _latency_metrics(latency: LatencyRecorder) -> Iterator[Metric]:
+    """The GenAI latency histograms by model, node, provider and outcome, and the queue waits."""
+    labels = ["model", "node", "provider", "outcome"]
+    series = list(latency.series())
+    yield histograms(
+        "gen_ai_server_time_to_first_token_seconds",
+        "Admission to the first streamed token reaching the Edge (streamed answers only)",
+        labels,
+        [(key, figures.ttft) for key, figures in series],
+    )
+    yield histograms(
+        "gen_ai_server_time_per_output_token_seconds",
+        "Time per output token after the first: (end - first token) / (completion tokens - 1), completed requests",
+        labels,
+        [(key, figures.tpot) for key, figures in series],
+    )
+    yield histograms(
+        "gen_ai_server_request_duration_seconds",
+        "Admission to the end of the request",
+        labels,
+        [(key, figures.duration) for key, figures in series],
+    )
+    yield histograms(
+        "iop_inference_queue_wait_seconds",
+        "Admission (or a retry) to a lease, by the provider that granted it",
+        ["model", "node", "provider"],
+        latency.queue_waits(),
+    )
+    yield counter(
+        "iop_inference_latency_dropped_series",
+        "Requests left out of the latency histograms because too many label sets exist",
+        latency.dropped_series,
+    )
 
 
 def _engine_metrics(registry: NodeRegistry) -> Iterator[Metric]:

@@ -41,6 +41,7 @@ from twisted_iop.edge.engine_launch import (
 )
 from twisted_iop.edge.engine_load import EngineLoads, EngineReading
 from twisted_iop.edge.events import EventRelay
+from twisted_iop.edge.latency import LatencyRecorder
 from twisted_iop.edge.ownership import NodeOwnership, Transition, TransitionKind
 from twisted_iop.edge.pool import ProviderPool
 from twisted_iop.edge.tokens import TokenCounter
@@ -131,6 +132,8 @@ class NodeRegistry(Service):
         #: saturated reading goes stale, per (node, provider, which).
         self._timers: dict[tuple[str, str, str], IDelayedCall] = {}
         self.started_at = clock.seconds()
+        #: How fast its requests went (the gateway records, /metrics and the snapshot read).
+        self.latency = LatencyRecorder(self.started_at)
         for node in config.nodes:
             self.pool.configure_node(node.node_id, node.providers)
 

@@ -13,7 +13,8 @@ Rules (see docs/edge-and-node.md):
   now), ``saturated``, tokens (totals, the part of them estimated, and
   completion tokens per second over the last minute) and ``cooling_down``: a provider that cools down and
   reports ``healthy`` shows ``degraded`` with the cool-down's reason;
-  ``launch``, its engine's state when its Node launches it.
+  ``latency``, its requests' TTFT, time per token and duration sketches
+  (``edge/latency.py``), absent before its first request; ``launch``, its engine's state when its Node launches it.
 
 :func:`provider_counters` is the one source of the lease counters, for
 this view and for ``/metrics`` alike.
@@ -109,6 +110,9 @@ class StatusProvider:
             saturated=registry.saturated(node_id, provider_id),
             cooling_down=cooling is not None,
         )
+        latency = registry.latency.provider_latency(node_id, provider_id, now)
+        if latency is not None:
+            snapshot.latency.CopyFrom(latency)
         launch = health.launch if health is not None else None
         if launch is not None:
             snapshot.launch.CopyFrom(launch.to_wire())

@@ -20,6 +20,7 @@ from twisted_iop.controlplane.json_views import (
     node_json,
     row_counts_json,
 )
+from twisted_iop.controlplane.latency_views import edge_latency_json, latency_json, models_json
 from twisted_iop.controlplane.snapshots import StatusSnapshot
 from twisted_iop.wire.status_totals import COUNTS_LEN, EMPTY_COUNTS
 
@@ -68,6 +69,7 @@ def fleet_row_json(row: StatusRow) -> dict[str, Any]:
         "labels": dict(record.hello.labels),
     }
     item.update(row_counts_json(_counts(row)))
+    item["latency"] = edge_latency_json(row.snapshot.parse()) if row.snapshot is not None else latency_json(None)
     return item
 
 
@@ -109,4 +111,5 @@ def snapshot_json(record: EdgeRecord, snapshot: StatusSnapshot, stale: bool) -> 
         "received_at": iso(snapshot.received_at),
         "nodes": [node_json(n) for n in response.nodes],
         "totals": counts_json(snapshot.counts),
+        "models": models_json(response),
     }

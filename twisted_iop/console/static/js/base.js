@@ -145,6 +145,14 @@ export function fractionBar(fraction) {
   return `<span class="meter"><span class="bar" aria-hidden="true"><i style="width:${pct}%"></i></span>${pct}%</span>`;
 }
 
+/** A latency from the views' seconds: "412 ms" below 10 s, "12.4 s" above, "—" for none. */
+export function latencyText(seconds) {
+  if (seconds == null || !Number.isFinite(Number(seconds))) return "—";
+  const value = Number(seconds);
+  if (value >= 10) return `${value.toFixed(1)} s`;
+  return value >= 0.001 ? `${Math.round(value * 1000)} ms` : `${(value * 1000).toFixed(2)} ms`;
+}
+
 /** A rate to one decimal ("37.5"). */
 export function rate(value) {
   return Number(value).toFixed(1);

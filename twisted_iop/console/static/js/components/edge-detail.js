@@ -1,7 +1,9 @@
 // <iop-edge-detail edge-id="...">: one edge's nodes and providers (status,
 // health, general and long-context counters, and beside them what each
 // provider's engine says: requests running / waiting, KV cache use,
-// tokens per second, and "saturated" / "cooling down" badges) from
+// tokens per second, and "saturated" / "cooling down" badges; then its
+// latency over the Edge's last minute: TTFT and TPOT p95, and each model's
+// in the summary line) from
 // GET /edges/{id} and GET /edges/{id}/status. A provider whose engine its
 // Node launches shows that engine's state (starting, loading, ready,
 // draining, stopping, crashed, stopped, failed) with its reason, restarts
@@ -19,7 +21,7 @@
 //         iop-auth-required {code, message}.
 
 import { ApiError, edgePath, isAuthError } from "../api.js";
-import { IopElement, ago, badge, counters, esc, formatTime, fractionBar, rate } from "../base.js";
+import { IopElement, ago, badge, counters, esc, formatTime, fractionBar, latencyText, rate } from "../base.js";
 
 const CSS = `
 .meta { display: flex; gap: 14px; flex-wrap: wrap; font-size: 12.5px; color: var(--_muted); margin-bottom: 6px; }
@@ -27,10 +29,11 @@ const CSS = `
 .stale { background: var(--_warn-bg); color: var(--_warn); border-radius: 8px; padding: 6px 10px; margin: 6px 0; }
 tr.node td { background: color-mix(in srgb, var(--_border) 30%, transparent); font-weight: 600; }
 tr.node td .muted { font-weight: 400; }
-.group { text-align: center; border-bottom: none; padding-bottom: 0; }
+.group { text-align: center; border-bottom: none; padding-bottom: 0; white-space: normal; }
 table[data-stale="true"] tbody { opacity: .72; }
 .reason { overflow-wrap: anywhere; }
-td:first-child { min-width: 10em; overflow-wrap: anywhere; }
+td:first-child { min-width: 9em; overflow-wrap: anywhere; }
+td .bar { width: 32px; }
 button.link { background: none; border: none; padding: 0; color: var(--_accent); font-weight: 500; font-size: 12px; text-decoration: underline; }
 .logs { margin-top: 10px; border: 1px solid var(--_border); border-radius: 8px; padding: 8px 10px; background: var(--_bg); }
 .logs[hidden] { display: none; }
@@ -40,7 +43,7 @@ button.link { background: none; border: none; padding: 0; color: var(--_accent);
 `;
 
 /** Columns of the provider table (a node row spans them). */
-const COLUMNS = 12;
+const COLUMNS = 11;
 /** How much of an engine's last output the "last lines" button asks for (bytes). */
 const LOG_BYTES = 16000;
 
@@ -76,6 +79,26 @@ function engineCells(p) {
   const kv = e && e.kv_cache_usage != null ? fractionBar(e.kv_cache_usage) : `<span class="muted">—</span>`;
   return `<td class="num"${age}>${load}</td><td class="num" data-kv-cache>${kv}</td>
     <td class="num" data-tokens-per-second>${p.tokens_per_second == null ? "—" : esc(rate(p.tokens_per_second))}</td>`;
+}
+
+/** The latency cells of one provider: TTFT and TPOT p95 over the Edge's last minute ("—" without requests). */
+function latencyCells(p) {
+  const l = p.latency || {};
+  const tip = (what, p50) =>
+    l.requests ? ` title="${esc(`p50 ${latencyText(p50)}; ${l.requests} requests, ${l.errors} errors in ${l.window_seconds} s`)}"` : "";
+  return `<td class="num" data-ttft-p95${tip("ttft", l.ttft_p50_seconds)}>${esc(latencyText(l.ttft_p95_seconds))}</td>
+    <td class="num" data-tpot-p95${tip("tpot", l.tpot_p50_seconds)}>${esc(latencyText(l.tpot_p95_seconds))}</td>`;
+}
+
+/** Each model's TTFT and TPOT p95 (its providers merged), for the summary line; "" without requests. */
+function latencySummary(models) {
+  return Object.entries(models || {})
+    .filter(([, m]) => m?.latency?.requests)
+    .map(
+      ([name, m]) => `<span data-model-latency="${esc(name)}">${esc(name)} TTFT p95 <b>${esc(latencyText(m.latency.ttft_p95_seconds))}</b>,
+        TPOT p95 <b>${esc(latencyText(m.latency.tpot_p95_seconds))}</b>, <b>${esc(Number(m.latency.requests_per_second).toFixed(1))}</b> req/s</span>`,
+    )
+    .join("");
 }
 
 /** What the providers' engines say in all: running / waiting (of those with a reading) and tokens/s. */
@@ -216,14 +239,15 @@ export class IopEdgeDetail extends IopElement {
           .map(
             (p) => `<tr data-provider="${esc(p.provider_id)}" data-status="${esc(p.status)}" data-health="${esc(p.health)}"
                 data-saturated="${Boolean(p.saturated)}" data-cooling-down="${Boolean(p.cooling_down)}">
-              <td>${esc(p.provider_id)} <span class="muted small">${esc(p.kind)}</span></td>
-              <td class="small">${esc((p.models || []).join(", ")) || "—"}</td>
+              <td>${esc(p.provider_id)} <span class="muted small">${esc(p.kind)}</span>
+                <div class="small muted" data-models>${esc((p.models || []).join(", ")) || "no models"}</div></td>
               <td>${badge(p.status)}${flagBadges(p)}</td>
               <td title="${esc(p.health_reason || "")}">${badge(p.health)}${p.health_reason ? ` <span class="small muted reason">${esc(p.health_reason)}</span>` : ""}</td>
               ${launchCell(node.node_id, p)}
-              <td class="num">${counters(p.general)}</td><td class="num">${p.general?.queued ?? 0}</td>
-              <td class="num">${counters(p.long_context)}</td><td class="num">${p.long_context?.queued ?? 0}</td>
+              <td class="num" data-general>${counters(p.general)}<div class="small muted" data-queued>${p.general?.queued ?? 0} queued</div></td>
+              <td class="num" data-long-context>${counters(p.long_context)}<div class="small muted" data-queued>${p.long_context?.queued ?? 0} queued</div></td>
               ${engineCells(p)}
+              ${latencyCells(p)}
             </tr>`,
           )
           .join("");
@@ -239,7 +263,8 @@ export class IopEdgeDetail extends IopElement {
          <span>providers <b>${totals.providers}</b></span>
          <span>general <b>${totals.general?.in_flight ?? 0}/${totals.general?.capacity ?? 0}</b> in flight, <b>${totals.general?.queued ?? 0}</b> queued</span>
          <span>long-context <b>${totals.long_context?.in_flight ?? 0}/${totals.long_context?.capacity ?? 0}</b> in flight, <b>${totals.long_context?.queued ?? 0}</b> queued</span>
-         ${engineSummary(nodes)}`
+         ${engineSummary(nodes)}
+         ${latencySummary(snapshot?.models)}`
       : "";
     this.root.querySelector("[data-body]").innerHTML = `
       <div class="meta">
@@ -253,11 +278,14 @@ export class IopEdgeDetail extends IopElement {
       <div class="scroll">
       <table aria-label="Nodes and providers of ${esc(edge.edge_id)}" data-stale="${stale}">
         <thead>
-          <tr><th rowspan="2">Node / provider</th><th rowspan="2">Models</th><th rowspan="2">Status</th><th rowspan="2">Health</th>
+          <tr><th rowspan="2">Node / provider · models</th><th rowspan="2">Status</th><th rowspan="2">Health</th>
               <th rowspan="2" title="the engine's lifecycle when its node launches it">Launch</th>
-              <th colspan="2" class="group">General</th><th colspan="2" class="group">Long context</th><th colspan="3" class="group">Engine</th></tr>
-          <tr><th class="num">in flight / cap</th><th class="num">queued</th><th class="num">in flight / cap</th><th class="num">queued</th>
-              <th class="num" title="requests the engine is running / waiting inside it">running / waiting</th><th class="num">KV cache</th><th class="num">tokens/s</th></tr>
+              <th class="group">General</th><th class="group">Long context</th><th colspan="3" class="group">Engine</th>
+              <th colspan="2" class="group" title="over the Edge's last minute, within 2 % (docs/latency.md)">Latency</th></tr>
+          <tr><th class="num" title="leases in flight / capacity, and requests queued">in flight</th>
+              <th class="num" title="leases in flight / capacity, and requests queued">in flight</th>
+              <th class="num" title="requests the engine is running / waiting inside it">run / wait</th><th class="num">KV cache</th><th class="num">tokens/s</th>
+              <th class="num" title="time to first token, 95th percentile">TTFT p95</th><th class="num" title="time per output token after the first, 95th percentile">TPOT p95</th></tr>
         </thead>
         <tbody>${rows || `<tr><td colspan="${COLUMNS}" class="empty">${snapshot ? "No nodes are configured." : "No snapshot to show."}</td></tr>`}</tbody>
       </table></div>`;

@@ -18,11 +18,11 @@
 //         iop-auth-required {code, message}.
 
 import { ApiError } from "../api.js";
-import { IopElement, badge, counters, esc, formatTime } from "../base.js";
+import { IopElement, badge, counters, esc, formatTime, latencyText } from "../base.js";
 import { STATE_CHOICES, TROUBLE_WORDS, fleetQuery, rowMatches, sortRows, troubleRank, windowOf } from "../fleet-rows.js";
 
 /** Height of one row, gap included (px); every row has it, so the window is arithmetic. */
-export const ROW_HEIGHT = 74;
+export const ROW_HEIGHT = 94;
 /** Rows asked per page of /fleet/status (the server's largest page is 10,000). */
 export const PAGE_LIMIT = 1000;
 /** Pages followed at most per load (a bound on memory: 100,000 rows). */
@@ -42,12 +42,14 @@ ul { list-style: none; margin: 0; padding: 0; position: relative; }
 li { position: absolute; left: 0; right: 0; height: ${ROW_HEIGHT - 6}px; }
 li.empty { position: static; height: auto; }
 li button { width: 100%; height: 100%; text-align: left; background: var(--_bg); color: var(--_fg); border: 1px solid var(--_border);
-  border-radius: 9px; padding: 6px 10px; display: grid; grid-template-columns: minmax(0, 1fr) auto; grid-template-rows: 20px 18px 18px;
+  border-radius: 9px; padding: 6px 10px; display: grid; grid-template-columns: minmax(0, 1fr) auto; grid-template-rows: 20px 18px 18px 18px;
   gap: 0 8px; font-weight: 400; overflow: hidden; }
 li button:hover { border-color: var(--_accent); }
 li button[aria-current="true"] { border-color: var(--_accent); box-shadow: inset 3px 0 0 var(--_accent); }
 .name { font-weight: 600; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
-.sub { grid-column: 1 / -1; font-size: 12px; color: var(--_muted); display: flex; gap: 12px; white-space: nowrap; overflow: hidden; }
+.sub { grid-column: 1 / -1; font-size: 12px; color: var(--_muted); display: flex; gap: 10px; white-space: nowrap; overflow: hidden; }
+.sub > span { flex: none; }
+.sub .bar { width: 36px; }
 .totals { display: grid; grid-template-columns: repeat(2, minmax(0, 1fr)); gap: 6px; margin-bottom: 10px; }
 .stat { background: var(--_bg); border: 1px solid var(--_border); border-radius: 8px; padding: 6px 8px; }
 .stale, .reason { grid-column: 1 / -1; font-size: 12px; white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
@@ -302,6 +304,17 @@ export function rowReason(row) {
   return String(error.message || error.code || "");
 }
 
+/** A row's latency line: TTFT and TPOT p95 and requests per second over the Edge's last minute. */
+function latencyLine(latency) {
+  const l = latency || {};
+  if (!l.requests) return `<span class="sub" data-latency title="no request ended in the Edge's last minute">TTFT p95 —</span>`;
+  return `<span class="sub" data-latency title="${esc(`${l.requests} requests, ${l.errors} errors in ${l.window_seconds} s`)}"><span>TTFT p95 ${esc(
+    latencyText(l.ttft_p95_seconds),
+  )}</span><span>TPOT p95 ${esc(latencyText(l.tpot_p95_seconds))}</span><span>${esc(
+    Number(l.requests_per_second).toFixed(1),
+  )} req/s</span></span>`;
+}
+
 function rowHtml(row, index, size, selected) {
   const state = row.connected ? String(row.state || "unknown") : "disconnected";
   const [word, label, tone] = ROW_STATES[state] || [state, state, "warn"];
@@ -320,9 +333,10 @@ function rowHtml(row, index, size, selected) {
       aria-label="Edge ${esc(row.edge_id)}, ${esc(label)}${trouble && trouble !== label ? `, ${esc(trouble)}` : ""}">
     <span class="name"><span class="dot ${tone}" aria-hidden="true"></span>${esc(row.edge_id)}</span>
     ${badge(word, label)}
-    <span class="sub"><span>nodes ${row.nodes_connected ?? 0}/${row.nodes_configured ?? 0}</span>
+    <span class="sub"><span title="nodes connected / configured">nodes ${row.nodes_connected ?? 0}/${row.nodes_configured ?? 0}</span>
       <span>providers ${row.providers ?? 0}</span>
-      <span>general ${counters(row.general)}</span></span>
+      <span title="general leases in flight / capacity">${counters(row.general)}</span></span>
+    ${latencyLine(row.latency)}
     ${note}
   </button></li>`;
 }

@@ -40,6 +40,7 @@ from twisted_iop.controlplane.history.settings import HistorySettings, parse_his
 from twisted_iop.controlplane.http_settings import HttpSettings
 from twisted_iop.controlplane.memory import RegistryLimits
 from twisted_iop.controlplane.rollouts import RolloutSettings
+from twisted_iop.controlplane.slo.settings import SloSettings, parse_slos
 from twisted_iop.controlplane.store.settings import StoreSettings, parse_store
 from twisted_iop.endpoints import is_loopback_listen, is_tls_listen
 from twisted_iop.http_site import SiteLimits
@@ -103,6 +104,8 @@ class ControlPlaneConfig:
     store: StoreSettings = attrs.field(factory=StoreSettings)
     #: Capacity history: interval, tiers and bounds (``history``).
     history: HistorySettings = HistorySettings()
+    #: SLOs: the evaluation interval, bounds and declared objectives (``slos``).
+    slos: SloSettings = SloSettings()
 
 
 def load_config(path: Optional[str], environ: Mapping[str, str] = os.environ) -> ControlPlaneConfig:
@@ -134,6 +137,7 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
             "logging",
             "store",
             "history",
+            "slos",
         }
     )
     notices: list[str] = []
@@ -314,6 +318,7 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
             parse_store(root.section("store"), environ, cluster.backend), history_max_bytes=history.max_bytes
         ),
         history=history,
+        slos=parse_slos(root.section("slos")),
     )
 
 

@@ -216,7 +216,11 @@ class SloService(Service):
             return
         now = self._clock.seconds()
         last = self._gateway.last_round
-        if last is not None and now - last.finished_at <= self.settings.interval_seconds:
+        if (
+            last is not None
+            and last.finished_at > self._last_look_at
+            and now - last.finished_at <= self.settings.interval_seconds
+        ):
             self.evaluate(now)
             return
         if self._gateway.stopping:
@@ -236,6 +240,7 @@ class SloService(Service):
 
     def evaluate(self, now: float) -> list[AlertChange]:
         """Take every new snapshot's deltas, evaluate every SLO, record the alerts' changes."""
+        self._last_look_at = self._clock.seconds()
         metrics = {s.spec.metric for s in self._slos.values()} & set(LATENCY_METRICS)
         for record in list(self._registry.edges()):
             snapshot = record.snapshot

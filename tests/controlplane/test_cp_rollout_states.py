@@ -56,6 +56,7 @@ class RolloutMachine(RuleBasedStateMachine):
         any_failure=st.booleans(),
         disconnected=st.sampled_from([rs.WAIT, rs.SKIP]),
         down=st.sets(st.integers(0, 24)),
+        latency=st.booleans(),
     )
     def start(
         self,
@@ -70,6 +71,7 @@ class RolloutMachine(RuleBasedStateMachine):
         any_failure: bool,
         disconnected: str,
         down: set[int],
+        latency: bool,
     ) -> None:
         """A rollout over ``count`` edges, some of them down, started."""
         strategy = rs.Strategy(
@@ -79,7 +81,8 @@ class RolloutMachine(RuleBasedStateMachine):
             pause_seconds=pause,
             increase_factor=factor,
         )
-        abort = rs.AbortCriteria(failure_percent, min_executed, any_failure)
+        criterion = rs.LatencyCriterion("ttft_p95", 20.0, 10, watch_seconds=5.0) if latency else None
+        abort = rs.AbortCriteria(failure_percent, min_executed, any_failure, criterion)
         self.rollout = _rollout(count, strategy, abort, disconnected)
         self.now = 1000.0
         self.connected = {t for i, t in enumerate(self.rollout.targets) if i not in down}
@@ -132,6 +135,24 @@ class RolloutMachine(RuleBasedStateMachine):
         if going:
             assert not met_before
             assert (self.rollout.state == rs.ABORTED) == self._criteria_met()
+        self._step()
+
+    @precondition(lambda self: bool(self.rollout.watching))
+    @rule(index=st.integers(0, 100), after=st.sampled_from([0.05, 0.1, 0.119, 0.121, 0.5]))
+    def judge(self, index: int, after: float) -> None:
+        """A watched execution's latency is read (before 0.1 s): the rollout
+        aborts exactly when the rise is over 20 %, else the watch ends."""
+        watched = sorted(self.rollout.watching)
+        edge_id = watched[index % len(watched)]
+        going = self.rollout.state in (rs.RUNNING, rs.PAUSED)
+        batch = self.rollout.batch_number
+        self.rollout.latency_judged(edge_id, 0.1, after, self.now)
+        assert edge_id not in self.rollout.watching
+        if going:
+            assert (self.rollout.state == rs.ABORTED) == (after > 0.12)
+        if self.rollout.state == rs.ABORTED and going:
+            assert edge_id in (self.rollout.reason or "") and "100.0 ms" in (self.rollout.reason or "")
+        assert self.rollout.batch_number == batch
         self._step()
 
     @rule()
@@ -187,6 +208,13 @@ class RolloutMachine(RuleBasedStateMachine):
         assert rollout.counts[rs.IN_FLIGHT] == len(self.in_flight)
         if rollout.ended:
             assert rollout.counts[rs.PENDING] == rollout.counts[rs.WAITING] == 0
+            assert not rollout.watching
+        # Only succeeded executions are watched, and only with a latency criterion;
+        # while one is watched, its batch is not done.
+        assert all(rollout.executions[e].state == rs.SUCCEEDED for e in rollout.watching)
+        assert not rollout.watching or rollout.abort.latency is not None
+        if rollout.watching:
+            assert rollout.next_batch_at is None
         assert 0.0 <= rollout.progress <= 1.0
 
     def teardown(self) -> None:

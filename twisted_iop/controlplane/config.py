@@ -324,13 +324,16 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
 
 def parse_rollouts(section: Section) -> RolloutSettings:
     """``rollouts``: how many are kept, how many targets each, and request defaults."""
-    section.reject_unknown({"max_kept", "max_targets", "max_in_flight", "wait_seconds", "max_dispatch_per_second"})
+    section.reject_unknown(
+        {"max_kept", "max_targets", "max_in_flight", "wait_seconds", "max_dispatch_per_second", "latency_poll_seconds"}
+    )
     return RolloutSettings(
         max_kept=section.integer("max_kept", 100, minimum=1, maximum=100_000),
         max_targets=section.integer("max_targets", 20_000, minimum=1, maximum=1_000_000),
         default_max_in_flight=section.integer("max_in_flight", 50, minimum=1, maximum=10_000),
         default_wait_seconds=section.number("wait_seconds", 300.0, minimum=0.0, exclusive_minimum=False),
         max_dispatch_per_second=section.number("max_dispatch_per_second", 1000.0, minimum=0.0, exclusive_minimum=False),
+        latency_poll_seconds=section.number("latency_poll_seconds", 5.0),
     )
 
 

@@ -45,6 +45,12 @@ class LatencyFeed:
         self.duration = LatencySketch()
         self.requests_total = 0
         self.errors_total = 0
+        #: The recent window: what ended since :meth:`new_window`.
+        self.recent = (LatencySketch(), LatencySketch(), LatencySketch())
+
+    def new_window(self) -> None:
+        """Begin a new recent window (what the snapshot's ``*_recent`` sketches hold)."""
+        self.recent = (LatencySketch(), LatencySketch(), LatencySketch())
 
     def requests(
         self,
@@ -56,12 +62,15 @@ class LatencyFeed:
         """Requests that ended: each one's TTFT, time per token (by default a
         tenth of its TTFT) and duration (by default twice its TTFT), and
         ``errors`` more that failed before a first token."""
-        for seconds in ttft:
-            self.ttft.observe(seconds)
-        for seconds in tpot if tpot is not None else [t / 10 for t in ttft]:
-            self.tpot.observe(seconds)
-        for seconds in duration if duration is not None else [t * 2 for t in ttft]:
-            self.duration.observe(seconds)
+        figures = (
+            ttft,
+            tpot if tpot is not None else [t / 10 for t in ttft],
+            duration if duration is not None else [t * 2 for t in ttft],
+        )
+        for total, recent, values in zip((self.ttft, self.tpot, self.duration), self.recent, figures, strict=True):
+            for seconds in values:
+                total.observe(seconds)
+                recent.observe(seconds)
         self.requests_total += max(len(ttft), len(duration or ())) + errors
         self.errors_total += errors
 
@@ -70,10 +79,16 @@ class LatencyFeed:
         self.counting_since_ms = counting_since_ms
         self.ttft, self.tpot, self.duration = LatencySketch(), LatencySketch(), LatencySketch()
         self.requests_total = self.errors_total = 0
+        self.new_window()
 
     def message(self) -> pb.ProviderLatency:
-        """The provider's ``ProviderLatency`` now (no recent window)."""
+        """The provider's ``ProviderLatency`` now."""
+        ttft, tpot, duration = self.recent
         return pb.ProviderLatency(
+            ttft_recent=sketch_message(ttft),
+            tpot_recent=sketch_message(tpot),
+            duration_recent=sketch_message(duration),
+            requests_recent=ttft.count,
             ttft_total=sketch_message(self.ttft),
             tpot_total=sketch_message(self.tpot),
             duration_total=sketch_message(self.duration),

@@ -142,3 +142,54 @@ class ProviderReadings:
         for key in gone:
             del self._last[key]
         return len(gone)
+
+
+# -- an edge's figure, for a rollout's latency criterion -------------------------------------
+
+#: The recent-window sketch field of each latency metric.
+RECENT_FIELDS = {TTFT: "ttft_recent", TPOT: "tpot_recent", DURATION: "duration_recent"}
+
+ProviderKey = tuple[str, str]
+
+
+def recent_sketch(response: pb.EdgeStatusResponse, metric: str) -> LatencySketch:
+    """The edge's recent window of ``metric``, every provider merged (those that do not check left out)."""
+    total = LatencySketch()
+    for node in response.nodes:
+        for provider in node.providers:
+            if provider.HasField("latency"):
+                try:
+                    total.merge(sketch_of(getattr(provider.latency, RECENT_FIELDS[metric])))
+                except ValueError:
+                    continue
+    return total
+
+
+def cumulative_readings(response: pb.EdgeStatusResponse, metric: str) -> dict[ProviderKey, Reading]:
+    """Each provider's cumulative reading of ``metric`` (those that do not check left out)."""
+    readings: dict[ProviderKey, Reading] = {}
+    for node in response.nodes:
+        for provider in node.providers:
+            if provider.HasField("latency"):
+                try:
+                    readings[(node.node_id, provider.provider_id)] = reading_of(provider.latency, (metric,))
+                except ValueError:
+                    continue
+    return readings
+
+
+def observed_since(baseline: dict[ProviderKey, Reading], now: dict[ProviderKey, Reading], metric: str) -> LatencySketch:
+    """What the edge's providers observed of ``metric`` between two sets of
+    readings, merged: a provider new since, or restarted (new
+    ``counting_since_ms``), counts whole."""
+    total = LatencySketch()
+    for key, reading in now.items():
+        sketch = reading.sketches[metric]
+        before = baseline.get(key)
+        since = None
+        if before is not None and before.counting_since_ms == reading.counting_since_ms:
+            since = sketch.minus(before.sketches[metric])
+            if since is None:
+                continue  # not contained in the last reading: left out, never negative
+        total.merge(sketch if since is None else since)
+    return total

@@ -14,7 +14,7 @@ import pytest_twisted
 import treq
 
 from twisted_iop.testing.harness import ControlPlaneHarness, contract_validator, eventually, start_control_plane
-from twisted_iop.testing.latency import LatencyFeed, latency_snapshot
+from twisted_iop.testing.latency import LatencyEngine
 from twisted_iop.testing.peers import ScriptedEdge, connect_edge
 from twisted_iop.wire import control_pb2 as pb
 
@@ -45,25 +45,10 @@ def _valid(schema: str, body: Any) -> Any:
     return body
 
 
-class Engine:
-    """An engine at a set time to first token, run ``per_answer`` times between two status answers."""
-
-    def __init__(self, ttft: float, per_answer: int = 20) -> None:
-        self.ttft = ttft
-        self.per_answer = per_answer
-        self.feed = LatencyFeed()
-
-    def status(self, edge: ScriptedEdge) -> pb.EdgeStatusResponse:
-        """The next status answer: the requests run since the last one are in its figures."""
-        self.feed.new_window()
-        self.feed.requests(ttft=[self.ttft] * self.per_answer)
-        return latency_snapshot(edge.edge_id, {"mock-1": self.feed})
-
-
-async def _edge(cp: ControlPlaneHarness, edge_id: str, region: str, engine: Engine) -> ScriptedEdge:
+async def _edge(cp: ControlPlaneHarness, edge_id: str, region: str, engine: LatencyEngine) -> ScriptedEdge:
     edge, answer = await connect_edge(cp.edge_wire_port, edge_id, labels={"region": region})
     assert answer is not None and answer.accepted
-    edge.status = lambda: engine.status(edge)
+    edge.status = lambda: engine.status(edge_id)
     return edge
 
 
@@ -82,11 +67,11 @@ async def test_a_missed_objective_fires_the_fast_burn_alert_and_resolves_when_me
     """An engine at 1 s against a 0.5 s p95 objective fires the page within its
     short window (slo.alert.firing, /metrics says 1); back at 0.1 s it resolves."""
     cp = await start_control_plane(config_text=SLO_CONFIG)
-    engine = Engine(ttft=0.1)
+    engine = LatencyEngine(ttft=0.1)
     edges: list[ScriptedEdge] = []
     try:
         edges.append(await _edge(cp, "edge-eu-1", "eu", engine))
-        edges.append(await _edge(cp, "edge-us-1", "us", Engine(ttft=5.0)))  # never counts: region=us
+        edges.append(await _edge(cp, "edge-us-1", "us", LatencyEngine(ttft=5.0)))  # never counts: region=us
 
         async def counted() -> bool:
             return int((await _slo(cp))["requests"]) >= 100
@@ -130,7 +115,7 @@ async def test_a_rollout_whose_command_makes_latency_worse_aborts_by_its_latency
     aborts naming the edge and both figures; on edge-same the same rollout
     succeeds, its figures before and after alike."""
     cp = await start_control_plane(config_text=SLO_CONFIG)
-    slow, same = Engine(ttft=0.1), Engine(ttft=0.1)
+    slow, same = LatencyEngine(ttft=0.1), LatencyEngine(ttft=0.1)
     edges: list[ScriptedEdge] = []
     try:
         slow_edge = await _edge(cp, "edge-slow", "slow", slow)

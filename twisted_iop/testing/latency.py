@@ -117,3 +117,20 @@ def latency_snapshot(
         )
         provider.latency.CopyFrom(feed.message())
     return response
+
+
+class LatencyEngine:
+    """An engine at a set time to first token behind one provider (``mock-1``)
+    of a scripted edge: each status answer adds the ``per_answer`` requests
+    it ran since the last one (its recent window is just those)."""
+
+    def __init__(self, ttft: float, per_answer: int = 20) -> None:
+        self.ttft = ttft
+        self.per_answer = per_answer
+        self.feed = LatencyFeed()
+
+    def status(self, edge_id: str) -> pb.EdgeStatusResponse:
+        """The next status answer of ``edge_id``."""
+        self.feed.new_window()
+        self.feed.requests(ttft=[self.ttft] * self.per_answer)
+        return latency_snapshot(edge_id, {"mock-1": self.feed})

@@ -176,7 +176,13 @@ class SloService(Service):
         if self._slos:
             self._log.info("SLOs: {count} kept", count=len(self._slos))
         self.persist(force=True)
-        self._start_timer()
+        # With a reactor, once it runs (a wiring test's MemoryReactor never
+        # runs and has no clock); a bare clock, now.
+        when_running = getattr(self._clock, "callWhenRunning", None)
+        if when_running is not None:
+            when_running(self._start_timer)
+        else:
+            self._start_timer()
 
     def _restore_failed(self, failure: Failure) -> None:
         self._log.error("SLOs: the kept SLOs could not be read: {error}", error=failure.getErrorMessage())

@@ -92,15 +92,18 @@ NEWS_TYPES = {"feature", "bugfix", "removal", "doc", "misc"}
 
 
 def test_every_news_fragment_has_an_issue_and_a_known_type() -> None:
-    """Each file in newsfragments/ is ``ISSUE.TYPE.md`` with a type the
-    changelog's configuration declares, and says something."""
+    """Each file in newsfragments/ is ``ISSUE.TYPE.md`` (or towncrier's
+    ``ISSUE.TYPE.N.md`` for a further fragment of one issue and type) with a
+    type the changelog's configuration declares, and says something."""
     declared = set(re.findall(r'directory = "(\w+)"\nname', (ROOT / "pyproject.toml").read_text()))
     assert declared == NEWS_TYPES
     fragments = [p for p in (ROOT / "newsfragments").iterdir() if p.name != ".gitignore"]
     assert fragments, "the unreleased changes have their fragments"
     for fragment in fragments:
         issue, kind, suffix = fragment.name.split(".", 2)
-        assert issue.isdigit() and kind in NEWS_TYPES and suffix == "md", fragment.name
+        counter = suffix[: -len(".md")] if suffix.endswith(".md") else ""
+        assert issue.isdigit() and kind in NEWS_TYPES, fragment.name
+        assert suffix == "md" or counter.isdigit(), fragment.name
         assert fragment.read_text().strip(), f"{fragment.name} is empty"
 
 

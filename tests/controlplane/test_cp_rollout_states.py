@@ -11,6 +11,7 @@ and every target has exactly one terminal execution state.
 
 from __future__ import annotations
 
+import json
 from typing import Optional
 
 import pytest
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from twisted_iop.controlplane import rollout_states as rs
+from twisted_iop.controlplane import stored_forms
 
 
 def _rollout(targets: int, strategy: rs.Strategy, abort: rs.AbortCriteria, disconnected: str = rs.WAIT) -> rs.Rollout:
@@ -338,3 +340,65 @@ def test_step_dispatches_at_most_its_limit_and_the_rest_later() -> None:
     for edge_id in first + second + rest:
         rollout.execution_ended(edge_id, rs.SUCCEEDED, "", 0.0)
     assert rollout.state == rs.SUCCEEDED
+
+
+LATENCY = rs.LatencyCriterion("ttft_p95", 20.0, 50, watch_seconds=30.0)
+
+
+def test_a_latency_watch_holds_the_batch_and_a_rise_aborts_naming_both_figures() -> None:
+    """With abort.latency, a succeeded execution is watched: the next batch
+    waits for its verdict; a fine one lets the rollout go on, a rise over
+    20 % aborts with the edge and both figures, cancelling the rest."""
+    rollout = _rollout(3, rs.Strategy(batch_size=1), rs.AbortCriteria(latency=LATENCY))
+    rollout.start(0.0)
+    (first,) = rollout.step(0.0, lambda _: True)
+    rollout.latency_read_before(first, 0.1)
+    rollout.execution_ended(first, rs.SUCCEEDED, "", 1.0)
+    assert rollout.watching == {first: 31.0} and rollout.step(2.0, lambda _: True) == []
+    assert rollout.next_wake() == 31.0
+    rollout.latency_judged(first, 0.1, 0.115, 3.0)
+    (second,) = rollout.step(3.0, lambda _: True)
+    rollout.execution_ended(second, rs.SUCCEEDED, "", 4.0)
+    rollout.latency_judged(second, 0.1, 0.3, 5.0)
+    assert rollout.state == rs.ABORTED and rollout.settled
+    assert rollout.reason == (
+        f"edge {second}: ttft_p95 rose from 100.0 ms to 300.0 ms (+200% > abort.latency.max_increase_percent 20%)"
+    )
+    assert rollout.counts[rs.CANCELLED] == 1 and not rollout.watching
+    assert (rollout.executions[second].latency_before, rollout.executions[second].latency_after) == (0.1, 0.3)
+
+
+def test_a_watch_without_a_verdict_passes_when_its_time_runs_out_or_no_figure_was_before() -> None:
+    """Too few requests within watch_seconds, or no figure before, end the
+    watch without a verdict (an event says so) and the rollout succeeds."""
+    rollout = _rollout(2, rs.Strategy(), rs.AbortCriteria(latency=LATENCY))
+    rollout.start(0.0)
+    one, two = rollout.step(0.0, lambda _: True)
+    rollout.execution_ended(one, rs.SUCCEEDED, "", 1.0)
+    rollout.execution_ended(two, rs.SUCCEEDED, "", 1.0)
+    rollout.latency_judged(two, None, 0.5, 2.0)
+    assert rollout.state == rs.RUNNING and list(rollout.watching) == [one]
+    rollout.take_notices()
+    rollout.step(31.0, lambda _: True)
+    assert rollout.state == rs.SUCCEEDED
+    kinds = [n.kind for n in rollout.take_notices()]
+    assert kinds.count("rollout.latency_unjudged") == 1 and "rollout.succeeded" in kinds
+
+
+def test_a_rollout_with_a_latency_criterion_and_watches_round_trips_its_stored_form() -> None:
+    """The stored form keeps the criterion, the watches and the figures; an
+    older stored execution (without figures) still reads."""
+    rollout = _rollout(2, rs.Strategy(), rs.AbortCriteria(latency=LATENCY))
+    rollout.start(0.0)
+    one, _ = rollout.step(0.0, lambda _: True)
+    rollout.latency_read_before(one, 0.1)
+    rollout.execution_ended(one, rs.SUCCEEDED, "", 1.0)
+    value = stored_forms.rollout_dict(rollout)
+    back = stored_forms.rollout_from(json.loads(json.dumps(value)))
+    assert back.abort == rollout.abort and back.watching == rollout.watching
+    assert back.executions[one].latency_before == 0.1
+    value["executions"] = [row[:7] for row in value["executions"]]
+    assert stored_forms.rollout_from(value).executions[one].latency_before is None
+    value["abort"]["latency"]["metric"] = "p50"
+    with pytest.raises(ValueError, match="bad latency metric"):
+        stored_forms.rollout_from(value)

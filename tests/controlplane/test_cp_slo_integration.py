@@ -8,6 +8,7 @@ against the OpenAPI document.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest_twisted
@@ -167,4 +168,42 @@ async def test_a_rollout_whose_command_makes_latency_worse_aborts_by_its_latency
     finally:
         for edge in edges:
             edge.tcp.loseConnection()
+        await cp.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_slo_and_its_counts_survive_a_restart_in_the_sqlite_file(tmp_path: Path) -> None:
+    """An SLO put over the API, with the counts and the firing page it had,
+    is read back from the SQLite file by the next Control Plane; a deleted
+    one stays deleted."""
+    store = f"store: {{backend: sqlite, path: {tmp_path / 'cp.sqlite'}, flush_interval_seconds: 0.05}}\n"
+    config = store + "slos:\n  interval_seconds: 0.1\n  persist_seconds: 0.2\nstatus:\n  fleet_max_age_seconds: 0.05\n"
+    body = {"metric": "ttft", "percentile": 95, "objective_seconds": 0.5, "model": "llama-3-8b", "window": "1h"}
+    cp = await start_control_plane(config_text=config)
+    edge = await _edge(cp, "edge-1", "eu", LatencyEngine(ttft=2.0))
+    try:
+        for name in ("kept", "dropped"):
+            response = await treq.put(cp.http_url + f"/slos/{name}", json=body)
+            assert response.code == 201, await response.text()
+
+        async def firing() -> bool:
+            code, slo = await cp.get_json("/slos/kept")
+            return code == 200 and _alert(slo, "page") == "firing"
+
+        await eventually(firing, timeout=10, interval=0.05, message="the page fires")
+        response = await treq.delete(cp.http_url + "/slos/dropped")
+        assert response.code == 200
+    finally:
+        edge.tcp.loseConnection()
+        await cp.stop()
+    cp = await start_control_plane(config_text=config)
+    try:
+        code, listed = await cp.get_json("/slos")
+        assert code == 200
+        assert [s["name"] for s in _valid("SloList", listed)["items"]] == ["kept"]
+        kept = listed["items"][0]
+        assert kept["spec"] == {**body, "edge_selector": ""}
+        assert kept["requests"] > 0 and kept["bad_requests"] == kept["requests"]
+        assert _alert(kept, "page") == "firing"
+    finally:
         await cp.stop()

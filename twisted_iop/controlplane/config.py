@@ -53,6 +53,9 @@ DEFAULT_HTTP_LISTEN = "tcp:8080:interface=127.0.0.1"
 DEFAULT_WIRE_LISTEN = "tcp:8081:interface=127.0.0.1"
 DEFAULT_EDGE_WIRE_LISTEN = "tcp:7443:interface=127.0.0.1"
 
+#: The HTTP methods the Control Plane's site lets through (PUT and DELETE: ``/slos/{name}``).
+HTTP_METHODS = frozenset({b"GET", b"HEAD", b"POST", b"PUT", b"DELETE"})
+
 #: Environment variables that override the listen addresses.
 ENV_HTTP_LISTEN = "IOP_HTTP_LISTEN"
 ENV_WIRE_LISTEN = "IOP_WIRE_LISTEN"
@@ -73,7 +76,7 @@ class ControlPlaneConfig:
     wire_listen: str = DEFAULT_WIRE_LISTEN
     edge_wire_listen: str = DEFAULT_EDGE_WIRE_LISTEN
     http: HttpSettings = HttpSettings()
-    http_site: SiteLimits = SiteLimits()
+    http_site: SiteLimits = SiteLimits(methods=HTTP_METHODS)
     #: One access-log line per HTTP request (``http.access_log``).
     http_access_log: bool = True
     client_wire: ClientWireSettings = ClientWireSettings()
@@ -235,6 +238,7 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
         max_connections=http.integer("max_connections", 1024, minimum=1),
         max_connections_per_address=http.integer("max_connections_per_address", 128, minimum=1),
         allowed_hosts=tuple(http.string_list("allowed_hosts")),
+        methods=HTTP_METHODS,
     )
     http_settings = HttpSettings(
         tokens=tokens,

@@ -29,7 +29,6 @@ In cluster mode only the replica that samples the history (the store's
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from typing import Any, Optional
 
 from twisted.application.service import Service
@@ -48,11 +47,35 @@ from twisted_iop.controlplane.slo.spec import ERROR_RATIO, LATENCY_METRICS, SloS
 from twisted_iop.controlplane.snapshots import StatusSnapshot
 from twisted_iop.controlplane.store.interface import SloStore
 from twisted_iop.label_selectors import Selector
+from twisted_iop.latency.sketch import LatencySketch, merged
 
 #: Streams of edges no longer known are forgotten every this many evaluations.
 FORGET_EVERY = 60
 #: The bytes one SLO's stored form may take (its buckets are bounded far below).
 MAX_STORED_BYTES = 4 * 1024 * 1024
+
+
+class _Sums:
+    """The deltas of the providers of one model on the edges of one label map, added up."""
+
+    __slots__ = ("at", "errors", "requests", "sketches")
+
+    def __init__(self) -> None:
+        self.sketches: dict[str, LatencySketch] = {}
+        self.requests = 0
+        self.errors = 0
+        self.at = 0.0
+
+    def add(self, delta: Delta) -> None:
+        """Add one provider's delta."""
+        for metric, sketch in delta.sketches.items():
+            kept = self.sketches.get(metric)
+            if kept is None:
+                kept = self.sketches[metric] = LatencySketch()
+            kept.merge(sketch)
+        self.requests += delta.requests
+        self.errors += delta.errors
+        self.at = max(self.at, delta.at)
 
 
 class UnknownSlo(Exception):
@@ -245,24 +268,50 @@ class SloService(Service):
         self._log.warn("SLOs: the fleet round of an evaluation failed: {error}", error=failure.getErrorMessage())
 
     def evaluate(self, now: float) -> list[AlertChange]:
-        """Take every new snapshot's deltas, evaluate every SLO, record the alerts' changes."""
+        """Take every new snapshot's deltas, evaluate every SLO, record the alerts' changes.
+
+        The deltas are added up per distinct label map of the edges and per
+        model first (one merge per provider and metric in use), then each
+        SLO takes the sums of the groups its selector matches, once per
+        evaluation, at the newest time among them.
+        """
         self._last_look_at = self._clock.seconds()
         metrics = {s.spec.metric for s in self._slos.values()} & set(LATENCY_METRICS)
+        models = {s.spec.model for s in self._slos.values()}
+        #: Per distinct label map (by id): the SLOs whose selector matches it.
+        verdicts: dict[int, list[SloState]] = {}
+        kept_labels: list[object] = []  # keeps each map alive, so its id is not reused this evaluation
+        sums: dict[tuple[int, str], _Sums] = {}
         for record in list(self._registry.edges()):
             snapshot = record.snapshot
             if record.token is None or snapshot is None or self._seen.get(record.edge_id) is snapshot:
                 continue
+            # Looked at once per snapshot, whether or not an SLO wants it (a new SLO looks again).
+            self._seen[record.edge_id] = snapshot
             labels = record.hello.labels
-            interested = [self._slos[n] for n, sel in self._selectors.items() if sel.matches(labels)]
+            interested = verdicts.get(id(labels))
+            if interested is None:
+                # Edges share their label maps: each distinct one is matched once per evaluation.
+                interested = [self._slos[n] for n, sel in self._selectors.items() if sel.matches(labels)]
+                verdicts[id(labels)] = interested
+                kept_labels.append(labels)
             if not interested:
                 continue
-            self._seen[record.edge_id] = snapshot
             self.snapshots_parsed += 1
-            deltas = self.readings.take(record.edge_id, snapshot.parse(), snapshot.received_at, metrics)
-            for delta in deltas:
-                self._feed(interested, delta)
+            for delta in self.readings.take(record.edge_id, snapshot.parse(), snapshot.received_at, metrics):
+                for model in models.intersection(delta.models):
+                    group = sums.get((id(labels), model))
+                    if group is None:
+                        group = sums[(id(labels), model)] = _Sums()
+                    group.add(delta)
+        gathered: dict[str, list[_Sums]] = {}
+        for (labels_id, model), group in sums.items():
+            for state in verdicts[labels_id]:
+                if state.spec.model == model:
+                    gathered.setdefault(state.spec.name, []).append(group)
         changes: list[AlertChange] = []
         for state in self._slos.values():
+            self._feed(state, gathered.get(state.spec.name, []))
             moved = state.evaluate(now)
             if moved:
                 self._dirty.add(state.spec.name)
@@ -278,20 +327,21 @@ class SloService(Service):
         self.persist()
         return changes
 
-    def _feed(self, interested: Iterable[SloState], delta: Delta) -> None:
-        for state in interested:
-            spec = state.spec
-            if spec.model not in delta.models:
-                continue
-            if spec.metric == ERROR_RATIO:
-                state.record(delta.at, delta.errors, delta.requests)
-            else:
-                sketch = delta.sketches.get(spec.metric)
-                if sketch is None or not sketch.count:
-                    continue
-                assert spec.objective_seconds is not None
-                state.record(delta.at, sketch.count_above(spec.objective_seconds), sketch.count, sketch)
-            self._dirty.add(spec.name)
+    def _feed(self, state: SloState, groups: list[_Sums]) -> None:
+        """Record what the groups matched by ``state`` did (``bad`` of ``total``, and the sketch)."""
+        if not groups:
+            return
+        spec = state.spec
+        at = max(group.at for group in groups)
+        if spec.metric == ERROR_RATIO:
+            state.record(at, sum(g.errors for g in groups), sum(g.requests for g in groups))
+        else:
+            sketch = merged(g.sketches[spec.metric] for g in groups if spec.metric in g.sketches)
+            if not sketch.count:
+                return
+            assert spec.objective_seconds is not None
+            state.record(at, sketch.count_above(spec.objective_seconds), sketch.count, sketch)
+        self._dirty.add(spec.name)
 
     def _record(self, change: AlertChange) -> None:
         state = self._slos[change.slo]

@@ -8,11 +8,13 @@ import io
 import json
 from typing import Any
 
+import pytest
 import pytest_twisted
 from twisted.internet import reactor
 
 from twisted_iop.client import ControlPlaneStatusRepository
 from twisted_iop.client.cli import EXIT_ERROR, EXIT_OK, build_parser, parse_arguments, run
+from twisted_iop.client.cli_base import UsageError
 from twisted_iop.client.completion import script
 from twisted_iop.testing.harness import ControlPlaneHarness, eventually, start_control_plane
 from twisted_iop.testing.latency import LatencyEngine
@@ -107,3 +109,48 @@ def test_completion_offers_the_slo_subcommand() -> None:
     bash = next(line for line in script(build_parser(), "bash").splitlines() if "rollout history" in line)
     assert " slo" in bash
     assert "'slo:SLOs: their error budgets, burn rates and alerts'" in script(build_parser(), "zsh")
+
+
+@pytest_twisted.ensureDeferred
+async def test_iopctl_rollout_create_with_abort_on_latency_aborts_and_says_why() -> None:
+    """``--abort-on-latency ttft_p95:20:40`` sends abort.latency; the drain
+    triples the engine's TTFT, so the rollout aborts and ``show`` says why."""
+    cp = await start_control_plane(config_text="rollouts:\n  latency_poll_seconds: 0.05\n")
+    engine = LatencyEngine(ttft=0.1)
+    edge, answer = await connect_edge(cp.edge_wire_port, "edge-1", labels={"region": "eu"})
+    assert answer is not None and answer.accepted
+    original = edge.envelope_received
+
+    def slower_after_a_command(envelope: Any, body: str) -> None:
+        if body == "edge_command_request":
+            engine.ttft = 0.3
+        original(envelope, body)
+
+    edge.envelope_received = slower_after_a_command  # type: ignore[method-assign]
+    edge.status = lambda: engine.status("edge-1")
+    try:
+        argv = ["rollout", "create", "--command", "node.drain", "--target", "node-1", "-l", "region=eu"]
+        code, out, err = await iopctl([*argv, "--abort-on-latency", "ttft_p95:20:40", "--json"], cp)
+        assert code == EXIT_OK, err
+        created = json.loads(out)
+        assert created["abort"]["latency"] == {
+            "metric": "ttft_p95",
+            "max_increase_percent": 20.0,
+            "min_requests": 40,
+            "watch_seconds": 600.0,
+        }
+        repository = ControlPlaneStatusRepository(cp.http_url, timeout=10)
+
+        async def aborted() -> bool:
+            return (await repository.rollout(created["rollout_id"])).state == "aborted"
+
+        await eventually(aborted, timeout=10, interval=0.05, message="the rollout aborts")
+        code, out, err = await iopctl(["rollout", "show", created["rollout_id"]], cp)
+        assert code == EXIT_OK, err
+        assert "aborted (edge edge-1: ttft_p95 rose from" in out
+        assert "ttft_p95 up more than 20% over 40 requests" in out
+        with pytest.raises(UsageError, match="METRIC:PERCENT"):
+            parse_arguments([*argv, "--abort-on-latency", "p50:20"])
+    finally:
+        edge.tcp.loseConnection()
+        await cp.stop()

@@ -1,6 +1,8 @@
 # twisted-iop: set up, run and test.
 #   make run    set up a virtualenv and run the Control Plane on its defaults
-#   make test   set up everything the tests need and run them
+#   make test   set up everything the tests need (the virtualenv, both real
+#               engines: llama-cpp-python and llama.cpp's llama-server, built
+#               once per machine; chromium, redis, zsh) and run them
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -29,7 +31,7 @@ LLAMA_SDIST := $(WHEEL_CACHE)/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz
 LLAMA_VOCAB ?= $(abspath $(WHEEL_CACHE)/..)/ggml-vocab-llama-spm.gguf
 export IOP_LLAMA_VOCAB := $(LLAMA_VOCAB)
 
-$(LLAMA_SDIST):
+$(LLAMA_SDIST): | $(BIN)/.installed
 	mkdir -p $(WHEEL_CACHE)
 	$(PY) -m pip download --quiet --no-binary :all: --no-deps 'llama-cpp-python==$(LLAMA_CPP_VERSION)' -d $(WHEEL_CACHE)
 
@@ -39,7 +41,10 @@ $(LLAMA_VOCAB): | $(LLAMA_SDIST)
 
 # llama.cpp's own C++ server, built once per machine from the same sdist's
 # vendored llama.cpp (about 10 minutes on 2 cores) into the cache beside the
-# wheels (`make llama-server`); its harness finds it through IOP_LLAMA_SERVER.
+# wheels (`make llama-server`, and `make test` depends on it); later runs,
+# and CI on the same machine, use the cached binary. The tests against it
+# (tests/engines/test_llama_server_*.py) and its harness
+# (twisted_iop/testing/llama_server.py) find it through IOP_LLAMA_SERVER.
 LLAMA_SERVER_SRC := $(abspath $(WHEEL_CACHE)/..)/llama-server-$(LLAMA_CPP_VERSION)-src
 LLAMA_SERVER ?= $(abspath $(WHEEL_CACHE)/..)/llama-server-$(LLAMA_CPP_VERSION)/llama-server
 export IOP_LLAMA_SERVER := $(LLAMA_SERVER)
@@ -66,9 +71,8 @@ $(BIN)/.llama-engine: $(BIN)/.installed | $(LLAMA_SDIST)
 
 llama-engine: $(BIN)/.llama-engine $(LLAMA_VOCAB)
 
-# llama-server alone (`make llama-server`): its harness is
-# twisted_iop/testing/llama_server.py; the suite does not build it yet.
-llama-server: $(LLAMA_SERVER)
+# llama-server alone (`make llama-server`); `make test` builds it too.
+llama-server: $(LLAMA_SERVER) $(LLAMA_VOCAB)
 
 run: setup
 	$(BIN)/twistd -n --pidfile= iop-control-plane --config configs/control-plane.yaml
@@ -103,7 +107,7 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: setup llama-engine browser redis shells lint mypy
+test: setup llama-engine llama-server browser redis shells lint mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 proto: setup

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from twisted_iop.label_selectors import EVERYTHING, SelectorError, parse_selector
+from twisted_iop.label_selectors import (
+    EVERYTHING,
+    MAX_SELECTOR_CHARS,
+    SELECTOR_PATTERN,
+    SelectorError,
+    parse_selector,
+)
 
 LABELS = {"region": "eu", "tier": "prod", "gpu": "h100"}
 
@@ -119,3 +127,31 @@ def test_any_text_parses_or_raises_selector_error(text: str) -> None:
     except SelectorError as e:
         position = e.position
     assert 0 <= position <= max(len(text), 4096)
+
+
+#: Characters a selector is made of, and some it is not.
+_SELECTOR_ALPHABET = "az09AZ._-/=!(), \t\n\u00e9"
+
+
+@given(st.text(alphabet=_SELECTOR_ALPHABET, max_size=40) | st.sampled_from(["a in (x,)", "a notin(b)", "!a", " a = "]))
+def test_the_documents_pattern_is_the_parsers_language(text: str) -> None:
+    """SELECTOR_PATTERN (the OpenAPI document's) matches exactly what parse_selector accepts."""
+    try:
+        parse_selector(text)
+        parsed = True
+    except SelectorError:
+        parsed = False
+    # fullmatch: a JSON Schema pattern's $ is the end (Python's would also take a final newline).
+    assert bool(re.fullmatch(SELECTOR_PATTERN, text)) is parsed, text
+
+
+@given(st.from_regex(SELECTOR_PATTERN, fullmatch=True).filter(lambda t: len(t) <= MAX_SELECTOR_CHARS))
+def test_what_the_pattern_generates_parses(text: str) -> None:
+    """Selectors generated from the pattern (as a fuzzer does) all parse."""
+    parse_selector(text)
+
+
+def test_a_set_may_hold_many_values() -> None:
+    """A set's values are bounded by the selector's length only (the pattern cannot count them)."""
+    values = ",".join(f"v{i}" for i in range(600))
+    assert len(parse_selector(f"k in ({values})").requirements[0].values) == 600

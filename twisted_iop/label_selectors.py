@@ -32,13 +32,36 @@ import attrs
 MAX_SELECTOR_CHARS = 4096
 #: Most requirements in one selector.
 MAX_REQUIREMENTS = 64
-#: Most values in one ``in`` / ``notin`` set.
-MAX_SET_VALUES = 256
 
 _NAME = r"[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?"
 _KEY_RE = re.compile(rf"^([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_NAME}$")
 _VALUE_RE = re.compile(rf"^({_NAME})?$")
 _WORD_RE = re.compile(r"[A-Za-z0-9_./-]+")
+
+
+def _selector_pattern() -> str:
+    """The whole grammar as one regular expression, for the OpenAPI document.
+
+    Built from the same pieces as the parser's checks and its bound of 64
+    requirements; ``tests/test_label_selectors.py`` checks that the pattern
+    and :func:`parse_selector` agree. A set of values has no count bound of
+    its own (the text's 4,096 characters bound it, and a set is looked up,
+    not scanned): validators compile a pattern with two bounded repeats of
+    this size into more than their limit.
+    """
+    space = "[ \\t]*"
+    name = "[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?"
+    key = f"(?:[a-z0-9](?:[-a-z0-9.]{{0,251}}[a-z0-9])?/)?{name}"
+    value = f"(?:{name})?"
+    values = f"\\({space}{value}{space}(?:,{space}{value}{space})*\\)"
+    requirement = f"(?:!{space}{key}|{key}(?:{space}(?:==|!=|=){space}{value}|[ \\t]+(?:in|notin){space}{values})?)"
+    one = f"{space}{requirement}{space}"
+    return f"^(?:\\s*|{one}(?:,{one}){{0,{MAX_REQUIREMENTS - 1}}})$"
+
+
+#: :func:`parse_selector`'s language as a JSON Schema ``pattern`` (the
+#: OpenAPI document's selector parameters and fields carry it).
+SELECTOR_PATTERN = _selector_pattern()
 
 EQUALS = "="
 NOT_EQUALS = "!="
@@ -190,8 +213,6 @@ class _Parser:
         values: set[str] = set()
         while True:
             values.add(self._value())
-            if len(values) > MAX_SET_VALUES:
-                raise SelectorError(self.at, f"more than {MAX_SET_VALUES} values in one set")
             self._space()
             if self._peek(")"):
                 self.at += 1

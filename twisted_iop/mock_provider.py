@@ -37,6 +37,7 @@ from twisted_iop.openai_api import (
     ENDPOINT_PATHS,
     error_body,
     estimate_prompt_tokens,
+    whole_tokens,
 )
 
 __all__ = ["ENDPOINT_PATHS", "MockBehaviour", "MockProviderServer", "MockRun", "main"]
@@ -70,8 +71,8 @@ def requested_tokens(body: Any, default: int) -> int:
     """``max_tokens`` (or ``max_completion_tokens``) of a request, else ``default``."""
     if isinstance(body, dict):
         for key in ("max_completion_tokens", "max_tokens"):
-            value = body.get(key)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            value = whole_tokens(body.get(key))
+            if value is not None:
                 return min(value, MAX_MOCK_TOKENS)
     return default
 

@@ -8,7 +8,8 @@ the mock provider cannot drift apart.
 from __future__ import annotations
 
 import json
-from typing import Any
+import math
+from typing import Any, Optional
 
 #: The three OpenAI endpoints, by the name the wire and the runs use.
 CHAT_COMPLETIONS = "chat.completions"
@@ -19,6 +20,16 @@ ENDPOINT_PATHS = {
     COMPLETIONS: "/v1/completions",
     EMBEDDINGS: "/v1/embeddings",
 }
+
+
+def whole_tokens(value: Any) -> Optional[int]:
+    """A ``max_tokens`` value as a count: a whole number of at least 1 (JSON's
+    ``3.0`` is 3, as JSON Schema says), else None (``true``, ``2.5``, ``"3"``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        return None
+    return int(value) if value >= 1 else None
 
 
 def estimate_prompt_tokens(body: Any) -> int:

@@ -262,7 +262,8 @@ async def test_status_shows_each_engine_beside_its_capacity() -> None:
             "parallel": 1,
             "age_seconds": 1.2,
         }
-        assert shown["tokens"] == {"prompt": 1200, "completion": 3400} and shown["saturated"] is True
+        assert shown["tokens"] == {"prompt": 1200, "completion": 3400, "estimated": {"prompt": 0, "completion": 0}}
+        assert shown["saturated"] is True
         assert printed["nodes"][1]["providers"][0]["engine"] is None
     finally:
         await fleet.stop()

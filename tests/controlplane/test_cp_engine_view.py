@@ -32,10 +32,25 @@ def test_an_engine_reading_is_shown_beside_the_capacity_counters() -> None:
         "parallel": 1,
         "age_seconds": 1.2,
     }
-    assert shown["tokens"] == {"prompt": 1200, "completion": 3400}
+    assert shown["tokens"] == {"prompt": 1200, "completion": 3400, "estimated": {"prompt": 0, "completion": 0}}
     assert shown["tokens_per_second"] == 37.5
     assert (shown["saturated"], shown["cooling_down"]) == (True, False)
     assert shown["general"] == {"capacity": 4, "in_flight": 1, "queued": 0}
+
+
+def test_the_estimated_part_of_the_tokens_is_shown_beside_the_totals() -> None:
+    """Tokens the Node estimated (a stream without usage) are the
+    ``estimated`` part of the provider's tokens, in the view that renders
+    bytes and in the reference alike."""
+    provider = _provider(prompt_tokens=1200, completion_tokens=3400)
+    provider.estimated_prompt_tokens = 300
+    provider.estimated_completion_tokens = 900
+    shown = _shown(provider)
+    assert shown["tokens"] == {"prompt": 1200, "completion": 3400, "estimated": {"prompt": 300, "completion": 900}}
+    response = snapshot("edge-1", nodes=1)
+    set_engine(response.nodes[0].providers[0], estimated_prompt_tokens=7, estimated_completion_tokens=11)
+    rendered = json.loads(edge_status_body(response, {"site": "a"}))
+    assert rendered["nodes"][0]["providers"][0]["tokens"]["estimated"] == {"prompt": 7, "completion": 11}
 
 
 def test_what_the_engine_does_not_say_is_null() -> None:
@@ -43,7 +58,8 @@ def test_what_the_engine_does_not_say_is_null() -> None:
     engine; a KV cache or parallelism the engine does not say is null."""
     old = _shown(pb.ProviderSnapshot(provider_id="p1"))
     assert old["engine"] is None
-    assert old["tokens"] == {"prompt": 0, "completion": 0} and old["tokens_per_second"] == 0.0
+    assert old["tokens"] == {"prompt": 0, "completion": 0, "estimated": {"prompt": 0, "completion": 0}}
+    assert old["tokens_per_second"] == 0.0
     assert (old["saturated"], old["cooling_down"]) == (False, False)
     partial = _shown(_provider(kv_cache_usage=-1.0, parallel=0))
     assert partial["engine"]["kv_cache_usage"] is None and partial["engine"]["parallel"] is None
@@ -85,6 +101,8 @@ def test_any_figures_from_the_wire_give_valid_json(
             age_ms=age_ms,
             prompt_tokens=tokens[0],
             completion_tokens=tokens[1],
+            estimated_prompt_tokens=tokens[0],
+            estimated_completion_tokens=tokens[1],
             saturated=flags[0],
             cooling_down=flags[1],
         )

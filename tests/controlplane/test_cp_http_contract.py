@@ -4,17 +4,23 @@ query parameters given once and well formed, tokens from the header only."""
 from __future__ import annotations
 
 import json
+import re
 from importlib import resources
 from typing import Any
 
 import pytest_twisted
 import treq
+from jsonschema import Draft202012Validator
+from referencing import Registry
+from referencing.jsonschema import DRAFT202012
 from treq.testing import StubTreq
 from twisted.internet.task import Clock
 
 from twisted_iop.controlplane.auth import ApiToken, ApiTokens, token_digest
+from twisted_iop.controlplane.edge_filters import EDGE_STATES, FLEET_STATES
 from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.gateway import EdgeGateway
+from twisted_iop.controlplane.history.fields import FLEET_FIELDS, MODEL_FIELDS, names
 from twisted_iop.controlplane.history.queries import parse_step
 from twisted_iop.controlplane.history.settings import DEFAULT_EDGE_TIERS, DEFAULT_TIERS
 from twisted_iop.controlplane.http_routes import (
@@ -26,6 +32,8 @@ from twisted_iop.controlplane.http_routes import (
     ListenerReadiness,
 )
 from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.rollout_states import EXECUTION_STATES
+from twisted_iop.label_selectors import SELECTOR_PATTERN
 from twisted_iop.testing.harness import start_control_plane
 from twisted_iop.testing.peers import CATALOG, HeldEdgePeer
 
@@ -170,3 +178,126 @@ def test_the_command_schema_states_the_bounds_the_server_enforces() -> None:
     assert command["arguments"]["propertyNames"]["maxLength"] == MAX_TEXT
     assert command["arguments"]["additionalProperties"]["maxLength"] == MAX_ARGUMENT_VALUE
     assert command["timeout_seconds"]["maximum"] == HttpSettings().max_command_timeout_seconds
+
+
+def _document() -> dict[str, Any]:
+    """The packaged OpenAPI document."""
+    return dict(json.loads(resources.files("twisted_iop.controlplane").joinpath("openapi.json").read_text()))
+
+
+def _schema_of(document: dict[str, Any], name: str) -> Draft202012Validator:
+    """A validator of one component schema (its references followed)."""
+    registry: Registry[Any] = Registry().with_resource("urn:doc", DRAFT202012.create_resource(document))
+    return Draft202012Validator({"$ref": f"urn:doc#/components/schemas/{name}"}, registry=registry)
+
+
+def test_the_documents_patterns_are_the_servers_rules() -> None:
+    """Every selector in the document carries the parser's pattern; the state, step and series
+    patterns take exactly the names the views know (any case for the edge and fleet states)."""
+    document = _document()
+    parameters = document["components"]["parameters"]
+    schemas = document["components"]["schemas"]
+    assert parameters["Selector"]["schema"]["pattern"] == SELECTOR_PATTERN
+    assert schemas["RolloutRequest"]["properties"]["selector"]["pattern"] == SELECTOR_PATTERN
+    assert schemas["RolloutCommand"]["properties"]["node_selector"]["pattern"] == SELECTOR_PATTERN
+    executions = document["paths"]["/rollouts/{rollout_id}/executions"]["get"]["parameters"]
+    (execution_state,) = [p["schema"]["pattern"] for p in executions if p.get("name") == "state"]
+    for pattern, known, any_case, empty_parts in (
+        (parameters["EdgeState"]["schema"]["pattern"], EDGE_STATES, True, True),
+        (parameters["FleetState"]["schema"]["pattern"], FLEET_STATES, True, True),
+        (execution_state, EXECUTION_STATES, False, False),
+        (parameters["HistorySeries"]["schema"]["pattern"], names(FLEET_FIELDS) + names(MODEL_FIELDS), False, True),
+    ):
+        matches = re.compile(pattern).fullmatch
+        assert matches(",".join(known)) and matches(" , ".join(reversed(known)))
+        for name in known:
+            assert matches(name) and matches(f" {name} ")
+            assert bool(matches(name.upper())) is any_case, (pattern, name)
+        assert not matches("bogus") and not matches(known[0] + ",bogus")
+        assert bool(matches(known[0] + ",," + known[0])) is empty_parts
+    step = re.compile(parameters["HistoryStep"]["schema"]["pattern"]).fullmatch
+    assert all(step(text) for text in ("15", "15s", " 10m ", "1.5h", "500ms", ""))
+    assert not any(step(text) for text in ("15x", "-1m", "\u0661\u0665", "1e3"))
+
+
+def test_the_fields_that_exclude_each_other_are_said_so() -> None:
+    """A rollout's batch_size and batch_percent, and its command's target and node_selector,
+    exclude each other in the document as in the server (null or "" is not given)."""
+    document = _document()
+    strategy = _schema_of(document, "RolloutStrategy")
+    assert not strategy.is_valid({"batch_size": 2, "batch_percent": 10})
+    for valid in ({"batch_size": 2}, {"batch_percent": 10}, {"batch_size": None, "batch_percent": 10}, {}):
+        assert strategy.is_valid(valid), valid
+    command = _schema_of(document, "RolloutCommand")
+    assert not command.is_valid({"name": "node.drain", "target": "n1", "node_selector": "rack=r1"})
+    assert command.is_valid({"name": "node.drain", "target": "", "node_selector": "rack=r1"})
+    assert command.is_valid({"name": "node.drain", "target": "n1", "node_selector": None})
+    assert not command.is_valid({"name": "node.drain", "node_selector": "rack in (r1"})
+
+
+@pytest_twisted.ensureDeferred
+async def test_lengths_are_counted_before_spaces_are_trimmed() -> None:
+    """A parameter over its documented maxLength is 400 even when it is all spaces (it used to be
+    trimmed to nothing first, then taken as "not given"); a step in another script's digits too."""
+    api = _api()
+    for path, code in (
+        (f"/fleet/history?step={'+' * 33}", "invalid_step"),
+        ("/fleet/history?step=%D9%A1%D9%A5", "invalid_step"),
+        (f"/fleet/history?from={'+' * 65}", "invalid_range"),
+        (f"/fleet/history?to={'+' * 65}", "invalid_range"),
+        (f"/fleet/history?series={'+' * 1025}", "invalid_series"),
+        (f"/fleet/history?model={'+' * 257}", "bad_request"),
+        (f"/edges?q={'+' * 257}", "bad_request"),
+    ):
+        status, body = await _get(api, path)
+        assert (status, body["error"]["code"]) == (400, code), path
+    status, _ = await _get(api, f"/fleet/history?step={'+' * 32}&series={'+' * 1024}&model={'+' * 256}")
+    assert status == 200
+    # A whole number is ASCII digits, nothing around them (int() took "5\r" and other scripts' digits).
+    for path in ("/edges", "/fleet/operations", "/rollouts", "/fleet/events", "/fleet/status"):
+        for limit in ("5%0D", "+5", "1_0", "%D9%A5", "9" * 5000):
+            status, body = await _get(api, f"{path}?limit={limit}")
+            assert (status, body["error"]["code"]) == (400, "bad_request"), (path, limit)
+        status, _ = await _get(api, f"{path}?limit=5")
+        assert status == 200, path
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_wrong_value_is_not_taken_for_a_missing_one() -> None:
+    """null is "not given", but false, 0 or [] where a string or an object belongs is 400; an
+    Idempotency-Key header over 200 characters is 400 even beside a body key; a number too
+    large for a float is 400, and 2.0 where a whole number belongs is 2."""
+    clock = Clock()
+    clock.advance(1_700_000_000)
+    registry = EdgeRegistry(clock)
+    registry.connect("edge-00", HeldEdgePeer(), HELLO)
+    api: Any = StubTreq(_http(registry, EdgeGateway(registry, clock), clock).app.resource())
+    json_type = {b"content-type": [b"application/json"]}
+    long_key = {**json_type, b"idempotency-key": [b"k" * 201]}
+    for path, body, headers in (
+        ("/edges/edge-00/commands", {"name": "node.drain", "target": False}, json_type),
+        ("/edges/edge-00/commands", {"name": "node.drain", "arguments": []}, json_type),
+        ("/edges/edge-00/commands", {"name": "node.drain", "idempotency_key": "k"}, long_key),
+        ("/rollouts", {"command": {"name": "node.drain", "target": 0}, "selector": ""}, json_type),
+        ("/rollouts", {"command": {"name": "node.drain", "node_selector": False}, "selector": ""}, json_type),
+        ("/rollouts", {"command": {"name": "node.drain", "arguments": False}, "selector": ""}, json_type),
+        ("/rollouts", {"command": {"name": "node.drain"}, "selector": "", "idempotency_key": "k"}, long_key),
+    ):
+        response = await api.post("http://cp" + path, data=json.dumps(body).encode(), headers=headers)
+        answer = json.loads(await response.content())
+        assert (response.code, answer["error"]["code"]) == (400, "bad_request"), (path, body, answer)
+    # A number too large for a float is a 400 like any out-of-range one (it was a 500).
+    huge = b'{"command": {"name": "node.drain"}, "selector": "", "wait_seconds": 1' + b"0" * 400 + b"}"
+    response = await api.post("http://cp/rollouts", data=huge, headers=json_type)
+    assert response.code == 400, await response.content()
+    nulls = {"command": {"name": "node.drain", "target": None, "arguments": None}, "selector": "", "strategy": None}
+    response = await api.post("http://cp/rollouts", data=json.dumps(nulls).encode(), headers=json_type)
+    assert response.code == 201, await response.content()
+    # 2.0 is the whole number 2 (JSON Schema's "integer" says so too).
+    whole = {"command": {"name": "node.drain"}, "selector": "", "strategy": {"batch_size": 2.0, "max_in_flight": 3.0}}
+    response = await api.post("http://cp/rollouts", data=json.dumps(whole).encode(), headers=json_type)
+    assert response.code == 201, await response.content()
+    assert json.loads(await response.content())["strategy"]["batch_size"] == 2
+    whole["strategy"] = {"batch_size": 2.5}
+    response = await api.post("http://cp/rollouts", data=json.dumps(whole).encode(), headers=json_type)
+    assert response.code == 400

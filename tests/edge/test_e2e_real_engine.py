@@ -9,15 +9,11 @@ would; ``make llama-engine`` installs it (``make test`` does).
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import Counter
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import attrs
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -29,6 +25,9 @@ from twisted_iop.testing.llama_engine import (
     start_llama_engine,
     wait_until,
 )
+from twisted_iop.testing.openai_load import Outcome, summary
+from twisted_iop.testing.openai_load import ask as ask_model
+from twisted_iop.testing.openai_load import load as load_clients
 from twisted_iop.testing.tiny_model import tiny_model
 
 pytestmark = pytest.mark.e2e
@@ -44,8 +43,6 @@ LOAD_CLIENTS = 6
 LOAD_REQUESTS = 30
 #: A completion long enough that requests queue at the engine (about 0.3 s each here).
 LOAD_MAX_TOKENS = 300
-#: How long a load client pauses after a failed request.
-FAILURE_PAUSE_SECONDS = 0.2
 #: What llama-cpp-python answers for embeddings on a server started without ``--embedding``.
 NO_EMBEDDINGS_MESSAGE = "Llama model must be created with embedding=True"
 
@@ -92,111 +89,15 @@ def two_engines(tiny_llama: Path, tmp_path: Path) -> Iterator[EngineFleet]:
 # -- the client's side ---------------------------------------------------------------
 
 
-@attrs.define
-class Outcome:
-    """How one request ended, as the client saw it."""
-
-    started: float
-    ended: float = 0.0
-    #: The HTTP status (200 for a stream that then failed); 0 when none came.
-    status: int = 0
-    #: Content chunks (streaming) received, or 1 for a whole answer.
-    chunks: int = 0
-    finish_reason: str = ""
-    error: str = ""
-
-    @property
-    def ok(self) -> bool:
-        """A whole answer: no error and the engine's finish reason."""
-        return not self.error and self.finish_reason == "length"
-
-
 def ask(client: openai.OpenAI, stream: bool, max_tokens: int, prompt: str = "hi") -> Outcome:
-    """One chat completion; every failure is kept in the outcome, never raised."""
-    outcome = Outcome(time.monotonic())
-    messages: Any = [{"role": "user", "content": prompt}]
-    try:
-        if stream:
-            for chunk in client.chat.completions.create(
-                model=MODEL, messages=messages, max_tokens=max_tokens, stream=True
-            ):
-                outcome.status = 200
-                for choice in chunk.choices:
-                    if choice.delta.content:
-                        outcome.chunks += 1
-                    if choice.finish_reason:
-                        outcome.finish_reason = choice.finish_reason
-        else:
-            answer = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=max_tokens)
-            outcome.status, outcome.chunks = 200, 1
-            outcome.finish_reason = answer.choices[0].finish_reason or ""
-    except openai.APIStatusError as e:
-        outcome.status, outcome.error = e.status_code, f"{e.status_code} {e.message}"
-    except Exception as e:  # the client sees whatever the connection did: keep it
-        outcome.error = f"{type(e).__name__}: {e}"
-    outcome.ended = time.monotonic()
-    return outcome
+    """One chat completion of :data:`MODEL`; every failure is kept in the outcome, never raised."""
+    return ask_model(client, MODEL, stream, max_tokens, prompt)
 
 
-def load(
-    fleet: EngineFleet, clients: int, requests: int, during: Any = None, after_during: int = 0, deadline: float = 300.0
-) -> list[Outcome]:
-    """``clients`` threads each asking one request after another, streaming every other one,
-    until ``requests`` have ended (and, with ``during``, ``after_during`` more have started
-    after it ran); a generous overall ``deadline`` (seconds) bounds a run that hangs.
-
-    ``during`` (if given) is called once from this thread after half of ``requests`` ended.
-    Nothing depends on how many requests fit in a time: the caller asserts on each outcome.
-    """
-    give_up = time.monotonic() + deadline
-    outcomes: list[Outcome] = []
-    lock = threading.Lock()
-    acted: list[float] = []
-
-    def enough() -> bool:
-        with lock:
-            if len(outcomes) < requests:
-                return False
-            if during is None:
-                return True
-            if not acted:
-                return False
-            return sum(1 for o in outcomes if o.started > acted[0]) >= after_during
-
-    def client_loop(index: int) -> None:
-        client = fleet.client()
-        stream = bool(index % 2)
-        while not enough() and time.monotonic() < give_up:
-            outcome = ask(client, stream, LOAD_MAX_TOKENS)
-            with lock:
-                outcomes.append(outcome)
-            if not outcome.ok:
-                # A client pauses after a failure, as a real one would, rather than spin.
-                time.sleep(FAILURE_PAUSE_SECONDS)
-            stream = not stream
-
-    with ThreadPoolExecutor(clients) as pool:
-        futures = [pool.submit(client_loop, i) for i in range(clients)]
-        if during is not None:
-            while time.monotonic() < give_up:
-                with lock:
-                    if len(outcomes) >= requests // 2:
-                        break
-                time.sleep(0.05)
-            acted.append(time.monotonic())
-            during()
-        for future in futures:
-            future.result()
-    assert enough(), f"the load did not finish within {deadline:g}s: " + summary(outcomes)
-    return outcomes
-
-
-def summary(outcomes: list[Outcome]) -> str:
-    """How many ended how (status and the start of the error), most common first, for a failure message."""
-    counts = Counter((o.status, o.error[:100]) for o in outcomes)
-    return f"{len(outcomes)} requests: " + "; ".join(
-        f"{n} x {status} {error!r}" for (status, error), n in counts.most_common(5)
-    )
+def load(fleet: EngineFleet, clients: int, requests: int, during: Any = None, after_during: int = 0) -> list[Outcome]:
+    """``clients`` threads asking :data:`MODEL` (every other request streamed) until ``requests``
+    have ended (see :func:`twisted_iop.testing.openai_load.load`)."""
+    return load_clients(fleet.client, MODEL, clients, requests, LOAD_MAX_TOKENS, during, after_during)
 
 
 def counted_tokens(fleet: EngineFleet, metric: str = "iop_tokens_total") -> dict[str, float]:
@@ -310,7 +211,8 @@ def test_kill_9_of_one_engine_under_load_fails_over_to_the_other(two_engines: En
 
 def test_a_stream_without_usage_counts_estimated_tokens(one_engine: EngineFleet) -> None:
     """llama-cpp-python sends no usage in its streams: the Edge counts one completion token per
-    content chunk the client received (and an estimated prompt), labelled estimated in /metrics."""
+    content chunk the client received (and an estimated prompt), labelled estimated in /metrics
+    and in the Control Plane's status view (``tokens.estimated``)."""
     client = one_engine.client()
     before, estimated_before = counted_tokens(one_engine), counted_tokens(one_engine, "iop_tokens_estimated_total")
     streamed = ask(client, stream=True, max_tokens=12, prompt="count these")
@@ -330,3 +232,12 @@ def test_a_stream_without_usage_counts_estimated_tokens(one_engine: EngineFleet)
     assert counted["estimated_completion"] == counted["completion"]
     assert streamed.chunks - 1 <= counted["estimated_completion"] <= streamed.chunks + 1
     assert counted["estimated_prompt"] >= 1
+
+    # The Control Plane's view of the provider says the same part of its tokens is estimated.
+    estimated = counted_tokens(one_engine, "iop_tokens_estimated_total")
+    expected = {"prompt": estimated["prompt"], "completion": estimated["completion"]}
+    wait_until(
+        lambda: one_engine.providers()["node-1"]["tokens"]["estimated"] == expected,
+        timeout=10,
+        message=f"the status view's tokens.estimated to be {expected}",
+    )

@@ -7,10 +7,11 @@ rotation. The gateway and registry on a fake clock with fake Node connections
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from test_edge_failover import FakeNode, Sink, answer, fleet, holder, submit
+from twisted.logger import ILogObserver, LogLevel, formatEvent, globalLogPublisher
 
 from twisted_iop.edge.engine_load import EngineLoads, EngineReading, SaturationRule
 from twisted_iop.edge.inference import InferenceGateway
@@ -235,6 +236,31 @@ def test_an_embedder_on_an_engine_without_embeddings_never_stops_chat() -> None:
     clock.advance(UNSUPPORTED_MEMORY_SECONDS)
     embed_id, _ = embeddings(gateway)
     assert sent_to(node, embed_id) == 1
+
+
+def test_a_client_repeating_its_mistake_makes_no_log_line_per_request() -> None:
+    """An embedder on an engine without embeddings, and a client sending 400s: the Edge says once
+    at info that the provider does not serve embeddings; each request's failure is at debug
+    only, so a misbehaving client fills no log."""
+    gateway, peers, clock = fleet(nodes=1)
+    node = peers[0]
+    events: list[dict[str, Any]] = []
+    globalLogPublisher.addObserver(cast(ILogObserver, events.append))
+    try:
+        first_id, _ = embeddings(gateway)
+        answer(gateway, node, engine_error(first_id, 501, kind="not_supported_error"))
+        for _ in range(20):
+            embeddings(gateway)
+            bad_id, bad = submit(gateway)
+            answer(gateway, holder(peers, bad_id), engine_error(bad_id, 400))
+            assert bad.error is not None and bad.error.status == 400
+            clock.advance(0.1)
+    finally:
+        globalLogPublisher.removeObserver(cast(ILogObserver, events.append))
+    ours = [e for e in events if str(e.get("log_namespace", "")).startswith("twisted_iop.edge")]
+    said = [formatEvent(e) for e in ours if e["log_level"] >= LogLevel.info]
+    assert len(said) == 1 and "does not serve embeddings" in said[0], said
+    assert len([e for e in ours if e["log_level"] == LogLevel.debug]) >= 40
 
 
 def test_an_unsupported_endpoint_goes_to_a_provider_that_serves_it() -> None:

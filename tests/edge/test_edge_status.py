@@ -233,3 +233,17 @@ def test_every_snapshot_carries_its_own_totals() -> None:
     in_flight = node(busy, "node-1").providers[0].in_flight
     assert counts is not None and counts[0] == 1 and counts[GENERAL_AT + 1] == in_flight > 0
     assert counts_problem(counts, len(busy.nodes)) is None
+
+
+def test_a_provider_snapshot_carries_the_estimated_part_of_its_tokens() -> None:
+    """Tokens counted from an engine's usage and tokens the Node estimated
+    both add to the provider's totals; the estimated ones are also its own
+    part of the snapshot, so the Control Plane can say how much is a guess."""
+    clock, registry, status, _ = make()
+    token = registry.node_accepted(node_hello("node-1"), FakeNodePeer())
+    registry.node_ready(token, healthy("mock-a"))
+    registry.tokens.add("node-1", "mock-a", "llama-3-8b", 10, 20, clock.seconds())
+    registry.tokens.add("node-1", "mock-a", "llama-3-8b", 3, 5, clock.seconds(), estimated=True)
+    provider = node(status.snapshot(), "node-1").providers[0]
+    assert (provider.prompt_tokens, provider.completion_tokens) == (13, 25)
+    assert (provider.estimated_prompt_tokens, provider.estimated_completion_tokens) == (3, 5)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import AsyncIterator
+from importlib import resources
 from pathlib import Path
 from typing import Any, Optional
 
@@ -325,3 +326,65 @@ async def test_edge_stop_ends_running_requests(tmp_path: Path) -> None:
         await eventually(lambda: fleet.runner("node-1").running() == 0, message="node stopped the run")
     finally:
         await stop(*fleet.nodes.values(), fleet.edge)
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_document_and_every_refusal_speak_openai(tmp_path: Path) -> None:
+    """GET /openapi.json is served without a key (the packaged document); an unknown path is a
+    JSON 404 and a method a path does not serve a JSON 405 naming only what is served there,
+    in OpenAI's error shape (not an HTML page), and only for a caller with the key."""
+    fleet = await start_fleet(tmp_path, second_node=False, inference={"api_keys": ["k1"]})
+    auth: dict[bytes | str, list[bytes | str]] = {
+        b"Authorization": [b"Bearer k1"],
+        b"Content-Type": [b"application/json"],
+    }
+    try:
+        response = await treq.get(fleet.base + "/openapi.json")
+        assert response.code == 200
+        assert response.headers.getRawHeaders(b"content-type") == [b"application/json"]
+        packaged = resources.files("twisted_iop.edge").joinpath("openapi.json").read_bytes()
+        assert await response.content() == packaged
+        assert json.loads(packaged)["openapi"].startswith("3.1")
+
+        for method, path, status, code, allow in (
+            ("GET", "/v1/nothing", 404, "not_found", None),
+            ("GET", "/", 404, "not_found", None),
+            ("POST", "/v1/models", 405, "method_not_allowed", [b"GET, HEAD"]),
+            ("GET", "/v1/chat/completions", 405, "method_not_allowed", [b"POST"]),
+            ("DELETE", "/v1/embeddings", 405, "method_not_allowed", [b"POST"]),
+            ("OPTIONS", "/v1/completions", 405, "method_not_allowed", [b"POST"]),
+            ("OPTIONS", "/v1/models/x", 405, "method_not_allowed", [b"GET, HEAD"]),
+        ):
+            response = await treq.request(method, fleet.base + path, headers=auth, data=b"{}")
+            assert response.code == status, (method, path)
+            assert response.headers.getRawHeaders(b"content-type") == [b"application/json"], (method, path)
+            body = json.loads(await response.content())
+            assert body["error"]["code"] == code, (method, path, body)
+            assert response.headers.getRawHeaders(b"allow") == allow, (method, path)
+        response = await treq.get(fleet.base + "/v1/nothing")
+        assert response.code == 401
+        assert json.loads(await response.content())["error"]["code"] == "invalid_api_key"
+    finally:
+        await stop(*fleet.nodes.values(), fleet.edge)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_whole_number_written_with_a_point_is_a_whole_number(tmp_path: Path) -> None:
+    """``max_tokens: 3.0`` is the number 3 in JSON (and to JSON Schema): it is taken, and counts
+    towards the long-context estimate; 2.5, 0.0 and true are still 400."""
+    fleet = await start_fleet(tmp_path, second_node=False)
+    try:
+        answer = await post(fleet.base, "/v1/chat/completions", _with_max_tokens(3.0))
+        assert answer.code == 200, answer.body
+        assert answer.json()["usage"]["completion_tokens"] == 3
+        assert fleet.edge.inference.long_context({"max_tokens": 1e9}) is True
+        for wrong in (2.5, 0.0, True, "3"):
+            answer = await post(fleet.base, "/v1/chat/completions", _with_max_tokens(wrong))
+            assert answer.code == 400 and answer.json()["error"]["code"] == "invalid_max_tokens", wrong
+    finally:
+        await stop(*fleet.nodes.values(), fleet.edge)
+
+
+def _with_max_tokens(value: Any) -> bytes:
+    """A chat request whose ``max_tokens`` is ``value`` as it is."""
+    return json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": value}).encode()

@@ -380,11 +380,24 @@ class EngineLaunch:
 
 
 @attrs.frozen
-class TokenCounts:
-    """Prompt and completion tokens counted from the engine's usage since the Edge started."""
+class EstimatedTokenCounts:
+    """The part of a provider's tokens the Node estimated (the engine's stream carried no usage)."""
 
     prompt: int = 0
     completion: int = 0
+
+
+@attrs.frozen
+class TokenCounts:
+    """Prompt and completion tokens counted from the engine's usage since the Edge started.
+
+    ``estimated`` is the part of them the Node estimated (zero from a
+    Control Plane that does not say).
+    """
+
+    prompt: int = 0
+    completion: int = 0
+    estimated: EstimatedTokenCounts = attrs.field(default=EstimatedTokenCounts(), metadata=DEFAULTED)
 
 
 def _defaulted(default: Any) -> Any:

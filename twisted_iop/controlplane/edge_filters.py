@@ -96,10 +96,9 @@ class EdgeFilter:
     ) -> EdgeFilter:
         """Parse the three query parameters; :class:`SelectorError`,
         :class:`InvalidState` or :class:`InvalidQuery` when one is bad."""
-        text = (q or "").strip()
-        if len(text) > MAX_QUERY_CHARS:
+        if len(q or "") > MAX_QUERY_CHARS:
             raise InvalidQuery(f"query parameter 'q' is longer than {MAX_QUERY_CHARS} characters")
-        return cls(parse_selector(selector), parse_states(state, allowed), text.lower())
+        return cls(parse_selector(selector), parse_states(state, allowed), (q or "").strip().lower())
 
     @property
     def empty(self) -> bool:

@@ -65,10 +65,10 @@ def _arg(request: IRequest, name: str) -> Optional[str]:
 
 
 def _model(request: IRequest) -> str:
-    model = (_arg(request, "model") or "").strip()
+    model = _arg(request, "model") or ""
     if len(model) > MAX_MODEL_CHARS:
         raise BadRequest(f"query parameter 'model' is longer than {MAX_MODEL_CHARS} characters")
-    return model
+    return model.strip()
 
 
 def view_json(view: HistoryView, interval_seconds: float, **scope: Any) -> dict[str, Any]:

@@ -4,11 +4,10 @@ the one table that maps domain errors to a status and a stable code."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Optional
 
 from twisted.web.iweb import IRequest
-from werkzeug.exceptions import HTTPException
-from werkzeug.routing import Map
 
 from twisted_iop.controlplane.cluster.store import ClusterUnavailable
 from twisted_iop.controlplane.command_dispatch import UnknownCommand
@@ -44,25 +43,35 @@ def query_text(request: IRequest, name: str) -> Optional[str]:
         raise BadRequest(f"query parameter {name!r} is not valid UTF-8") from None
 
 
-#: Methods a route may serve, in the order an ``Allow`` header names them.
-ROUTE_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+#: A whole number in a query: ASCII digits (int() would also take "5\r", "1_000" or
+#: another script's digits).
+_WHOLE = re.compile(r"-?[0-9]+")
 
 
-def served_methods(url_map: Map, path: str, fallback_endpoint: str) -> list[str]:
-    """The methods a route other than ``fallback_endpoint`` (the JSON 404 for
-    every path) serves at ``path``, HEAD with GET: what ``Allow`` names."""
-    adapter = url_map.bind("iop")
-    served: list[str] = []
-    for method in ROUTE_METHODS:
-        try:
-            rule, _ = adapter.match(path, method=method, return_rule=True)
-        except HTTPException:
-            continue
-        if rule.endpoint != fallback_endpoint:
-            served.append(method)
-    if "GET" in served:
-        served.insert(1, "HEAD")
-    return served
+def query_int(request: IRequest, name: str, default: int, minimum: int, maximum: Optional[int] = None) -> int:
+    """The whole number query parameter ``name`` (``default`` when absent), for every view:
+    ASCII digits only, as the document's ``integer`` says, within the bounds; else 400."""
+    text = query_text(request, name)
+    if text is None:
+        return default
+    try:
+        value = int(text) if _WHOLE.fullmatch(text) else None
+    except ValueError:  # more digits than int() reads
+        value = None
+    if value is None:
+        raise BadRequest(f"query parameter {name!r} must be a whole number, not {text[:40]!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
+        raise BadRequest(f"query parameter {name!r} must be {bound}")
+    return value
+
+
+def body_field(body: dict[str, Any], name: str, empty: Any) -> Any:
+    """The body's field ``name``, or ``empty`` when it is missing or null (null is
+    "not given"); ``false``, ``0`` or ``[]`` are returned as they are, for the
+    caller's type check to refuse."""
+    value = body.get(name)
+    return empty if value is None else value
 
 
 def method_not_allowed(request: IRequest, served: list[str]) -> bytes:

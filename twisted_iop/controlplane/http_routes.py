@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Sequence
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Optional, Protocol
-from urllib.parse import unquote_to_bytes, urlsplit
+from urllib.parse import urlsplit
 
 from klein import Klein
 from prometheus_client import CollectorRegistry
@@ -38,12 +38,13 @@ from twisted_iop.controlplane.http_errors import (
     Forbidden,
     NotFound,
     Unauthorized,
+    body_field,
     encoded_json_body,
     error_body,
     json_body,
     method_not_allowed,
+    query_int,
     query_text,
-    served_methods,
 )
 from twisted_iop.controlplane.http_settings import HttpSettings
 from twisted_iop.controlplane.json_bytes import JsonBytesRenderer
@@ -61,6 +62,7 @@ from twisted_iop.controlplane.store.memory import MemoryStore
 from twisted_iop.http_site import WRITE_METHODS, Refusal
 from twisted_iop.ids import id_problem
 from twisted_iop.metrics import render as render_metrics
+from twisted_iop.route_methods import allow_header, served_methods
 from twisted_iop.wire.hello import MAX_COMMAND_ARGUMENTS, MAX_TEXT
 
 if TYPE_CHECKING:
@@ -134,23 +136,9 @@ def _arg(request: IRequest, name: str) -> Optional[str]:
     return query_text(request, name)
 
 
-def _int_arg(request: IRequest, name: str, default: int, minimum: int, maximum: Optional[int] = None) -> int:
-    text = _arg(request, name)
-    if text is None:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        raise BadRequest(f"query parameter {name!r} must be a whole number, not {text[:40]!r}") from None
-    if value < minimum or (maximum is not None and value > maximum):
-        bound = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
-        raise BadRequest(f"query parameter {name!r} must be {bound}")
-    return value
-
-
 def _page(request: IRequest, keys: list[str]) -> tuple[list[str], str | None]:
     """Cut a sorted key list at ``cursor``/``limit``; return keys and next cursor."""
-    limit = _int_arg(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
+    limit = query_int(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
     cursor = _arg(request, "cursor")
     start = 0
     if cursor:
@@ -421,8 +409,8 @@ class ControlPlaneHttp:
         return json_body(request, 200, dict(edge_id=edge_id, **self._events_page(request, record.events, "sequence")))
 
     def _events_page(self, request: IRequest, buffer: Any, key: str) -> dict[str, Any]:
-        since = _int_arg(request, "since", 0, 0)
-        limit = _int_arg(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
+        since = query_int(request, "since", 0, 0)
+        limit = query_int(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
         events = buffer.since(since, limit)
         next_since = getattr(events[-1], key) if events else max(since, 0)
         return {
@@ -451,7 +439,7 @@ class ControlPlaneHttp:
         return json_body(request, 200, page)
 
     def _operations_page(self, request: IRequest, operations: list[OperationRecord]) -> dict[str, Any]:
-        limit = _int_arg(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
+        limit = query_int(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
         cursor = _arg(request, "cursor")
         start = 0
         if cursor:
@@ -494,10 +482,10 @@ class ControlPlaneHttp:
         name = body.get("name")
         if not isinstance(name, str) or not name:
             raise BadRequest("field 'name' must be a non-empty string")
-        target = body.get("target") or ""
+        target = body_field(body, "target", "")
         if not isinstance(target, str):
             raise BadRequest("field 'target' must be a string")
-        arguments = body.get("arguments") or {}
+        arguments = body_field(body, "arguments", {})
         if not isinstance(arguments, dict) or not all(
             isinstance(k, str) and isinstance(v, (str, int, float, bool)) for k, v in arguments.items()
         ):
@@ -520,6 +508,10 @@ class ControlPlaneHttp:
         header = request.getHeader(b"idempotency-key")
         if key is None and header is not None:
             key = header.decode("utf-8", "replace")
+        elif header is not None and len(header.decode("utf-8", "replace")) > 200:
+            # The body's key wins, but a header over its documented bound is
+            # still a bad request (not silently ignored).
+            raise BadRequest("the Idempotency-Key header must be at most 200 characters")
         if key is None:
             key = body.get("command_id")
         if key is not None and (not isinstance(key, str) or len(key) > 200):
@@ -581,7 +573,7 @@ class ControlPlaneHttp:
         Filtered by ``selector``, ``state`` and ``q``, the round asks only
         the matching edges and the totals are those of the matching rows."""
         self._shared(request)
-        limit = _int_arg(request, "limit", MAX_PAGE, 1, 10000)
+        limit = query_int(request, "limit", MAX_PAGE, 1, 10000)
         cursor = _arg(request, "cursor") or ""
         round_ = await self._gateway.fleet_status(_filter(request, FLEET_STATES))
         return encoded_json_body(request, 200, self._json.fleet_page(round_, cursor, limit, self._clock.seconds()))
@@ -647,12 +639,7 @@ class ControlPlaneHttp:
 
     def allow_header(self, path: bytes) -> Optional[bytes]:
         """The ``Allow`` header of ``path`` (the site's 405 for OPTIONS, TRACE ...), None if unknown."""
-        try:
-            text = unquote_to_bytes(path).decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-        served = served_methods(self.app.url_map, text, "not_found")
-        return ", ".join(served).encode("ascii") if served else None
+        return allow_header(self.app.url_map, path, "not_found")
 
 
 add_rollout_routes(ControlPlaneHttp.app)

@@ -332,7 +332,18 @@ PROVIDER = (
     Member(
         "tokens",
         None,
-        (Member("prompt", "prompt_tokens", write_int), Member("completion", "completion_tokens", write_int)),
+        (
+            Member("prompt", "prompt_tokens", write_int),
+            Member("completion", "completion_tokens", write_int),
+            Member(
+                "estimated",
+                None,
+                (
+                    Member("prompt", "estimated_prompt_tokens", write_int),
+                    Member("completion", "estimated_completion_tokens", write_int),
+                ),
+            ),
+        ),
     ),
     Member("saturated", "saturated", write_bool),
     Member("cooling_down", "cooling_down", write_bool),

@@ -166,7 +166,14 @@ def provider_json(provider: pb.ProviderSnapshot) -> dict[str, Any]:
         ),
         "engine": engine_json(provider.engine),
         "tokens_per_second": rate(provider.tokens_per_second),
-        "tokens": {"prompt": provider.prompt_tokens, "completion": provider.completion_tokens},
+        "tokens": {
+            "prompt": provider.prompt_tokens,
+            "completion": provider.completion_tokens,
+            "estimated": {
+                "prompt": provider.estimated_prompt_tokens,
+                "completion": provider.estimated_completion_tokens,
+            },
+        },
         "saturated": provider.saturated,
         "cooling_down": provider.cooling_down,
         "launch": launch_json(provider),

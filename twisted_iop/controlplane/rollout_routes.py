@@ -21,7 +21,7 @@ from twisted.web.iweb import IRequest
 from twisted_iop.controlplane import rollout_states as rs
 from twisted_iop.controlplane.auth import ApiToken
 from twisted_iop.controlplane.bounds import MAX_ARGUMENT_VALUE
-from twisted_iop.controlplane.http_errors import BadRequest, error_body, json_body, query_text
+from twisted_iop.controlplane.http_errors import BadRequest, body_field, error_body, json_body, query_int, query_text
 from twisted_iop.controlplane.http_settings import HttpSettings
 from twisted_iop.controlplane.json_views import iso
 from twisted_iop.controlplane.rollouts import (
@@ -155,8 +155,13 @@ def _number(
     value = section.get(name)
     if value is None:
         return None
-    kinds = (int,) if whole else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value):
+    # A whole number may be written 2.0: JSON (and JSON Schema's "integer") has one number
+    # type. An int is never turned into a float here: 10**400 would not fit (a 500).
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (isinstance(value, float) and not (math.isfinite(value) and (value.is_integer() or not whole)))
+    ):
         raise BadRequest(f"field '{field}{name}' must be a {'whole ' if whole else ''}number")
     if not minimum <= value <= maximum:
         raise BadRequest(f"field '{field}{name}' must be between {_plain(minimum)} and {_plain(maximum)}")
@@ -179,15 +184,15 @@ def _command(body: dict[str, Any]) -> rs.RolloutCommand:
     name = command.get("name")
     if not isinstance(name, str) or not name or len(name) > MAX_TEXT:
         raise BadRequest(f"field 'command.name' must be a non-empty string of at most {MAX_TEXT} characters")
-    target = command.get("target") or ""
+    target = body_field(command, "target", "")
     if not isinstance(target, str) or len(target) > MAX_TEXT:
         raise BadRequest(f"field 'command.target' must be a string of at most {MAX_TEXT} characters")
-    node_selector = command.get("node_selector") or ""
-    if node_selector:
+    node_selector = body_field(command, "node_selector", "")
+    if node_selector != "":
         if target:
             raise BadRequest("fields 'command.target' and 'command.node_selector' exclude each other")
         node_selector = str(_selector(node_selector, "command.node_selector"))
-    arguments = command.get("arguments") or {}
+    arguments = body_field(command, "arguments", {})
     if not isinstance(arguments, dict) or not all(
         isinstance(k, str) and isinstance(v, (str, int, float, bool)) for k, v in arguments.items()
     ):
@@ -281,6 +286,10 @@ def rollout_request(http: RolloutHost, request: IRequest, body: dict[str, Any]) 
     header = request.getHeader(b"idempotency-key")
     if key is None and header is not None:
         key = header.decode("utf-8", "replace")
+    elif header is not None and len(header.decode("utf-8", "replace")) > MAX_KEY_CHARS:
+        # The body's key wins, but a header over its documented bound is
+        # still a bad request (not silently ignored).
+        raise BadRequest(f"the Idempotency-Key header must be at most {MAX_KEY_CHARS} characters")
     if key is not None and (not isinstance(key, str) or len(key) > MAX_KEY_CHARS):
         raise BadRequest(f"field 'idempotency_key' must be a string of at most {MAX_KEY_CHARS} characters")
     command = _command(body)
@@ -301,12 +310,7 @@ def _query(request: IRequest, name: str) -> str:
 
 
 def _limit(request: IRequest) -> int:
-    text = query_text(request, "limit")
-    if text is None:
-        return DEFAULT_PAGE
-    if not text.isdigit() or not 1 <= int(text) <= MAX_PAGE:
-        raise BadRequest(f"query parameter 'limit' must be a whole number between 1 and {MAX_PAGE}")
-    return int(text)
+    return query_int(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
 
 
 def _states(request: IRequest) -> Optional[frozenset[str]]:

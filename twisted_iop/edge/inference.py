@@ -40,6 +40,7 @@ from twisted.logger import Logger
 
 from twisted_iop.edge.inference_config import InferenceConfig
 from twisted_iop.edge.inference_errors import (
+    UNSUPPORTED_MEMORY_SECONDS,
     FailureKind,
     UnsupportedEndpoints,
     client_error,
@@ -50,7 +51,7 @@ from twisted_iop.edge.inference_lifecycle import InferenceError, InferenceLifecy
 from twisted_iop.edge.pool import NoSuchModel
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.metrics import LatencyHistogram
-from twisted_iop.openai_api import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, estimate_prompt_tokens
+from twisted_iop.openai_api import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, estimate_prompt_tokens, whole_tokens
 from twisted_iop.wire import control_pb2 as pb
 
 #: Wire bodies of the inference path that the Edge receives from a Node
@@ -147,8 +148,8 @@ class InferenceGateway:
     def long_context(self, body: dict[str, Any]) -> bool:
         """Whether characters/4 + max_tokens is above the threshold."""
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        extra = max_tokens if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) else 0
-        return estimate_prompt_tokens(body) + max(0, extra) > self.config.long_context_threshold_tokens
+        extra = whole_tokens(max_tokens) or 0
+        return estimate_prompt_tokens(body) + extra > self.config.long_context_threshold_tokens
 
     def available_models(self) -> list[str]:
         """Models some provider serves now or only "not now" (saturated, cooling down,
@@ -340,6 +341,15 @@ class InferenceGateway:
         error = client_error(done, self.config.retry_after_seconds)
         if not_supported(done):
             self.unsupported.remember(node_id, provider_id, admitted.endpoint, error, self._clock.seconds())
+            self._log.info(
+                "node {node_id} provider {provider_id} does not serve {endpoint}: such requests are answered "
+                "without it for {seconds:g}s ({reason})",
+                node_id=node_id,
+                provider_id=provider_id,
+                endpoint=ENDPOINT_NAMES.get(admitted.endpoint, "unknown"),
+                seconds=UNSUPPORTED_MEMORY_SECONDS,
+                reason=error.message[:200],
+            )
             if self._try_elsewhere(admitted):
                 return
         kind = failure_kind(done)
@@ -371,7 +381,8 @@ class InferenceGateway:
                 if admitted.ticket.phase is Phase.QUEUED:
                     self._start_queue_timer(admitted)
                 return
-        self._end(admitted, Outcome.PROVIDER_ERROR, error)
+        # A client's mistake is logged at debug: a client repeating it makes no line per request.
+        self._end(admitted, Outcome.PROVIDER_ERROR, error, quiet=kind is FailureKind.CLIENT)
 
     def _try_elsewhere(self, admitted: _AdmittedRequest) -> bool:
         """The leased provider does not serve the request's endpoint: send it to another
@@ -416,7 +427,7 @@ class InferenceGateway:
         unsupported = self.unsupported.known(lease.node_id, lease.provider_id, admitted.endpoint, self._clock.seconds())
         if unsupported is not None:
             if not self._try_elsewhere(admitted):
-                self._end(admitted, Outcome.PROVIDER_ERROR, unsupported)
+                self._end(admitted, Outcome.PROVIDER_ERROR, unsupported, quiet=True)  # said once, when remembered
             return
         peer = self._registry.owner_peer(lease.node_id)
         if peer is None or getattr(peer, "closing", False) or not hasattr(peer, "send"):
@@ -460,6 +471,7 @@ class InferenceGateway:
         outcome: Outcome,
         error: Optional[InferenceError] = None,
         done: Optional[pb.InferenceDone] = None,
+        quiet: bool = False,
     ) -> None:
         ticket = admitted.ticket
         if self._admitted.pop(ticket.inference_id, None) is None:
@@ -467,7 +479,7 @@ class InferenceGateway:
         if error is not None and outcome in _FAILURES:
             lease = ticket.lease
             where = f"node {lease.node_id} provider {lease.provider_id}" if lease is not None else "no provider"
-            self._log_failure(admitted, error, where)
+            self._log_failure(admitted, error, where, quiet)
             if outcome is Outcome.NODE_SILENT and lease is not None:
                 self._registry.request_failed(lease.node_id, lease.provider_id, error.code, cool_down_now=False)
         self._cancel_timer(admitted)
@@ -491,9 +503,11 @@ class InferenceGateway:
         elif error is not None:
             admitted.sink.fail(error)
 
-    def _log_failure(self, admitted: _AdmittedRequest, error: InferenceError, where: str) -> None:
-        """The one line of a failed request: model, provider, code and reason (never an address)."""
-        self._log.info(
+    def _log_failure(self, admitted: _AdmittedRequest, error: InferenceError, where: str, quiet: bool = False) -> None:
+        """The one line of a failed request: model, provider, code and reason (never an address);
+        at debug when ``quiet`` (a client's mistake)."""
+        emit = self._log.debug if quiet else self._log.info
+        emit(
             "inference {id} (model {model}) failed on {where}: {status} {code}: {reason}",
             id=admitted.ticket.inference_id,
             model=admitted.ticket.model,

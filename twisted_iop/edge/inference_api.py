@@ -3,7 +3,9 @@
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``,
 ``POST /v1/embeddings`` (``stream: true`` answers as server-sent events,
 ``data: {...}`` then ``data: [DONE]``), ``GET /v1/models`` and
-``GET /v1/models/{id}``. Every error is an OpenAI error body
+``GET /v1/models/{id}``, and ``GET /openapi.json`` (this API's OpenAPI
+document, ``twisted_iop/edge/openapi.json``, served without a key like the
+Control Plane's). Every error is an OpenAI error body
 ``{"error": {"message", "type", "code"}}``; :class:`InferenceError` is
 mapped to it here, once. See docs/inference.md.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import hmac
 import json
+from importlib import resources
 from typing import Any, Optional
 
 from klein import Klein
@@ -27,8 +30,14 @@ from twisted_iop.edge.inference import InferenceGateway
 from twisted_iop.edge.inference_config import InferenceConfig
 from twisted_iop.edge.inference_lifecycle import InferenceError, Outcome
 from twisted_iop.http_site import GuardedSite, Refusal, SiteLimits
-from twisted_iop.openai_api import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, error_body
+from twisted_iop.openai_api import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, error_body, whole_tokens
+from twisted_iop.route_methods import allow_header, served_methods
 from twisted_iop.wire import control_pb2 as pb
+
+#: The OpenAPI document of this API (packaged beside this module).
+OPENAPI_RESOURCE = "openapi.json"
+#: The one path served without an API key.
+OPENAPI_PATH = b"/openapi.json"
 
 _WIRE_ENDPOINTS = {
     CHAT_COMPLETIONS: pb.INFERENCE_ENDPOINT_CHAT_COMPLETIONS,
@@ -66,6 +75,7 @@ def inference_site(api: InferenceAPI, config: InferenceConfig, reactor: Any = No
         realm=b"iop-edge",
         access_log=False,
         tcp_nodelay=True,
+        allowed_methods=api.allow_header,
     )
 
 
@@ -181,6 +191,7 @@ class InferenceAPI:
         self._gateway = gateway
         #: Digests of the API keys (the keys themselves are not kept).
         self._keys = tuple(token_digest(k.encode()) for k in gateway.config.api_keys)
+        self._openapi: Optional[bytes] = None
 
     # -- errors -----------------------------------------------------------------
 
@@ -211,12 +222,26 @@ class InferenceAPI:
             raise InferenceError(401, "invalid_api_key", "missing or wrong API key (Authorization: Bearer KEY)")
 
     def check_headers(self, request: IRequest) -> Optional[Refusal]:
-        """The site's check before any body is read: the API key."""
+        """The site's check before any body is read: the API key (not for the OpenAPI document)."""
+        # At header time the request line is known to the channel, not yet to the request.
+        channel: Any = request.channel  # type: ignore[attr-defined]
+        if channel.request_path == OPENAPI_PATH and channel.request_method in (b"GET", b"HEAD"):
+            return None
         try:
             self._authorize(request)
         except InferenceError as e:
             return Refusal(e.status, e.code, e.message)
         return None
+
+    # -- the contract -------------------------------------------------------------
+
+    @app.route("/openapi.json", methods=["GET"])
+    def openapi(self, request: IRequest) -> bytes:
+        """The OpenAPI document of this API (no key needed: it says nothing of the fleet)."""
+        if self._openapi is None:
+            self._openapi = resources.files(__package__).joinpath(OPENAPI_RESOURCE).read_bytes()
+        request.setHeader(b"Content-Type", b"application/json")
+        return self._openapi
 
     # -- models -----------------------------------------------------------------
 
@@ -265,6 +290,24 @@ class InferenceAPI:
         sink.inference_id = self._gateway.submit(_WIRE_ENDPOINTS[endpoint], model, long_context, raw, stream, sink)
         return sink.result
 
+    # -- anything else -------------------------------------------------------------
+
+    @app.route("/", defaults={"rest": ""}, methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
+    @app.route("/<path:rest>", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
+    def not_found(self, request: IRequest, rest: str) -> bytes:
+        """Any other path or method: OpenAI's error shape, 405 with ``Allow`` where another method is served."""
+        self._authorize(request)
+        served = served_methods(self.app.url_map, "/" + rest, "not_found")
+        if served:
+            request.setHeader(b"Allow", ", ".join(served).encode("ascii"))
+            method = request.method.decode("ascii", "replace")[:20]
+            raise InferenceError(405, "method_not_allowed", f"method {method} is not served here")
+        raise InferenceError(404, "not_found", "no such route (see GET /openapi.json)")
+
+    def allow_header(self, path: bytes) -> Optional[bytes]:
+        """The ``Allow`` header of ``path`` (the site's 405 for OPTIONS, TRACE ...), None if unknown."""
+        return allow_header(self.app.url_map, path, "not_found")
+
 
 def _model_entry(model: str) -> dict[str, Any]:
     return {"id": model, "object": "model", "created": 0, "owned_by": "twisted-iop"}
@@ -285,7 +328,7 @@ def _parse_body(raw: bytes, endpoint: str) -> dict[str, Any]:
         raise _error(400, "invalid_stream", "stream: must be true or false")
     for key in ("max_tokens", "max_completion_tokens"):
         value = body.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        if value is not None and whole_tokens(value) is None:
             raise _error(400, f"invalid_{key}", f"{key}: must be a positive whole number")
     if endpoint == CHAT_COMPLETIONS:
         messages = body.get("messages")

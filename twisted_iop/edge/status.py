@@ -10,8 +10,8 @@ Rules (see docs/edge-and-node.md):
   engine's with ``capacity: auto``), in-flight leases and queue pressure
   from the pool, health from the Node's reports, and ``AVAILABLE`` or
   ``DRAINED``; the engine's last reading (``engine``, its ``age_ms`` the age
-  now), ``saturated``, tokens (totals and completion tokens per second over
-  the last minute) and ``cooling_down``: a provider that cools down and
+  now), ``saturated``, tokens (totals, the part of them estimated, and
+  completion tokens per second over the last minute) and ``cooling_down``: a provider that cools down and
   reports ``healthy`` shows ``degraded`` with the cool-down's reason;
   ``launch``, its engine's state when its Node launches it.
 
@@ -86,6 +86,7 @@ class StatusProvider:
         reading = registry.engine_loads.last(node_id, provider_id)
         engine = reading.to_wire(now) if reading is not None else pb.EngineLoad(known=False, kv_cache_usage=-1.0)
         prompt_tokens, completion_tokens = registry.tokens.provider_totals(node_id, provider_id)
+        estimated_prompt, estimated_completion = registry.tokens.provider_estimated_totals(node_id, provider_id)
         snapshot = pb.ProviderSnapshot(
             provider_id=provider.provider_id,
             kind=provider.kind,
@@ -103,6 +104,8 @@ class StatusProvider:
             tokens_per_second=registry.tokens.tokens_per_second(node_id, provider_id, now),
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
+            estimated_prompt_tokens=estimated_prompt,
+            estimated_completion_tokens=estimated_completion,
             saturated=registry.saturated(node_id, provider_id),
             cooling_down=cooling is not None,
         )

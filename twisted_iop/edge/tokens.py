@@ -78,12 +78,11 @@ class TokenCounter:
 
     def provider_totals(self, node_id: str, provider_id: str) -> tuple[int, int]:
         """Prompt and completion tokens of one provider, every model."""
-        prompt = completion = 0
-        for (n, p, _), (tp, tc) in self._totals.items():
-            if n == node_id and p == provider_id:
-                prompt += tp
-                completion += tc
-        return prompt, completion
+        return _provider_sum(self._totals, node_id, provider_id)
+
+    def provider_estimated_totals(self, node_id: str, provider_id: str) -> tuple[int, int]:
+        """The estimated part of :meth:`provider_totals`."""
+        return _provider_sum(self._estimated, node_id, provider_id)
 
     def totals(self) -> list[tuple[str, str, str, int, int]]:
         """Every (node, provider, model, prompt, completion), sorted."""
@@ -92,3 +91,13 @@ class TokenCounter:
     def estimated_totals(self) -> list[tuple[str, str, str, int, int]]:
         """The estimated part of :meth:`totals`: every (node, provider, model, prompt, completion), sorted."""
         return sorted((n, p, m, tp, tc) for (n, p, m), (tp, tc) in self._estimated.items())
+
+
+def _provider_sum(totals: dict[tuple[str, str, str], list[int]], node_id: str, provider_id: str) -> tuple[int, int]:
+    """Prompt and completion tokens of one provider in ``totals``, every model."""
+    prompt = completion = 0
+    for (n, p, _), (tp, tc) in totals.items():
+        if n == node_id and p == provider_id:
+            prompt += tp
+            completion += tc
+    return prompt, completion

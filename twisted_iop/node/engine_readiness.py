@@ -15,7 +15,7 @@ from typing import Any, Optional
 import attrs
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.defer import TimeoutError as DeferredTimeoutError
-from twisted.internet.error import ConnectError, ConnectionRefusedError
+from twisted.internet.error import ConnectError, ConnectingCancelledError, ConnectionRefusedError
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseFailed, ResponseNeverReceived
 
@@ -75,7 +75,7 @@ def failed_check(failure: Failure) -> ReadinessAnswer:
 
 
 def _unanswered_reason(failure: Failure, timeout: float) -> str:
-    if failure.check(DeferredTimeoutError, CancelledError):
+    if failure.check(DeferredTimeoutError, CancelledError, ConnectingCancelledError):
         return f"no answer within {timeout:g}s"
     if failure.check(ConnectionRefusedError):
         return "connection refused"

@@ -41,7 +41,7 @@ from typing import Any, Optional, Protocol, cast
 import attrs
 from google.protobuf.message import Message
 from twisted.internet.defer import CancelledError, Deferred, TimeoutError
-from twisted.internet.error import ConnectError, ConnectionRefusedError
+from twisted.internet.error import ConnectError, ConnectingCancelledError, ConnectionRefusedError
 from twisted.internet.interfaces import IPushProducer, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -602,7 +602,7 @@ class _HTTPJob:
 
 def unreachable_reason(failure: Failure) -> str:
     """Why no answer came from the engine, in words that name no address."""
-    if failure.check(TimeoutError, CancelledError):
+    if failure.check(TimeoutError, CancelledError, ConnectingCancelledError):
         return f"the engine sent no answer within {RESPONSE_HEADERS_TIMEOUT_SECONDS:g}s"
     if failure.check(ConnectionRefusedError):
         return "the engine refused the connection"

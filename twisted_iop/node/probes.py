@@ -34,7 +34,7 @@ from typing import Any, Optional, Protocol, cast
 import attrs
 from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.defer import TimeoutError as DeferredTimeoutError
-from twisted.internet.error import ConnectError, ConnectionRefusedError, DNSLookupError
+from twisted.internet.error import ConnectError, ConnectingCancelledError, ConnectionRefusedError, DNSLookupError
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.protocol import Protocol as TwistedProtocol
 from twisted.logger import Logger
@@ -305,7 +305,9 @@ class ProviderProber:
 
     def _unanswered(self, provider: NodeProviderConfig, error: Exception, timeout: float, took: float) -> ProbeResult:
         pid = provider.provider_id
-        timed_out = isinstance(error, (DeferredTimeoutError, CancelledError)) or (
+        # A connect still pending at the timeout is cancelled (a host that drops SYNs, a full
+        # backlog): that is no answer in time, not a bug to log with its traceback every probe.
+        timed_out = isinstance(error, (DeferredTimeoutError, CancelledError, ConnectingCancelledError)) or (
             isinstance(error, (ResponseNeverReceived, ResponseFailed)) and took >= timeout
         )
         if timed_out:

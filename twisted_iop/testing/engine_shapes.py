@@ -3,8 +3,12 @@
 Per engine kind (:data:`SHAPES`): health answers, the models list, load
 endpoints (Prometheus text, llama.cpp's ``/slots``, Ollama's ``/api/ps``),
 error bodies with the code the Node must map each to, and what a
-streamed chat completion looks like. Every shape names where it is
-documented (the engine's docs, or the source file that builds it).
+streamed chat completion looks like. llama.cpp's server's answers are
+recorded from the real one (:mod:`twisted_iop.testing.llama_server_recorded`);
+the other engines cannot run here (vLLM, SGLang and TGI need a GPU,
+Ollama is not packaged here), so theirs are written from their docs and
+sources: every shape names where it is documented (the engine's docs, or
+the source file that builds it).
 :mod:`twisted_iop.testing.engine_fixtures` serves them over HTTP.
 """
 
@@ -15,6 +19,9 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 import attrs
+
+from twisted_iop.testing.llama_server_recorded import BUILD as LLAMA_SERVER_BUILD
+from twisted_iop.testing.llama_server_recorded import RECORDED as LLAMA_SERVER_RECORDED
 
 #: ``next_chat`` answers besides a recorded error's name.
 STREAM_OK = "stream_ok"  #: an ordinary answer (a stream if asked: chunks, usage chunk if asked, [DONE])
@@ -240,36 +247,25 @@ SGLANG = EngineShapes(
 )
 
 # -- llama.cpp's server ---------------------------------------------------------------
-# tools/server/README.md ("GET /health", "GET /slots", "GET /metrics", started with --metrics);
-# tools/server/utils.hpp format_error_response (error types, exceed_context_size_error).
-# No KV-cache metric: the llama-server of llama-cpp-python 0.3.36's vendored llama.cpp exports
-# none (the llamacpp:kv_cache_usage_ratio of older builds is gone), so its KV use is unknown.
-
-_LLAMACPP_METRICS = b"""# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.
-# TYPE llamacpp:prompt_tokens_total counter
-llamacpp:prompt_tokens_total 412
-# HELP llamacpp:tokens_predicted_total Number of generation tokens processed.
-# TYPE llamacpp:tokens_predicted_total counter
-llamacpp:tokens_predicted_total 1290
-# HELP llamacpp:requests_processing Number of requests processing.
-# TYPE llamacpp:requests_processing gauge
-llamacpp:requests_processing 1
-# HELP llamacpp:requests_deferred Number of requests deferred.
-# TYPE llamacpp:requests_deferred gauge
-llamacpp:requests_deferred 3
-"""
+# Recorded from the real llama-server (llama.cpp build llama_server_recorded.BUILD, the one vendored
+# in llama-cpp-python 0.3.36, built by `make llama-server`) on the tests' tiny model: health while
+# loading and ready, the models list, /slots with both of its 2 slots busy and one request deferred,
+# /props, /metrics (with --metrics), and its error answers. Re-record with
+# `python -m twisted_iop.testing.record_llama_server`. Not recorded: a /health "down" (llama-server
+# exits when the model fails to load; the 500 below is tools/server/utils.hpp's server_error shape)
+# and an error inside a 200 stream (one cannot be provoked on demand; the shape is server.cpp's).
+# It exports no KV-cache metric (the llamacpp:kv_cache_usage_ratio of older builds is gone), so its
+# KV use is unknown.
 
 
-def _slot(slot_id: int, processing: bool) -> dict[str, Any]:
-    return {
-        "id": slot_id,
-        "id_task": 7 if processing else -1,
-        "n_ctx": 2048,
-        "speculative": False,
-        "is_processing": processing,
-        "params": {"n_predict": -1, "temperature": 0.8},
-        "next_token": {"has_next_token": processing, "n_remain": -1, "n_decoded": 12 if processing else 0},
-    }
+def _recorded(name: str) -> Reply:
+    status, content_type, body = LLAMA_SERVER_RECORDED[name]
+    return Reply(status, body, content_type)
+
+
+def _recorded_error(name: str, expected_code: str) -> RecordedError:
+    status, _, body = LLAMA_SERVER_RECORDED[name]
+    return RecordedError(status, body, expected_code)
 
 
 def _llamacpp_error(message: str, code: int, type_: str, **extra: Any) -> bytes:
@@ -278,45 +274,25 @@ def _llamacpp_error(message: str, code: int, type_: str, **extra: Any) -> bytes:
 
 LLAMACPP = EngineShapes(
     node_kind="llamacpp",
-    source="llama.cpp tools/server/README.md, tools/server/utils.hpp (format_error_response)",
+    source=f"recorded from llama-server {LLAMA_SERVER_BUILD} (twisted_iop/testing/record_llama_server.py)",
     health_path="/health",
     health={
-        "ok": Reply(200, as_json({"status": "ok"})),
-        "loading": Reply(503, _llamacpp_error("Loading model", 503, "unavailable_error")),
+        "ok": _recorded("health_ok"),
+        "loading": _recorded("health_loading"),
         "down": Reply(500, _llamacpp_error("Failed to load model", 500, "server_error")),
     },
     models_path="/v1/models",
-    models=_openai_models("llamacpp", meta={"n_ctx_train": 2048, "n_params": 1000000}),
-    load={
-        "/slots": Reply(200, as_json([_slot(0, True), _slot(1, False)])),
-        "/props": Reply(200, as_json({"total_slots": 2, "model_alias": "{model}", "default_generation_settings": {}})),
-        "/metrics": Reply(200, _LLAMACPP_METRICS, PROMETHEUS),
-    },
-    expected_load=(1, 3, None, 2),
+    models=_recorded("models"),
+    load={"/slots": _recorded("slots_busy"), "/props": _recorded("props"), "/metrics": _recorded("metrics_busy")},
+    # requests_processing 2, requests_deferred 1, no KV-cache metric, 2 slots.
+    expected_load=(2, 1, None, 2),
     errors={
-        "context_length_exceeded": RecordedError(
-            400,
-            _llamacpp_error(
-                "the request exceeds the available context size, try increasing it",
-                400,
-                "exceed_context_size_error",
-                n_prompt_tokens=5000,
-                n_ctx=2048,
-            ),
-            "context_length_exceeded",
-        ),
-        "overloaded": RecordedError(503, _llamacpp_error("Loading model", 503, "unavailable_error"), "overloaded"),
-        "invalid_request": RecordedError(
-            400, _llamacpp_error("'messages' is required", 400, "invalid_request_error"), "invalid_request"
-        ),
-        # Embeddings asked of a server started without --embeddings (the issue's engine 5xx).
-        "provider_error": RecordedError(
-            501,
-            _llamacpp_error(
-                "This server does not support embeddings. Start it with `--embeddings`", 501, "not_supported_error"
-            ),
-            "provider_error",
-        ),
+        "context_length_exceeded": _recorded_error("context_length_exceeded", "context_length_exceeded"),
+        # A chat asked while the model loads.
+        "overloaded": _recorded_error("chat_while_loading", "overloaded"),
+        "invalid_request": _recorded_error("invalid_request", "invalid_request"),
+        # Embeddings asked of a server started without --embeddings: 501, the client's call.
+        "provider_error": _recorded_error("embeddings_not_supported", "provider_error"),
     },
     # tools/server/server.cpp: an error while streaming is {"error": ...} in the event stream.
     stream_error=RecordedError(

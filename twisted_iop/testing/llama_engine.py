@@ -1,5 +1,6 @@
 """llama-cpp-python's OpenAI server as a child process on a loopback port,
-and a Control Plane, Edge and Nodes in front of such engines as ``twistd``
+and a Control Plane, Edge and Nodes in front of such engines (or of
+llama-server, :mod:`twisted_iop.testing.llama_server`) as ``twistd``
 processes, for the tests against a real engine and
 ``bench/engine_throughput.py``.
 
@@ -22,7 +23,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import attrs
 
@@ -237,6 +238,17 @@ class EngineFleet:
         with urllib.request.urlopen(self.edge_metrics, timeout=5) as response:
             return str(response.read(4 * 1024 * 1024).decode())
 
+    def metric_sum(self, name: str, **labels: str) -> float:
+        """The sum of the Edge's samples ``name`` whose labels include ``labels`` (0 when none)."""
+        from prometheus_client.parser import text_string_to_metric_families  # a test extra
+
+        total = 0.0
+        for family in text_string_to_metric_families(self.metrics_text()):
+            for sample in family.samples:
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                    total += sample.value
+        return total
+
     def stop(self) -> None:
         """Stop the daemons (Nodes first); the engines are their owners' to stop."""
         for daemon in reversed(self.daemons):
@@ -265,12 +277,20 @@ def _ports(daemon: Daemon, labels: set[str], timeout: float = 30.0) -> dict[str,
     return result
 
 
-def engine_fleet_yaml(cp_address: str, models: list[str], capacity: int, kind: str, count: int) -> dict[str, Any]:
-    """edge.yaml for ``count`` Nodes with one provider each of ``kind`` and ``capacity``."""
+def engine_fleet_yaml(
+    cp_address: str,
+    models: list[str],
+    capacity: Union[int, str],
+    kind: str,
+    count: int,
+    inference: Optional[dict[str, Any]] = None,
+) -> dict[str, Any]:
+    """edge.yaml for ``count`` Nodes with one provider each of ``kind`` and ``capacity`` (a number or
+    ``"auto"``); ``inference`` is more of its ``inference`` section."""
     return {
         "control_plane": {"address": cp_address, "edge_id": "edge-a", "backoff": FAST_BACKOFF},
         "node_server": {"listen": LOOPBACK_ZERO, "probe_timeout_seconds": 2},
-        "inference": {"listen": LOOPBACK_ZERO, "api_keys": [API_KEY]},
+        "inference": {"listen": LOOPBACK_ZERO, "api_keys": [API_KEY], **(inference or {})},
         "nodes": [
             {
                 "node_id": f"node-{i}",
@@ -285,14 +305,18 @@ def engine_fleet_yaml(cp_address: str, models: list[str], capacity: int, kind: s
 def start_engine_fleet(
     engines: list[LlamaEngine],
     log_dir: Path,
-    capacity: int,
+    capacity: Union[int, str],
     kind: str = "llamacpp",
     timeout: float = 60.0,
     probes: Optional[dict[str, float]] = FLEET_PROBES,
+    inference: Optional[dict[str, Any]] = None,
+    healthy: bool = True,
 ) -> EngineFleet:
-    """Start a Control Plane, an Edge and a Node per engine; wait until every provider is healthy.
+    """Start a Control Plane, an Edge and a Node per engine; wait until every provider is healthy
+    (with ``healthy`` false: until every Node is connected, whatever its engine says).
 
-    ``probes`` is the Nodes' ``probes`` section (``None``: node.yaml's defaults).
+    ``probes`` is the Nodes' ``probes`` section (``None``: node.yaml's
+    defaults); ``inference`` is more of the Edge's ``inference`` section.
 
     Blocking, bounded by ``timeout``; on failure every daemon started is
     stopped and ``AssertionError`` says what was missing.
@@ -303,7 +327,9 @@ def start_engine_fleet(
         cp = start_daemon(["iop-control-plane"], log_dir, env=_FLEET_ENV, name="cp")
         daemons.append(cp)
         cp_ports = _ports(cp, {"http", "edge_wire"})
-        edge_config = engine_fleet_yaml(f"127.0.0.1:{cp_ports['edge_wire']}", models, capacity, kind, len(engines))
+        edge_config = engine_fleet_yaml(
+            f"127.0.0.1:{cp_ports['edge_wire']}", models, capacity, kind, len(engines), inference
+        )
         edge = start_daemon(
             ["iop-edge", "--config", write_yaml(log_dir / "edge.yaml", edge_config)],
             log_dir,
@@ -337,9 +363,11 @@ def start_engine_fleet(
 
         def all_healthy() -> bool:
             providers = fleet.providers()
-            return set(providers) == wanted and all(p.get("health") == "healthy" for p in providers.values())
+            if set(providers) != wanted:
+                return False
+            return not healthy or all(p.get("health") == "healthy" for p in providers.values())
 
-        wait_until(all_healthy, timeout, "every provider connected and healthy in the Control Plane's view")
+        wait_until(all_healthy, timeout, "every provider connected (and healthy) in the Control Plane's view")
         return fleet
     except BaseException:
         for daemon in reversed(daemons):

@@ -1,6 +1,6 @@
 """llama.cpp's own C++ server (``llama-server``) as a child process on a loopback port, for the tests.
 
-The binary is the one ``make llama-engine`` builds once per machine from
+The binary is the one ``make llama-server`` (and so ``make test``) builds once per machine from
 the llama.cpp vendored in the llama-cpp-python 0.3.36 sdist:
 ``$IOP_LLAMA_SERVER``, or :data:`DEFAULT_LLAMA_SERVER`. Unlike
 llama-cpp-python's server it binds before it loads the model (``/health``
@@ -15,12 +15,13 @@ import os
 import subprocess
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from twisted_iop.testing.llama_engine import START_TIMEOUT_SECONDS, LlamaEngine, free_port, wait_until
 
-#: Where ``make llama-engine`` installs llama-server unless ``IOP_LLAMA_SERVER`` says otherwise.
+#: Where ``make llama-server`` installs llama-server unless ``IOP_LLAMA_SERVER`` says otherwise.
 DEFAULT_LLAMA_SERVER = Path.home() / ".cache" / "twisted-iop" / "llama-server-0.3.36" / "llama-server"
 #: Flags every llama-server started here gets besides model, alias, address and slots.
 SERVER_FLAGS: tuple[str, ...] = ("--threads", "1", "--threads-batch", "1", "--seed", "17", "--metrics")
@@ -30,7 +31,7 @@ def llama_server_path() -> Path:
     """The llama-server binary: ``$IOP_LLAMA_SERVER`` or :data:`DEFAULT_LLAMA_SERVER`."""
     path = Path(os.environ.get("IOP_LLAMA_SERVER") or DEFAULT_LLAMA_SERVER)
     if not path.is_file():
-        raise FileNotFoundError(f"llama-server {path} is missing: `make llama-engine` builds it")
+        raise FileNotFoundError(f"llama-server {path} is missing: `make llama-server` builds it")
     return path
 
 
@@ -76,17 +77,25 @@ def start_llama_server(
     port: int = 0,
     wait: bool = True,
     timeout: float = START_TIMEOUT_SECONDS,
+    env: Optional[Mapping[str, str]] = None,
 ) -> LlamaEngine:
     """Start llama-server on ``port`` (a free one if 0); unless ``wait`` is false, until ``/health`` is 200.
 
-    On a timeout or an early exit the server is stopped and
-    ``AssertionError`` carries its log.
+    ``env`` is added to this process's environment for the server. On a
+    timeout or an early exit the server is stopped and ``AssertionError``
+    carries its log.
     """
     port = port or free_port()
     argv = llama_cpp_server_argv(model, model_name, port, parallel, n_ctx, extra_flags)
     log_path = log_dir / f"llama-server-{port}.log"
     with open(log_path, "ab") as handle:
-        process = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        process = subprocess.Popen(
+            argv,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **env} if env else None,
+        )
     engine = LlamaEngine(process, port, model_name, argv, log_path)
     if not wait:
         return engine

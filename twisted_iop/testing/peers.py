@@ -88,6 +88,8 @@ def set_engine(
     tokens_per_second: float = 37.5,
     prompt_tokens: int = 1200,
     completion_tokens: int = 3400,
+    estimated_prompt_tokens: int = 0,
+    estimated_completion_tokens: int = 0,
     saturated: bool = False,
     cooling_down: bool = False,
 ) -> pb.ProviderSnapshot:
@@ -106,6 +108,8 @@ def set_engine(
     provider.tokens_per_second = tokens_per_second
     provider.prompt_tokens = prompt_tokens
     provider.completion_tokens = completion_tokens
+    provider.estimated_prompt_tokens = estimated_prompt_tokens
+    provider.estimated_completion_tokens = estimated_completion_tokens
     provider.saturated = saturated
     provider.cooling_down = cooling_down
     return provider

@@ -82,6 +82,18 @@ class InferenceStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INFERENCE_STATUS_CANCELLED: _ClassVar[InferenceStatus]
     INFERENCE_STATUS_REJECTED: _ClassVar[InferenceStatus]
     INFERENCE_STATUS_UNAVAILABLE: _ClassVar[InferenceStatus]
+
+class InstanceState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    INSTANCE_STATE_UNSPECIFIED: _ClassVar[InstanceState]
+    INSTANCE_STATE_PENDING: _ClassVar[InstanceState]
+    INSTANCE_STATE_STARTING: _ClassVar[InstanceState]
+    INSTANCE_STATE_READY: _ClassVar[InstanceState]
+    INSTANCE_STATE_FAILED: _ClassVar[InstanceState]
+    INSTANCE_STATE_REFUSED: _ClassVar[InstanceState]
+    INSTANCE_STATE_STOPPING: _ClassVar[InstanceState]
+    INSTANCE_STATE_STOPPED: _ClassVar[InstanceState]
+    INSTANCE_STATE_DRIFTED: _ClassVar[InstanceState]
 ERROR_CODE_UNSPECIFIED: ErrorCode
 ERROR_CODE_MALFORMED_FRAME: ErrorCode
 ERROR_CODE_FRAME_TOO_LARGE: ErrorCode
@@ -134,6 +146,15 @@ INFERENCE_STATUS_PROVIDER_ERROR: InferenceStatus
 INFERENCE_STATUS_CANCELLED: InferenceStatus
 INFERENCE_STATUS_REJECTED: InferenceStatus
 INFERENCE_STATUS_UNAVAILABLE: InferenceStatus
+INSTANCE_STATE_UNSPECIFIED: InstanceState
+INSTANCE_STATE_PENDING: InstanceState
+INSTANCE_STATE_STARTING: InstanceState
+INSTANCE_STATE_READY: InstanceState
+INSTANCE_STATE_FAILED: InstanceState
+INSTANCE_STATE_REFUSED: InstanceState
+INSTANCE_STATE_STOPPING: InstanceState
+INSTANCE_STATE_STOPPED: InstanceState
+INSTANCE_STATE_DRIFTED: InstanceState
 
 class Error(_message.Message):
     __slots__ = ("code", "message")
@@ -231,7 +252,7 @@ class EdgeStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ProviderSnapshot(_message.Message):
-    __slots__ = ("provider_id", "kind", "models", "status", "health", "health_reason", "capacity", "in_flight", "queued", "long_context_capacity", "long_context_in_flight", "long_context_queued", "engine", "tokens_per_second", "prompt_tokens", "completion_tokens", "saturated", "cooling_down", "launch", "latency")
+    __slots__ = ("provider_id", "kind", "models", "status", "health", "health_reason", "capacity", "in_flight", "queued", "long_context_capacity", "long_context_in_flight", "long_context_queued", "engine", "tokens_per_second", "prompt_tokens", "completion_tokens", "saturated", "cooling_down", "launch", "latency", "deployment", "estimated_prompt_tokens", "estimated_completion_tokens")
     PROVIDER_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
@@ -252,6 +273,9 @@ class ProviderSnapshot(_message.Message):
     COOLING_DOWN_FIELD_NUMBER: _ClassVar[int]
     LAUNCH_FIELD_NUMBER: _ClassVar[int]
     LATENCY_FIELD_NUMBER: _ClassVar[int]
+    DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATED_COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     provider_id: str
     kind: str
     models: _containers.RepeatedScalarFieldContainer[str]
@@ -272,7 +296,10 @@ class ProviderSnapshot(_message.Message):
     cooling_down: bool
     launch: EngineLaunch
     latency: ProviderLatency
-    def __init__(self, provider_id: _Optional[str] = ..., kind: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., status: _Optional[_Union[ProviderStatus, str]] = ..., health: _Optional[_Union[ProviderHealth, str]] = ..., health_reason: _Optional[str] = ..., capacity: _Optional[int] = ..., in_flight: _Optional[int] = ..., queued: _Optional[int] = ..., long_context_capacity: _Optional[int] = ..., long_context_in_flight: _Optional[int] = ..., long_context_queued: _Optional[int] = ..., engine: _Optional[_Union[EngineLoad, _Mapping]] = ..., tokens_per_second: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., saturated: _Optional[bool] = ..., cooling_down: _Optional[bool] = ..., launch: _Optional[_Union[EngineLaunch, _Mapping]] = ..., latency: _Optional[_Union[ProviderLatency, _Mapping]] = ...) -> None: ...
+    deployment: str
+    estimated_prompt_tokens: int
+    estimated_completion_tokens: int
+    def __init__(self, provider_id: _Optional[str] = ..., kind: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., status: _Optional[_Union[ProviderStatus, str]] = ..., health: _Optional[_Union[ProviderHealth, str]] = ..., health_reason: _Optional[str] = ..., capacity: _Optional[int] = ..., in_flight: _Optional[int] = ..., queued: _Optional[int] = ..., long_context_capacity: _Optional[int] = ..., long_context_in_flight: _Optional[int] = ..., long_context_queued: _Optional[int] = ..., engine: _Optional[_Union[EngineLoad, _Mapping]] = ..., tokens_per_second: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., saturated: _Optional[bool] = ..., cooling_down: _Optional[bool] = ..., launch: _Optional[_Union[EngineLaunch, _Mapping]] = ..., latency: _Optional[_Union[ProviderLatency, _Mapping]] = ..., deployment: _Optional[str] = ..., estimated_prompt_tokens: _Optional[int] = ..., estimated_completion_tokens: _Optional[int] = ...) -> None: ...
 
 class LatencySketch(_message.Message):
     __slots__ = ("index", "count", "sum_seconds")
@@ -345,7 +372,7 @@ class EngineLoad(_message.Message):
     def __init__(self, known: _Optional[bool] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., parallel: _Optional[int] = ..., age_ms: _Optional[int] = ...) -> None: ...
 
 class EdgeNodeSnapshot(_message.Message):
-    __slots__ = ("node_id", "connected", "drained", "connected_since_ms", "last_seen_ms", "providers", "labels")
+    __slots__ = ("node_id", "connected", "drained", "connected_since_ms", "last_seen_ms", "providers", "labels", "profiles", "gpus", "free_gpus")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -360,6 +387,9 @@ class EdgeNodeSnapshot(_message.Message):
     LAST_SEEN_MS_FIELD_NUMBER: _ClassVar[int]
     PROVIDERS_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    PROFILES_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    FREE_GPUS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     connected: bool
     drained: bool
@@ -367,7 +397,10 @@ class EdgeNodeSnapshot(_message.Message):
     last_seen_ms: int
     providers: _containers.RepeatedCompositeFieldContainer[ProviderSnapshot]
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, node_id: _Optional[str] = ..., connected: _Optional[bool] = ..., drained: _Optional[bool] = ..., connected_since_ms: _Optional[int] = ..., last_seen_ms: _Optional[int] = ..., providers: _Optional[_Iterable[_Union[ProviderSnapshot, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    profiles: _containers.RepeatedCompositeFieldContainer[EngineProfile]
+    gpus: int
+    free_gpus: int
+    def __init__(self, node_id: _Optional[str] = ..., connected: _Optional[bool] = ..., drained: _Optional[bool] = ..., connected_since_ms: _Optional[int] = ..., last_seen_ms: _Optional[int] = ..., providers: _Optional[_Iterable[_Union[ProviderSnapshot, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ..., profiles: _Optional[_Iterable[_Union[EngineProfile, _Mapping]]] = ..., gpus: _Optional[int] = ..., free_gpus: _Optional[int] = ...) -> None: ...
 
 class StatusTotals(_message.Message):
     __slots__ = ("nodes_connected", "nodes_configured", "providers", "providers_available", "providers_drained", "providers_unavailable", "providers_healthy", "providers_degraded", "providers_unhealthy", "providers_offline", "providers_unknown", "capacity", "in_flight", "queued", "long_context_capacity", "long_context_in_flight", "long_context_queued")
@@ -408,16 +441,22 @@ class StatusTotals(_message.Message):
     def __init__(self, nodes_connected: _Optional[int] = ..., nodes_configured: _Optional[int] = ..., providers: _Optional[int] = ..., providers_available: _Optional[int] = ..., providers_drained: _Optional[int] = ..., providers_unavailable: _Optional[int] = ..., providers_healthy: _Optional[int] = ..., providers_degraded: _Optional[int] = ..., providers_unhealthy: _Optional[int] = ..., providers_offline: _Optional[int] = ..., providers_unknown: _Optional[int] = ..., capacity: _Optional[int] = ..., in_flight: _Optional[int] = ..., queued: _Optional[int] = ..., long_context_capacity: _Optional[int] = ..., long_context_in_flight: _Optional[int] = ..., long_context_queued: _Optional[int] = ...) -> None: ...
 
 class EdgeStatusResponse(_message.Message):
-    __slots__ = ("edge_id", "generated_at_ms", "nodes", "totals")
+    __slots__ = ("edge_id", "generated_at_ms", "nodes", "totals", "observed_deployments_version", "instances", "held")
     EDGE_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     TOTALS_FIELD_NUMBER: _ClassVar[int]
+    OBSERVED_DEPLOYMENTS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     edge_id: str
     generated_at_ms: int
     nodes: _containers.RepeatedCompositeFieldContainer[EdgeNodeSnapshot]
     totals: StatusTotals
-    def __init__(self, edge_id: _Optional[str] = ..., generated_at_ms: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[EdgeNodeSnapshot, _Mapping]]] = ..., totals: _Optional[_Union[StatusTotals, _Mapping]] = ...) -> None: ...
+    observed_deployments_version: int
+    instances: _containers.RepeatedCompositeFieldContainer[InstanceStatus]
+    held: bool
+    def __init__(self, edge_id: _Optional[str] = ..., generated_at_ms: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[EdgeNodeSnapshot, _Mapping]]] = ..., totals: _Optional[_Union[StatusTotals, _Mapping]] = ..., observed_deployments_version: _Optional[int] = ..., instances: _Optional[_Iterable[_Union[InstanceStatus, _Mapping]]] = ..., held: _Optional[bool] = ...) -> None: ...
 
 class EdgeCommandRequest(_message.Message):
     __slots__ = ("command_id", "name", "target", "arguments", "timeout_ms")
@@ -497,7 +536,7 @@ class NodeProviderSpec(_message.Message):
     def __init__(self, provider_id: _Optional[str] = ..., kind: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NodeHelloRequest(_message.Message):
-    __slots__ = ("node_id", "protocol_major", "protocol_minor", "software_version", "credential", "providers", "labels")
+    __slots__ = ("node_id", "protocol_major", "protocol_minor", "software_version", "credential", "providers", "labels", "profiles", "gpus")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -512,6 +551,8 @@ class NodeHelloRequest(_message.Message):
     CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     PROVIDERS_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    PROFILES_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     protocol_major: int
     protocol_minor: int
@@ -519,7 +560,9 @@ class NodeHelloRequest(_message.Message):
     credential: str
     providers: _containers.RepeatedCompositeFieldContainer[NodeProviderSpec]
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, node_id: _Optional[str] = ..., protocol_major: _Optional[int] = ..., protocol_minor: _Optional[int] = ..., software_version: _Optional[str] = ..., credential: _Optional[str] = ..., providers: _Optional[_Iterable[_Union[NodeProviderSpec, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    profiles: _containers.RepeatedCompositeFieldContainer[EngineProfile]
+    gpus: int
+    def __init__(self, node_id: _Optional[str] = ..., protocol_major: _Optional[int] = ..., protocol_minor: _Optional[int] = ..., software_version: _Optional[str] = ..., credential: _Optional[str] = ..., providers: _Optional[_Iterable[_Union[NodeProviderSpec, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ..., profiles: _Optional[_Iterable[_Union[EngineProfile, _Mapping]]] = ..., gpus: _Optional[int] = ...) -> None: ...
 
 class NodeHelloResponse(_message.Message):
     __slots__ = ("accepted", "reason", "reason_code", "permanent", "protocol_major", "protocol_minor", "server_version", "keepalive_interval_ms", "keepalive_deadline_ms")
@@ -697,8 +740,129 @@ class InferenceCancel(_message.Message):
     reason: str
     def __init__(self, inference_id: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class ProfileParameter(_message.Message):
+    __slots__ = ("name", "type", "has_bounds", "minimum", "maximum", "choices", "pattern", "has_default", "default")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    HAS_BOUNDS_FIELD_NUMBER: _ClassVar[int]
+    MINIMUM_FIELD_NUMBER: _ClassVar[int]
+    MAXIMUM_FIELD_NUMBER: _ClassVar[int]
+    CHOICES_FIELD_NUMBER: _ClassVar[int]
+    PATTERN_FIELD_NUMBER: _ClassVar[int]
+    HAS_DEFAULT_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    type: str
+    has_bounds: bool
+    minimum: float
+    maximum: float
+    choices: _containers.RepeatedScalarFieldContainer[str]
+    pattern: str
+    has_default: bool
+    default: str
+    def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., has_bounds: _Optional[bool] = ..., minimum: _Optional[float] = ..., maximum: _Optional[float] = ..., choices: _Optional[_Iterable[str]] = ..., pattern: _Optional[str] = ..., has_default: _Optional[bool] = ..., default: _Optional[str] = ...) -> None: ...
+
+class EngineProfile(_message.Message):
+    __slots__ = ("name", "kind", "parameters", "free_ports", "gpus_per_instance")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    FREE_PORTS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_PER_INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    kind: str
+    parameters: _containers.RepeatedCompositeFieldContainer[ProfileParameter]
+    free_ports: int
+    gpus_per_instance: int
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., parameters: _Optional[_Iterable[_Union[ProfileParameter, _Mapping]]] = ..., free_ports: _Optional[int] = ..., gpus_per_instance: _Optional[int] = ...) -> None: ...
+
+class DesiredInstance(_message.Message):
+    __slots__ = ("instance_id", "deployment", "generation", "node_id", "profile", "model", "parameters", "capacity", "spec_hash")
+    class ParametersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    SPEC_HASH_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    deployment: str
+    generation: int
+    node_id: str
+    profile: str
+    model: str
+    parameters: _containers.ScalarMap[str, str]
+    capacity: int
+    spec_hash: str
+    def __init__(self, instance_id: _Optional[str] = ..., deployment: _Optional[str] = ..., generation: _Optional[int] = ..., node_id: _Optional[str] = ..., profile: _Optional[str] = ..., model: _Optional[str] = ..., parameters: _Optional[_Mapping[str, str]] = ..., capacity: _Optional[int] = ..., spec_hash: _Optional[str] = ...) -> None: ...
+
+class InstanceStatus(_message.Message):
+    __slots__ = ("instance_id", "deployment", "generation", "node_id", "spec_hash", "state", "reason", "since_ms")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_HASH_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    deployment: str
+    generation: int
+    node_id: str
+    spec_hash: str
+    state: InstanceState
+    reason: str
+    since_ms: int
+    def __init__(self, instance_id: _Optional[str] = ..., deployment: _Optional[str] = ..., generation: _Optional[int] = ..., node_id: _Optional[str] = ..., spec_hash: _Optional[str] = ..., state: _Optional[_Union[InstanceState, str]] = ..., reason: _Optional[str] = ..., since_ms: _Optional[int] = ...) -> None: ...
+
+class EdgeDeploymentsRequest(_message.Message):
+    __slots__ = ("version", "instances")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    instances: _containers.RepeatedCompositeFieldContainer[DesiredInstance]
+    def __init__(self, version: _Optional[int] = ..., instances: _Optional[_Iterable[_Union[DesiredInstance, _Mapping]]] = ...) -> None: ...
+
+class EdgeDeploymentsResponse(_message.Message):
+    __slots__ = ("observed_version", "instances", "held")
+    OBSERVED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    observed_version: int
+    instances: _containers.RepeatedCompositeFieldContainer[InstanceStatus]
+    held: bool
+    def __init__(self, observed_version: _Optional[int] = ..., instances: _Optional[_Iterable[_Union[InstanceStatus, _Mapping]]] = ..., held: _Optional[bool] = ...) -> None: ...
+
+class NodeInstancesRequest(_message.Message):
+    __slots__ = ("instances",)
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    instances: _containers.RepeatedCompositeFieldContainer[DesiredInstance]
+    def __init__(self, instances: _Optional[_Iterable[_Union[DesiredInstance, _Mapping]]] = ...) -> None: ...
+
+class NodeInstancesResponse(_message.Message):
+    __slots__ = ("instances",)
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    instances: _containers.RepeatedCompositeFieldContainer[InstanceStatus]
+    def __init__(self, instances: _Optional[_Iterable[_Union[InstanceStatus, _Mapping]]] = ...) -> None: ...
+
+class NodeInstancesReport(_message.Message):
+    __slots__ = ("instances",)
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    instances: _containers.RepeatedCompositeFieldContainer[InstanceStatus]
+    def __init__(self, instances: _Optional[_Iterable[_Union[InstanceStatus, _Mapping]]] = ...) -> None: ...
+
 class Envelope(_message.Message):
-    __slots__ = ("request_id", "error", "ping", "pong", "edge_hello_request", "edge_hello_response", "edge_status_request", "edge_status_response", "edge_command_request", "edge_command_response", "edge_event", "node_hello_request", "node_hello_response", "node_ready", "node_health_report", "node_probe_request", "node_probe_response", "node_load_report", "node_provider_command_request", "node_provider_command_response", "inference_request", "inference_chunk", "inference_done", "inference_cancel")
+    __slots__ = ("request_id", "error", "ping", "pong", "edge_hello_request", "edge_hello_response", "edge_status_request", "edge_status_response", "edge_command_request", "edge_command_response", "edge_event", "edge_deployments_request", "edge_deployments_response", "node_hello_request", "node_hello_response", "node_ready", "node_health_report", "node_probe_request", "node_probe_response", "node_load_report", "node_provider_command_request", "node_provider_command_response", "node_instances_request", "node_instances_response", "node_instances_report", "inference_request", "inference_chunk", "inference_done", "inference_cancel")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     PING_FIELD_NUMBER: _ClassVar[int]
@@ -710,6 +874,8 @@ class Envelope(_message.Message):
     EDGE_COMMAND_REQUEST_FIELD_NUMBER: _ClassVar[int]
     EDGE_COMMAND_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     EDGE_EVENT_FIELD_NUMBER: _ClassVar[int]
+    EDGE_DEPLOYMENTS_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    EDGE_DEPLOYMENTS_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     NODE_HELLO_REQUEST_FIELD_NUMBER: _ClassVar[int]
     NODE_HELLO_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     NODE_READY_FIELD_NUMBER: _ClassVar[int]
@@ -719,6 +885,9 @@ class Envelope(_message.Message):
     NODE_LOAD_REPORT_FIELD_NUMBER: _ClassVar[int]
     NODE_PROVIDER_COMMAND_REQUEST_FIELD_NUMBER: _ClassVar[int]
     NODE_PROVIDER_COMMAND_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    NODE_INSTANCES_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    NODE_INSTANCES_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    NODE_INSTANCES_REPORT_FIELD_NUMBER: _ClassVar[int]
     INFERENCE_REQUEST_FIELD_NUMBER: _ClassVar[int]
     INFERENCE_CHUNK_FIELD_NUMBER: _ClassVar[int]
     INFERENCE_DONE_FIELD_NUMBER: _ClassVar[int]
@@ -734,6 +903,8 @@ class Envelope(_message.Message):
     edge_command_request: EdgeCommandRequest
     edge_command_response: EdgeCommandResponse
     edge_event: EdgeEvent
+    edge_deployments_request: EdgeDeploymentsRequest
+    edge_deployments_response: EdgeDeploymentsResponse
     node_hello_request: NodeHelloRequest
     node_hello_response: NodeHelloResponse
     node_ready: NodeReady
@@ -743,11 +914,14 @@ class Envelope(_message.Message):
     node_load_report: NodeLoadReport
     node_provider_command_request: NodeProviderCommandRequest
     node_provider_command_response: NodeProviderCommandResponse
+    node_instances_request: NodeInstancesRequest
+    node_instances_response: NodeInstancesResponse
+    node_instances_report: NodeInstancesReport
     inference_request: InferenceRequest
     inference_chunk: InferenceChunk
     inference_done: InferenceDone
     inference_cancel: InferenceCancel
-    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., edge_hello_request: _Optional[_Union[EdgeHelloRequest, _Mapping]] = ..., edge_hello_response: _Optional[_Union[EdgeHelloResponse, _Mapping]] = ..., edge_status_request: _Optional[_Union[EdgeStatusRequest, _Mapping]] = ..., edge_status_response: _Optional[_Union[EdgeStatusResponse, _Mapping]] = ..., edge_command_request: _Optional[_Union[EdgeCommandRequest, _Mapping]] = ..., edge_command_response: _Optional[_Union[EdgeCommandResponse, _Mapping]] = ..., edge_event: _Optional[_Union[EdgeEvent, _Mapping]] = ..., node_hello_request: _Optional[_Union[NodeHelloRequest, _Mapping]] = ..., node_hello_response: _Optional[_Union[NodeHelloResponse, _Mapping]] = ..., node_ready: _Optional[_Union[NodeReady, _Mapping]] = ..., node_health_report: _Optional[_Union[NodeHealthReport, _Mapping]] = ..., node_probe_request: _Optional[_Union[NodeProbeRequest, _Mapping]] = ..., node_probe_response: _Optional[_Union[NodeProbeResponse, _Mapping]] = ..., node_load_report: _Optional[_Union[NodeLoadReport, _Mapping]] = ..., node_provider_command_request: _Optional[_Union[NodeProviderCommandRequest, _Mapping]] = ..., node_provider_command_response: _Optional[_Union[NodeProviderCommandResponse, _Mapping]] = ..., inference_request: _Optional[_Union[InferenceRequest, _Mapping]] = ..., inference_chunk: _Optional[_Union[InferenceChunk, _Mapping]] = ..., inference_done: _Optional[_Union[InferenceDone, _Mapping]] = ..., inference_cancel: _Optional[_Union[InferenceCancel, _Mapping]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., edge_hello_request: _Optional[_Union[EdgeHelloRequest, _Mapping]] = ..., edge_hello_response: _Optional[_Union[EdgeHelloResponse, _Mapping]] = ..., edge_status_request: _Optional[_Union[EdgeStatusRequest, _Mapping]] = ..., edge_status_response: _Optional[_Union[EdgeStatusResponse, _Mapping]] = ..., edge_command_request: _Optional[_Union[EdgeCommandRequest, _Mapping]] = ..., edge_command_response: _Optional[_Union[EdgeCommandResponse, _Mapping]] = ..., edge_event: _Optional[_Union[EdgeEvent, _Mapping]] = ..., edge_deployments_request: _Optional[_Union[EdgeDeploymentsRequest, _Mapping]] = ..., edge_deployments_response: _Optional[_Union[EdgeDeploymentsResponse, _Mapping]] = ..., node_hello_request: _Optional[_Union[NodeHelloRequest, _Mapping]] = ..., node_hello_response: _Optional[_Union[NodeHelloResponse, _Mapping]] = ..., node_ready: _Optional[_Union[NodeReady, _Mapping]] = ..., node_health_report: _Optional[_Union[NodeHealthReport, _Mapping]] = ..., node_probe_request: _Optional[_Union[NodeProbeRequest, _Mapping]] = ..., node_probe_response: _Optional[_Union[NodeProbeResponse, _Mapping]] = ..., node_load_report: _Optional[_Union[NodeLoadReport, _Mapping]] = ..., node_provider_command_request: _Optional[_Union[NodeProviderCommandRequest, _Mapping]] = ..., node_provider_command_response: _Optional[_Union[NodeProviderCommandResponse, _Mapping]] = ..., node_instances_request: _Optional[_Union[NodeInstancesRequest, _Mapping]] = ..., node_instances_response: _Optional[_Union[NodeInstancesResponse, _Mapping]] = ..., node_instances_report: _Optional[_Union[NodeInstancesReport, _Mapping]] = ..., inference_request: _Optional[_Union[InferenceRequest, _Mapping]] = ..., inference_chunk: _Optional[_Union[InferenceChunk, _Mapping]] = ..., inference_done: _Optional[_Union[InferenceDone, _Mapping]] = ..., inference_cancel: _Optional[_Union[InferenceCancel, _Mapping]] = ...) -> None: ...
 
 class ClientHelloRequest(_message.Message):
     __slots__ = ("client_name", "protocol_major", "protocol_minor", "api_token")

@@ -56,9 +56,17 @@ DEFAULT_RANGE_SECONDS = 3600.0
 #: The longest range a view may ask for (a year).
 MAX_RANGE_SECONDS = 366 * 86400.0
 
+#: The longest ``from`` / ``to``, ``step`` and ``series`` texts (the OpenAPI
+#: document's ``maxLength``); a longer one is 400 like any bad value.
+MAX_TIME_CHARS = 64
+MAX_STEP_CHARS = 32
+MAX_SERIES_CHARS = 1024
+
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
-_RELATIVE = re.compile(r"^(?:now)?\s*-\s*(\d+(?:\.\d+)?)\s*([smhdw])$")
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|[smhd])?$")
+# ASCII digits only: the document's patterns say [0-9] (\d would take any
+# script's digits, which float() reads too).
+_RELATIVE = re.compile(r"^(?:now)?\s*-\s*([0-9]+(?:\.[0-9]+)?)\s*([smhdw])$")
+_DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*(ms|[smhd])?$")
 
 _log = Logger()
 
@@ -77,6 +85,8 @@ class InvalidSeries(ValueError):
 
 def parse_time(text: Optional[str], now: float, default: float) -> float:
     """Seconds since the epoch of ``text`` (ISO 8601, epoch seconds, ``now``, ``-2h``)."""
+    if text is not None and len(text) > MAX_TIME_CHARS:
+        raise InvalidRange(f"a time is at most {MAX_TIME_CHARS} characters")
     if text is None or not text.strip():
         return default
     text = text.strip()
@@ -118,6 +128,8 @@ def parse_range(start_text: Optional[str], end_text: Optional[str], now: float) 
 
 def parse_step(text: Optional[str], tier_list: Sequence[Tier]) -> Optional[int]:
     """The index of the tier ``step`` names (None: not given)."""
+    if text is not None and len(text) > MAX_STEP_CHARS:
+        raise InvalidStep(f"step is at most {MAX_STEP_CHARS} characters")
     if text is None or not text.strip():
         return None
     match = _DURATION.match(text.strip())
@@ -134,6 +146,8 @@ def parse_step(text: Optional[str], tier_list: Sequence[Tier]) -> Optional[int]:
 
 def parse_fields(text: Optional[str], available: Sequence[Field]) -> tuple[Field, ...]:
     """The fields ``series`` names, in the series' order (all when not given)."""
+    if text is not None and len(text) > MAX_SERIES_CHARS:
+        raise InvalidSeries(f"series is at most {MAX_SERIES_CHARS} characters")
     if text is None or not text.strip():
         return tuple(available)
     wanted = [part.strip() for part in text.split(",") if part.strip()]

@@ -232,6 +232,8 @@ class ControlPlaneService(DaemonService):
                 raise
             self._log.error("start-up failed: {error}", error=str(e))
             raise SystemExit(f"{self.daemon_name}: {e}") from None
+        if kept.slos is not None:
+            self.slos.restore_kept(dict(kept.slos))
         if not kept.empty:
             restored = restore(kept, self.registry, self.gateway, self.rollouts)
             self._log.info(

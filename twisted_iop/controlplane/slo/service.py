@@ -173,11 +173,23 @@ class SloService(Service):
 
     # -- start and stop --------------------------------------------------------------------
 
+    def restore_kept(self, kept: dict[str, bytes]) -> None:
+        """Take the SLOs the store read back when it opened (before anything
+        listens, so no view answers without them); start then reads nothing."""
+        self._take(kept)
+
     def startService(self) -> None:
         super().startService()
+        if self.restored:
+            self._when_running()
+            return
         self._store.slo_read().addCallbacks(self._restore, self._restore_failed)
 
     def _restore(self, kept: dict[str, bytes]) -> None:
+        self._take(kept)
+        self._when_running()
+
+    def _take(self, kept: dict[str, bytes]) -> None:
         for name, data in sorted(kept.items()):
             try:
                 value = json.loads(data)
@@ -199,6 +211,8 @@ class SloService(Service):
         if self._slos:
             self._log.info("SLOs: {count} kept", count=len(self._slos))
         self.persist(force=True)
+
+    def _when_running(self) -> None:
         # With a reactor, once it runs (a wiring test's MemoryReactor never
         # runs and has no clock); a bare clock, now.
         when_running = getattr(self._clock, "callWhenRunning", None)

@@ -128,11 +128,14 @@ class KeptState:
     rollouts: tuple[dict[str, Any], ...] = ()
     #: The newest sequence of the rollouts' own event buffer.
     rollout_event_sequence: int = 0
+    #: The kept SLOs' stored forms by name, when the store read them at open
+    #: (SQLite); None: ask :meth:`SloStore.slo_read` (memory, Redis).
+    slos: Optional[tuple[tuple[str, bytes], ...]] = None
 
     @property
     def empty(self) -> bool:
         """Whether nothing was kept (a new store)."""
-        return not (self.fleet_sequence or self.edges or self.operations or self.rollouts)
+        return not (self.fleet_sequence or self.edges or self.operations or self.rollouts or self.slos)
 
 
 @attrs.frozen

@@ -468,7 +468,9 @@ class SqliteStore(Service):
                 rollouts.append(value)
             except ValueError as e:
                 self._skipped(f"rollout {rollout_id}: {e}")
+        slos = tuple((str(name), bytes(data)) for name, data in db.execute("SELECT name, data FROM slos ORDER BY name"))
         return KeptState(
+            slos=slos,
             fleet_sequence=_meta_int(meta, "fleet_sequence"),
             edges=tuple(edges),
             events=tuple(events),

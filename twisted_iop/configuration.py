@@ -143,6 +143,14 @@ class Section:
         """The raw value of ``key``."""
         return self._data.get(key, default)
 
+    def names(self) -> list[str]:
+        """The keys present (a section whose keys are names, not settings)."""
+        return [str(key) for key in self._data]
+
+    def mapping(self) -> Mapping[str, Any]:
+        """The raw mapping (for a parser of its own that names fields itself)."""
+        return self._data
+
     def section(self, key: str) -> Section:
         """A nested section (absent means empty)."""
         return Section(self._data.get(key), self.field_path(key))

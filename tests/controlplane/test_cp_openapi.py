@@ -396,3 +396,27 @@ async def test_history_views_and_their_errors_match_the_document() -> None:
         assert (await client.call("GET", "/edges/nope/history", expect=404))["error"]["code"] == "unknown_edge"
     finally:
         await cp.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_slo_views_and_their_errors_match_the_document() -> None:
+    """Every documented status of /slos and /slos/{name}, over the real site: 201, 200, 400, 404, 409."""
+    cp = await start_control_plane(config_text="slos:\n  max_slos: 1\n")
+    try:
+        client = Client(cp, await contract_of(cp))
+        body = {"metric": "ttft", "percentile": 95, "objective_seconds": 0.5, "model": "llama-3-8b"}
+        made = await client.call("PUT", "/slos/chat-ttft", body, expect=201)
+        assert made["spec"]["window"] == "30d"
+        await client.call("PUT", "/slos/chat-ttft", body, expect=200)
+        await client.call("PUT", "/slos/other", body, expect=409)
+        bad = await client.call("PUT", "/slos/chat-ttft", {**body, "window": "forever"}, expect=400)
+        assert bad["error"]["code"] == "invalid_slo" and "'window'" in bad["error"]["message"]
+        await client.call("PUT", "/slos/chat-ttft", b"[", expect=400)
+        listed = await client.call("GET", "/slos", expect=200)
+        assert listed["total"] == 1
+        await client.call("GET", "/slos/chat-ttft", expect=200)
+        await client.call("DELETE", "/slos/chat-ttft", expect=200)
+        await client.call("GET", "/slos/chat-ttft", expect=404)
+        await client.call("DELETE", "/slos/chat-ttft", expect=404)
+    finally:
+        await cp.stop()

@@ -11,6 +11,7 @@ and every target has exactly one terminal execution state.
 
 from __future__ import annotations
 
+import json
 from typing import Optional
 
 import pytest
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from twisted_iop.controlplane import rollout_states as rs
+from twisted_iop.controlplane import stored_forms
 
 
 def _rollout(targets: int, strategy: rs.Strategy, abort: rs.AbortCriteria, disconnected: str = rs.WAIT) -> rs.Rollout:
@@ -56,6 +58,7 @@ class RolloutMachine(RuleBasedStateMachine):
         any_failure=st.booleans(),
         disconnected=st.sampled_from([rs.WAIT, rs.SKIP]),
         down=st.sets(st.integers(0, 24)),
+        latency=st.booleans(),
     )
     def start(
         self,
@@ -70,6 +73,7 @@ class RolloutMachine(RuleBasedStateMachine):
         any_failure: bool,
         disconnected: str,
         down: set[int],
+        latency: bool,
     ) -> None:
         """A rollout over ``count`` edges, some of them down, started."""
         strategy = rs.Strategy(
@@ -79,7 +83,8 @@ class RolloutMachine(RuleBasedStateMachine):
             pause_seconds=pause,
             increase_factor=factor,
         )
-        abort = rs.AbortCriteria(failure_percent, min_executed, any_failure)
+        criterion = rs.LatencyCriterion("ttft_p95", 20.0, 10, watch_seconds=5.0) if latency else None
+        abort = rs.AbortCriteria(failure_percent, min_executed, any_failure, criterion)
         self.rollout = _rollout(count, strategy, abort, disconnected)
         self.now = 1000.0
         self.connected = {t for i, t in enumerate(self.rollout.targets) if i not in down}
@@ -132,6 +137,24 @@ class RolloutMachine(RuleBasedStateMachine):
         if going:
             assert not met_before
             assert (self.rollout.state == rs.ABORTED) == self._criteria_met()
+        self._step()
+
+    @precondition(lambda self: bool(self.rollout.watching))
+    @rule(index=st.integers(0, 100), after=st.sampled_from([0.05, 0.1, 0.119, 0.121, 0.5]))
+    def judge(self, index: int, after: float) -> None:
+        """A watched execution's latency is read (before 0.1 s): the rollout
+        aborts exactly when the rise is over 20 %, else the watch ends."""
+        watched = sorted(self.rollout.watching)
+        edge_id = watched[index % len(watched)]
+        going = self.rollout.state in (rs.RUNNING, rs.PAUSED)
+        batch = self.rollout.batch_number
+        self.rollout.latency_judged(edge_id, 0.1, after, self.now)
+        assert edge_id not in self.rollout.watching
+        if going:
+            assert (self.rollout.state == rs.ABORTED) == (after > 0.12)
+        if self.rollout.state == rs.ABORTED and going:
+            assert edge_id in (self.rollout.reason or "") and "100.0 ms" in (self.rollout.reason or "")
+        assert self.rollout.batch_number == batch
         self._step()
 
     @rule()
@@ -187,6 +210,13 @@ class RolloutMachine(RuleBasedStateMachine):
         assert rollout.counts[rs.IN_FLIGHT] == len(self.in_flight)
         if rollout.ended:
             assert rollout.counts[rs.PENDING] == rollout.counts[rs.WAITING] == 0
+            assert not rollout.watching
+        # Only succeeded executions are watched, and only with a latency criterion;
+        # while one is watched, its batch is not done.
+        assert all(rollout.executions[e].state == rs.SUCCEEDED for e in rollout.watching)
+        assert not rollout.watching or rollout.abort.latency is not None
+        if rollout.watching:
+            assert rollout.next_batch_at is None
         assert 0.0 <= rollout.progress <= 1.0
 
     def teardown(self) -> None:
@@ -310,3 +340,65 @@ def test_step_dispatches_at_most_its_limit_and_the_rest_later() -> None:
     for edge_id in first + second + rest:
         rollout.execution_ended(edge_id, rs.SUCCEEDED, "", 0.0)
     assert rollout.state == rs.SUCCEEDED
+
+
+LATENCY = rs.LatencyCriterion("ttft_p95", 20.0, 50, watch_seconds=30.0)
+
+
+def test_a_latency_watch_holds_the_batch_and_a_rise_aborts_naming_both_figures() -> None:
+    """With abort.latency, a succeeded execution is watched: the next batch
+    waits for its verdict; a fine one lets the rollout go on, a rise over
+    20 % aborts with the edge and both figures, cancelling the rest."""
+    rollout = _rollout(3, rs.Strategy(batch_size=1), rs.AbortCriteria(latency=LATENCY))
+    rollout.start(0.0)
+    (first,) = rollout.step(0.0, lambda _: True)
+    rollout.latency_read_before(first, 0.1)
+    rollout.execution_ended(first, rs.SUCCEEDED, "", 1.0)
+    assert rollout.watching == {first: 31.0} and rollout.step(2.0, lambda _: True) == []
+    assert rollout.next_wake() == 31.0
+    rollout.latency_judged(first, 0.1, 0.115, 3.0)
+    (second,) = rollout.step(3.0, lambda _: True)
+    rollout.execution_ended(second, rs.SUCCEEDED, "", 4.0)
+    rollout.latency_judged(second, 0.1, 0.3, 5.0)
+    assert rollout.state == rs.ABORTED and rollout.settled
+    assert rollout.reason == (
+        f"edge {second}: ttft_p95 rose from 100.0 ms to 300.0 ms (+200% > abort.latency.max_increase_percent 20%)"
+    )
+    assert rollout.counts[rs.CANCELLED] == 1 and not rollout.watching
+    assert (rollout.executions[second].latency_before, rollout.executions[second].latency_after) == (0.1, 0.3)
+
+
+def test_a_watch_without_a_verdict_passes_when_its_time_runs_out_or_no_figure_was_before() -> None:
+    """Too few requests within watch_seconds, or no figure before, end the
+    watch without a verdict (an event says so) and the rollout succeeds."""
+    rollout = _rollout(2, rs.Strategy(), rs.AbortCriteria(latency=LATENCY))
+    rollout.start(0.0)
+    one, two = rollout.step(0.0, lambda _: True)
+    rollout.execution_ended(one, rs.SUCCEEDED, "", 1.0)
+    rollout.execution_ended(two, rs.SUCCEEDED, "", 1.0)
+    rollout.latency_judged(two, None, 0.5, 2.0)
+    assert rollout.state == rs.RUNNING and list(rollout.watching) == [one]
+    rollout.take_notices()
+    rollout.step(31.0, lambda _: True)
+    assert rollout.state == rs.SUCCEEDED
+    kinds = [n.kind for n in rollout.take_notices()]
+    assert kinds.count("rollout.latency_unjudged") == 1 and "rollout.succeeded" in kinds
+
+
+def test_a_rollout_with_a_latency_criterion_and_watches_round_trips_its_stored_form() -> None:
+    """The stored form keeps the criterion, the watches and the figures; an
+    older stored execution (without figures) still reads."""
+    rollout = _rollout(2, rs.Strategy(), rs.AbortCriteria(latency=LATENCY))
+    rollout.start(0.0)
+    one, _ = rollout.step(0.0, lambda _: True)
+    rollout.latency_read_before(one, 0.1)
+    rollout.execution_ended(one, rs.SUCCEEDED, "", 1.0)
+    value = stored_forms.rollout_dict(rollout)
+    back = stored_forms.rollout_from(json.loads(json.dumps(value)))
+    assert back.abort == rollout.abort and back.watching == rollout.watching
+    assert back.executions[one].latency_before == 0.1
+    value["executions"] = [row[:7] for row in value["executions"]]
+    assert stored_forms.rollout_from(value).executions[one].latency_before is None
+    value["abort"]["latency"]["metric"] = "p50"
+    with pytest.raises(ValueError, match="bad latency metric"):
+        stored_forms.rollout_from(value)

@@ -16,6 +16,7 @@
     hello                     say hello on the WebSocket wire
     completion bash|zsh       print a shell completion script
     rollout create|list|show|pause|resume|cancel ...   staged rollouts (iopctl rollout -h)
+    slo list|show NAME        SLOs: error budgets, burn rates and alerts
     history [EDGE] [--since 2h] [--step S] [--model M] [-l SEL] [--series F,...] [--sparklines|--table]
 
 Exit codes: 0 ok, 1 the server answered an error (or a command did not
@@ -35,7 +36,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import react
 
 from twisted_iop import __version__
-from twisted_iop.client import completion, history_cli, render, rollout_cli
+from twisted_iop.client import completion, history_cli, render, rollout_cli, slo_cli
 from twisted_iop.client.cli_base import (
     EXIT_ERROR,
     EXIT_OK,
@@ -180,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("shell", choices=completion.SHELLS, metavar="SHELL", help="bash or zsh")
     rollout_cli.add_parser(add("rollout", "staged rollouts of one command to many edges"), common)
     history_cli.add_parser(add("history", "capacity over time: the fleet's or one edge's, as sparklines or a table"))
+    slo_cli.add_parser(add("slo", "SLOs: their error budgets, burn rates and alerts"), common)
     return parser
 
 
@@ -333,6 +335,8 @@ async def _dispatch(
         return await rollout_cli.dispatch(reactor, args, repository, console, interrupted)
     elif command == "history":
         return await history_cli.dispatch(args, repository, console)
+    elif command == "slo":
+        return await slo_cli.dispatch(args, repository, console)
     else:  # pragma: no cover - argparse only lets known commands through
         raise UsageError(f"unknown command {command!r}")
     return EXIT_OK

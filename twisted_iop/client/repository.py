@@ -57,6 +57,7 @@ from twisted_iop.client.models import (
     read,
 )
 from twisted_iop.client.rollouts import RolloutViews
+from twisted_iop.client.slos import SloViews
 
 #: Environment variable naming the Control Plane's HTTP base URL.
 HTTP_URL_ENV = "IOP_CONTROL_PLANE_HTTP_URL"
@@ -157,7 +158,7 @@ def error_from_response(status: int, body: bytes) -> ControlPlaneError:
     return exc
 
 
-class ControlPlaneStatusRepository(RolloutViews, HistoryViews):
+class ControlPlaneStatusRepository(RolloutViews, HistoryViews, SloViews):
     """Typed access to every HTTP view of one Control Plane.
 
     ``base_url`` defaults to ``$IOP_CONTROL_PLANE_HTTP_URL`` and then to

@@ -6,6 +6,7 @@
                           [--arg k=v ...] [--batch-size N | --batch-percent P] [--max-in-flight N]
                           [--pause S] [--increase-factor F]
                           [--abort-percent P [--min-executed N] | --abort-on-any-failure]
+                          [--abort-on-latency METRIC:P[:N]]
                           [--timeout S] [--skip-disconnected | --wait-seconds S]
                           [--idempotency-key K] [--watch [--interval S]]
     iopctl rollout list [--limit N]
@@ -43,6 +44,7 @@ from twisted_iop.client.rollouts import (
     Rollout,
     RolloutAbort,
     RolloutCommand,
+    RolloutLatency,
     RolloutRequest,
     RolloutStrategy,
 )
@@ -94,6 +96,27 @@ def _percent(text: str) -> float:
     if not 0 < value <= 100:
         raise argparse.ArgumentTypeError(f"must be more than 0 and at most 100, not {value:g}")
     return value
+
+
+#: The figures ``--abort-on-latency`` takes.
+LATENCY_METRICS = ("ttft_p95", "tpot_p95", "duration_p95")
+
+
+def _latency(text: str) -> RolloutLatency:
+    """``ttft_p95:20`` or ``ttft_p95:20:100``."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or parts[0] not in LATENCY_METRICS:
+        raise argparse.ArgumentTypeError(
+            f"expected METRIC:PERCENT[:REQUESTS] with METRIC one of {', '.join(LATENCY_METRICS)}"
+        )
+    try:
+        percent = float(parts[1])
+        requests = int(parts[2]) if len(parts) == 3 else None
+    except ValueError:
+        raise argparse.ArgumentTypeError("PERCENT must be a number and REQUESTS a whole number") from None
+    if percent < 0 or (requests is not None and requests < 1):
+        raise argparse.ArgumentTypeError("PERCENT must be >= 0 and REQUESTS >= 1")
+    return RolloutLatency(metric=parts[0], max_increase_percent=percent, min_requests=requests)
 
 
 def _abort_percent(text: str) -> float:
@@ -189,6 +212,14 @@ def add_parser(parser: argparse.ArgumentParser, common: _ArgumentParser) -> None
         help="... once at least N executions ended (with --abort-percent)",
     )
     p.add_argument(
+        "--abort-on-latency",
+        type=_latency,
+        default=None,
+        metavar="METRIC:P[:N]",
+        help="abort when an executed edge's METRIC (ttft_p95, tpot_p95, duration_p95) rose more than P%% "
+        "over N requests after its execution (default 50)",
+    )
+    p.add_argument(
         "--timeout", type=_command_timeout, default=None, metavar="S", help="seconds each edge may take (max 300)"
     )
     disconnected = p.add_mutually_exclusive_group()
@@ -253,6 +284,7 @@ def request_from_arguments(args: argparse.Namespace) -> RolloutRequest:
             failure_percent=args.abort_percent,
             min_executed=args.min_executed,
             any_failure=True if args.abort_on_any_failure else None,
+            latency=args.abort_on_latency,
         ),
         timeout_seconds=args.timeout,
         disconnected="skip" if args.skip_disconnected else None,

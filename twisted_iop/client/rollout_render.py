@@ -73,6 +73,10 @@ def render_rollout(rollout: Rollout) -> str:
         if abort.any_failure
         else _options_text({"failure_percent": abort.failure_percent, "min_executed": abort.min_executed})
     )
+    if abort.latency is not None:
+        latency = abort.latency
+        rise = f"{latency.metric} up more than {latency.max_increase_percent:g}% over {latency.min_requests or 50} requests"
+        abort_text = rise if abort_text == "server defaults" else f"{abort_text}; {rise}"
     rows = [
         ("rollout", rollout.rollout_id),
         ("state", rollout.state + (f" ({rollout.reason})" if rollout.reason else "")),

@@ -72,6 +72,18 @@ class RolloutStrategy:
 
 
 @attrs.frozen
+class RolloutLatency:
+    """Abort when an executed edge's ``metric`` (``ttft_p95``, ``tpot_p95``,
+    ``duration_p95``) rose by more than ``max_increase_percent`` after its
+    execution, over ``min_requests`` requests (docs/rollouts.md)."""
+
+    metric: str
+    max_increase_percent: float
+    min_requests: Optional[int] = _optional()
+    watch_seconds: Optional[float] = _optional()
+
+
+@attrs.frozen
 class RolloutAbort:
     """When a rollout stops by itself: the share of failed or timed-out
     executions above ``failure_percent`` once ``min_executed`` have ended, or
@@ -80,6 +92,7 @@ class RolloutAbort:
     failure_percent: Optional[float] = _optional()
     min_executed: Optional[int] = _optional()
     any_failure: Optional[bool] = _optional()
+    latency: Optional[RolloutLatency] = _optional()
 
     def __attrs_post_init__(self) -> None:
         if self.any_failure and self.failure_percent is not None:

@@ -40,6 +40,7 @@ from twisted_iop.controlplane.history.settings import HistorySettings, parse_his
 from twisted_iop.controlplane.http_settings import HttpSettings
 from twisted_iop.controlplane.memory import RegistryLimits
 from twisted_iop.controlplane.rollouts import RolloutSettings
+from twisted_iop.controlplane.slo.settings import SloSettings, parse_slos
 from twisted_iop.controlplane.store.settings import StoreSettings, parse_store
 from twisted_iop.endpoints import is_loopback_listen, is_tls_listen
 from twisted_iop.http_site import SiteLimits
@@ -51,6 +52,9 @@ from twisted_iop.wire.settings import KeepaliveConfig, PeerSettings
 DEFAULT_HTTP_LISTEN = "tcp:8080:interface=127.0.0.1"
 DEFAULT_WIRE_LISTEN = "tcp:8081:interface=127.0.0.1"
 DEFAULT_EDGE_WIRE_LISTEN = "tcp:7443:interface=127.0.0.1"
+
+#: The HTTP methods the Control Plane's site lets through (PUT and DELETE: ``/slos/{name}``).
+HTTP_METHODS = frozenset({b"GET", b"HEAD", b"POST", b"PUT", b"DELETE"})
 
 #: Environment variables that override the listen addresses.
 ENV_HTTP_LISTEN = "IOP_HTTP_LISTEN"
@@ -72,7 +76,7 @@ class ControlPlaneConfig:
     wire_listen: str = DEFAULT_WIRE_LISTEN
     edge_wire_listen: str = DEFAULT_EDGE_WIRE_LISTEN
     http: HttpSettings = HttpSettings()
-    http_site: SiteLimits = SiteLimits()
+    http_site: SiteLimits = SiteLimits(methods=HTTP_METHODS)
     #: One access-log line per HTTP request (``http.access_log``).
     http_access_log: bool = True
     client_wire: ClientWireSettings = ClientWireSettings()
@@ -103,6 +107,8 @@ class ControlPlaneConfig:
     store: StoreSettings = attrs.field(factory=StoreSettings)
     #: Capacity history: interval, tiers and bounds (``history``).
     history: HistorySettings = HistorySettings()
+    #: SLOs: the evaluation interval, bounds and declared objectives (``slos``).
+    slos: SloSettings = SloSettings()
 
 
 def load_config(path: Optional[str], environ: Mapping[str, str] = os.environ) -> ControlPlaneConfig:
@@ -134,6 +140,7 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
             "logging",
             "store",
             "history",
+            "slos",
         }
     )
     notices: list[str] = []
@@ -231,6 +238,7 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
         max_connections=http.integer("max_connections", 1024, minimum=1),
         max_connections_per_address=http.integer("max_connections_per_address", 128, minimum=1),
         allowed_hosts=tuple(http.string_list("allowed_hosts")),
+        methods=HTTP_METHODS,
     )
     http_settings = HttpSettings(
         tokens=tokens,
@@ -314,18 +322,22 @@ def config_from_mapping(data: Mapping[str, Any], environ: Mapping[str, str] = {}
             parse_store(root.section("store"), environ, cluster.backend), history_max_bytes=history.max_bytes
         ),
         history=history,
+        slos=parse_slos(root.section("slos")),
     )
 
 
 def parse_rollouts(section: Section) -> RolloutSettings:
     """``rollouts``: how many are kept, how many targets each, and request defaults."""
-    section.reject_unknown({"max_kept", "max_targets", "max_in_flight", "wait_seconds", "max_dispatch_per_second"})
+    section.reject_unknown(
+        {"max_kept", "max_targets", "max_in_flight", "wait_seconds", "max_dispatch_per_second", "latency_poll_seconds"}
+    )
     return RolloutSettings(
         max_kept=section.integer("max_kept", 100, minimum=1, maximum=100_000),
         max_targets=section.integer("max_targets", 20_000, minimum=1, maximum=1_000_000),
         default_max_in_flight=section.integer("max_in_flight", 50, minimum=1, maximum=10_000),
         default_wait_seconds=section.number("wait_seconds", 300.0, minimum=0.0, exclusive_minimum=False),
         max_dispatch_per_second=section.number("max_dispatch_per_second", 1000.0, minimum=0.0, exclusive_minimum=False),
+        latency_poll_seconds=section.number("latency_poll_seconds", 5.0),
     )
 
 

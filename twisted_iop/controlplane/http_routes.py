@@ -54,6 +54,9 @@ from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.controlplane.request_errors import SHUTTING_DOWN_REASON, STOPPED_BEFORE_END_REASON
 from twisted_iop.controlplane.rollout_routes import add_rollout_routes
 from twisted_iop.controlplane.rollouts import RolloutService
+from twisted_iop.controlplane.slo.routes import add_slo_routes
+from twisted_iop.controlplane.slo.service import SloService
+from twisted_iop.controlplane.slo.settings import SloSettings
 from twisted_iop.controlplane.store.interface import StoreHealth
 from twisted_iop.controlplane.store.memory import MemoryStore
 from twisted_iop.http_site import WRITE_METHODS, Refusal
@@ -169,6 +172,7 @@ class ControlPlaneHttp:
         rollouts: Optional[RolloutService] = None,
         store: Optional[StoreHealthSource] = None,
         history: Optional[HistoryService] = None,
+        slos: Optional[SloService] = None,
     ) -> None:
         self._cluster = cluster
         #: What keeps the fleet's history across restarts (its health is part of readiness).
@@ -181,6 +185,13 @@ class ControlPlaneHttp:
             history
             if history is not None
             else HistoryService(HistorySettings(), registry, gateway, MemoryStore(), clock)
+        )
+        #: SLOs (``slo/routes.py`` puts their routes on this app); without
+        #: one, SLOs that are kept but never evaluated or stored.
+        self._slos = (
+            slos
+            if slos is not None
+            else SloService(SloSettings(), registry, gateway, MemoryStore(), self._rollouts.event_buffer, clock)
         )
         self._registry = registry
         self._gateway = gateway
@@ -215,7 +226,9 @@ class ControlPlaneHttp:
     def _method_not_allowed(self, request: IRequest, failure: Failure) -> bytes:
         error = failure.value
         assert isinstance(error, MethodNotAllowed)
-        return method_not_allowed(request, [m for m in ("GET", "HEAD", "POST") if m in (error.valid_methods or ())])
+        return method_not_allowed(
+            request, [m for m in ("GET", "HEAD", "POST", "PUT", "DELETE") if m in (error.valid_methods or ())]
+        )
 
     @app.handle_errors(Exception)
     def _internal(self, request: IRequest, failure: Failure) -> bytes:
@@ -631,3 +644,4 @@ class ControlPlaneHttp:
 
 add_rollout_routes(ControlPlaneHttp.app)
 add_history_routes(ControlPlaneHttp.app)
+add_slo_routes(ControlPlaneHttp.app)

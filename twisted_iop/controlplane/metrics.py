@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from twisted_iop.controlplane.history.service import HistoryService
     from twisted_iop.controlplane.registry import EdgeRegistry
     from twisted_iop.controlplane.rollouts import RolloutService
+    from twisted_iop.controlplane.slo.service import SloService
     from twisted_iop.controlplane.store.interface import Store
     from twisted_iop.http_site import GuardedSite
 
@@ -68,6 +69,10 @@ class ControlPlaneParts(Protocol):
     @property
     def history(self) -> HistoryService:
         """Capacity history: its series and samples."""
+
+    @property
+    def slos(self) -> SloService:
+        """SLOs: their budgets, burn rates and alerts."""
 
     @property
     def cluster(self) -> Optional[ClusterReplica]:
@@ -167,6 +172,9 @@ def control_plane_metrics(service: ControlPlaneParts) -> Iterator[Metric]:
     yield from rollout_metrics(service.rollouts)
     yield from store_metrics(service.store)
     yield from history_metrics(service.history)
+    slos = getattr(service, "slos", None)
+    if slos is not None:
+        yield from slo_metrics(slos, slos.now())
     cluster = service.cluster
     if cluster is not None:
         yield gauge(
@@ -223,6 +231,39 @@ def rollout_metrics(rollouts: RolloutService) -> Iterator[Metric]:
         count_by(executions, EXECUTION_STATES),
     )
     yield counter("iop_rollout_dispatched", "Operations dispatched by rollouts", rollouts.dispatched_total)
+
+
+def slo_metrics(slos: SloService, now: float) -> Iterator[Metric]:
+    """SLOs: the error budget left, the burn rate per window, and each alert (1 firing)."""
+    states = slos.all()
+    figures = [(state, state.figures(now)) for state in states]
+    yield labelled(
+        GaugeMetricFamily,
+        "iop_slo_error_budget_remaining",
+        "Share of the SLO's error budget left over its window (1: untouched; below 0: overspent)",
+        ["slo", "model", "metric"],
+        ((([s.spec.name, s.spec.model, s.spec.metric]), f.error_budget_remaining) for s, f in figures),
+    )
+    yield labelled(
+        GaugeMetricFamily,
+        "iop_slo_burn_rate",
+        "The SLO's error ratio over the allowed one, per alert window (1: the budget lasts the window)",
+        ["slo", "window"],
+        (([s.spec.name, rate.window], rate.burn_rate) for s, f in figures for rate in f.burn_rates),
+    )
+    yield labelled(
+        GaugeMetricFamily,
+        "iop_slo_alert_firing",
+        "1 while the SLO's burn-rate alert fires",
+        ["slo", "alert"],
+        (([slo, alert], float(firing)) for slo, alert, firing in slos.firing()),
+    )
+    yield counter("iop_slo_evaluations", "SLO evaluations done", slos.evaluations)
+    yield counter(
+        "iop_slo_readings_refused",
+        "Provider latency readings left out of SLOs because they did not check",
+        slos.readings.refused,
+    )
 
 
 def history_metrics(history: HistoryService) -> Iterator[Metric]:

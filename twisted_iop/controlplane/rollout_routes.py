@@ -14,6 +14,7 @@ import bisect
 import math
 from typing import Any, Optional, Protocol
 
+import attrs
 from klein import Klein
 from twisted.web.iweb import IRequest
 
@@ -62,7 +63,10 @@ _TOP_KEYS = frozenset(
 )
 _COMMAND_KEYS = frozenset({"name", "target", "node_selector", "arguments"})
 _STRATEGY_KEYS = frozenset({"batch_size", "batch_percent", "max_in_flight", "pause_seconds", "increase_factor"})
-_ABORT_KEYS = frozenset({"failure_percent", "min_executed", "any_failure"})
+_ABORT_KEYS = frozenset({"failure_percent", "min_executed", "any_failure", "latency"})
+_LATENCY_KEYS = frozenset({"metric", "max_increase_percent", "min_requests", "watch_seconds"})
+#: The longest an executed edge may be watched for its latency verdict.
+MAX_WATCH_SECONDS = 86_400.0
 
 
 # -- views ----------------------------------------------------------------------------------
@@ -93,7 +97,9 @@ def rollout_json(rollout: rs.Rollout) -> dict[str, Any]:
             "failure_percent": abort.failure_percent,
             "min_executed": abort.min_executed,
             "any_failure": abort.any_failure,
+            "latency": None if abort.latency is None else attrs.asdict(abort.latency),
         },
+        "watching": len(rollout.watching),
         "timeout_seconds": rollout.timeout_seconds,
         "disconnected": rollout.disconnected,
         "wait_seconds": rollout.wait_seconds,
@@ -118,6 +124,8 @@ def execution_json(execution: rs.Execution) -> dict[str, Any]:
         "reason": execution.reason or None,
         "started_at": iso(execution.started_at),
         "finished_at": iso(execution.finished_at),
+        "latency_before_seconds": execution.latency_before,
+        "latency_after_seconds": execution.latency_after,
     }
 
 
@@ -232,6 +240,30 @@ def _abort(body: dict[str, Any]) -> rs.AbortCriteria:
         failure_percent=None if percent is None else float(percent),
         min_executed=0 if executed is None else int(executed),
         any_failure=any_failure,
+        latency=_latency(abort),
+    )
+
+
+def _latency(abort: dict[str, Any]) -> Optional[rs.LatencyCriterion]:
+    if abort.get("latency") is None:
+        return None
+    latency = _object(abort, "latency", _LATENCY_KEYS)
+    field = "abort.latency."
+    metric = latency.get("metric")
+    if metric not in rs.LATENCY_FIGURES:
+        raise BadRequest(f"field 'abort.latency.metric' must be one of {', '.join(rs.LATENCY_FIGURES)}")
+    increase = _number(latency, field, "max_increase_percent", 0, 100_000)
+    if increase is None:
+        raise BadRequest("field 'abort.latency.max_increase_percent' is required (a number, e.g. 20)")
+    requests = _number(latency, field, "min_requests", 1, 10**9, whole=True)
+    watch = _number(latency, field, "watch_seconds", 0, MAX_WATCH_SECONDS)
+    if watch is not None and watch <= 0:
+        raise BadRequest("field 'abort.latency.watch_seconds' must be above 0")
+    return rs.LatencyCriterion(
+        metric=metric,
+        max_increase_percent=float(increase),
+        min_requests=50 if requests is None else int(requests),
+        watch_seconds=600.0 if watch is None else float(watch),
     )
 
 

@@ -25,7 +25,15 @@ methods are the only transitions; nothing here does I/O or reads a clock
   failed or timed-out execution aborts; with ``failure_percent``, the
   failed and timed-out share of the executed ones (succeeded, failed or
   timed out) above that percentage, once at least ``min_executed`` were
-  executed. An abort cancels what was not yet dispatched.
+  executed. An abort cancels what was not yet dispatched. With ``latency``
+  (:class:`LatencyCriterion`), each execution that succeeded is *watched*:
+  its edge's figure (``ttft_p95`` ...) after the execution is compared with
+  the one before (the runner reads both and calls :meth:`Rollout.latency_judged`
+  once ``min_requests`` ended since); a rise of more than
+  ``max_increase_percent`` aborts, naming the edge and both figures. A watch
+  that gets no verdict within ``watch_seconds`` ends without one
+  (:meth:`Rollout.latency_unjudged`). A batch is done, and the rollout ends,
+  only once nothing of it is in flight or watched.
 * **Rollout states.** ``pending`` -> ``running`` <-> ``paused``; it ends
   ``succeeded`` (every execution succeeded or was skipped), ``failed``
   (some failed or timed out without meeting the criteria), ``aborted``
@@ -115,6 +123,37 @@ class Strategy:
         return max(1, int(min(size, float(max(targets, 1)))))
 
 
+#: The latency figures a rollout may abort on: the metric's sketch and its quantile.
+LATENCY_FIGURES: dict[str, tuple[str, float]] = {
+    "ttft_p95": ("ttft", 0.95),
+    "tpot_p95": ("tpot", 0.95),
+    "duration_p95": ("duration", 0.95),
+}
+
+
+@attrs.frozen
+class LatencyCriterion:
+    """Abort when an executed edge's latency figure rose by more than ``max_increase_percent``."""
+
+    metric: str
+    max_increase_percent: float
+    min_requests: int = 50
+    #: How long an executed edge is watched at most for ``min_requests`` (then it passes without a verdict).
+    watch_seconds: float = 600.0
+
+    def reason(self, edge_id: str, before: Optional[float], after: Optional[float]) -> Optional[str]:
+        """Why the figures ``before`` and ``after`` the execution on ``edge_id`` abort (None: they do not)."""
+        if before is None or after is None or before <= 0:
+            return None
+        increase = 100.0 * (after - before) / before
+        if increase <= self.max_increase_percent:
+            return None
+        return (
+            f"edge {edge_id}: {self.metric} rose from {before * 1000:.1f} ms to {after * 1000:.1f} ms "
+            f"(+{increase:.0f}% > abort.latency.max_increase_percent {self.max_increase_percent:g}%)"
+        )
+
+
 @attrs.frozen
 class AbortCriteria:
     """When a rollout stops by itself."""
@@ -122,6 +161,7 @@ class AbortCriteria:
     failure_percent: Optional[float] = None
     min_executed: int = 0
     any_failure: bool = False
+    latency: Optional[LatencyCriterion] = None
 
     def reason(self, executed: int, failures: int) -> Optional[str]:
         """Why a rollout with these figures aborts (None: it goes on)."""
@@ -160,6 +200,9 @@ class Execution:
     finished_at: Optional[float] = None
     #: When it began waiting for its edge (state ``waiting``).
     waiting_since: Optional[float] = None
+    #: With a latency criterion: its edge's figure before and after the execution (seconds).
+    latency_before: Optional[float] = None
+    latency_after: Optional[float] = None
 
     def enter(self, state: str) -> None:
         """Take ``state`` (the rollout keeps the counts: only it calls this)."""
@@ -216,6 +259,8 @@ class Rollout:
     #: When the next batch may start (the pause after the last one).
     next_batch_at: Optional[float] = None
     notices: list[Notice] = attrs.field(factory=list)
+    #: Executions that succeeded and are watched for a latency verdict: edge id -> until when.
+    watching: dict[str, float] = attrs.field(factory=dict)
 
     def __attrs_post_init__(self) -> None:
         if not self.executions:
@@ -244,6 +289,11 @@ class Rollout:
             return 1.0
         ended = sum(self.counts[state] for state in EXECUTION_TERMINAL)
         return ended / len(self.targets)
+
+    @property
+    def quiet(self) -> bool:
+        """Whether nothing of the current batch is in flight, open or watched."""
+        return self.unfinished == 0 and not self.watching
 
     @property
     def batch_size(self) -> int:
@@ -302,7 +352,10 @@ class Rollout:
         if self.state != RUNNING:
             return []
         self._expire_waiting(now)
-        if self.unfinished == 0:
+        self._expire_watching(now)
+        if self.state != RUNNING:
+            return []
+        if self.quiet:
             self._batch_done(now)
             self._end_if_done(now)
             if self.next_batch_at is None or now < self.next_batch_at or self.batch_end >= len(self.targets):
@@ -337,7 +390,7 @@ class Rollout:
                     execution.waiting_since = now
                     self._move(execution, WAITING)
                     kept += 1
-        if self.unfinished == 0:
+        if self.quiet:
             self._batch_done(now)
             self._end_if_done(now)
         return chosen
@@ -349,8 +402,9 @@ class Rollout:
             return None
         times = [self.executions[i].waiting_since or 0.0 for i in islice(self.open, self.counts[WAITING])]
         times = [since + self.wait_seconds for since in times]
-        if self.unfinished == 0 and self.next_batch_at is not None and self.batch_end < len(self.targets):
+        if self.quiet and self.next_batch_at is not None and self.batch_end < len(self.targets):
             times.append(self.next_batch_at)
+        times.extend(self.watching.values())
         return min(times, default=None)
 
     def dispatched(self, edge_id: str, operation_ids: Iterable[str]) -> None:
@@ -373,8 +427,44 @@ class Rollout:
             if why is not None:
                 self._stop(ABORTED, why, f"rollout aborted: {why}", now)
                 return
-            if self.unfinished == 0:
+            if outcome == SUCCEEDED and self.abort.latency is not None:
+                self.watching[edge_id] = now + self.abort.latency.watch_seconds
+            if self.quiet:
                 self._batch_done(now)
+        self._end_if_done(now)
+
+    def latency_read_before(self, edge_id: str, before: Optional[float]) -> None:
+        """Note an execution's edge figure before it ran (its recent window at dispatch)."""
+        self.executions[edge_id].latency_before = before
+
+    def latency_judged(self, edge_id: str, before: Optional[float], after: Optional[float], now: float) -> None:
+        """A watched execution's figures before and after it: the watch ends,
+        and the rollout aborts when the rise is over the criterion's."""
+        if edge_id not in self.watching:
+            return
+        execution = self.executions[edge_id]
+        execution.latency_before, execution.latency_after = before, after
+        if before is None or after is None:
+            self.latency_unjudged(edge_id, "no figure before the execution (no recent requests)", now)
+            return
+        del self.watching[edge_id]
+        criterion = self.abort.latency
+        why = None if criterion is None else criterion.reason(edge_id, before, after)
+        if why is not None and self.state in (RUNNING, PAUSED):
+            self._stop(ABORTED, why, f"rollout aborted: {why}", now)
+            return
+        self._watch_ended(now)
+
+    def latency_unjudged(self, edge_id: str, reason: str, now: float) -> None:
+        """A watched execution ends without a verdict (too few requests in time, no figures)."""
+        if self.watching.pop(edge_id, None) is None:
+            return
+        self._notice("rollout.latency_unjudged", f"edge {edge_id}: no latency verdict: {reason}", edge_id=edge_id)
+        self._watch_ended(now)
+
+    def _watch_ended(self, now: float) -> None:
+        if self.state in (RUNNING, PAUSED) and self.quiet:
+            self._batch_done(now)
         self._end_if_done(now)
 
     # -- inside -------------------------------------------------------------------------------
@@ -404,6 +494,11 @@ class Rollout:
             if execution.waiting_since is not None and now - execution.waiting_since >= self.wait_seconds:
                 self._finish(execution, SKIPPED, WAITED_TOO_LONG, now)
 
+    def _expire_watching(self, now: float) -> None:
+        for edge_id, until in list(self.watching.items()):
+            if now >= until:
+                self.latency_unjudged(edge_id, "fewer than min_requests ended within watch_seconds", now)
+
     def _next_batch(self) -> None:
         self.batch_number += 1
         size = self.strategy.batch_size_of(self.batch_number, len(self.targets))
@@ -424,7 +519,7 @@ class Rollout:
             self.next_batch_at = now + self.strategy.pause_seconds
 
     def _end_if_done(self, now: float) -> None:
-        if self.state in (RUNNING, PAUSED) and self.unfinished == 0 and self.batch_end >= len(self.targets):
+        if self.state in (RUNNING, PAUSED) and self.quiet and self.batch_end >= len(self.targets):
             if self.counts[FAILED] or self.counts[TIMED_OUT]:
                 why = f"{self.counts[FAILED]} execution(s) failed and {self.counts[TIMED_OUT]} timed out"
                 self._stop(FAILED, why, f"rollout failed: {why}", now)
@@ -443,6 +538,7 @@ class Rollout:
                 self._move(execution, CANCELLED)
                 execution.close(message, now)
         self.open = {}
+        self.watching = {}
         self.unfinished = self.counts[IN_FLIGHT]
         self.next_batch_at = None
         if self.counts[IN_FLIGHT] == 0:

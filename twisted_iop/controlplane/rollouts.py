@@ -53,6 +53,8 @@ from twisted_iop.controlplane.operation_states import SUCCEEDED, TIMED_OUT
 from twisted_iop.controlplane.operations import OperationRecord
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.controlplane.request_errors import ShuttingDown
+from twisted_iop.controlplane.slo.readings import Reading, cumulative_readings, observed_since, recent_sketch
+from twisted_iop.controlplane.snapshots import StatusSnapshot
 from twisted_iop.label_selectors import Selector, parse_selector
 
 if TYPE_CHECKING:
@@ -85,6 +87,8 @@ class RolloutSettings:
     #: of the event loop rollouts take from the views (about 0.25 ms of CPU
     #: per execution: 1,000/s is a quarter of one core).
     max_dispatch_per_second: float = 1000.0
+    #: With ``abort.latency``: how often a watched edge's status is read for its figure after.
+    latency_poll_seconds: float = 5.0
 
 
 class DispatchPace:
@@ -200,6 +204,8 @@ class RolloutService:
             cluster.attach(self)
         #: The store that keeps rollouts across restarts (single process).
         self._store = store
+        #: Per watched execution (``abort.latency``): its edge's cumulative readings when it ended.
+        self._baselines: dict[tuple[str, str], dict[tuple[str, str], Reading]] = {}
 
     # -- views -------------------------------------------------------------------------
 
@@ -357,6 +363,8 @@ class RolloutService:
         for edge_id in rollout.targets:
             if rollout.executions[edge_id].state == rs.IN_FLIGHT:
                 self._dispatch(rollout, edge_id)
+        for edge_id in list(rollout.watching):
+            self._watch(rollout, edge_id)  # its baseline begins again now
         self._changed(rollout)
 
     @property
@@ -480,6 +488,8 @@ class RolloutService:
 
     def _dispatch(self, rollout: rs.Rollout, edge_id: str) -> None:
         """Dispatch one execution's operations; its end is noted when they all ended."""
+        if rollout.abort.latency is not None:
+            self._read_before(rollout, edge_id)
         command = rollout.command
         key = "rollout:" + rollout.rollout_id
         node_selector = self._node_selectors.get(rollout.rollout_id)
@@ -589,6 +599,83 @@ class RolloutService:
 
     def _ended(self, rollout: rs.Rollout, edge_id: str, outcome: str, reason: str) -> None:
         rollout.execution_ended(edge_id, outcome, reason[:1000], self._clock.seconds())
+        if edge_id in rollout.watching:
+            self._watch(rollout, edge_id)
+        self._changed(rollout)
+
+    # -- the latency criterion: reading each executed edge's figures -------------------------
+
+    def _read_before(self, rollout: rs.Rollout, edge_id: str) -> None:
+        """The edge's figure before its execution: the recent window of the
+        status it answers now (asked before the command is sent, so the edge
+        answers it first), or of its kept snapshot when it cannot answer."""
+        criterion = rollout.abort.latency
+        assert criterion is not None
+        metric, quantile = rs.LATENCY_FIGURES[criterion.metric]
+
+        def took(snapshot: Optional[StatusSnapshot]) -> None:
+            if snapshot is not None and rollout.executions[edge_id].latency_before is None:
+                rollout.latency_read_before(edge_id, recent_sketch(snapshot.parse(), metric).quantile(quantile))
+
+        def failed(_: Failure) -> None:
+            record = self._registry.find(edge_id)
+            took(None if record is None else record.snapshot)
+
+        self._gateway.status(edge_id).addCallbacks(took, failed)
+
+    def _watch(self, rollout: rs.Rollout, edge_id: str) -> None:
+        """Take the edge's cumulative readings now (the baseline), then read
+        again every ``latency_poll_seconds`` until ``min_requests`` ended since."""
+        criterion = rollout.abort.latency
+        assert criterion is not None
+        metric = rs.LATENCY_FIGURES[criterion.metric][0]
+        key = (rollout.rollout_id, edge_id)
+
+        def baseline(snapshot: StatusSnapshot) -> None:
+            self._baselines[key] = cumulative_readings(snapshot.parse(), metric)
+            self._poll_later(rollout, edge_id)
+
+        def failed(failure: Failure) -> None:
+            record = self._registry.find(edge_id)
+            if record is not None and record.snapshot is not None:
+                baseline(record.snapshot)
+            else:
+                self._poll_later(rollout, edge_id)
+
+        self._gateway.status(edge_id).addCallbacks(baseline, failed)
+
+    def _poll_later(self, rollout: rs.Rollout, edge_id: str) -> None:
+        if not self.stopped and edge_id in rollout.watching:
+            self._clock.callLater(self.settings.latency_poll_seconds, self._poll, rollout, edge_id)
+        else:
+            self._baselines.pop((rollout.rollout_id, edge_id), None)
+
+    def _poll(self, rollout: rs.Rollout, edge_id: str) -> None:
+        key = (rollout.rollout_id, edge_id)
+        if edge_id not in rollout.watching or self.stopped:
+            self._baselines.pop(key, None)
+            return
+        if key not in self._baselines:
+            self._watch(rollout, edge_id)
+            return
+        d = self._gateway.status(edge_id)
+        d.addCallbacks(self._read_after, lambda _: self._poll_later(rollout, edge_id), callbackArgs=(rollout, edge_id))
+        d.addErrback(self._log_failure, rollout, edge_id)
+
+    def _read_after(self, snapshot: StatusSnapshot, rollout: rs.Rollout, edge_id: str) -> None:
+        criterion = rollout.abort.latency
+        key = (rollout.rollout_id, edge_id)
+        if criterion is None or edge_id not in rollout.watching:
+            self._baselines.pop(key, None)
+            return
+        metric, quantile = rs.LATENCY_FIGURES[criterion.metric]
+        since = observed_since(self._baselines[key], cumulative_readings(snapshot.parse(), metric), metric)
+        if since.count < criterion.min_requests:
+            self._poll_later(rollout, edge_id)
+            return
+        del self._baselines[key]
+        before = rollout.executions[edge_id].latency_before
+        rollout.latency_judged(edge_id, before, since.quantile(quantile), self._clock.seconds())
         self._changed(rollout)
 
     def _log_failure(self, failure: Failure, rollout: rs.Rollout, edge_id: str) -> None:

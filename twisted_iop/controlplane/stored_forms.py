@@ -375,7 +375,19 @@ def operation_from(data: Mapping[str, Any]) -> OperationRecord:
 #: A rollout's stored state at most (20,000 targets take about 2 MiB).
 MAX_STATE_BYTES = 16 * 1024 * 1024
 
-_EXECUTION = ("edge_id", "state", "operation_ids", "reason", "started_at", "finished_at", "waiting_since")
+_EXECUTION = (
+    "edge_id",
+    "state",
+    "operation_ids",
+    "reason",
+    "started_at",
+    "finished_at",
+    "waiting_since",
+    "latency_before",
+    "latency_after",
+)
+#: The execution fields an older release stored (the latency figures came later).
+_EXECUTION_BEFORE_LATENCY = 7
 
 
 def rollout_dict(rollout: rs.Rollout) -> dict[str, Any]:
@@ -403,7 +415,18 @@ def rollout_dict(rollout: rs.Rollout) -> dict[str, Any]:
         "open": list(rollout.open),
         "unfinished": rollout.unfinished,
         "next_batch_at": rollout.next_batch_at,
+        "watching": rollout.watching,
     }
+
+
+def _abort_from(value: dict[str, Any]) -> rs.AbortCriteria:
+    fields = dict(value)
+    latency = fields.pop("latency", None)
+    if latency is not None:
+        if latency.get("metric") not in rs.LATENCY_FIGURES:
+            raise ValueError(f"bad latency metric {latency.get('metric')!r}")
+        fields["latency"] = rs.LatencyCriterion(**latency)
+    return rs.AbortCriteria(**fields)
 
 
 def rollout_from(value: Any) -> rs.Rollout:
@@ -411,6 +434,8 @@ def rollout_from(value: Any) -> rs.Rollout:
     try:
         executions = {}
         for row in value["executions"]:
+            if len(row) == _EXECUTION_BEFORE_LATENCY:
+                row = [*row, None, None]
             fields = dict(zip(_EXECUTION, row, strict=True))
             if fields["state"] not in rs.EXECUTION_STATES:
                 raise ValueError(f"bad execution state {fields['state']!r}")
@@ -429,7 +454,7 @@ def rollout_from(value: Any) -> rs.Rollout:
             ),
             selector=str(value["selector"]),
             strategy=rs.Strategy(**value["strategy"]),
-            abort=rs.AbortCriteria(**value["abort"]),
+            abort=_abort_from(value["abort"]),
             timeout_seconds=float(value["timeout_seconds"]),
             disconnected=str(value["disconnected"]),
             wait_seconds=float(value["wait_seconds"]),
@@ -449,6 +474,7 @@ def rollout_from(value: Any) -> rs.Rollout:
             open=dict.fromkeys(str(e) for e in value["open"]),
             unfinished=int(value["unfinished"]),
             next_batch_at=value["next_batch_at"],
+            watching={str(k): float(v) for k, v in value.get("watching", {}).items()},
         )
     except (KeyError, TypeError, IndexError, AttributeError) as e:
         raise ValueError(f"not a stored rollout: {e!r}") from e

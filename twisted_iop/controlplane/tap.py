@@ -24,6 +24,7 @@ from twisted_iop.controlplane.metrics import control_plane_metric_registry
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.controlplane.request_errors import SHUTTING_DOWN_REASON
 from twisted_iop.controlplane.rollouts import RolloutService
+from twisted_iop.controlplane.slo.service import SloService
 from twisted_iop.controlplane.store.backends import describe_store, make_store
 from twisted_iop.controlplane.store.interface import StoreError
 from twisted_iop.controlplane.store.restore import restore
@@ -154,6 +155,11 @@ class ControlPlaneService(DaemonService):
             replica=self.cluster,
             store=self.store,
         )
+        #: SLOs: evaluated every interval from the edges' snapshots, kept in the store.
+        self.slos = SloService(
+            config.slos, self.registry, self.gateway, self.store, self.rollouts.event_buffer, reactor
+        )
+        self.add_state(self.slos)
         self.http = ControlPlaneHttp(
             self.registry,
             self.gateway,
@@ -165,6 +171,7 @@ class ControlPlaneService(DaemonService):
             rollouts=self.rollouts,
             store=self.store,
             history=self.history,
+            slos=self.slos,
         )
         self.edge_factory = EdgeWireFactory(
             self.registry,
@@ -225,6 +232,8 @@ class ControlPlaneService(DaemonService):
                 raise
             self._log.error("start-up failed: {error}", error=str(e))
             raise SystemExit(f"{self.daemon_name}: {e}") from None
+        if kept.slos is not None:
+            self.slos.restore_kept(dict(kept.slos))
         if not kept.empty:
             restored = restore(kept, self.registry, self.gateway, self.rollouts)
             self._log.info(

@@ -1,4 +1,4 @@
-"""The history part of the store interface, as checks every backend must pass.
+"""The history and SLO parts of the store interface, as checks every backend must pass.
 
 ``tests/controlplane/test_cp_store.py`` runs them on the memory and SQLite
 stores, ``tests/cluster/test_cluster_history_store.py`` on the Redis one:
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from twisted_iop.controlplane.store.interface import HistoryChunk, HistoryStore
+from twisted_iop.controlplane.store.interface import HistoryChunk, HistoryStore, SloStore
 
 #: Waits until what the store was told is readable (a flush, a round trip to Redis).
 Settle = Callable[[], Awaitable[None]]
@@ -54,5 +54,25 @@ async def expiry_forgets_what_ended_before(writer: HistoryStore, reader: History
     assert [data for *_, data in await _read(reader, ["fleet"], 60, 0.0, 1000.0)] == [b"coarse"]
 
 
+async def slos_replace_by_name_and_deletes_forget(writer: Any, reader: Any, settle: Settle) -> None:
+    """An SLO written twice is read back in its newest form (any byte value),
+    others are apart, and a deleted one is gone."""
+    slo_writer: SloStore = writer
+    slo_reader: SloStore = reader
+    slo_writer.slo_write("chat-ttft", b'{"first": 1}')
+    slo_writer.slo_write("errors", b'{"errors": "\xc3\xa9"}')
+    slo_writer.slo_write("chat-ttft", b'{"second": 2}')
+    await settle()
+    assert await slo_reader.slo_read() == {"chat-ttft": b'{"second": 2}', "errors": b'{"errors": "\xc3\xa9"}'}
+    slo_writer.slo_delete("errors")
+    slo_writer.slo_delete("never-kept")
+    await settle()
+    assert await slo_reader.slo_read() == {"chat-ttft": b'{"second": 2}'}
+
+
 #: Every check of the contract.
-CHECKS = (chunks_replace_by_key_and_read_by_range, expiry_forgets_what_ended_before)
+CHECKS = (
+    chunks_replace_by_key_and_read_by_range,
+    expiry_forgets_what_ended_before,
+    slos_replace_by_name_and_deletes_forget,
+)

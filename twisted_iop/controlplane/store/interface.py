@@ -2,7 +2,8 @@
 
 A :class:`Store` is told of every change worth keeping as it happens (an
 event recorded, an operation changed, an edge enrolled or gone, a rollout
-stepped, a chunk of capacity history written) and hands back, when it
+stepped, a chunk of capacity history written, an SLO's
+buckets) and hands back, when it
 opens, what an earlier process kept (:class:`KeptState`). The registry,
 the gateway, the rollouts and the history ask nothing else of it, so none
 of them knows which backend it has:
@@ -77,6 +78,20 @@ class HistoryStore(Protocol):
         """Forget the chunks of tier ``step`` whose last point is before ``before``."""
 
 
+class SloStore(Protocol):
+    """Where SLOs are kept: each one's spec, buckets and alerts, as the bytes
+    of its stored form (``SloState.as_json``), by name."""
+
+    def slo_write(self, name: str, data: bytes) -> None:
+        """Keep SLO ``name`` (replacing what was kept under that name)."""
+
+    def slo_delete(self, name: str) -> None:
+        """Forget SLO ``name``."""
+
+    def slo_read(self) -> Deferred[dict[str, bytes]]:
+        """Every kept SLO by name (writes and deletes queued before the call included)."""
+
+
 @attrs.frozen
 class KeptEdge:
     """An edge as an earlier process last wrote it."""
@@ -113,11 +128,14 @@ class KeptState:
     rollouts: tuple[dict[str, Any], ...] = ()
     #: The newest sequence of the rollouts' own event buffer.
     rollout_event_sequence: int = 0
+    #: The kept SLOs' stored forms by name, when the store read them at open
+    #: (SQLite); None: ask :meth:`SloStore.slo_read` (memory, Redis).
+    slos: Optional[tuple[tuple[str, bytes], ...]] = None
 
     @property
     def empty(self) -> bool:
         """Whether nothing was kept (a new store)."""
-        return not (self.fleet_sequence or self.edges or self.operations or self.rollouts)
+        return not (self.fleet_sequence or self.edges or self.operations or self.rollouts or self.slos)
 
 
 @attrs.frozen
@@ -150,7 +168,7 @@ class StoreHealth:
     commit_seconds: float = 0.0
 
 
-class Store(HistoryStore, Protocol):
+class Store(HistoryStore, SloStore, Protocol):
     """What the Control Plane keeps across restarts (see the module's docstring)."""
 
     #: ``memory``, ``sqlite`` or ``redis``.

@@ -3,7 +3,7 @@
 Events, operations, edges and rollouts stay where the registry and the
 rollout service keep them anyway (bounded there); this backend only keeps
 the capacity history, in memory, within a byte bound (the oldest chunks
-go first). For tests and throw-away runs; the default is ``sqlite``.
+go first), and the SLOs. For tests and throw-away runs; the default is ``sqlite``.
 """
 
 from __future__ import annotations
@@ -155,6 +155,20 @@ class MemoryStore(NothingToRestore):
 
     def __init__(self, history_max_bytes: int = DEFAULT_HISTORY_BYTES) -> None:
         self.history = MemoryHistory(history_max_bytes)
+        #: The SLOs, by name (kept only while the process lives).
+        self.slos: dict[str, bytes] = {}
+
+    def slo_write(self, name: str, data: bytes) -> None:
+        """Keep an SLO in memory."""
+        self.slos[name] = bytes(data)
+
+    def slo_delete(self, name: str) -> None:
+        """Forget an SLO."""
+        self.slos.pop(name, None)
+
+    def slo_read(self) -> Deferred[dict[str, bytes]]:
+        """The SLOs kept in memory."""
+        return succeed(dict(self.slos))
 
     def history_write(self, chunk: HistoryChunk) -> None:
         """Keep ``chunk`` in memory."""

@@ -5,7 +5,7 @@ Redis by the replica's journal and rollout store (docs/scale-out.md),
 numbered there, and loaded by every replica when it joins: this store has
 nothing of them to write or read back (:meth:`RedisStore.open` returns an
 empty :class:`~.interface.KeptState`). What it keeps is the capacity
-history, shared by the replicas:
+history and the SLOs, shared by the replicas:
 
 * ``<prefix>:history:<step>:<series>``: a hash of the series' chunks at
   one tier, field ``start`` -> ``end|base64(data)``;
@@ -13,6 +13,8 @@ history, shared by the replicas:
   (``step␟series␟start``) scored by its end, for expiry and the byte bound;
 * ``<prefix>:history_bytes``: the bytes of the chunks kept (the byte bound
   drops the chunks that ended first);
+* ``<prefix>:slos``: a hash of the SLOs, field name -> base64 of its stored
+  form (spec, buckets and alerts);
 * ``<prefix>:history_lease``: which replica samples the history now. One
   replica samples and writes; the others read. The lease is taken with
   ``SET NX PX`` and refreshed at a third of its time to live; when its
@@ -173,6 +175,36 @@ class RedisStore(NothingToRestore):
             return chunks
 
         return Deferred.fromCoroutine(gather())
+
+    # -- SLOs -------------------------------------------------------------------------------
+
+    def slo_write(self, name: str, data: bytes) -> None:
+        """Keep an SLO in Redis (a write that fails is counted and logged)."""
+        d = self._link.call("HSET", f"{self._prefix}:slos", name, stored_forms.b64(data))
+        d.addCallbacks(self._written, self._write_failed)
+
+    def slo_delete(self, name: str) -> None:
+        """Forget an SLO."""
+        self._link.call("HDEL", f"{self._prefix}:slos", name).addCallbacks(self._written, self._write_failed)
+
+    def slo_read(self) -> Deferred[dict[str, bytes]]:
+        """Every SLO kept in Redis (entries that do not decode are skipped)."""
+
+        async def read() -> dict[str, bytes]:
+            try:
+                reply = await self._link.call("HGETALL", f"{self._prefix}:slos")
+            except Exception as e:
+                raise StoreError(f"SLO read failed: {e}") from None
+            items = list(reply.items()) if isinstance(reply, dict) else list(zip(reply[::2], reply[1::2], strict=False))
+            kept: dict[str, bytes] = {}
+            for name, value in items:
+                try:
+                    kept[str(name)] = stored_forms.unb64(str(value), "SLO")
+                except stored_forms.BadRecord:
+                    continue
+            return kept
+
+        return Deferred.fromCoroutine(read())
 
     def history_leader(self) -> bool:
         """Whether this replica samples the history now (it holds the lease)."""

@@ -1,7 +1,7 @@
 """The ``sqlite`` store (the default): one file, durable, nothing to run beside it.
 
 On the reactor, every change is queued in memory, coalesced by key (an
-operation, an edge, a rollout or a history chunk queued twice is written
+operation, an edge, a rollout, an SLO or a history chunk queued twice is written
 once, in its newest state); every ``flush_interval_seconds`` the queue
 becomes one :class:`~.sqlite_writer.Batch` for the writer thread, which
 commits it in one transaction. So the reactor never waits for the disk,
@@ -71,6 +71,8 @@ class SqliteStore(Service):
         self._rollouts: dict[str, Rollout] = {}
         self._history: dict[tuple[str, int, float], HistoryChunk] = {}
         self._expire: list[tuple[int, float]] = []
+        #: SLOs to write (None: to delete), by name.
+        self._slos: dict[str, Optional[bytes]] = {}
         self._pending_bytes = 0
         #: A batch that failed, written again first.
         self._retry: Optional[Batch] = None
@@ -244,6 +246,41 @@ class SqliteStore(Service):
         writer.submit(read, merge, lambda e: d.errback(StoreError(f"history read failed: {e}")))
         return d
 
+    def slo_write(self, name: str, data: bytes) -> None:
+        """Queue an SLO's stored form (replacing a queued one of that name)."""
+        old = self._slos.get(name)
+        self._pending_bytes += len(data) - (len(old) if old else 0)
+        self._slos[name] = bytes(data)
+
+    def slo_delete(self, name: str) -> None:
+        """Queue the deletion of an SLO."""
+        old = self._slos.get(name)
+        self._pending_bytes -= len(old) if old else 0
+        self._slos[name] = None
+
+    def slo_read(self) -> Deferred[dict[str, bytes]]:
+        """Every kept SLO, with the queued writes and deletes applied."""
+        queued = dict(self._slos)
+
+        def apply(stored: dict[str, bytes]) -> dict[str, bytes]:
+            for name, data in queued.items():
+                if data is None:
+                    stored.pop(name, None)
+                else:
+                    stored[name] = data
+            return stored
+
+        writer = self._writer
+        if writer is None or self._closed:
+            return succeed(apply({}))
+        d: Deferred[dict[str, bytes]] = Deferred()
+        writer.submit(
+            writer.read_slos,
+            lambda stored: d.callback(apply(stored)),
+            lambda e: d.errback(StoreError(f"SLO read failed: {e}")),
+        )
+        return d
+
     def _pending_count(self) -> int:
         return (
             len(self._events)
@@ -252,6 +289,7 @@ class SqliteStore(Service):
             + len(self._rollouts)
             + len(self._history)
             + len(self._expire)
+            + len(self._slos)
         )
 
     def _drop(self, what: str) -> None:
@@ -335,6 +373,7 @@ class SqliteStore(Service):
             rollouts=rollouts,
             history=list(self._history.values()),
             history_expire=self._expire,
+            slos=self._slos,
             now=self._clock.seconds(),
         )
         if self._events:
@@ -349,6 +388,7 @@ class SqliteStore(Service):
         self._rollouts = {}
         self._history = {}
         self._expire = []
+        self._slos = {}
         return batch
 
     # -- health ------------------------------------------------------------------------------
@@ -428,7 +468,9 @@ class SqliteStore(Service):
                 rollouts.append(value)
             except ValueError as e:
                 self._skipped(f"rollout {rollout_id}: {e}")
+        slos = tuple((str(name), bytes(data)) for name, data in db.execute("SELECT name, data FROM slos ORDER BY name"))
         return KeptState(
+            slos=slos,
             fleet_sequence=_meta_int(meta, "fleet_sequence"),
             edges=tuple(edges),
             events=tuple(events),

@@ -24,7 +24,7 @@ from twisted_iop.controlplane.store.interface import StoreError
 #: "IOPc" as a big-endian int: this file is a Control Plane store.
 APPLICATION_ID = 0x494F5063
 #: The schema this code writes (and reads; older ones are migrated to it).
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 #: The write-ahead log is truncated to this after a checkpoint.
 JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
 
@@ -88,6 +88,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         ) WITHOUT ROWID""",
         "CREATE INDEX history_by_end ON history (step, end)",
     ),
+    # SLOs: each one's spec, buckets and alerts (slo/evaluator.py's stored form), by name.
+    2: ("CREATE TABLE slos (name TEXT PRIMARY KEY, data BLOB NOT NULL)",),
 }
 assert sorted(MIGRATIONS) == list(range(1, SCHEMA_VERSION + 1))
 

@@ -87,6 +87,8 @@ class Batch:
     history: list[HistoryChunk] = attrs.field(factory=list)
     #: ``(step, before)`` expiries asked by the history.
     history_expire: list[tuple[int, float]] = attrs.field(factory=list)
+    #: SLOs to keep (their stored form) or forget (None), by name.
+    slos: dict[str, Optional[bytes]] = attrs.field(factory=dict)
     #: The meta values to keep (the numbering's high-water marks).
     meta: dict[str, int] = attrs.field(factory=dict)
     #: The wall-clock time of the flush (for age retention).
@@ -100,6 +102,7 @@ class Batch:
             + len(self.rollouts)
             + len(self.history)
             + len(self.history_expire)
+            + len(self.slos)
         )
 
 
@@ -295,6 +298,11 @@ class SqliteWriter:
                 "INSERT OR REPLACE INTO history VALUES (?, ?, ?, ?, ?)",
                 (chunk.series, chunk.step, chunk.start, chunk.end, chunk.data),
             )
+        for name, data in batch.slos.items():
+            if data is None:
+                db.execute("DELETE FROM slos WHERE name = ?", (name,))
+            else:
+                db.execute("INSERT OR REPLACE INTO slos VALUES (?, ?)", (name, data))
         for key, number in batch.meta.items():
             db.execute(
                 "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = "
@@ -497,6 +505,10 @@ class SqliteWriter:
             )
             chunks.extend(HistoryChunk(name, step, row[0], row[1], bytes(row[2])) for row in rows)
         return chunks
+
+    def read_slos(self) -> dict[str, bytes]:
+        """Every kept SLO's stored form, by name."""
+        return {str(name): bytes(data) for name, data in self._db.execute("SELECT name, data FROM slos")}
 
 
 def _blocks(events: Sequence[EventRecord], sizes: Sequence[int]) -> list[tuple[str, list[EventRecord], int]]:

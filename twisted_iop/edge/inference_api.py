@@ -49,7 +49,7 @@ def inference_site(api: InferenceAPI, config: InferenceConfig, reactor: Any = No
     Refusals use the OpenAI error shape; no access-log line per request (at
     hundreds a second they would be most of the Edge's log and a noticeable
     share of its CPU: the gateway counts outcomes instead); no Nagle delay
-    on streamed events.
+    on streamed events, each sent from its write (no writable poll around it).
     """
     limits = SiteLimits(
         max_body_bytes=config.max_request_bytes,
@@ -66,6 +66,7 @@ def inference_site(api: InferenceAPI, config: InferenceConfig, reactor: Any = No
         realm=b"iop-edge",
         access_log=False,
         tcp_nodelay=True,
+        write_now=True,
     )
 
 

@@ -32,6 +32,8 @@ class EdgeLinkProtocol(HelloDialerProtocol["EdgeLink"]):
     hello_request_body = "node_hello_request"
     hello_response_body = "node_hello_response"
     wire_name = "node wire"
+    #: A frame per streamed token: those of one turn go out as one write.
+    turn_writes = True
 
     def describe_peer(self) -> str:
         return "edge"

@@ -108,20 +108,29 @@ class _Job(Protocol):
 
 @implementer(IPushProducer)
 class _ConnectionValve:
-    """The runner's producer on one Edge connection: pauses all its jobs."""
+    """The runner's producer on one Edge connection: holds its streams while it is full.
+
+    Pausing is lazy: a pause only marks the connection full, and each job
+    stops reading its engine when it next sends a frame (one frame more per
+    stream at most, bounded by :data:`MAX_RUNNING_PER_CONNECTION`); a resume
+    wakes only the jobs that stopped. With a thousand streams, pausing all
+    of them at every full buffer cost two ``epoll_ctl`` per stream per
+    pause and starved the Node.
+    """
 
     def __init__(self, state: _SessionState) -> None:
         self._state = state
 
     def pauseProducing(self) -> None:
         self._state.paused = True
-        for job in list(self._state.jobs.values()):
-            job.pause()
 
     def resumeProducing(self) -> None:
-        self._state.paused = False
-        for job in list(self._state.jobs.values()):
-            job.resume()
+        state = self._state
+        state.paused = False
+        held, state.held = state.held, {}
+        for inference_id, job in held.items():
+            if state.jobs.get(inference_id) is job:
+                job.resume()
 
     def stopProducing(self) -> None:
         self._state.paused = True
@@ -130,8 +139,18 @@ class _ConnectionValve:
 @attrs.define(eq=False)
 class _SessionState:
     jobs: dict[int, _Job] = attrs.field(factory=dict)
+    #: Whether the connection's send buffer is full (its transport paused us).
     paused: bool = False
+    #: The jobs that stopped reading their engines while it was full.
+    held: dict[int, _Job] = attrs.field(factory=dict)
     registered: bool = False
+
+    def hold(self, inference_id: int) -> None:
+        """The connection is full: ``inference_id`` stops reading until it drains."""
+        job = self.jobs.get(inference_id)
+        if job is not None and inference_id not in self.held:
+            self.held[inference_id] = job
+            job.pause()
 
 
 class InferenceRunner:
@@ -288,12 +307,14 @@ class InferenceRunner:
             job = _HTTPJob(self._http, self._clock, adapter, url, sent, stream, reply)
         state.jobs[inference_id] = job
         job.start()
-        if state.paused and inference_id in state.jobs:
-            job.pause()
+        if state.paused:
+            state.hold(inference_id)
 
     def _cancel(self, session: InferenceSession, inference_id: int) -> None:
         state = self._sessions.get(session)
         job = state.jobs.pop(inference_id, None) if state is not None else None
+        if state is not None:
+            state.held.pop(inference_id, None)
         if job is not None:
             self.cancelled += 1
             job.cancel()
@@ -315,6 +336,7 @@ class InferenceRunner:
 
     def _finished(self, state: _SessionState, inference_id: int, ok: bool, provider_id: str, started: float) -> bool:
         """Count a request that ended; ``False`` when it had ended already (cancelled)."""
+        state.held.pop(inference_id, None)
         if state.jobs.pop(inference_id, None) is None:
             return False
         histogram = self.provider_seconds.get(provider_id)
@@ -388,6 +410,8 @@ class _Reply:
         chunk.inference_id = self.inference_id
         chunk.data = data
         self._session.sendString(envelope.SerializeToString())
+        if self._state.paused:
+            self._state.hold(self.inference_id)
 
     def failed(self, error: EngineError, usage: Optional[Mapping[str, Any]] = None) -> None:
         """The engine answered with an error (or its answer was one): ``PROVIDER_ERROR`` with its code."""

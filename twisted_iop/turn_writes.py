@@ -71,15 +71,19 @@ class TurnBuffer:
     at once.
     """
 
-    __slots__ = ("_call", "_clock", "_parts", "_size", "_transport", "max_bytes")
+    __slots__ = ("_call", "_clock", "_parts", "_size", "_transport", "delay_seconds", "max_bytes")
 
-    def __init__(self, transport: Any, clock: IReactorTime, max_bytes: int = MAX_TURN_BYTES) -> None:
+    def __init__(
+        self, transport: Any, clock: IReactorTime, max_bytes: int = MAX_TURN_BYTES, delay_seconds: float = 0.0
+    ) -> None:
         self._transport = transport
         self._clock = clock
         self._parts: list[bytes] = []
         self._size = 0
         self._call: Optional[IDelayedCall] = None
         self.max_bytes = max_bytes
+        #: How long the first write of a batch may wait for others (0: to the turn's end).
+        self.delay_seconds = delay_seconds
 
     @property
     def held(self) -> int:
@@ -96,7 +100,7 @@ class TurnBuffer:
         if self._size >= self.max_bytes:
             self.flush()
         elif self._call is None:
-            self._call = self._clock.callLater(0, self._turn_ended)
+            self._call = self._clock.callLater(self.delay_seconds, self._turn_ended)
 
     def _turn_ended(self) -> None:
         self._call = None

@@ -34,6 +34,7 @@ class EdgeLinkProtocol(HelloDialerProtocol["EdgeLink"]):
     wire_name = "node wire"
     #: A frame per streamed token: those of one turn go out as one write.
     turn_writes = True
+    turn_delay_seconds = float(__import__("os").environ.get("IOP_TURN_DELAY", "0"))
 
     def describe_peer(self) -> str:
         return "edge"

@@ -9,8 +9,8 @@ aborted and nothing more is sent.
 
 * HTTP kinds (``openai``, ``vllm``, ``sglang``, ``llamacpp``, ``tgi``,
   ``ollama``): a POST to the provider's ``base_url`` through
-  :class:`~twisted_iop.node.engine_http.ProviderHTTPClient` (persistent connections with ``TCP_NODELAY``,
-  the body written with the headers); the answer is read by
+  :class:`~twisted_iop.node.engine_client.EngineHTTPClient` (kept-alive connections with ``TCP_NODELAY``,
+  the request in one write, the answer parsed in the read that brings it); the answer is read by
   :class:`~twisted_iop.node.engine_stream.EngineBodyReader` with the
   adapter of the provider's kind: events one by one, errors in one shape
   and one set of codes (``error_code``), a stream without ``[DONE]`` or
@@ -52,7 +52,8 @@ from zope.interface import implementer
 from twisted_iop.metrics import LatencyHistogram
 from twisted_iop.mock_provider import MockBehaviour, MockRun
 from twisted_iop.node.config import NodeProviderConfig
-from twisted_iop.node.engine_http import InferenceHTTPClient, ProviderHTTPClient
+from twisted_iop.node.engine_client import EngineHTTPClient
+from twisted_iop.node.engine_http import InferenceHTTPClient
 from twisted_iop.node.engine_stream import (
     EngineAnswer,
     EngineBodyReader,
@@ -168,7 +169,7 @@ class InferenceRunner:
         self._providers = providers
         self._clock = clock
         if http is None:
-            http = cast(InferenceHTTPClient, ProviderHTTPClient(clock))
+            http = cast(InferenceHTTPClient, EngineHTTPClient(clock))
         self._http = http
         self._rand = rand
         self._sessions: dict[InferenceSession, _SessionState] = {}
@@ -206,6 +207,9 @@ class InferenceRunner:
 
     def close(self) -> None:
         """Close idle provider connections (the Node is stopping)."""
+        if isinstance(self._http, EngineHTTPClient):
+            self._http.close()
+            return
         pool = getattr(self._http, "pool", None)
         if isinstance(pool, HTTPConnectionPool):
             pool.closeCachedConnections()

@@ -126,6 +126,8 @@ class FramedPeerProtocol(Protocol):
     #: at once (:mod:`twisted_iop.turn_writes`): the Node wire, which carries a
     #: frame per streamed token.
     turn_writes = False
+    #: How long a frame may wait for others to go out with it (turn writes only).
+    turn_delay_seconds = 0.0
 
     def __init__(self, clock: IReactorTime, settings: PeerSettings, counters: Optional[WireCounters] = None) -> None:
         self.MAX_LENGTH = settings.max_frame_bytes
@@ -185,7 +187,7 @@ class FramedPeerProtocol(Protocol):
         self.last_received = now
         self.last_ping_sent = now
         if self.turn_writes:
-            self._turn = TurnBuffer(self.transport, self._clock)
+            self._turn = TurnBuffer(self.transport, self._clock, delay_seconds=self.turn_delay_seconds)
         self.peer_connected()
 
     def dataReceived(self, data: bytes) -> None:

@@ -183,3 +183,21 @@ async def test_framed_peer_sends_its_last_frames_before_it_closes() -> None:
         assert received[1].error.message == "going away"
     finally:
         await port.stopListening()
+
+
+@pytest_twisted.ensureDeferred
+async def test_turn_buffer_with_a_delay_waits_for_it() -> None:
+    """With ``delay_seconds`` the first write of a batch waits that long for others, then all leave together."""
+    transport, collect, port = await connected_pair()
+    try:
+        clock = Clock()
+        buffer = TurnBuffer(transport, clock, delay_seconds=0.002)
+        buffer.write(b"one ")
+        clock.advance(0.001)
+        buffer.write(b"two")
+        assert buffer.held == 7
+        clock.advance(0.001)
+        assert buffer.held == 0
+        await eventually(lambda: collect.received == b"one two", timeout=5, message="both writes")
+    finally:
+        await close(transport, port)

@@ -248,3 +248,31 @@ async def test_a_stopped_reader_gets_nothing_more(server: Any) -> None:
     await eventually(lambda: server.connections == 1 and not client.idle_connections(), timeout=5, message="closed")
     assert reader.data == seen
     assert not reader.ended.called
+
+
+@pytest_twisted.ensureDeferred
+async def test_no_content_has_no_body_and_keeps_the_connection(server: Any) -> None:
+    """A 204 ends at its head (no length needed) and its connection is reused."""
+    server.scripts.append(([b"HTTP/1.1 204 No Content\r\n\r\n"], False))
+    client = EngineHTTPClient(REACTOR)
+    code, _, body, ended = await fetch(client, server.url)
+    assert (code, body) == (204, b"")
+    assert ended.check(ResponseDone)
+    assert client.idle_connections() == 1
+    client.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_bytes_no_request_asked_for_close_the_connection(server: Any) -> None:
+    """An answer longer than its Content-Length: the extra bytes close the connection
+    instead of being read as the next request's answer."""
+    server.scripts.append(([b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", b"junk"], False))
+    server.scripts.append(([b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nnext"], False))
+    client = EngineHTTPClient(REACTOR)
+    _, _, body, _ = await fetch(client, server.url)
+    assert body == b"ok"
+    await eventually(lambda: client.idle_connections() == 0, timeout=5, message="the connection dropped")
+    _, _, body, _ = await fetch(client, server.url)
+    assert body == b"next"
+    assert server.connections == 2
+    client.close()

@@ -221,7 +221,8 @@ class _EngineConnection(Protocol):
             self._head(head)
             if rest and self._state in (_HEAD, _BODY):
                 self.dataReceived(rest)  # the body's start, or the answer after an interim one
-        # Bytes while idle (none are due) or closed are dropped.
+        elif state == _IDLE:
+            self.abort()  # bytes no request asked for: the connection is not reused
 
     def _head(self, head: bytes) -> None:
         lines = head.split(b"\r\n")
@@ -242,7 +243,10 @@ class _EngineConnection(Protocol):
             return  # an interim answer (100 Continue): the real one follows
         encoding = b",".join(values.get(b"transfer-encoding", [])).lower()
         length = values.get(b"content-length")
-        if b"chunked" in encoding:
+        if code in (204, 304):
+            self._framing = _LENGTH
+            self._remaining = 0
+        elif b"chunked" in encoding:
             self._framing = _CHUNKED
             self._remaining = -1  # a size line comes first
         elif length is not None:
@@ -282,11 +286,13 @@ class _EngineConnection(Protocol):
             self._give(data)
         elif framing == _LENGTH:
             if len(data) >= self._remaining:
-                piece = data[: self._remaining]
+                piece, extra = data[: self._remaining], data[self._remaining :]
                 self._remaining = 0
                 if piece:
                     self._give(piece)
                 self._finish()
+                if extra:
+                    self.dataReceived(extra)  # past the answer: not for any request
             else:
                 self._remaining -= len(data)
                 self._give(data)
@@ -327,7 +333,10 @@ class _EngineConnection(Protocol):
                 self._remaining = -1
             elif self._in_trailer:
                 if not line:
+                    extra = bytes(source[start:])
                     self._finish()
+                    if extra:
+                        self.dataReceived(extra)  # past the answer: not for any request
                     return
             else:
                 try:
@@ -408,7 +417,8 @@ class EngineHTTPClient:
     ) -> None:
         self._reactor = reactor
         self.max_idle_per_engine = max_idle_per_engine
-        self._idle: dict[tuple[str, int], list[_EngineConnection]] = {}
+        #: Idle connections per engine, oldest first (a dict: closing one is O(1)).
+        self._idle: dict[tuple[str, int], dict[_EngineConnection, None]] = {}
         self._urls: dict[str, tuple[tuple[str, int], bytes]] = {}
         self._tls_client = tls_client
         self._endpoint_for = endpoint_for or self._endpoint
@@ -438,7 +448,7 @@ class EngineHTTPClient:
         head = b"".join(lines)
         idle = self._idle.get(key)
         while idle:
-            connection = idle.pop()
+            connection = idle.popitem()[0]  # the most recently used
             if connection.transport is not None and connection._state == _IDLE:
                 return connection.send(head, data)
         return self._connect(key, head, data)
@@ -499,17 +509,17 @@ class EngineHTTPClient:
 
     def keep(self, connection: _EngineConnection) -> bool:
         """A connection finished its answer: keep it for the next request (False: close it)."""
-        idle = self._idle.setdefault(connection._key, [])
+        idle = self._idle.setdefault(connection._key, {})
         if len(idle) >= self.max_idle_per_engine:
             return False
-        idle.append(connection)
+        idle[connection] = None
         return True
 
     def forget(self, connection: _EngineConnection) -> None:
         """A connection closed: not reused."""
         idle = self._idle.get(connection._key)
-        if idle and connection in idle:
-            idle.remove(connection)
+        if idle:
+            idle.pop(connection, None)
 
     def idle_connections(self) -> int:
         """Connections kept for reuse, over every engine."""

@@ -364,6 +364,11 @@ class FramedPeerProtocol(Protocol):
         else:
             self.transport.write(framed)
 
+    def flush_writes(self) -> None:
+        """Send the frames held for this turn now (before anything else closes the transport)."""
+        if self._turn is not None:
+            self._turn.flush()
+
     def send_error(self, code: pb.ErrorCode, message: str, request_id: int = 0) -> None:
         """Send an ``Error`` frame (as the answer to ``request_id``)."""
         self.send("error", pb.Error(code=code, message=message), request_id)

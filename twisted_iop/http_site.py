@@ -50,6 +50,7 @@ from twisted.web.http import HTTPChannel
 from twisted.web.server import Request, Site
 
 from twisted_iop.access_log import access_line, refusal_line
+from twisted_iop.turn_writes import write_now
 
 #: What the ``Server`` header says (never a version).
 SERVER_NAME = b"twisted-iop"
@@ -469,7 +470,21 @@ class GuardedChannel(HTTPChannel):
             sequence.append(_SITE_HEADER_LINES)
         sequence.append(b"\r\n")
         assert self.transport is not None
-        self.transport.writeSequence(sequence)
+        self.writeSequence(sequence)
+
+    def write(self, data: bytes) -> None:
+        """Response bytes: sent at once on a ``write_now`` site (:mod:`twisted_iop.turn_writes`)."""
+        if self.site.write_now:
+            write_now(self.transport, data)
+        else:
+            super().write(data)
+
+    def writeSequence(self, iovec: Any) -> None:
+        """Response bytes in pieces: one write, sent at once on a ``write_now`` site."""
+        if self.site.write_now:
+            write_now(self.transport, b"".join(iovec))
+        else:
+            super().writeSequence(iovec)
 
     def refuse(self, refusal: Refusal, request: Optional[GuardedRequest] = None) -> None:
         """Write ``refusal`` as the whole answer and close the connection,
@@ -609,6 +624,7 @@ class GuardedSite(Site):
         access_log: bool = True,
         tcp_nodelay: bool = False,
         allowed_methods: Optional[Callable[[bytes], Optional[bytes]]] = None,
+        write_now: bool = False,
     ) -> None:
         super().__init__(resource, timeout=limits.idle_timeout_seconds, reactor=reactor, logFormatter=access_line)
         self.limits = limits
@@ -620,6 +636,9 @@ class GuardedSite(Site):
         #: The ``Allow`` header of a path (its routes'), None where unknown.
         self.allowed_methods = allowed_methods
         self.tcp_nodelay = tcp_nodelay
+        #: Whether answers are sent from the write itself, not on the next
+        #: writable poll (:func:`twisted_iop.turn_writes.write_now`): streamed events.
+        self.write_now = write_now
         #: Open connections: on this listener, and per peer address.
         self.connections = 0
         self.by_address: dict[str, int] = {}

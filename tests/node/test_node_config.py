@@ -165,3 +165,13 @@ def test_metrics_listen_default_override_and_off() -> None:
     assert parse_node_config(mapping(metrics={"listen": ""}), {}).metrics_listen == ""
     with pytest.raises(ConfigError, match=r"IOP_NODE_METRICS_LISTEN \(overrides metrics.listen\)"):
         parse_node_config(mapping(), {"IOP_NODE_METRICS_LISTEN": "nowhere"})
+
+
+def test_edge_coalesce_ms_default_zero_and_bounds() -> None:
+    """edge.coalesce_ms is 2 unless set; 0 is allowed (end of turn); negative, past 50 or not a number is refused."""
+    assert parse_node_config(mapping()).edge.coalesce_seconds == 0.002
+    edge = {"address": "127.0.0.1:7444", "coalesce_ms": 0}
+    assert parse_node_config(mapping(edge=edge)).edge.coalesce_seconds == 0
+    for bad in (-1, 51, "fast"):
+        with pytest.raises(ConfigError, match=r"edge\.coalesce_ms"):
+            parse_node_config(mapping(edge={"address": "127.0.0.1:7444", "coalesce_ms": bad}))

@@ -672,3 +672,79 @@ def test_an_engine_that_never_answers_is_unavailable_after_the_header_timeout() 
     [done] = answers
     assert (done.status, done.error_code) == (pb.INFERENCE_STATUS_UNAVAILABLE, "")
     assert done.error == f"the engine sent no answer within {RESPONSE_HEADERS_TIMEOUT_SECONDS:g}s"
+
+
+# -- a full Edge connection ------------------------------------------------------------
+
+
+class _Session:
+    """An Edge connection in memory: frames kept as envelopes, the transport's producer seen."""
+
+    def __init__(self) -> None:
+        from twisted.internet.testing import StringTransport
+
+        self.transport = StringTransport()
+        self.closing = False
+        self.frames: list[pb.Envelope] = []
+
+    def send(self, body: str, message: Any, request_id: int = 0) -> None:
+        """Keep one envelope."""
+        envelope = pb.Envelope(request_id=request_id)
+        getattr(envelope, body).CopyFrom(message)
+        self.frames.append(envelope)
+
+    def sendString(self, data: bytes) -> None:
+        """Keep one serialized envelope."""
+        self.frames.append(pb.Envelope.FromString(data))
+
+    def chunks_of(self, inference_id: int) -> int:
+        """Chunks sent so far for ``inference_id``."""
+        return sum(
+            1
+            for e in self.frames
+            if e.WhichOneof("body") == "inference_chunk" and e.inference_chunk.inference_id == inference_id
+        )
+
+
+def test_a_full_edge_connection_holds_each_stream_at_its_next_frame() -> None:
+    """When the Edge connection's buffer is full, each stream stops at its next
+    frame (one frame more at most) and only the streams that stopped are woken
+    when it drains; every stream then runs to its end."""
+    from twisted_iop.node.config import MockOptions
+
+    clock = Clock()
+    provider = NodeProviderConfig("p1", "mock", (MODEL,), mock=MockOptions(tokens_per_second=10, completion_tokens=5))
+    runner = InferenceRunner(lambda: (provider,), clock)
+    session = _Session()
+    body = json.dumps({"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    ids = (1, 2, 3)
+    for inference_id in ids:
+        request = pb.InferenceRequest(
+            inference_id=inference_id,
+            provider_id="p1",
+            endpoint=pb.INFERENCE_ENDPOINT_CHAT_COMPLETIONS,
+            body=body,
+            stream=True,
+            model=MODEL,
+        )
+        envelope = pb.Envelope()
+        envelope.inference_request.CopyFrom(request)
+        runner.handle(session, envelope, "inference_request")
+    clock.advance(0)
+    before = {i: session.chunks_of(i) for i in ids}
+    valve = session.transport.producer
+    assert valve is not None
+    valve.pauseProducing()
+    for _ in range(20):
+        clock.advance(0.1)
+    held = {i: session.chunks_of(i) for i in ids}
+    assert all(held[i] - before[i] <= 1 for i in ids), (before, held)
+    assert runner.running() == 3
+    valve.resumeProducing()
+    for _ in range(20):
+        clock.advance(0.1)
+    assert runner.running() == 0
+    done = [e.inference_done for e in session.frames if e.WhichOneof("body") == "inference_done"]
+    assert sorted(d.inference_id for d in done) == [1, 2, 3]
+    assert all(d.status == pb.INFERENCE_STATUS_OK for d in done)
+    assert all(session.chunks_of(i) >= 5 for i in ids)

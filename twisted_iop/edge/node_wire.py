@@ -48,6 +48,8 @@ class NodeServerProtocol(AcceptedPeerProtocol):
     """The Edge's end of one Node connection."""
 
     _log = Logger()
+    #: Inference requests of one turn to this Node go out as one write.
+    turn_writes = True
 
     factory: NodeServerFactory
 

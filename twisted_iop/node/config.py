@@ -54,15 +54,22 @@ DEFAULT_LOAD_INTERVAL_SECONDS = 5.0
 #: default ``state_directory``).
 ENV_STATE_DIRECTORY = "STATE_DIRECTORY"
 
+#: Default ``edge.coalesce_ms``, and its largest value (a token may wait this long on the Node).
+DEFAULT_COALESCE_MS = 2.0
+MAX_COALESCE_MS = 50.0
+
 #: Health values a mock provider (or its health file) may take.
 MOCK_HEALTH_VALUES = ("healthy", "degraded", "unhealthy", "offline")
 
 
 @attrs.frozen(kw_only=True)
 class EdgeLinkConfig(DialConfig):
-    """Section ``edge``: how this Node reaches its Edge (dialling settings only)."""
+    """Section ``edge``: how this Node reaches its Edge (dialling settings, and how streamed frames leave)."""
 
     address: str = "tcp:host=127.0.0.1:port=7444"
+    #: How long a streamed frame may wait for others to leave in the same send
+    #: (``edge.coalesce_ms``; 0: at the end of the reactor turn it was written in).
+    coalesce_seconds: float = DEFAULT_COALESCE_MS / 1000
 
 
 @attrs.frozen
@@ -188,13 +195,19 @@ def _state_directory(top: Section, node_id: str, environ: Mapping[str, str]) -> 
 
 
 def _edge(section: Section, environ: Mapping[str, str]) -> EdgeLinkConfig:
-    section.reject_unknown({"address", "backoff", "keepalive", "max_frame_bytes", "request_timeout_seconds"})
+    section.reject_unknown(
+        {"address", "backoff", "coalesce_ms", "keepalive", "max_frame_bytes", "request_timeout_seconds"}
+    )
+    coalesce_ms = section.number("coalesce_ms", DEFAULT_COALESCE_MS, exclusive_minimum=False)
+    if coalesce_ms > MAX_COALESCE_MS:
+        raise ConfigError(f"{section.field_path('coalesce_ms')}: at most {MAX_COALESCE_MS:g} (milliseconds)")
     return EdgeLinkConfig(
         address=parse_connect_setting(section, "address", DEFAULT_EDGE_ADDRESS, environ, ENV_EDGE_NODE_WIRE),
         backoff=parse_backoff(section.section("backoff")),
         keepalive=parse_keepalive(section.section("keepalive")),
         max_frame_bytes=parse_max_frame_bytes(section),
         request_timeout_seconds=section.number("request_timeout_seconds", 10.0),
+        coalesce_seconds=coalesce_ms / 1000,
     )
 
 

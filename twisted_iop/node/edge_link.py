@@ -32,6 +32,12 @@ class EdgeLinkProtocol(HelloDialerProtocol["EdgeLink"]):
     hello_request_body = "node_hello_request"
     hello_response_body = "node_hello_response"
     wire_name = "node wire"
+    #: A frame per streamed token: those written within ``edge.coalesce_ms`` go out as one send.
+    turn_writes = True
+
+    def __init__(self, link: EdgeLink) -> None:
+        super().__init__(link)
+        self.turn_delay_seconds = link.config.edge.coalesce_seconds
 
     def describe_peer(self) -> str:
         return "edge"

@@ -9,8 +9,8 @@ aborted and nothing more is sent.
 
 * HTTP kinds (``openai``, ``vllm``, ``sglang``, ``llamacpp``, ``tgi``,
   ``ollama``): a POST to the provider's ``base_url`` through
-  :class:`~twisted_iop.node.engine_http.ProviderHTTPClient` (persistent connections with ``TCP_NODELAY``,
-  the body written with the headers); the answer is read by
+  :class:`~twisted_iop.node.engine_client.EngineHTTPClient` (kept-alive connections with ``TCP_NODELAY``,
+  the request in one write, the answer parsed in the read that brings it); the answer is read by
   :class:`~twisted_iop.node.engine_stream.EngineBodyReader` with the
   adapter of the provider's kind: events one by one, errors in one shape
   and one set of codes (``error_code``), a stream without ``[DONE]`` or
@@ -55,7 +55,8 @@ from zope.interface import implementer
 from twisted_iop.metrics import LatencyHistogram
 from twisted_iop.mock_provider import MockBehaviour, MockRun
 from twisted_iop.node.config import NodeProviderConfig
-from twisted_iop.node.engine_http import InferenceHTTPClient, ProviderHTTPClient
+from twisted_iop.node.engine_client import EngineHTTPClient
+from twisted_iop.node.engine_http import InferenceHTTPClient
 from twisted_iop.node.engine_stream import (
     EngineAnswer,
     EngineBodyReader,
@@ -112,20 +113,29 @@ class _Job(Protocol):
 
 @implementer(IPushProducer)
 class _ConnectionValve:
-    """The runner's producer on one Edge connection: pauses all its jobs."""
+    """The runner's producer on one Edge connection: holds its streams while it is full.
+
+    Pausing is lazy: a pause only marks the connection full, and each job
+    stops reading its engine when it next sends a frame (one frame more per
+    stream at most, bounded by :data:`MAX_RUNNING_PER_CONNECTION`); a resume
+    wakes only the jobs that stopped. With a thousand streams, pausing all
+    of them at every full buffer cost two ``epoll_ctl`` per stream per
+    pause and starved the Node.
+    """
 
     def __init__(self, state: _SessionState) -> None:
         self._state = state
 
     def pauseProducing(self) -> None:
         self._state.paused = True
-        for job in list(self._state.jobs.values()):
-            job.pause()
 
     def resumeProducing(self) -> None:
-        self._state.paused = False
-        for job in list(self._state.jobs.values()):
-            job.resume()
+        state = self._state
+        state.paused = False
+        held, state.held = state.held, {}
+        for inference_id, job in held.items():
+            if state.jobs.get(inference_id) is job:
+                job.resume()
 
     def stopProducing(self) -> None:
         self._state.paused = True
@@ -134,8 +144,18 @@ class _ConnectionValve:
 @attrs.define(eq=False)
 class _SessionState:
     jobs: dict[int, _Job] = attrs.field(factory=dict)
+    #: Whether the connection's send buffer is full (its transport paused us).
     paused: bool = False
+    #: The jobs that stopped reading their engines while it was full.
+    held: dict[int, _Job] = attrs.field(factory=dict)
     registered: bool = False
+
+    def hold(self, inference_id: int) -> None:
+        """The connection is full: ``inference_id`` stops reading until it drains."""
+        job = self.jobs.get(inference_id)
+        if job is not None and inference_id not in self.held:
+            self.held[inference_id] = job
+            job.pause()
 
 
 class InferenceRunner:
@@ -153,7 +173,7 @@ class InferenceRunner:
         self._providers = providers
         self._clock = clock
         if http is None:
-            http = cast(InferenceHTTPClient, ProviderHTTPClient(clock))
+            http = cast(InferenceHTTPClient, EngineHTTPClient(clock))
         self._http = http
         self._rand = rand
         self._sessions: dict[InferenceSession, _SessionState] = {}
@@ -191,6 +211,9 @@ class InferenceRunner:
 
     def close(self) -> None:
         """Close idle provider connections (the Node is stopping)."""
+        if isinstance(self._http, EngineHTTPClient):
+            self._http.close()
+            return
         pool = getattr(self._http, "pool", None)
         if isinstance(pool, HTTPConnectionPool):
             pool.closeCachedConnections()
@@ -292,12 +315,14 @@ class InferenceRunner:
             job = _HTTPJob(self._http, self._clock, adapter, url, sent, stream, reply, _trace_headers(request))
         state.jobs[inference_id] = job
         job.start()
-        if state.paused and inference_id in state.jobs:
-            job.pause()
+        if state.paused:
+            state.hold(inference_id)
 
     def _cancel(self, session: InferenceSession, inference_id: int) -> None:
         state = self._sessions.get(session)
         job = state.jobs.pop(inference_id, None) if state is not None else None
+        if state is not None:
+            state.held.pop(inference_id, None)
         if job is not None:
             self.cancelled += 1
             job.cancel()
@@ -319,6 +344,7 @@ class InferenceRunner:
 
     def _finished(self, state: _SessionState, inference_id: int, ok: bool, provider_id: str, started: float) -> bool:
         """Count a request that ended; ``False`` when it had ended already (cancelled)."""
+        state.held.pop(inference_id, None)
         if state.jobs.pop(inference_id, None) is None:
             return False
         histogram = self.provider_seconds.get(provider_id)
@@ -407,6 +433,8 @@ class _Reply:
         chunk.inference_id = self.inference_id
         chunk.data = data
         self._session.sendString(envelope.SerializeToString())
+        if self._state.paused:
+            self._state.hold(self.inference_id)
 
     def failed(self, error: EngineError, usage: Optional[Mapping[str, Any]] = None) -> None:
         """The engine answered with an error (or its answer was one): ``PROVIDER_ERROR`` with its code."""

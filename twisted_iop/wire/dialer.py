@@ -225,6 +225,14 @@ class DialingService(ClientService):
             prepareConnection=self._prepare,
         )
 
+    def stopService(self) -> Deferred[None]:
+        """Stop; frames the connection holds for its turn are sent before it is closed."""
+        guard = self._endpoint.last_guard
+        flush = getattr(guard.application, "flush_writes", None) if guard is not None else None
+        if flush is not None:
+            flush()
+        return super().stopService()  # type: ignore[no-any-return]
+
     def _prepare(self, wrapped: IProtocol) -> Deferred[None]:
         # ClientService attempts one connection at a time: this is the last one made.
         guard = self._endpoint.last_guard
@@ -600,6 +608,8 @@ class DialerLink(Generic[ProtocolT]):
         current = self.current
         if current is not None and not current.closing and current.transport is not None:
             current.send_error(pb.ERROR_CODE_SHUTTING_DOWN, message)
+            # The dialing service closes the transport itself: what is held goes first.
+            current.flush_writes()
 
     # -- for subclasses -------------------------------------------------------
 

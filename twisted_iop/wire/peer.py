@@ -41,6 +41,7 @@ from twisted.protocols.tls import TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from twisted_iop.turn_writes import TurnBuffer
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.counters import WireCounters
 from twisted_iop.wire.enums import enum_name
@@ -121,6 +122,13 @@ class FramedPeerProtocol(Protocol):
 
     _log = Logger()
 
+    #: Whether this wire's frames of one reactor turn go out as one write, sent
+    #: at once (:mod:`twisted_iop.turn_writes`): the Node wire, which carries a
+    #: frame per streamed token.
+    turn_writes = False
+    #: How long a frame may wait for others to go out with it (turn writes only).
+    turn_delay_seconds = 0.0
+
     def __init__(self, clock: IReactorTime, settings: PeerSettings, counters: Optional[WireCounters] = None) -> None:
         self.MAX_LENGTH = settings.max_frame_bytes
         #: Frames and bytes of this wire (shared by a factory's connections), for /metrics.
@@ -150,6 +158,7 @@ class FramedPeerProtocol(Protocol):
         self.connected_at = 0.0
         self.last_received = 0.0
         self.last_ping_sent = 0.0
+        self._turn: Optional[TurnBuffer] = None
 
     # -- hooks for subclasses -------------------------------------------
 
@@ -177,6 +186,8 @@ class FramedPeerProtocol(Protocol):
         self.connected_at = now
         self.last_received = now
         self.last_ping_sent = now
+        if self.turn_writes:
+            self._turn = TurnBuffer(self.transport, self._clock, delay_seconds=self.turn_delay_seconds)
         self.peer_connected()
 
     def dataReceived(self, data: bytes) -> None:
@@ -279,6 +290,8 @@ class FramedPeerProtocol(Protocol):
     def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:
         self.closing = True
         self._buffer = b""
+        if self._turn is not None:
+            self._turn.discard()
         for timer in (self._hello_timer, self._abort_timer):
             if timer is not None and timer.active():
                 timer.cancel()
@@ -345,7 +358,16 @@ class FramedPeerProtocol(Protocol):
         counters = self.wire_counters  # metrics: one add per frame, and its bytes
         counters.frames_out += 1
         counters.bytes_out += len(data) + PREFIX_BYTES
-        self.transport.write(len(data).to_bytes(PREFIX_BYTES, "big") + data)
+        framed = len(data).to_bytes(PREFIX_BYTES, "big") + data
+        if self._turn is not None:
+            self._turn.write(framed)
+        else:
+            self.transport.write(framed)
+
+    def flush_writes(self) -> None:
+        """Send the frames held for this turn now (before anything else closes the transport)."""
+        if self._turn is not None:
+            self._turn.flush()
 
     def send_error(self, code: pb.ErrorCode, message: str, request_id: int = 0) -> None:
         """Send an ``Error`` frame (as the answer to ``request_id``)."""
@@ -445,11 +467,15 @@ class FramedPeerProtocol(Protocol):
         self.closing = True
         if self.transport is None:
             return
+        if self._turn is not None:
+            self._turn.flush()  # the last frames (an error saying why) go first
         self.transport.loseConnection()
         self._abort_timer = self._clock.callLater(CLOSE_GRACE_SECONDS, self._abort)
 
     def _abort(self) -> None:
         self._abort_timer = None
+        if self._turn is not None:
+            self._turn.discard()
         if self.transport is not None:
             abort = getattr(self.transport, "abortConnection", None)
             if abort is not None:

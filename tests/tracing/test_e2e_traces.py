@@ -49,6 +49,7 @@ async def test_a_client_trace_through_the_daemons_reaches_the_engine_and_the_col
     """The engine sees the client's trace id with the attempt's span id; the collector gets the
     server span (child of the client's) and the attempt; the answer names node-1 and p1."""
     import opentelemetry.sdk.trace  # noqa: F401  (the [tracing] extra, installed by `make setup`)
+
     receiver = OtlpReceiver()
     collector, endpoint = listen_otlp_receiver(reactor, receiver)
     try:

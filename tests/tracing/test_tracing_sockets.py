@@ -8,7 +8,6 @@ import functools
 from pathlib import Path
 from typing import Any, Optional
 
-import pytest
 import pytest_twisted
 from prometheus_client import generate_latest
 from twisted.internet import reactor
@@ -191,6 +190,7 @@ async def test_a_streamed_answer_carries_the_route(tmp_path: Path) -> None:
 async def test_spans_reach_an_otlp_receiver_with_a_failover_as_two_children(tmp_path: Path) -> None:
     """The server span continues the client's, and the failover is two child spans: the first with its error."""
     import opentelemetry.sdk.trace  # noqa: F401  (the [tracing] extra, installed by `make setup`)
+
     receiver = OtlpReceiver()
     collector, endpoint = listen_otlp_receiver(reactor, receiver)
     fleet = await start_fleet(

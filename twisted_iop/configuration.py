@@ -125,6 +125,11 @@ class Section:
         self._data = data
         self._path = path
 
+    @property
+    def path(self) -> str:
+        """The dotted path of this section."""
+        return self._path
+
     def field_path(self, key: str) -> str:
         """The dotted path of ``key`` in this section."""
         return f"{self._path}.{key}" if self._path else key
@@ -134,6 +139,10 @@ class Section:
         unknown = sorted(str(k) for k in self._data if k not in known)
         if unknown:
             raise ConfigError(f"{self.field_path(unknown[0])}: unknown setting (known: {', '.join(sorted(known))})")
+
+    def present_keys(self) -> list[str]:
+        """The keys present, in the file's order."""
+        return [str(key) for key in self._data]
 
     def has(self, key: str) -> bool:
         """Whether ``key`` is present."""

@@ -53,12 +53,15 @@ def test_catalog_lists_every_command() -> None:
         "provider.stop",
         "provider.start",
         "provider.logs",
+        "edge.hold",
+        "edge.release",
     }
+    assert specs["edge.hold"].target_kind == "edge"
     assert specs["node.drain"].target_kind == "node"
     assert [a.name for a in specs["node.drain"].arguments] == ["reason"]
     assert specs["provider.restart"].target_kind == "provider"
     assert [a.name for a in specs["provider.restart"].arguments] == ["drain", "drain_timeout_seconds", "reason"]
-    assert len(CATALOG) == 9
+    assert len(CATALOG) == 11
 
 
 @pytest.mark.parametrize(

@@ -8,51 +8,13 @@ from typing import Any
 
 import pytest_twisted
 from twisted.internet import reactor
-from twisted.internet.endpoints import TCP4ServerEndpoint
-from twisted.internet.protocol import Factory
 
 from twisted_iop.edge.tap import EdgeService
 from twisted_iop.node.tap import NodeService
 from twisted_iop.testing.configs import edge_yaml, node_yaml, write_yaml
 from twisted_iop.testing.harness import eventually, start_edge, start_node, stop
-from twisted_iop.testing.peers import FakeControlPlane, raw_node
+from twisted_iop.testing.peers import FakeControlPlaneServer, raw_node
 from twisted_iop.wire import control_pb2 as pb
-
-
-class FakeControlPlaneServer:
-    """Listens on a free port; keeps the newest Edge connection."""
-
-    def __init__(self) -> None:
-        self.connections: list[FakeControlPlane] = []
-        self.port: Any = None
-
-    async def start(self) -> str:
-        """Listen; return ``127.0.0.1:PORT``."""
-        server = self
-
-        class _Factory(Factory):
-            def buildProtocol(self, addr: Any) -> FakeControlPlane:
-                protocol = FakeControlPlane(reactor)
-                server.connections.append(protocol)
-                return protocol
-
-        self.port = await TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(_Factory())
-        return f"127.0.0.1:{self.port.getHost().port}"
-
-    @property
-    def current(self) -> FakeControlPlane:
-        """The newest Edge connection."""
-        return self.connections[-1]
-
-    def events(self) -> list[pb.EdgeEvent]:
-        """Every event relayed over every connection."""
-        return [e for c in self.connections for e in c.events()]
-
-    async def stop(self) -> None:
-        """Stop listening and drop connections."""
-        for c in self.connections:
-            c.close()
-        await self.port.stopListening()
 
 
 class Fleet:

@@ -68,6 +68,10 @@ class FakeNode:
         """Not used here."""
         return Deferred()
 
+    def instances(self, request: pb.NodeInstancesRequest, timeout: float) -> Deferred[pb.NodeInstancesResponse]:
+        """Not used here."""
+        return Deferred()
+
 
 class RecordingSink:
     """A response sink that records every call in order."""

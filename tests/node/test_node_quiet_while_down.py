@@ -39,6 +39,9 @@ class Session:
     def send_load(self, reports: list[pb.ProviderLoadReport]) -> None:
         """NodeLoadReport."""
 
+    def send_instances(self, report: pb.NodeInstancesReport) -> None:
+        """NodeInstancesReport."""
+
 
 class HangingConnects:
     """An HTTP client whose connects never complete: cancelled, they fail as Twisted's Agent's do."""

@@ -25,6 +25,7 @@ class RecordingSession:
         self.ready: list[list[pb.ProviderHealthReport]] = []
         self.health: list[list[pb.ProviderHealthReport]] = []
         self.load: list[list[pb.ProviderLoadReport]] = []
+        self.instances: list[pb.NodeInstancesReport] = []
 
     def send_ready(self, reports: list[pb.ProviderHealthReport]) -> None:
         """Keep NodeReady."""
@@ -37,6 +38,10 @@ class RecordingSession:
     def send_load(self, reports: list[pb.ProviderLoadReport]) -> None:
         """Keep NodeLoadReport."""
         self.load.append(reports)
+
+    def send_instances(self, report: pb.NodeInstancesReport) -> None:
+        """Keep NodeInstancesReport."""
+        self.instances.append(report)
 
 
 def config(providers: list[dict[str, Any]], **probes: Any) -> Any:

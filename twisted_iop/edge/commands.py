@@ -36,6 +36,7 @@ import twisted
 import twisted_iop
 from twisted_iop.configuration import ConfigError
 from twisted_iop.edge.config import NodeConfig, load_edge_config
+from twisted_iop.edge.deployments import EdgeDeployments
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
@@ -131,6 +132,18 @@ CATALOG: tuple[CommandDefinition, ...] = (
         "edge",
     ),
     CommandDefinition(
+        "edge.hold",
+        "Hold deployment changes (maintenance): the desired set is kept and acknowledged, nothing changes on the nodes.",
+        "edge",
+        (_REASON,),
+    ),
+    CommandDefinition(
+        "edge.release",
+        "End a hold of deployment changes: the desired set held is applied to the nodes.",
+        "edge",
+        (_REASON,),
+    ),
+    CommandDefinition(
         "provider.restart",
         "Restart the engine a node launches for a provider: drain, stop, start, wait until it is ready.",
         "provider",
@@ -208,9 +221,13 @@ class CommandRunner:
             "node.disconnect": self._disconnect,
             "providers.refresh": self._refresh,
             "edge.diagnostics": self._diagnostics,
+            "edge.hold": self._hold,
+            "edge.release": self._release,
             **{name: self._provider for name in PROVIDER_ACTIONS},
         }
         self.running = 0
+        #: The Edge's deployments, which ``edge.hold`` and ``edge.release`` act on (set by the tap).
+        self.deployments: Optional[EdgeDeployments] = None
 
     def catalog(self) -> list[pb.CommandSpec]:
         """The catalog announced in hello."""
@@ -388,6 +405,32 @@ class CommandRunner:
             "nodes_probed": str(len(ready) - len(failed)),
             "probe_failures": ",".join(failed),
             "health_changes": str(changed_health),
+        }
+
+    async def _hold(self, request: pb.EdgeCommandRequest) -> dict[str, str]:
+        return self._set_held(request, True)
+
+    async def _release(self, request: pb.EdgeCommandRequest) -> dict[str, str]:
+        return self._set_held(request, False)
+
+    def _set_held(self, request: pb.EdgeCommandRequest, held: bool) -> dict[str, str]:
+        deployments = self.deployments
+        if deployments is None:
+            raise CommandFailed("this edge runs no deployments")
+        changed = deployments.hold() if held else deployments.release()
+        if changed:
+            kind = "edge.held" if held else "edge.released"
+            reason = request.arguments.get("reason", "")[:MAX_TEXT]
+            self._registry.relay.emit(
+                kind,
+                command_id=request.command_id,
+                message=f"edge {self._registry.edge_id} {'holds' if held else 'released'} deployment changes",
+                attributes={"reason": reason} if reason else {},
+            )
+        return {
+            "held": _flag(deployments.held),
+            "changed": _flag(changed),
+            "observed_version": str(deployments.version),
         }
 
     async def _diagnostics(self, request: pb.EdgeCommandRequest) -> dict[str, str]:

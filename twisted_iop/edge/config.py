@@ -150,6 +150,16 @@ class NodeConfig:
 
 
 @attrs.frozen
+class DeploymentsConfig:
+    """Section ``deployments``: what the Edge does with the Control Plane's desired instances."""
+
+    #: Maintenance hold at start: the desired set is kept and acknowledged, not applied to the nodes.
+    hold: bool = False
+    #: How long a node has to answer its desired set.
+    node_timeout_seconds: float = 30.0
+
+
+@attrs.frozen
 class EdgeConfig:
     """The whole of edge.yaml, plus the file it came from (for refresh)."""
 
@@ -166,6 +176,8 @@ class EdgeConfig:
     logging: LoggingConfig = LoggingConfig()
     #: Section ``tracing``: where the inference path's spans are exported (see docs/tracing.md).
     tracing: TracingConfig = TracingConfig()
+    #: Section ``deployments``.
+    deployments: DeploymentsConfig = DeploymentsConfig()
 
     def node(self, node_id: str) -> Optional[NodeConfig]:
         """The configured Node ``node_id``, if any."""
@@ -184,7 +196,17 @@ def parse_edge_config(data: Mapping[str, Any], environ: Mapping[str, str] = {}) 
     """Validate a parsed edge.yaml mapping into an :class:`EdgeConfig`."""
     top = Section(data, "")
     top.reject_unknown(
-        {"control_plane", "node_server", "nodes", "inference", "shutdown", "metrics", "logging", "tracing"}
+        {
+            "control_plane",
+            "node_server",
+            "nodes",
+            "inference",
+            "shutdown",
+            "metrics",
+            "logging",
+            "tracing",
+            "deployments",
+        }
     )
     control_plane = _control_plane(top.section("control_plane"), environ)
     node_server = _node_server(top.section("node_server"), environ)
@@ -201,6 +223,15 @@ def parse_edge_config(data: Mapping[str, Any], environ: Mapping[str, str] = {}) 
         metrics_listen=metrics_listen,
         logging=parse_logging(top.section("logging")),
         tracing=parse_tracing_config(top.section("tracing")),
+        deployments=_deployments(top.section("deployments")),
+    )
+
+
+def _deployments(section: Section) -> DeploymentsConfig:
+    section.reject_unknown({"hold", "node_timeout_seconds"})
+    return DeploymentsConfig(
+        hold=section.boolean("hold", False),
+        node_timeout_seconds=section.number("node_timeout_seconds", 30.0),
     )
 
 

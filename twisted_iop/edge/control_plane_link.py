@@ -5,8 +5,9 @@ that :meth:`ControlPlaneLink.client_service` builds (the tap adds it to the
 Edge's services). On every connection that service's ``prepareConnection``
 sends ``EdgeHelloRequest``; once the Control Plane accepts it the queued
 events are flushed in order and from then on events go straight out,
-status requests are answered from the status provider and commands are run
-by the command runner.
+status requests are answered from the status provider, commands are run
+by the command runner and desired sets of instances are taken by the
+Edge's deployments.
 
 With several Control Plane replicas (``control_plane.addresses``) the
 service dials them in an order shuffled once per Edge process, moving to
@@ -24,12 +25,14 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Optional
 
 from twisted.internet.interfaces import IReactorTime
 
 import twisted_iop
 from twisted_iop.edge.commands import CommandRunner
 from twisted_iop.edge.config import ControlPlaneLinkConfig
+from twisted_iop.edge.deployments import EdgeDeployments
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.edge.status import StatusProvider
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
@@ -55,6 +58,12 @@ class ControlPlaneProtocol(HelloDialerProtocol["ControlPlaneLink"]):
     def accepted_envelope_received(self, envelope: pb.Envelope, body: str) -> None:
         if body == "edge_status_request":
             self.send("edge_status_response", self._link.status.snapshot(), envelope.request_id)
+        elif body == "edge_deployments_request" and self._link.deployments is not None:
+            self.send(
+                "edge_deployments_response",
+                self._link.deployments.take(envelope.edge_deployments_request),
+                envelope.request_id,
+            )
         elif body == "edge_command_request":
             self.reply_when_done(
                 self._link.commands.run(envelope.edge_command_request),
@@ -88,6 +97,8 @@ class ControlPlaneLink(DialerLink[ControlPlaneProtocol]):
         self.status = status
         self.commands = commands
         self.enrolled_since = 0.0
+        #: Takes the Control Plane's desired instances (set by the tap).
+        self.deployments: Optional[EdgeDeployments] = None
         commands.add_diagnostics(self.diagnostics)
 
     def hello(self) -> pb.EdgeHelloRequest:

@@ -8,6 +8,7 @@ token once hello is accepted) and turns wire messages into calls on the
 * ``NodeReady`` -> the connection may take ownership;
 * ``NodeHealthReport`` -> provider health (counts only for the owner);
 * ``NodeLoadReport`` -> the engines' own load (counts only for the owner);
+* ``NodeInstancesReport`` -> the Edge's deployments (counts only for the owner);
 * connection lost -> the registry decides whether anything changed.
 
 Every frame of an accepted connection, keepalive pings and pongs and
@@ -33,6 +34,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 import twisted_iop
+from twisted_iop.edge.deployments import EdgeDeployments
 from twisted_iop.edge.inference import INFERENCE_BODIES_FROM_NODE, InferenceGateway
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.tls import NODE, peer_identity
@@ -93,6 +95,11 @@ class NodeServerProtocol(AcceptedPeerProtocol):
             self._registry.node_health(self.token, envelope.node_health_report.providers)
         elif body == "node_load_report":
             self._registry.node_load(self.token, envelope.node_load_report.providers)
+        elif body == "node_instances_report":
+            if self.factory.deployments is not None and self._registry.ownership.is_owner(self.token):
+                assert self.node_id is not None
+                self._registry.ownership.seen(self.token)
+                self.factory.deployments.node_report(self.node_id, envelope.node_instances_report)
         elif body == "error" and not envelope.request_id:
             self.peer_goodbye(envelope.error)
         elif body in INFERENCE_BODIES_FROM_NODE and self.factory.inference is not None:
@@ -158,11 +165,22 @@ class NodeServerProtocol(AcceptedPeerProtocol):
         d = self.request("node_provider_command_request", request, timeout=timeout)
         return d.addCallback(_provider_command_answer)
 
+    def instances(self, request: pb.NodeInstancesRequest, timeout: float) -> Deferred[pb.NodeInstancesResponse]:
+        """Send ``NodeInstancesRequest``; fire with the Node's ``NodeInstancesResponse`` (an error frame fails it)."""
+        d = self.request("node_instances_request", request, timeout=timeout)
+        return d.addCallback(_instances_answer)
+
 
 def _provider_command_answer(envelope: pb.Envelope) -> pb.NodeProviderCommandResponse:
     if envelope.WhichOneof("body") != "node_provider_command_response":
         raise ValueError(f"the node answered {envelope.WhichOneof('body')} to a provider command")
     return envelope.node_provider_command_response
+
+
+def _instances_answer(envelope: pb.Envelope) -> pb.NodeInstancesResponse:
+    if envelope.WhichOneof("body") != "node_instances_response":
+        raise ValueError(f"the node answered {envelope.WhichOneof('body')} to its desired instances")
+    return envelope.node_instances_response
 
 
 class NodeServerFactory(PeerServerFactory):
@@ -190,6 +208,8 @@ class NodeServerFactory(PeerServerFactory):
         self.failed_hellos = FailedHelloLimiter(clock, failed_hellos, "node_server")
         #: The inference gateway, once the tap has built it.
         self.inference: Optional[InferenceGateway] = None
+        #: The Edge's deployments (instance reports go there), once the tap has built them.
+        self.deployments: Optional[EdgeDeployments] = None
 
     @overload  # type: ignore[override]
     def buildProtocol(self, addr: None) -> NodeServerProtocol: ...

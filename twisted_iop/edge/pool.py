@@ -34,7 +34,7 @@ elsewhere.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Optional, Protocol
 
 import attrs
@@ -163,15 +163,20 @@ class ProviderPool:
 
         A removed provider's leases are marked lost.
         """
-        wanted = {p.provider_id: p for p in providers}
-        for key in [k for k in self._providers if k[0] == node_id and k[1] not in wanted]:
+        self.configure_nodes({node_id: providers})
+
+    def configure_nodes(self, nodes: Mapping[str, Iterable[ProviderConfig]]) -> None:
+        """Set the providers of several nodes at once (one rebuild of the model index, one pump)."""
+        wanted = {node_id: {p.provider_id: p for p in providers} for node_id, providers in nodes.items()}
+        for key in [k for k in self._providers if k[0] in wanted and k[1] not in wanted[k[0]]]:
             self._drop_leases(self._providers.pop(key))
-        for provider_id, config in wanted.items():
-            existing = self._providers.get((node_id, provider_id))
-            if existing is None:
-                self._providers[(node_id, provider_id)] = _Provider(node_id, config, (node_id, provider_id))
-            else:
-                existing.config = config
+        for node_id, configs in wanted.items():
+            for provider_id, config in configs.items():
+                existing = self._providers.get((node_id, provider_id))
+                if existing is None:
+                    self._providers[(node_id, provider_id)] = _Provider(node_id, config, (node_id, provider_id))
+                else:
+                    existing.config = config
         self._by_model = {}
         for provider in self._providers.values():
             for model in dict.fromkeys(provider.config.models):

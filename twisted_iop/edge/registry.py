@@ -77,6 +77,19 @@ class NodePeer(Protocol):
     ) -> Deferred[pb.NodeProviderCommandResponse]:
         """Ask the Node to act on one provider's launched engine."""
 
+    def instances(self, request: pb.NodeInstancesRequest, timeout: float) -> Deferred[pb.NodeInstancesResponse]:
+        """Send the Node its whole desired set of instances; fire with its answer."""
+
+
+class NodeListener(Protocol):
+    """Who hears of Nodes saying hello and becoming ready (the Edge's deployments)."""
+
+    def node_hello(self, node_id: str, hello: pb.NodeHelloRequest) -> None:
+        """``node_id`` said hello on a connection that was accepted (pending)."""
+
+    def node_became_ready(self, node_id: str) -> None:
+        """``node_id`` has a dispatch-ready owner connection."""
+
 
 class UnknownNode(Exception):
     """No Node with that id is configured on this Edge."""
@@ -120,6 +133,11 @@ class NodeRegistry(Service):
         self.ownership = NodeOwnership(clock)
         self.pool = ProviderPool(self)
         self._nodes: dict[str, NodeConfig] = {node.node_id: node for node in config.nodes}
+        #: The providers edge.yaml gives each Node; deployments add theirs (``_deployed``).
+        self._configured: dict[str, tuple[ProviderConfig, ...]] = {n.node_id: n.providers for n in config.nodes}
+        self._deployed: dict[str, tuple[ProviderConfig, ...]] = {}
+        #: Hears of hellos and readiness (set by the tap: the Edge's deployments).
+        self.listener: Optional[NodeListener] = None
         self._peers: dict[int, NodePeer] = {}
         self._health: dict[str, dict[str, ProviderHealth]] = {}
         self._drained: set[str] = set()
@@ -181,8 +199,8 @@ class NodeRegistry(Service):
         token, transitions = self.ownership.open(node.node_id)
         self._peers[token] = peer
         announced = {spec.provider_id for spec in hello.providers}
-        configured = {p.provider_id for p in node.providers}
-        if announced != configured:
+        configured = {p.provider_id for p in self._configured.get(node.node_id, ())}
+        if not announced >= configured:
             self._log.warn(
                 "node {node_id} announces providers {announced} but this edge configures {configured}",
                 node_id=node.node_id,
@@ -190,6 +208,8 @@ class NodeRegistry(Service):
                 configured=sorted(configured),
             )
         self._log.info("node {node_id} connected (pending, connection {token})", node_id=node.node_id, token=token)
+        if self.listener is not None:
+            self.listener.node_hello(node.node_id, hello)
         self._apply(transitions, {})
         return token
 
@@ -297,6 +317,8 @@ class NodeRegistry(Service):
                     attributes={"providers": str(len(self.node(node_id).providers)), "usable": str(healthy)},
                 )
                 self.pool.reconsider()
+                if self.listener is not None:
+                    self.listener.node_became_ready(node_id)
             elif transition.kind is TransitionKind.DISCONNECTED:
                 self._health.pop(node_id, None)
                 self.engine_loads.forget_node(node_id)
@@ -651,40 +673,80 @@ class NodeRegistry(Service):
 
         Nodes that are not configured already are ignored (adding or
         removing Nodes needs a restart, because it changes who may connect).
+        The providers deployments run on a Node stay.
         """
         added: list[str] = []
         removed: list[str] = []
         changed: list[str] = []
         fresh = {node.node_id: node for node in nodes}
         ignored = [node_id for node_id in fresh if node_id not in self._nodes]
-        for node_id, node in list(self._nodes.items()):
+        for node_id in list(self._nodes):
             new = fresh.get(node_id)
             if new is None:
                 continue
-            old_providers = {p.provider_id: p for p in node.providers}
+            old_providers = {p.provider_id: p for p in self._configured.get(node_id, ())}
             new_providers: dict[str, ProviderConfig] = {p.provider_id: p for p in new.providers}
             added += [f"{node_id}/{p}" for p in new_providers if p not in old_providers]
             removed += [f"{node_id}/{p}" for p in old_providers if p not in new_providers]
             changed += [
                 f"{node_id}/{p}" for p in new_providers if p in old_providers and old_providers[p] != new_providers[p]
             ]
-            self._nodes[node_id] = attrs.evolve(node, providers=new.providers)
-            self.pool.configure_node(node_id, new.providers)
-            for provider_id in old_providers:
-                if provider_id not in new_providers:
-                    self.engine_loads.forget_provider(node_id, provider_id)
-                    self.cooldowns.forget_provider(node_id, provider_id)
-            health = self._health.get(node_id)
-            if health is not None:
-                for provider_id in list(health):
-                    if provider_id not in new_providers:
-                        del health[provider_id]
-                for provider_id in new_providers:
-                    if provider_id not in health:
-                        health[provider_id] = ProviderHealth(pb.PROVIDER_HEALTH_UNKNOWN, "not yet probed")
-        self._config = attrs.evolve(self._config, nodes=tuple(self._nodes.values()))
+            self._configured[node_id] = new.providers
+            self._set_providers(node_id)
         self.pool.reconsider()
         return RefreshSummary(tuple(added), tuple(removed), tuple(changed), tuple(ignored))
+
+    def set_deployed_providers(self, node_id: str, providers: tuple[ProviderConfig, ...]) -> None:
+        """The providers deployments run on ``node_id`` now (beside the ones edge.yaml gives it)."""
+        self.set_deployed({node_id: providers})
+
+    def set_deployed(self, nodes: Mapping[str, tuple[ProviderConfig, ...]]) -> None:
+        """The providers deployments run on each of ``nodes`` now (one pool update for all).
+
+        An instance whose id edge.yaml already gives the Node is left out
+        (the configured provider wins).
+        """
+        changed = []
+        for node_id, providers in nodes.items():
+            self.node(node_id)
+            configured = {p.provider_id for p in self._configured.get(node_id, ())}
+            deployed = tuple(p for p in providers if p.provider_id not in configured)
+            if deployed != self._deployed.get(node_id, ()):
+                self._deployed[node_id] = deployed
+                changed.append(node_id)
+        if not changed:
+            return
+        for node_id in changed:
+            self._set_providers(node_id, pool=False)
+        self.pool.configure_nodes({node_id: self._nodes[node_id].providers for node_id in changed})
+        self._config = attrs.evolve(self._config, nodes=tuple(self._nodes.values()))
+        self.pool.reconsider()
+
+    def _set_providers(self, node_id: str, pool: bool = True) -> None:
+        """Give ``node_id`` its configured and deployed providers: the pool (unless ``pool`` is
+        false: the caller updates it), health and readings follow."""
+        node = self._nodes[node_id]
+        providers = self._configured.get(node_id, ()) + self._deployed.get(node_id, ())
+        old = {p.provider_id for p in node.providers}
+        new = {p.provider_id for p in providers}
+        self._nodes[node_id] = attrs.evolve(node, providers=providers)
+        if pool:
+            self.pool.configure_node(node_id, providers)
+        for provider_id in old - new:
+            self.engine_loads.forget_provider(node_id, provider_id)
+            self.cooldowns.forget_provider(node_id, provider_id)
+            self._cancel_timer(node_id, provider_id, "stale")
+            self._cancel_timer(node_id, provider_id, "cooldown")
+        health = self._health.get(node_id)
+        if health is not None:
+            for provider_id in list(health):
+                if provider_id not in new:
+                    del health[provider_id]
+            for provider_id in new:
+                if provider_id not in health:
+                    health[provider_id] = ProviderHealth(pb.PROVIDER_HEALTH_UNKNOWN, "not yet probed")
+        if pool:
+            self._config = attrs.evolve(self._config, nodes=tuple(self._nodes.values()))
 
     def ready_nodes(self) -> list[str]:
         """Ids of dispatch-ready Nodes, in configuration order."""

@@ -14,7 +14,12 @@ Rules (see docs/edge-and-node.md):
   completion tokens per second over the last minute) and ``cooling_down``: a provider that cools down and
   reports ``healthy`` shows ``degraded`` with the cool-down's reason;
   ``latency``, its requests' TTFT, time per token and duration sketches
-  (``edge/latency.py``), absent before its first request; ``launch``, its engine's state when its Node launches it.
+  (``edge/latency.py``), absent before its first request;
+  ``launch``, its engine's state when its Node launches it;
+  ``deployment``, the deployment a provider is an instance of;
+* each node carries the engine profiles and GPU slots it declares, and the
+  snapshot the desired set's version this edge took, every instance's
+  state and whether the edge holds changes (:mod:`~twisted_iop.edge.deployments`).
 
 :func:`provider_counters` is the one source of the lease counters, for
 this view and for ``/metrics`` alike.
@@ -22,9 +27,12 @@ this view and for ``/metrics`` alike.
 
 from __future__ import annotations
 
+from typing import Optional
+
 from twisted.internet.interfaces import IReactorTime
 
 from twisted_iop.edge.config import NodeConfig, ProviderConfig
+from twisted_iop.edge.deployments import EdgeDeployments
 from twisted_iop.edge.pool import LeaseCounters
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.wire import control_pb2 as pb
@@ -34,9 +42,12 @@ from twisted_iop.wire.status_totals import with_totals
 class StatusProvider:
     """Builds snapshots from the registry, stamped with the Edge's clock."""
 
-    def __init__(self, registry: NodeRegistry, clock: IReactorTime) -> None:
+    def __init__(
+        self, registry: NodeRegistry, clock: IReactorTime, deployments: Optional[EdgeDeployments] = None
+    ) -> None:
         self._registry = registry
         self._clock = clock
+        self._deployments = deployments
 
     def snapshot(self) -> pb.EdgeStatusResponse:
         """A fresh ``EdgeStatusResponse`` listing every configured Node, with its totals."""
@@ -46,6 +57,8 @@ class StatusProvider:
         )
         for node in self._registry.nodes():
             response.nodes.append(self.node_snapshot(node))
+        if self._deployments is not None:
+            self._deployments.fill_status(response)
         # Counted here, once, so the Control Plane need not visit every
         # provider of every answer (it recounts a sample).
         return with_totals(response)
@@ -68,6 +81,8 @@ class StatusProvider:
                 snapshot.providers.append(self._ready_provider(node.node_id, provider, drained))
             else:
                 snapshot.providers.append(unavailable_provider(provider))
+        if self._deployments is not None:
+            self._deployments.fill_node_snapshot(snapshot)
         return snapshot
 
     def _ready_provider(self, node_id: str, provider: ProviderConfig, drained: bool) -> pb.ProviderSnapshot:

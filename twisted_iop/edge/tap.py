@@ -15,6 +15,7 @@ from twisted_iop.daemon import CLOSE_WAIT_SECONDS, DaemonOptions, DaemonService,
 from twisted_iop.edge.commands import CommandRunner
 from twisted_iop.edge.config import EdgeConfig, load_edge_config, unauthenticated_exposures
 from twisted_iop.edge.control_plane_link import ControlPlaneLink
+from twisted_iop.edge.deployments import EdgeDeployments
 from twisted_iop.edge.inference import InferenceGateway
 from twisted_iop.edge.inference_api import InferenceAPI, inference_site
 from twisted_iop.edge.metrics import edge_metric_registry
@@ -80,12 +81,18 @@ class EdgeService(DaemonService):
             self.trace_export = TraceExport(config.tracing, reactor)
             self.trace_export.setServiceParent(self)
         tracer = EdgeTracer(config.tracing.sample_ratio, self.trace_export)
-        self.status = StatusProvider(self.registry, clock)
+        self.deployments = EdgeDeployments(
+            self.registry, clock, config.deployments.hold, config.deployments.node_timeout_seconds
+        )
+        self.status = StatusProvider(self.registry, clock, self.deployments)
         self.commands = CommandRunner(
             self.registry, clock, probe_timeout_seconds=config.node_server.probe_timeout_seconds
         )
+        self.commands.deployments = self.deployments
+        self.commands.add_diagnostics(self.deployments.diagnostics)
         # rand shuffles the Control Plane addresses (once) and jitters the backoff.
         self.link = ControlPlaneLink(config.control_plane, self.registry, self.status, self.commands, clock, rand)
+        self.link.deployments = self.deployments
         self.node_factory = NodeServerFactory(
             self.registry,
             clock,
@@ -93,6 +100,7 @@ class EdgeService(DaemonService):
             require_certificate=config.node_server.tls is not None,
             failed_hellos=config.node_server.failed_hellos,
         )
+        self.node_factory.deployments = self.deployments
         self.node_server = self.add_listener(
             "node_server",
             config.node_server.listen,

@@ -35,6 +35,7 @@ from twisted_iop.configuration import (
     parse_unique_list,
 )
 from twisted_iop.endpoints import is_loopback_listen
+from twisted_iop.node.deployments.profiles import EngineProfileConfig, check_gpu_needs, parse_engines, parse_gpus
 from twisted_iop.node.launch_config import LaunchConfig, parse_launch
 from twisted_iop.wire.settings import DialConfig
 
@@ -129,6 +130,10 @@ class NodeRuntimeConfig:
     logging: LoggingConfig = LoggingConfig()
     #: Where the pidfiles of launched engines are kept (``state_directory``).
     state_directory: str = ""
+    #: The engine profiles a deployment may start here (``engines``).
+    engines: tuple[EngineProfileConfig, ...] = ()
+    #: GPU slots of this Node (``gpus``); an instance's ``{gpu}`` is the slot index(es) it holds.
+    gpus: int = 0
 
 
 def load_node_config(path: Optional[str], environ: Optional[Mapping[str, str]] = None) -> NodeRuntimeConfig:
@@ -152,9 +157,14 @@ def parse_node_config(data: Mapping[str, Any], environ: Mapping[str, str] = {}) 
             "metrics",
             "logging",
             "state_directory",
+            "engines",
+            "gpus",
         }
     )
     node_id = top.identifier("node_id")
+    engines = parse_engines(top.raw("engines"), environ)
+    gpus = parse_gpus(top)
+    check_gpu_needs(engines, gpus)
     return NodeRuntimeConfig(
         node_id=node_id,
         credential=parse_dialer_secret(top, "credential", "credential_file"),
@@ -168,6 +178,8 @@ def parse_node_config(data: Mapping[str, Any], environ: Mapping[str, str] = {}) 
         ),
         logging=parse_logging(top.section("logging")),
         state_directory=_state_directory(top, node_id, environ),
+        engines=engines,
+        gpus=gpus,
     )
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+from twisted.internet.defer import maybeDeferred
 from twisted.internet.interfaces import IReactorTime
 
 import twisted_iop
@@ -66,6 +67,14 @@ class EdgeLinkProtocol(HelloDialerProtocol["EdgeLink"]):
                 crash_log="answering a provider command failed",
                 crash_message="the provider command failed on the node",
             )
+        elif body == "node_instances_request":
+            self.reply_when_done(
+                maybeDeferred(self._link.runtime.answer_instances_request, envelope.node_instances_request),
+                "node_instances_response",
+                envelope.request_id,
+                crash_log="converging to the desired instances failed",
+                crash_message="the node failed to converge its instances",
+            )
         elif body in INFERENCE_BODIES_FROM_EDGE and self._link.runtime.inference is not None:
             self._link.runtime.inference.handle(self, envelope, body)
         else:
@@ -84,6 +93,10 @@ class EdgeLinkProtocol(HelloDialerProtocol["EdgeLink"]):
     def send_load(self, reports: list[pb.ProviderLoadReport]) -> None:
         """Send ``NodeLoadReport`` with every provider's engine load."""
         self.send("node_load_report", pb.NodeLoadReport(providers=reports))
+
+    def send_instances(self, report: pb.NodeInstancesReport) -> None:
+        """Send ``NodeInstancesReport``: an instance changed state."""
+        self.send("node_instances_report", report)
 
 
 class EdgeLink(DialerLink[EdgeLinkProtocol]):
@@ -104,8 +117,12 @@ class EdgeLink(DialerLink[EdgeLinkProtocol]):
         self.runtime = runtime
 
     def hello(self) -> pb.NodeHelloRequest:
-        """This Node's hello (providers by id, kind and models only)."""
+        """This Node's hello (providers by id, kind and models only; its engine profiles and GPU slots)."""
+        instances = self.runtime.instances
         return pb.NodeHelloRequest(
+            profiles=instances.profile_specs() if instances is not None else [],
+            gpus=self.config.gpus,
+            free_gpus=instances.free_gpus() if instances is not None else self.config.gpus,
             node_id=self.config.node_id,
             protocol_major=PROTOCOL_MAJOR,
             protocol_minor=PROTOCOL_MINOR,

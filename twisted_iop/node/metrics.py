@@ -3,7 +3,8 @@
 Served by the Node's metrics listener (``metrics.listen``) at
 ``GET /metrics``: provider health from the last probes, the inference
 runner's counters, latencies and tokens (``iop_tokens_total``), the
-engines it launches (``iop_node_engine_*``), and the state of the link to the Edge.
+engines it launches (``iop_node_engine_*``), deployment instances
+(``iop_node_instances``, ``iop_node_instance_changes``), and the state of the link to the Edge.
 They are read from the parts named by :class:`NodeParts`, which the running
 ``NodeService`` (``tap.py``) provides; this module never imports the tap,
 which composes it.
@@ -21,8 +22,10 @@ from twisted_iop.metrics import counter, gauge, histograms, labelled, new_metric
 from twisted_iop.node.engine_lifecycle import EngineState
 from twisted_iop.node.inference import TOKEN_DIRECTIONS
 from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.enums import enum_label
 
 if TYPE_CHECKING:
+    from twisted_iop.node.deployments.instances import NodeInstances
     from twisted_iop.node.edge_link import EdgeLink
     from twisted_iop.node.runtime import NodeRuntime
     from twisted_iop.node.supervisor import EngineSupervisor
@@ -108,6 +111,8 @@ def node_metrics(service: NodeParts) -> Iterator[Metric]:
     engines = runtime.engines
     if engines is not None:
         yield from engine_metrics(engines)
+    if runtime.instances is not None:
+        yield from instance_metrics(runtime.instances)
     link = service.link
     current = link.current
     yield gauge("iop_node_edge_connected", "1 while a connection to the Edge is open", 1 if current is not None else 0)
@@ -116,6 +121,30 @@ def node_metrics(service: NodeParts) -> Iterator[Metric]:
     yield gauge("iop_node_ready", "1 once NodeReady was sent on the current connection", 1 if runtime.ready_sent else 0)
     yield counter("iop_node_edge_acceptances", "Times the Edge accepted this Node", link.acceptances)
     yield from wire_metrics({"edge": link.wire_counters})
+
+
+def instance_metrics(instances: NodeInstances) -> Iterator[Metric]:
+    """The deployments' instances on this Node: how many in each state, and the engine starts,
+    restarts and stops their desired sets caused."""
+    by_state = {enum_label(pb.InstanceState, v): 0 for v in pb.InstanceState.values() if v}
+    for status in instances.statuses():
+        name = enum_label(pb.InstanceState, status.state)
+        by_state[name] = by_state.get(name, 0) + 1
+    yield labelled(
+        GaugeMetricFamily,
+        "iop_node_instances",
+        "Deployment instances asked of this Node or still stopping, by state",
+        ["state"],
+        [([state], count) for state, count in by_state.items()],
+    )
+    yield labelled(
+        CounterMetricFamily,
+        "iop_node_instance_changes",
+        "Engine starts, restarts (a changed spec) and stops that desired sets caused",
+        ["change"],
+        [(["start"], instances.starts), (["restart"], instances.restarts), (["stop"], instances.stops)],
+    )
+    yield gauge("iop_node_free_gpus", "GPU slots of this Node no instance holds", instances.free_gpus())
 
 
 def engine_metrics(engines: EngineSupervisor) -> Iterator[Metric]:

@@ -38,6 +38,7 @@ from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.enums import enum_label
 
 if TYPE_CHECKING:
+    from twisted_iop.node.deployments.instances import NodeInstances
     from twisted_iop.node.inference import InferenceRunner
 
 #: The first re-probe of a provider found down comes this soon; each next one twice later, up to the interval.
@@ -60,6 +61,9 @@ class EdgeSession(Protocol):
 
     def send_load(self, reports: list[pb.ProviderLoadReport]) -> None:
         """Send ``NodeLoadReport``."""
+
+    def send_instances(self, report: pb.NodeInstancesReport) -> None:
+        """Send ``NodeInstancesReport`` (an instance changed state)."""
 
 
 def providers_from_file(path: Optional[str]) -> Optional[ProvidersLoader]:
@@ -94,7 +98,10 @@ class NodeRuntime(Service):
             # Busy versus down: a probe that times out counts what this Node runs there.
             self._prober.running_on = self.running_on
         self._load_providers = load_providers if load_providers is not None else providers_from_file(config.source_path)
-        self.providers: tuple[NodeProviderConfig, ...] = config.providers
+        #: The providers node.yaml configures (re-read when the Edge asks).
+        self.configured_providers: tuple[NodeProviderConfig, ...] = config.providers
+        #: The instances deployments run here (set by the tap when node.yaml declares ``engines:``).
+        self.instances: Optional[NodeInstances] = None
         self.health: dict[str, ProbeResult] = {}
         self.session: Optional[EdgeSession] = None
         #: Runs the inference requests the Edge forwards (set by the tap).
@@ -112,6 +119,13 @@ class NodeRuntime(Service):
         self._load_loop.clock = clock
         #: The pending re-probe of each provider found down, with the delay it was scheduled at.
         self._reprobes: dict[str, tuple[IDelayedCall, float]] = {}
+
+    @property
+    def providers(self) -> tuple[NodeProviderConfig, ...]:
+        """Every provider of this Node: the configured ones, then the instances deployments run."""
+        if self.instances is None:
+            return self.configured_providers
+        return self.configured_providers + self.instances.providers()
 
     def startService(self) -> None:
         super().startService()
@@ -184,10 +198,18 @@ class NodeRuntime(Service):
         """Re-read the providers (if there is a config file), probe, answer."""
         if self._load_providers is not None:
             try:
-                self.providers = self._load_providers()
+                configured = self._load_providers()
             except ConfigError as e:
                 self._log.warn("keeping the current providers; node.yaml not re-read: {error}", error=str(e))
             else:
+                taken = {p.provider_id for p in self.instances.providers()} if self.instances is not None else set()
+                clashing = sorted(p.provider_id for p in configured if p.provider_id in taken)
+                if clashing:
+                    self._log.warn(
+                        "node.yaml names providers {clashing} that run as deployment instances; they are left out",
+                        clashing=clashing,
+                    )
+                self.configured_providers = tuple(p for p in configured if p.provider_id not in taken)
                 if self.engines is not None:
                     self.engines.configure(self.providers)
 
@@ -296,8 +318,10 @@ class NodeRuntime(Service):
         """A launched engine changed state: its health follows, and the Edge hears of it at once.
 
         ``ready_probe`` is the readiness probe that found it ready (its
-        health counts now, not at the next periodic probe).
+        health counts now, not at the next periodic probe). An instance's
+        new state goes to the Edge too (``NodeInstancesReport``).
         """
+        self._instance_changed(provider_id)
         provider = next((p for p in self.providers if p.provider_id == provider_id), None)
         if provider is None:
             return
@@ -307,6 +331,64 @@ class NodeRuntime(Service):
         current = self.health.get(provider_id)
         if current is not None and self.session is not None and self.ready_sent:
             self.session.send_health([self.report(current)])
+
+    # -- deployments ----------------------------------------------------------------
+
+    def configured_ids(self) -> set[str]:
+        """The ids of the providers node.yaml configures (no instance may take one)."""
+        return {p.provider_id for p in self.configured_providers}
+
+    def answer_instances_request(self, request: pb.NodeInstancesRequest) -> pb.NodeInstancesResponse:
+        """Converge to the Edge's desired set; answer every instance's status.
+
+        The instances' health follows at once (``NodeHealthReport``), so an
+        Edge that just learnt of them need not wait for the next probe round.
+        """
+        instances = self.instances
+        if instances is None:
+            statuses = [
+                pb.InstanceStatus(
+                    instance_id=d.instance_id[:128],
+                    deployment=d.deployment[:128],
+                    generation=d.generation,
+                    node_id=self.config.node_id,
+                    state=pb.INSTANCE_STATE_REFUSED,
+                    reason="this node declares no engine profiles (no engines: in node.yaml)",
+                )
+                for d in request.instances[:256]
+            ]
+            return pb.NodeInstancesResponse(instances=statuses)
+        statuses = instances.converge(request.instances)
+        response = pb.NodeInstancesResponse(
+            instances=statuses, profiles=instances.profile_specs(), free_gpus=instances.free_gpus()
+        )
+        reports = [self.health[p.provider_id] for p in instances.providers() if p.provider_id in self.health]
+        if reports and self.session is not None and self.ready_sent:
+            self.session.send_health([self.report(r) for r in reports])
+        return response
+
+    def instances_applied(self, providers: tuple[NodeProviderConfig, ...]) -> None:
+        """The instances' providers changed: forget the health of gone ones, give the engines the new set."""
+        del providers  # self.providers reads them from the instances
+        if self.engines is not None:
+            self.engines.configure(self.providers)
+        wanted = {p.provider_id for p in self.providers}
+        for provider_id in [p for p in self.health if p not in wanted]:
+            del self.health[provider_id]
+        for provider_id in [p for p in self.load if p not in wanted]:
+            del self.load[provider_id]
+
+    def _instance_changed(self, provider_id: str) -> None:
+        instances = self.instances
+        if instances is None:
+            return
+        status = instances.engine_changed(provider_id)
+        if status is not None and self.session is not None and self.ready_sent:
+            self.session.send_instances(
+                pb.NodeInstancesReport(
+                    instances=[status], profiles=instances.profile_specs(), free_gpus=instances.free_gpus()
+                )
+            )
 
     def _record(
         self, results: list[ProbeResult], providers: tuple[NodeProviderConfig, ...], forget: bool = True

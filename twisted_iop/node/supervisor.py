@@ -45,7 +45,7 @@ from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
-from twisted_iop.daemon import StartupError
+from twisted_iop.daemon import StartupError, wait_until
 from twisted_iop.node.config import NodeProviderConfig
 from twisted_iop.node.engine_lifecycle import STARTING_STATES, Do, EngineLifecycle, EngineState, Exit
 from twisted_iop.node.engine_logs import LogTail
@@ -448,12 +448,16 @@ class EngineSupervisor(Service):
         self.stopping = False
         #: Set once every engine was stopped.
         self.stopped = False
+        #: Set when deployments may start engines here (node.yaml declares ``engines:``).
+        self.launches_instances = False
+        #: How long an engine no longer wanted may finish its requests in flight before it stops (0: none).
+        self.retire_drain_seconds = 0.0
 
     # -- the service ------------------------------------------------------------------
 
     def privilegedStartService(self) -> None:
         """Create the state directory (a failure stops start-up with one line)."""
-        if self._configured:
+        if self._configured or self.launches_instances:
             try:
                 self.pidfiles.prepare()
             except OSError as e:
@@ -513,9 +517,9 @@ class EngineSupervisor(Service):
             return
         now = self.clock.seconds()
         for provider_id, engine in list(self.engines.items()):
-            if provider_id not in launched:
+            if provider_id not in launched and not engine.retired:
                 engine.retired = True
-                engine.act(engine.lifecycle.stop(now, "no longer launched by this Node's configuration"))
+                self._retire(engine, now, "no longer launched by this Node's configuration")
         for provider_id, provider in launched.items():
             known = self.engines.get(provider_id)
             if known is None:
@@ -523,6 +527,63 @@ class EngineSupervisor(Service):
                 engine.begin()
             else:
                 known.provider = provider
+                if known.retired:
+                    # Asked for again while it stops: it starts again once stopped.
+                    known.retired = False
+                    known.act(known.lifecycle.restart(now, "asked for again"))
+
+    def _retire(self, engine: LaunchedEngine, now: float, reason: str) -> None:
+        """Stop a retired engine: after a drain of its requests in flight (``retire_drain_seconds``)."""
+        provider_id = engine.provider_id
+        in_flight = self.running_on(provider_id)
+        drain = self.retire_drain_seconds
+        if (
+            not in_flight
+            or drain <= 0
+            or not engine.lifecycle.drain(now, f"{reason}: waiting for {in_flight} requests")
+        ):
+            engine.act(engine.lifecycle.stop(now, reason))
+            return
+        engine.act([])
+
+        def drained(_: bool) -> None:
+            if engine.retired and self.engines.get(provider_id) is engine:
+                engine.act(engine.lifecycle.stop(self.clock.seconds(), reason))
+
+        wait_until(
+            self.clock,
+            lambda: self.running_on(provider_id) == 0 or engine.lifecycle.state is not EngineState.DRAINING,
+            drain,
+        ).addCallback(drained)
+
+    def restart(self, provider_id: str, reason: str, drain_seconds: float = 0.0) -> None:
+        """Stop ``provider_id``'s engine and start it again with its provider's current ``launch``.
+
+        With ``drain_seconds``, a ready engine running requests is ``draining`` first (the Edge
+        leases it nothing new) until they finished or that long passed.
+        """
+        engine = self.engines.get(provider_id)
+        if engine is None or not self.running or self.stopping:
+            return
+        now = self.clock.seconds()
+        in_flight = self.running_on(provider_id)
+        if drain_seconds <= 0 or not in_flight:
+            engine.act(engine.lifecycle.restart(now, reason))
+            return
+        if not engine.lifecycle.drain(now, f"{reason}: waiting for {in_flight} requests in flight"):
+            engine.act(engine.lifecycle.restart(now, reason))
+            return
+        engine.act([])
+
+        def drained(_: bool) -> None:
+            if self.engines.get(provider_id) is engine and self.running and not self.stopping:
+                engine.act(engine.lifecycle.restart(self.clock.seconds(), reason))
+
+        wait_until(
+            self.clock,
+            lambda: self.running_on(provider_id) == 0 or engine.lifecycle.state is not EngineState.DRAINING,
+            drain_seconds,
+        ).addCallback(drained)
 
     def forget(self, engine: LaunchedEngine) -> None:
         """A retired engine has stopped: it leaves the supervisor."""

@@ -11,6 +11,7 @@ from twisted_iop.daemon import DaemonOptions, DaemonService, compose
 from twisted_iop.listeners import ListenerService
 from twisted_iop.metrics import metrics_site
 from twisted_iop.node.config import NodeRuntimeConfig, load_node_config, unauthenticated_exposures
+from twisted_iop.node.deployments.instances import RETIRE_DRAIN_SECONDS, NodeInstances
 from twisted_iop.node.edge_link import EdgeLink
 from twisted_iop.node.engine_http import InferenceHTTPClient
 from twisted_iop.node.engine_readiness import readiness_check
@@ -39,6 +40,8 @@ class Options(DaemonOptions[NodeRuntimeConfig]):
         metrics = config.metrics_listen or "nothing (disabled)"
         launched = sum(1 for p in config.providers if p.launch is not None)
         engines = f", engines launched: {launched} (pidfiles in {config.state_directory})" if launched else ""
+        if config.engines:
+            engines += f", engine profiles: {', '.join(p.name for p in config.engines)}"
         return (
             f"node {config.node_id}, providers: {len(config.providers)}{engines}, edge at {config.edge.address}, "
             f"metrics on {metrics}"
@@ -74,6 +77,13 @@ class NodeService(DaemonService):
             config.providers, config.state_directory, reactor, readiness_check(prober), runtime.running_on
         )
         self.engines.listener = runtime
+        if config.engines:
+            self.engines.launches_instances = True
+            # An instance a desired set no longer names lets its requests in flight finish first.
+            self.engines.retire_drain_seconds = RETIRE_DRAIN_SECONDS
+            runtime.instances = NodeInstances(
+                config, clock, self.engines, runtime.instances_applied, runtime.configured_ids
+            )
         self.inference.refusal = self.engines.refusal
         self.add_state(self.runtime)
         self.engines.setServiceParent(self)

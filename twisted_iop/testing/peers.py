@@ -18,8 +18,9 @@ from typing import Any, Optional, cast
 
 from twisted.internet import reactor as global_reactor
 from twisted.internet.defer import Deferred, succeed
-from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.internet.endpoints import TCP4ClientEndpoint, TCP4ServerEndpoint, connectProtocol
 from twisted.internet.interfaces import ITransport
+from twisted.internet.protocol import Factory
 from twisted.python.failure import Failure
 
 from twisted_iop.controlplane.edge_peer import EdgePeer, StatusListener
@@ -327,6 +328,47 @@ class FakeControlPlane(TransportAccess, FramedPeerProtocol):
         d = self.request("edge_command_request", request, timeout=5)
         return d.addCallback(lambda envelope: envelope.edge_command_response)
 
+    def deployments(self, request: pb.EdgeDeploymentsRequest) -> Deferred[pb.EdgeDeploymentsResponse]:
+        """Send the Edge its whole desired set; fire with its answer."""
+        d = self.request("edge_deployments_request", request, timeout=5)
+        return d.addCallback(lambda envelope: envelope.edge_deployments_response)
+
+
+class FakeControlPlaneServer:
+    """Listens on a free port; keeps the newest Edge connection."""
+
+    def __init__(self) -> None:
+        self.connections: list[FakeControlPlane] = []
+        self.port: Any = None
+
+    async def start(self) -> str:
+        """Listen; return ``127.0.0.1:PORT``."""
+        server = self
+
+        class _Factory(Factory):
+            def buildProtocol(self, addr: Any) -> FakeControlPlane:
+                protocol = FakeControlPlane(global_reactor)
+                server.connections.append(protocol)
+                return protocol
+
+        self.port = await TCP4ServerEndpoint(global_reactor, 0, interface="127.0.0.1").listen(_Factory())
+        return f"127.0.0.1:{self.port.getHost().port}"
+
+    @property
+    def current(self) -> FakeControlPlane:
+        """The newest Edge connection."""
+        return self.connections[-1]
+
+    def events(self) -> list[pb.EdgeEvent]:
+        """Every event relayed over every connection."""
+        return [e for c in self.connections for e in c.events()]
+
+    async def stop(self) -> None:
+        """Stop listening and drop connections."""
+        for c in self.connections:
+            c.close()
+        await self.port.stopListening()
+
 
 class RawNode(TransportAccess, FramedPeerProtocol):
     """A hand-driven Node connection (for duplicate and rejected connections)."""
@@ -465,6 +507,8 @@ class FakeNodePeer(NodePeer):
         self.provider_commands: list[
             tuple[pb.NodeProviderCommandRequest, Deferred[pb.NodeProviderCommandResponse]]
         ] = []
+        #: Desired sets sent, each with the Deferred the test answers.
+        self.instance_requests: list[tuple[pb.NodeInstancesRequest, Deferred[pb.NodeInstancesResponse]]] = []
 
     def close(self) -> None:
         """Record the close."""
@@ -489,4 +533,10 @@ class FakeNodePeer(NodePeer):
         """Record the command; the test answers its Deferred."""
         d: Deferred[pb.NodeProviderCommandResponse] = Deferred()
         self.provider_commands.append((request, d))
+        return d
+
+    def instances(self, request: pb.NodeInstancesRequest, timeout: float) -> Deferred[pb.NodeInstancesResponse]:
+        """Record the desired set; the test answers its Deferred."""
+        d: Deferred[pb.NodeInstancesResponse] = Deferred()
+        self.instance_requests.append((request, d))
         return d

@@ -45,7 +45,9 @@ if TYPE_CHECKING:
     from twisted_iop.controlplane.snapshots import StatusSnapshot
 
 #: Bodies a peer sends unsolicited: never answered, whatever their request id.
-UNSOLICITED_BODIES = frozenset({"edge_event", "node_ready", "node_health_report", "node_load_report"})
+UNSOLICITED_BODIES = frozenset(
+    {"edge_event", "node_ready", "node_health_report", "node_load_report", "node_instances_report"}
+)
 
 #: The edge id and node id a good peer uses in the drivers.
 GOOD_EDGE_ID = "edge-good"

@@ -536,7 +536,7 @@ class NodeProviderSpec(_message.Message):
     def __init__(self, provider_id: _Optional[str] = ..., kind: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NodeHelloRequest(_message.Message):
-    __slots__ = ("node_id", "protocol_major", "protocol_minor", "software_version", "credential", "providers", "labels", "profiles", "gpus")
+    __slots__ = ("node_id", "protocol_major", "protocol_minor", "software_version", "credential", "providers", "labels", "profiles", "gpus", "free_gpus")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -553,6 +553,7 @@ class NodeHelloRequest(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     PROFILES_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
+    FREE_GPUS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     protocol_major: int
     protocol_minor: int
@@ -562,7 +563,8 @@ class NodeHelloRequest(_message.Message):
     labels: _containers.ScalarMap[str, str]
     profiles: _containers.RepeatedCompositeFieldContainer[EngineProfile]
     gpus: int
-    def __init__(self, node_id: _Optional[str] = ..., protocol_major: _Optional[int] = ..., protocol_minor: _Optional[int] = ..., software_version: _Optional[str] = ..., credential: _Optional[str] = ..., providers: _Optional[_Iterable[_Union[NodeProviderSpec, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ..., profiles: _Optional[_Iterable[_Union[EngineProfile, _Mapping]]] = ..., gpus: _Optional[int] = ...) -> None: ...
+    free_gpus: int
+    def __init__(self, node_id: _Optional[str] = ..., protocol_major: _Optional[int] = ..., protocol_minor: _Optional[int] = ..., software_version: _Optional[str] = ..., credential: _Optional[str] = ..., providers: _Optional[_Iterable[_Union[NodeProviderSpec, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ..., profiles: _Optional[_Iterable[_Union[EngineProfile, _Mapping]]] = ..., gpus: _Optional[int] = ..., free_gpus: _Optional[int] = ...) -> None: ...
 
 class NodeHelloResponse(_message.Message):
     __slots__ = ("accepted", "reason", "reason_code", "permanent", "protocol_major", "protocol_minor", "server_version", "keepalive_interval_ms", "keepalive_deadline_ms")
@@ -852,16 +854,24 @@ class NodeInstancesRequest(_message.Message):
     def __init__(self, instances: _Optional[_Iterable[_Union[DesiredInstance, _Mapping]]] = ...) -> None: ...
 
 class NodeInstancesResponse(_message.Message):
-    __slots__ = ("instances",)
+    __slots__ = ("instances", "profiles", "free_gpus")
     INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    PROFILES_FIELD_NUMBER: _ClassVar[int]
+    FREE_GPUS_FIELD_NUMBER: _ClassVar[int]
     instances: _containers.RepeatedCompositeFieldContainer[InstanceStatus]
-    def __init__(self, instances: _Optional[_Iterable[_Union[InstanceStatus, _Mapping]]] = ...) -> None: ...
+    profiles: _containers.RepeatedCompositeFieldContainer[EngineProfile]
+    free_gpus: int
+    def __init__(self, instances: _Optional[_Iterable[_Union[InstanceStatus, _Mapping]]] = ..., profiles: _Optional[_Iterable[_Union[EngineProfile, _Mapping]]] = ..., free_gpus: _Optional[int] = ...) -> None: ...
 
 class NodeInstancesReport(_message.Message):
-    __slots__ = ("instances",)
+    __slots__ = ("instances", "profiles", "free_gpus")
     INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    PROFILES_FIELD_NUMBER: _ClassVar[int]
+    FREE_GPUS_FIELD_NUMBER: _ClassVar[int]
     instances: _containers.RepeatedCompositeFieldContainer[InstanceStatus]
-    def __init__(self, instances: _Optional[_Iterable[_Union[InstanceStatus, _Mapping]]] = ...) -> None: ...
+    profiles: _containers.RepeatedCompositeFieldContainer[EngineProfile]
+    free_gpus: int
+    def __init__(self, instances: _Optional[_Iterable[_Union[InstanceStatus, _Mapping]]] = ..., profiles: _Optional[_Iterable[_Union[EngineProfile, _Mapping]]] = ..., free_gpus: _Optional[int] = ...) -> None: ...
 
 class Envelope(_message.Message):
     __slots__ = ("request_id", "error", "ping", "pong", "edge_hello_request", "edge_hello_response", "edge_status_request", "edge_status_response", "edge_command_request", "edge_command_response", "edge_event", "edge_deployments_request", "edge_deployments_response", "node_hello_request", "node_hello_response", "node_ready", "node_health_report", "node_probe_request", "node_probe_response", "node_load_report", "node_provider_command_request", "node_provider_command_response", "node_instances_request", "node_instances_response", "node_instances_report", "inference_request", "inference_chunk", "inference_done", "inference_cancel")

@@ -58,9 +58,11 @@ RESPONSE_BODIES = frozenset(
         "edge_hello_response",
         "edge_status_response",
         "edge_command_response",
+        "edge_deployments_response",
         "node_hello_response",
         "node_probe_response",
         "node_provider_command_response",
+        "node_instances_response",
     }
 )
 

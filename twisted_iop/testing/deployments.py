@@ -1,0 +1,185 @@
+"""Deployments for tests: an Edge and a Node whose providers all come from deployments.
+
+The Node declares the mock engine profile of issue 30 (``iop-mock-provider``
+launched on one free port of its own, ``tokens_per_second`` a bounded int);
+the Edge's ``nodes:`` entry lists no providers; a fake Control Plane sends
+desired sets over the real Edge wire.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import attrs
+import yaml
+
+from twisted_iop.deployments.spec import spec_hash
+from twisted_iop.edge.tap import EdgeService
+from twisted_iop.node.tap import NodeService
+from twisted_iop.testing.configs import MODEL, gateway_edge_yaml, gateway_node_yaml, write_yaml
+from twisted_iop.testing.harness import MOCK_PROVIDER, eventually, start_edge, start_node, stop
+from twisted_iop.testing.launch import FAST_READINESS, FAST_RESTART, free_port
+from twisted_iop.testing.peers import FakeControlPlane, FakeControlPlaneServer
+from twisted_iop.wire import control_pb2 as pb
+
+#: Bound on a launched engine (a Python process) becoming ready on this machine.
+READY_SECONDS = 30.0
+
+
+def mock_profile(port: int, name: str = "mock") -> dict[str, Any]:
+    """The issue's mock engine profile on ports ``[port, port]``, with quick readiness and restarts."""
+    return {
+        "name": name,
+        "kind": "openai",
+        "launch": {
+            "command": [
+                MOCK_PROVIDER,
+                "--listen",
+                "tcp:{port}:interface=127.0.0.1",
+                "--models",
+                "{model}",
+                "--tokens-per-second",
+                "{tokens_per_second}",
+            ],
+            "readiness": {"path": "/v1/models", **FAST_READINESS},
+            "restart": dict(FAST_RESTART),
+            "stop": {"signal": "TERM", "timeout_seconds": 5},
+        },
+        "ports": [port, port],
+        "parameters": {"tokens_per_second": {"type": "int", "min": 1, "max": 1000, "default": 50}},
+    }
+
+
+def desired(
+    instance_id: str = "chat-1",
+    tokens_per_second: Optional[int] = 100,
+    deployment: str = "chat",
+    generation: int = 1,
+    *,
+    profile: str = "mock",
+    model: str = MODEL,
+    parameters: Optional[dict[str, str]] = None,
+    capacity: int = 4,
+) -> pb.DesiredInstance:
+    """One desired instance on node-1: of the mock profile serving the test model with capacity 4
+    unless told otherwise (``parameters`` replaces ``tokens_per_second``)."""
+    if parameters is None:
+        parameters = {"tokens_per_second": str(tokens_per_second)} if tokens_per_second is not None else {}
+    return pb.DesiredInstance(
+        instance_id=instance_id,
+        deployment=deployment,
+        generation=generation,
+        node_id="node-1",
+        profile=profile,
+        model=model,
+        parameters=parameters,
+        capacity=capacity,
+        spec_hash=spec_hash(profile, model, parameters, capacity),
+    )
+
+
+@attrs.define
+class DeploymentFleet:
+    """A fake Control Plane, an Edge and node-1 (profiles only)."""
+
+    cp: FakeControlPlaneServer
+    edge: EdgeService
+    node: NodeService
+    base: str
+    version: int = 0
+
+    @property
+    def link(self) -> FakeControlPlane:
+        """The Edge's current connection at the fake Control Plane."""
+        return self.cp.current
+
+    async def send(self, *instances: pb.DesiredInstance) -> pb.EdgeDeploymentsResponse:
+        """Send the whole desired set (the next version) over the Edge wire; the Edge's answer."""
+        self.version += 1
+        request = pb.EdgeDeploymentsRequest(version=self.version, instances=list(instances))
+        response: pb.EdgeDeploymentsResponse = await self.link.deployments(request)
+        return response
+
+    def status(self, instance_id: str = "chat-1") -> Optional[pb.InstanceStatus]:
+        """What the Edge reports of an instance now."""
+        return next((s for s in self.edge.deployments.statuses() if s.instance_id == instance_id), None)
+
+    def state(self, instance_id: str = "chat-1") -> str:
+        """The instance's state as the Edge reports it ("none" if it reports none)."""
+        status = self.status(instance_id)
+        return pb.InstanceState.Name(status.state) if status is not None else "none"
+
+    def pid(self, instance_id: str = "chat-1") -> int:
+        """The pid of the instance's engine (0 if none runs), from the Node's supervisor."""
+        engine = self.node.engines.engines.get(instance_id)
+        return engine.pid or 0 if engine is not None else 0
+
+    async def ready(self, instance_id: str = "chat-1") -> None:
+        """Wait until the Edge reports the instance READY and its provider takes work."""
+        await eventually(
+            lambda: (
+                self.state(instance_id) == "INSTANCE_STATE_READY"
+                and self.edge.registry.provider_takes_work("node-1", instance_id)
+            ),
+            timeout=READY_SECONDS,
+            message=f"instance {instance_id} ready at the Edge",
+        )
+
+    async def restart_node(self) -> None:
+        """Stop the Node (its engines stop with it) and start it again from the same node.yaml."""
+        path = self.node.config.source_path
+        assert path is not None
+        await stop(self.node)
+        self.node = start_node(path)
+
+    async def restart_edge(self) -> None:
+        """Stop the Edge and start a new one from the same edge.yaml on the same node port (the
+        Node reconnects to it); wait until the Node is ready at the new Edge and it enrolled."""
+        port = self.edge.node_port
+        path = Path(self.edge.config.source_path or "")
+        data = yaml.safe_load(path.read_text())
+        data["node_server"]["listen"] = f"tcp:{port}:interface=127.0.0.1"
+        await stop(self.edge)
+        enrolled = len(self.cp.connections)
+        self.edge = await start_edge(write_yaml(path, data))
+        await self.edge.inference_server.bound()
+        self.base = f"http://127.0.0.1:{self.edge.inference_port}"
+        edge = self.edge
+        await eventually(lambda: edge.registry.is_ready("node-1"), timeout=15, message="node-1 back at the new Edge")
+        await eventually(
+            lambda: len(self.cp.connections) > enrolled and self.cp.current.hellos,
+            timeout=10,
+            message="the new Edge enrolled",
+        )
+
+    async def stop(self) -> None:
+        """Stop the Node, the Edge and the fake Control Plane."""
+        await stop(self.node, self.edge)
+        await self.cp.stop()
+
+
+async def start_deployment_fleet(
+    tmp_path: Path, hold: bool = False, profiles: Optional[list[dict[str, Any]]] = None
+) -> DeploymentFleet:
+    """Start the fake Control Plane, an Edge whose node-1 lists no providers, and node-1 with the
+    mock profile (or ``profiles``) and no providers; wait until the node is ready and the Edge enrolled."""
+    cp = FakeControlPlaneServer()
+    address = await cp.start()
+    edge_config = gateway_edge_yaml(
+        cp_address=address, second_node=False, capacity=4, inference={"queue_timeout_seconds": 60}
+    )
+    del edge_config["nodes"][0]["providers"]
+    if hold:
+        edge_config["deployments"] = {"hold": True}
+    edge = await start_edge(write_yaml(tmp_path / "edge.yaml", edge_config))
+    await edge.inference_server.bound()
+    node_config = gateway_node_yaml("node-1", edge.node_port, {})
+    del node_config["providers"]
+    node_config["engines"] = profiles if profiles is not None else [mock_profile(free_port())]
+    node_config["state_directory"] = str(tmp_path / "state")
+    node = start_node(write_yaml(tmp_path / "node.yaml", node_config))
+    fleet = DeploymentFleet(cp, edge, node, f"http://127.0.0.1:{edge.inference_port}")
+    await eventually(lambda: edge.registry.is_ready("node-1"), timeout=10, message="node-1 ready at the Edge")
+    await eventually(lambda: cp.connections and cp.current.hellos, timeout=10, message="the Edge enrolled")
+    return fleet

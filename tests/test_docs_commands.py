@@ -226,18 +226,26 @@ def test_iopctl_command_table_lists_every_command() -> None:
     assert sorted(rows) == iopctl_commands()
 
 
+#: The Edge's metrics listener (``metrics.listen``), by its default port.
+EDGE_METRICS_PORT = 9101
+
+
 @pytest.mark.parametrize("command", [c for c in COMMANDS if c.program == "curl"], ids=_ids)
 def test_curl_lines_name_routes(command: DocCommand) -> None:
     """A documented ``curl`` line names a route that its daemon's HTTP app serves, with its method.
 
     Port 8080 is the Control Plane's HTTP listener, 8090 the Edge's
-    inference API (their defaults).
+    inference API, 9101 the Edge's metrics listener, which serves
+    ``GET /metrics`` alone (their defaults).
     """
     urls = [w for w in command.words if w.startswith(("http://", "https://"))]
     assert len(urls) == 1, command.words
     words = list(command.words)
     method = words[words.index("-X") + 1] if "-X" in words else ("POST" if "-d" in words else "GET")
     parts = urlsplit(urls[0])
+    if parts.port == EDGE_METRICS_PORT:
+        assert (method, parts.path) == ("GET", "/metrics"), f"{command.where}: the metrics listener serves GET /metrics"
+        return
     apps = {8080: ControlPlaneHttp.app, 8090: InferenceAPI.app}
     assert parts.port in apps, f"{command.where}: 8080 is the Control Plane's HTTP port, 8090 the Edge's inference API"
     endpoint, _ = apps[parts.port].url_map.bind("127.0.0.1").match(parts.path, method=method)

@@ -282,6 +282,16 @@ async def test_a_wrong_value_is_not_taken_for_a_missing_one() -> None:
         ("/rollouts", {"command": {"name": "node.drain", "node_selector": False}, "selector": ""}, json_type),
         ("/rollouts", {"command": {"name": "node.drain", "arguments": False}, "selector": ""}, json_type),
         ("/rollouts", {"command": {"name": "node.drain"}, "selector": "", "idempotency_key": "k"}, long_key),
+        # An object where the latency figure's name belongs (it was a 500: a dict is no key).
+        (
+            "/rollouts",
+            {
+                "command": {"name": "node.drain"},
+                "selector": "",
+                "abort": {"latency": {"metric": {}, "max_increase_percent": 1}},
+            },
+            json_type,
+        ),
     ):
         response = await api.post("http://cp" + path, data=json.dumps(body).encode(), headers=headers)
         answer = json.loads(await response.content())

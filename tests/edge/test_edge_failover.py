@@ -16,26 +16,23 @@ from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.edge.status import StatusProvider
 from twisted_iop.testing.configs import MODEL
 from twisted_iop.testing.http import chat
-from twisted_iop.testing.peers import FakeNodePeer
+from twisted_iop.testing.peers import RecordingNodePeer
 from twisted_iop.wire import control_pb2 as pb
 
 _ORDER = itertools.count()
 
 
-class FakeNode(FakeNodePeer):
-    """A Node connection that records what the gateway sends it."""
-
-    closing = False
+class FakeNode(RecordingNodePeer):
+    """A Node connection that records what the gateway sends it, and in which order across Nodes."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.sent: list[tuple[str, Any]] = []
         #: (global order, inference id) of each inference request sent here.
         self.order: list[tuple[int, int]] = []
 
     def send(self, body: str, message: Any, request_id: int = 0) -> None:
         """Record one envelope."""
-        self.sent.append((body, message))
+        super().send(body, message, request_id)
         if body == "inference_request":
             self.order.append((next(_ORDER), message.inference_id))
 

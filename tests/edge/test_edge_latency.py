@@ -31,6 +31,7 @@ from twisted_iop.latency.sketch import MAX_BUCKETS, RELATIVE_ERROR
 from twisted_iop.latency.wire import sketch_from_wire
 from twisted_iop.testing.configs import MODEL
 from twisted_iop.testing.http import chat
+from twisted_iop.testing.peers import RecordingNodePeer
 from twisted_iop.wire import control_pb2 as pb
 
 EDGE = {
@@ -43,19 +44,6 @@ EDGE = {
         }
     ],
 }
-
-
-class FakeNode:
-    """A Node connection that records what the gateway sends."""
-
-    closing = False
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, Any]] = []
-
-    def send(self, body: str, message: Any, request_id: int = 0) -> None:
-        """Record one envelope."""
-        self.sent.append((body, message))
 
 
 class Sink:
@@ -71,13 +59,13 @@ class Sink:
         """Ignore an error."""
 
 
-def gateway_with_node() -> tuple[InferenceGateway, NodeRegistry, FakeNode, Clock]:
+def gateway_with_node() -> tuple[InferenceGateway, NodeRegistry, RecordingNodePeer, Clock]:
     """A gateway whose only Node is ready, on a fake clock started at 1000 s."""
     clock = Clock()
     clock.advance(1000)
     config = parse_edge_config(EDGE)
     registry = NodeRegistry(config, clock)
-    node = FakeNode()
+    node = RecordingNodePeer()
     hello = pb.NodeHelloRequest(node_id="node-1", providers=[pb.NodeProviderSpec(provider_id="p1", models=[MODEL])])
     token = registry.node_accepted(hello, cast(Any, node))  # only send() is used
     registry.node_ready(
@@ -92,13 +80,15 @@ def submit(gateway: InferenceGateway, stream: bool) -> int:
     return gateway.submit(pb.INFERENCE_ENDPOINT_CHAT_COMPLETIONS, MODEL, False, body, stream, Sink())
 
 
-def chunk(gateway: InferenceGateway, node: FakeNode, inference_id: int) -> None:
+def chunk(gateway: InferenceGateway, node: RecordingNodePeer, inference_id: int) -> None:
     """One streamed event from the Node."""
     envelope = pb.Envelope(inference_chunk=pb.InferenceChunk(inference_id=inference_id, data=b"{}"))
     gateway.node_message(node, envelope, "inference_chunk")
 
 
-def finish(gateway: InferenceGateway, node: FakeNode, inference_id: int, completion_tokens: int, **fields: Any) -> None:
+def finish(
+    gateway: InferenceGateway, node: RecordingNodePeer, inference_id: int, completion_tokens: int, **fields: Any
+) -> None:
     """The request's ``inference_done`` (OK unless ``fields`` say otherwise), with its usage."""
     done = pb.InferenceDone(inference_id=inference_id, **{"status": pb.INFERENCE_STATUS_OK, **fields})
     done.usage.completion_tokens = completion_tokens

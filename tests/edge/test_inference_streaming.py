@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest_twisted
-from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.web.test.requesthelper import DummyRequest as TwistedDummyRequest
 
@@ -26,6 +25,7 @@ from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.testing.configs import MODEL, gateway_edge_yaml, gateway_node_yaml, mock_provider, write_yaml
 from twisted_iop.testing.harness import eventually, start_edge, start_node, stop
 from twisted_iop.testing.http import chat
+from twisted_iop.testing.peers import RecordingNodePeer
 from twisted_iop.wire import control_pb2 as pb
 
 EDGE = {
@@ -38,39 +38,6 @@ EDGE = {
         }
     ],
 }
-
-
-class FakeNode:
-    """A Node connection that records what the gateway sends."""
-
-    closing = False
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, Any]] = []
-
-    def send(self, body: str, message: Any, request_id: int = 0) -> None:
-        """Record one envelope."""
-        self.sent.append((body, message))
-
-    def close(self) -> None:
-        """Not used here."""
-
-    def supersede(self) -> None:
-        """Not used here."""
-
-    def probe(self, timeout: float) -> Deferred[pb.NodeProbeResponse]:
-        """Not used here."""
-        return Deferred()
-
-    def provider_command(
-        self, request: pb.NodeProviderCommandRequest, timeout: float
-    ) -> Deferred[pb.NodeProviderCommandResponse]:
-        """Not used here."""
-        return Deferred()
-
-    def instances(self, request: pb.NodeInstancesRequest, timeout: float) -> Deferred[pb.NodeInstancesResponse]:
-        """Not used here."""
-        return Deferred()
 
 
 class RecordingSink:
@@ -104,12 +71,12 @@ class DummyRequest(TwistedDummyRequest):
         self.producer = None
 
 
-def gateway_with_node() -> tuple[InferenceGateway, FakeNode, Clock]:
-    """A gateway whose only Node is ready and connected through a FakeNode."""
+def gateway_with_node() -> tuple[InferenceGateway, RecordingNodePeer, Clock]:
+    """A gateway whose only Node is ready and connected through a RecordingNodePeer."""
     clock = Clock()
     config = parse_edge_config(EDGE)
     registry = NodeRegistry(config, clock)
-    node = FakeNode()
+    node = RecordingNodePeer()
     hello = pb.NodeHelloRequest(node_id="node-1", providers=[pb.NodeProviderSpec(provider_id="p1", models=[MODEL])])
     token = registry.node_accepted(hello, node)
     registry.node_ready(

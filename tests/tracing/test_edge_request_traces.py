@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
 from twisted.internet.task import Clock
@@ -15,27 +14,12 @@ from twisted_iop.edge.inference_lifecycle import InferenceError
 from twisted_iop.edge.registry import NodeRegistry
 from twisted_iop.testing.configs import MODEL
 from twisted_iop.testing.http import chat
-from twisted_iop.testing.peers import FakeNodePeer
+from twisted_iop.testing.peers import RecordingNodePeer
 from twisted_iop.tracing.context import parse_traceparent
 from twisted_iop.tracing.spans import EdgeTracer, RequestTrace, TraceSink
 from twisted_iop.wire import control_pb2 as pb
 
 CLIENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-
-
-class FakeNode(FakeNodePeer):
-    """A Node connection that records the inference requests sent to it."""
-
-    closing = False
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.requests: list[pb.InferenceRequest] = []
-
-    def send(self, body: str, message: Any, request_id: int = 0) -> None:
-        """Record inference requests."""
-        if body == "inference_request":
-            self.requests.append(message)
 
 
 class Traces(TraceSink):
@@ -68,7 +52,7 @@ class Sink:
         self.error = error
 
 
-def fleet(sample_ratio: float = 1.0) -> tuple[InferenceGateway, dict[str, FakeNode], Clock, Traces]:
+def fleet(sample_ratio: float = 1.0) -> tuple[InferenceGateway, dict[str, RecordingNodePeer], Clock, Traces]:
     """A gateway with Nodes n1 and n2 (providers p1 and p2) ready, recording every sampled trace."""
     clock = Clock()
     clock.advance(1000)
@@ -87,7 +71,7 @@ def fleet(sample_ratio: float = 1.0) -> tuple[InferenceGateway, dict[str, FakeNo
     registry = NodeRegistry(config, clock)
     peers = {}
     for i in (1, 2):
-        peer = FakeNode()
+        peer = RecordingNodePeer()
         spec = pb.NodeProviderSpec(provider_id=f"p{i}", models=[MODEL])
         token = registry.node_accepted(pb.NodeHelloRequest(node_id=f"n{i}", providers=[spec]), peer)
         health = pb.ProviderHealthReport(provider_id=f"p{i}", health=pb.PROVIDER_HEALTH_HEALTHY, models=[MODEL])
@@ -135,14 +119,14 @@ def overloaded(inference_id: int) -> pb.InferenceDone:
     )
 
 
-def answer(gateway: InferenceGateway, peer: FakeNode, done: pb.InferenceDone) -> None:
+def answer(gateway: InferenceGateway, peer: RecordingNodePeer, done: pb.InferenceDone) -> None:
     """``done`` from ``peer``."""
     gateway.node_message(peer, pb.Envelope(inference_done=done), "inference_done")
 
 
-def sent_to(peers: dict[str, FakeNode]) -> list[tuple[str, pb.InferenceRequest]]:
+def sent_to(peers: dict[str, RecordingNodePeer]) -> list[tuple[str, pb.InferenceRequest]]:
     """Every inference request sent, with the Node it went to."""
-    return [(node_id, request) for node_id, peer in peers.items() for request in peer.requests]
+    return [(node_id, request) for node_id, peer in peers.items() for request in peer.inference_requests]
 
 
 def test_the_client_trace_is_continued_on_the_node_wire() -> None:

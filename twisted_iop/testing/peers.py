@@ -540,3 +540,23 @@ class FakeNodePeer(NodePeer):
         d: Deferred[pb.NodeInstancesResponse] = Deferred()
         self.instance_requests.append((request, d))
         return d
+
+
+class RecordingNodePeer(FakeNodePeer):
+    """A ready Node connection that records every envelope the Edge sends it."""
+
+    closing = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: (body, message) of each envelope sent, in order.
+        self.sent: list[tuple[str, Any]] = []
+
+    def send(self, body: str, message: Any, request_id: int = 0) -> None:
+        """Record one envelope."""
+        self.sent.append((body, message))
+
+    @property
+    def inference_requests(self) -> list[pb.InferenceRequest]:
+        """The inference requests sent here, in order."""
+        return [message for body, message in self.sent if body == "inference_request"]

@@ -29,10 +29,10 @@ from twisted.internet.task import Clock
 from twisted_iop.deployments.spec import spec_hash
 from twisted_iop.edge.config import parse_edge_config
 from twisted_iop.edge.deployments import EdgeDeployments
-from twisted_iop.edge.registry import NodeRegistry
+from twisted_iop.edge.nodes.registry import NodeRegistry
 from twisted_iop.node.config import NodeProviderConfig, parse_node_config
 from twisted_iop.node.deployments.instances import NodeInstances
-from twisted_iop.node.engine_lifecycle import EngineState
+from twisted_iop.node.launch.lifecycle import EngineState
 from twisted_iop.testing.harness import MOCK_PROVIDER
 from twisted_iop.wire import control_pb2 as pb
 

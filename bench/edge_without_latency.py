@@ -12,7 +12,7 @@ from typing import Any
 
 from twisted.scripts.twistd import run
 
-from twisted_iop.edge.latency import LatencyRecorder
+from twisted_iop.edge.inference.latency import LatencyRecorder
 
 
 def _nothing(self: LatencyRecorder, *args: Any) -> None:

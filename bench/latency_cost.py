@@ -43,7 +43,7 @@ from twisted.internet.task import deferLater
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import inference_gateway as ig
 
-from twisted_iop.edge.latency import OK, LatencyRecorder
+from twisted_iop.edge.inference.latency import OK, LatencyRecorder
 
 #: The target: recording adds at most this share to the Edge's CPU per request.
 TARGET_EXTRA = 0.03

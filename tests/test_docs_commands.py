@@ -32,7 +32,7 @@ import pytest
 
 from twisted_iop.client.cli import UsageError, build_parser, parse_arguments
 from twisted_iop.controlplane.http_routes import ControlPlaneHttp
-from twisted_iop.edge.inference_api import InferenceAPI
+from twisted_iop.edge.inference.api import InferenceAPI
 from twisted_iop.testing.harness import TWISTD
 
 ROOT = Path(__file__).resolve().parents[1]

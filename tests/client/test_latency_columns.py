@@ -14,7 +14,7 @@ from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.fleet_rounds import FleetRound, StatusRow
 from twisted_iop.controlplane.json_bytes import JsonBytesRenderer
 from twisted_iop.controlplane.registry import EdgeRegistry
-from twisted_iop.edge.latency import OK, LatencyRecorder
+from twisted_iop.edge.inference.latency import OK, LatencyRecorder
 from twisted_iop.latency.sketch import RELATIVE_ERROR
 from twisted_iop.testing.peers import HeldEdgePeer, keep_status, snapshot
 from twisted_iop.testing.provider_views import edge_status_body

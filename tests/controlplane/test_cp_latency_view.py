@@ -17,7 +17,7 @@ from twisted_iop.controlplane.fleet_rounds import FleetRound, StatusRow
 from twisted_iop.controlplane.json_bytes import JsonBytesRenderer
 from twisted_iop.controlplane.latency_views import latency_json, merged_figures, snapshot_latency
 from twisted_iop.controlplane.registry import EdgeRegistry
-from twisted_iop.edge.latency import OK, LatencyRecorder
+from twisted_iop.edge.inference.latency import OK, LatencyRecorder
 from twisted_iop.latency.sketch import RELATIVE_ERROR
 from twisted_iop.testing import json_reference as reference
 from twisted_iop.testing.harness import contract_validator

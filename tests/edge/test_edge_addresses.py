@@ -29,7 +29,7 @@ from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.edge.commands import CommandRunner
 from twisted_iop.edge.config import load_edge_config
 from twisted_iop.edge.control_plane_link import ControlPlaneLink
-from twisted_iop.edge.registry import NodeRegistry
+from twisted_iop.edge.nodes.registry import NodeRegistry
 from twisted_iop.edge.status import StatusProvider
 from twisted_iop.edge.tap import EdgeService, Options, makeService
 from twisted_iop.testing.configs import edge_config, edge_yaml, write_yaml

@@ -11,7 +11,7 @@ from twisted.internet.task import Clock
 
 from twisted_iop.edge.commands import CATALOG, CommandRunner, nodes_from_file
 from twisted_iop.edge.config import load_edge_config
-from twisted_iop.edge.registry import NodeRegistry
+from twisted_iop.edge.nodes.registry import NodeRegistry
 from twisted_iop.edge.status import StatusProvider
 from twisted_iop.testing.configs import edge_config, edge_mapping, healthy, node_hello
 from twisted_iop.testing.peers import FakeNodePeer

@@ -15,7 +15,7 @@ from twisted_iop.controlplane.edge_wire import EdgeCredentials, EdgeWireFactory
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.edge.commands import CommandRunner
 from twisted_iop.edge.control_plane_link import ControlPlaneLink
-from twisted_iop.edge.registry import NodeRegistry
+from twisted_iop.edge.nodes.registry import NodeRegistry
 from twisted_iop.edge.status import StatusProvider
 from twisted_iop.testing.configs import edge_config, healthy, node_hello
 from twisted_iop.testing.peers import FakeControlPlane, FakeNodePeer

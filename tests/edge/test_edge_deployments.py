@@ -5,7 +5,7 @@ from __future__ import annotations
 from twisted.internet.task import Clock
 
 from twisted_iop.edge.deployments import EdgeDeployments
-from twisted_iop.edge.registry import NodeRegistry
+from twisted_iop.edge.nodes.registry import NodeRegistry
 from twisted_iop.edge.status import StatusProvider
 from twisted_iop.testing.configs import edge_config, healthy, node_hello
 from twisted_iop.testing.peers import FakeNodePeer

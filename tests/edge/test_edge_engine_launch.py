@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from twisted_iop.edge.engine_launch import (
+from twisted_iop.edge.providers.launch import (
     MAX_TIME_MS,
     RETURNING_STATES,
     EngineLaunchInfo,

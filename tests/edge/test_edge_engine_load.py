@@ -14,9 +14,9 @@ from twisted.internet.testing import StringTransport
 
 from twisted_iop.configuration import ConfigError
 from twisted_iop.edge.config import parse_edge_config
-from twisted_iop.edge.engine_load import MAX_ENGINE_REQUESTS, EngineLoads, SaturationRule
-from twisted_iop.edge.node_wire import NodeServerFactory
-from twisted_iop.edge.registry import NodeRegistry
+from twisted_iop.edge.nodes.registry import NodeRegistry
+from twisted_iop.edge.nodes.wire import NodeServerFactory
+from twisted_iop.edge.providers.load import MAX_ENGINE_REQUESTS, EngineLoads, SaturationRule
 from twisted_iop.edge.status import StatusProvider
 from twisted_iop.testing.peers import FakeNodePeer
 from twisted_iop.wire import control_pb2 as pb

@@ -10,9 +10,8 @@ import pytest
 from twisted.internet.task import Clock
 
 from twisted_iop.edge.config import parse_edge_config
-from twisted_iop.edge.inference import InferenceGateway
-from twisted_iop.edge.inference_lifecycle import InferenceError
-from twisted_iop.edge.latency import (
+from twisted_iop.edge.inference.gateway import InferenceGateway
+from twisted_iop.edge.inference.latency import (
     CANCELLED,
     CLIENT_ERROR,
     DURATION_BUCKETS,
@@ -24,8 +23,9 @@ from twisted_iop.edge.latency import (
     LatencyRecorder,
     time_per_output_token,
 )
+from twisted_iop.edge.inference.lifecycle import InferenceError
 from twisted_iop.edge.metrics import _latency_metrics
-from twisted_iop.edge.registry import NodeRegistry
+from twisted_iop.edge.nodes.registry import NodeRegistry
 from twisted_iop.edge.status import StatusProvider
 from twisted_iop.latency.sketch import MAX_BUCKETS, RELATIVE_ERROR
 from twisted_iop.latency.wire import sketch_from_wire

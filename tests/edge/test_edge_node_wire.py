@@ -6,8 +6,8 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.logger import LogLevel, capturedLogs, formatEvent
 
-from twisted_iop.edge.node_wire import NodeServerFactory, NodeServerProtocol
-from twisted_iop.edge.registry import NodeRegistry
+from twisted_iop.edge.nodes.registry import NodeRegistry
+from twisted_iop.edge.nodes.wire import NodeServerFactory, NodeServerProtocol
 from twisted_iop.edge.status import StatusProvider
 from twisted_iop.testing.configs import edge_config, healthy, node_hello
 from twisted_iop.testing.frames import decode_frames

@@ -13,10 +13,10 @@ import pytest
 from test_edge_failover import FakeNode, Sink, answer, fleet, holder, submit
 from twisted.logger import ILogObserver, LogLevel, formatEvent, globalLogPublisher
 
-from twisted_iop.edge.engine_load import EngineLoads, EngineReading, SaturationRule
-from twisted_iop.edge.inference import InferenceGateway
-from twisted_iop.edge.inference_errors import MAX_UNSUPPORTED, UNSUPPORTED_MEMORY_SECONDS, UnsupportedEndpoints
-from twisted_iop.edge.inference_lifecycle import InferenceError
+from twisted_iop.edge.inference.errors import MAX_UNSUPPORTED, UNSUPPORTED_MEMORY_SECONDS, UnsupportedEndpoints
+from twisted_iop.edge.inference.gateway import InferenceGateway
+from twisted_iop.edge.inference.lifecycle import InferenceError
+from twisted_iop.edge.providers.load import EngineLoads, EngineReading, SaturationRule
 from twisted_iop.testing.configs import MODEL
 from twisted_iop.wire import control_pb2 as pb
 

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 from twisted.internet.task import Clock
 
-from twisted_iop.edge.ownership import NodeOwnership, TransitionKind
+from twisted_iop.edge.nodes.ownership import NodeOwnership, TransitionKind
 
 
 def test_first_connection_is_pending_then_ready() -> None:

@@ -19,8 +19,8 @@ from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
 from twisted_iop.edge.config import NodeConfig, ProviderConfig
-from twisted_iop.edge.pool import Lease, LeaseError, NoSuchModel, ProviderPool
-from twisted_iop.edge.registry import USABLE_HEALTH, NodeRegistry
+from twisted_iop.edge.nodes.registry import USABLE_HEALTH, NodeRegistry
+from twisted_iop.edge.providers.pool import Lease, LeaseError, NoSuchModel, ProviderPool
 from twisted_iop.testing.configs import edge_config
 from twisted_iop.testing.peers import FakeNodePeer
 from twisted_iop.wire import control_pb2 as pb

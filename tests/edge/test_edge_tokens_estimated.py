@@ -7,9 +7,9 @@ from prometheus_client.core import Metric
 from twisted.internet.task import Clock
 
 from twisted_iop.edge.config import parse_edge_config
+from twisted_iop.edge.inference.tokens import TokenCounter
 from twisted_iop.edge.metrics import _engine_metrics
-from twisted_iop.edge.registry import NodeRegistry
-from twisted_iop.edge.tokens import TokenCounter
+from twisted_iop.edge.nodes.registry import NodeRegistry
 
 EDGE = {
     "control_plane": {"edge_id": "edge-a"},

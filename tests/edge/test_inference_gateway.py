@@ -342,7 +342,7 @@ async def test_the_document_and_every_refusal_speak_openai(tmp_path: Path) -> No
         response = await treq.get(fleet.base + "/openapi.json")
         assert response.code == 200
         assert response.headers.getRawHeaders(b"content-type") == [b"application/json"]
-        packaged = resources.files("twisted_iop.edge").joinpath("openapi.json").read_bytes()
+        packaged = resources.files("twisted_iop.edge.inference").joinpath("openapi.json").read_bytes()
         assert await response.content() == packaged
         assert json.loads(packaged)["openapi"].startswith("3.1")
 

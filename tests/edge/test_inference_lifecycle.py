@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from twisted_iop.edge.config import ProviderConfig
-from twisted_iop.edge.inference_lifecycle import InferenceLifecycle, Outcome, Phase, QueueFull, Ticket
-from twisted_iop.edge.pool import NoSuchModel, ProviderPool
+from twisted_iop.edge.inference.lifecycle import InferenceLifecycle, Outcome, Phase, QueueFull, Ticket
+from twisted_iop.edge.providers.pool import NoSuchModel, ProviderPool
 
 NODES = ("n1", "n2")
 MODELS = ("m1", "m2")

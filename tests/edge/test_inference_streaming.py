@@ -18,10 +18,10 @@ from twisted.internet.task import Clock
 from twisted.web.test.requesthelper import DummyRequest as TwistedDummyRequest
 
 from twisted_iop.edge.config import parse_edge_config
-from twisted_iop.edge.inference import InferenceGateway
-from twisted_iop.edge.inference_api import _HttpResponseSink
-from twisted_iop.edge.inference_lifecycle import InferenceError
-from twisted_iop.edge.registry import NodeRegistry
+from twisted_iop.edge.inference.api import _HttpResponseSink
+from twisted_iop.edge.inference.gateway import InferenceGateway
+from twisted_iop.edge.inference.lifecycle import InferenceError
+from twisted_iop.edge.nodes.registry import NodeRegistry
 from twisted_iop.testing.configs import MODEL, gateway_edge_yaml, gateway_node_yaml, mock_provider, write_yaml
 from twisted_iop.testing.harness import eventually, start_edge, start_node, stop
 from twisted_iop.testing.http import chat

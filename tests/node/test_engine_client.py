@@ -1,4 +1,4 @@
-"""The Node's lean HTTP/1.1 client for engines (``twisted_iop.node.engine_client``)
+"""The Node's lean HTTP/1.1 client for engines (``twisted_iop.node.engines.client``)
 against a raw scripted server on 127.0.0.1: body framings, reads split anywhere,
 keep-alive reuse, bounds, a kept-alive connection the engine closed, cancel."""
 
@@ -18,7 +18,7 @@ from twisted.web._newclient import ResponseFailed, ResponseNeverReceived
 from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 
-from twisted_iop.node.engine_client import MAX_HEAD_BYTES, EngineHTTPClient
+from twisted_iop.node.engines.client import MAX_HEAD_BYTES, EngineHTTPClient
 from twisted_iop.testing.harness import eventually
 
 REACTOR: Any = global_reactor

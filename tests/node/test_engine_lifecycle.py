@@ -9,8 +9,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from twisted_iop.node.engine_lifecycle import RUNNING_STATES, Do, EngineLifecycle, EngineState, Exit
-from twisted_iop.node.launch_config import RestartPolicy
+from twisted_iop.node.launch.config import RestartPolicy
+from twisted_iop.node.launch.lifecycle import RUNNING_STATES, Do, EngineLifecycle, EngineState, Exit
 
 POLICY = RestartPolicy(policy="always", initial_seconds=1, max_seconds=8, max_restarts=3, window_seconds=60)
 

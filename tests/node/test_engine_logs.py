@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from twisted_iop.node.engine_logs import CUT_MARK, Line, LineRateLimit, LineSplitter, LogTail
+from twisted_iop.node.launch.logs import CUT_MARK, Line, LineRateLimit, LineSplitter, LogTail
 
 
 def lines_of(splitter: LineSplitter, *chunks: bytes) -> list[str]:

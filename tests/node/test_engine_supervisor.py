@@ -18,10 +18,10 @@ from typing import Any, cast
 import pytest_twisted
 from twisted.logger import ILogObserver, globalLogPublisher
 
-from twisted_iop.node import provider_commands
-from twisted_iop.node.engine_lifecycle import EngineState
-from twisted_iop.node.engine_pidfiles import EngineRecord, PidfileDirectory, process_start_ticks
-from twisted_iop.node.provider_commands import answer_provider_command
+from twisted_iop.node.launch import commands as provider_commands
+from twisted_iop.node.launch.commands import answer_provider_command
+from twisted_iop.node.launch.lifecycle import EngineState
+from twisted_iop.node.launch.pidfiles import EngineRecord, PidfileDirectory, process_start_ticks
 from twisted_iop.testing.harness import MOCK_PROVIDER, eventually
 from twisted_iop.testing.launch import SupervisorRig, alive, free_port, launched_mock, launched_script, providers
 from twisted_iop.wire import control_pb2 as pb

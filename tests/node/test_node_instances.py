@@ -10,7 +10,7 @@ from twisted.internet.task import Clock
 from twisted_iop.deployments.spec import spec_hash
 from twisted_iop.node.config import NodeProviderConfig, parse_node_config
 from twisted_iop.node.deployments.instances import NodeInstances
-from twisted_iop.node.engine_lifecycle import EngineState
+from twisted_iop.node.launch.lifecycle import EngineState
 from twisted_iop.testing.harness import MOCK_PROVIDER
 from twisted_iop.wire import control_pb2 as pb
 

@@ -12,7 +12,7 @@ import yaml
 
 from twisted_iop.configuration import ConfigError
 from twisted_iop.node.config import default_state_directory, parse_node_config
-from twisted_iop.node.launch_config import LaunchConfig
+from twisted_iop.node.launch.config import LaunchConfig
 from twisted_iop.testing.harness import MOCK_PROVIDER
 
 

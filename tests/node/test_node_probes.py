@@ -14,7 +14,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
 from twisted_iop.node.config import MockOptions, NodeProviderConfig
-from twisted_iop.node.probes import ProbeResult, ProviderProber
+from twisted_iop.node.engines.probes import ProbeResult, ProviderProber
 from twisted_iop.wire import control_pb2 as pb
 
 

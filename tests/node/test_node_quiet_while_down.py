@@ -16,7 +16,7 @@ from twisted.internet.task import Clock
 from twisted.logger import ILogObserver, LogLevel, globalLogPublisher
 
 from twisted_iop.node.config import parse_node_config
-from twisted_iop.node.probes import ProviderProber
+from twisted_iop.node.engines.probes import ProviderProber
 from twisted_iop.node.runtime import NodeRuntime
 from twisted_iop.wire import control_pb2 as pb
 

@@ -10,8 +10,8 @@ from twisted.internet.task import Clock
 from twisted.test import iosim
 
 from twisted_iop.edge.config import parse_edge_config
-from twisted_iop.edge.node_wire import NodeServerFactory, NodeServerProtocol
-from twisted_iop.edge.registry import NodeRegistry
+from twisted_iop.edge.nodes.registry import NodeRegistry
+from twisted_iop.edge.nodes.wire import NodeServerFactory, NodeServerProtocol
 from twisted_iop.node.config import load_node_config, parse_node_config
 from twisted_iop.node.edge_link import EdgeLink, EdgeLinkProtocol
 from twisted_iop.node.runtime import NodeRuntime

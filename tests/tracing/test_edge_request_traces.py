@@ -9,9 +9,9 @@ import pytest
 from twisted.internet.task import Clock
 
 from twisted_iop.edge.config import parse_edge_config
-from twisted_iop.edge.inference import InferenceGateway
-from twisted_iop.edge.inference_lifecycle import InferenceError
-from twisted_iop.edge.registry import NodeRegistry
+from twisted_iop.edge.inference.gateway import InferenceGateway
+from twisted_iop.edge.inference.lifecycle import InferenceError
+from twisted_iop.edge.nodes.registry import NodeRegistry
 from twisted_iop.testing.configs import MODEL
 from twisted_iop.testing.http import chat
 from twisted_iop.testing.peers import RecordingNodePeer

@@ -1,7 +1,7 @@
 """An edge's latency figures as the Control Plane's views show them (no I/O).
 
 Each provider of a snapshot may carry a ``ProviderLatency`` (the Edge's
-``edge/latency.py``): sketches of time to first token (TTFT), time per
+``edge/inference/latency.py``): sketches of time to first token (TTFT), time per
 output token (TPOT) and request duration over its last window, and the
 requests and errors that ended in it. This module reads them, checked
 (:func:`~twisted_iop.latency.wire.sketch_from_wire`: a bad one from a

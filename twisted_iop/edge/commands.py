@@ -37,7 +37,7 @@ import twisted_iop
 from twisted_iop.configuration import ConfigError
 from twisted_iop.edge.config import NodeConfig, load_edge_config
 from twisted_iop.edge.deployments import EdgeDeployments
-from twisted_iop.edge.registry import NodeRegistry
+from twisted_iop.edge.nodes.registry import NodeRegistry
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.engine_states import engine_state_name

@@ -38,7 +38,7 @@ from twisted_iop.configuration import (
     parse_unique_list,
 )
 from twisted_iop.credentials import Digests
-from twisted_iop.edge.inference_config import InferenceConfig, parse_inference_config
+from twisted_iop.edge.inference.config import InferenceConfig, parse_inference_config
 from twisted_iop.endpoints import is_loopback_listen
 from twisted_iop.tls import TLSListenConfig
 from twisted_iop.tracing.config import TracingConfig, parse_tracing_config

@@ -33,7 +33,7 @@ import twisted_iop
 from twisted_iop.edge.commands import CommandRunner
 from twisted_iop.edge.config import ControlPlaneLinkConfig
 from twisted_iop.edge.deployments import EdgeDeployments
-from twisted_iop.edge.registry import NodeRegistry
+from twisted_iop.edge.nodes.registry import NodeRegistry
 from twisted_iop.edge.status import StatusProvider
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb

@@ -5,7 +5,7 @@ sent (``EdgeDeploymentsRequest``, with its ``version``), splits it per node
 and sends each connected node its own ``NodeInstancesRequest`` (again when a
 node becomes ready, so a node that restarted gets its set back). The
 instances become providers of their node in the
-:class:`~twisted_iop.edge.registry.NodeRegistry` beside the ones edge.yaml
+:class:`~twisted_iop.edge.nodes.registry.NodeRegistry` beside the ones edge.yaml
 lists, so a node whose ``nodes:`` entry lists none gets all its providers
 from deployments.
 
@@ -33,7 +33,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from twisted_iop.edge.config import ProviderConfig
-from twisted_iop.edge.registry import NodeRegistry
+from twisted_iop.edge.nodes.registry import NodeRegistry
 from twisted_iop.ids import id_problem
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.enums import enum_label, is_known

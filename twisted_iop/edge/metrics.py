@@ -30,10 +30,10 @@ from twisted_iop.metrics import (
 
 if TYPE_CHECKING:
     from twisted_iop.edge.control_plane_link import ControlPlaneLink
-    from twisted_iop.edge.inference import InferenceGateway
-    from twisted_iop.edge.latency import LatencyRecorder
-    from twisted_iop.edge.node_wire import NodeServerFactory
-    from twisted_iop.edge.registry import NodeRegistry
+    from twisted_iop.edge.inference.gateway import InferenceGateway
+    from twisted_iop.edge.inference.latency import LatencyRecorder
+    from twisted_iop.edge.nodes.registry import NodeRegistry
+    from twisted_iop.edge.nodes.wire import NodeServerFactory
 
 #: The ``class`` label of the two lease classes.
 GENERAL = "general"

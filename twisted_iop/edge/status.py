@@ -14,7 +14,7 @@ Rules (see docs/edge-and-node.md):
   completion tokens per second over the last minute) and ``cooling_down``: a provider that cools down and
   reports ``healthy`` shows ``degraded`` with the cool-down's reason;
   ``latency``, its requests' TTFT, time per token and duration sketches
-  (``edge/latency.py``), absent before its first request;
+  (``edge/inference/latency.py``), absent before its first request;
   ``launch``, its engine's state when its Node launches it;
   ``deployment``, the deployment a provider is an instance of;
 * each node carries the engine profiles and GPU slots it declares, and the
@@ -33,8 +33,8 @@ from twisted.internet.interfaces import IReactorTime
 
 from twisted_iop.edge.config import NodeConfig, ProviderConfig
 from twisted_iop.edge.deployments import EdgeDeployments
-from twisted_iop.edge.pool import LeaseCounters
-from twisted_iop.edge.registry import NodeRegistry
+from twisted_iop.edge.nodes.registry import NodeRegistry
+from twisted_iop.edge.providers.pool import LeaseCounters
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.status_totals import with_totals
 

@@ -16,11 +16,11 @@ from twisted_iop.edge.commands import CommandRunner
 from twisted_iop.edge.config import EdgeConfig, load_edge_config, unauthenticated_exposures
 from twisted_iop.edge.control_plane_link import ControlPlaneLink
 from twisted_iop.edge.deployments import EdgeDeployments
-from twisted_iop.edge.inference import InferenceGateway
-from twisted_iop.edge.inference_api import InferenceAPI, inference_site
+from twisted_iop.edge.inference.api import InferenceAPI, inference_site
+from twisted_iop.edge.inference.gateway import InferenceGateway
 from twisted_iop.edge.metrics import edge_metric_registry
-from twisted_iop.edge.node_wire import NodeServerFactory
-from twisted_iop.edge.registry import NodeRegistry
+from twisted_iop.edge.nodes.registry import NodeRegistry
+from twisted_iop.edge.nodes.wire import NodeServerFactory
 from twisted_iop.edge.status import StatusProvider
 from twisted_iop.listeners import ListenerService
 from twisted_iop.metrics import metrics_site

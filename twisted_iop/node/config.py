@@ -36,7 +36,7 @@ from twisted_iop.configuration import (
 )
 from twisted_iop.endpoints import is_loopback_listen
 from twisted_iop.node.deployments.profiles import EngineProfileConfig, check_gpu_needs, parse_engines, parse_gpus
-from twisted_iop.node.launch_config import LaunchConfig, parse_launch
+from twisted_iop.node.launch.config import LaunchConfig, parse_launch
 from twisted_iop.wire.settings import DialConfig
 
 #: Where a Node dials its Edge unless configured otherwise.

@@ -9,9 +9,9 @@ aborted and nothing more is sent.
 
 * HTTP kinds (``openai``, ``vllm``, ``sglang``, ``llamacpp``, ``tgi``,
   ``ollama``): a POST to the provider's ``base_url`` through
-  :class:`~twisted_iop.node.engine_client.EngineHTTPClient` (kept-alive connections with ``TCP_NODELAY``,
+  :class:`~twisted_iop.node.engines.client.EngineHTTPClient` (kept-alive connections with ``TCP_NODELAY``,
   the request in one write, the answer parsed in the read that brings it); the answer is read by
-  :class:`~twisted_iop.node.engine_stream.EngineBodyReader` with the
+  :class:`~twisted_iop.node.engines.stream.EngineBodyReader` with the
   adapter of the provider's kind: events one by one, errors in one shape
   and one set of codes (``error_code``), a stream without ``[DONE]`` or
   with an error event an error. The engine is asked for the usage chunk
@@ -55,17 +55,17 @@ from zope.interface import implementer
 from twisted_iop.metrics import LatencyHistogram
 from twisted_iop.mock_provider import MockBehaviour, MockRun
 from twisted_iop.node.config import NodeProviderConfig
-from twisted_iop.node.engine_client import EngineHTTPClient
-from twisted_iop.node.engine_http import InferenceHTTPClient
-from twisted_iop.node.engine_stream import (
+from twisted_iop.node.engines.base import EngineAdapter, EngineError
+from twisted_iop.node.engines.client import EngineHTTPClient
+from twisted_iop.node.engines.http import InferenceHTTPClient
+from twisted_iop.node.engines.kinds import adapter_for
+from twisted_iop.node.engines.stream import (
     EngineAnswer,
     EngineBodyReader,
     EngineRequest,
     engine_request,
     estimated_usage,
 )
-from twisted_iop.node.engines.base import EngineAdapter, EngineError
-from twisted_iop.node.engines.kinds import adapter_for
 from twisted_iop.openai_api import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, ENDPOINT_PATHS
 from twisted_iop.tracing.context import parse_traceparent, parse_tracestate
 from twisted_iop.wire import control_pb2 as pb

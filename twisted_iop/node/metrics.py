@@ -19,16 +19,16 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from twisted_iop.metrics import counter, gauge, histograms, labelled, new_metric_registry, wire_metrics
-from twisted_iop.node.engine_lifecycle import EngineState
 from twisted_iop.node.inference import TOKEN_DIRECTIONS
+from twisted_iop.node.launch.lifecycle import EngineState
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.enums import enum_label
 
 if TYPE_CHECKING:
     from twisted_iop.node.deployments.instances import NodeInstances
     from twisted_iop.node.edge_link import EdgeLink
+    from twisted_iop.node.launch.supervisor import EngineSupervisor
     from twisted_iop.node.runtime import NodeRuntime
-    from twisted_iop.node.supervisor import EngineSupervisor
 
 #: Health values as the ``health`` label shows them (``unknown``: not probed yet).
 HEALTH_NAMES = {

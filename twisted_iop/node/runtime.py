@@ -29,11 +29,11 @@ from twisted.logger import Logger
 
 from twisted_iop.configuration import ConfigError, Section, load_yaml_mapping
 from twisted_iop.node.config import NodeProviderConfig, NodeRuntimeConfig, parse_node_providers
-from twisted_iop.node.engine_lifecycle import EngineState
 from twisted_iop.node.engines.base import LoadReading
-from twisted_iop.node.probes import ProbeResult, ProviderProber
-from twisted_iop.node.provider_commands import answer_provider_command
-from twisted_iop.node.supervisor import EngineSupervisor
+from twisted_iop.node.engines.probes import ProbeResult, ProviderProber
+from twisted_iop.node.launch.commands import answer_provider_command
+from twisted_iop.node.launch.lifecycle import EngineState
+from twisted_iop.node.launch.supervisor import EngineSupervisor
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.enums import enum_label
 

@@ -13,13 +13,13 @@ from twisted_iop.metrics import metrics_site
 from twisted_iop.node.config import NodeRuntimeConfig, load_node_config, unauthenticated_exposures
 from twisted_iop.node.deployments.instances import RETIRE_DRAIN_SECONDS, NodeInstances
 from twisted_iop.node.edge_link import EdgeLink
-from twisted_iop.node.engine_http import InferenceHTTPClient
-from twisted_iop.node.engine_readiness import readiness_check
+from twisted_iop.node.engines.http import InferenceHTTPClient
+from twisted_iop.node.engines.probes import HTTPClient, ProviderProber
 from twisted_iop.node.inference import InferenceRunner
+from twisted_iop.node.launch.readiness import readiness_check
+from twisted_iop.node.launch.supervisor import EngineSupervisor
 from twisted_iop.node.metrics import node_metric_registry
-from twisted_iop.node.probes import HTTPClient, ProviderProber
 from twisted_iop.node.runtime import NodeRuntime
-from twisted_iop.node.supervisor import EngineSupervisor
 
 
 class Options(DaemonOptions[NodeRuntimeConfig]):

@@ -18,10 +18,10 @@ import attrs
 from twisted.internet import reactor as global_reactor
 
 from twisted_iop.node.config import NodeProviderConfig, parse_node_providers
-from twisted_iop.node.engine_lifecycle import EngineState
-from twisted_iop.node.engine_readiness import readiness_check
-from twisted_iop.node.probes import ProbeResult, ProviderProber
-from twisted_iop.node.supervisor import EngineSupervisor
+from twisted_iop.node.engines.probes import ProbeResult, ProviderProber
+from twisted_iop.node.launch.lifecycle import EngineState
+from twisted_iop.node.launch.readiness import readiness_check
+from twisted_iop.node.launch.supervisor import EngineSupervisor
 from twisted_iop.testing.configs import MODEL
 from twisted_iop.testing.harness import MOCK_PROVIDER
 from twisted_iop.testing.http import chat, post

@@ -270,8 +270,8 @@ class NodeWireDriver:
 
     def __init__(self, settings: PeerSettings = PeerSettings()) -> None:
         from twisted_iop.edge.config import parse_edge_config
-        from twisted_iop.edge.node_wire import NodeServerFactory
-        from twisted_iop.edge.registry import NodeRegistry
+        from twisted_iop.edge.nodes.registry import NodeRegistry
+        from twisted_iop.edge.nodes.wire import NodeServerFactory
 
         self.clock = Clock()
         self.settings = settings

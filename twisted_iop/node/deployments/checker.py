@@ -27,7 +27,7 @@ from twisted_iop.ids import id_problem
 from twisted_iop.node.config import NodeProviderConfig
 from twisted_iop.node.deployments.parameters import MAX_VALUE_CHARACTERS, check_value
 from twisted_iop.node.deployments.profiles import PLACEHOLDER, EngineProfileConfig
-from twisted_iop.node.launch_config import LaunchConfig
+from twisted_iop.node.launch.config import LaunchConfig
 from twisted_iop.wire import control_pb2 as pb
 
 #: A model name: what engines take as a model id (a Hugging Face repo id, an Ollama

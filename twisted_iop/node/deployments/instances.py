@@ -6,7 +6,7 @@ set of this Node: it replaces the previous one), the instances that run
 ones refused. :meth:`NodeInstances.converge` plans with
 :func:`~twisted_iop.node.deployments.plan.plan_convergence` and hands the
 providers to the runtime, which gives them to the
-:class:`~twisted_iop.node.supervisor.EngineSupervisor` exactly like
+:class:`~twisted_iop.node.launch.supervisor.EngineSupervisor` exactly like
 configured ``launch:`` providers: probes, load, inference and views treat
 them alike. An instance whose spec hash matches what runs is never
 touched (a repeated set, an Edge that reconnected); the instances keep
@@ -41,7 +41,7 @@ from twisted_iop.node.deployments.checker import (
 from twisted_iop.node.deployments.parameters import ParameterSpec
 from twisted_iop.node.deployments.plan import plan_convergence
 from twisted_iop.node.deployments.profiles import EngineProfileConfig
-from twisted_iop.node.engine_lifecycle import EngineState
+from twisted_iop.node.launch.lifecycle import EngineState
 from twisted_iop.wire import control_pb2 as pb
 
 #: The most instances one Node takes from one desired set (the rest are refused).

@@ -26,7 +26,7 @@ from twisted_iop.node.deployments.parameters import (
     ParameterSpec,
     check_value,
 )
-from twisted_iop.node.launch_config import LaunchConfig, parse_launch
+from twisted_iop.node.launch.config import LaunchConfig, parse_launch
 
 #: Names every template may use besides the profile's parameters.
 BUILTIN_NAMES = ("model", "port", "gpu")

@@ -2,7 +2,7 @@
 
 An adapter is pure: it says which paths to ask and interprets the answers
 (health, models, load, errors, stream events). The Node makes the HTTP
-calls (``node/probes.py`` for health, models and load, ``node/inference.py``
+calls (``node/engines/probes.py`` for health, models and load, ``node/inference.py``
 for requests) and the adapter of the provider's ``kind`` reads what came
 back. Nothing here does I/O, so each adapter is tested with the engine's
 recorded answers.

@@ -3,18 +3,18 @@ health, drain state and the provider pool (no I/O).
 
 The registry is the one owner of what decides whether a Node takes work:
 dispatch-ready ownership, drain, provider health, the engines' own load
-(:mod:`~twisted_iop.edge.engine_load`: a saturated engine takes no new
-lease) and cool-downs of failing providers (:mod:`~twisted_iop.edge.cooldown`),
+(:mod:`~twisted_iop.edge.providers.load`: a saturated engine takes no new
+lease) and cool-downs of failing providers (:mod:`~twisted_iop.edge.providers.cooldown`),
 and of the tokens counted from the engines' usage. The
-:class:`~twisted_iop.edge.pool.ProviderPool` holds only leases and queues
-and asks the registry (its :class:`~twisted_iop.edge.pool.Availability`)
+:class:`~twisted_iop.edge.providers.pool.ProviderPool` holds only leases and queues
+and asks the registry (its :class:`~twisted_iop.edge.providers.pool.Availability`)
 when it places work; every change of those facts tells the pool to
 reconsider its waiting requests.
 
 Node connections reach this service through the small :class:`NodePeer`
 interface (close, probe), so the TCP protocol and test fakes are
 interchangeable. Every state change a connection causes is checked against
-its connection token by :class:`~twisted_iop.edge.ownership.NodeOwnership`;
+its connection token by :class:`~twisted_iop.edge.nodes.ownership.NodeOwnership`;
 only the current owner's transitions become events and snapshot changes.
 """
 
@@ -31,20 +31,20 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from twisted_iop.edge.config import EdgeConfig, NodeConfig, ProviderConfig
-from twisted_iop.edge.cooldown import Cooldowns
-from twisted_iop.edge.engine_launch import (
+from twisted_iop.edge.events import EventRelay
+from twisted_iop.edge.inference.latency import LatencyRecorder
+from twisted_iop.edge.inference.tokens import TokenCounter
+from twisted_iop.edge.nodes.ownership import NodeOwnership, Transition, TransitionKind
+from twisted_iop.edge.providers.cooldown import Cooldowns
+from twisted_iop.edge.providers.launch import (
     EngineLaunchInfo,
     checked_launch,
     launch_change,
     launch_may_serve,
     launch_takes_work,
 )
-from twisted_iop.edge.engine_load import EngineLoads, EngineReading
-from twisted_iop.edge.events import EventRelay
-from twisted_iop.edge.latency import LatencyRecorder
-from twisted_iop.edge.ownership import NodeOwnership, Transition, TransitionKind
-from twisted_iop.edge.pool import ProviderPool
-from twisted_iop.edge.tokens import TokenCounter
+from twisted_iop.edge.providers.load import EngineLoads, EngineReading
+from twisted_iop.edge.providers.pool import ProviderPool
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.enums import enum_label
 from twisted_iop.wire.hello import MAX_TEXT, Rejection, check_node_hello

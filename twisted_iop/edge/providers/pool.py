@@ -15,7 +15,7 @@ The pool holds only leases and queues. Whether a provider may take new work
 (its Node dispatch-ready and not drained, the provider healthy or degraded,
 its engine not saturated, the provider not cooling down) and what its
 engine says of its own load are owned by the
-:class:`~twisted_iop.edge.registry.NodeRegistry`; the pool asks it through
+:class:`~twisted_iop.edge.nodes.registry.NodeRegistry`; the pool asks it through
 the read-only :class:`Availability` interface whenever it places work, and
 the registry calls :meth:`ProviderPool.reconsider` (or
 :meth:`ProviderPool.node_lost`) when the answer may have changed, so
@@ -41,7 +41,7 @@ import attrs
 from twisted.internet.defer import Deferred
 
 from twisted_iop.edge.config import ProviderConfig
-from twisted_iop.edge.engine_load import EngineReading
+from twisted_iop.edge.providers.load import EngineReading
 
 #: A provider's key: (node id, provider id).
 ProviderKey = tuple[str, str]

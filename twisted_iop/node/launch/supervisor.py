@@ -3,7 +3,7 @@
 :class:`EngineSupervisor` is the one owner of every launched engine's
 state (the ``launch`` blocks of node.yaml). Per engine a
 :class:`LaunchedEngine` feeds its pure
-:class:`~twisted_iop.node.engine_lifecycle.EngineLifecycle` with what
+:class:`~twisted_iop.node.launch.lifecycle.EngineLifecycle` with what
 happens (its process spawned or exited, its readiness answered, its
 timer due, an operator's ask) and does what the rules say (spawn, signal,
 kill), keeping one timer and at most one readiness check at a time.
@@ -14,12 +14,12 @@ kill), keeping one timer and at most one readiness check at a time.
   llama.cpp's 503 "Loading model", a vLLM ``/health`` that is not 200 yet
   or a port not yet bound is ``loading``, with the probe's reason.
   Once ready, the runtime's periodic probes take over its health.
-* **Pidfiles** (:mod:`~twisted_iop.node.engine_pidfiles`): one per
+* **Pidfiles** (:mod:`~twisted_iop.node.launch.pidfiles`): one per
   running engine in the state directory. At start, an engine an earlier
   Node left running (its pidfile and its command line match) is stopped
   before ours starts; a stale pidfile is removed.
 * **Commands** (the Edge's ``provider.*``): run by
-  :mod:`~twisted_iop.node.provider_commands` on the engine
+  :mod:`~twisted_iop.node.launch.commands` on the engine
   :meth:`EngineSupervisor.commanded` names (drain, restart, stop, start,
   logs), through the same lifecycle rules.
 * **Stop**: when the Node stops, after its requests in flight had their
@@ -47,10 +47,11 @@ from twisted.logger import Logger
 
 from twisted_iop.daemon import StartupError, wait_until
 from twisted_iop.node.config import NodeProviderConfig
-from twisted_iop.node.engine_lifecycle import STARTING_STATES, Do, EngineLifecycle, EngineState, Exit
-from twisted_iop.node.engine_logs import LogTail
-from twisted_iop.node.engine_pidfiles import EngineRecord, PidfileDirectory, is_recorded_engine, process_start_ticks
-from twisted_iop.node.engine_process import (
+from twisted_iop.node.engines.probes import ProbeResult
+from twisted_iop.node.launch.lifecycle import STARTING_STATES, Do, EngineLifecycle, EngineState, Exit
+from twisted_iop.node.launch.logs import LogTail
+from twisted_iop.node.launch.pidfiles import EngineRecord, PidfileDirectory, is_recorded_engine, process_start_ticks
+from twisted_iop.node.launch.process import (
     EngineProcessProtocol,
     kill_group_members,
     launcher_argv,
@@ -58,8 +59,7 @@ from twisted_iop.node.engine_process import (
     signal_group,
     spawn_engine,
 )
-from twisted_iop.node.engine_readiness import ReadinessAnswer, ReadinessCheck, failed_check
-from twisted_iop.node.probes import ProbeResult
+from twisted_iop.node.launch.readiness import ReadinessAnswer, ReadinessCheck, failed_check
 from twisted_iop.wire import control_pb2 as pb
 
 #: How often a leftover engine (not our child) is looked at while it stops.

@@ -2,7 +2,7 @@
 
 The protocol holds only per-connection state (the Node id and connection
 token once hello is accepted) and turns wire messages into calls on the
-:class:`~twisted_iop.edge.registry.NodeRegistry`:
+:class:`~twisted_iop.edge.nodes.registry.NodeRegistry`:
 
 * ``NodeHelloRequest`` -> accepted (pending) or rejected, then closed;
 * ``NodeReady`` -> the connection may take ownership;
@@ -35,8 +35,8 @@ from twisted.python.failure import Failure
 
 import twisted_iop
 from twisted_iop.edge.deployments import EdgeDeployments
-from twisted_iop.edge.inference import INFERENCE_BODIES_FROM_NODE, InferenceGateway
-from twisted_iop.edge.registry import NodeRegistry
+from twisted_iop.edge.inference.gateway import INFERENCE_BODIES_FROM_NODE, InferenceGateway
+from twisted_iop.edge.nodes.registry import NodeRegistry
 from twisted_iop.tls import NODE, peer_identity
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb

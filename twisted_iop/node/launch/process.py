@@ -7,7 +7,7 @@ it holds with one backoff and no limit, has no hook for a readiness check
 the workers an engine forks), sends SIGTERM and kills after one
 ``killTime`` for all, and logs every output line with no rate limit and
 no kept tail. The restart rules are therefore the pure
-:mod:`~twisted_iop.node.engine_lifecycle`, and this module does what
+:mod:`~twisted_iop.node.launch.lifecycle`, and this module does what
 procmon's ``LoggingProtocol`` and ``startProcess`` did, with those hooks.
 
 * :func:`spawn_engine` starts the command through a tiny launcher
@@ -18,7 +18,7 @@ procmon's ``LoggingProtocol`` and ``startProcess`` did, with those hooks.
   stdin is ``/dev/null``; ``PYTHONUNBUFFERED=1`` is set unless the launch
   environment says otherwise, so Python engines' lines arrive as written.
 * :class:`EngineProcessProtocol` splits stdout and stderr into lines
-  (:mod:`~twisted_iop.node.engine_logs`), keeps every line in the engine's
+  (:mod:`~twisted_iop.node.launch.logs`), keeps every line in the engine's
   tail, writes at most ``logs.lines_per_second`` of them to the Node's log
   tagged with the provider id (one "N lines suppressed" line for the
   rest), and reports the exit.
@@ -41,9 +41,9 @@ from twisted.internet.protocol import ProcessProtocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from twisted_iop.node.engine_lifecycle import Exit
-from twisted_iop.node.engine_logs import Line, LineRateLimit, LineSplitter, LogTail
-from twisted_iop.node.launch_config import LaunchConfig
+from twisted_iop.node.launch.config import LaunchConfig
+from twisted_iop.node.launch.lifecycle import Exit
+from twisted_iop.node.launch.logs import Line, LineRateLimit, LineSplitter, LogTail
 
 #: The launcher: a new session (the engine leads its own process group), then the engine, same pid.
 SESSION_LAUNCHER = "import os,sys;os.setsid();os.execv(sys.argv[1],sys.argv[1:])"

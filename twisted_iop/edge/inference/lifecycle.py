@@ -4,10 +4,10 @@ A request is ``queued`` (a place in its model's FIFO admission queue),
 then ``leased`` (it holds a lease on a provider, forwarded to its Node,
 nothing relayed yet), then ``streaming`` (output reached the client),
 then ``finished``. :class:`InferenceLifecycle` owns the leases it takes
-from the :class:`~twisted_iop.edge.pool.ProviderPool` and releases each
+from the :class:`~twisted_iop.edge.providers.pool.ProviderPool` and releases each
 exactly once, whatever ends the request; a request whose Node is lost
 before any output reached the client goes back to its queue (once). The
-I/O around it is :class:`~twisted_iop.edge.inference.InferenceGateway`'s.
+I/O around it is :class:`~twisted_iop.edge.inference.gateway.InferenceGateway`'s.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import attrs
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.python.failure import Failure
 
-from twisted_iop.edge.inference_config import DEFAULT_MAX_RETRIES
-from twisted_iop.edge.pool import Lease, NoSuchModel, ProviderKey, ProviderPool
+from twisted_iop.edge.inference.config import DEFAULT_MAX_RETRIES
+from twisted_iop.edge.providers.pool import Lease, NoSuchModel, ProviderKey, ProviderPool
 
 
 class InferenceError(Exception):
@@ -127,7 +127,7 @@ class InferenceLifecycle:
         """A new request: leased at once, or queued, or :class:`QueueFull`.
 
         ``granted`` runs when (and every time) the request obtains a lease.
-        Raises :class:`~twisted_iop.edge.pool.NoSuchModel` when no provider
+        Raises :class:`~twisted_iop.edge.providers.pool.NoSuchModel` when no provider
         could ever serve it.
         """
         self._next_id += 1

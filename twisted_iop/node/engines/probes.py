@@ -49,8 +49,8 @@ from twisted.web.client import (
 from twisted.web.http import PotentialDataLoss
 
 from twisted_iop.node.config import MOCK_HEALTH_VALUES, NodeProviderConfig
-from twisted_iop.node.engine_http import QuietConnectionPool
 from twisted_iop.node.engines.base import LoadReading
+from twisted_iop.node.engines.http import QuietConnectionPool
 from twisted_iop.node.engines.kinds import adapter_for
 from twisted_iop.wire import control_pb2 as pb
 

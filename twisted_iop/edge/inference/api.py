@@ -4,7 +4,7 @@ Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``,
 ``POST /v1/embeddings`` (``stream: true`` answers as server-sent events,
 ``data: {...}`` then ``data: [DONE]``), ``GET /v1/models`` and
 ``GET /v1/models/{id}``, and ``GET /openapi.json`` (this API's OpenAPI
-document, ``twisted_iop/edge/openapi.json``, served without a key like the
+document, ``twisted_iop/edge/inference/openapi.json``, served without a key like the
 Control Plane's). Every error is an OpenAI error body
 ``{"error": {"message", "type", "code"}}``; :class:`InferenceError` is
 mapped to it here, once. See docs/inference.md.
@@ -33,9 +33,9 @@ from twisted.web.server import NOT_DONE_YET
 from zope.interface import implementer
 
 from twisted_iop.credentials import token_digest
-from twisted_iop.edge.inference import InferenceGateway
-from twisted_iop.edge.inference_config import InferenceConfig
-from twisted_iop.edge.inference_lifecycle import InferenceError, Outcome
+from twisted_iop.edge.inference.config import InferenceConfig
+from twisted_iop.edge.inference.gateway import InferenceGateway
+from twisted_iop.edge.inference.lifecycle import InferenceError, Outcome
 from twisted_iop.http_site import GuardedSite, Refusal, SiteLimits
 from twisted_iop.openai_api import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, error_body, whole_tokens
 from twisted_iop.route_methods import allow_header, served_methods

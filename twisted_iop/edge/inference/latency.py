@@ -23,7 +23,7 @@ What each sketch counts: TTFT, every streamed request whose first token
 reached the Edge, whatever its end; TPOT and duration, completed requests.
 ``errors`` are the requests that failed for the engine's or the Edge's
 sake (outcome ``error``), never the client's (``client_error``: the rules
-of :mod:`~twisted_iop.edge.inference_errors`; ``cancelled``: the client
+of :mod:`~twisted_iop.edge.inference.errors`; ``cancelled``: the client
 went away).
 
 The cost is one dict look-up (a series object created once per label set)

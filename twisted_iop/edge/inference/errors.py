@@ -36,7 +36,7 @@ import enum
 import json
 from typing import Any, Optional
 
-from twisted_iop.edge.inference_lifecycle import InferenceError
+from twisted_iop.edge.inference.lifecycle import InferenceError
 from twisted_iop.wire import control_pb2 as pb
 
 #: The engine's HTTP statuses an older Node's error means "overloaded" by.

@@ -20,7 +20,7 @@ from twisted.python.failure import Failure
 from twisted.web.client import ResponseFailed, ResponseNeverReceived
 
 from twisted_iop.node.config import NodeProviderConfig
-from twisted_iop.node.probes import ProbeResult, ProviderProber
+from twisted_iop.node.engines.probes import ProbeResult, ProviderProber
 from twisted_iop.wire import control_pb2 as pb
 
 #: Health values under which a readiness probe counts as ready.

@@ -9,9 +9,9 @@ must do now (:class:`Do`: spawn the process, send its stop signal, kill
 it); the one timer a state needs is :attr:`EngineLifecycle.deadline`
 (the start timeout while starting or loading, the kill while stopping,
 the next try while crashed). The supervisor
-(:mod:`twisted_iop.node.supervisor`) does the I/O; a Hypothesis state
+(:mod:`twisted_iop.node.launch.supervisor`) does the I/O; a Hypothesis state
 machine drives these rules (``tests/node/test_engine_lifecycle.py``), as
-:mod:`twisted_iop.edge.ownership` is driven.
+:mod:`twisted_iop.edge.nodes.ownership` is driven.
 
 The rules:
 
@@ -48,7 +48,7 @@ from typing import Optional
 
 import attrs
 
-from twisted_iop.node.launch_config import RestartPolicy
+from twisted_iop.node.launch.config import RestartPolicy
 
 
 class EngineState(enum.Enum):

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 import attrs
 
 from twisted_iop.configuration import ConfigError, Section, parse_listen_setting
-from twisted_iop.edge.cooldown import CooldownRule
-from twisted_iop.edge.engine_load import SaturationRule
+from twisted_iop.edge.providers.cooldown import CooldownRule
+from twisted_iop.edge.providers.load import SaturationRule
 
 #: Where the inference API listens unless configured otherwise.
 DEFAULT_INFERENCE_LISTEN = "tcp:8090:interface=127.0.0.1"

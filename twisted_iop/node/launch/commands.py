@@ -1,7 +1,7 @@
 """The Edge's ``provider.*`` commands, as the Node runs and answers them.
 
 A ``NodeProviderCommandRequest`` from the node wire becomes one action on
-an engine of the :class:`~twisted_iop.node.supervisor.EngineSupervisor`
+an engine of the :class:`~twisted_iop.node.launch.supervisor.EngineSupervisor`
 (:func:`restart`, :func:`stop`, :func:`start`, :func:`logs`) and its
 outcome one ``NodeProviderCommandResponse``. Every value from the Edge is
 checked here: an unknown action is refused, times and the log answer are
@@ -22,8 +22,8 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from twisted_iop.daemon import wait_until
-from twisted_iop.node.engine_lifecycle import EngineState
-from twisted_iop.node.supervisor import EngineSupervisor, LaunchedEngine, NotLaunched
+from twisted_iop.node.launch.lifecycle import EngineState
+from twisted_iop.node.launch.supervisor import EngineSupervisor, LaunchedEngine, NotLaunched
 from twisted_iop.wire import control_pb2 as pb
 
 #: A provider command's answer is due after this long when the Edge gives no time.

@@ -5,7 +5,7 @@ engine at its ``base_url``. With one, the Node starts the engine itself,
 checks that it is ready, restarts it when it crashes (with backoff, up to a
 limit of restarts in a window) and stops it (a signal, then SIGKILL after
 a timeout). The supervisor that does this is
-:mod:`twisted_iop.node.supervisor`; this module only reads the settings
+:mod:`twisted_iop.node.launch.supervisor`; this module only reads the settings
 into frozen attrs classes, every error naming its dotted field
 (``providers[0].launch.restart.policy: ...``).
 

@@ -1,7 +1,7 @@
 """An engine's output as lines: split and bounded, rate-limited for the log, its tail kept.
 
 Three pure pieces (no I/O, the clock passed in), used by the engine's
-process protocol (:mod:`twisted_iop.node.engine_process`):
+process protocol (:mod:`twisted_iop.node.launch.process`):
 
 * :class:`LineSplitter` turns the bytes of one stream (stdout or stderr)
   into lines: ``\\n``, ``\\r\\n`` and a lone ``\\r`` (progress bars) end a

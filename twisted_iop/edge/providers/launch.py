@@ -3,7 +3,7 @@
 A Node that runs a provider's engine itself (a ``launch`` block in its
 node.yaml) sends the engine's state with the provider's health
 (``ProviderHealthReport.launch``). The Edge keeps it with the health in
-its :class:`~twisted_iop.edge.registry.NodeRegistry` and relays it in
+its :class:`~twisted_iop.edge.nodes.registry.NodeRegistry` and relays it in
 the snapshot; the one owner of the fact is the Node's supervisor. A
 provider whose engine is launched takes leases only while it is
 ``ready`` (:func:`launch_takes_work`); one without a launch block (an

@@ -17,7 +17,7 @@ response (``code``, ``headers.getRawHeaders``, ``deliverBody``); failures
 are Twisted's own (``ResponseNeverReceived`` when a kept-alive connection
 closed before any answer, ``ConnectionRefusedError`` ...), so the runner's
 retry and its reasons stay as they are. ``https://`` engines go through
-:class:`~twisted_iop.node.engine_http.ProviderHTTPClient` (TLS).
+:class:`~twisted_iop.node.engines.http.ProviderHTTPClient` (TLS).
 
 What it saves, measured with ``bench/stream_gateway.py`` (paced streams
 through Edge + Node, the Node's CPU per 1,000 tokens): see
@@ -41,7 +41,7 @@ from twisted.web._newclient import ResponseFailed, ResponseNeverReceived
 from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 
-from twisted_iop.node.engine_http import ProviderHTTPClient
+from twisted_iop.node.engines.http import ProviderHTTPClient
 from twisted_iop.turn_writes import write_now
 
 #: Idle connections kept per engine for reuse (a Node streams hundreds at once).

@@ -2,12 +2,12 @@
 
 Two layers:
 
-* :class:`~twisted_iop.edge.inference_lifecycle.InferenceLifecycle` (pure,
+* :class:`~twisted_iop.edge.inference.lifecycle.InferenceLifecycle` (pure,
   no I/O, in ``inference_lifecycle.py``) is the state machine of every
   request: ``queued`` (a place in its model's FIFO admission queue) ->
   ``leased`` (holds a lease, forwarded to its Node, nothing relayed yet) ->
   ``streaming`` (output reached the client) -> ``finished``. It owns the
-  leases it takes from the :class:`~twisted_iop.edge.pool.ProviderPool` and
+  leases it takes from the :class:`~twisted_iop.edge.providers.pool.ProviderPool` and
   releases each exactly once, whatever ends the request. A request that
   failed before any output reached the client (its Node lost, its engine
   unreachable or overloaded) goes back to its queue and runs on another
@@ -23,10 +23,10 @@ Two layers:
   for all of them. That is at most one read's worth, never a whole stream.
 
 What a failed answer means for the client and the provider is
-:mod:`~twisted_iop.edge.inference_errors`'. Each failed request is one log
+:mod:`~twisted_iop.edge.inference.errors`'. Each failed request is one log
 line (model, provider, code, reason); a successful one is none. Tokens of
 the engine's usage are counted in the registry's
-:class:`~twisted_iop.edge.tokens.TokenCounter`. Each request carries its
+:class:`~twisted_iop.edge.inference.tokens.TokenCounter`. Each request carries its
 trace (:class:`~twisted_iop.tracing.spans.RequestTrace`): every attempt on
 a provider is a span whose ``traceparent`` goes to the Node, and a failed
 attempt's code is the reason of the next.
@@ -41,8 +41,8 @@ from google.protobuf.message import Message
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
-from twisted_iop.edge.inference_config import InferenceConfig
-from twisted_iop.edge.inference_errors import (
+from twisted_iop.edge.inference.config import InferenceConfig
+from twisted_iop.edge.inference.errors import (
     UNSUPPORTED_MEMORY_SECONDS,
     FailureKind,
     UnsupportedEndpoints,
@@ -50,10 +50,10 @@ from twisted_iop.edge.inference_errors import (
     failure_kind,
     not_supported,
 )
-from twisted_iop.edge.inference_lifecycle import InferenceError, InferenceLifecycle, Outcome, Phase, QueueFull, Ticket
-from twisted_iop.edge.latency import CANCELLED, CLIENT_ERROR, ERROR, OK
-from twisted_iop.edge.pool import Lease, NoSuchModel
-from twisted_iop.edge.registry import NodeRegistry
+from twisted_iop.edge.inference.latency import CANCELLED, CLIENT_ERROR, ERROR, OK
+from twisted_iop.edge.inference.lifecycle import InferenceError, InferenceLifecycle, Outcome, Phase, QueueFull, Ticket
+from twisted_iop.edge.nodes.registry import NodeRegistry
+from twisted_iop.edge.providers.pool import Lease, NoSuchModel
 from twisted_iop.metrics import LatencyHistogram
 from twisted_iop.openai_api import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, estimate_prompt_tokens, whole_tokens
 from twisted_iop.tracing.spans import EdgeTracer, RequestTrace

@@ -78,7 +78,7 @@ async def test_crashed_engine_shows_reason_restarts_and_its_last_lines(browser: 
         services.insert(0, node)
 
         def launch_of(provider_id: str) -> str:
-            launch = edge.registry.launch("node-1", provider_id)
+            launch = edge.registry.providers.launch("node-1", provider_id)
             return launch.name if launch is not None else ""
 
         await eventually(

@@ -101,7 +101,7 @@ async def test_kill_9_of_a_launched_llama_server_cuts_only_the_stream_that_had_o
         await edge.inference_server.bound()
 
         def state() -> str:
-            launch = edge.registry.launch("node-1", "p1")
+            launch = edge.registry.providers.launch("node-1", "p1")
             return launch.name if launch is not None else ""
 
         await eventually(lambda: state() == "ready", timeout=START_SECONDS, message="the engine ready")

@@ -83,7 +83,7 @@ async def test_real_engine_loads_then_restarts_under_streaming_load(tiny_llama: 
         await edge.inference_server.bound()
 
         def state() -> str:
-            launch = edge.registry.launch("node-1", "p1")
+            launch = edge.registry.providers.launch("node-1", "p1")
             return launch.name if launch is not None else ""
 
         await eventually(lambda: state() == "ready", timeout=START_SECONDS, message=f"ready; states {states}")

@@ -94,14 +94,14 @@ def test_saturated_engine_takes_no_lease_until_a_reading_says_it_recovered() -> 
     registry, _clock, tokens = ready_registry({"p1": 4})
     pool = registry.pool
     registry.node_load(tokens["p1"], load("p1", running=4, waiting=6))
-    assert registry.saturated("n1", "p1")
+    assert registry.providers.saturated("n1", "p1")
     assert pool.try_acquire(MODEL) is None
     waiting = pool.admit(MODEL)
     assert not waiting.called
     registry.node_load(tokens["p1"], load("p1", running=4, waiting=5, kv_cache_usage=0.81))
     assert pool.try_acquire(MODEL) is None and not waiting.called  # the KV cache is over 0.8
     registry.node_load(tokens["p1"], load("p1", running=4, waiting=2, kv_cache_usage=0.5))
-    assert waiting.called and not registry.saturated("n1", "p1")
+    assert waiting.called and not registry.providers.saturated("n1", "p1")
 
 
 def test_a_stale_saturated_reading_stops_counting() -> None:
@@ -114,7 +114,7 @@ def test_a_stale_saturated_reading_stops_counting() -> None:
     assert not waiting.called
     clock.advance(0.2)  # 2 s old when received + 8.1 s since
     assert waiting.called
-    assert registry.engine_load("n1", "p1") is None and registry.engine_loads.last("n1", "p1") is not None
+    assert registry.engine_load("n1", "p1") is None and registry.providers.engine_loads.last("n1", "p1") is not None
 
 
 def test_only_the_owner_connection_counts_and_readings_go_with_the_node() -> None:
@@ -123,11 +123,11 @@ def test_only_the_owner_connection_counts_and_readings_go_with_the_node() -> Non
     spec = pb.NodeProviderSpec(provider_id="p1", kind="mock", models=[MODEL])
     pending = registry.node_accepted(pb.NodeHelloRequest(node_id="n1", providers=[spec]), FakeNodePeer())
     assert registry.node_load(pending, load("p1", waiting=50)) == []
-    assert not registry.saturated("n1", "p1")
+    assert not registry.providers.saturated("n1", "p1")
     registry.node_load(tokens["p1"], load("p1", waiting=50, parallel=3))
-    assert registry.saturated("n1", "p1")
+    assert registry.providers.saturated("n1", "p1")
     registry.node_closed(tokens["p1"])
-    assert registry.engine_loads.last("n1", "p1") is None and not registry.saturated("n1", "p1")
+    assert registry.providers.engine_loads.last("n1", "p1") is None and not registry.providers.saturated("n1", "p1")
 
 
 def test_node_wire_dispatches_load_reports() -> None:
@@ -147,7 +147,7 @@ def test_node_wire_dispatches_load_reports() -> None:
     for envelope in (hello, ready, report):
         protocol.dataReceived(frame(envelope))
     assert registry.is_ready("n1")
-    assert registry.saturated("n1", "p1")
+    assert registry.providers.saturated("n1", "p1")
     protocol.connectionLost(None)  # type: ignore[arg-type]
 
 

@@ -282,10 +282,10 @@ def test_over_half_failing_in_the_window_starts_a_cool_down() -> None:
         status = pb.INFERENCE_STATUS_PROVIDER_ERROR if failed else pb.INFERENCE_STATUS_OK
         answer(gateway, peers[0], pb.InferenceDone(inference_id=inference_id, status=status, http_status=500))
         clock.advance(1)
-        if failed and registry.cooling_down("n1", "p1"):
+        if failed and registry.providers.cooling_down("n1", "p1"):
             break
-    assert registry.cooling_down("n1", "p1") is not None
-    assert "3 of its last 5 requests failed" in (registry.cooling_down("n1", "p1") or "")
+    assert registry.providers.cooling_down("n1", "p1") is not None
+    assert "3 of its last 5 requests failed" in (registry.providers.cooling_down("n1", "p1") or "")
 
 
 def test_tokens_are_counted_per_provider_and_model() -> None:

@@ -111,7 +111,7 @@ async def test_an_overloaded_engine_is_retried_elsewhere(tmp_path: Path) -> None
         assert engines[0].chats >= 1 and engines[1].chats == 4
         assert edge.status.snapshot().nodes[0].providers[0].cooling_down
         engines[1].overloaded = True
-        edge.registry.cooldowns.forget_provider("node-1", "p1")  # both engines back in rotation
+        edge.registry.providers.cooldowns.forget_provider("node-1", "p1")  # both engines back in rotation
         refused = await post(base, "/v1/chat/completions", chat(max_tokens=2))
         # The engine's own 429 and message (Retry-After comes with a Node that sends error codes).
         assert refused.code == 429 and refused.json()["error"]["message"] == "busy"

@@ -118,7 +118,7 @@ def test_health_report_and_probe_round_trip() -> None:
         providers=[pb.ProviderHealthReport(provider_id="mock-a", health=pb.PROVIDER_HEALTH_UNHEALTHY, reason="oom")]
     )
     proto.dataReceived(frame(make_envelope("node_health_report", report)))
-    health = registry.health("node-1", "mock-a")
+    health = registry.providers.health("node-1", "mock-a")
     assert health is not None and health.reason == "oom"
     assert events[-1].kind == "provider.health_changed"
     answers: list[pb.NodeProbeResponse] = []
@@ -210,7 +210,7 @@ def test_unknown_health_value_is_unknown_with_a_reason_and_keeps_the_connection(
     warnings = [e for e in logs if e["log_level"] == LogLevel.warn]
     assert warnings and "99" in formatEvent(warnings[0])
     assert not [e for e in logs if e.get("log_failure") is not None]
-    health = registry.health("node-1", "mock-a")
+    health = registry.providers.health("node-1", "mock-a")
     assert health is not None and health.health == pb.PROVIDER_HEALTH_UNKNOWN
     assert "99" in health.reason and "new state" in health.reason
     assert registry.pool.try_acquire("llama-3-8b") is None
@@ -231,7 +231,7 @@ def test_unknown_health_value_in_ready_does_not_break_readiness() -> None:
     reports = [pb.ProviderHealthReport(provider_id="mock-a", health=42)]  # type: ignore[arg-type]
     proto.dataReceived(frame(make_envelope("node_ready", pb.NodeReady(providers=reports))))
     assert registry.is_ready("node-1") and not transport.disconnecting
-    health = registry.health("node-1", "mock-a")
+    health = registry.providers.health("node-1", "mock-a")
     assert health is not None and health.health == pb.PROVIDER_HEALTH_UNKNOWN and "42" in health.reason
 
 

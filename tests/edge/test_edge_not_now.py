@@ -115,8 +115,8 @@ def test_requests_for_a_saturated_engine_wait_and_go_as_leases_end() -> None:
     assert gateway.lifecycle.queued_total() == 2
     # The engine runs 2 and queues 8 of the Edge's 10: 3 over max_waiting (5).
     registry.node_load(token_of(gateway, "n1"), load("p1", running=2, waiting=8, parallel=2))
-    assert registry.saturated("n1", "p1")
-    assert registry.engine_loads.lease_limit("n1", "p1") == 7
+    assert registry.providers.saturated("n1", "p1")
+    assert registry.providers.engine_loads.lease_limit("n1", "p1") == 7
     for i, _ in everyone[:4]:  # three end: the Edge now holds 7, at the limit; the fourth frees one
         answer(gateway, node, ok(i))
     assert gateway.lifecycle.queued_total() == 1
@@ -136,8 +136,8 @@ def test_a_saturated_engine_is_still_listed_and_admitted() -> None:
     gateway, _peers, _clock = fleet(nodes=1)
     registry = gateway._registry
     registry.node_load(token_of(gateway, "n1"), load("p1", running=9, waiting=9))
-    registry.request_failed("n1", "p1", "provider_unavailable", cool_down_now=True)
-    assert registry.cooling_down("n1", "p1") and registry.saturated("n1", "p1")
+    registry.providers.request_failed("n1", "p1", "provider_unavailable", cool_down_now=True)
+    assert registry.providers.cooling_down("n1", "p1") and registry.providers.saturated("n1", "p1")
     assert gateway.available_models() == [MODEL]
     gateway.check_model(MODEL, False)
 
@@ -162,7 +162,7 @@ def test_a_provider_that_answers_again_ends_its_cool_down_at_once() -> None:
     registry = gateway._registry
     inference_id, sink = submit(gateway)
     answer(gateway, peers[0], pb.InferenceDone(inference_id=inference_id, status=pb.INFERENCE_STATUS_UNAVAILABLE))
-    assert registry.cooling_down("n1", "p1") and gateway.lifecycle.queued_total() == 1
+    assert registry.providers.cooling_down("n1", "p1") and gateway.lifecycle.queued_total() == 1
     token = token_of(gateway, "n1")
     offline = pb.ProviderHealthReport(provider_id="p1", health=pb.PROVIDER_HEALTH_OFFLINE, reason="refused")
     registry.node_health(token, [offline])
@@ -170,7 +170,7 @@ def test_a_provider_that_answers_again_ends_its_cool_down_at_once() -> None:
     assert sent_to(peers[0], inference_id) == 1
     healthy = pb.ProviderHealthReport(provider_id="p1", health=pb.PROVIDER_HEALTH_HEALTHY, models=[MODEL])
     registry.node_health(token, [healthy])
-    assert registry.cooling_down("n1", "p1") is None
+    assert registry.providers.cooling_down("n1", "p1") is None
     assert sent_to(peers[0], inference_id) == 2
     answer(gateway, peers[0], ok(inference_id))
     assert sink.completed
@@ -205,7 +205,7 @@ def test_client_caused_answers_never_cool_a_provider(status: int) -> None:
         inference_id, sink = submit(gateway)
         answer(gateway, holder(peers, inference_id), engine_error(inference_id, status))
         assert sink.error is not None and sink.error.status == status
-    assert gateway._registry.cooling_down("n1", "p1") is None
+    assert gateway._registry.providers.cooling_down("n1", "p1") is None
     inference_id, sink = submit(gateway)
     answer(gateway, peers[0], ok(inference_id))
     assert sink.completed
@@ -231,7 +231,7 @@ def test_an_embedder_on_an_engine_without_embeddings_never_stops_chat() -> None:
         chats.append(chat_sink)
         clock.advance(0.1)
     assert all(c.completed and c.error is None for c in chats)
-    assert gateway._registry.cooling_down("n1", "p1") is None
+    assert gateway._registry.providers.cooling_down("n1", "p1") is None
     # Remembered for a while only: an engine restarted with embeddings is found again.
     clock.advance(UNSUPPORTED_MEMORY_SECONDS)
     embed_id, _ = embeddings(gateway)
@@ -281,7 +281,7 @@ def test_engine_caused_failures_still_cool_a_provider() -> None:
     for _ in range(6):
         inference_id, _sink = submit(gateway)
         answer(gateway, peers[0], engine_error(inference_id, 500, kind="server_error", code="provider_error"))
-    assert gateway._registry.cooling_down("n1", "p1")
+    assert gateway._registry.providers.cooling_down("n1", "p1")
 
 
 def test_unsupported_endpoints_are_bounded_and_expire() -> None:

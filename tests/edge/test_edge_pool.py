@@ -19,8 +19,9 @@ from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
 from twisted_iop.edge.config import NodeConfig, ProviderConfig
-from twisted_iop.edge.nodes.registry import USABLE_HEALTH, NodeRegistry
+from twisted_iop.edge.nodes.registry import NodeRegistry
 from twisted_iop.edge.providers.pool import Lease, LeaseError, NoSuchModel, ProviderPool
+from twisted_iop.edge.providers.states import USABLE_HEALTH
 from twisted_iop.testing.configs import edge_config
 from twisted_iop.testing.peers import FakeNodePeer
 from twisted_iop.wire import control_pb2 as pb
@@ -314,9 +315,9 @@ class PoolRegistryMachine(RuleBasedStateMachine):
         """A provider.* command holds the node's provider, or ends and releases it."""
         provider_id = PROVIDERS[node].provider_id
         if held:
-            self.registry.hold_provider(node, provider_id, "provider.restart")
+            self.registry.providers.hold(node, provider_id, "provider.restart")
         else:
-            self.registry.release_provider(node, provider_id)
+            self.registry.providers.release(node, provider_id)
 
     @rule(node=st.sampled_from(sorted(PROVIDERS)), drained=st.booleans())
     def drain(self, node: str, drained: bool) -> None:
@@ -329,10 +330,10 @@ class PoolRegistryMachine(RuleBasedStateMachine):
         registry = self.registry
         assert registry.is_ready(lease.node_id), "lease on a node that is not dispatch-ready"
         assert not registry.is_drained(lease.node_id), "lease on a drained node"
-        health = registry.health(lease.node_id, lease.provider_id)
+        health = registry.providers.health(lease.node_id, lease.provider_id)
         assert health is not None and health.health in USABLE_HEALTH, "lease on an unusable provider"
         assert health.launch is None or health.launch.ready, "lease on a launched engine that is not ready"
-        assert registry.held(lease.node_id, lease.provider_id) is None, "lease on a provider a command holds"
+        assert registry.providers.held(lease.node_id, lease.provider_id) is None, "lease on a provider a command holds"
         assert not lease.lost and not lease.released
 
     @rule(model=st.sampled_from(["m", "x"]), long_context=st.booleans())

@@ -109,7 +109,7 @@ def test_unknown_engine_state_takes_no_work_and_says_what_came() -> None:
     odd.launch.reason = "warming up"
     edge.registry.node_health(edge.token, [odd])
     assert not edge.takes_work()
-    launch = edge.registry.launch("node-1", "mock-a")
+    launch = edge.registry.providers.launch("node-1", "mock-a")
     assert launch is not None and launch.name == "unknown"
     assert launch.reason == "node reported unknown engine state 42: warming up"
 
@@ -160,7 +160,7 @@ def test_restart_holds_the_provider_until_the_node_answers() -> None:
     assert (request.provider_id, request.action, request.drain) == ("mock-a", pb.PROVIDER_ACTION_RESTART, True)
     assert (request.drain_timeout_ms, request.timeout_ms) == (3000, 16_000)
     assert not edge.takes_work() and results == []
-    assert edge.registry.held("node-1", "mock-a") == "provider.restart c1"
+    assert edge.registry.providers.held("node-1", "mock-a") == "provider.restart c1"
     answer.callback(
         pb.NodeProviderCommandResponse(
             ok=True,
@@ -181,7 +181,7 @@ def test_restart_holds_the_provider_until_the_node_answers() -> None:
         "cut_requests": "0",
         "message": "ready after 2.5s",
     }
-    assert edge.takes_work() and edge.registry.held("node-1", "mock-a") is None
+    assert edge.takes_work() and edge.registry.providers.held("node-1", "mock-a") is None
     kinds = [e.kind for e in edge.events]
     assert kinds == ["command.accepted", "command.started", "command.succeeded"]
     assert all(e.provider_id == "mock-a" and e.node_id == "node-1" for e in edge.events)
@@ -197,7 +197,7 @@ def test_a_refusal_or_a_lost_node_fails_the_command_and_releases_the_provider() 
     answer.callback(pb.NodeProviderCommandResponse(ok=False, reason="provider 'mock-a' has no engine launched"))
     assert results[0].outcome == pb.COMMAND_OUTCOME_FAILED
     assert results[0].reason == "provider 'mock-a' has no engine launched"
-    assert edge.registry.held("node-1", "mock-a") is None
+    assert edge.registry.providers.held("node-1", "mock-a") is None
     edge.peer.provider_commands.clear()
     results = edge.run("provider.restart")
     _, answer = edge.sent()

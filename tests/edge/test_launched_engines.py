@@ -45,7 +45,7 @@ class LaunchFleet:
 
     def launch(self) -> Any:
         """What the Edge last heard of the engine."""
-        return self.edge.registry.launch("node-1", "p1")
+        return self.edge.registry.providers.launch("node-1", "p1")
 
     def state(self) -> str:
         """The engine's state as the Edge knows it."""

@@ -103,7 +103,7 @@ async def test_sigterm_finishes_requests_then_stops_every_engine_and_leaves_none
         daemons.append(node)
 
         def launch_state() -> str:
-            launch = edge.registry.launch("node-1", "p1")
+            launch = edge.registry.providers.launch("node-1", "p1")
             return launch.name if launch is not None else ""
 
         await eventually(lambda: launch_state() == "ready", timeout=READY_SECONDS, message=f"p1 ready\n{node.log()}")

@@ -78,7 +78,7 @@ def test_node_becomes_ready_with_health() -> None:
     _, client, _ = pair.connect()
     assert client.accepted and pair.runtime.ready_sent
     assert pair.registry.is_ready("node-1")
-    health = pair.registry.health("node-1", "mock-a")
+    health = pair.registry.providers.health("node-1", "mock-a")
     assert health is not None and health.health == pb.PROVIDER_HEALTH_HEALTHY
     assert [e.kind for e in pair.events] == ["node.pending", "node.ready"]
 
@@ -106,7 +106,7 @@ def test_health_change_reported_by_periodic_probe(tmp_path: Path) -> None:
     pump.flush()
     changed = [e for e in pair.events if e.kind == "provider.health_changed"]
     assert [(e.provider_id, e.attributes["health"]) for e in changed] == [("mock-b", "unhealthy")]
-    health = pair.registry.health("node-1", "mock-b")
+    health = pair.registry.providers.health("node-1", "mock-b")
     assert health is not None and health.reason == "gpu fell off the bus"
     pair.runtime.stopService()
 
@@ -131,7 +131,7 @@ def test_provider_down_is_reprobed_with_backoff_and_reported_the_moment_it_is_ba
     health_file.write_text("healthy")
     pair.clock.advance(5.0)
     pump.flush()
-    health = pair.registry.health("node-1", "mock-b")
+    health = pair.registry.providers.health("node-1", "mock-b")
     assert health is not None and health.health == pb.PROVIDER_HEALTH_HEALTHY
     assert pair.runtime.reprobes == {}
     health_file.write_text("offline again")
@@ -140,7 +140,7 @@ def test_provider_down_is_reprobed_with_backoff_and_reported_the_moment_it_is_ba
     health_file.write_text("healthy")
     pair.clock.advance(0.5)
     pump.flush()
-    health = pair.registry.health("node-1", "mock-b")
+    health = pair.registry.providers.health("node-1", "mock-b")
     assert health is not None and health.health == pb.PROVIDER_HEALTH_HEALTHY
     pair.runtime.stopService()
     assert pair.runtime.reprobes == {}

@@ -161,7 +161,7 @@ async def test_a_failover_is_two_attempts_of_one_trace(tmp_path: Path) -> None:
         assert one.trace_id == two.trace_id == TRACE and one.span_id != two.span_id
         # Both overloaded: the error answer names where it was last tried, and how often.
         fleet.engines[1].overloaded = True
-        fleet.edge.registry.cooldowns.forget_provider("node-1", "p1")
+        fleet.edge.registry.providers.cooldowns.forget_provider("node-1", "p1")
         before = len(engine_traceparents(fleet))
         refused = await fleet.chat(CLIENT)
         assert refused.code == 429

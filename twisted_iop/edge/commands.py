@@ -480,14 +480,14 @@ class CommandRunner:
         )
         holds = action in (pb.PROVIDER_ACTION_RESTART, pb.PROVIDER_ACTION_STOP)
         if holds:
-            self._registry.hold_provider(node_id, provider_id, f"{request.name} {request.command_id}")
+            self._registry.providers.hold(node_id, provider_id, f"{request.name} {request.command_id}")
         try:
             answer = await self._registry.provider_command(node_id, sent, deadline * (1 + NODE_ANSWER_SHARE) / 2)
         except Exception as e:
             raise CommandFailed(f"node {node_id} did not answer: {type(e).__name__}: {e}") from None
         finally:
             if holds:
-                self._registry.release_provider(node_id, provider_id)
+                self._registry.providers.release(node_id, provider_id)
         if not answer.ok:
             raise CommandFailed(answer.reason[: MAX_TEXT * 4] or f"node {node_id} refused {request.name}")
         result = {"node_id": node_id, "provider_id": provider_id}

@@ -228,15 +228,15 @@ def _engine_metrics(registry: NodeRegistry) -> Iterator[Metric]:
     for node in registry.nodes():
         for provider in node.providers:
             key = [node.node_id, provider.provider_id]
-            reading = registry.engine_loads.last(node.node_id, provider.provider_id)
+            reading = registry.providers.engine_loads.last(node.node_id, provider.provider_id)
             if reading is not None:
                 running.add_metric(key, reading.running)
                 waiting.add_metric(key, reading.waiting)
                 if reading.kv_cache_usage is not None:
                     kv_cache.add_metric(key, reading.kv_cache_usage)
                 age.add_metric(key, max(0.0, now - reading.read_at))
-            saturated.add_metric(key, 1 if registry.saturated(node.node_id, provider.provider_id) else 0)
-            cooling.add_metric(key, 1 if registry.cooling_down(node.node_id, provider.provider_id) else 0)
+            saturated.add_metric(key, 1 if registry.providers.saturated(node.node_id, provider.provider_id) else 0)
+            cooling.add_metric(key, 1 if registry.providers.cooling_down(node.node_id, provider.provider_id) else 0)
             rate.add_metric(key, registry.tokens.tokens_per_second(node.node_id, provider.provider_id, now))
     yield from (running, waiting, kv_cache, age, saturated, cooling, rate)
     tokens = CounterMetricFamily(

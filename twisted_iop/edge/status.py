@@ -89,17 +89,17 @@ class StatusProvider:
         registry = self._registry
         provider_id = provider.provider_id
         counters = provider_counters(registry, node_id, provider_id)
-        health = registry.health(node_id, provider_id)
+        health = registry.providers.health(node_id, provider_id)
         health_value = health.health if health is not None else pb.PROVIDER_HEALTH_UNKNOWN
         reason = ""
         if health_value != pb.PROVIDER_HEALTH_HEALTHY:
             reason = (health.reason if health is not None else "") or "no health report yet"
-        cooling = registry.cooling_down(node_id, provider_id)
+        cooling = registry.providers.cooling_down(node_id, provider_id)
         if cooling is not None and health_value in (pb.PROVIDER_HEALTH_HEALTHY, pb.PROVIDER_HEALTH_DEGRADED):
             health_value = pb.PROVIDER_HEALTH_DEGRADED
             reason = f"cooling down: {cooling}" + (f"; {reason}" if reason else "")
         now = self._clock.seconds()
-        reading = registry.engine_loads.last(node_id, provider_id)
+        reading = registry.providers.engine_loads.last(node_id, provider_id)
         engine = reading.to_wire(now) if reading is not None else pb.EngineLoad(known=False, kv_cache_usage=-1.0)
         prompt_tokens, completion_tokens = registry.tokens.provider_totals(node_id, provider_id)
         estimated_prompt, estimated_completion = registry.tokens.provider_estimated_totals(node_id, provider_id)
@@ -122,7 +122,7 @@ class StatusProvider:
             completion_tokens=completion_tokens,
             estimated_prompt_tokens=estimated_prompt,
             estimated_completion_tokens=estimated_completion,
-            saturated=registry.saturated(node_id, provider_id),
+            saturated=registry.providers.saturated(node_id, provider_id),
             cooling_down=cooling is not None,
         )
         latency = registry.latency.provider_latency(node_id, provider_id, now)

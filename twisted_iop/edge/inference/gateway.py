@@ -12,7 +12,7 @@ Two layers:
   failed before any output reached the client (its Node lost, its engine
   unreachable or overloaded) goes back to its queue and runs on another
   provider, at most ``inference.failover.max_retries`` times; the provider
-  that failed it cools down (see ``registry.request_failed``).
+  that failed it cools down (see ``registry.providers.request_failed``).
 * :class:`InferenceGateway` does the I/O around it: ``InferenceRequest`` to
   the Node that owns the leased provider, ``InferenceChunk`` /
   ``InferenceDone`` back to the client's :class:`ResponseSink`,
@@ -402,7 +402,7 @@ class InferenceGateway:
                 estimated=usage.estimated,
             )
         if done.status == pb.INFERENCE_STATUS_OK:
-            self._registry.request_succeeded(node_id, provider_id)
+            self._registry.providers.request_succeeded(node_id, provider_id)
             self._end(admitted, Outcome.COMPLETED, done=done)
             return
         error = client_error(done, self.config.retry_after_seconds)
@@ -424,7 +424,9 @@ class InferenceGateway:
         admitted.client_fault = kind is FailureKind.CLIENT
         if kind is not FailureKind.CLIENT:
             reason = f"{error.code}: {error.message}"[:200]
-            self._registry.request_failed(node_id, provider_id, reason, cool_down_now=kind is FailureKind.ELSEWHERE)
+            self._registry.providers.request_failed(
+                node_id, provider_id, reason, cool_down_now=kind is FailureKind.ELSEWHERE
+            )
         if kind is FailureKind.ELSEWHERE and admitted.ticket.phase is Phase.LEASED:
             self._forget_peer(admitted)
             self._cancel_timer(admitted)
@@ -558,7 +560,9 @@ class InferenceGateway:
             where = f"node {lease.node_id} provider {lease.provider_id}" if lease is not None else "no provider"
             self._log_failure(admitted, error, where, quiet)
             if outcome is Outcome.NODE_SILENT and lease is not None:
-                self._registry.request_failed(lease.node_id, lease.provider_id, error.code, cool_down_now=False)
+                self._registry.providers.request_failed(
+                    lease.node_id, lease.provider_id, error.code, cool_down_now=False
+                )
         self._cancel_timer(admitted)
         peer = admitted.peer
         self._forget_peer(admitted)

@@ -1,21 +1,21 @@
-"""The Edge's shared state and rules: configured Nodes, their connections,
-health, drain state and the provider pool (no I/O).
+"""The Edge's Nodes: configured Nodes, their connections, drain state and providers (no I/O).
 
-The registry is the one owner of what decides whether a Node takes work:
-dispatch-ready ownership, drain, provider health, the engines' own load
-(:mod:`~twisted_iop.edge.providers.load`: a saturated engine takes no new
-lease) and cool-downs of failing providers (:mod:`~twisted_iop.edge.providers.cooldown`),
-and of the tokens counted from the engines' usage. The
-:class:`~twisted_iop.edge.providers.pool.ProviderPool` holds only leases and queues
-and asks the registry (its :class:`~twisted_iop.edge.providers.pool.Availability`)
-when it places work; every change of those facts tells the pool to
-reconsider its waiting requests.
+The registry owns which connection owns each Node (dispatch-ready
+ownership, checked against its connection token by
+:class:`~twisted_iop.edge.nodes.ownership.NodeOwnership`: only the current
+owner's transitions become events and snapshot changes), drain, and the
+providers each Node has (edge.yaml's and the deployments'). What decides
+whether one provider takes work (health, holds, engine load, cool-downs)
+is :class:`~twisted_iop.edge.providers.states.ProviderStates`
+(``registry.providers``), fed with the owner's reports from here; the
+:class:`~twisted_iop.edge.providers.pool.ProviderPool` holds only leases
+and queues and asks the registry (its
+:class:`~twisted_iop.edge.providers.pool.Availability`) when it places
+work.
 
 Node connections reach this service through the small :class:`NodePeer`
 interface (close, probe), so the TCP protocol and test fakes are
-interchangeable. Every state change a connection causes is checked against
-its connection token by :class:`~twisted_iop.edge.nodes.ownership.NodeOwnership`;
-only the current owner's transitions become events and snapshot changes.
+interchangeable.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Optional, Protocol
 import attrs
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, fail
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -35,29 +35,11 @@ from twisted_iop.edge.events import EventRelay
 from twisted_iop.edge.inference.latency import LatencyRecorder
 from twisted_iop.edge.inference.tokens import TokenCounter
 from twisted_iop.edge.nodes.ownership import NodeOwnership, Transition, TransitionKind
-from twisted_iop.edge.providers.cooldown import Cooldowns
-from twisted_iop.edge.providers.launch import (
-    EngineLaunchInfo,
-    checked_launch,
-    launch_change,
-    launch_may_serve,
-    launch_takes_work,
-)
-from twisted_iop.edge.providers.load import EngineLoads, EngineReading
+from twisted_iop.edge.providers.load import EngineReading
 from twisted_iop.edge.providers.pool import ProviderPool
+from twisted_iop.edge.providers.states import ProviderStates
 from twisted_iop.wire import control_pb2 as pb
-from twisted_iop.wire.enums import enum_label
-from twisted_iop.wire.hello import MAX_TEXT, Rejection, check_node_hello
-
-#: Health values under which a provider takes new leases.
-USABLE_HEALTH = frozenset({pb.PROVIDER_HEALTH_HEALTHY, pb.PROVIDER_HEALTH_DEGRADED})
-
-#: Health values a Node may report; anything else (a newer Node's value,
-#: or garbage) is recorded as UNKNOWN with a reason.
-KNOWN_HEALTH = frozenset(pb.ProviderHealth.values()) - {pb.PROVIDER_HEALTH_UNSPECIFIED}
-
-#: At most this many models of one provider's health report are kept.
-MAX_MODELS = 256
+from twisted_iop.wire.hello import Rejection, check_node_hello
 
 
 class NodePeer(Protocol):
@@ -96,17 +78,6 @@ class UnknownNode(Exception):
 
 
 @attrs.frozen
-class ProviderHealth:
-    """The last health a Node's owner connection reported for a provider, with its
-    engine's state when the Node launches it (``None``: someone else runs the engine)."""
-
-    health: pb.ProviderHealth
-    reason: str = ""
-    models: tuple[str, ...] = ()
-    launch: Optional[EngineLaunchInfo] = None
-
-
-@attrs.frozen
 class RefreshSummary:
     """What a providers refresh changed."""
 
@@ -117,7 +88,7 @@ class RefreshSummary:
 
 
 class NodeRegistry(Service):
-    """Every configured Node: ownership, health, drain and the pool."""
+    """Every configured Node: its connections' ownership, drain, its providers and the pool."""
 
     _log = Logger()
     name = "registry"
@@ -139,16 +110,12 @@ class NodeRegistry(Service):
         #: Hears of hellos and readiness (set by the tap: the Edge's deployments).
         self.listener: Optional[NodeListener] = None
         self._peers: dict[int, NodePeer] = {}
-        self._health: dict[str, dict[str, ProviderHealth]] = {}
         self._drained: set[str] = set()
-        self.engine_loads = EngineLoads(config.inference.saturation)
-        self.cooldowns = Cooldowns(config.inference.cooldown)
+        #: Health, holds, engine load and cool-downs of the ready Nodes' providers.
+        self.providers = ProviderStates(
+            config.inference.saturation, config.inference.cooldown, clock, self.relay, self.pool, self._reprobe
+        )
         self.tokens = TokenCounter()
-        #: Providers a command holds out of new leases (a restart or stop of its engine), with why.
-        self._held: dict[tuple[str, str], str] = {}
-        #: Timers that reconsider waiting work when a cool-down ends or a
-        #: saturated reading goes stale, per (node, provider, which).
-        self._timers: dict[tuple[str, str, str], IDelayedCall] = {}
         self.started_at = clock.seconds()
         #: How fast its requests went (the gateway records, /metrics and the snapshot read).
         self.latency = LatencyRecorder(self.started_at)
@@ -228,7 +195,7 @@ class NodeRegistry(Service):
         node_id = self.ownership.node_of(token)
         assert node_id is not None
         self.ownership.seen(token)
-        changed = self._update_health(node_id, reports, announce=True)
+        changed = self.providers.take_health(node_id, self._provider_ids(node_id), reports, announce=True)
         self.pool.reconsider()
         return changed
 
@@ -243,31 +210,7 @@ class NodeRegistry(Service):
         node_id = self.ownership.node_of(token)
         assert node_id is not None
         self.ownership.seen(token)
-        now = self._clock.seconds()
-        loads = self.engine_loads
-        known = [p.provider_id for p in self.node(node_id).providers]
-        before = {p: loads.saturated(node_id, p) for p in known}
-        in_flight = {p: self.pool.in_flight(node_id, p) for p in known}
-        updated = loads.update(node_id, known, reports, now, in_flight)
-        for provider_id in updated:
-            saturated = loads.saturated(node_id, provider_id)
-            if saturated != before[provider_id]:
-                self._log.info(
-                    "node {node_id} provider {provider_id} engine {state}",
-                    node_id=node_id,
-                    provider_id=provider_id,
-                    state=(
-                        f"saturated: at most {loads.lease_limit(node_id, provider_id)} requests in flight"
-                        if saturated
-                        else "no longer saturated"
-                    ),
-                )
-            reading = loads.fresh(node_id, provider_id)
-            if reading is not None:
-                # Unless a newer reading comes, this one stops counting when stale.
-                self._set_timer(node_id, provider_id, "stale", loads.stale_in(reading, now))
-            else:
-                self._cancel_timer(node_id, provider_id, "stale")
+        updated = self.providers.take_load(node_id, self._provider_ids(node_id), reports)
         self.pool.reconsider()
         return updated
 
@@ -301,9 +244,9 @@ class NodeRegistry(Service):
                     message=f"node {node_id} reconnected; the older connection was closed",
                 )
             elif transition.kind is TransitionKind.READY:
-                self._health[node_id] = {}
-                self._update_health(node_id, reports.get(transition.token, []), announce=False)
-                healthy = sum(1 for h in self._health[node_id].values() if h.health in USABLE_HEALTH)
+                healthy = self.providers.node_ready(
+                    node_id, self._provider_ids(node_id), reports.get(transition.token, [])
+                )
                 self._log.info(
                     "node {node_id} is ready ({healthy}/{total} providers usable)",
                     node_id=node_id,
@@ -320,136 +263,10 @@ class NodeRegistry(Service):
                 if self.listener is not None:
                     self.listener.node_became_ready(node_id)
             elif transition.kind is TransitionKind.DISCONNECTED:
-                self._health.pop(node_id, None)
-                self.engine_loads.forget_node(node_id)
-                for provider in self.node(node_id).providers:
-                    self._cancel_timer(node_id, provider.provider_id, "stale")
+                self.providers.node_lost(node_id, self._provider_ids(node_id))
                 self.pool.node_lost(node_id)
                 self._log.info("node {node_id} disconnected", node_id=node_id)
                 self.relay.emit("node.disconnected", node_id=node_id, message=f"node {node_id} disconnected")
-
-    def _update_health(self, node_id: str, reports: Iterable[pb.ProviderHealthReport], announce: bool) -> list[str]:
-        node = self._nodes.get(node_id)
-        if node is None:
-            return []
-        known = {p.provider_id for p in node.providers}
-        current = self._health.setdefault(node_id, {})
-        changed: list[str] = []
-        for report in reports:
-            if report.provider_id not in known:
-                continue
-            new = self._checked_health(node_id, report)
-            old = current.get(report.provider_id)
-            current[report.provider_id] = new
-            if announce:
-                self._announce_launch(node_id, report.provider_id, old.launch if old is not None else None, new.launch)
-            if self._recovered(old, new):
-                self._end_cooldown(node_id, report.provider_id)
-            if old is not None and (old.health, old.reason) == (new.health, new.reason):
-                if old.launch != new.launch:
-                    changed.append(report.provider_id)
-                continue
-            changed.append(report.provider_id)
-            if announce:
-                before = _health_name(old.health) if old is not None else "unknown"
-                after = _health_name(new.health)
-                self._log.info(
-                    "node {node_id} provider {provider_id} health {before} -> {after}",
-                    node_id=node_id,
-                    provider_id=report.provider_id,
-                    before=before,
-                    after=after,
-                )
-                self.relay.emit(
-                    "provider.health_changed",
-                    node_id=node_id,
-                    provider_id=report.provider_id,
-                    message=f"provider {report.provider_id} on node {node_id} is {after}",
-                    attributes={"previous": before, "health": after, "reason": new.reason},
-                )
-        # Configured providers the Node does not report cannot take work.
-        for provider in node.providers:
-            if provider.provider_id not in current:
-                current[provider.provider_id] = ProviderHealth(pb.PROVIDER_HEALTH_UNKNOWN, "not reported by the node")
-        return changed
-
-    @staticmethod
-    def _recovered(old: Optional[ProviderHealth], new: ProviderHealth) -> bool:
-        """Whether a report says a provider that could not take work now can."""
-        usable = new.health in USABLE_HEALTH and launch_takes_work(new.launch)
-        was_usable = old is not None and old.health in USABLE_HEALTH and launch_takes_work(old.launch)
-        return usable and not was_usable
-
-    def _end_cooldown(self, node_id: str, provider_id: str) -> None:
-        """The Node says the engine answers again: its cool-down (if any) ends now."""
-        if self.cooldowns.cooling(node_id, provider_id) is None:
-            return
-        self._cancel_timer(node_id, provider_id, "cooldown")
-        self.cooldowns.end(node_id, provider_id)
-        self._log.info(
-            "node {node_id} provider {provider_id} answers again: its cool-down ends",
-            node_id=node_id,
-            provider_id=provider_id,
-        )
-
-    def _announce_launch(
-        self, node_id: str, provider_id: str, old: Optional[EngineLaunchInfo], new: Optional[EngineLaunchInfo]
-    ) -> None:
-        """A ``provider.launch_changed`` event when the engine's state (or its reason or restarts) changed."""
-        attributes = launch_change(old, new)
-        if new is None or attributes is None:
-            return
-        if attributes["previous"] != new.name:
-            self._log.info(
-                "node {node_id} provider {provider_id} engine {before} -> {after} {reason}",
-                node_id=node_id,
-                provider_id=provider_id,
-                before=attributes["previous"],
-                after=new.name,
-                reason=new.reason,
-            )
-        self.relay.emit(
-            "provider.launch_changed",
-            node_id=node_id,
-            provider_id=provider_id,
-            message=f"provider {provider_id} on node {node_id}: engine {new.name}",
-            attributes=attributes,
-        )
-
-    def _checked_health(self, node_id: str, report: pb.ProviderHealthReport) -> ProviderHealth:
-        """``report`` as a :class:`ProviderHealth`, every wire value checked.
-
-        A health value this Edge does not know (a newer Node, or garbage)
-        becomes UNKNOWN, which takes no work, with a reason saying so; the
-        connection stays up. Texts and model lists are bounded.
-        """
-        reason = report.reason[:MAX_TEXT]
-        health = report.health
-        if health not in KNOWN_HEALTH:
-            self._log.warn(
-                "node {node_id} reported unknown health value {value} for provider {provider_id}; "
-                "treating it as unknown",
-                node_id=node_id,
-                value=health,
-                provider_id=report.provider_id,
-            )
-            if health == pb.PROVIDER_HEALTH_UNSPECIFIED:
-                detail = "node reported no health value"
-            else:
-                detail = f"node reported unknown health value {health}"
-            reason = f"{detail}: {reason}" if reason else detail
-            health = pb.PROVIDER_HEALTH_UNKNOWN
-        models = tuple(model[:MAX_TEXT] for model in report.models[:MAX_MODELS])
-        launch = checked_launch(report)
-        if launch is not None and launch.name == "unknown":
-            self._log.warn(
-                "node {node_id} reported an engine state this edge does not know for provider {provider_id}: "
-                "{reason}; it takes no work",
-                node_id=node_id,
-                provider_id=report.provider_id,
-                reason=launch.reason,
-            )
-        return ProviderHealth(health, reason, models, launch)
 
     # -- queries for the status provider and commands ------------------------
 
@@ -461,54 +278,23 @@ class NodeRegistry(Service):
         """Whether ``node_id`` is drained."""
         return node_id in self._drained
 
-    def health(self, node_id: str, provider_id: str) -> Optional[ProviderHealth]:
-        """The owner's last health report for a provider, if ready."""
-        return self._health.get(node_id, {}).get(provider_id)
-
     # -- the pool's Availability ----------------------------------------------
 
     def node_takes_work(self, node_id: str) -> bool:
         """Whether ``node_id`` is dispatch-ready and not drained."""
         return node_id not in self._drained and self.is_ready(node_id)
 
-    def provider_healthy(self, node_id: str, provider_id: str) -> bool:
-        """Whether the owner's last health report lets the provider take new work."""
-        health = self.health(node_id, provider_id)
-        return health is not None and health.health in USABLE_HEALTH
-
     def provider_takes_work(self, node_id: str, provider_id: str) -> bool:
-        """Healthy (or degraded), its launched engine (if any) ready and not held by a command,
-        its engine not saturated, not cooling down."""
-        health = self._health.get(node_id, {}).get(provider_id)
-        if health is None or health.health not in USABLE_HEALTH or not launch_takes_work(health.launch):
-            return False
-        if (node_id, provider_id) in self._held:
-            return False
-        if self.cooldowns.cooling(node_id, provider_id) is not None:
-            return False
-        limit = self.engine_loads.lease_limit(node_id, provider_id)
-        return limit is None or self.pool.in_flight(node_id, provider_id) < limit
+        """Whether the provider may take new work now (see :meth:`ProviderStates.takes_work`)."""
+        return self.providers.takes_work(node_id, provider_id)
 
     def engine_load(self, node_id: str, provider_id: str) -> Optional[EngineReading]:
         """The engine's fresh reading, ``None`` when unknown or stale."""
-        return self.engine_loads.fresh(node_id, provider_id)
+        return self.providers.engine_load(node_id, provider_id)
 
     def engine_parallel(self, node_id: str, provider_id: str) -> int:
         """The engine's reported parallelism (``capacity: auto``); 0 when unknown."""
-        return self.engine_loads.parallel(node_id, provider_id)
-
-    def saturated(self, node_id: str, provider_id: str) -> bool:
-        """Whether the provider's engine is over a saturation threshold now."""
-        return self.engine_loads.saturated(node_id, provider_id)
-
-    def cooling_down(self, node_id: str, provider_id: str) -> Optional[str]:
-        """Why the provider cools down now, or ``None``."""
-        return self.cooldowns.cooling(node_id, provider_id)
-
-    def launch(self, node_id: str, provider_id: str) -> Optional[EngineLaunchInfo]:
-        """The state of the provider's launched engine as its Node last reported it, if it launches it."""
-        health = self.health(node_id, provider_id)
-        return health.launch if health is not None else None
+        return self.providers.engine_parallel(node_id, provider_id)
 
     def provider_may_serve(self, node_id: str, provider_id: str) -> bool:
         """Whether the provider takes work now or is only "not now": saturated, cooling
@@ -519,29 +305,9 @@ class NodeRegistry(Service):
         drained, or its launched engine is ``stopped`` or ``failed`` and will
         not come back by itself.
         """
-        if not self.node_takes_work(node_id):
-            return False
-        return (node_id, provider_id) in self._held or launch_may_serve(self.launch(node_id, provider_id))
-
-    def held(self, node_id: str, provider_id: str) -> Optional[str]:
-        """Why a command holds the provider out of new leases now, or ``None``."""
-        return self._held.get((node_id, provider_id))
+        return self.node_takes_work(node_id) and self.providers.may_come_back(node_id, provider_id)
 
     # -- provider commands ------------------------------------------------------------
-
-    def hold_provider(self, node_id: str, provider_id: str, reason: str) -> None:
-        """No new leases for the provider until :meth:`release_provider` (a restart or stop of its engine).
-
-        Held before the command is sent: every request leased earlier was
-        sent to the Node before the command, on the same connection, so the
-        Node's drain sees them all.
-        """
-        self._held[(node_id, provider_id)] = reason
-
-    def release_provider(self, node_id: str, provider_id: str) -> None:
-        """The command ended: the provider takes work again when its state lets it."""
-        if self._held.pop((node_id, provider_id), None) is not None:
-            self.pool.reconsider()
 
     def provider_command(
         self, node_id: str, request: pb.NodeProviderCommandRequest, timeout: float
@@ -552,37 +318,9 @@ class NodeRegistry(Service):
             return fail(UnknownNode(f"node {node_id!r} is not connected"))
         return peer.provider_command(request, timeout)
 
-    # -- outcomes of requests (cool-downs) ------------------------------------
-
-    def request_succeeded(self, node_id: str, provider_id: str) -> None:
-        """A request on the provider ended well (counts for the failure share)."""
-        self.cooldowns.record(node_id, provider_id, False, self._clock.seconds())
-
-    def request_failed(self, node_id: str, provider_id: str, reason: str, cool_down_now: bool) -> None:
-        """A request on the provider failed on the provider's side.
-
-        ``cool_down_now``: the provider could not take it at all (refused,
-        reset, overloaded): it cools down at once. Otherwise the failure
-        counts towards the failure share of its window.
-        """
-        now = self._clock.seconds()
-        if cool_down_now:
-            until = self.cooldowns.start(node_id, provider_id, now, reason)
-        else:
-            until = self.cooldowns.record(node_id, provider_id, True, now, reason)
-        if until is None:
-            return
-        reason = self.cooldowns.cooling(node_id, provider_id) or reason
-        self._log.warn(
-            "node {node_id} provider {provider_id} cools down for {seconds:g}s: {reason}",
-            node_id=node_id,
-            provider_id=provider_id,
-            seconds=until - now,
-            reason=reason,
-        )
-        self._set_timer(node_id, provider_id, "cooldown", until - now)
+    def _reprobe(self, node_id: str) -> None:
+        """Early re-probe after a failure: the Node reports what it now sees of its engines."""
         if self.is_ready(node_id):
-            # Early re-probe: the Node reports what it now sees of the engine.
             self.probe_node(node_id, self._config.node_server.probe_timeout_seconds).addErrback(
                 self._probe_failed, node_id
             )
@@ -592,38 +330,13 @@ class NodeRegistry(Service):
             "node {node_id}: early re-probe failed: {error}", node_id=node_id, error=failure.getErrorMessage()
         )
 
-    def _set_timer(self, node_id: str, provider_id: str, which: str, seconds: float) -> None:
-        key = (node_id, provider_id, which)
-        timer = self._timers.get(key)
-        if timer is not None and timer.active():
-            timer.reset(seconds)
-        else:
-            self._timers[key] = self._clock.callLater(seconds, self._timer_fired, key)
-
-    def _cancel_timer(self, node_id: str, provider_id: str, which: str) -> None:
-        timer = self._timers.pop((node_id, provider_id, which), None)
-        if timer is not None and timer.active():
-            timer.cancel()
-
-    def _timer_fired(self, key: tuple[str, str, str]) -> None:
-        self._timers.pop(key, None)
-        node_id, provider_id, which = key
-        if which == "stale":
-            self.engine_loads.expire(node_id, provider_id)
-        else:
-            self.cooldowns.end(node_id, provider_id)
-            self._log.info(
-                "node {node_id} provider {provider_id} cool-down over", node_id=node_id, provider_id=provider_id
-            )
-        self.pool.reconsider()
-
     def stopService(self) -> Optional[Deferred[None]]:
         """Cancel the timers of cool-downs and stale readings."""
-        for timer in self._timers.values():
-            if timer.active():
-                timer.cancel()
-        self._timers.clear()
+        self.providers.stop()
         return super().stopService()  # type: ignore[no-any-return]
+
+    def _provider_ids(self, node_id: str) -> list[str]:
+        return [p.provider_id for p in self.node(node_id).providers]
 
     def connection_count(self) -> int:
         """Live Node connections (owners and pending)."""
@@ -732,19 +445,7 @@ class NodeRegistry(Service):
         self._nodes[node_id] = attrs.evolve(node, providers=providers)
         if pool:
             self.pool.configure_node(node_id, providers)
-        for provider_id in old - new:
-            self.engine_loads.forget_provider(node_id, provider_id)
-            self.cooldowns.forget_provider(node_id, provider_id)
-            self._cancel_timer(node_id, provider_id, "stale")
-            self._cancel_timer(node_id, provider_id, "cooldown")
-        health = self._health.get(node_id)
-        if health is not None:
-            for provider_id in list(health):
-                if provider_id not in new:
-                    del health[provider_id]
-            for provider_id in new:
-                if provider_id not in health:
-                    health[provider_id] = ProviderHealth(pb.PROVIDER_HEALTH_UNKNOWN, "not yet probed")
+        self.providers.set_providers(node_id, old, new)
         if pool:
             self._config = attrs.evolve(self._config, nodes=tuple(self._nodes.values()))
 
@@ -761,20 +462,14 @@ class NodeRegistry(Service):
         token = self.ownership.owner(node_id)
         peer = self._peers.get(token) if token is not None else None
         if token is None or peer is None:
-            from twisted.internet.defer import fail
-
             return fail(UnknownNode(f"node {node_id!r} is not ready"))
 
         def answered(response: pb.NodeProbeResponse) -> list[str]:
             if not self.ownership.is_owner(token):
                 return []
             self.ownership.seen(token)
-            changed = self._update_health(node_id, response.health, announce=True)
+            changed = self.providers.take_health(node_id, self._provider_ids(node_id), response.health, announce=True)
             self.pool.reconsider()
             return changed
 
         return peer.probe(timeout).addCallback(answered)
-
-
-def _health_name(value: pb.ProviderHealth) -> str:
-    return enum_label(pb.ProviderHealth, value)

@@ -46,7 +46,7 @@ MAX_EXAMPLES = 60
 #: The routes anyone may read with tokens configured (docs/security.md).
 PUBLIC = {"/healthz", "/readyz", "/openapi.json", "/", "/console", "/console/", "/console/config.json"}
 #: What a path parameter is filled with in the sweep (a real edge, ids that name nothing).
-PATH_VALUES = {"edge_id": "edge-a", "operation_id": "0" * 32, "rollout_id": "0" * 32}
+PATH_VALUES = {"edge_id": "edge-a", "operation_id": "0" * 32, "rollout_id": "0" * 32, "name": "contract-slo"}
 
 CONFIG = f"""\
 http:

@@ -51,8 +51,14 @@ STATE_MACHINE = "twisted_iop/controlplane/operation_states.py"
 #: (module, enclosing function) -> why. An entry that matches no write fails
 #: (it must not outlive what it excused).
 ALLOWED: dict[tuple[str, str], str] = {
-    ("twisted_iop/controlplane/slo/evaluator.py", "SloState.evaluate"): "an SLO alert's state (firing, resolved), not an operation's",
-    ("twisted_iop/edge/deployments.py", "_checked_status"): "an instance's state as a Node reported it (a wire field), not an operation's",
+    (
+        "twisted_iop/controlplane/slo/evaluator.py",
+        "SloState.evaluate",
+    ): "an SLO alert's state (firing, resolved), not an operation's",
+    (
+        "twisted_iop/edge/deployments.py",
+        "_checked_status",
+    ): "an instance's state as a Node reported it (a wire field), not an operation's",
 }
 #: Mutating calls on a list (the history).
 LIST_MUTATORS = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse"})

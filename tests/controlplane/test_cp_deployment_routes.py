@@ -1,0 +1,333 @@
+"""Deployments through the real Klein app (StubTreq), the real service and registry, on a clock.
+
+The edges are simulated peers that answer status with nodes declaring the
+mock profile and report every instance of the last desired set they took
+as ready (or refused, when a value is out of the profile's bounds). Every
+answer is validated against the OpenAPI document's schemas.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+import pytest_twisted
+from treq.testing import StubTreq
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.task import Clock
+
+from twisted_iop.controlplane.auth import ApiToken, ApiTokens, token_digest
+from twisted_iop.controlplane.deployments.service import DeploymentService
+from twisted_iop.controlplane.edge_hello import EdgeHello
+from twisted_iop.controlplane.gateway import EdgeGateway
+from twisted_iop.controlplane.http_routes import ControlPlaneHttp, HttpSettings, ListenerReadiness
+from twisted_iop.controlplane.metrics import deployment_metrics
+from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.rollouts import RolloutService
+from twisted_iop.controlplane.store.memory import MemoryStore
+from twisted_iop.testing.harness import contract_validator
+from twisted_iop.testing.peers import CATALOG, AnsweringEdgePeer
+from twisted_iop.wire import control_pb2 as pb
+
+CHAT = {"model": "m1", "profile": "mock", "parameters": {"tokens_per_second": 100}, "edge_selector": "site=lab"}
+OPERATOR = "operator-secret"
+#: The catalog of an Edge that takes desired sets (it announces edge.hold).
+DEPLOYING_CATALOG = (*CATALOG, pb.CommandSpec(name="edge.hold", description="hold changes"))
+VIEWER = "viewer-secret"
+
+
+def _valid(schema: str, body: Any) -> Any:
+    errors = list(contract_validator(schema).iter_errors(body))
+    assert not errors, [e.message for e in errors]
+    return body
+
+
+class SimulatedEdge(AnsweringEdgePeer):
+    """An edge with node-1 declaring the mock profile (tokens_per_second 1..1000): it takes every
+    desired set and reports its instances ready, or refused when a value is out of bounds."""
+
+    def __init__(self, edge_id: str) -> None:
+        super().__init__(edge_id)
+        self.version = 0
+        self.instances: list[pb.DesiredInstance] = []
+        self.held = False
+        self.status = self._status
+
+    def request_deployments(self, request: pb.EdgeDeploymentsRequest) -> Deferred[pb.EdgeDeploymentsResponse]:
+        """Take the set (an older version is ignored) and answer what runs."""
+        self.deployment_sets.append(request)
+        if request.version >= self.version:
+            self.version = request.version
+            self.instances = list(request.instances)
+        return succeed(
+            pb.EdgeDeploymentsResponse(observed_version=self.version, instances=self._running(), held=self.held)
+        )
+
+    def _running(self) -> list[pb.InstanceStatus]:
+        out = []
+        for instance in self.instances:
+            tps = int(instance.parameters.get("tokens_per_second", "50"))
+            refused = not 1 <= tps <= 1000
+            out.append(
+                pb.InstanceStatus(
+                    instance_id=instance.instance_id,
+                    deployment=instance.deployment,
+                    generation=instance.generation,
+                    node_id=instance.node_id,
+                    spec_hash="" if refused else instance.spec_hash,
+                    state=pb.INSTANCE_STATE_REFUSED if refused else pb.INSTANCE_STATE_READY,
+                    reason="parameter tokens_per_second: above its maximum 1000" if refused else "",
+                )
+            )
+        return out
+
+    def _status(self) -> pb.EdgeStatusResponse:
+        response = pb.EdgeStatusResponse(edge_id=self.edge_id, generated_at_ms=1_700_000_000_000)
+        node = response.nodes.add(node_id="node-1", connected=True, connected_since_ms=1_700_000_000_000)
+        profile = node.profiles.add(name="mock", kind="openai", free_ports=10)
+        profile.parameters.add(
+            name="tokens_per_second", type="int", has_bounds=True, minimum=1, maximum=1000, has_default=True
+        )
+        response.observed_deployments_version = self.version
+        response.instances.extend(self._running())
+        response.held = self.held
+        return response
+
+
+class Fleet:
+    """A registry, a deployment service on a clock with a store, and the app with operator and viewer tokens."""
+
+    def __init__(self, store: Optional[MemoryStore] = None) -> None:
+        self.clock = Clock()
+        self.clock.advance(1_700_000_000)
+        self.registry = EdgeRegistry(self.clock)
+        self.gateway = EdgeGateway(self.registry, self.clock)
+        self.store = store if store is not None else MemoryStore()
+        self.rollouts = RolloutService(self.registry, self.gateway, self.clock)
+        self.deployments = DeploymentService(
+            self.registry, self.gateway, self.store, self.rollouts.event_buffer, self.clock
+        )
+        self.deployments.startService()
+        tokens = ApiTokens(
+            (
+                ApiToken("alice", "operator", token_digest(OPERATOR.encode())),
+                ApiToken("victor", "viewer", token_digest(VIEWER.encode())),
+            )
+        )
+        api = ControlPlaneHttp(
+            self.registry,
+            self.gateway,
+            self.clock,
+            ListenerReadiness([]),
+            HttpSettings(tokens=tokens),
+            rollouts=self.rollouts,
+            deployments=self.deployments,
+        )
+        self.treq = StubTreq(api.app.resource())
+        self.edges: dict[str, SimulatedEdge] = {}
+
+    def edge(self, edge_id: str, site: str) -> SimulatedEdge:
+        """Connect a simulated edge labelled site=``site``."""
+        peer = self.edges[edge_id] = SimulatedEdge(edge_id)
+        hello = EdgeHello(
+            labels={"site": site}, software_version="t", protocol_version="1.0", commands=DEPLOYING_CATALOG
+        )
+        self.registry.connect(edge_id, peer, hello)
+        return peer
+
+    async def call(
+        self, method: str, path: str, body: Optional[dict[str, Any]] = None, token: str = OPERATOR
+    ) -> tuple[int, Any]:
+        """One request; the status code and the JSON body."""
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        data = json.dumps(body).encode() if body is not None else None
+        send = getattr(self.treq, method.lower())
+        response = await send("http://cp" + path, headers=headers, data=data)
+        return response.code, json.loads(await response.content())
+
+    def stop(self) -> None:
+        """Stop the service's timer."""
+        self.deployments.stopService()
+
+
+@pytest_twisted.ensureDeferred
+async def test_put_sends_the_selected_edge_its_set_and_the_rollup_becomes_ready() -> None:
+    """PUT /deployments/chat selecting site=lab: 201 generation 1; only the lab edge gets chat-1 on
+    node-1 with the spec hash; GET shows desired 1, ready 1 and the instance; the event names alice."""
+    fleet = Fleet()
+    lab, other = fleet.edge("edge-lab", "lab"), fleet.edge("edge-other", "other")
+    code, body = await fleet.call("PUT", "/deployments/chat", CHAT)
+    assert code == 201, body
+    _valid("Deployment", body)
+    assert (body["name"], body["generation"], body["changed"]) == ("chat", 1, True)
+    (instance,) = lab.deployment_sets[-1].instances
+    assert (instance.instance_id, instance.node_id, instance.generation) == ("chat-1", "node-1", 1)
+    assert instance.spec_hash == body["spec_hash"]
+    assert all(not s.instances for s in other.deployment_sets)
+    code, shown = await fleet.call("GET", "/deployments/chat", token=VIEWER)
+    assert code == 200
+    _valid("Deployment", shown)
+    assert shown["rollup"] == {
+        "desired": 1,
+        "ready": 1,
+        "progressing": 0,
+        "out_of_sync": 0,
+        "failed": 0,
+        "offline": 0,
+        "held": 0,
+    }
+    (edge,) = shown["edges"]["items"]
+    assert (edge["edge_id"], edge["state"], edge["observed_generation"]) == ("edge-lab", "ready", 1)
+    assert [(i["instance_id"], i["state"]) for i in edge["instances"]] == [("chat-1", "ready")]
+    events = [e for e in fleet.registry.fleet_events.since(0, 1000) if e.kind.startswith("deployment.")]
+    assert [(e.kind, dict(e.attributes)["actor"]) for e in events] == [("deployment.created", "alice")]
+    fleet.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_same_spec_again_changes_nothing_and_a_change_bumps_the_generation() -> None:
+    """PUT of the same body: 200, generation 1, changed false, no new set sent; a parameter change:
+    generation 2, a new set with a new spec hash on the same instance and node."""
+    fleet = Fleet()
+    lab = fleet.edge("edge-lab", "lab")
+    await fleet.call("PUT", "/deployments/chat", CHAT)
+    sent = len(lab.deployment_sets)
+    code, body = await fleet.call("PUT", "/deployments/chat", CHAT)
+    assert (code, body["generation"], body["changed"]) == (200, 1, False)
+    assert len(lab.deployment_sets) == sent
+    old_hash = lab.instances[0].spec_hash
+    code, body = await fleet.call("PUT", "/deployments/chat", {**CHAT, "parameters": {"tokens_per_second": 200}})
+    assert (code, body["generation"]) == (200, 2)
+    (instance,) = lab.deployment_sets[-1].instances
+    assert (instance.instance_id, instance.node_id, instance.generation) == ("chat-1", "node-1", 2)
+    assert instance.spec_hash != old_hash
+    assert lab.deployment_sets[-1].version > lab.deployment_sets[sent - 1].version
+    fleet.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_dry_run_answers_the_placement_and_changes_nothing() -> None:
+    """?dry_run=true: start chat-1 on node-1 for the lab edge; a value out of bounds is named as a
+    problem; nothing is kept and nothing sent."""
+    fleet = Fleet()
+    lab = fleet.edge("edge-lab", "lab")
+    fleet.edge("edge-other", "other")
+    code, body = await fleet.call("PUT", "/deployments/chat?dry_run=true", CHAT)
+    assert code == 200, body
+    _valid("DeploymentDryRun", body)
+    (edge,) = body["edges"]
+    assert edge["changes"] == [{"action": "start", "instance_id": "chat-1", "node_id": "node-1"}]
+    assert body["summary"]["start"] == 1
+    bad = {**CHAT, "parameters": {"tokens_per_second": 5000}}
+    code, body = await fleet.call("PUT", "/deployments/chat?dry_run=true", bad)
+    (problem,) = body["edges"][0]["problems"]
+    assert "tokens_per_second=5000" in problem["reason"] and "maximum 1000" in problem["reason"]
+    assert len(fleet.deployments) == 0
+    assert all(not s.instances for s in lab.deployment_sets)
+    fleet.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_refused_value_shows_failed_with_the_nodes_reason() -> None:
+    """Applied out of bounds: the edge reports it refused; the rollup counts it failed with the reason."""
+    fleet = Fleet()
+    fleet.edge("edge-lab", "lab")
+    await fleet.call("PUT", "/deployments/chat", {**CHAT, "parameters": {"tokens_per_second": 5000}})
+    code, shown = await fleet.call("GET", "/deployments/chat?state=failed")
+    assert code == 200
+    assert shown["rollup"]["failed"] == 1
+    (edge,) = shown["edges"]["items"]
+    assert edge["instances"][0]["state"] == "refused"
+    assert "above its maximum 1000" in edge["instances"][0]["reason"]
+    fleet.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_delete_sends_an_empty_set_and_records_who() -> None:
+    """DELETE: 200; the lab edge gets a set without chat; a second DELETE is 404 unknown_deployment."""
+    fleet = Fleet()
+    lab = fleet.edge("edge-lab", "lab")
+    await fleet.call("PUT", "/deployments/chat", CHAT)
+    code, body = await fleet.call("DELETE", "/deployments/chat")
+    assert code == 200
+    _valid("DeploymentDeleted", body)
+    assert list(lab.deployment_sets[-1].instances) == []
+    code, body = await fleet.call("DELETE", "/deployments/chat")
+    assert (code, body["error"]["code"]) == (404, "unknown_deployment")
+    kinds = [e.kind for e in fleet.registry.fleet_events.since(0, 1000) if e.kind.startswith("deployment.")]
+    assert kinds == ["deployment.created", "deployment.deleted"]
+    fleet.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_errors_and_roles() -> None:
+    """A bad field: 400 invalid_deployment naming it; a viewer may read and not write (403); an
+    unknown name is 404; an unknown state filter is 400 invalid_state."""
+    fleet = Fleet()
+    code, body = await fleet.call("PUT", "/deployments/chat", {**CHAT, "replicas_per_edge": 0})
+    assert (code, body["error"]["code"]) == (400, "invalid_deployment")
+    assert "replicas_per_edge" in body["error"]["message"]
+    code, body = await fleet.call("PUT", "/deployments/chat", CHAT, token=VIEWER)
+    assert (code, body["error"]["code"]) == (403, "forbidden")
+    code, body = await fleet.call("GET", "/deployments", token=VIEWER)
+    assert code == 200 and body == {"items": [], "total": 0}
+    code, body = await fleet.call("GET", "/deployments/nope")
+    assert (code, body["error"]["code"]) == (404, "unknown_deployment")
+    await fleet.call("PUT", "/deployments/chat", CHAT)
+    code, body = await fleet.call("GET", "/deployments/chat?state=sleepy")
+    assert (code, body["error"]["code"]) == (400, "invalid_state")
+    fleet.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_restart_keeps_the_deployment_and_sends_a_newer_version() -> None:
+    """A new service on the same store: the deployment is back with its generation; the edge that
+    reconnects gets the same instance (same spec hash) under a version above the one it holds."""
+    store = MemoryStore()
+    fleet = Fleet(store)
+    lab = fleet.edge("edge-lab", "lab")
+    await fleet.call("PUT", "/deployments/chat", CHAT)
+    before = lab.deployment_sets[-1]
+    fleet.stop()
+    again = Fleet(store)
+    assert again.deployments.get("chat").generation == 1
+    peer = again.edge("edge-lab", "lab")
+    peer.version = before.version  # the edge still holds what the earlier process sent
+    peer.instances = list(before.instances)
+    again.registry.connect("edge-lab", peer, again.registry.get("edge-lab").hello)
+    latest = peer.deployment_sets[-1]
+    assert latest.version > before.version
+    assert [(i.instance_id, i.node_id, i.spec_hash) for i in latest.instances] == [
+        (i.instance_id, i.node_id, i.spec_hash) for i in before.instances
+    ]
+    assert again.deployments.ready("chat")
+    again.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_edge_without_deployments_gets_nothing_and_one_that_takes_them_an_empty_set() -> None:
+    """An Edge older than deployments (no edge.hold in its catalog) is sent nothing and asked
+    nothing; one that takes them, selected by no deployment, gets an empty set at once (no status asked)."""
+    fleet = Fleet()
+    await fleet.call("PUT", "/deployments/chat", CHAT)
+    old = SimulatedEdge("edge-old")
+    hello = EdgeHello(labels={"site": "lab"}, software_version="t", protocol_version="1.0", commands=tuple(CATALOG))
+    fleet.registry.connect("edge-old", old, hello)
+    assert (old.deployment_sets, old.status_requests) == ([], 0)
+    other = fleet.edge("edge-other", "other")
+    assert [list(s.instances) for s in other.deployment_sets] == [[]]
+    assert other.status_requests == 0
+    fleet.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_metrics_count_deployments_and_edges_by_state() -> None:
+    """iop_deployments is 1 and iop_deployment_edges{chat, ready} is 1."""
+    fleet = Fleet()
+    fleet.edge("edge-lab", "lab")
+    await fleet.call("PUT", "/deployments/chat", CHAT)
+    figures = {m.name: m for m in deployment_metrics(fleet.deployments)}
+    assert figures["iop_deployments"].samples[0].value == 1
+    ready = [s for s in figures["iop_deployment_edges"].samples if s.labels == {"deployment": "chat", "state": "ready"}]
+    assert [s.value for s in ready] == [1]
+    fleet.stop()

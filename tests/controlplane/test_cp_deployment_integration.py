@@ -1,0 +1,216 @@
+"""Deployments end to end: a real Control Plane, two real Edges each with a real Node whose only
+providers come from deployments (the mock engine profile launching ``iop-mock-provider``).
+
+PUT /deployments/chat selecting site=lab: the lab edge's node starts the engine, the rollup reaches
+ready, and a chat completion through that edge answers; a parameter change restarts it once; a
+Control Plane restart keeps the deployment and restarts no engine; a value out of bounds is named
+by a dry run and refused by the Node; DELETE stops the engine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import attrs
+import pytest_twisted
+import treq
+
+from twisted_iop.edge.tap import EdgeService
+from twisted_iop.node.tap import NodeService
+from twisted_iop.testing.configs import gateway_edge_yaml, gateway_node_yaml, write_yaml
+from twisted_iop.testing.deployments import READY_SECONDS, mock_profile
+from twisted_iop.testing.harness import (
+    ControlPlaneHarness,
+    contract_validator,
+    eventually,
+    start_control_plane,
+    start_edge,
+    start_node,
+    stop,
+)
+from twisted_iop.testing.http import chat, post
+from twisted_iop.testing.launch import alive, free_port
+
+CHAT = {
+    "model": "m1",
+    "profile": "mock",
+    "parameters": {"tokens_per_second": 100},
+    "edge_selector": "site=lab",
+    "replicas_per_edge": 1,
+    "capacity": 4,
+}
+
+
+def _valid(schema: str, body: Any) -> Any:
+    errors = list(contract_validator(schema).iter_errors(body))
+    assert not errors, [e.message for e in errors]
+    return body
+
+
+@attrs.define
+class Site:
+    """One Edge and its Node (profiles only)."""
+
+    edge: EdgeService
+    node: NodeService
+
+    @property
+    def base(self) -> str:
+        """The Edge's inference API."""
+        return f"http://127.0.0.1:{self.edge.inference_port}"
+
+    def pid(self, instance_id: str = "chat-1") -> int:
+        """The pid of the instance's engine on the Node (0: none runs)."""
+        engines = self.node.engines
+        engine = engines.engines.get(instance_id) if engines is not None else None
+        return (engine.pid or 0) if engine is not None else 0
+
+    def counts(self) -> tuple[int, int, int]:
+        """The Node's instance starts, restarts and stops."""
+        instances = self.node.runtime.instances
+        assert instances is not None
+        return (instances.starts, instances.restarts, instances.stops)
+
+
+async def _site(tmp_path: Path, cp: ControlPlaneHarness, edge_id: str, site: str) -> Site:
+    directory = tmp_path / edge_id
+    directory.mkdir()
+    config = gateway_edge_yaml(cp_address=cp.edge_wire_address, second_node=False, capacity=4)
+    config["control_plane"]["edge_id"] = edge_id
+    config["control_plane"]["labels"] = {"site": site}
+    del config["nodes"][0]["providers"]
+    edge = await start_edge(write_yaml(directory / "edge.yaml", config))
+    await edge.inference_server.bound()
+    node_config = gateway_node_yaml("node-1", edge.node_port, {})
+    del node_config["providers"]
+    node_config["engines"] = [mock_profile(free_port())]
+    node_config["state_directory"] = str(directory / "state")
+    node = start_node(write_yaml(directory / "node.yaml", node_config))
+    await eventually(lambda: edge.registry.is_ready("node-1"), timeout=10, message=f"node-1 ready at {edge_id}")
+    return Site(edge, node)
+
+
+async def _call(cp: ControlPlaneHarness, method: str, path: str, body: Optional[dict[str, Any]] = None) -> Any:
+    response = await treq.request(method, cp.http_url + path, json=body, timeout=10)
+    return response.code, await response.json()
+
+
+async def _deployment(cp: ControlPlaneHarness, name: str = "chat") -> Any:
+    code, body = await _call(cp, "GET", f"/deployments/{name}")
+    assert code == 200, body
+    return _valid("Deployment", body)
+
+
+async def _ready(cp: ControlPlaneHarness, generation: int) -> Any:
+    """Wait until chat is ready on its one edge at ``generation``; its view."""
+    seen: dict[str, Any] = {}
+
+    async def ready() -> bool:
+        body = seen["body"] = await _deployment(cp)
+        edges = body["edges"]["items"]
+        return (
+            body["rollup"]["desired"] == 1
+            and body["rollup"]["ready"] == 1
+            and bool(edges)
+            and edges[0]["observed_generation"] == generation
+        )
+
+    await eventually(ready, timeout=READY_SECONDS, interval=0.2, message=f"chat ready at generation {generation}")
+    return seen["body"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_deployment_serves_changes_once_survives_a_restart_and_stops(tmp_path: Path) -> None:
+    """The whole life of a deployment over real daemons (see the module docstring)."""
+    store = f"store:\n  backend: sqlite\n  path: {tmp_path / 'cp.sqlite'}\n"
+    cp = await start_control_plane(config_text=store)
+    sites: list[Site] = []
+    try:
+        lab = await _site(tmp_path, cp, "edge-lab", "lab")
+        other = await _site(tmp_path, cp, "edge-other", "other")
+        sites += [lab, other]
+        await eventually(
+            lambda: all(cp.registry.get(e).connected for e in ("edge-lab", "edge-other")),
+            timeout=10,
+            message="both edges enrolled",
+        )
+        code, body = await _call(cp, "PUT", "/deployments/chat", CHAT)
+        assert code == 201, body
+        assert (_valid("Deployment", body)["generation"], body["changed"]) == (1, True)
+        shown = await _ready(cp, 1)
+        (edge,) = shown["edges"]["items"]
+        assert edge["edge_id"] == "edge-lab"
+        assert [(i["instance_id"], i["node_id"], i["state"]) for i in edge["instances"]] == [
+            ("chat-1", "node-1", "ready")
+        ]
+        assert edge["instances"][0]["spec_hash"] == shown["spec_hash"]
+        answer = await post(lab.base, "/v1/chat/completions", chat(max_tokens=3, model="m1"))
+        assert answer.code == 200, answer.body
+        assert other.pid() == 0 and other.counts() == (0, 0, 0)
+        first_pid = lab.pid()
+        assert alive(first_pid) and lab.counts() == (1, 0, 0)
+
+        # A parameter change: a new spec hash, the instance restarted once.
+        code, body = await _call(cp, "PUT", "/deployments/chat", {**CHAT, "parameters": {"tokens_per_second": 200}})
+        assert (code, body["generation"]) == (200, 2)
+        new_hash = body["spec_hash"]
+        assert new_hash != shown["spec_hash"]
+        shown = await _ready(cp, 2)
+        assert shown["edges"]["items"][0]["instances"][0]["spec_hash"] == new_hash
+        second_pid = lab.pid()
+        assert second_pid != first_pid and alive(second_pid)
+        assert lab.counts() == (1, 1, 0)
+
+        # A Control Plane restart: the deployment is kept, no engine restarts.
+        port = cp.edge_wire_port
+        await cp.stop()
+        cp = await start_control_plane(config_text=store, edge_wire_port=port)
+        await eventually(
+            lambda: all(
+                cp.registry.find(e) is not None and cp.registry.get(e).connected for e in ("edge-lab", "edge-other")
+            ),
+            timeout=15,
+            message="both edges back at the restarted Control Plane",
+        )
+        shown = await _ready(cp, 2)
+        assert (shown["generation"], shown["spec_hash"]) == (2, new_hash)
+        assert cp.service.deployments.sets_sent >= 2  # both edges got their sets again
+        assert lab.pid() == second_pid and lab.counts() == (1, 1, 0)
+        answer = await post(lab.base, "/v1/chat/completions", chat(max_tokens=3, model="m1"))
+        assert answer.code == 200, answer.body
+
+        # Out of bounds: the dry run names it, the Node refuses it.
+        bad = {**CHAT, "edge_selector": "site=other", "parameters": {"tokens_per_second": 5000}}
+        code, dry = await _call(cp, "PUT", "/deployments/bad?dry_run=true", bad)
+        assert code == 200, dry
+        _valid("DeploymentDryRun", dry)
+        (edge,) = dry["edges"]
+        assert edge["edge_id"] == "edge-other"
+        (problem,) = edge["problems"]
+        assert problem["instance_id"] == "bad-1" and "maximum 1000" in problem["reason"]
+        code, missing = await _call(cp, "GET", "/deployments/bad")
+        assert (code, missing["error"]["code"]) == (404, "unknown_deployment")  # a dry run keeps nothing
+        code, body = await _call(cp, "PUT", "/deployments/bad", bad)
+        assert code == 201, body
+
+        async def refused() -> bool:
+            edges = (await _deployment(cp, "bad"))["edges"]["items"]
+            return bool(edges) and edges[0]["state"] == "failed" and edges[0]["instances"][0]["state"] == "refused"
+
+        await eventually(refused, timeout=15, interval=0.2, message="bad-1 refused by the node")
+        reason = (await _deployment(cp, "bad"))["edges"]["items"][0]["instances"][0]["reason"]
+        assert "tokens_per_second" in reason
+        assert other.pid("bad-1") == 0
+
+        # DELETE: the engine stops.
+        code, body = await _call(cp, "DELETE", "/deployments/chat")
+        assert code == 200, body
+        await eventually(lambda: not alive(second_pid), timeout=15, message="chat-1's engine stopped")
+        await eventually(lambda: lab.counts()[2] == 1, timeout=15, message="the node counted the stop")
+        code, listed = await _call(cp, "GET", "/deployments")
+        assert [d["name"] for d in _valid("DeploymentList", listed)["items"]] == ["bad"]
+    finally:
+        for site in sites:
+            await stop(site.node, site.edge)
+        await cp.stop()

@@ -12,25 +12,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-import attrs
 import pytest_twisted
 import treq
 
-from twisted_iop.edge.tap import EdgeService
-from twisted_iop.node.tap import NodeService
-from twisted_iop.testing.configs import gateway_edge_yaml, gateway_node_yaml, write_yaml
-from twisted_iop.testing.deployments import READY_SECONDS, mock_profile
+from twisted_iop.testing.deployments import READY_SECONDS, DeploymentSite, start_site
 from twisted_iop.testing.harness import (
     ControlPlaneHarness,
     contract_validator,
     eventually,
     start_control_plane,
-    start_edge,
-    start_node,
     stop,
 )
 from twisted_iop.testing.http import chat, post
-from twisted_iop.testing.launch import alive, free_port
+from twisted_iop.testing.launch import alive
 
 CHAT = {
     "model": "m1",
@@ -46,49 +40,6 @@ def _valid(schema: str, body: Any) -> Any:
     errors = list(contract_validator(schema).iter_errors(body))
     assert not errors, [e.message for e in errors]
     return body
-
-
-@attrs.define
-class Site:
-    """One Edge and its Node (profiles only)."""
-
-    edge: EdgeService
-    node: NodeService
-
-    @property
-    def base(self) -> str:
-        """The Edge's inference API."""
-        return f"http://127.0.0.1:{self.edge.inference_port}"
-
-    def pid(self, instance_id: str = "chat-1") -> int:
-        """The pid of the instance's engine on the Node (0: none runs)."""
-        engines = self.node.engines
-        engine = engines.engines.get(instance_id) if engines is not None else None
-        return (engine.pid or 0) if engine is not None else 0
-
-    def counts(self) -> tuple[int, int, int]:
-        """The Node's instance starts, restarts and stops."""
-        instances = self.node.runtime.instances
-        assert instances is not None
-        return (instances.starts, instances.restarts, instances.stops)
-
-
-async def _site(tmp_path: Path, cp: ControlPlaneHarness, edge_id: str, site: str) -> Site:
-    directory = tmp_path / edge_id
-    directory.mkdir()
-    config = gateway_edge_yaml(cp_address=cp.edge_wire_address, second_node=False, capacity=4)
-    config["control_plane"]["edge_id"] = edge_id
-    config["control_plane"]["labels"] = {"site": site}
-    del config["nodes"][0]["providers"]
-    edge = await start_edge(write_yaml(directory / "edge.yaml", config))
-    await edge.inference_server.bound()
-    node_config = gateway_node_yaml("node-1", edge.node_port, {})
-    del node_config["providers"]
-    node_config["engines"] = [mock_profile(free_port())]
-    node_config["state_directory"] = str(directory / "state")
-    node = start_node(write_yaml(directory / "node.yaml", node_config))
-    await eventually(lambda: edge.registry.is_ready("node-1"), timeout=10, message=f"node-1 ready at {edge_id}")
-    return Site(edge, node)
 
 
 async def _call(cp: ControlPlaneHarness, method: str, path: str, body: Optional[dict[str, Any]] = None) -> Any:
@@ -125,10 +76,10 @@ async def test_a_deployment_serves_changes_once_survives_a_restart_and_stops(tmp
     """The whole life of a deployment over real daemons (see the module docstring)."""
     store = f"store:\n  backend: sqlite\n  path: {tmp_path / 'cp.sqlite'}\n"
     cp = await start_control_plane(config_text=store)
-    sites: list[Site] = []
+    sites: list[DeploymentSite] = []
     try:
-        lab = await _site(tmp_path, cp, "edge-lab", "lab")
-        other = await _site(tmp_path, cp, "edge-other", "other")
+        lab = await start_site(tmp_path, cp, "edge-lab", "lab")
+        other = await start_site(tmp_path, cp, "edge-other", "other")
         sites += [lab, other]
         await eventually(
             lambda: all(cp.registry.get(e).connected for e in ("edge-lab", "edge-other")),

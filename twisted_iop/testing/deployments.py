@@ -1,5 +1,8 @@
 """Deployments for tests: an Edge and a Node whose providers all come from deployments.
 
+:func:`start_site` starts such a pair dialing a real Control Plane (the
+Control Plane's deployment tests and ``iopctl deploy``'s).
+
 The Node declares the mock engine profile of issue 30 (``iop-mock-provider``
 launched on one free port of its own, ``tokens_per_second`` a bounded int);
 the Edge's ``nodes:`` entry lists no providers; a fake Control Plane sends
@@ -18,7 +21,14 @@ from twisted_iop.deployments.spec import spec_hash
 from twisted_iop.edge.tap import EdgeService
 from twisted_iop.node.tap import NodeService
 from twisted_iop.testing.configs import MODEL, gateway_edge_yaml, gateway_node_yaml, write_yaml
-from twisted_iop.testing.harness import MOCK_PROVIDER, eventually, start_edge, start_node, stop
+from twisted_iop.testing.harness import (
+    MOCK_PROVIDER,
+    ControlPlaneHarness,
+    eventually,
+    start_edge,
+    start_node,
+    stop,
+)
 from twisted_iop.testing.launch import FAST_READINESS, FAST_RESTART, free_port
 from twisted_iop.testing.peers import FakeControlPlane, FakeControlPlaneServer
 from twisted_iop.wire import control_pb2 as pb
@@ -183,3 +193,48 @@ async def start_deployment_fleet(
     await eventually(lambda: edge.registry.is_ready("node-1"), timeout=10, message="node-1 ready at the Edge")
     await eventually(lambda: cp.connections and cp.current.hellos, timeout=10, message="the Edge enrolled")
     return fleet
+
+
+@attrs.define
+class DeploymentSite:
+    """An Edge enrolled at a real Control Plane, and its node-1 (the mock profile only)."""
+
+    edge: EdgeService
+    node: NodeService
+
+    @property
+    def base(self) -> str:
+        """The Edge's inference API."""
+        return f"http://127.0.0.1:{self.edge.inference_port}"
+
+    def pid(self, instance_id: str = "chat-1") -> int:
+        """The pid of the instance's engine on the Node (0: none runs)."""
+        engines = self.node.engines
+        engine = engines.engines.get(instance_id) if engines is not None else None
+        return (engine.pid or 0) if engine is not None else 0
+
+    def counts(self) -> tuple[int, int, int]:
+        """The Node's instance starts, restarts and stops."""
+        instances = self.node.runtime.instances
+        assert instances is not None
+        return (instances.starts, instances.restarts, instances.stops)
+
+
+async def start_site(tmp_path: Path, cp: ControlPlaneHarness, edge_id: str, site: str) -> DeploymentSite:
+    """Start an Edge ``edge_id`` labelled site=``site`` dialing ``cp``, whose node-1 lists no providers,
+    and node-1 declaring the mock profile; wait until the node is ready at the Edge."""
+    directory = tmp_path / edge_id
+    directory.mkdir()
+    config = gateway_edge_yaml(cp_address=cp.edge_wire_address, second_node=False, capacity=4)
+    config["control_plane"]["edge_id"] = edge_id
+    config["control_plane"]["labels"] = {"site": site}
+    del config["nodes"][0]["providers"]
+    edge = await start_edge(write_yaml(directory / "edge.yaml", config))
+    await edge.inference_server.bound()
+    node_config = gateway_node_yaml("node-1", edge.node_port, {})
+    del node_config["providers"]
+    node_config["engines"] = [mock_profile(free_port())]
+    node_config["state_directory"] = str(directory / "state")
+    node = start_node(write_yaml(directory / "node.yaml", node_config))
+    await eventually(lambda: edge.registry.is_ready("node-1"), timeout=10, message=f"node-1 ready at {edge_id}")
+    return DeploymentSite(edge, node)

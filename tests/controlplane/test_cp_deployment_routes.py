@@ -314,9 +314,42 @@ async def test_an_edge_without_deployments_gets_nothing_and_one_that_takes_them_
     hello = EdgeHello(labels={"site": "lab"}, software_version="t", protocol_version="1.0", commands=tuple(CATALOG))
     fleet.registry.connect("edge-old", old, hello)
     assert (old.deployment_sets, old.status_requests) == ([], 0)
+    (edge,) = (await fleet.call("GET", "/deployments/chat"))[1]["edges"]["items"]
+    assert (edge["edge_id"], edge["state"]) == ("edge-old", "failed")
+    assert "does not take deployments" in edge["reason"]
     other = fleet.edge("edge-other", "other")
     assert [list(s.instances) for s in other.deployment_sets] == [[]]
     assert other.status_requests == 0
+    fleet.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_held_edge_shows_held_until_released_and_an_offline_one_offline() -> None:
+    """An edge that holds changes acknowledges the set and runs nothing new: held; released, it
+    runs it: ready. A second edge that goes away: offline, counted as desired with offline: wait and
+    not with skip."""
+    fleet = Fleet()
+    lab = fleet.edge("edge-lab", "lab")
+    lab.held = True
+    lab._running = lambda: []  # type: ignore[method-assign]  # held: nothing of the set started
+    fleet.edge("edge-lab-2", "lab")
+    await fleet.call("PUT", "/deployments/chat", CHAT)
+    _, shown = await fleet.call("GET", "/deployments/chat")
+    states = {e["edge_id"]: e["state"] for e in shown["edges"]["items"]}
+    assert states == {"edge-lab": "held", "edge-lab-2": "ready"}
+    lab.held = False
+    del lab._running  # released: it runs the set it kept
+    fleet.clock.advance(2)
+    fleet.deployments.poll()  # the service asks the edges that are not settled for a snapshot
+    _, shown = await fleet.call("GET", "/deployments/chat")
+    assert shown["rollup"]["ready"] == 2
+    token = fleet.registry.get("edge-lab-2").token
+    assert token is not None
+    fleet.registry.disconnect("edge-lab-2", token, "gone")
+    _, shown = await fleet.call("GET", "/deployments/chat")
+    assert (shown["rollup"]["desired"], shown["rollup"]["offline"], shown["rollup"]["ready"]) == (2, 1, 1)
+    _, body = await fleet.call("PUT", "/deployments/chat", {**CHAT, "offline": "skip"})
+    assert (body["rollup"]["desired"], body["rollup"]["offline"]) == (1, 1)
     fleet.stop()
 
 

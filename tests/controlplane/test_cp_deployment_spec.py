@@ -41,6 +41,13 @@ def test_the_instance_hash_is_the_shared_one_of_the_values_as_text() -> None:
     assert spec.spec_hash == spec_hash("mock", "m1", {"tokens_per_second": "100", "fast": "true"}, 4)
 
 
+def test_a_whole_number_written_with_a_point_is_an_integer() -> None:
+    """capacity 4.0 and replicas_per_edge 2.0 are the integers 4 and 2 (JSON does not tell them apart)."""
+    spec = parse_spec("chat", {**CHAT, "capacity": 4.0, "replicas_per_edge": 2.0})
+    assert (spec.capacity, spec.replicas_per_edge) == (4, 2)
+    assert spec == parse_spec("chat", {**CHAT, "capacity": 4, "replicas_per_edge": 2})
+
+
 def test_parameters_in_any_order_are_the_same_spec() -> None:
     """Two bodies that differ only in their parameters' order give equal specs and hashes."""
     one = parse_spec("chat", {**CHAT, "parameters": {"a": 1, "b": "x"}})
@@ -68,8 +75,12 @@ def test_parameters_in_any_order_are_the_same_spec() -> None:
         ({"replicas_per_edge": True}, "replicas_per_edge"),
         ({"capacity": "many"}, "capacity"),
         ({"capacity": 0}, "capacity"),
+        ({"capacity": 4.5}, "capacity"),
         ({"offline": "later"}, "offline"),
         ({"rollout": 3}, "rollout"),
+        ({"rollout": None}, "rollout"),
+        ({"parameters": None}, "parameters"),
+        ({"edge_selector": None}, "edge_selector"),
         ({"rollout": {"batch": 1}}, "rollout.batch"),
         ({"rollout": {"max_in_flight": 0}}, "rollout.max_in_flight"),
         ({"colour": "blue"}, "colour"),

@@ -99,9 +99,9 @@ def _states(request: IRequest) -> Optional[frozenset[str]]:
 
 def _dry_run(request: IRequest) -> bool:
     text = query_text(request, "dry_run")
-    if text is None or text in ("false", "0"):
+    if text is None or text == "false":
         return False
-    if text in ("true", "1", ""):
+    if text == "true":
         return True
     raise BadRequest("query parameter 'dry_run' must be true or false")
 

@@ -50,6 +50,7 @@ from twisted.python.failure import Failure
 from twisted_iop.controlplane.deployments import placement as pl
 from twisted_iop.controlplane.deployments.rollup import (
     EDGE_STATES,
+    FAILED,
     READY,
     EdgeRollup,
     Observation,
@@ -490,6 +491,9 @@ class DeploymentService(Service):
             sent = self._sent.get(edge_id)
             if record.token is None:
                 out.append(edge_rollup(edge_id, spec.name, spec.spec_hash, False, [], [], 0, None))
+                continue
+            if not takes_deployments(record):
+                out.append(EdgeRollup(edge_id, FAILED, 0, (), "this edge's software does not take deployments"))
                 continue
             if sent is None:
                 # Connected, its set not sent yet (its snapshot is asked for first).

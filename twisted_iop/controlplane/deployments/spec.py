@@ -165,9 +165,7 @@ def _text(body: Mapping[str, Any], field: str, pattern: re.Pattern[str], what: s
 
 
 def _selector(body: Mapping[str, Any], field: str) -> str:
-    text = body.get(field)
-    if text is None:
-        text = ""
+    text = body.get(field, "")
     if not isinstance(text, str) or len(text) > MAX_SELECTOR_CHARS:
         raise SpecError(field, f"must be a label selector string of at most {MAX_SELECTOR_CHARS} characters")
     try:
@@ -177,15 +175,17 @@ def _selector(body: Mapping[str, Any], field: str) -> str:
 
 
 def _int(value: Any, field: str, low: int, high: int, what: str) -> int:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # JSON's 75.0 is the integer 75 (as JSON Schema's "integer" says)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise SpecError(field, f"must be {what} from {low} to {high}, not {str(value)[:40]!r}")
     return value
 
 
 def _parameters(body: Mapping[str, Any]) -> tuple[tuple[str, Scalar], ...]:
-    given = body.get("parameters")
-    if given is None:
+    if "parameters" not in body:
         return ()
+    given = body["parameters"]
     if not isinstance(given, Mapping):
         raise SpecError("parameters", "must be an object mapping parameter names to scalar values")
     if len(given) > MAX_PARAMETERS:
@@ -225,8 +225,8 @@ def parse_spec(name: str, body: Mapping[str, Any]) -> DeploymentSpec:
     if offline not in OFFLINE_POLICIES:
         raise SpecError("offline", f'must be "wait" or "skip", not {str(offline)[:40]!r}')
     max_in_flight = 0
-    rollout = body.get("rollout")
-    if rollout is not None:
+    if "rollout" in body:
+        rollout = body["rollout"]
         if not isinstance(rollout, Mapping):
             raise SpecError("rollout", 'must be an object such as {"max_in_flight": 2}')
         extra = sorted(str(k) for k in rollout if k not in ROLLOUT_FIELDS)

@@ -354,6 +354,68 @@ async def test_a_held_edge_shows_held_until_released_and_an_offline_one_offline(
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_change_rolls_out_max_in_flight_edges_at_a_time() -> None:
+    """Three lab edges at generation 1; a change with rollout.max_in_flight 1 reaches one edge, the
+    others keep their instance (no new set) and show out_of_sync waiting their turn; each poll
+    after the reached edge is ready reaches the next; at the end deployment.rolled_out is recorded
+    and every edge runs the new hash, each sent it once."""
+    fleet = Fleet()
+    edges = [fleet.edge(f"edge-{i}", "lab") for i in (1, 2, 3)]
+    await fleet.call("PUT", "/deployments/chat", CHAT)
+    old_hash = edges[0].instances[0].spec_hash
+    sent_before = [len(e.deployment_sets) for e in edges]
+    changed = {**CHAT, "parameters": {"tokens_per_second": 200}, "rollout": {"max_in_flight": 1}}
+    code, body = await fleet.call("PUT", "/deployments/chat", changed)
+    assert (code, body["generation"]) == (200, 2)
+    new_hash = body["spec_hash"]
+    assert [e.instances[0].spec_hash for e in edges] == [new_hash, old_hash, old_hash]
+    _, shown = await fleet.call("GET", "/deployments/chat")
+    _valid("Deployment", shown)
+    states = [(e["edge_id"], e["state"]) for e in shown["edges"]["items"]]
+    assert states == [("edge-1", "ready"), ("edge-2", "out_of_sync"), ("edge-3", "out_of_sync")]
+    assert "waits its turn" in shown["edges"]["items"][1]["reason"]
+    fleet.deployments.poll()
+    assert [e.instances[0].spec_hash for e in edges] == [new_hash, new_hash, old_hash]
+    fleet.deployments.poll()
+    assert [e.instances[0].spec_hash for e in edges] == [new_hash, new_hash, new_hash]
+    fleet.deployments.poll()
+    assert fleet.deployments.get("chat").rolling_from is None
+    kinds = [e.kind for e in fleet.registry.fleet_events.since(0, 1000) if e.kind.startswith("deployment.")]
+    assert kinds == ["deployment.created", "deployment.updated", "deployment.rolled_out"]
+    new_sets = [
+        sum(1 for s in e.deployment_sets[before:] if s.instances and s.instances[0].spec_hash == new_hash)
+        for e, before in zip(edges, sent_before, strict=True)
+    ]
+    assert new_sets == [1, 1, 1]
+    _, shown = await fleet.call("GET", "/deployments/chat")
+    assert shown["rollup"]["ready"] == 3
+    fleet.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_roll_in_progress_survives_a_restart() -> None:
+    """A roll reached one edge of two when the service restarts: the new service keeps the second
+    edge on the old spec until the first is ready, then reaches it."""
+    store = MemoryStore()
+    fleet = Fleet(store)
+    edges = [fleet.edge(f"edge-{i}", "lab") for i in (1, 2)]
+    await fleet.call("PUT", "/deployments/chat", CHAT)
+    old_hash = edges[0].instances[0].spec_hash
+    changed = {**CHAT, "parameters": {"tokens_per_second": 200}, "rollout": {"max_in_flight": 1}}
+    await fleet.call("PUT", "/deployments/chat", changed)
+    fleet.stop()
+    again = Fleet(store)
+    state = again.deployments.get("chat")
+    assert state.rolling_from is not None and state.promoted == {"edge-1"}
+    for old in edges:
+        again.registry.connect(old.edge_id, old, fleet.registry.get(old.edge_id).hello)
+    assert edges[1].instances[0].spec_hash == old_hash
+    again.deployments.poll()
+    assert edges[1].instances[0].spec_hash == state.spec.spec_hash
+    again.stop()
+
+
+@pytest_twisted.ensureDeferred
 async def test_metrics_count_deployments_and_edges_by_state() -> None:
     """iop_deployments is 1 and iop_deployment_edges{chat, ready} is 1."""
     fleet = Fleet()

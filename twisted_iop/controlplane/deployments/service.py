@@ -51,13 +51,14 @@ from twisted_iop.controlplane.deployments import placement as pl
 from twisted_iop.controlplane.deployments.rollup import (
     EDGE_STATES,
     FAILED,
+    OUT_OF_SYNC,
     READY,
     EdgeRollup,
     Observation,
     edge_rollup,
     rollup_counts,
 )
-from twisted_iop.controlplane.deployments.spec import DeploymentSpec, SpecError, parse_spec
+from twisted_iop.controlplane.deployments.spec import SKIP, DeploymentSpec, SpecError, parse_spec
 from twisted_iop.controlplane.edge_record import EdgeRecord
 from twisted_iop.controlplane.event_log import EdgeEvents
 from twisted_iop.controlplane.gateway import EdgeGateway
@@ -106,6 +107,17 @@ class DeploymentState:
     updated_by: str = ""
     #: Per edge: instance id -> node id.
     placement: dict[str, dict[str, str]] = attrs.field(factory=dict)
+    #: While a change rolls out ``rollout.max_in_flight`` edges at a time: the spec and
+    #: generation the edges not reached yet keep running, and the edges reached.
+    rolling_from: Optional[DeploymentSpec] = None
+    rolling_generation: int = 0
+    promoted: set[str] = attrs.field(factory=set)
+
+    def spec_for(self, edge_id: str) -> tuple[DeploymentSpec, int]:
+        """The spec and generation edge ``edge_id`` gets now (the older one until a roll reaches it)."""
+        if self.rolling_from is None or edge_id in self.promoted:
+            return self.spec, self.generation
+        return self.rolling_from, self.rolling_generation
 
     def as_json(self) -> dict[str, Any]:
         """The stored form."""
@@ -116,6 +128,9 @@ class DeploymentState:
             "updated_at": self.updated_at,
             "updated_by": self.updated_by,
             "placement": self.placement,
+            "rolling_from": self.rolling_from.as_json() if self.rolling_from is not None else None,
+            "rolling_generation": self.rolling_generation,
+            "promoted": sorted(self.promoted),
         }
 
     @classmethod
@@ -131,6 +146,9 @@ class DeploymentState:
             updated_at=float(value["updated_at"]),
             updated_by=str(value.get("updated_by", "")),
             placement={str(e): {str(i): str(n) for i, n in dict(p).items()} for e, p in placement.items()},
+            rolling_from=parse_spec(name, value["rolling_from"]) if value.get("rolling_from") else None,
+            rolling_generation=int(value.get("rolling_generation", 0)),
+            promoted={str(e) for e in value.get("promoted") or ()},
         )
 
 
@@ -214,11 +232,23 @@ class DeploymentService(Service):
         else:
             old_spec = kept.spec
             state = DeploymentState(spec, kept.generation + 1, kept.created_at, now, actor, kept.placement)
+            if spec.max_in_flight:
+                # Rolled out max_in_flight edges at a time: the others keep what they run. A change
+                # while a roll goes on keeps the spec the edges not reached yet run.
+                if kept.rolling_from is not None:
+                    state.rolling_from, state.rolling_generation = kept.rolling_from, kept.rolling_generation
+                    state.promoted = set(kept.promoted)
+                else:
+                    state.rolling_from, state.rolling_generation = kept.spec, kept.generation
         self._deployments[spec.name] = state
-        self._write(state)
         kind = "deployment.created" if kept is None else "deployment.updated"
         self._record(kind, state, actor, f"deployment {spec.name}: generation {state.generation}")
-        self._reconcile_selected([spec] if old_spec is None else [spec, old_spec])
+        self._advance(state)
+        self._write(state)
+        specs = [spec] if old_spec is None else [spec, old_spec]
+        if state.rolling_from is not None:
+            specs.append(state.rolling_from)
+        self._reconcile_selected(specs)
         return state, kept is None, True
 
     def delete(self, name: str, actor: str = "") -> DeploymentState:
@@ -352,8 +382,7 @@ class DeploymentService(Service):
         deployments = []
         previous: dict[str, str] = {}
         for state in self._deployments.values():
-            spec = state.spec
-            generation = state.generation
+            spec, generation = state.spec_for(view.edge_id)
             if replace is not None and spec.name == replace.name:
                 spec, generation = replace, generation + (replace != spec)
             deployments.append(pl.Deployment(spec, generation))
@@ -416,9 +445,13 @@ class DeploymentService(Service):
         )
 
     def poll(self) -> None:
-        """Ask the connected edges whose instances are not all ready for a fresh snapshot."""
+        """Move every roll on, and ask the connected edges whose instances are not all ready for a
+        fresh snapshot."""
         if not self.restored or self._gateway.stopping:
             return
+        for state in self.all():
+            if state.rolling_from is not None and self._advance(state):
+                self._write(state)
         asked = 0
         for edge_id, desired in list(self._sent.items()):
             if asked >= MAX_POLLS:
@@ -431,13 +464,61 @@ class DeploymentService(Service):
             asked += 1
             self._refresh(edge_id, desired.token)
 
+    def _advance(self, state: DeploymentState) -> bool:
+        """Reach the next edges of a roll while fewer than ``max_in_flight`` reached edges are not
+        ready (an offline one counts with ``offline: wait``); end the roll once every edge is
+        reached and ready. Whether anything changed."""
+        if state.rolling_from is None:
+            return False
+        spec = state.spec
+        selectors = [spec.edge_selector_parsed, state.rolling_from.edge_selector_parsed]
+        edges = sorted(
+            (r for r in self._registry.edges() if any(sel.matches(r.hello.labels) for sel in selectors)),
+            key=lambda r: r.edge_id,
+        )
+        states = {e.edge_id: e.state for e in self.edge_rollups(spec.name)}
+
+        def in_flight(record: EdgeRecord) -> bool:
+            if record.token is None:
+                return spec.offline != SKIP
+            return states.get(record.edge_id, READY) != READY
+
+        busy = sum(1 for r in edges if r.edge_id in state.promoted and in_flight(r))
+        reached = []
+        for record in edges:
+            if busy >= spec.max_in_flight:
+                break
+            if record.edge_id in state.promoted:
+                continue
+            state.promoted.add(record.edge_id)
+            reached.append(record)
+            if record.token is not None or spec.offline != SKIP:
+                busy += 1
+        if reached:
+            self._log.info(
+                "deployments: {name} generation {generation} reaches {edges}",
+                name=spec.name,
+                generation=state.generation,
+                edges=", ".join(r.edge_id for r in reached),
+            )
+            for record in reached:
+                if record.token is not None and takes_deployments(record):
+                    self._refresh(record.edge_id, record.token)
+            return True
+        if busy == 0 and all(r.edge_id in state.promoted for r in edges):
+            state.rolling_from, state.rolling_generation, state.promoted = None, 0, set()
+            message = f"deployment {spec.name}: generation {state.generation} reached every edge"
+            self._record("deployment.rolled_out", state, state.updated_by, message)
+            return True
+        return False
+
     def _settled(self, edge_id: str, desired: EdgeDesired) -> bool:
         observed = self.observation(edge_id)
         if observed is None or observed.version < desired.version or desired.plan.unplaced:
             return False
-        ready = {s.instance_id for s in observed.instances if s.state == pb.INSTANCE_STATE_READY}
-        wanted = {i.instance_id for i in desired.plan.instances}
-        return wanted <= ready and {s.instance_id for s in observed.instances} <= wanted
+        ready = {(s.instance_id, s.spec_hash) for s in observed.instances if s.state == pb.INSTANCE_STATE_READY}
+        wanted = {(i.instance_id, i.spec_hash) for i in desired.plan.instances}
+        return wanted <= ready and {s.instance_id for s in observed.instances} <= {i for i, _ in wanted}
 
     # -- what edges say ----------------------------------------------------------------------
 
@@ -500,6 +581,20 @@ class DeploymentService(Service):
                 plan, version, observed = self._plan_readonly(record), 1, None
             else:
                 plan, version, observed = sent.plan, sent.version, self.observation(edge_id)
+            if state.rolling_from is not None and edge_id not in state.promoted:
+                waiting = edge_rollup(
+                    edge_id,
+                    spec.name,
+                    spec.spec_hash,
+                    True,
+                    [i for i in plan.instances if i.deployment == spec.name],
+                    [],
+                    version,
+                    observed,
+                )
+                reason = f"waits its turn in the rollout of generation {state.generation} (max_in_flight {spec.max_in_flight})"
+                out.append(attrs.evolve(waiting, state=OUT_OF_SYNC, reason=reason))
+                continue
             out.append(
                 edge_rollup(
                     edge_id,
@@ -519,7 +614,8 @@ class DeploymentService(Service):
         previous: dict[str, str] = {}
         for state in self._deployments.values():
             previous.update(state.placement.get(record.edge_id, {}))
-        return pl.place_edge([pl.Deployment(s.spec, s.generation) for s in self._deployments.values()], view, previous)
+        deployments = [pl.Deployment(*s.spec_for(record.edge_id)) for s in self._deployments.values()]
+        return pl.place_edge(deployments, view, previous)
 
     def rollup(self, name: str) -> dict[str, int]:
         """``desired`` and the count of edges in each state."""

@@ -47,6 +47,7 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from twisted_iop.controlplane.cluster.remote import RemotePeer
 from twisted_iop.controlplane.deployments import placement as pl
 from twisted_iop.controlplane.deployments.rollup import (
     EDGE_STATES,
@@ -80,8 +81,11 @@ MAX_POLLS = 200
 
 
 def takes_deployments(record: EdgeRecord) -> bool:
-    """Whether the edge takes desired sets: it announces ``edge.hold`` (an Edge older than
-    deployments announces no such command and is sent nothing)."""
+    """Whether this process sends the edge desired sets: the edge announces ``edge.hold`` (an
+    Edge older than deployments announces no such command and is sent nothing), and its
+    connection is held here (cluster mode: another replica's edge gets its set from that one)."""
+    if isinstance(record.peer, RemotePeer):
+        return False
     return any(command.name == HOLD_COMMAND for command in record.hello.commands)
 
 
@@ -572,6 +576,10 @@ class DeploymentService(Service):
             sent = self._sent.get(edge_id)
             if record.token is None:
                 out.append(edge_rollup(edge_id, spec.name, spec.spec_hash, False, [], [], 0, None))
+                continue
+            if isinstance(record.peer, RemotePeer):
+                reason = "its connection is held by another Control Plane replica, which sends its set"
+                out.append(EdgeRollup(edge_id, OUT_OF_SYNC, 0, (), reason))
                 continue
             if not takes_deployments(record):
                 out.append(EdgeRollup(edge_id, FAILED, 0, (), "this edge's software does not take deployments"))

@@ -28,9 +28,10 @@ last one given and the wall clock in milliseconds, and above the version
 the edge reports holding, so a restarted Control Plane never sends a set
 an Edge would ignore as older.
 
-In cluster mode each replica sends the sets of the edges it holds; a
-change made on one replica reaches the edges of the others when they
-reconnect (see docs/deployments.md).
+In cluster mode each replica sends the sets of the edges whose connection
+it holds, and reads the kept deployments only at its start (a change made
+through one replica reaches the others' edges after they restart; see
+docs/deployments.md).
 """
 
 from __future__ import annotations

@@ -165,3 +165,51 @@ async def test_a_deployment_serves_changes_once_survives_a_restart_and_stops(tmp
         for site in sites:
             await stop(site.node, site.edge)
         await cp.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_parameter_change_rolls_one_edge_at_a_time(tmp_path: Path) -> None:
+    """Two lab edges run chat; a parameter change with rollout.max_in_flight 1 restarts the engine of
+    the first edge while the second keeps its engine and spec, then the second's; each engine is
+    restarted exactly once and both end ready at generation 2."""
+    cp = await start_control_plane()
+    sites: list[DeploymentSite] = []
+    try:
+        sites = [await start_site(tmp_path, cp, f"edge-lab-{i}", "lab") for i in (1, 2)]
+        await eventually(
+            lambda: all(cp.registry.find(f"edge-lab-{i}") is not None for i in (1, 2)),
+            timeout=10,
+            message="both edges enrolled",
+        )
+        both = {**CHAT, "rollout": {"max_in_flight": 1}}
+        code, body = await _call(cp, "PUT", "/deployments/chat", both)
+        assert code == 201, body
+
+        async def all_ready(generation: int) -> bool:
+            shown = await _deployment(cp)
+            edges = shown["edges"]["items"]
+            return shown["rollup"]["ready"] == 2 and all(e["observed_generation"] == generation for e in edges)
+
+        await eventually(lambda: all_ready(1), timeout=READY_SECONDS, interval=0.2, message="chat ready on both")
+        pids = [site.pid() for site in sites]
+        changed = {**both, "parameters": {"tokens_per_second": 300}}
+        code, body = await _call(cp, "PUT", "/deployments/chat", changed)
+        assert (code, body["generation"]) == (200, 2)
+        await eventually(lambda: sites[0].counts()[1] == 1, timeout=READY_SECONDS, message="edge-lab-1 restarted")
+        # While the first edge is not ready at generation 2, the second keeps its engine.
+        seen_second_alone = sites[1].pid() == pids[1] and sites[1].counts() == (1, 0, 0)
+        await eventually(lambda: all_ready(2), timeout=2 * READY_SECONDS, interval=0.2, message="chat rolled out")
+        assert seen_second_alone
+        assert [site.counts() for site in sites] == [(1, 1, 0), (1, 1, 0)]
+        assert all(site.pid() not in (0, old) for site, old in zip(sites, pids, strict=True))
+
+        def kinds() -> list[str]:
+            return [e.kind for e in cp.registry.fleet_events.since(0, 1000) if e.kind.startswith("deployment.")]
+
+        # The next poll after every edge is ready ends the roll.
+        await eventually(lambda: "deployment.rolled_out" in kinds(), timeout=10, message="the roll ended")
+        assert kinds() == ["deployment.created", "deployment.updated", "deployment.rolled_out"]
+    finally:
+        for site in sites:
+            await stop(site.node, site.edge)
+        await cp.stop()

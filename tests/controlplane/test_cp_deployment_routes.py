@@ -13,7 +13,6 @@ from typing import Any, Optional
 
 import pytest_twisted
 from treq.testing import StubTreq
-from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 
 from twisted_iop.controlplane.auth import ApiToken, ApiTokens, token_digest
@@ -25,14 +24,12 @@ from twisted_iop.controlplane.metrics import deployment_metrics
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.controlplane.rollouts import RolloutService
 from twisted_iop.controlplane.store.memory import MemoryStore
+from twisted_iop.testing.deployments import DEPLOYING_CATALOG, SimulatedEdge
 from twisted_iop.testing.harness import contract_validator
-from twisted_iop.testing.peers import CATALOG, AnsweringEdgePeer
-from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.testing.peers import CATALOG
 
 CHAT = {"model": "m1", "profile": "mock", "parameters": {"tokens_per_second": 100}, "edge_selector": "site=lab"}
 OPERATOR = "operator-secret"
-#: The catalog of an Edge that takes desired sets (it announces edge.hold).
-DEPLOYING_CATALOG = (*CATALOG, pb.CommandSpec(name="edge.hold", description="hold changes"))
 VIEWER = "viewer-secret"
 
 
@@ -40,58 +37,6 @@ def _valid(schema: str, body: Any) -> Any:
     errors = list(contract_validator(schema).iter_errors(body))
     assert not errors, [e.message for e in errors]
     return body
-
-
-class SimulatedEdge(AnsweringEdgePeer):
-    """An edge with node-1 declaring the mock profile (tokens_per_second 1..1000): it takes every
-    desired set and reports its instances ready, or refused when a value is out of bounds."""
-
-    def __init__(self, edge_id: str) -> None:
-        super().__init__(edge_id)
-        self.version = 0
-        self.instances: list[pb.DesiredInstance] = []
-        self.held = False
-        self.status = self._status
-
-    def request_deployments(self, request: pb.EdgeDeploymentsRequest) -> Deferred[pb.EdgeDeploymentsResponse]:
-        """Take the set (an older version is ignored) and answer what runs."""
-        self.deployment_sets.append(request)
-        if request.version >= self.version:
-            self.version = request.version
-            self.instances = list(request.instances)
-        return succeed(
-            pb.EdgeDeploymentsResponse(observed_version=self.version, instances=self._running(), held=self.held)
-        )
-
-    def _running(self) -> list[pb.InstanceStatus]:
-        out = []
-        for instance in self.instances:
-            tps = int(instance.parameters.get("tokens_per_second", "50"))
-            refused = not 1 <= tps <= 1000
-            out.append(
-                pb.InstanceStatus(
-                    instance_id=instance.instance_id,
-                    deployment=instance.deployment,
-                    generation=instance.generation,
-                    node_id=instance.node_id,
-                    spec_hash="" if refused else instance.spec_hash,
-                    state=pb.INSTANCE_STATE_REFUSED if refused else pb.INSTANCE_STATE_READY,
-                    reason="parameter tokens_per_second: above its maximum 1000" if refused else "",
-                )
-            )
-        return out
-
-    def _status(self) -> pb.EdgeStatusResponse:
-        response = pb.EdgeStatusResponse(edge_id=self.edge_id, generated_at_ms=1_700_000_000_000)
-        node = response.nodes.add(node_id="node-1", connected=True, connected_since_ms=1_700_000_000_000)
-        profile = node.profiles.add(name="mock", kind="openai", free_ports=10)
-        profile.parameters.add(
-            name="tokens_per_second", type="int", has_bounds=True, minimum=1, maximum=1000, has_default=True
-        )
-        response.observed_deployments_version = self.version
-        response.instances.extend(self._running())
-        response.held = self.held
-        return response
 
 
 class Fleet:

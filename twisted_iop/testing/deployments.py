@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import attrs
 import yaml
+from twisted.internet.defer import Deferred, succeed
 
 from twisted_iop.deployments.spec import spec_hash
 from twisted_iop.edge.tap import EdgeService
@@ -30,7 +31,7 @@ from twisted_iop.testing.harness import (
     stop,
 )
 from twisted_iop.testing.launch import FAST_READINESS, FAST_RESTART, free_port
-from twisted_iop.testing.peers import FakeControlPlane, FakeControlPlaneServer
+from twisted_iop.testing.peers import CATALOG, AnsweringEdgePeer, FakeControlPlane, FakeControlPlaneServer
 from twisted_iop.wire import control_pb2 as pb
 
 #: Bound on a launched engine (a Python process) becoming ready on this machine.
@@ -238,3 +239,63 @@ async def start_site(tmp_path: Path, cp: ControlPlaneHarness, edge_id: str, site
     node = start_node(write_yaml(directory / "node.yaml", node_config))
     await eventually(lambda: edge.registry.is_ready("node-1"), timeout=10, message=f"node-1 ready at {edge_id}")
     return DeploymentSite(edge, node)
+
+
+#: The catalog of an Edge that takes desired sets (it announces edge.hold).
+DEPLOYING_CATALOG = (*CATALOG, pb.CommandSpec(name="edge.hold", description="hold changes"))
+
+
+class SimulatedEdge(AnsweringEdgePeer):
+    """An Edge as the Control Plane's deployment service sees it, without sockets (HTTP tests and
+    bench/deployments.py): ``nodes`` nodes declaring the mock profile (tokens_per_second 1..1000);
+    it takes every desired set at once and reports its instances ready, or refused when a value
+    is out of bounds."""
+
+    def __init__(self, edge_id: str, nodes: int = 1) -> None:
+        super().__init__(edge_id)
+        self.nodes = nodes
+        self.version = 0
+        self.instances: list[pb.DesiredInstance] = []
+        self.held = False
+        self.status = self._status
+
+    def request_deployments(self, request: pb.EdgeDeploymentsRequest) -> Deferred[pb.EdgeDeploymentsResponse]:
+        """Take the set (an older version is ignored) and answer what runs."""
+        self.deployment_sets.append(request)
+        if request.version >= self.version:
+            self.version = request.version
+            self.instances = list(request.instances)
+        return succeed(
+            pb.EdgeDeploymentsResponse(observed_version=self.version, instances=self._running(), held=self.held)
+        )
+
+    def _running(self) -> list[pb.InstanceStatus]:
+        out = []
+        for instance in self.instances:
+            tps = int(instance.parameters.get("tokens_per_second", "50"))
+            refused = not 1 <= tps <= 1000
+            out.append(
+                pb.InstanceStatus(
+                    instance_id=instance.instance_id,
+                    deployment=instance.deployment,
+                    generation=instance.generation,
+                    node_id=instance.node_id,
+                    spec_hash="" if refused else instance.spec_hash,
+                    state=pb.INSTANCE_STATE_REFUSED if refused else pb.INSTANCE_STATE_READY,
+                    reason="parameter tokens_per_second: above its maximum 1000" if refused else "",
+                )
+            )
+        return out
+
+    def _status(self) -> pb.EdgeStatusResponse:
+        response = pb.EdgeStatusResponse(edge_id=self.edge_id, generated_at_ms=1_700_000_000_000)
+        for n in range(1, self.nodes + 1):
+            node = response.nodes.add(node_id=f"node-{n}", connected=True, connected_since_ms=1_700_000_000_000)
+            profile = node.profiles.add(name="mock", kind="openai", free_ports=10)
+            profile.parameters.add(
+                name="tokens_per_second", type="int", has_bounds=True, minimum=1, maximum=1000, has_default=True
+            )
+        response.observed_deployments_version = self.version
+        response.instances.extend(self._running())
+        response.held = self.held
+        return response

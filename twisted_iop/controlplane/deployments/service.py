@@ -43,7 +43,7 @@ from typing import Any, Optional
 import attrs
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -198,6 +198,9 @@ class DeploymentService(Service):
         #: The snapshot last read per edge, and what it said (compared by identity).
         self._read_snapshots: dict[str, tuple[StatusSnapshot, pb.EdgeStatusResponse]] = {}
         self._last_version = 0
+        #: Deployments whose placement changed and is not written yet (written at the end of the turn).
+        self._unwritten: set[str] = set()
+        self._flush_call: Optional[IDelayedCall] = None
         self._loop: Optional[LoopingCall] = None
         #: Whether what the store kept was read back (nothing is sent before).
         self.restored = False
@@ -260,13 +263,30 @@ class DeploymentService(Service):
         """Forget deployment ``name`` (its instances stop everywhere); raises :class:`UnknownDeployment`."""
         state = self.get(name)
         del self._deployments[name]
+        self._unwritten.discard(name)
         self._store.deployment_delete(name)
         self._record("deployment.deleted", state, actor, f"deployment {name} deleted: its instances stop")
         self._reconcile_selected([state.spec])
         return state
 
     def _write(self, state: DeploymentState) -> None:
+        self._unwritten.discard(state.spec.name)
         self._store.deployment_write(state.spec.name, json.dumps(state.as_json(), separators=(",", ":")).encode())
+
+    def _write_soon(self, state: DeploymentState) -> None:
+        """Write ``state`` once the placements of this turn are done: a change placed on 5,000
+        edges is one write of the deployment, not one per edge (each the size of them all)."""
+        self._unwritten.add(state.spec.name)
+        if self._flush_call is None or not self._flush_call.active():
+            self._flush_call = self._clock.callLater(0, self.flush)
+
+    def flush(self) -> None:
+        """Write every deployment whose placement changed since it was last written."""
+        for name in sorted(self._unwritten):
+            state = self._deployments.get(name)
+            if state is not None:
+                self._write(state)
+        self._unwritten.clear()
 
     def _record(self, kind: str, state: DeploymentState, actor: str, message: str) -> None:
         self._registry.event_log.record(
@@ -323,6 +343,9 @@ class DeploymentService(Service):
         if self._loop is not None and self._loop.running:
             self._loop.stop()
         self._loop = None
+        if self._flush_call is not None and self._flush_call.active():
+            self._flush_call.cancel()
+        self.flush()
         return super().stopService()
 
     # -- edges -------------------------------------------------------------------------------
@@ -403,7 +426,7 @@ class DeploymentService(Service):
                         state.placement[view.edge_id] = now
                     else:
                         state.placement.pop(view.edge_id, None)
-                    self._write(state)
+                    self._write_soon(state)
         return plan
 
     def _next_version(self, edge_id: str) -> int:

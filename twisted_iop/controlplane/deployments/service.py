@@ -625,7 +625,7 @@ class DeploymentService(Service):
                     observed,
                 )
                 reason = f"waits its turn in the rollout of generation {state.generation} (max_in_flight {spec.max_in_flight})"
-                out.append(attrs.evolve(waiting, state=OUT_OF_SYNC, reason=reason))
+                out.append(EdgeRollup(edge_id, OUT_OF_SYNC, waiting.observed_generation, waiting.instances, reason))
                 continue
             out.append(
                 edge_rollup(

@@ -250,7 +250,7 @@ def _latency(abort: dict[str, Any]) -> Optional[rs.LatencyCriterion]:
     latency = _object(abort, "latency", _LATENCY_KEYS)
     field = "abort.latency."
     metric = latency.get("metric")
-    if metric not in rs.LATENCY_FIGURES:
+    if not isinstance(metric, str) or metric not in rs.LATENCY_FIGURES:
         raise BadRequest(f"field 'abort.latency.metric' must be one of {', '.join(rs.LATENCY_FIGURES)}")
     increase = _number(latency, field, "max_increase_percent", 0, 100_000)
     if increase is None:

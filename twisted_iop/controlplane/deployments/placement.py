@@ -198,41 +198,23 @@ def profile_view(profile: pb.EngineProfile) -> ProfileView:
     )
 
 
-def edge_view(
-    edge_id: str,
-    connected: bool,
-    labels: Mapping[str, str],
-    status: Optional[pb.EdgeStatusResponse],
-    running: Optional[Iterable[pb.InstanceStatus]] = None,
-    held: Optional[bool] = None,
-) -> EdgeView:
-    """An edge's view from its last status snapshot (``running`` and ``held``, when newer, replace its own)."""
-    nodes: tuple[NodeView, ...] = ()
-    if status is not None:
-        nodes = tuple(
-            NodeView(
-                node_id=node.node_id,
-                connected=node.connected,
-                labels=tuple(sorted(node.labels.items())),
-                profiles=tuple(profile_view(p) for p in node.profiles),
-                free_gpus=node.free_gpus,
-            )
-            for node in status.nodes
+def node_views(status: pb.EdgeStatusResponse) -> tuple[NodeView, ...]:
+    """The nodes of an edge's status snapshot as placement sees them."""
+    return tuple(
+        NodeView(
+            node_id=node.node_id,
+            connected=node.connected,
+            labels=tuple(sorted(node.labels.items())),
+            profiles=tuple(profile_view(p) for p in node.profiles),
+            free_gpus=node.free_gpus,
         )
-        if running is None:
-            running = status.instances
-        if held is None:
-            held = status.held
-    return EdgeView(
-        edge_id=edge_id,
-        connected=connected,
-        held=bool(held),
-        labels=tuple(sorted(labels.items())),
-        nodes=nodes,
-        running=tuple(
-            RunningInstance(s.instance_id, s.node_id, s.deployment, s.spec_hash, s.state) for s in running or ()
-        ),
+        for node in status.nodes
     )
+
+
+def running_instances(statuses: Iterable[pb.InstanceStatus]) -> tuple[RunningInstance, ...]:
+    """The instances an edge reports, as placement sees them."""
+    return tuple(RunningInstance(s.instance_id, s.node_id, s.deployment, s.spec_hash, s.state) for s in statuses)
 
 
 def parameter_problem(profile: ProfileView, parameters: Sequence[tuple[str, Scalar]]) -> Optional[str]:

@@ -157,6 +157,15 @@ class DeploymentState:
         )
 
 
+@attrs.frozen
+class SnapshotRead:
+    """What one edge's kept snapshot says of deployments (read once per snapshot)."""
+
+    snapshot: StatusSnapshot
+    observation: Observation
+    nodes: tuple[pl.NodeView, ...]
+
+
 @attrs.define
 class EdgeDesired:
     """What an edge was last sent: the version, the plan it came from, and whether it answered."""
@@ -196,7 +205,7 @@ class DeploymentService(Service):
         #: What each edge last answered to a desired set.
         self._answers: dict[str, Observation] = {}
         #: The snapshot last read per edge, and what it said (compared by identity).
-        self._read_snapshots: dict[str, tuple[StatusSnapshot, pb.EdgeStatusResponse]] = {}
+        self._read_snapshots: dict[str, SnapshotRead] = {}
         self._last_version = 0
         #: Deployments whose placement changed and is not written yet (written at the end of the turn).
         self._unwritten: set[str] = set()
@@ -480,6 +489,9 @@ class DeploymentService(Service):
         for state in self.all():
             if state.rolling_from is not None and self._advance(state):
                 self._write(state)
+        for kept in (self._sent, self._answers, self._read_snapshots):
+            for edge_id in [e for e in kept if self._registry.find(e) is None]:
+                del kept[edge_id]  # an edge the registry forgot
         asked = 0
         for edge_id, desired in list(self._sent.items()):
             if asked >= MAX_POLLS:
@@ -550,38 +562,44 @@ class DeploymentService(Service):
 
     # -- what edges say ----------------------------------------------------------------------
 
-    def _status(self, record: EdgeRecord) -> Optional[pb.EdgeStatusResponse]:
+    def _read(self, record: EdgeRecord) -> Optional[SnapshotRead]:
+        """What the edge's last snapshot says of deployments: read once per snapshot, and only that
+        kept (its nodes' profiles and free slots, its instances), not the whole parsed snapshot."""
         snapshot = record.snapshot
         if snapshot is None:
             return None
         read = self._read_snapshots.get(record.edge_id)
-        if read is None or read[0] is not snapshot:
-            read = self._read_snapshots[record.edge_id] = (snapshot, snapshot.parse())
-        return read[1]
+        if read is None or read.snapshot is not snapshot:
+            status = snapshot.parse()
+            observed = Observation(
+                status.observed_deployments_version, tuple(status.instances), status.held, snapshot.received_at
+            )
+            read = self._read_snapshots[record.edge_id] = SnapshotRead(snapshot, observed, pl.node_views(status))
+        return read
 
     def observation(self, edge_id: str) -> Optional[Observation]:
         """What the edge said last of its deployments: its answer to a set, or a newer snapshot."""
         answer = self._answers.get(edge_id)
         record = self._registry.find(edge_id)
-        snapshot = record.snapshot if record is not None else None
-        if snapshot is not None and (answer is None or snapshot.received_at > answer.at):
-            status = self._status(record) if record is not None else None
-            if status is not None:
-                return Observation(
-                    status.observed_deployments_version, tuple(status.instances), status.held, snapshot.received_at
-                )
+        if record is None or record.snapshot is None:
+            return answer
+        if answer is None or record.snapshot.received_at > answer.at:
+            read = self._read(record)
+            if read is not None:
+                return read.observation
         return answer
 
     def edge_view(self, record: EdgeRecord) -> pl.EdgeView:
         """The edge as placement sees it (its last snapshot, and its newest word on what runs)."""
         observed = self.observation(record.edge_id)
-        return pl.edge_view(
-            record.edge_id,
-            record.token is not None,
-            record.hello.labels,
-            self._status(record),
-            observed.instances if observed is not None else None,
-            observed.held if observed is not None else None,
+        read = self._read(record)
+        return pl.EdgeView(
+            edge_id=record.edge_id,
+            connected=record.token is not None,
+            held=observed.held if observed is not None else False,
+            labels=tuple(sorted(record.hello.labels.items())),
+            nodes=read.nodes if read is not None else (),
+            running=pl.running_instances(observed.instances if observed is not None else ()),
         )
 
     # -- views -------------------------------------------------------------------------------

@@ -316,6 +316,7 @@ class DeploymentService(Service):
     # -- start and stop ----------------------------------------------------------------------
 
     def startService(self) -> None:
+        """Read the kept deployments back (nothing is sent before), then start the poll."""
         super().startService()
         self._store.deployment_read().addCallbacks(self._restore, self._restore_failed)
 
@@ -349,6 +350,7 @@ class DeploymentService(Service):
         self._log.failure("deployments: the poll timer stopped", failure)
 
     def stopService(self) -> Any:
+        """Stop the poll and write what is not written yet."""
         if self._loop is not None and self._loop.running:
             self._loop.stop()
         self._loop = None

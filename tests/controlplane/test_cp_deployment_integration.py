@@ -213,3 +213,40 @@ async def test_a_parameter_change_rolls_one_edge_at_a_time(tmp_path: Path) -> No
         for site in sites:
             await stop(site.node, site.edge)
         await cp.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_held_edge_keeps_its_engine_until_released(tmp_path: Path) -> None:
+    """edge.hold through the Control Plane's command route; a parameter change then shows the edge
+    held and restarts nothing; edge.release applies it: ready at generation 2, restarted once."""
+    cp = await start_control_plane()
+    sites: list[DeploymentSite] = []
+    try:
+        lab = await start_site(tmp_path, cp, "edge-lab", "lab")
+        sites.append(lab)
+        await eventually(lambda: cp.registry.find("edge-lab") is not None, timeout=10, message="edge enrolled")
+        code, body = await _call(cp, "PUT", "/deployments/chat", CHAT)
+        assert code == 201, body
+        await _ready(cp, 1)
+        pid = lab.pid()
+        code, op = await cp.post_json("/edges/edge-lab/commands", {"name": "edge.hold", "arguments": {"reason": "t"}})
+        assert code == 200 and op["state"] == "succeeded", op
+        code, body = await _call(cp, "PUT", "/deployments/chat", {**CHAT, "parameters": {"tokens_per_second": 400}})
+        assert (code, body["generation"]) == (200, 2)
+
+        async def held() -> bool:
+            shown = await _deployment(cp)
+            return shown["rollup"]["held"] == 1 and shown["edges"]["items"][0]["state"] == "held"
+
+        await eventually(held, timeout=15, interval=0.2, message="the edge shows held")
+        assert lab.pid() == pid and lab.counts() == (1, 0, 0)
+        code, op = await cp.post_json(
+            "/edges/edge-lab/commands", {"name": "edge.release", "arguments": {"reason": "t"}}
+        )
+        assert code == 200 and op["state"] == "succeeded", op
+        await _ready(cp, 2)
+        assert lab.counts() == (1, 1, 0) and lab.pid() not in (0, pid)
+    finally:
+        for site in sites:
+            await stop(site.node, site.edge)
+        await cp.stop()

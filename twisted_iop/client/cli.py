@@ -17,6 +17,8 @@
     completion bash|zsh       print a shell completion script
     rollout create|list|show|pause|resume|cancel ...   staged rollouts (iopctl rollout -h)
     slo list|show NAME        SLOs: error budgets, burn rates and alerts
+    deploy apply -f FILE [--dry-run] | list | show NAME | status NAME [--watch] | delete NAME
+                              deployments: which model runs where, and whether it got there
     history [EDGE] [--since 2h] [--step S] [--model M] [-l SEL] [--series F,...] [--sparklines|--table]
 
 Exit codes: 0 ok, 1 the server answered an error (or a command did not
@@ -36,7 +38,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import react
 
 from twisted_iop import __version__
-from twisted_iop.client import completion, history_cli, render, rollout_cli, slo_cli
+from twisted_iop.client import completion, deploy_cli, history_cli, render, rollout_cli, slo_cli
 from twisted_iop.client.cli_base import (
     EXIT_ERROR,
     EXIT_OK,
@@ -182,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     rollout_cli.add_parser(add("rollout", "staged rollouts of one command to many edges"), common)
     history_cli.add_parser(add("history", "capacity over time: the fleet's or one edge's, as sparklines or a table"))
     slo_cli.add_parser(add("slo", "SLOs: their error budgets, burn rates and alerts"), common)
+    deploy_cli.add_parser(add("deploy", "deployments: which model runs where, and whether the fleet got there"), common)
     return parser
 
 
@@ -266,6 +269,10 @@ async def run(
     except WireClientError as e:
         console.error("wire_error", str(e))
         return EXIT_ERROR
+    except UsageError as e:
+        # Found after parsing (a deployment file that cannot be read).
+        console.error("usage", e.message)
+        return EXIT_USAGE
     except Exception as e:
         console.error("internal_error", f"{e.__class__.__name__}: {e}")
         return EXIT_ERROR
@@ -337,6 +344,8 @@ async def _dispatch(
         return await history_cli.dispatch(args, repository, console)
     elif command == "slo":
         return await slo_cli.dispatch(args, repository, console)
+    elif command == "deploy":
+        return await deploy_cli.dispatch(reactor, args, repository, console, interrupted)
     else:  # pragma: no cover - argparse only lets known commands through
         raise UsageError(f"unknown command {command!r}")
     return EXIT_OK

@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import Any, Optional, TextIO
+
+from twisted.internet.defer import Deferred
 
 from twisted_iop.client.models import to_json
 
@@ -123,3 +125,51 @@ def add_argument_option(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="a command argument (repeatable)",
     )
+
+
+#: Moves to the start of the line and clears it (a watch's redraw on a terminal).
+REDRAW = "\r\x1b[2K"
+
+
+def is_terminal(stream: Any) -> bool:
+    """Whether ``stream`` is a terminal (a watch redraws one line there)."""
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except ValueError:  # a closed stream
+        return False
+
+
+class WatchPause:
+    """Waits between polls; an interruption ends the wait at once and for good."""
+
+    def __init__(self, reactor: Any, interrupted: Optional[Deferred[None]]) -> None:
+        self.reactor = reactor
+        self.interrupted = False
+        self._waiting: Optional[Deferred[None]] = None
+        self._call: Any = None
+        if interrupted is not None:
+            interrupted.addBoth(self._interrupt)
+
+    def _interrupt(self, result: object) -> object:
+        self.interrupted = True
+        self._wake()
+        return result
+
+    def _wake(self) -> None:
+        waiting, self._waiting = self._waiting, None
+        if self._call is not None and self._call.active():
+            self._call.cancel()
+        self._call = None
+        if waiting is not None:
+            waiting.callback(None)
+
+    def wait(self, seconds: float) -> Deferred[None]:
+        """Fires after ``seconds``, or as soon as the watch is interrupted."""
+        waiting: Deferred[None] = Deferred()
+        if self.interrupted:
+            waiting.callback(None)
+            return waiting
+        self._waiting = waiting
+        self._call = self.reactor.callLater(seconds, self._wake)
+        return waiting

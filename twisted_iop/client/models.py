@@ -157,6 +157,8 @@ class _Mismatch(Exception):
 
 
 def _read_present(kind: Any, origin: Any, value: Any, path: str) -> Any:
+    if kind is Any:
+        return value  # a JSON value taken as it is (a deployment's parameters: scalars of any type)
     if origin is Literal:
         if isinstance(value, bool) or value not in get_args(kind):
             raise _Mismatch()

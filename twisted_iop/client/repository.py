@@ -32,6 +32,7 @@ from twisted.internet.error import (
 from twisted.logger import Logger
 from twisted.web.client import ResponseFailed, ResponseNeverReceived
 
+from twisted_iop.client.deployments import DeploymentViews
 from twisted_iop.client.errors import (
     ERRORS_BY_CODE,
     ControlPlaneError,
@@ -158,7 +159,7 @@ def error_from_response(status: int, body: bytes) -> ControlPlaneError:
     return exc
 
 
-class ControlPlaneStatusRepository(RolloutViews, HistoryViews, SloViews):
+class ControlPlaneStatusRepository(RolloutViews, HistoryViews, SloViews, DeploymentViews):
     """Typed access to every HTTP view of one Control Plane.
 
     ``base_url`` defaults to ``$IOP_CONTROL_PLANE_HTTP_URL`` and then to

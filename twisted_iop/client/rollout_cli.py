@@ -35,7 +35,16 @@ from typing import Any, Optional
 from twisted.internet.defer import Deferred
 
 from twisted_iop.client import rollout_render
-from twisted_iop.client.cli_base import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Console, add_argument_option
+from twisted_iop.client.cli_base import (
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_USAGE,
+    REDRAW,
+    Console,
+    WatchPause,
+    add_argument_option,
+    is_terminal,
+)
 from twisted_iop.client.cli_base import ArgumentParser as _ArgumentParser
 from twisted_iop.client.cli_base import command_timeout as _command_timeout
 from twisted_iop.client.cli_base import page_limit as _limit
@@ -58,7 +67,6 @@ MAX_WATCH_INTERVAL_SECONDS = 3600.0
 #: How many rollouts ``list`` shows without ``--limit``.
 DEFAULT_LIST_LIMIT = 50
 #: Erase the terminal line and go back to its start (redrawn in place).
-_REDRAW = "\r\x1b[2K"
 
 
 def _selector(text: str) -> str:
@@ -342,49 +350,6 @@ async def dispatch(
     return EXIT_OK
 
 
-def _is_terminal(stream: Any) -> bool:
-    isatty = getattr(stream, "isatty", None)
-    try:
-        return bool(isatty and isatty())
-    except ValueError:  # a closed stream
-        return False
-
-
-class _Pause:
-    """Waits between polls; an interruption ends the wait at once and for good."""
-
-    def __init__(self, reactor: Any, interrupted: Optional[Deferred[None]]) -> None:
-        self.reactor = reactor
-        self.interrupted = False
-        self._waiting: Optional[Deferred[None]] = None
-        self._call: Any = None
-        if interrupted is not None:
-            interrupted.addBoth(self._interrupt)
-
-    def _interrupt(self, result: object) -> object:
-        self.interrupted = True
-        self._wake()
-        return result
-
-    def _wake(self) -> None:
-        waiting, self._waiting = self._waiting, None
-        if self._call is not None and self._call.active():
-            self._call.cancel()
-        self._call = None
-        if waiting is not None:
-            waiting.callback(None)
-
-    def wait(self, seconds: float) -> Deferred[None]:
-        """Fires after ``seconds``, or as soon as the watch is interrupted."""
-        waiting: Deferred[None] = Deferred()
-        if self.interrupted:
-            waiting.callback(None)
-            return waiting
-        self._waiting = waiting
-        self._call = self.reactor.callLater(seconds, self._wake)
-        return waiting
-
-
 async def watch(
     reactor: Any,
     repository: Any,
@@ -395,15 +360,15 @@ async def watch(
 ) -> int:
     """Show ``rollout``'s progress, polling it every ``interval`` seconds until
     it ends; 0 when it succeeded, 1 when it did not or the watch was interrupted."""
-    terminal = _is_terminal(console.out) and not console.as_json
+    terminal = is_terminal(console.out) and not console.as_json
     if interval is None:
         interval = WATCH_INTERVAL_TTY_SECONDS if terminal else WATCH_INTERVAL_PLAIN_SECONDS
-    pause = _Pause(reactor, interrupted)
+    pause = WatchPause(reactor, interrupted)
     while True:
         if console.as_json:
             console.json(to_json(rollout), compact=True)
         elif terminal:
-            console.out.write(_REDRAW + rollout_render.progress_line(rollout))
+            console.out.write(REDRAW + rollout_render.progress_line(rollout))
             console.out.flush()
         else:
             console.line(rollout_render.progress_line(rollout))

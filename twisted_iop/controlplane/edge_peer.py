@@ -42,5 +42,8 @@ class EdgePeer(Protocol):
         """Send a command; the answer is awaited until it comes, the caller
         cancels, or the connection ends (the caller owns the deadline)."""
 
+    def request_deployments(self, request: pb.EdgeDeploymentsRequest) -> Deferred[pb.EdgeDeploymentsResponse]:
+        """Send the edge its whole desired set; its answer (the version it took, what runs)."""
+
     def disconnect(self, code: pb.ErrorCode, message: str) -> None:
         """Close the connection, telling the edge why."""

@@ -257,6 +257,11 @@ class EdgeWireProtocol(AcceptedPeerProtocol):
         d = self.request("edge_command_request", request, deadline=False)
         return d.addCallback(lambda envelope: _expect(envelope, "edge_command_response").edge_command_response)
 
+    def request_deployments(self, request: pb.EdgeDeploymentsRequest) -> Deferred[pb.EdgeDeploymentsResponse]:
+        """Send the edge its desired set (the deployment service owns the deadline)."""
+        d = self.request("edge_deployments_request", request, deadline=False)
+        return d.addCallback(lambda envelope: _expect(envelope, "edge_deployments_response").edge_deployments_response)
+
     def disconnect(self, code: pb.ErrorCode, message: str) -> None:
         """Close this connection with an error frame saying why."""
         self.fail_connection(code, message)

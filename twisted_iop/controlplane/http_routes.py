@@ -25,6 +25,8 @@ from twisted_iop.controlplane.bounds import MAX_ARGUMENT_VALUE
 from twisted_iop.controlplane.cluster.store import ClusterUnavailable
 from twisted_iop.controlplane.command_dispatch import IdempotencyConflict
 from twisted_iop.controlplane.console_files import CONSOLE_DIR, ConsoleFiles
+from twisted_iop.controlplane.deployments.routes import add_deployment_routes
+from twisted_iop.controlplane.deployments.service import DeploymentService
 from twisted_iop.controlplane.edge_filters import EDGE_STATES, FLEET_STATES, EdgeFilter
 from twisted_iop.controlplane.edge_record import UnknownEdge
 from twisted_iop.controlplane.gateway import EdgeGateway
@@ -173,6 +175,7 @@ class ControlPlaneHttp:
         store: Optional[StoreHealthSource] = None,
         history: Optional[HistoryService] = None,
         slos: Optional[SloService] = None,
+        deployments: Optional[DeploymentService] = None,
     ) -> None:
         self._cluster = cluster
         #: What keeps the fleet's history across restarts (its health is part of readiness).
@@ -192,6 +195,13 @@ class ControlPlaneHttp:
             slos
             if slos is not None
             else SloService(SloSettings(), registry, gateway, MemoryStore(), self._rollouts.event_buffer, clock)
+        )
+        #: Deployments (``deployments/routes.py`` puts their routes on this app); without
+        #: one, deployments that are kept in memory and sent to no edge until started.
+        self._deployments = (
+            deployments
+            if deployments is not None
+            else DeploymentService(registry, gateway, MemoryStore(), self._rollouts.event_buffer, clock)
         )
         self._registry = registry
         self._gateway = gateway
@@ -643,5 +653,6 @@ class ControlPlaneHttp:
 
 
 add_rollout_routes(ControlPlaneHttp.app)
+add_deployment_routes(ControlPlaneHttp.app)
 add_history_routes(ControlPlaneHttp.app)
 add_slo_routes(ControlPlaneHttp.app)

@@ -29,6 +29,7 @@ from twisted_iop.metrics import (
 if TYPE_CHECKING:
     from twisted_iop.controlplane.client_wire import ClientWireFactory
     from twisted_iop.controlplane.cluster.replica import ClusterReplica
+    from twisted_iop.controlplane.deployments.service import DeploymentService
     from twisted_iop.controlplane.edge_wire import EdgeWireFactory
     from twisted_iop.controlplane.gateway import EdgeGateway
     from twisted_iop.controlplane.history.service import HistoryService
@@ -175,6 +176,9 @@ def control_plane_metrics(service: ControlPlaneParts) -> Iterator[Metric]:
     slos = getattr(service, "slos", None)
     if slos is not None:
         yield from slo_metrics(slos, slos.now())
+    deployments = getattr(service, "deployments", None)
+    if deployments is not None:
+        yield from deployment_metrics(deployments)
     cluster = service.cluster
     if cluster is not None:
         yield gauge(
@@ -231,6 +235,23 @@ def rollout_metrics(rollouts: RolloutService) -> Iterator[Metric]:
         count_by(executions, EXECUTION_STATES),
     )
     yield counter("iop_rollout_dispatched", "Operations dispatched by rollouts", rollouts.dispatched_total)
+
+
+def deployment_metrics(deployments: DeploymentService) -> Iterator[Metric]:
+    """Deployments kept, each one's edges by rollup state, and the desired sets sent."""
+    yield gauge("iop_deployments", "Deployments kept", len(deployments))
+    yield labelled(
+        GaugeMetricFamily,
+        "iop_deployment_edges",
+        "Edges a deployment selects, by the deployment's state there",
+        ["deployment", "state"],
+        (
+            ([name, state], count)
+            for name, counts in deployments.edges_by_state().items()
+            for state, count in counts.items()
+        ),
+    )
+    yield counter("iop_deployment_sets_sent", "Desired sets sent to edges", deployments.sets_sent)
 
 
 def slo_metrics(slos: SloService, now: float) -> Iterator[Metric]:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Optional, Protocol, Unpack
 
 import attrs
@@ -137,6 +137,8 @@ class EdgeRegistry(Service):
         self._tokens = itertools.count(1)
         self.event_log = EventLog(clock, limits)
         self._observers: list[ConnectionObserver] = []
+        #: Told of every accepted connection (edge id and token) once it is current.
+        self._connect_listeners: list[Callable[[str, int], None]] = []
         self.connected_count = 0
         #: Accepted hellos since start (for metrics).
         self.enrollments_total = 0
@@ -235,6 +237,8 @@ class EdgeRegistry(Service):
             journal.claimed(edge_id, token, record.hello, now)
         if self._store is not None:
             self._store.edge_changed(record)
+        for listener in list(self._connect_listeners):
+            listener(edge_id, token)
         return token
 
     def take_connection(
@@ -388,6 +392,11 @@ class EdgeRegistry(Service):
         return True
 
     # -- observers ---------------------------------------------------------------
+
+    def add_connect_listener(self, listener: Callable[[str, int], None]) -> None:
+        """Call ``listener(edge_id, token)`` for every accepted connection, once it is current
+        (the deployments send the edge its desired set)."""
+        self._connect_listeners.append(listener)
 
     def add_observer(self, observer: ConnectionObserver) -> None:
         """Tell ``observer`` about superseded connections and command events."""

@@ -16,6 +16,7 @@ from twisted_iop.controlplane.client_wire import ClientWireFactory
 from twisted_iop.controlplane.cluster.replica import ClusterReplica
 from twisted_iop.controlplane.cluster.rollout_store import ClusterRollouts
 from twisted_iop.controlplane.config import ControlPlaneConfig, load_config, unauthenticated_exposures
+from twisted_iop.controlplane.deployments.service import DeploymentService
 from twisted_iop.controlplane.edge_wire import EdgeWireFactory
 from twisted_iop.controlplane.gateway import EdgeGateway
 from twisted_iop.controlplane.history.service import HistoryService
@@ -160,6 +161,11 @@ class ControlPlaneService(DaemonService):
             config.slos, self.registry, self.gateway, self.store, self.rollouts.event_buffer, reactor
         )
         self.add_state(self.slos)
+        #: Deployments: kept in the store, sent to the edges they select.
+        self.deployments = DeploymentService(
+            self.registry, self.gateway, self.store, self.rollouts.event_buffer, reactor
+        )
+        self.add_state(self.deployments)
         self.http = ControlPlaneHttp(
             self.registry,
             self.gateway,
@@ -172,6 +178,7 @@ class ControlPlaneService(DaemonService):
             store=self.store,
             history=self.history,
             slos=self.slos,
+            deployments=self.deployments,
         )
         self.edge_factory = EdgeWireFactory(
             self.registry,

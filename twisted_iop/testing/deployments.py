@@ -1,5 +1,8 @@
 """Deployments for tests: an Edge and a Node whose providers all come from deployments.
 
+:func:`start_site` starts such a pair dialing a real Control Plane (the
+Control Plane's deployment tests and ``iopctl deploy``'s).
+
 The Node declares the mock engine profile of issue 30 (``iop-mock-provider``
 launched on one free port of its own, ``tokens_per_second`` a bounded int);
 the Edge's ``nodes:`` entry lists no providers; a fake Control Plane sends
@@ -13,14 +16,22 @@ from typing import Any, Optional
 
 import attrs
 import yaml
+from twisted.internet.defer import Deferred, succeed
 
 from twisted_iop.deployments.spec import spec_hash
 from twisted_iop.edge.tap import EdgeService
 from twisted_iop.node.tap import NodeService
 from twisted_iop.testing.configs import MODEL, gateway_edge_yaml, gateway_node_yaml, write_yaml
-from twisted_iop.testing.harness import MOCK_PROVIDER, eventually, start_edge, start_node, stop
+from twisted_iop.testing.harness import (
+    MOCK_PROVIDER,
+    ControlPlaneHarness,
+    eventually,
+    start_edge,
+    start_node,
+    stop,
+)
 from twisted_iop.testing.launch import FAST_READINESS, FAST_RESTART, free_port
-from twisted_iop.testing.peers import FakeControlPlane, FakeControlPlaneServer
+from twisted_iop.testing.peers import CATALOG, AnsweringEdgePeer, FakeControlPlane, FakeControlPlaneServer
 from twisted_iop.wire import control_pb2 as pb
 
 #: Bound on a launched engine (a Python process) becoming ready on this machine.
@@ -183,3 +194,108 @@ async def start_deployment_fleet(
     await eventually(lambda: edge.registry.is_ready("node-1"), timeout=10, message="node-1 ready at the Edge")
     await eventually(lambda: cp.connections and cp.current.hellos, timeout=10, message="the Edge enrolled")
     return fleet
+
+
+@attrs.define
+class DeploymentSite:
+    """An Edge enrolled at a real Control Plane, and its node-1 (the mock profile only)."""
+
+    edge: EdgeService
+    node: NodeService
+
+    @property
+    def base(self) -> str:
+        """The Edge's inference API."""
+        return f"http://127.0.0.1:{self.edge.inference_port}"
+
+    def pid(self, instance_id: str = "chat-1") -> int:
+        """The pid of the instance's engine on the Node (0: none runs)."""
+        engines = self.node.engines
+        engine = engines.engines.get(instance_id) if engines is not None else None
+        return (engine.pid or 0) if engine is not None else 0
+
+    def counts(self) -> tuple[int, int, int]:
+        """The Node's instance starts, restarts and stops."""
+        instances = self.node.runtime.instances
+        assert instances is not None
+        return (instances.starts, instances.restarts, instances.stops)
+
+
+async def start_site(tmp_path: Path, cp: ControlPlaneHarness, edge_id: str, site: str) -> DeploymentSite:
+    """Start an Edge ``edge_id`` labelled site=``site`` dialing ``cp``, whose node-1 lists no providers,
+    and node-1 declaring the mock profile; wait until the node is ready at the Edge."""
+    directory = tmp_path / edge_id
+    directory.mkdir()
+    config = gateway_edge_yaml(cp_address=cp.edge_wire_address, second_node=False, capacity=4)
+    config["control_plane"]["edge_id"] = edge_id
+    config["control_plane"]["labels"] = {"site": site}
+    del config["nodes"][0]["providers"]
+    edge = await start_edge(write_yaml(directory / "edge.yaml", config))
+    await edge.inference_server.bound()
+    node_config = gateway_node_yaml("node-1", edge.node_port, {})
+    del node_config["providers"]
+    node_config["engines"] = [mock_profile(free_port())]
+    node_config["state_directory"] = str(directory / "state")
+    node = start_node(write_yaml(directory / "node.yaml", node_config))
+    await eventually(lambda: edge.registry.is_ready("node-1"), timeout=10, message=f"node-1 ready at {edge_id}")
+    return DeploymentSite(edge, node)
+
+
+#: The catalog of an Edge that takes desired sets (it announces edge.hold).
+DEPLOYING_CATALOG = (*CATALOG, pb.CommandSpec(name="edge.hold", description="hold changes"))
+
+
+class SimulatedEdge(AnsweringEdgePeer):
+    """An Edge as the Control Plane's deployment service sees it, without sockets (HTTP tests and
+    bench/deployments.py): ``nodes`` nodes declaring the mock profile (tokens_per_second 1..1000);
+    it takes every desired set at once and reports its instances ready, or refused when a value
+    is out of bounds."""
+
+    def __init__(self, edge_id: str, nodes: int = 1) -> None:
+        super().__init__(edge_id)
+        self.nodes = nodes
+        self.version = 0
+        self.instances: list[pb.DesiredInstance] = []
+        self.held = False
+        self.status = self._status
+
+    def request_deployments(self, request: pb.EdgeDeploymentsRequest) -> Deferred[pb.EdgeDeploymentsResponse]:
+        """Take the set (an older version is ignored) and answer what runs."""
+        self.deployment_sets.append(request)
+        if request.version >= self.version:
+            self.version = request.version
+            self.instances = list(request.instances)
+        return succeed(
+            pb.EdgeDeploymentsResponse(observed_version=self.version, instances=self._running(), held=self.held)
+        )
+
+    def _running(self) -> list[pb.InstanceStatus]:
+        out = []
+        for instance in self.instances:
+            tps = int(instance.parameters.get("tokens_per_second", "50"))
+            refused = not 1 <= tps <= 1000
+            out.append(
+                pb.InstanceStatus(
+                    instance_id=instance.instance_id,
+                    deployment=instance.deployment,
+                    generation=instance.generation,
+                    node_id=instance.node_id,
+                    spec_hash="" if refused else instance.spec_hash,
+                    state=pb.INSTANCE_STATE_REFUSED if refused else pb.INSTANCE_STATE_READY,
+                    reason="parameter tokens_per_second: above its maximum 1000" if refused else "",
+                )
+            )
+        return out
+
+    def _status(self) -> pb.EdgeStatusResponse:
+        response = pb.EdgeStatusResponse(edge_id=self.edge_id, generated_at_ms=1_700_000_000_000)
+        for n in range(1, self.nodes + 1):
+            node = response.nodes.add(node_id=f"node-{n}", connected=True, connected_since_ms=1_700_000_000_000)
+            profile = node.profiles.add(name="mock", kind="openai", free_ports=10)
+            profile.parameters.add(
+                name="tokens_per_second", type="int", has_bounds=True, minimum=1, maximum=1000, has_default=True
+            )
+        response.observed_deployments_version = self.version
+        response.instances.extend(self._running())
+        response.held = self.held
+        return response

@@ -421,6 +421,7 @@ class HeldEdgePeer(EdgePeer):
         self.commands: list[tuple[pb.EdgeCommandRequest, Deferred[pb.EdgeCommandResponse]]] = []
         self.commands_cancelled = 0
         self.disconnects: list[pb.ErrorCode] = []
+        self.deployments: list[tuple[pb.EdgeDeploymentsRequest, Deferred[pb.EdgeDeploymentsResponse]]] = []
 
     def ask_status(self, timeout: float, own_deadline: bool, listener: StatusListener) -> int:
         """Keep the ask as a Deferred in ``requests`` (its request id is its index + 1)."""
@@ -447,6 +448,12 @@ class HeldEdgePeer(EdgePeer):
 
         d: Deferred[pb.EdgeCommandResponse] = Deferred(cancel)
         self.commands.append((request, d))
+        return d
+
+    def request_deployments(self, request: pb.EdgeDeploymentsRequest) -> Deferred[pb.EdgeDeploymentsResponse]:
+        """Keep the desired set in ``deployments``; its Deferred waits to be answered."""
+        d: Deferred[pb.EdgeDeploymentsResponse] = Deferred()
+        self.deployments.append((request, d))
         return d
 
     def answer(self, index: int = -1, outcome: int = pb.COMMAND_OUTCOME_SUCCEEDED, command_id: str = "") -> None:
@@ -477,6 +484,7 @@ class AnsweringEdgePeer(EdgePeer):
         self.commands: list[pb.EdgeCommandRequest] = []
         self.status_requests = 0
         self.disconnects: list[pb.ErrorCode] = []
+        self.deployment_sets: list[pb.EdgeDeploymentsRequest] = []
 
     def ask_status(self, timeout: float, own_deadline: bool, listener: StatusListener) -> int:
         """Answer at once."""
@@ -490,6 +498,11 @@ class AnsweringEdgePeer(EdgePeer):
     def request_command(self, request: pb.EdgeCommandRequest) -> Deferred[pb.EdgeCommandResponse]:
         self.commands.append(request)
         return succeed(pb.EdgeCommandResponse(command_id=request.command_id, outcome=pb.COMMAND_OUTCOME_SUCCEEDED))
+
+    def request_deployments(self, request: pb.EdgeDeploymentsRequest) -> Deferred[pb.EdgeDeploymentsResponse]:
+        """Take the set at once (nothing runs): record it and acknowledge its version."""
+        self.deployment_sets.append(request)
+        return succeed(pb.EdgeDeploymentsResponse(observed_version=request.version))
 
     def disconnect(self, code: pb.ErrorCode, message: str) -> None:
         """Record the close."""

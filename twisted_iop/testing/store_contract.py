@@ -1,4 +1,4 @@
-"""The history and SLO parts of the store interface, as checks every backend must pass.
+"""The history, SLO and deployment parts of the store interface, as checks every backend must pass.
 
 ``tests/controlplane/test_cp_store.py`` runs them on the memory and SQLite
 stores, ``tests/cluster/test_cluster_history_store.py`` on the Redis one:
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from twisted_iop.controlplane.store.interface import HistoryChunk, HistoryStore, SloStore
+from twisted_iop.controlplane.store.interface import DeploymentStore, HistoryChunk, HistoryStore, SloStore
 
 #: Waits until what the store was told is readable (a flush, a round trip to Redis).
 Settle = Callable[[], Awaitable[None]]
@@ -70,9 +70,29 @@ async def slos_replace_by_name_and_deletes_forget(writer: Any, reader: Any, sett
     assert await slo_reader.slo_read() == {"chat-ttft": b'{"second": 2}'}
 
 
+async def deployments_replace_by_name_and_deletes_forget(writer: Any, reader: Any, settle: Settle) -> None:
+    """A deployment written twice is read back in its newest form, apart from
+    the SLOs of the same name, and a deleted one is gone."""
+    kept_writer: DeploymentStore = writer
+    kept_reader: DeploymentStore = reader
+    slos: SloStore = writer
+    slos.slo_write("chat", b"an SLO")
+    kept_writer.deployment_write("chat", b'{"generation": 1}')
+    kept_writer.deployment_write("embed", b'{"generation": 1}')
+    kept_writer.deployment_write("chat", b'{"generation": 2}')
+    await settle()
+    assert await kept_reader.deployment_read() == {"chat": b'{"generation": 2}', "embed": b'{"generation": 1}'}
+    kept_writer.deployment_delete("embed")
+    kept_writer.deployment_delete("never-kept")
+    await settle()
+    assert await kept_reader.deployment_read() == {"chat": b'{"generation": 2}'}
+    assert (await slos.slo_read())["chat"] == b"an SLO"
+
+
 #: Every check of the contract.
 CHECKS = (
     chunks_replace_by_key_and_read_by_range,
     expiry_forgets_what_ended_before,
     slos_replace_by_name_and_deletes_forget,
+    deployments_replace_by_name_and_deletes_forget,
 )

@@ -18,7 +18,7 @@ import itertools
 from collections.abc import Callable
 from typing import Any, Optional
 
-from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.defer import CancelledError, Deferred, fail
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
@@ -239,6 +239,13 @@ class Router:
             self.post(sender, reply)
 
 
+class DeploymentsNotRouted(Exception):
+    """Desired sets go to an edge from the replica that holds its connection, never through another."""
+
+    def __init__(self, edge_id: str) -> None:
+        super().__init__(f"edge {edge_id}: its desired set is sent by the replica that holds its connection")
+
+
 class RemotePeer:
     """An edge's connection held by another replica (the registry's peer shape)."""
 
@@ -261,6 +268,10 @@ class RemotePeer:
     def request_command(self, request: pb.EdgeCommandRequest) -> Deferred[pb.EdgeCommandResponse]:
         """Send a command through the owner."""
         return self._router.command(self, request)
+
+    def request_deployments(self, request: pb.EdgeDeploymentsRequest) -> Deferred[pb.EdgeDeploymentsResponse]:
+        """Not routed: the replica that holds the edge's connection sends its desired set."""
+        return fail(DeploymentsNotRouted(self.edge_id))
 
     def disconnect(self, code: pb.ErrorCode, message: str) -> None:
         """Nothing to close here: the owner learns of a newer connection

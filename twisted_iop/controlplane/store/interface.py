@@ -3,7 +3,7 @@
 A :class:`Store` is told of every change worth keeping as it happens (an
 event recorded, an operation changed, an edge enrolled or gone, a rollout
 stepped, a chunk of capacity history written, an SLO's
-buckets) and hands back, when it
+buckets, a deployment) and hands back, when it
 opens, what an earlier process kept (:class:`KeptState`). The registry,
 the gateway, the rollouts and the history ask nothing else of it, so none
 of them knows which backend it has:
@@ -92,6 +92,20 @@ class SloStore(Protocol):
         """Every kept SLO by name (writes and deletes queued before the call included)."""
 
 
+class DeploymentStore(Protocol):
+    """Where deployments are kept: each one's spec, generation and placement,
+    as the bytes of its stored form, by name."""
+
+    def deployment_write(self, name: str, data: bytes) -> None:
+        """Keep deployment ``name`` (replacing what was kept under that name)."""
+
+    def deployment_delete(self, name: str) -> None:
+        """Forget deployment ``name``."""
+
+    def deployment_read(self) -> Deferred[dict[str, bytes]]:
+        """Every kept deployment by name (writes and deletes queued before the call included)."""
+
+
 @attrs.frozen
 class KeptEdge:
     """An edge as an earlier process last wrote it."""
@@ -168,7 +182,7 @@ class StoreHealth:
     commit_seconds: float = 0.0
 
 
-class Store(HistoryStore, SloStore, Protocol):
+class Store(HistoryStore, SloStore, DeploymentStore, Protocol):
     """What the Control Plane keeps across restarts (see the module's docstring)."""
 
     #: ``memory``, ``sqlite`` or ``redis``.

@@ -3,7 +3,7 @@
 Events, operations, edges and rollouts stay where the registry and the
 rollout service keep them anyway (bounded there); this backend only keeps
 the capacity history, in memory, within a byte bound (the oldest chunks
-go first), and the SLOs. For tests and throw-away runs; the default is ``sqlite``.
+go first), the SLOs and the deployments. For tests and throw-away runs; the default is ``sqlite``.
 """
 
 from __future__ import annotations
@@ -157,6 +157,8 @@ class MemoryStore(NothingToRestore):
         self.history = MemoryHistory(history_max_bytes)
         #: The SLOs, by name (kept only while the process lives).
         self.slos: dict[str, bytes] = {}
+        #: The deployments, by name (kept only while the process lives).
+        self.deployments: dict[str, bytes] = {}
 
     def slo_write(self, name: str, data: bytes) -> None:
         """Keep an SLO in memory."""
@@ -169,6 +171,18 @@ class MemoryStore(NothingToRestore):
     def slo_read(self) -> Deferred[dict[str, bytes]]:
         """The SLOs kept in memory."""
         return succeed(dict(self.slos))
+
+    def deployment_write(self, name: str, data: bytes) -> None:
+        """Keep a deployment in memory."""
+        self.deployments[name] = bytes(data)
+
+    def deployment_delete(self, name: str) -> None:
+        """Forget a deployment."""
+        self.deployments.pop(name, None)
+
+    def deployment_read(self) -> Deferred[dict[str, bytes]]:
+        """The deployments kept in memory."""
+        return succeed(dict(self.deployments))
 
     def history_write(self, chunk: HistoryChunk) -> None:
         """Keep ``chunk`` in memory."""

@@ -15,6 +15,8 @@ history and the SLOs, shared by the replicas:
   drops the chunks that ended first);
 * ``<prefix>:slos``: a hash of the SLOs, field name -> base64 of its stored
   form (spec, buckets and alerts);
+* ``<prefix>:deployments``: a hash of the deployments, field name -> base64
+  of its stored form (spec, generation, placement);
 * ``<prefix>:history_lease``: which replica samples the history now. One
   replica samples and writes; the others read. The lease is taken with
   ``SET NX PX`` and refreshed at a third of its time to live; when its
@@ -180,26 +182,48 @@ class RedisStore(NothingToRestore):
 
     def slo_write(self, name: str, data: bytes) -> None:
         """Keep an SLO in Redis (a write that fails is counted and logged)."""
-        d = self._link.call("HSET", f"{self._prefix}:slos", name, stored_forms.b64(data))
-        d.addCallbacks(self._written, self._write_failed)
+        self._hash_write("slos", name, data)
 
     def slo_delete(self, name: str) -> None:
         """Forget an SLO."""
-        self._link.call("HDEL", f"{self._prefix}:slos", name).addCallbacks(self._written, self._write_failed)
+        self._hash_delete("slos", name)
 
     def slo_read(self) -> Deferred[dict[str, bytes]]:
         """Every SLO kept in Redis (entries that do not decode are skipped)."""
+        return self._hash_read("slos", "SLO")
 
+    # -- deployments ------------------------------------------------------------------------
+
+    def deployment_write(self, name: str, data: bytes) -> None:
+        """Keep a deployment in Redis (a write that fails is counted and logged)."""
+        self._hash_write("deployments", name, data)
+
+    def deployment_delete(self, name: str) -> None:
+        """Forget a deployment."""
+        self._hash_delete("deployments", name)
+
+    def deployment_read(self) -> Deferred[dict[str, bytes]]:
+        """Every deployment kept in Redis (entries that do not decode are skipped)."""
+        return self._hash_read("deployments", "deployment")
+
+    def _hash_write(self, key: str, name: str, data: bytes) -> None:
+        d = self._link.call("HSET", f"{self._prefix}:{key}", name, stored_forms.b64(data))
+        d.addCallbacks(self._written, self._write_failed)
+
+    def _hash_delete(self, key: str, name: str) -> None:
+        self._link.call("HDEL", f"{self._prefix}:{key}", name).addCallbacks(self._written, self._write_failed)
+
+    def _hash_read(self, key: str, what: str) -> Deferred[dict[str, bytes]]:
         async def read() -> dict[str, bytes]:
             try:
-                reply = await self._link.call("HGETALL", f"{self._prefix}:slos")
+                reply = await self._link.call("HGETALL", f"{self._prefix}:{key}")
             except Exception as e:
-                raise StoreError(f"SLO read failed: {e}") from None
+                raise StoreError(f"{what} read failed: {e}") from None
             items = list(reply.items()) if isinstance(reply, dict) else list(zip(reply[::2], reply[1::2], strict=False))
             kept: dict[str, bytes] = {}
             for name, value in items:
                 try:
-                    kept[str(name)] = stored_forms.unb64(str(value), "SLO")
+                    kept[str(name)] = stored_forms.unb64(str(value), what)
                 except stored_forms.BadRecord:
                     continue
             return kept

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
 from twisted.application.service import Service
@@ -73,6 +73,8 @@ class SqliteStore(Service):
         self._expire: list[tuple[int, float]] = []
         #: SLOs to write (None: to delete), by name.
         self._slos: dict[str, Optional[bytes]] = {}
+        #: Deployments to write (None: to delete), by name.
+        self._deployments: dict[str, Optional[bytes]] = {}
         self._pending_bytes = 0
         #: A batch that failed, written again first.
         self._retry: Optional[Batch] = None
@@ -248,19 +250,41 @@ class SqliteStore(Service):
 
     def slo_write(self, name: str, data: bytes) -> None:
         """Queue an SLO's stored form (replacing a queued one of that name)."""
-        old = self._slos.get(name)
-        self._pending_bytes += len(data) - (len(old) if old else 0)
-        self._slos[name] = bytes(data)
+        self._queue_document(self._slos, name, data)
 
     def slo_delete(self, name: str) -> None:
         """Queue the deletion of an SLO."""
-        old = self._slos.get(name)
-        self._pending_bytes -= len(old) if old else 0
-        self._slos[name] = None
+        self._queue_document(self._slos, name, None)
 
     def slo_read(self) -> Deferred[dict[str, bytes]]:
         """Every kept SLO, with the queued writes and deletes applied."""
-        queued = dict(self._slos)
+        writer = self._writer
+        return self._read_documents(self._slos, writer.read_slos if writer is not None else None, "SLO")
+
+    def deployment_write(self, name: str, data: bytes) -> None:
+        """Queue a deployment's stored form (replacing a queued one of that name)."""
+        self._queue_document(self._deployments, name, data)
+
+    def deployment_delete(self, name: str) -> None:
+        """Queue the deletion of a deployment."""
+        self._queue_document(self._deployments, name, None)
+
+    def deployment_read(self) -> Deferred[dict[str, bytes]]:
+        """Every kept deployment, with the queued writes and deletes applied."""
+        writer = self._writer
+        return self._read_documents(
+            self._deployments, writer.read_deployments if writer is not None else None, "deployment"
+        )
+
+    def _queue_document(self, queue: dict[str, Optional[bytes]], name: str, data: Optional[bytes]) -> None:
+        old = queue.get(name)
+        self._pending_bytes += (len(data) if data else 0) - (len(old) if old else 0)
+        queue[name] = bytes(data) if data is not None else None
+
+    def _read_documents(
+        self, queue: dict[str, Optional[bytes]], read: Optional[Callable[[], dict[str, bytes]]], what: str
+    ) -> Deferred[dict[str, bytes]]:
+        queued = dict(queue)
 
         def apply(stored: dict[str, bytes]) -> dict[str, bytes]:
             for name, data in queued.items():
@@ -271,13 +295,13 @@ class SqliteStore(Service):
             return stored
 
         writer = self._writer
-        if writer is None or self._closed:
+        if writer is None or self._closed or read is None:
             return succeed(apply({}))
         d: Deferred[dict[str, bytes]] = Deferred()
         writer.submit(
-            writer.read_slos,
+            read,
             lambda stored: d.callback(apply(stored)),
-            lambda e: d.errback(StoreError(f"SLO read failed: {e}")),
+            lambda e: d.errback(StoreError(f"{what} read failed: {e}")),
         )
         return d
 
@@ -290,6 +314,7 @@ class SqliteStore(Service):
             + len(self._history)
             + len(self._expire)
             + len(self._slos)
+            + len(self._deployments)
         )
 
     def _drop(self, what: str) -> None:
@@ -374,6 +399,7 @@ class SqliteStore(Service):
             history=list(self._history.values()),
             history_expire=self._expire,
             slos=self._slos,
+            deployments=self._deployments,
             now=self._clock.seconds(),
         )
         if self._events:
@@ -389,6 +415,7 @@ class SqliteStore(Service):
         self._history = {}
         self._expire = []
         self._slos = {}
+        self._deployments = {}
         return batch
 
     # -- health ------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from twisted_iop.controlplane.store.interface import StoreError
 #: "IOPc" as a big-endian int: this file is a Control Plane store.
 APPLICATION_ID = 0x494F5063
 #: The schema this code writes (and reads; older ones are migrated to it).
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: The write-ahead log is truncated to this after a checkpoint.
 JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
 
@@ -90,6 +90,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     ),
     # SLOs: each one's spec, buckets and alerts (slo/evaluator.py's stored form), by name.
     2: ("CREATE TABLE slos (name TEXT PRIMARY KEY, data BLOB NOT NULL)",),
+    # Deployments: each one's spec, generation and placement (deployments/service.py's stored form), by name.
+    3: ("CREATE TABLE deployments (name TEXT PRIMARY KEY, data BLOB NOT NULL)",),
 }
 assert sorted(MIGRATIONS) == list(range(1, SCHEMA_VERSION + 1))
 

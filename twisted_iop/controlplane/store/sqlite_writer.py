@@ -89,6 +89,8 @@ class Batch:
     history_expire: list[tuple[int, float]] = attrs.field(factory=list)
     #: SLOs to keep (their stored form) or forget (None), by name.
     slos: dict[str, Optional[bytes]] = attrs.field(factory=dict)
+    #: Deployments to keep (their stored form) or forget (None), by name.
+    deployments: dict[str, Optional[bytes]] = attrs.field(factory=dict)
     #: The meta values to keep (the numbering's high-water marks).
     meta: dict[str, int] = attrs.field(factory=dict)
     #: The wall-clock time of the flush (for age retention).
@@ -103,6 +105,7 @@ class Batch:
             + len(self.history)
             + len(self.history_expire)
             + len(self.slos)
+            + len(self.deployments)
         )
 
 
@@ -303,6 +306,11 @@ class SqliteWriter:
                 db.execute("DELETE FROM slos WHERE name = ?", (name,))
             else:
                 db.execute("INSERT OR REPLACE INTO slos VALUES (?, ?)", (name, data))
+        for name, data in batch.deployments.items():
+            if data is None:
+                db.execute("DELETE FROM deployments WHERE name = ?", (name,))
+            else:
+                db.execute("INSERT OR REPLACE INTO deployments VALUES (?, ?)", (name, data))
         for key, number in batch.meta.items():
             db.execute(
                 "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = "
@@ -509,6 +517,10 @@ class SqliteWriter:
     def read_slos(self) -> dict[str, bytes]:
         """Every kept SLO's stored form, by name."""
         return {str(name): bytes(data) for name, data in self._db.execute("SELECT name, data FROM slos")}
+
+    def read_deployments(self) -> dict[str, bytes]:
+        """Every kept deployment's stored form, by name."""
+        return {str(name): bytes(data) for name, data in self._db.execute("SELECT name, data FROM deployments")}
 
 
 def _blocks(events: Sequence[EventRecord], sizes: Sequence[int]) -> list[tuple[str, list[EventRecord], int]]:

@@ -15,4 +15,5 @@ export { IopEventStream } from "./components/event-stream.js";
 export { IopOperations } from "./components/operations.js";
 export { IopCommandForm } from "./components/command-form.js";
 export { IopRollouts } from "./components/rollouts.js";
+export { IopDeployments } from "./components/deployments.js";
 export { IopHistoryChart } from "./components/history-chart.js";

@@ -1,0 +1,758 @@
+"""The deployment service: keeps deployments, sends each edge its desired set, reads what runs.
+
+The :class:`DeploymentService`:
+
+1. keeps every deployment (spec, generation, who changed it last, and where
+   its instances were placed on each edge) in the store, so it outlives a
+   restart; nothing is sent to any edge before what the store kept is read
+   back (an empty set sent too early would stop every engine);
+2. on every change (``PUT``, ``DELETE``) and whenever an edge's connection
+   is accepted, asks the edge for a status snapshot (its nodes, their
+   profiles, free ports and GPU slots, and the instances it reports),
+   places the instances of every deployment that selects it
+   (:func:`~.placement.place_edge`, converging, never churning) and sends
+   the edge its whole desired set (``EdgeDeploymentsRequest``) under a new
+   version when it differs from what the edge holds, and always on a new
+   connection;
+3. keeps what each edge says (``EdgeDeploymentsResponse``, and the
+   ``instances`` / ``observed_deployments_version`` / ``held`` of every
+   status snapshot the Control Plane receives), and every
+   ``poll_seconds`` asks the edges whose instances are not all ready for a
+   fresh snapshot (again placing, for nodes that came meanwhile);
+4. computes each deployment's rollup (:mod:`.rollup`);
+5. records ``deployment.created`` / ``deployment.updated`` /
+   ``deployment.deleted`` events with who did it (the token's name).
+
+**Versions.** A desired set's version is the larger of one more than the
+last one given and the wall clock in milliseconds, and above the version
+the edge reports holding, so a restarted Control Plane never sends a set
+an Edge would ignore as older.
+
+In cluster mode each replica sends the sets of the edges whose connection
+it holds, and reads the kept deployments only at its start (a change made
+through one replica reaches the others' edges after they restart; see
+docs/deployments.md).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any, Optional
+
+import attrs
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from twisted_iop.controlplane.cluster.remote import RemotePeer
+from twisted_iop.controlplane.deployments import placement as pl
+from twisted_iop.controlplane.deployments.rollup import (
+    EDGE_STATES,
+    FAILED,
+    OUT_OF_SYNC,
+    READY,
+    EdgeRollup,
+    Observation,
+    edge_rollup,
+    rollup_counts,
+)
+from twisted_iop.controlplane.deployments.spec import SKIP, DeploymentSpec, SpecError, parse_spec
+from twisted_iop.controlplane.edge_record import EdgeRecord
+from twisted_iop.controlplane.event_log import EdgeEvents
+from twisted_iop.controlplane.gateway import EdgeGateway
+from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.snapshots import StatusSnapshot
+from twisted_iop.controlplane.store.interface import DeploymentStore
+from twisted_iop.wire import control_pb2 as pb
+
+#: The command an Edge that takes desired sets announces in its catalog.
+HOLD_COMMAND = "edge.hold"
+#: The most deployments kept.
+MAX_DEPLOYMENTS = 1000
+#: How often edges whose instances are not all ready are asked for a snapshot.
+POLL_SECONDS = 2.0
+#: How long an edge has to answer its desired set.
+SEND_TIMEOUT_SECONDS = 30.0
+#: The most snapshots asked for in one poll.
+MAX_POLLS = 200
+
+
+def takes_deployments(record: EdgeRecord) -> bool:
+    """Whether this process sends the edge desired sets: the edge announces ``edge.hold`` (an
+    Edge older than deployments announces no such command and is sent nothing), and its
+    connection is held here (cluster mode: another replica's edge gets its set from that one)."""
+    if isinstance(record.peer, RemotePeer):
+        return False
+    return any(command.name == HOLD_COMMAND for command in record.hello.commands)
+
+
+class UnknownDeployment(Exception):
+    """No deployment with that name is kept."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no deployment named {name!r} is kept")
+
+
+class TooManyDeployments(Exception):
+    """:data:`MAX_DEPLOYMENTS` are kept already."""
+
+
+@attrs.define
+class DeploymentState:
+    """One deployment as kept: its spec, generation, who changed it, and where its instances went."""
+
+    spec: DeploymentSpec
+    generation: int
+    created_at: float
+    updated_at: float
+    updated_by: str = ""
+    #: Per edge: instance id -> node id.
+    placement: dict[str, dict[str, str]] = attrs.field(factory=dict)
+    #: While a change rolls out ``rollout.max_in_flight`` edges at a time: the spec and
+    #: generation the edges not reached yet keep running, and the edges reached.
+    rolling_from: Optional[DeploymentSpec] = None
+    rolling_generation: int = 0
+    promoted: set[str] = attrs.field(factory=set)
+
+    def spec_for(self, edge_id: str) -> tuple[DeploymentSpec, int]:
+        """The spec and generation edge ``edge_id`` gets now (the older one until a roll reaches it)."""
+        if self.rolling_from is None or edge_id in self.promoted:
+            return self.spec, self.generation
+        return self.rolling_from, self.rolling_generation
+
+    def as_json(self) -> dict[str, Any]:
+        """The stored form."""
+        return {
+            "spec": self.spec.as_json(),
+            "generation": self.generation,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "updated_by": self.updated_by,
+            "placement": self.placement,
+            "rolling_from": self.rolling_from.as_json() if self.rolling_from is not None else None,
+            "rolling_generation": self.rolling_generation,
+            "promoted": sorted(self.promoted),
+        }
+
+    @classmethod
+    def from_json(cls, name: str, value: dict[str, Any]) -> DeploymentState:
+        """A kept deployment back from its stored form; ValueError, KeyError, TypeError or SpecError."""
+        placement = value.get("placement") or {}
+        if not isinstance(placement, dict):
+            raise ValueError("placement is not an object")
+        return cls(
+            spec=parse_spec(name, value["spec"]),
+            generation=int(value["generation"]),
+            created_at=float(value["created_at"]),
+            updated_at=float(value["updated_at"]),
+            updated_by=str(value.get("updated_by", "")),
+            placement={str(e): {str(i): str(n) for i, n in dict(p).items()} for e, p in placement.items()},
+            rolling_from=parse_spec(name, value["rolling_from"]) if value.get("rolling_from") else None,
+            rolling_generation=int(value.get("rolling_generation", 0)),
+            promoted={str(e) for e in value.get("promoted") or ()},
+        )
+
+
+@attrs.frozen
+class SnapshotRead:
+    """What one edge's kept snapshot says of deployments (read once per snapshot)."""
+
+    snapshot: StatusSnapshot
+    observation: Observation
+    nodes: tuple[pl.NodeView, ...]
+
+
+@attrs.define
+class EdgeDesired:
+    """What an edge was last sent: the version, the plan it came from, and whether it answered."""
+
+    version: int
+    plan: pl.EdgePlan
+    token: int
+    acknowledged: bool = False
+
+
+class DeploymentService(Service):
+    """Every deployment, sent to the edges it selects (see the module docstring)."""
+
+    _log = Logger()
+    name = "deployments"
+
+    def __init__(
+        self,
+        registry: EdgeRegistry,
+        gateway: EdgeGateway,
+        store: DeploymentStore,
+        events: EdgeEvents,
+        clock: IReactorTime,
+        poll_seconds: float = POLL_SECONDS,
+        max_deployments: int = MAX_DEPLOYMENTS,
+    ) -> None:
+        self._registry = registry
+        self._gateway = gateway
+        self._store = store
+        self._events = events
+        self._clock = clock
+        self.poll_seconds = poll_seconds
+        self.max_deployments = max_deployments
+        self._deployments: dict[str, DeploymentState] = {}
+        #: What each edge was last sent (forgotten when its connection ends).
+        self._sent: dict[str, EdgeDesired] = {}
+        #: What each edge last answered to a desired set.
+        self._answers: dict[str, Observation] = {}
+        #: The snapshot last read per edge, and what it said (compared by identity).
+        self._read_snapshots: dict[str, SnapshotRead] = {}
+        self._last_version = 0
+        #: Deployments whose placement changed and is not written yet (written at the end of the turn).
+        self._unwritten: set[str] = set()
+        self._flush_call: Optional[IDelayedCall] = None
+        self._loop: Optional[LoopingCall] = None
+        #: Whether what the store kept was read back (nothing is sent before).
+        self.restored = False
+        #: For /metrics and tests: desired sets sent, and answered.
+        self.sets_sent = 0
+        self.sets_answered = 0
+        registry.add_connect_listener(self.edge_connected)
+
+    # -- what is kept ------------------------------------------------------------------------
+
+    def get(self, name: str) -> DeploymentState:
+        """The deployment ``name``; raises :class:`UnknownDeployment`."""
+        state = self._deployments.get(name)
+        if state is None:
+            raise UnknownDeployment(name[:80])
+        return state
+
+    def all(self) -> list[DeploymentState]:
+        """Every deployment, by name."""
+        return [self._deployments[name] for name in sorted(self._deployments)]
+
+    def __len__(self) -> int:
+        return len(self._deployments)
+
+    def put(self, spec: DeploymentSpec, actor: str = "") -> tuple[DeploymentState, bool, bool]:
+        """Keep ``spec``: the deployment, whether it is new, whether it changed (the same spec
+        again changes nothing, not even its generation). Raises :class:`TooManyDeployments`."""
+        now = self._clock.seconds()
+        kept = self._deployments.get(spec.name)
+        if kept is not None and kept.spec == spec:
+            return kept, False, False
+        if kept is None:
+            if len(self._deployments) >= self.max_deployments:
+                raise TooManyDeployments(f"{len(self._deployments)} deployments are kept already; delete one first")
+            state = DeploymentState(spec, 1, now, now, actor)
+            old_spec = None
+        else:
+            old_spec = kept.spec
+            state = DeploymentState(spec, kept.generation + 1, kept.created_at, now, actor, kept.placement)
+            if spec.max_in_flight:
+                # Rolled out max_in_flight edges at a time: the others keep what they run. A change
+                # while a roll goes on keeps the spec the edges not reached yet run.
+                if kept.rolling_from is not None:
+                    state.rolling_from, state.rolling_generation = kept.rolling_from, kept.rolling_generation
+                    state.promoted = set(kept.promoted)
+                else:
+                    state.rolling_from, state.rolling_generation = kept.spec, kept.generation
+        self._deployments[spec.name] = state
+        kind = "deployment.created" if kept is None else "deployment.updated"
+        self._record(kind, state, actor, f"deployment {spec.name}: generation {state.generation}")
+        self._advance(state)
+        self._write(state)
+        specs = [spec] if old_spec is None else [spec, old_spec]
+        if state.rolling_from is not None:
+            specs.append(state.rolling_from)
+        self._reconcile_selected(specs)
+        return state, kept is None, True
+
+    def delete(self, name: str, actor: str = "") -> DeploymentState:
+        """Forget deployment ``name`` (its instances stop everywhere); raises :class:`UnknownDeployment`."""
+        state = self.get(name)
+        del self._deployments[name]
+        self._unwritten.discard(name)
+        self._store.deployment_delete(name)
+        self._record("deployment.deleted", state, actor, f"deployment {name} deleted: its instances stop")
+        self._reconcile_selected([state.spec])
+        return state
+
+    def _write(self, state: DeploymentState) -> None:
+        self._unwritten.discard(state.spec.name)
+        self._store.deployment_write(state.spec.name, json.dumps(state.as_json(), separators=(",", ":")).encode())
+
+    def _write_soon(self, state: DeploymentState) -> None:
+        """Write ``state`` once the placements of this turn are done: a change placed on 5,000
+        edges is one write of the deployment, not one per edge (each the size of them all)."""
+        self._unwritten.add(state.spec.name)
+        if self._flush_call is None or not self._flush_call.active():
+            self._flush_call = self._clock.callLater(0, self.flush)
+
+    def flush(self) -> None:
+        """Write every deployment whose placement changed since it was last written."""
+        for name in sorted(self._unwritten):
+            state = self._deployments.get(name)
+            if state is not None:
+                self._write(state)
+        self._unwritten.clear()
+
+    def _record(self, kind: str, state: DeploymentState, actor: str, message: str) -> None:
+        self._registry.event_log.record(
+            "",
+            self._events,
+            kind,
+            message=message,
+            attributes={
+                "deployment": state.spec.name,
+                "generation": str(state.generation),
+                "model": state.spec.model,
+                "profile": state.spec.profile,
+                "actor": actor or "anonymous",
+            },
+        )
+        self._log.info("{kind}: {message} (by {actor})", kind=kind, message=message, actor=actor or "anonymous")
+
+    # -- start and stop ----------------------------------------------------------------------
+
+    def startService(self) -> None:
+        """Read the kept deployments back (nothing is sent before), then start the poll."""
+        super().startService()
+        self._store.deployment_read().addCallbacks(self._restore, self._restore_failed)
+
+    def _restore(self, kept: dict[str, bytes]) -> None:
+        for name, data in sorted(kept.items()):
+            try:
+                state = DeploymentState.from_json(name, json.loads(data))
+            except (ValueError, KeyError, TypeError, SpecError) as e:
+                self._log.warn("a kept deployment {name} was not restored: {error}", name=name[:80], error=str(e))
+                continue
+            self._deployments.setdefault(name, state)
+        self.restored = True
+        if self._deployments:
+            self._log.info("deployments: {count} kept", count=len(self._deployments))
+        for record in list(self._registry.edges()):
+            if record.token is not None:
+                self.edge_connected(record.edge_id, record.token)
+        if self.running:
+            loop = self._loop = LoopingCall(self.poll)
+            loop.clock = self._clock
+            loop.start(self.poll_seconds, now=False).addErrback(self._loop_failed)
+
+    def _restore_failed(self, failure: Failure) -> None:
+        # Nothing is sent: an empty set would stop every engine the fleet runs.
+        self._log.error(
+            "deployments: the kept deployments could not be read; no desired set is sent: {error}",
+            error=failure.getErrorMessage(),
+        )
+
+    def _loop_failed(self, failure: Failure) -> None:
+        self._log.failure("deployments: the poll timer stopped", failure)
+
+    def stopService(self) -> Any:
+        """Stop the poll and write what is not written yet."""
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+        self._loop = None
+        if self._flush_call is not None and self._flush_call.active():
+            self._flush_call.cancel()
+        self.flush()
+        return super().stopService()
+
+    # -- edges -------------------------------------------------------------------------------
+
+    def edge_connected(self, edge_id: str, token: int) -> None:
+        """An edge's connection was accepted: it gets its whole set (once its snapshot is here,
+        when a deployment selects it; at once when none does, which stops what it may still run)."""
+        self._sent.pop(edge_id, None)
+        self._answers.pop(edge_id, None)
+        record = self._registry.find(edge_id)
+        if not self.restored or record is None or not takes_deployments(record):
+            return
+        if any(s.spec.edge_selector_parsed.matches(record.hello.labels) for s in self._deployments.values()):
+            self._refresh(edge_id, token, always_send=True)
+        else:
+            self._reconcile(edge_id, token, always_send=True)
+
+    def _refresh(self, edge_id: str, token: int, always_send: bool = False) -> None:
+        """Ask for a fresh snapshot, then place and send (if the connection is still current)."""
+
+        def answered(_: object) -> None:
+            self._reconcile(edge_id, token, always_send)
+
+        def failed(failure: Failure) -> None:
+            self._log.warn(
+                "deployments: edge {edge_id} gave no status: {error}", edge_id=edge_id, error=failure.getErrorMessage()
+            )
+            if always_send:
+                self._reconcile(edge_id, token, always_send)
+
+        self._gateway.status(edge_id).addCallbacks(answered, failed)
+
+    def _reconcile_selected(self, specs: Iterable[DeploymentSpec]) -> None:
+        """Place and send on every connected edge one of ``specs`` selects (once its fresh snapshot is here)."""
+        if not self.restored:
+            return
+        selectors = [s.edge_selector_parsed for s in specs]
+        for record in list(self._registry.edges()):
+            if (
+                record.token is not None
+                and takes_deployments(record)
+                and any(sel.matches(record.hello.labels) for sel in selectors)
+            ):
+                # A fresh snapshot first: its nodes' profiles, free ports and GPU slots now.
+                self._refresh(record.edge_id, record.token)
+
+    def _reconcile(self, edge_id: str, token: int, always_send: bool = False) -> None:
+        record = self._registry.find(edge_id)
+        if record is None or record.token != token or record.peer is None or not self.restored:
+            return
+        view = self.edge_view(record)
+        plan = self._plan(view)
+        sent = self._sent.get(edge_id)
+        if not always_send and sent is not None and sent.plan.instances == plan.instances:
+            sent.plan = plan
+            return
+        self._send(record, token, plan)
+
+    def _plan(self, view: pl.EdgeView, replace: Optional[DeploymentSpec] = None) -> pl.EdgePlan:
+        """Place every deployment on ``view`` (with ``replace`` instead of the kept spec of its name);
+        the kept placement is updated unless this is a dry run (``replace``)."""
+        deployments = []
+        previous: dict[str, str] = {}
+        for state in self._deployments.values():
+            spec, generation = state.spec_for(view.edge_id)
+            if replace is not None and spec.name == replace.name:
+                spec, generation = replace, generation + (replace != spec)
+            deployments.append(pl.Deployment(spec, generation))
+            previous.update(state.placement.get(view.edge_id, {}))
+        if replace is not None and replace.name not in self._deployments:
+            deployments.append(pl.Deployment(replace, 1))
+        plan = pl.place_edge(deployments, view, previous)
+        if replace is None:
+            for state in self._deployments.values():
+                now = plan.assignments(state.spec.name)
+                if state.placement.get(view.edge_id, {}) != now:
+                    if now:
+                        state.placement[view.edge_id] = now
+                    else:
+                        state.placement.pop(view.edge_id, None)
+                    self._write_soon(state)
+        return plan
+
+    def _next_version(self, edge_id: str) -> int:
+        observed = self.observation(edge_id)
+        version = max(self._last_version + 1, int(self._clock.seconds() * 1000))
+        if observed is not None:
+            version = max(version, observed.version + 1)
+        self._last_version = version
+        return version
+
+    def _send(self, record: EdgeRecord, token: int, plan: pl.EdgePlan) -> None:
+        peer = record.peer
+        assert peer is not None
+        edge_id = record.edge_id
+        version = self._next_version(edge_id)
+        desired = self._sent[edge_id] = EdgeDesired(version, plan, token)
+        request = pb.EdgeDeploymentsRequest(version=version, instances=[i.desired() for i in plan.instances])
+        self.sets_sent += 1
+        self._log.info(
+            "deployments: edge {edge_id} sent desired set version {version} ({count} instances)",
+            edge_id=edge_id,
+            version=version,
+            count=len(plan.instances),
+        )
+        d = peer.request_deployments(request)
+        d.addTimeout(SEND_TIMEOUT_SECONDS, self._clock)
+        d.addCallback(self._answered, edge_id, desired)
+        d.addErrback(self._not_answered, edge_id)
+
+    def _answered(self, response: pb.EdgeDeploymentsResponse, edge_id: str, desired: EdgeDesired) -> None:
+        self.sets_answered += 1
+        if self._sent.get(edge_id) is not desired:
+            return
+        desired.acknowledged = response.observed_version >= desired.version
+        self._answers[edge_id] = Observation(
+            response.observed_version, tuple(response.instances), response.held, self._clock.seconds()
+        )
+
+    def _not_answered(self, failure: Failure, edge_id: str) -> None:
+        self._log.warn(
+            "deployments: edge {edge_id} did not answer its desired set: {error}",
+            edge_id=edge_id,
+            error=failure.getErrorMessage(),
+        )
+
+    def poll(self) -> None:
+        """Move every roll on, and ask the connected edges whose instances are not all ready for a
+        fresh snapshot."""
+        if not self.restored or self._gateway.stopping:
+            return
+        for state in self.all():
+            if state.rolling_from is not None and self._advance(state):
+                self._write(state)
+        for kept in (self._sent, self._answers, self._read_snapshots):
+            for edge_id in [e for e in kept if self._registry.find(e) is None]:
+                del kept[edge_id]  # an edge the registry forgot
+        asked = 0
+        for edge_id, desired in list(self._sent.items()):
+            if asked >= MAX_POLLS:
+                break
+            record = self._registry.find(edge_id)
+            if record is None or record.token != desired.token:
+                continue
+            if self._settled(edge_id, desired):
+                continue
+            asked += 1
+            self._refresh(edge_id, desired.token)
+
+    def _advance(self, state: DeploymentState) -> bool:
+        """Reach the next edges of a roll while fewer than ``max_in_flight`` reached edges are not
+        ready (an offline one counts with ``offline: wait``); end the roll once every edge is
+        reached and ready. Whether anything changed."""
+        if state.rolling_from is None:
+            return False
+        spec = state.spec
+        selectors = [spec.edge_selector_parsed, state.rolling_from.edge_selector_parsed]
+        edges = sorted(
+            (r for r in self._registry.edges() if any(sel.matches(r.hello.labels) for sel in selectors)),
+            key=lambda r: r.edge_id,
+        )
+        states = {e.edge_id: e.state for e in self.edge_rollups(spec.name)}
+
+        def in_flight(record: EdgeRecord) -> bool:
+            if record.token is None:
+                return spec.offline != SKIP
+            return states.get(record.edge_id, READY) != READY
+
+        busy = sum(1 for r in edges if r.edge_id in state.promoted and in_flight(r))
+        reached = []
+        for record in edges:
+            if busy >= spec.max_in_flight:
+                break
+            if record.edge_id in state.promoted:
+                continue
+            state.promoted.add(record.edge_id)
+            reached.append(record)
+            if record.token is not None or spec.offline != SKIP:
+                busy += 1
+        if reached:
+            self._log.info(
+                "deployments: {name} generation {generation} reaches {edges}",
+                name=spec.name,
+                generation=state.generation,
+                edges=", ".join(r.edge_id for r in reached),
+            )
+            for record in reached:
+                if record.token is not None and takes_deployments(record):
+                    self._refresh(record.edge_id, record.token)
+            return True
+        if busy == 0 and all(r.edge_id in state.promoted for r in edges):
+            state.rolling_from, state.rolling_generation, state.promoted = None, 0, set()
+            message = f"deployment {spec.name}: generation {state.generation} reached every edge"
+            self._record("deployment.rolled_out", state, state.updated_by, message)
+            return True
+        return False
+
+    def _settled(self, edge_id: str, desired: EdgeDesired) -> bool:
+        observed = self.observation(edge_id)
+        if observed is None or observed.version < desired.version or desired.plan.unplaced:
+            return False
+        ready = {(s.instance_id, s.spec_hash) for s in observed.instances if s.state == pb.INSTANCE_STATE_READY}
+        wanted = {(i.instance_id, i.spec_hash) for i in desired.plan.instances}
+        return wanted <= ready and {s.instance_id for s in observed.instances} <= {i for i, _ in wanted}
+
+    # -- what edges say ----------------------------------------------------------------------
+
+    def _read(self, record: EdgeRecord) -> Optional[SnapshotRead]:
+        """What the edge's last snapshot says of deployments: read once per snapshot, and only that
+        kept (its nodes' profiles and free slots, its instances), not the whole parsed snapshot."""
+        snapshot = record.snapshot
+        if snapshot is None:
+            return None
+        read = self._read_snapshots.get(record.edge_id)
+        if read is None or read.snapshot is not snapshot:
+            status = snapshot.parse()
+            observed = Observation(
+                status.observed_deployments_version, tuple(status.instances), status.held, snapshot.received_at
+            )
+            read = self._read_snapshots[record.edge_id] = SnapshotRead(snapshot, observed, pl.node_views(status))
+        return read
+
+    def observation(self, edge_id: str) -> Optional[Observation]:
+        """What the edge said last of its deployments: its answer to a set, or a newer snapshot."""
+        answer = self._answers.get(edge_id)
+        record = self._registry.find(edge_id)
+        if record is None or record.snapshot is None:
+            return answer
+        if answer is None or record.snapshot.received_at > answer.at:
+            read = self._read(record)
+            if read is not None:
+                return read.observation
+        return answer
+
+    def edge_view(self, record: EdgeRecord) -> pl.EdgeView:
+        """The edge as placement sees it (its last snapshot, and its newest word on what runs)."""
+        observed = self.observation(record.edge_id)
+        read = self._read(record)
+        return pl.EdgeView(
+            edge_id=record.edge_id,
+            connected=record.token is not None,
+            held=observed.held if observed is not None else False,
+            labels=tuple(sorted(record.hello.labels.items())),
+            nodes=read.nodes if read is not None else (),
+            running=pl.running_instances(observed.instances if observed is not None else ()),
+        )
+
+    # -- views -------------------------------------------------------------------------------
+
+    def _selected(self, spec: DeploymentSpec) -> list[EdgeRecord]:
+        selector = spec.edge_selector_parsed
+        return sorted((r for r in self._registry.edges() if selector.matches(r.hello.labels)), key=lambda r: r.edge_id)
+
+    def edge_rollups(self, name: str) -> list[EdgeRollup]:
+        """The deployment on every edge it selects, by edge id."""
+        state = self.get(name)
+        spec = state.spec
+        out = []
+        for record in self._selected(spec):
+            edge_id = record.edge_id
+            sent = self._sent.get(edge_id)
+            if record.token is None:
+                out.append(edge_rollup(edge_id, spec.name, spec.spec_hash, False, [], [], 0, None))
+                continue
+            if isinstance(record.peer, RemotePeer):
+                reason = "its connection is held by another Control Plane replica, which sends its set"
+                out.append(EdgeRollup(edge_id, OUT_OF_SYNC, 0, (), reason))
+                continue
+            if not takes_deployments(record):
+                out.append(EdgeRollup(edge_id, FAILED, 0, (), "this edge's software does not take deployments"))
+                continue
+            if sent is None:
+                # Connected, its set not sent yet (its snapshot is asked for first).
+                plan, version, observed = self._plan_readonly(record), 1, None
+            else:
+                plan, version, observed = sent.plan, sent.version, self.observation(edge_id)
+            if state.rolling_from is not None and edge_id not in state.promoted:
+                waiting = edge_rollup(
+                    edge_id,
+                    spec.name,
+                    spec.spec_hash,
+                    True,
+                    [i for i in plan.instances if i.deployment == spec.name],
+                    [],
+                    version,
+                    observed,
+                )
+                reason = f"waits its turn in the rollout of generation {state.generation} (max_in_flight {spec.max_in_flight})"
+                out.append(EdgeRollup(edge_id, OUT_OF_SYNC, waiting.observed_generation, waiting.instances, reason))
+                continue
+            out.append(
+                edge_rollup(
+                    edge_id,
+                    spec.name,
+                    spec.spec_hash,
+                    True,
+                    [i for i in plan.instances if i.deployment == spec.name],
+                    [u for u in plan.unplaced if u.deployment == spec.name],
+                    version,
+                    observed,
+                )
+            )
+        return out
+
+    def _plan_readonly(self, record: EdgeRecord) -> pl.EdgePlan:
+        view = self.edge_view(record)
+        previous: dict[str, str] = {}
+        for state in self._deployments.values():
+            previous.update(state.placement.get(record.edge_id, {}))
+        deployments = [pl.Deployment(*s.spec_for(record.edge_id)) for s in self._deployments.values()]
+        return pl.place_edge(deployments, view, previous)
+
+    def rollup(self, name: str) -> dict[str, int]:
+        """``desired`` and the count of edges in each state."""
+        state = self.get(name)
+        return rollup_counts((e.state for e in self.edge_rollups(name)), state.spec.offline)
+
+    def dry_run_fresh(self, spec: DeploymentSpec) -> Deferred[dict[str, Any]]:
+        """:meth:`dry_run` once the connected edges it concerns sent a fresh snapshot (or failed to)."""
+        kept = self._deployments.get(spec.name)
+        selectors = [spec.edge_selector_parsed] + ([kept.spec.edge_selector_parsed] if kept is not None else [])
+        asks = [
+            self._gateway.status(record.edge_id)
+            for record in list(self._registry.edges())
+            if record.token is not None
+            and takes_deployments(record)
+            and any(sel.matches(record.hello.labels) for sel in selectors)
+        ]
+        done: Deferred[Any] = DeferredList(asks, consumeErrors=True)
+        return done.addCallback(lambda _: self.dry_run(spec))
+
+    def dry_run(self, spec: DeploymentSpec) -> dict[str, Any]:
+        """What applying ``spec`` would do on each edge it selects (or selected), changing nothing."""
+        kept = self._deployments.get(spec.name)
+        selectors = [spec.edge_selector_parsed] + ([kept.spec.edge_selector_parsed] if kept is not None else [])
+        edges = []
+        summary = {pl.START: 0, pl.RESTART: 0, pl.STAY: 0, pl.STOP: 0, "unplaceable": 0}
+        for record in sorted(self._registry.edges(), key=lambda r: r.edge_id):
+            if not any(sel.matches(record.hello.labels) for sel in selectors):
+                continue
+            view = self.edge_view(record)
+            selected = pl.selects(spec, view)
+            plan = self._plan(view, replace=spec) if selected else pl.EdgePlan(record.edge_id)
+            changes = pl.changes(plan, view, spec.name)
+            problems = [
+                {"instance_id": u.instance_id, "reason": u.reason} for u in plan.unplaced if u.deployment == spec.name
+            ]
+            problems.extend(
+                {"instance_id": i.instance_id, "reason": i.problem}
+                for i in plan.instances
+                if i.deployment == spec.name and i.problem
+            )
+            note = ""
+            if not view.connected:
+                note = "the edge is offline: " + ("skipped until it is back" if spec.offline == "skip" else "it waits")
+            elif view.held:
+                note = "the edge holds changes: they wait for its release"
+            for change in changes:
+                summary[change.action] += 1
+            summary["unplaceable"] += len(problems)
+            edges.append(
+                {
+                    "edge_id": record.edge_id,
+                    "connected": view.connected,
+                    "held": view.held,
+                    "selected": selected,
+                    "note": note,
+                    "changes": [
+                        {"action": c.action, "instance_id": c.instance_id, "node_id": c.node_id} for c in changes
+                    ],
+                    "problems": problems,
+                }
+            )
+        return {
+            "name": spec.name,
+            "dry_run": True,
+            "generation": (kept.generation + (kept.spec != spec)) if kept is not None else 1,
+            "spec": spec.as_json(),
+            "spec_hash": spec.spec_hash,
+            "summary": summary,
+            "edges": edges,
+        }
+
+    # -- figures for /metrics ----------------------------------------------------------------
+
+    def edges_by_state(self) -> dict[str, dict[str, int]]:
+        """Per deployment: the count of edges in each state."""
+        out = {}
+        for state in self.all():
+            counts = dict.fromkeys(EDGE_STATES, 0)
+            for edge in self.edge_rollups(state.spec.name):
+                counts[edge.state] += 1
+            out[state.spec.name] = counts
+        return out
+
+    def ready(self, name: str) -> bool:
+        """Whether every edge the deployment wants is ready."""
+        counts = self.rollup(name)
+        return counts["desired"] > 0 and counts[READY] == counts["desired"]

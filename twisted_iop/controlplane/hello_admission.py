@@ -47,6 +47,8 @@ import attrs
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
+from twisted_iop.token_bucket import TokenBucket
+
 #: The hint never points further out than this (a herd of 100,000 at a slow loop).
 MAX_RETRY_SECONDS = 30.0
 #: The slices' rate assumed before one was measured (hellos per second).
@@ -170,33 +172,6 @@ class LoopLagProbe:
         self._schedule()
 
 
-class _Pace:
-    """A token bucket of ``per_second`` hellos, burst twice as many (at least one)."""
-
-    def __init__(self, clock: IReactorTime, per_second: float) -> None:
-        self._clock = clock
-        self.per_second = per_second
-        self.burst = max(1.0, 2.0 * per_second)
-        self._tokens = self.burst
-        # Read at the first take: the clock may not tell time before the reactor runs.
-        self._updated: Optional[float] = None
-
-    def available(self) -> float:
-        """The tokens there now."""
-        now = self._clock.seconds()
-        if self._updated is not None:
-            self._tokens = min(self.burst, self._tokens + (now - self._updated) * self.per_second)
-        self._updated = now
-        return self._tokens
-
-    def take(self) -> Optional[float]:
-        """Take a token: None if one was there, else the seconds until there is one."""
-        if self.available() >= 1.0:
-            self._tokens -= 1.0
-            return None
-        return (1.0 - self._tokens) / self.per_second
-
-
 class HelloAdmission:
     """Queue hellos and work them off in slices of the loop; refuse only what cannot be held.
 
@@ -217,7 +192,12 @@ class HelloAdmission:
         self._max_wait = settings.max_queue_wait_ms / 1000.0
         self._grace = settings.lag_grace_ms / 1000.0
         self._lagging_slice = min(settings.lagging_slice_ms, settings.slice_ms) / 1000.0
-        self._fixed = _Pace(clock, settings.max_per_second) if settings.max_per_second > 0 else None
+        #: The fixed cap (``max_per_second``), burst twice as many hellos (at least one).
+        self._fixed = (
+            TokenBucket(settings.max_per_second, max(1.0, 2.0 * settings.max_per_second))
+            if settings.max_per_second > 0
+            else None
+        )
         #: Waiting hellos, oldest first: each one's frame size and when it was queued.
         self._queue: OrderedDict[WaitingHello, tuple[int, float]] = OrderedDict()
         self._bytes = 0
@@ -319,7 +299,7 @@ class HelloAdmission:
             return self._refuse("queue_full", now)
         # The hellos to be worked off before this one is (itself included),
         # less those a fixed pace's bucket lets through at once.
-        ahead = len(queue) + 1 - (self._fixed.available() if self._fixed is not None else 0.0)
+        ahead = len(queue) + 1 - (self._fixed.available(self._clock.seconds()) if self._fixed is not None else 0.0)
         if ahead / self.drain_rate() > self._max_wait:
             return self._refuse("queue_wait", now)
         queue[hello] = (size, now)
@@ -357,7 +337,7 @@ class HelloAdmission:
         done = 0
         while queue:
             if fixed is not None:
-                wait = fixed.take()
+                wait = fixed.take(now)
                 if wait is not None:
                     self._schedule(wait)
                     break

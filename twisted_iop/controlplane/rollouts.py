@@ -56,6 +56,7 @@ from twisted_iop.controlplane.request_errors import ShuttingDown
 from twisted_iop.controlplane.slo.readings import Reading, cumulative_readings, observed_since, recent_sketch
 from twisted_iop.controlplane.snapshots import StatusSnapshot
 from twisted_iop.label_selectors import Selector, parse_selector
+from twisted_iop.token_bucket import TokenBucket
 
 if TYPE_CHECKING:
     from twisted_iop.controlplane.cluster.replica import ClusterReplica
@@ -92,37 +93,30 @@ class RolloutSettings:
 
 
 class DispatchPace:
-    """A token bucket over every rollout's dispatches (``max_dispatch_per_second``; 0: no bound).
-
-    Its burst is a tenth of a second's worth (at least one), so dispatches
-    come in small groups a few milliseconds apart rather than all at once.
-    """
+    """Every rollout's dispatches together (``max_dispatch_per_second``; 0: no bound): a
+    :class:`~twisted_iop.token_bucket.TokenBucket` whose burst is a tenth of a second's worth
+    (at least one), so dispatches come in small groups a few milliseconds apart rather than
+    all at once."""
 
     def __init__(self, per_second: float) -> None:
-        self._rate = per_second
-        self._burst = max(1.0, per_second / 10.0)
-        self._tokens = self._burst
-        self._at: Optional[float] = None
+        self._bucket = TokenBucket(per_second, max(1.0, per_second / 10.0)) if per_second > 0 else None
 
     def allowed(self, now: float) -> Optional[int]:
         """How many may be dispatched now (``None``: no bound)."""
-        if self._rate <= 0:
+        if self._bucket is None:
             return None
-        if self._at is not None:
-            self._tokens = min(self._burst, self._tokens + (now - self._at) * self._rate)
-        self._at = now
-        return int(self._tokens)
+        return int(self._bucket.available(now))
 
     def took(self, count: int) -> None:
         """``count`` were dispatched."""
-        if self._rate > 0:
-            self._tokens -= count
+        if self._bucket is not None:
+            self._bucket.took(count)
 
     def next_at(self, now: float) -> float:
         """When at least one more may go."""
-        if self._rate <= 0:
+        if self._bucket is None:
             return now
-        return now + max(0.0, 1.0 - self._tokens) / self._rate + 0.001
+        return now + self._bucket.wait(now) + 0.001
 
 
 class RolloutSink(Protocol):

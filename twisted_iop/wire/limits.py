@@ -26,6 +26,8 @@ from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 
+from twisted_iop.token_bucket import TokenBucket
+
 #: How often a summary of connections closed at once is logged (at most).
 SUMMARY_INTERVAL_SECONDS = 60.0
 
@@ -150,32 +152,31 @@ class RefusedConnection(Protocol):
 
 
 class HelloRateLimit:
-    """A token bucket of accepted hellos per second, burst ``2 * rate`` (at least 1)."""
+    """Accepted hellos per second (a :class:`~twisted_iop.token_bucket.TokenBucket`, burst
+    ``2 * rate``, at least 1), whose refusals' hints are spread one slot apart."""
 
     def __init__(self, clock: IReactorTime, per_second: float) -> None:
         self._clock = clock
         self.per_second = per_second
         # At least one hello must fit, whatever the rate.
-        self.burst = max(1.0, 2.0 * per_second)
-        self._tokens = self.burst
-        # Read at the first hello: the clock may not tell time before the reactor runs.
-        self._updated: Optional[float] = None
+        self._bucket = TokenBucket(per_second, max(1.0, 2.0 * per_second))
         #: When the next refused hello's hint points (spreads a herd out).
         self._next_slot = 0.0
         #: Hellos refused for the rate, since start.
         self.refused_total = 0
 
+    @property
+    def burst(self) -> float:
+        """The hellos that may pass at once."""
+        return self._bucket.burst
+
     def take(self) -> Optional[float]:
         """Take a token: None if the hello may pass, else seconds to wait first."""
         now = self._clock.seconds()
-        if self._updated is not None:
-            self._tokens = min(self.burst, self._tokens + (now - self._updated) * self.per_second)
-        self._updated = now
-        if self._tokens >= 1.0:
-            self._tokens -= 1.0
+        wait = self._bucket.take(now)
+        if wait is None:
             return None
         self.refused_total += 1
         slot = 1.0 / self.per_second
-        earliest = now + (1.0 - self._tokens) * slot
-        self._next_slot = max(self._next_slot, earliest) + slot
+        self._next_slot = max(self._next_slot, now + wait) + slot
         return self._next_slot - now

@@ -17,6 +17,7 @@ from treq.testing import StubTreq
 from twisted.internet.task import Clock
 
 from twisted_iop.controlplane.auth import ApiToken, ApiTokens, token_digest
+from twisted_iop.controlplane.command_body import MAX_ARGUMENT_VALUE, MAX_COMMAND_ARGUMENTS, MAX_TEXT
 from twisted_iop.controlplane.edge_filters import EDGE_STATES, FLEET_STATES
 from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.gateway import EdgeGateway
@@ -24,9 +25,6 @@ from twisted_iop.controlplane.history.fields import FLEET_FIELDS, MODEL_FIELDS, 
 from twisted_iop.controlplane.history.queries import parse_step
 from twisted_iop.controlplane.history.settings import DEFAULT_EDGE_TIERS, DEFAULT_TIERS
 from twisted_iop.controlplane.http_routes import (
-    MAX_ARGUMENT_VALUE,
-    MAX_COMMAND_ARGUMENTS,
-    MAX_TEXT,
     ControlPlaneHttp,
     HttpSettings,
     ListenerReadiness,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import bisect
 import json
-import uuid
 from collections.abc import Sequence
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Optional, Protocol
@@ -21,8 +20,8 @@ from werkzeug.exceptions import MethodNotAllowed
 
 from twisted_iop.controlplane import json_views as views
 from twisted_iop.controlplane.auth import OPERATOR, VIEWER, ApiToken
-from twisted_iop.controlplane.bounds import MAX_ARGUMENT_VALUE
 from twisted_iop.controlplane.cluster.store import ClusterUnavailable
+from twisted_iop.controlplane.command_body import parse_command_body
 from twisted_iop.controlplane.command_dispatch import IdempotencyConflict
 from twisted_iop.controlplane.console_files import CONSOLE_DIR, ConsoleFiles
 from twisted_iop.controlplane.deployments.routes import add_deployment_routes
@@ -40,7 +39,6 @@ from twisted_iop.controlplane.http_errors import (
     Forbidden,
     NotFound,
     Unauthorized,
-    body_field,
     encoded_json_body,
     error_body,
     json_body,
@@ -65,7 +63,6 @@ from twisted_iop.http_site import WRITE_METHODS, Refusal
 from twisted_iop.ids import id_problem
 from twisted_iop.metrics import render as render_metrics
 from twisted_iop.route_methods import allow_header, served_methods
-from twisted_iop.wire.hello import MAX_COMMAND_ARGUMENTS, MAX_TEXT
 
 if TYPE_CHECKING:
     from twisted_iop.controlplane.cluster.replica import ClusterReplica
@@ -489,24 +486,8 @@ class ControlPlaneHttp:
         caller = self._authorize(request)
         self._edge(request, edge_id)
         body = self._body(request)
-        name = body.get("name")
-        if not isinstance(name, str) or not name:
-            raise BadRequest("field 'name' must be a non-empty string")
-        target = body_field(body, "target", "")
-        if not isinstance(target, str):
-            raise BadRequest("field 'target' must be a string")
-        arguments = body_field(body, "arguments", {})
-        if not isinstance(arguments, dict) or not all(
-            isinstance(k, str) and isinstance(v, (str, int, float, bool)) for k, v in arguments.items()
-        ):
-            raise BadRequest("field 'arguments' must be an object of strings")
-        args = {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in arguments.items()}
-        if len(target) > MAX_TEXT or len(args) > MAX_COMMAND_ARGUMENTS:
-            raise BadRequest(f"at most {MAX_COMMAND_ARGUMENTS} arguments and a target of {MAX_TEXT} characters")
-        if any(len(k) > MAX_TEXT or len(v) > MAX_ARGUMENT_VALUE for k, v in args.items()):
-            raise BadRequest(
-                f"argument names are at most {MAX_TEXT} characters and values at most {MAX_ARGUMENT_VALUE}"
-            )
+        command = parse_command_body(body)
+        name, target, args = command.name, command.target, command.arguments
         timeout = body.get("timeout_seconds", self._settings.command_timeout(name))
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
             raise BadRequest("field 'timeout_seconds' must be a number")
@@ -527,14 +508,10 @@ class ControlPlaneHttp:
         if key is not None and (not isinstance(key, str) or len(key) > 200):
             raise BadRequest("the idempotency key must be a string of at most 200 characters")
         operation_id = ""
-        if self._cluster is not None and key and self._registry.get(edge_id).operations.by_key(key) is None:
+        if self._cluster is not None and key:
             # The key is taken cluster-wide first (SET NX): a retry of this
             # POST on another replica finds the same operation.
-            operation_id = uuid.uuid4().hex
-            holder = await self._cluster.reserve_key(edge_id, key, operation_id)
-            if holder:
-                operation_id = ""
-                await self._cluster.operation(edge_id, holder)
+            operation_id = await self._cluster.reserve_operation(edge_id, key)
         try:
             dispatched = self._gateway.dispatch(
                 edge_id,

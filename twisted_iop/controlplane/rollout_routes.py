@@ -20,7 +20,7 @@ from twisted.web.iweb import IRequest
 
 from twisted_iop.controlplane import rollout_states as rs
 from twisted_iop.controlplane.auth import ApiToken
-from twisted_iop.controlplane.bounds import MAX_ARGUMENT_VALUE
+from twisted_iop.controlplane.command_body import parse_command_body
 from twisted_iop.controlplane.http_errors import BadRequest, body_field, error_body, json_body, query_int, query_text
 from twisted_iop.controlplane.http_settings import HttpSettings
 from twisted_iop.controlplane.json_views import iso
@@ -32,7 +32,6 @@ from twisted_iop.controlplane.rollouts import (
     UnknownRollout,
 )
 from twisted_iop.label_selectors import Selector, SelectorError, parse_selector
-from twisted_iop.wire.hello import MAX_COMMAND_ARGUMENTS, MAX_TEXT
 
 
 class RolloutHost(Protocol):
@@ -181,31 +180,13 @@ def _command(body: dict[str, Any]) -> rs.RolloutCommand:
     if not isinstance(body.get("command"), dict):
         raise BadRequest("field 'command' must be an object with at least a name")
     command = _object(body, "command", _COMMAND_KEYS)
-    name = command.get("name")
-    if not isinstance(name, str) or not name or len(name) > MAX_TEXT:
-        raise BadRequest(f"field 'command.name' must be a non-empty string of at most {MAX_TEXT} characters")
-    target = body_field(command, "target", "")
-    if not isinstance(target, str) or len(target) > MAX_TEXT:
-        raise BadRequest(f"field 'command.target' must be a string of at most {MAX_TEXT} characters")
+    parsed = parse_command_body(command, "command.")
     node_selector = body_field(command, "node_selector", "")
     if node_selector != "":
-        if target:
+        if parsed.target:
             raise BadRequest("fields 'command.target' and 'command.node_selector' exclude each other")
         node_selector = str(_selector(node_selector, "command.node_selector"))
-    arguments = body_field(command, "arguments", {})
-    if not isinstance(arguments, dict) or not all(
-        isinstance(k, str) and isinstance(v, (str, int, float, bool)) for k, v in arguments.items()
-    ):
-        raise BadRequest("field 'command.arguments' must be an object of strings")
-    args = {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in arguments.items()}
-    if len(args) > MAX_COMMAND_ARGUMENTS or any(
-        len(k) > MAX_TEXT or len(v) > MAX_ARGUMENT_VALUE for k, v in args.items()
-    ):
-        raise BadRequest(
-            f"field 'command.arguments': at most {MAX_COMMAND_ARGUMENTS}, names of at most {MAX_TEXT} "
-            f"characters and values of at most {MAX_ARGUMENT_VALUE}"
-        )
-    return rs.RolloutCommand(name, target, node_selector, args)
+    return rs.RolloutCommand(parsed.name, parsed.target, node_selector, parsed.arguments)
 
 
 def _strategy(body: dict[str, Any], default_in_flight: int, max_pause: float) -> rs.Strategy:

@@ -92,6 +92,17 @@ class RolloutSettings:
     latency_poll_seconds: float = 5.0
 
 
+@attrs.frozen
+class _Target:
+    """One execution's dispatch: its target, its idempotency key, the operation id reserved
+    cluster-wide (``""``: none) or why it could not be reserved."""
+
+    target: str
+    key: str
+    operation_id: str = ""
+    problem: str = ""
+
+
 class DispatchPace:
     """Every rollout's dispatches together (``max_dispatch_per_second``; 0: no bound): a
     :class:`~twisted_iop.token_bucket.TokenBucket` whose burst is a tenth of a second's worth
@@ -498,7 +509,7 @@ class RolloutService:
             d = ensureDeferred(self._reserve_and_dispatch(rollout, edge_id, targets))
             d.addErrback(self._log_failure, rollout, edge_id)
             return
-        self._dispatch_all(rollout, edge_id, [(t, k, "") for t, k in targets])
+        self._dispatch_all(rollout, edge_id, [_Target(t, k) for t, k in targets])
 
     async def _reserve_and_dispatch(self, rollout: rs.Rollout, edge_id: str, targets: list[tuple[str, str]]) -> None:
         """Cluster mode: take each key cluster-wide first (as the HTTP command
@@ -506,43 +517,36 @@ class RolloutService:
         the dead runner started instead of sending the command again."""
         replica = self._replica
         assert replica is not None
-        reserved: list[tuple[str, str, str]] = []
+        reserved: list[_Target] = []
         for target, key in targets:
-            operation_id = ""
-            record = self._registry.find(edge_id)
-            if record is not None and record.operations.by_key(key) is None:
-                operation_id = uuid.uuid4().hex
-                try:
-                    holder = await replica.reserve_key(edge_id, key, operation_id)
-                    if holder:
-                        operation_id = ""
-                        await replica.operation(edge_id, holder)  # now in the mirror: dispatch replays it
-                except Exception as e:  # Redis away: not dispatched, counted failed
-                    reserved.append((target, key, "!" + (str(e) or type(e).__name__)))
-                    continue
-            reserved.append((target, key, operation_id))
+            try:
+                operation_id = await replica.reserve_operation(edge_id, key)
+            except Exception as e:  # Redis away: not dispatched, counted failed
+                reserved.append(_Target(target, key, problem=str(e) or type(e).__name__))
+                continue
+            reserved.append(_Target(target, key, operation_id))
         if rollout.rollout_id in self._active:
             self._dispatch_all(rollout, edge_id, reserved)
 
-    def _dispatch_all(self, rollout: rs.Rollout, edge_id: str, targets: list[tuple[str, str, str]]) -> None:
+    def _dispatch_all(self, rollout: rs.Rollout, edge_id: str, targets: list[_Target]) -> None:
         command = rollout.command
         waits: list[Deferred[Any]] = []
         problems: list[str] = []
         operation_ids: list[str] = []
-        for target, operation_key, operation_id in targets:
-            if operation_id.startswith("!"):
-                problems.append(operation_id[1:])
+        for target in targets:
+            if target.problem:
+                problems.append(target.problem)
                 continue
             try:
                 dispatched = self._gateway.dispatch(
                     edge_id,
                     command.name,
-                    target,
+                    target.target,
                     command.arguments,
                     rollout.timeout_seconds,
-                    operation_key,
+                    target.key,
                     rollout.requested_by,
-                    operation_id,
+                    target.operation_id,
                 )
             except (EdgeNotConnected, UnknownEdge, UnknownCommand, IdempotencyConflict, ShuttingDown) as e:
                 problems.append(str(e) or type(e).__name__)

@@ -156,6 +156,26 @@ class ClusterReplica(Service):
         """Take ``key`` for a new operation; fires with '' (taken) or the id that holds it."""
         return self.journal.reserve_key(edge_id, key, operation_id)
 
+    async def reserve_operation(self, edge_id: str, key: str) -> str:
+        """Take the idempotency ``key`` cluster-wide for a new operation of ``edge_id``.
+
+        The one path of every dispatch with a key in cluster mode (a POSTed
+        command, a rollout's execution): returns the id to create the
+        operation under, or ``""`` when this replica already holds an
+        operation with that key or another one took it first (its operation
+        is then fetched into the mirror, so the dispatch replays it instead
+        of sending the command twice). Fails when Redis cannot be reached.
+        """
+        record = self._registry.find(edge_id)
+        if record is None or record.operations.by_key(key) is not None:
+            return ""
+        operation_id = uuid.uuid4().hex
+        holder = await self.reserve_key(edge_id, key, operation_id)
+        if holder:
+            await self.operation(edge_id, holder)
+            return ""
+        return operation_id
+
     def operation(self, edge_id: str, operation_id: str) -> Deferred[Any]:
         """The operation ``operation_id``, from the mirror or (just written elsewhere) from Redis."""
         d: Deferred[Any] = self.journal.operation(edge_id, operation_id)

@@ -274,6 +274,8 @@ async def test_a_wrong_value_is_not_taken_for_a_missing_one() -> None:
     long_key = {**json_type, b"idempotency-key": [b"k" * 201]}
     for path, body, headers in (
         ("/edges/edge-00/commands", {"name": "node.drain", "target": False}, json_type),
+        # A command's name is bounded like a rollout's (one reading of a command body).
+        ("/edges/edge-00/commands", {"name": "n" * (MAX_TEXT + 1)}, json_type),
         ("/edges/edge-00/commands", {"name": "node.drain", "arguments": []}, json_type),
         ("/edges/edge-00/commands", {"name": "node.drain", "idempotency_key": "k"}, long_key),
         ("/rollouts", {"command": {"name": "node.drain", "target": 0}, "selector": ""}, json_type),

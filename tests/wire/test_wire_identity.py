@@ -29,8 +29,8 @@ from twisted_iop.edge.config import parse_edge_config
 from twisted_iop.node.config import parse_node_config
 from twisted_iop.tls import certificate_identity
 from twisted_iop.wire import control_pb2 as pb
-from twisted_iop.wire.dialer import DialerLink, HelloDialerProtocol
 from twisted_iop.wire.hello import PERMANENT_CODES, RejectionCode, check_node_hello
+from twisted_iop.wire.hello_dialer import DialerLink, HelloDialerProtocol
 from twisted_iop.wire.limits import FailedHelloLimiter, FailedHelloLimits, HelloRateLimit, RefusedConnection
 from twisted_iop.wire.settings import BackoffConfig, DialConfig, PeerSettings
 

@@ -37,7 +37,7 @@ from twisted_iop.edge.nodes.registry import NodeRegistry
 from twisted_iop.edge.status import StatusProvider
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
-from twisted_iop.wire.dialer import DialerLink, HelloDialerProtocol, HelloResponse
+from twisted_iop.wire.hello_dialer import DialerLink, HelloDialerProtocol, HelloResponse
 
 
 class ControlPlaneProtocol(HelloDialerProtocol["ControlPlaneLink"]):

@@ -24,7 +24,7 @@ from twisted_iop.node.inference import INFERENCE_BODIES_FROM_EDGE
 from twisted_iop.node.runtime import NodeRuntime
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
-from twisted_iop.wire.dialer import DialerLink, HelloDialerProtocol, HelloResponse
+from twisted_iop.wire.hello_dialer import DialerLink, HelloDialerProtocol, HelloResponse
 
 
 class EdgeLinkProtocol(HelloDialerProtocol["EdgeLink"]):

@@ -1,9 +1,10 @@
-"""What one status snapshot adds up to beyond its counts: per model, and the engines.
+"""What one status snapshot adds up to beyond its counts: per model, the engines, the latency.
 
 A kept snapshot carries its counts (``snapshot.counts``, read for free);
-the per-model figures and what the engines say (tokens per second, running
-and waiting requests, the KV cache) need the snapshot parsed and its
-providers visited. :func:`breakdown_of` does that once;
+the per-model figures, what the engines say (tokens per second, running
+and waiting requests, the KV cache) and the latency figures (the
+providers' recent sketches merged: :mod:`.latency`) need the snapshot
+parsed and its providers visited. :func:`breakdown_of` does that once;
 :class:`BreakdownCache` keeps the result per edge with the bytes it was
 made from, so an edge whose snapshot did not change since is not parsed
 again. The sampler (:mod:`.edge_sampler`) parses at most ``parse_budget``
@@ -22,7 +23,9 @@ from typing import Optional
 
 import attrs
 
-from twisted_iop.controlplane.history.fields import FLEET_FIELDS, MISSING, MODEL_FIELDS, names
+from twisted_iop.controlplane.history.fields import FLEET_FIELDS, LATENCY_FIELDS, MISSING, MODEL_FIELDS, names
+from twisted_iop.controlplane.history.latency import NO_LATENCY, LatencyPart, part_of
+from twisted_iop.controlplane.latency_views import snapshot_latency
 from twisted_iop.controlplane.snapshots import StatusSnapshot
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.status_totals import GENERAL_AT, HEALTH_AT, TOTALS_FIELDS
@@ -41,8 +44,16 @@ COUNT_COLUMNS: tuple[tuple[int, int], ...] = tuple(
 )
 #: The fields after those: what only a parse tells.
 EXTRA_FIELDS = _FIELD_NAMES[1 + len(_FROM_COUNTS) :]
-assert EXTRA_FIELDS == ("tokens_per_second", "engines_reporting", "engine_running", "engine_waiting", "kv_cache_usage")
+assert (
+    "tokens_per_second",
+    "engines_reporting",
+    "engine_running",
+    "engine_waiting",
+    "kv_cache_usage",
+    *names(LATENCY_FIELDS),
+) == EXTRA_FIELDS
 assert names(MODEL_FIELDS)[1:7] == TOTALS_FIELDS[GENERAL_AT : GENERAL_AT + 6]
+assert names(MODEL_FIELDS)[-len(LATENCY_FIELDS) :] == names(LATENCY_FIELDS)
 
 #: The extras of an edge nobody parsed yet.
 NO_EXTRAS: tuple[int, ...] = (MISSING,) * len(EXTRA_FIELDS)
@@ -60,6 +71,10 @@ class Breakdown:
     kv_reporting: int
     #: Per model, its row of :data:`~.fields.MODEL_FIELDS` values (sorted by name).
     models: tuple[tuple[str, tuple[int, ...]], ...]
+    #: The edge's latency (its values end :attr:`extras`), and each model's (in :attr:`models`' order;
+    #: their values end the models' rows).
+    latency: LatencyPart = NO_LATENCY
+    model_latency: tuple[LatencyPart, ...] = ()
 
 
 EMPTY = Breakdown(NO_EXTRAS, 0, 0, ())
@@ -94,26 +109,34 @@ def breakdown_of(response: pb.EdgeStatusResponse) -> Breakdown:
             indexes = serving.setdefault(model, [])
             if not indexes or indexes[-1] != index:  # a model named twice by one provider counts once
                 indexes.append(index)
+    latency = snapshot_latency(response, durations=False)
     models: list[tuple[str, tuple[int, ...]]] = []
+    model_latency: list[LatencyPart] = []
     if serving:
         counts = list(map(_PROVIDER_COUNTS, providers))
+        by_model = dict(latency.models)
         for model in sorted(serving):
             indexes = serving[model]
+            part = part_of(by_model.get(model))
+            model_latency.append(part)
             if len(indexes) == 1:
                 only = indexes[0]
-                models.append((model, (1, *counts[only], round(min(valid[only], 1e12) * TOKENS_SCALE))))
+                tokens = round(min(valid[only], 1e12) * TOKENS_SCALE)
+                models.append((model, (1, *counts[only], tokens, *part.values)))
             else:
                 summed = map(sum, zip(*[counts[i] for i in indexes], strict=True))
                 tokens = round(min(sum(valid[i] for i in indexes), 1e12) * TOKENS_SCALE)
-                models.append((model, (len(indexes), *summed, tokens)))
+                models.append((model, (len(indexes), *summed, tokens, *part.values)))
+    edge = part_of(latency.edge)
     extras = (
         round(min(sum(valid), 1e12) * TOKENS_SCALE),
         reporting,
         running if reporting else MISSING,
         waiting if reporting else MISSING,
         kv_sum // kv_reporting if kv_reporting else MISSING,
+        *edge.values,
     )
-    return Breakdown(extras, kv_sum, kv_reporting, tuple(models))
+    return Breakdown(extras, kv_sum, kv_reporting, tuple(models), edge, tuple(model_latency))
 
 
 class BreakdownCache:

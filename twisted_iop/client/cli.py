@@ -17,7 +17,7 @@
     completion bash|zsh       print a shell completion script
     rollout create|list|show|pause|resume|cancel ...   staged rollouts (iopctl rollout -h)
     slo list|show NAME        SLOs: error budgets, burn rates and alerts
-    history [EDGE] [--since 2h] [--step S] [--model M] [-l SEL] [--series F,...] [--sparklines|--table]
+    history [EDGE] [--since 2h] [--step S] [--model M] [-l SEL] [--series F,...|--latency] [--sparklines|--table]
 
 Exit codes: 0 ok, 1 the server answered an error (or a command did not
 succeed), 2 usage error, 3 the Control Plane cannot be reached. Errors are

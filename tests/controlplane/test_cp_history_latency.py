@@ -29,18 +29,14 @@ from twisted.internet.task import Clock
 from twisted_iop.controlplane.config import config_from_text
 from twisted_iop.controlplane.edge_hello import EdgeHello
 from twisted_iop.controlplane.gateway import EdgeGateway
-from twisted_iop.controlplane.history import chunks, tiers
-from twisted_iop.controlplane.history.columns import ColumnChunkWriter
-from twisted_iop.controlplane.history.edge_sampler import EDGES
+from twisted_iop.controlplane.history import tiers
 from twisted_iop.controlplane.history.fields import (
     FLEET_FIELDS,
     LATENCY_FIELDS,
     MISSING,
-    MODEL_FIELDS,
     fields_of,
     names,
 )
-from twisted_iop.controlplane.history.frames import segment_of, store_key
 from twisted_iop.controlplane.history.latency import LatencyTotal, pack, part_of, unpack
 from twisted_iop.controlplane.history.queries import choose_tier, parse_range
 from twisted_iop.controlplane.history.service import HistoryService
@@ -48,12 +44,12 @@ from twisted_iop.controlplane.history.settings import HistorySettings
 from twisted_iop.controlplane.http_routes import ControlPlaneHttp, HttpSettings, ListenerReadiness
 from twisted_iop.controlplane.latency_views import LatencyFigures
 from twisted_iop.controlplane.registry import EdgeRegistry
-from twisted_iop.controlplane.store.interface import HistoryChunk
 from twisted_iop.controlplane.store.memory import MemoryStore
 from twisted_iop.controlplane.store.settings import StoreSettings
 from twisted_iop.controlplane.store.sqlite import SqliteStore
 from twisted_iop.latency.sketch import LatencySketch, merged
 from twisted_iop.testing.harness import contract_validator, eventually
+from twisted_iop.testing.history import OLD_FLEET_WIDTH, write_old_chunks
 from twisted_iop.testing.latency import LatencyFeed, latency_snapshot, sketch_of
 from twisted_iop.testing.peers import AnsweringEdgePeer, snapshot
 from twisted_iop.wire import control_pb2 as pb
@@ -66,16 +62,13 @@ SETTINGS = config_from_text(
     "  - {keep_hours: 1}\n  - {step_seconds: 4, keep_hours: 2}\n  - {step_seconds: 20, keep_hours: 4}\n"
 ).history
 LATENCY = names(LATENCY_FIELDS)
-#: The fleet's fields before the latency ones: a chunk of this width is one written before them.
-OLD_FLEET_WIDTH = len(FLEET_FIELDS) - len(LATENCY_FIELDS)
-OLD_MODEL_WIDTH = len(MODEL_FIELDS) - len(LATENCY_FIELDS)
 
 
 def p95(*durations: list[float]) -> float:
-    """The p95 a view shows of these durations merged (the sketch's quantile, to the microsecond)."""
+    """The p95 a view shows of these durations merged (the sketch's quantile, to a tenth of a millisecond)."""
     value = sketch_of(d for each in durations for d in each).quantile(0.95)
     assert value is not None
-    return round(value * 1_000_000) / 1_000_000
+    return round(value * 10_000) / 10_000
 
 
 def rate(requests: int, window: float = 60.0) -> float:
@@ -152,7 +145,7 @@ def feed(ttft: list[float], tpot: Optional[list[float]] = None) -> LatencyFeed:
 
 def test_an_edges_sample_holds_the_p95_of_its_providers_sketches_merged() -> None:
     """Two providers with known durations: the edge's point holds the p95 of both merged (TTFT and TPOT,
-    to the microsecond), and the requests that ended in the minute per second."""
+    to a tenth of a millisecond), and the requests that ended in the minute per second."""
     fast, slow = [0.1 + 0.001 * i for i in range(30)], [0.4 + 0.01 * i for i in range(10)]
     fleet = Fleet()
     fleet.connect("edge-a", {"p1": feed(fast, [0.02] * 30), "p2": feed(slow, [0.05] * 10)})
@@ -262,7 +255,7 @@ def test_a_rolled_up_p95_keeps_the_highest_sampled_and_a_selector_its_slowest_ed
     by_bucket: dict[int, list[float]] = {}
     for second, value in zip(range(1, 9), sampled, strict=True):
         by_bucket.setdefault((second // 4) * 4, []).append(value)
-    expected = [(round(sum(v) / len(v), 6), max(v), v[-1]) for _, v in sorted(by_bucket.items())]
+    expected = [(round(sum(v) / len(v), 4), max(v), v[-1]) for _, v in sorted(by_bucket.items())]
     assert [list(t) for t in column(rolled, "ttft_p95")] == [pytest.approx(list(t), abs=1e-6) for t in expected]
     selected: list[Any] = []
     queries = fleet.history.queries
@@ -297,7 +290,7 @@ def test_a_latency_total_takes_back_exactly_what_it_was_given() -> None:
         assert total.values() == alone.values()
         flat = [x for d in kept for x in d]
         expected = merged(sketch_of(d) for d in kept).quantile(0.95)
-        assert total.values()[0] == (MISSING if expected is None else round(expected * 1_000_000))
+        assert total.values()[0] == (MISSING if expected is None else round(expected * 10_000))
         assert unpack(pack(sketch_of(flat))).buckets == sketch_of(flat).buckets
 
     check()
@@ -322,29 +315,6 @@ def test_points_of_an_older_narrower_form_gain_the_latency_fields_as_nobodys() -
     assert tiers.roll_rolled([widened, tiers.as_rolled((3,) * width)])[0] == 2
 
 
-def write_old_chunks(store: Any, t_ms: int) -> None:
-    """Chunks as a release before the latency fields wrote them: the fleet's 15 s rows, a rolled-up
-    point, a model's rows and an edge's segment of the edges, each at its old width."""
-    fleet_chunk = chunks.OpenChunk(chunks.SAMPLED, 1 + OLD_FLEET_WIDTH)
-    for i in range(3):
-        fleet_chunk.append(t_ms + 1000 * i, (1, *[5] * (OLD_FLEET_WIDTH - 1)))
-    store.history_write(HistoryChunk("fleet", 1, t_ms / 1000, t_ms / 1000 + 2, fleet_chunk.closed_bytes()))
-    rolled = chunks.OpenChunk(chunks.ROLLED, 1 + tiers.rolled_width(OLD_FLEET_WIDTH))
-    rolled.append(t_ms, tiers.roll_sampled([(1, *[5] * (OLD_FLEET_WIDTH - 1))] * 3))
-    store.history_write(HistoryChunk("fleet", 4, t_ms / 1000, t_ms / 1000, rolled.closed_bytes()))
-    model = chunks.OpenChunk(chunks.SAMPLED, 1 + OLD_MODEL_WIDTH)
-    model.append(t_ms, (2, *[3] * (OLD_MODEL_WIDTH - 1)))
-    store.history_write(HistoryChunk("model:llama-3-8b", 1, t_ms / 1000, t_ms / 1000, model.open_bytes()))
-    old_patch_columns = tuple(c for c in EDGES.patch_columns if c < OLD_FLEET_WIDTH)
-    segment = ColumnChunkWriter(chunks.SAMPLED, OLD_FLEET_WIDTH, old_patch_columns)
-    segment.add_keys(["edge-a"])
-    segment.add_frame(t_ms, [(c, [7]) for c in range(OLD_FLEET_WIDTH) if c not in old_patch_columns], [])
-    segment.add_frame(t_ms + 1000, [], [(0, [0] * len(old_patch_columns))])
-    tier = SETTINGS.edge_tiers[0]
-    series = EDGES.series(segment_of("edge-a"))
-    store.history_write(HistoryChunk(series, store_key(tier), t_ms / 1000, t_ms / 1000 + 1, segment.closed_bytes()))
-
-
 @pytest_twisted.ensureDeferred
 @pytest.mark.parametrize("backend", ["memory", "sqlite"])
 async def test_chunks_written_before_the_latency_fields_still_read_and_new_ones_round_trip(
@@ -361,7 +331,7 @@ async def test_chunks_written_before_the_latency_fields_still_read_and_new_ones_
         store = SqliteStore(StoreSettings(backend="sqlite", path=str(tmp_path / "cp.sqlite")), reactor)
         store.open()
         store.startService()
-    write_old_chunks(store, t_ms)
+    write_old_chunks(store, t_ms, (SETTINGS.tiers[0], SETTINGS.tiers[1]), "edge-a", "llama-3-8b")
     if backend == "sqlite":  # the old chunks on disk, read by a new process
         await maybeDeferred(store.stopService)
         store = SqliteStore(StoreSettings(backend="sqlite", path=str(tmp_path / "cp.sqlite")), reactor)

@@ -4,10 +4,11 @@ Every figure the history keeps is an integer: counts as they are,
 ``tokens_per_second`` in whole tokens per second (hundredths cost a fifth
 of a busy day's bytes, for a precision no chart shows), and in fixed point
 (:attr:`Field.scale`): ``kv_cache_usage`` in thousandths (0..1000 for
-0..100 %), ``ttft_p95`` and ``tpot_p95`` in microseconds (the sketches'
-smallest value is 0.1 ms, their error 2 %: a microsecond keeps every
-digit they have) and ``requests_per_second`` in hundredths (one request a
-minute is 0.02). A value nobody
+0..100 %), ``ttft_p95`` and ``tpot_p95`` in tenths of a millisecond (the
+sketches' smallest value; within their 2 % error for anything from 5 ms:
+microseconds cost a busy day 20 % more bytes for digits the sketches do
+not have) and ``requests_per_second`` in hundredths (one request a minute
+is 0.02). A value nobody
 reported (no engine said its load, no provider reports its KV cache) is
 :data:`MISSING` (-1), which every real value is above, so it is never
 mistaken for 0; the JSON views show it as ``null``.
@@ -91,8 +92,8 @@ class Field:
     combine: Combine = Combine.SUM
 
 
-#: One microsecond: the stored unit of the latency percentiles.
-MICROSECONDS = 1_000_000
+#: A tenth of a millisecond: the stored unit of the latency percentiles.
+TENTHS_OF_MS = 10_000
 #: Hundredths: the stored unit of requests per second.
 HUNDREDTHS = 100
 
@@ -102,13 +103,13 @@ LATENCY_FIELDS: tuple[Field, ...] = (
     Field(
         "ttft_p95",
         "seconds: the 95th percentile of time to first token over the Edges' last minute",
-        scale=MICROSECONDS,
+        scale=TENTHS_OF_MS,
         combine=Combine.MAX,
     ),
     Field(
         "tpot_p95",
         "seconds: the 95th percentile of time per output token over the Edges' last minute",
-        scale=MICROSECONDS,
+        scale=TENTHS_OF_MS,
         combine=Combine.MAX,
     ),
     Field("requests_per_second", "requests that ended per second over the Edges' last minute", scale=HUNDREDTHS),
@@ -206,7 +207,7 @@ def index_of(fields: Sequence[Field]) -> dict[str, int]:
 
 def shown(value: float, field: Field) -> float | int | None:
     """A stored value (or a mean of them) as the JSON views show it (every
-    digit of its scale: microseconds to six decimals of a second)."""
+    digit of its scale: tenths of a millisecond to four decimals of a second)."""
     if value < 0:
         return None
     if field.scale == 1:

@@ -26,7 +26,7 @@ from typing import Optional
 
 import attrs
 
-from twisted_iop.controlplane.history.fields import HUNDREDTHS, MICROSECONDS, MISSING
+from twisted_iop.controlplane.history.fields import HUNDREDTHS, MISSING, TENTHS_OF_MS
 from twisted_iop.controlplane.latency_views import LatencyFigures
 from twisted_iop.latency.sketch import LatencySketch
 
@@ -35,7 +35,7 @@ P95 = 0.95
 #: The most requests per second a part says (a bound on a peer's counts, as stored).
 MAX_REQUESTS_PER_SECOND = 1e9
 
-#: Stored values of a part: ttft_p95 (us), tpot_p95 (us), requests_per_second (hundredths).
+#: Stored values of a part: ttft_p95, tpot_p95 (tenths of a millisecond), requests_per_second (hundredths).
 Values = tuple[int, int, int]
 NO_VALUES: Values = (MISSING, MISSING, MISSING)
 
@@ -67,9 +67,9 @@ def unpack(data: bytes) -> LatencySketch:
     return sketch
 
 
-def micros(seconds: Optional[float]) -> int:
-    """Seconds as stored microseconds (None: :data:`~.fields.MISSING`)."""
-    return MISSING if seconds is None else round(seconds * MICROSECONDS)
+def stored_seconds(seconds: Optional[float]) -> int:
+    """Seconds as stored: tenths of a millisecond (None: :data:`~.fields.MISSING`)."""
+    return MISSING if seconds is None else round(seconds * TENTHS_OF_MS)
 
 
 @attrs.frozen
@@ -90,7 +90,11 @@ def part_of(figures: Optional[LatencyFigures]) -> LatencyPart:
     if figures is None:
         return NO_LATENCY
     rate = min(figures.requests / figures.window_seconds, MAX_REQUESTS_PER_SECOND)
-    values = (micros(figures.ttft.quantile(P95)), micros(figures.tpot.quantile(P95)), round(rate * HUNDREDTHS))
+    values = (
+        stored_seconds(figures.ttft.quantile(P95)),
+        stored_seconds(figures.tpot.quantile(P95)),
+        round(rate * HUNDREDTHS),
+    )
     return LatencyPart(values, pack(figures.ttft), pack(figures.tpot))
 
 
@@ -128,10 +132,10 @@ class LatencyTotal:
             sketch.count += sign * sum(counts)
 
     def values(self) -> Values:
-        """The merged p95s (microseconds) and the requests per second (hundredths) added up."""
+        """The merged p95s (tenths of a millisecond) and the requests per second (hundredths) added up."""
         return (
-            micros(self._ttft.quantile(P95)),
-            micros(self._tpot.quantile(P95)),
+            stored_seconds(self._ttft.quantile(P95)),
+            stored_seconds(self._tpot.quantile(P95)),
             self._rate if self._reporting else MISSING,
         )
 

@@ -37,7 +37,7 @@ from twisted_iop.controlplane.history.fields import (
     fields_of,
     names,
 )
-from twisted_iop.controlplane.history.latency import LatencyTotal, pack, part_of, unpack
+from twisted_iop.controlplane.history.latency import Lanes, LatencyTotal, part_of
 from twisted_iop.controlplane.history.queries import choose_tier, parse_range
 from twisted_iop.controlplane.history.service import HistoryService
 from twisted_iop.controlplane.history.settings import HistorySettings
@@ -291,7 +291,7 @@ def test_a_latency_total_takes_back_exactly_what_it_was_given() -> None:
         flat = [x for d in kept for x in d]
         expected = merged(sketch_of(d) for d in kept).quantile(0.95)
         assert total.values()[0] == (MISSING if expected is None else round(expected * 10_000))
-        assert unpack(pack(sketch_of(flat))).buckets == sketch_of(flat).buckets
+        assert Lanes.of(sketch_of(flat)).sketch().buckets == sketch_of(flat).buckets
 
     check()
 

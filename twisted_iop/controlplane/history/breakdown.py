@@ -25,7 +25,7 @@ import attrs
 
 from twisted_iop.controlplane.history.fields import FLEET_FIELDS, LATENCY_FIELDS, MISSING, MODEL_FIELDS, names
 from twisted_iop.controlplane.history.latency import NO_LATENCY, LatencyPart, part_of
-from twisted_iop.controlplane.latency_views import snapshot_latency
+from twisted_iop.controlplane.latency_views import SnapshotLatency, snapshot_latency
 from twisted_iop.controlplane.snapshots import StatusSnapshot
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.status_totals import GENERAL_AT, HEALTH_AT, TOTALS_FIELDS
@@ -54,6 +54,9 @@ assert (
 ) == EXTRA_FIELDS
 assert names(MODEL_FIELDS)[1:7] == TOTALS_FIELDS[GENERAL_AT : GENERAL_AT + 6]
 assert names(MODEL_FIELDS)[-len(LATENCY_FIELDS) :] == names(LATENCY_FIELDS)
+
+#: The latency of a snapshot without any figures.
+NO_FIGURES = SnapshotLatency((), (), None)
 
 #: The extras of an edge nobody parsed yet.
 NO_EXTRAS: tuple[int, ...] = (MISSING,) * len(EXTRA_FIELDS)
@@ -89,8 +92,9 @@ _get_engine = attrgetter("engine")
 _get_models = attrgetter("models")
 
 
-def breakdown_of(response: pb.EdgeStatusResponse) -> Breakdown:
-    """Visit the providers of a parsed snapshot once (each field read in C by ``attrgetter``)."""
+def breakdown_of(response: pb.EdgeStatusResponse, latency_figures: bool = True) -> Breakdown:
+    """Visit the providers of a parsed snapshot once (each field read in C by ``attrgetter``);
+    without ``latency_figures`` (the snapshot is known to carry none) their latency is not looked for."""
     providers = [p for node in response.nodes for p in node.providers]
     # NaN and negatives count as 0.
     valid = [t if t == t and t > 0 else 0.0 for t in map(_get_tokens, providers)]
@@ -109,7 +113,7 @@ def breakdown_of(response: pb.EdgeStatusResponse) -> Breakdown:
             indexes = serving.setdefault(model, [])
             if not indexes or indexes[-1] != index:  # a model named twice by one provider counts once
                 indexes.append(index)
-    latency = snapshot_latency(response, durations=False)
+    latency = snapshot_latency(response, durations=False) if latency_figures else NO_FIGURES
     models: list[tuple[str, tuple[int, ...]]] = []
     model_latency: list[LatencyPart] = []
     if serving:
@@ -157,8 +161,9 @@ class BreakdownCache:
         return self._kept.get(edge_id, _NONE)
 
     def parse(self, edge_id: str, snapshot: StatusSnapshot) -> Breakdown:
-        """Parse ``edge_id``'s snapshot, keep and return its breakdown."""
-        made = breakdown_of(snapshot.parse())
+        """Parse ``edge_id``'s snapshot, keep and return its breakdown (a snapshot whose
+        latency key says it carries no latency figures is not searched for them)."""
+        made = breakdown_of(snapshot.parse(), snapshot.latency_key != b"")
         self._kept[edge_id] = (snapshot.data, made)
         self.parsed += 1
         return made

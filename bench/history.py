@@ -18,6 +18,14 @@ two fleets:
 * **steady**: the same answer every round (after warm-up rounds until
   every edge's breakdown is cached: nothing is parsed).
 
+Every provider's answer carries a ``ProviderLatency`` as an Edge sends it
+once requests ended (``--no-latency``: none, as an idle or older Edge):
+recent and cumulative sketches of TTFT, TPOT and duration from a pool of
+:data:`LATENCY_LEVELS` x :data:`LATENCY_VARIANTS` made from the load (a
+provider with more in flight ended more requests, slower), so the history's
+latency series (p95s from merged sketches, requests per second) cost what
+they cost at a real Edge's figures.
+
 Both fleets are warmed up first (until every edge was parsed once: each
 edge and model on it has its slot), then the time is moved to just before
 an hour: the sample that begins the hour (the hourly roll-ups) is
@@ -38,7 +46,8 @@ times. What changes, per provider each sample: in flight a random walk
 within capacity (8), queued a burst now and then, long-context work
 1 of 2 part of the time, tokens/s about 40 per request in flight with
 noise, the engine's running and waiting following them, KV cache about
-in flight / capacity. Every edge is parsed at every sample of the edges
+in flight / capacity, and the latency figures of the pool above for its
+in flight. Every edge is parsed at every sample of the edges
 (fewer edges than ``parse_budget``: more often than at 10,000 edges). At
 the end of the day (everything written as at a stop): bytes of chunk
 data per edge and per tier, then x 10,000. Target: <= 200 MB per 10,000
@@ -57,7 +66,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import cast
+from typing import Optional, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -75,6 +84,7 @@ from twisted_iop.controlplane.history.service import HistoryService
 from twisted_iop.controlplane.history.settings import HistorySettings, Tier
 from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.controlplane.store.memory import MemoryStore
+from twisted_iop.testing.latency import LatencyFeed
 from twisted_iop.testing.peers import AnsweringEdgePeer, keep_status
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import make_envelope
@@ -83,10 +93,47 @@ from twisted_iop.wire.status_totals import with_totals
 TARGET_ROUND_SHARE = 0.10
 TARGET_DAY_BYTES_10K = 200 * 1024 * 1024
 VARIANTS = 4
+#: The latency figures' pool: one level per request in flight (0 .. capacity 8), a few variants of each.
+LATENCY_LEVELS = 9
+LATENCY_VARIANTS = 4
 
 
-def busy_variant(response: pb.EdgeStatusResponse, variant: int, rng: random.Random) -> pb.EdgeStatusResponse:
-    """``response`` with its work moved: variant ``variant`` of four."""
+def latency_pool(seed: int = 3) -> list[list[pb.ProviderLatency]]:
+    """``ProviderLatency`` s by load level (the requests in flight) and variant: level L ended
+    10 L requests in the window, TTFT about 0.15 + 0.03 L s and TPOT about 20 + 2 L ms, spread
+    log-normally (level 0 ended none: empty sketches, as an idle provider with figures sends)."""
+    rng = random.Random(seed)
+    pool: list[list[pb.ProviderLatency]] = []
+    for level in range(LATENCY_LEVELS):
+        row = []
+        for _ in range(LATENCY_VARIANTS):
+            feed = LatencyFeed()
+            # The cumulative sketches hold a day of such requests (their buckets, not their counts, cost bytes).
+            for _ in range(3):
+                feed.new_window()
+                count = 10 * level
+                ttft = [(0.15 + 0.03 * level) * rng.lognormvariate(0, 0.35) for _ in range(count)]
+                tpot = [(0.020 + 0.002 * level) * rng.lognormvariate(0, 0.2) for _ in range(count)]
+                feed.requests(ttft=ttft, tpot=tpot, duration=[t + 100 * p for t, p in zip(ttft, tpot, strict=True)])
+            row.append(feed.message())
+        pool.append(row)
+    return pool
+
+
+def with_latency(response: pb.EdgeStatusResponse, pool: list[list[pb.ProviderLatency]], rng: random.Random) -> None:
+    """Give each provider of ``response`` the figures of its load level (its in flight), a variant at random."""
+    for node in response.nodes:
+        for p in node.providers:
+            p.latency.CopyFrom(pool[min(p.in_flight, LATENCY_LEVELS - 1)][rng.randrange(LATENCY_VARIANTS)])
+
+
+def busy_variant(
+    response: pb.EdgeStatusResponse,
+    variant: int,
+    rng: random.Random,
+    pool: Optional[list[list[pb.ProviderLatency]]] = None,
+) -> pb.EdgeStatusResponse:
+    """``response`` with its work moved: variant ``variant`` of four (with latency figures from ``pool``)."""
     for node in response.nodes:
         for p in node.providers:
             p.in_flight = (3 + variant + rng.randrange(3)) % (p.capacity + 1)
@@ -97,6 +144,8 @@ def busy_variant(response: pb.EdgeStatusResponse, variant: int, rng: random.Rand
             p.engine.running = p.in_flight
             p.engine.waiting = p.queued
             p.engine.kv_cache_usage = min(1.0, p.in_flight / p.capacity + rng.random() * 0.05)
+    if pool is not None:
+        with_latency(response, pool, rng)
     return with_totals(response)
 
 
@@ -108,21 +157,27 @@ def _hours(seconds: float) -> str:
     return f"{seconds / 86400:g} d" if seconds >= 4 * 86400 else f"{seconds / 3600:g} h"
 
 
-def sampling_cost(edges: int, rounds: int) -> None:
+def sampling_cost(edges: int, rounds: int, latency: bool) -> None:
     """Part (1): CPU of a sample next to CPU of a fleet round."""
     rng = random.Random(1)
+    pool = latency_pool() if latency else None
     print(f"building {edges} edges ...", flush=True)
     rig = Rig(edges)
     ids = [f"bench-edge-{i:05d}" for i in range(edges)]
     busy = [
         [
             make_envelope(
-                "edge_status_response", busy_variant(edge_snapshot(edge_id, NODES_4X2), v, rng)
+                "edge_status_response", busy_variant(edge_snapshot(edge_id, NODES_4X2), v, rng, pool)
             ).SerializeToString()
             for edge_id in ids
         ]
         for v in range(VARIANTS)
     ]
+    if pool is not None:
+        for i, edge_id in enumerate(ids):
+            response = edge_snapshot(edge_id)
+            with_latency(response, pool, rng)
+            rig.tails[i] = make_envelope("edge_status_response", with_totals(response)).SerializeToString()
     steady = list(rig.tails)
     settings = HistorySettings()
     store = MemoryStore(history_max_bytes=2**40)
@@ -147,7 +202,8 @@ def sampling_cost(edges: int, rounds: int) -> None:
     per_edge_sample = settings.edge_tiers[0].step_ms // round(settings.interval_seconds * 1000)
     print(
         f"\n== history sampling: {edges} edges, interval {settings.interval_seconds:g} s, "
-        f"parse_budget {settings.parse_budget}; fleet tiers {_tiers(settings.tiers)}; "
+        f"parse_budget {settings.parse_budget}; latency figures {'in every answer' if latency else 'none'}; "
+        f"fleet tiers {_tiers(settings.tiers)}; "
         f"edge tiers {_tiers(settings.edge_tiers)}; {SEGMENTS} segments, chunks of {MAX_FRAMES} frames; "
         f"CPU of the {rounds} samples after an hour begins (their mean: the samples of the edges every "
         f"{per_edge_sample} samples, the roll-ups below an hour, chunk closes and store writes in it as often as "
@@ -229,7 +285,7 @@ def sampling_cost(edges: int, rounds: int) -> None:
     )
 
 
-def bytes_per_day(edges: int, seconds: float) -> None:
+def bytes_per_day(edges: int, seconds: float, latency: bool) -> None:
     """Part (2): one simulated day through the real status path, sampler and store.
 
     All the simulated edges are put in one segment (a key's segment is a
@@ -248,6 +304,7 @@ def bytes_per_day(edges: int, seconds: float) -> None:
     store = MemoryStore(history_max_bytes=2**40)
     history = HistoryService(settings, registry, gateway, store, clock)
     rng = random.Random(7)
+    pool = latency_pool() if latency else None
     ids = [f"day-edge-{i:03d}" for i in range(edges)]
     tokens = {}
     base = {}
@@ -273,6 +330,8 @@ def bytes_per_day(edges: int, seconds: float) -> None:
                 p.engine.running = s[0]
                 p.engine.waiting = s[1]
                 p.engine.kv_cache_usage = min(1.0, s[0] / p.capacity + rng.random() * 0.03)
+            if pool is not None:
+                with_latency(response, pool, rng)
             keep_status(registry, edge_id, tokens[edge_id], with_totals(response), clock.seconds())
         history.sample(clock.seconds())
         while history._sampling is not None:
@@ -299,7 +358,8 @@ def bytes_per_day(edges: int, seconds: float) -> None:
     verdict = "PASS" if at_10k <= TARGET_DAY_BYTES_10K else "MISS"
     print(
         f"\n== history bytes: {edges} edges x {samples} samples ({seconds / 3600:g} h at "
-        f"{settings.interval_seconds:g} s), 8 providers and 2 models each; edge tiers "
+        f"{settings.interval_seconds:g} s), 8 providers and 2 models each, latency figures "
+        f"{'in every answer' if latency else 'none'}; edge tiers "
         f"{_tiers(settings.edge_tiers)}; all in one segment (of {SEGMENTS}: "
         f"{10_000 / SEGMENTS:.0f} edges a segment at 10,000 edges), chunks of {MAX_FRAMES} frames, zlib level {ZLIB_LEVEL} "
         f"window 2^{ZLIB_WBITS}; {cpu:.1f} s CPU"
@@ -337,11 +397,14 @@ def main() -> None:
     )
     parser.add_argument("--hours", type=float, default=24.0, help="hours simulated in part (2) (default 24)")
     parser.add_argument("--only", choices=("cost", "bytes"), default=None)
+    parser.add_argument(
+        "--no-latency", dest="latency", action="store_false", help="answers without latency figures (an idle Edge's)"
+    )
     args = parser.parse_args()
     if args.only in (None, "bytes"):
-        bytes_per_day(args.day_edges, args.hours * 3600)
+        bytes_per_day(args.day_edges, args.hours * 3600, args.latency)
     if args.only in (None, "cost"):
-        sampling_cost(args.edges, args.rounds)
+        sampling_cost(args.edges, args.rounds, args.latency)
 
 
 if __name__ == "__main__":

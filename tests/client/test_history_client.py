@@ -18,6 +18,7 @@ from twisted_iop.client.completion import script
 from twisted_iop.client.errors import ControlPlaneError
 from twisted_iop.client.history_render import render_history_sparklines, sparkline
 from twisted_iop.testing.harness import Fleet, eventually, start_fleet
+from twisted_iop.testing.latency import LatencyFeed, latency_snapshot, sketch_of
 
 #: Samples every 0.2 s; 0.4 s and 2 s tiers.
 HISTORY = (
@@ -110,6 +111,39 @@ async def test_iopctl_history_prints_a_table_sparklines_or_json() -> None:
         assert code == EXIT_ERROR and err.startswith("iopctl: unknown_edge: ")
     finally:
         await fleet.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_iopctl_history_latency_shows_the_p95s_in_ms_and_requests_per_second() -> None:
+    """``--latency`` picks the latency series: a table of TTFT and TPOT p95 in ms and requests
+    per second, sparklines with their last, min and max in ms; --series and --latency exclude
+    each other."""
+    fleet = await sampled_fleet()
+    try:
+        feed = LatencyFeed()
+        feed.requests(ttft=[0.25] * 30, tpot=[0.02] * 30)
+        fleet.edges["edge-a"].status = lambda: latency_snapshot("edge-a", {"mock-1": feed})
+        history = fleet.cp.service.history
+        seen = history.samples
+        await eventually(lambda: history.samples >= seen + 3, timeout=10, message="three more samples")
+        code, out, err = await iopctl(["history", "edge-a", "--since", "1m", "--latency", "--table"], fleet)
+        assert code == EXIT_OK, err
+        lines = out.splitlines()
+        assert lines[1].split() == ["TIME", "(UTC)", "TTFT_P95", "TPOT_P95", "REQUESTS_PER_SECOND"]
+        exact_ttft = sketch_of([0.25] * 30).quantile(0.95)
+        exact_tpot = sketch_of([0.02] * 30).quantile(0.95)
+        assert exact_ttft is not None and exact_tpot is not None
+        ttft, tpot = round(exact_ttft, 4), round(exact_tpot, 4)  # as kept: tenths of a millisecond
+        assert lines[-1].split()[-3:] == [f"{ttft * 1000:.0f}ms", f"{tpot * 1000:.0f}ms", "0.50"]
+        assert lines[2].split()[-3:] == ["-", "-", "-"]  # before the figures: no Edge reported any
+        code, out, _ = await iopctl(["history", "edge-a", "--since", "1m", "--latency"], fleet, tty=True)
+        rows = {line.split()[0]: line for line in out.splitlines()[1:]}
+        assert set(rows) == {"ttft_p95", "tpot_p95", "requests_per_second"}
+        assert f"last {ttft * 1000:.0f}ms" in rows["ttft_p95"]
+    finally:
+        await fleet.stop()
+    with pytest.raises(UsageError):
+        parse_arguments(["history", "--latency", "--series", "capacity"])
 
 
 def test_history_options_are_checked_and_completed() -> None:

@@ -9,13 +9,20 @@ from typing import Any
 import pytest
 import pytest_twisted
 from twisted.internet import reactor
+from twisted.internet.task import Clock
 
 from twisted_iop.controlplane.cluster.settings import parse_redis_url
 from twisted_iop.controlplane.cluster.store import RedisLink
+from twisted_iop.controlplane.config import config_from_text
+from twisted_iop.controlplane.gateway import EdgeGateway
+from twisted_iop.controlplane.history.fields import fields_of
+from twisted_iop.controlplane.history.service import HistoryService
+from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.controlplane.store.interface import HistoryChunk
 from twisted_iop.controlplane.store.redis import RedisStore
 from twisted_iop.testing import store_contract
 from twisted_iop.testing.harness import eventually
+from twisted_iop.testing.history import EDGE_VALUE, FLEET_VALUE, write_old_chunks
 from twisted_iop.testing.redis import RedisServer
 
 
@@ -87,3 +94,42 @@ async def test_one_replica_samples_and_another_takes_over_when_it_stops(stores: 
     await one.stopService()
     assert not one.history_leader()
     await eventually(lambda: other.history_leader(), timeout=10, message="the second replica takes over")
+
+
+@pytest_twisted.ensureDeferred
+async def test_chunks_written_before_the_latency_fields_read_back_from_redis(redis_server: RedisServer) -> None:
+    """Chunks of the older, narrower form (the fleet's, a rolled-up point, a model's, an edge's
+    segment) that one replica wrote to Redis read back through another replica's views: their
+    values as written, the latency fields null."""
+    writer, writer_link = await _store(redis_server, "cp-1")
+    reader, reader_link = await _store(redis_server, "cp-2")
+    try:
+        settings = config_from_text(
+            "history:\n  interval_seconds: 1\n  tiers:\n  - {keep_hours: 1}\n  - {step_seconds: 4, keep_hours: 2}\n"
+        ).history
+        t_ms = 1_700_000_000_000
+        write_old_chunks(writer, t_ms, (settings.tiers[0], settings.tiers[1]), "edge-a", "llama-3-8b")
+        await writer._link.call("PING")
+        clock = Clock()
+        clock.advance(t_ms / 1000 + 10)
+        registry = EdgeRegistry(clock)
+        queries = HistoryService(settings, registry, EdgeGateway(registry, clock), reader, clock).queries
+        start, end = t_ms / 1000 - 1, t_ms / 1000 + 5
+
+        async def values(series: str, tier: int, name: str) -> list[Any]:
+            view = await queries.view(series, fields_of(series), tier, start, end)
+            at = [f.name for f in view.fields].index(name)
+            return [point[at] for _, _, point in view.points]
+
+        assert await values("fleet", 0, "capacity") == [FLEET_VALUE] * 3
+        assert await values("fleet", 0, "ttft_p95") == [None] * 3
+        assert await values("fleet", 1, "capacity") == [(FLEET_VALUE, FLEET_VALUE, FLEET_VALUE)]
+        assert await values("fleet", 1, "requests_per_second") == [(None, None, None)]
+        assert await values("model:llama-3-8b", 0, "providers") == [2]
+        assert await values("model:llama-3-8b", 0, "tpot_p95") == [None]
+        assert await values("edge:edge-a", 0, "capacity") == [EDGE_VALUE] * 2
+        assert await values("edge:edge-a", 0, "ttft_p95") == [None] * 2
+        assert queries.unreadable == 0
+    finally:
+        await writer_link.stop()
+        await reader_link.stop()

@@ -1,11 +1,13 @@
 """The console's capacity charts draw the real history, live.
 
 Headless Chromium against a real Control Plane sampling every 0.5 s and
-three scripted edges whose in-flight and queued counts move with every
-status answer. The fleet chart (left) and the selected edge's chart must
-draw exactly the values the Control Plane sampled (each SVG path carries
-the values it draws), new points must appear without a reload, and the
-range picker, model picker and tooltip must work. The screenshot for
+three scripted edges whose in-flight and queued counts, and whose
+providers' latency (TTFT and TPOT sketches of the last answers), move with
+every status answer. The fleet chart (left) and the selected edge's chart
+must draw exactly the values the Control Plane sampled (each SVG path
+carries the values it draws; the latency lane in ms), new points must
+appear without a reload, and the range picker, model picker and tooltip
+must work. The screenshot for
 docs/console.md is written with IOP_UPDATE_SCREENSHOT=1.
 """
 
@@ -21,6 +23,7 @@ import pytest_twisted
 from iop_console_browser import ROOT, Browser, page_errors
 
 from twisted_iop.testing.harness import eventually, start_control_plane
+from twisted_iop.testing.latency import LatencyFeed
 from twisted_iop.testing.peers import connect_edge, set_engine, snapshot
 from twisted_iop.wire import control_pb2 as pb
 
@@ -34,15 +37,21 @@ HISTORY = (
 )
 #: What the fleet chart's general lane draws, by field.
 GENERAL = ("capacity", "in_flight", "queued")
+#: What its latency lane (in ms) and its requests lane draw.
+LATENCY = ("ttft_p95", "tpot_p95")
+REQUESTS = ("requests_per_second",)
 
 
 def busy_edge(edge_id: str, phase: float) -> Any:
     """A status function: two nodes of capacity 8 whose work rises and falls with each answer."""
     answers = {"n": 0}
+    feed = LatencyFeed()
 
     def status() -> pb.EdgeStatusResponse:
         answers["n"] += 1
         wave = math.sin(answers["n"] / 4 + phase)
+        feed.new_window()
+        feed.requests(ttft=[0.2 + 0.1 * wave + 0.01 * i for i in range(12)], tpot=[0.03 + 0.01 * wave] * 12)
         response = snapshot(edge_id, capacity=8)
         for node in response.nodes:
             provider = node.providers[0]
@@ -51,6 +60,7 @@ def busy_edge(edge_id: str, phase: float) -> Any:
             provider.long_context_in_flight = 1 if wave > 0 else 0
             provider.long_context_queued = 1 if wave > 0.6 else 0
             set_engine(provider, running=provider.in_flight, waiting=provider.queued, tokens_per_second=40 + 10 * wave)
+            provider.latency.CopyFrom(feed.message())
         response.nodes[1].providers[0].models.append("qwen-2-7b")
         return response
 
@@ -62,23 +72,27 @@ CHART_STATE = """(selector) => {
   const view = chart && chart.view;
   if (!view) return null;
   const lines = {};
-  for (const path of chart.shadowRoot.querySelectorAll('[data-lane="general"] path[data-field]')) {
+  for (const path of chart.shadowRoot.querySelectorAll('path[data-field]')) {
     lines[path.dataset.field] = {
       values: path.dataset.values ? path.dataset.values.split(',').map(Number) : [],
       commands: (path.getAttribute('d').match(/[ML]/g) || []).length,
     };
   }
-  return {view, lines, title: chart.shadowRoot.querySelector('#history-title').textContent};
+  const legend = {};
+  for (const b of chart.shadowRoot.querySelectorAll('[data-last]')) legend[b.dataset.last] = b.textContent;
+  return {view, lines, legend, title: chart.shadowRoot.querySelector('#history-title').textContent};
 }"""
 
 
 def drawn_matches_view(state: dict[str, Any]) -> None:
-    """Each path of the general lane carries, and draws, the view's values of its field."""
+    """Each path of the general, latency and requests lanes carries, and draws, the view's values
+    of its field: the latency in ms (on a rolled-up tier its max: p95s do not average), the others as they are."""
     view = state["view"]
-    for field in GENERAL:
-        at = view["columns"].index(f"{field}.mean" if view["rolled_up"] else field)
-        expected = [p[at] for p in view["points"] if p[at] is not None]
-        assert state["lines"][field]["values"] == expected, field
+    for field in (*GENERAL, *LATENCY, *REQUESTS):
+        part = "max" if field in LATENCY else "mean"
+        at = view["columns"].index(f"{field}.{part}" if view["rolled_up"] else field)
+        expected = [p[at] * (1000 if field in LATENCY else 1) for p in view["points"] if p[at] is not None]
+        assert state["lines"][field]["values"] == pytest.approx(expected, abs=1e-3), field
         assert state["lines"][field]["commands"] == len(expected), field
 
 
@@ -113,6 +127,15 @@ async def test_history_charts_draw_the_sampled_values_live(browser: Browser, tmp
             assert [point[i] for i in places] == sampled[point[0]]
         assert max(fleet["lines"]["in_flight"]["values"]) > min(fleet["lines"]["in_flight"]["values"])
         assert set(fleet["lines"]["capacity"]["values"]) == {48}
+        # The latency lane: the fleet's p95s (every edge's sketches merged), moving, in ms.
+        code, api = await cp.get_json(f"/fleet/history?from=-1h&step=0.5&series={','.join(LATENCY)}")
+        assert code == 200
+        sampled = {p[0]: p[1:] for p in api["points"]}
+        drawn = [point[view["columns"].index("ttft_p95")] for point in view["points"]]
+        assert drawn == [sampled[point[0]][0] for point in view["points"]]
+        ttfts = fleet["lines"]["ttft_p95"]["values"]
+        assert ttfts and 100 < min(ttfts) < max(ttfts) < 450  # 0.1 .. 0.41 s
+        assert fleet["legend"]["ttft_p95"].endswith(" ms") and fleet["legend"]["requests_per_second"].endswith("/s")
 
         edge = await browser.call(page.evaluate, CHART_STATE, "#edge-area iop-history-chart")
         drawn_matches_view(edge)
@@ -156,6 +179,16 @@ async def test_history_charts_draw_the_sampled_values_live(browser: Browser, tmp
         assert model["title"] == "Edge edge-a capacity · qwen-2-7b"
         assert set(model["lines"]["capacity"]["values"]) == {8}  # one provider of the edge serves qwen-2-7b
         assert "in flight" in tip and "capacity" in tip
+
+        def latency_tip() -> str:
+            lane = page.locator('iop-history-chart[scope="fleet"] [data-lane="latency"] svg')
+            lane.scroll_into_view_if_needed()
+            box = lane.bounding_box()
+            page.mouse.move(box["x"] + box["width"] * 0.9, box["y"] + box["height"] / 2)
+            return page.locator('iop-history-chart[scope="fleet"] [data-lane="latency"] .tip').inner_text()
+
+        tip = await browser.call(latency_tip)
+        assert "TTFT" in tip and "TPOT" in tip and " ms" in tip
 
         screenshot = DOCS_SCREENSHOT if os.environ.get("IOP_UPDATE_SCREENSHOT") else tmp_path / "console-history.png"
 

@@ -1,6 +1,7 @@
 """Latency through real daemons (a Control Plane, an Edge and a Node in this reactor,
 real sockets, the mock engine at a set latency and pace): what /metrics, the
-snapshot and ``iopctl status`` show agrees with what the client measured.
+snapshot, ``iopctl status`` and the capacity history (``/fleet/history``)
+show agrees with what the client measured.
 
 How the figures are bounded without timing the machine: the Edge's interval
 of each request (admission to the first chunk, to the end) lies inside the
@@ -40,6 +41,8 @@ LATENCY_SECONDS = 0.15
 TOKENS_PER_SECOND = 50.0
 TOKENS = 6
 REQUESTS = 8
+#: The Control Plane samples its history every half second.
+HISTORY = "history:\n  interval_seconds: 0.5\n  tiers:\n  - {keep_hours: 1}\n  - {step_seconds: 5, keep_hours: 2}\n"
 
 
 async def scrape(port: int) -> Samples:
@@ -62,8 +65,9 @@ def quantile(values: list[float], q: float) -> float:
 @pytest_twisted.ensureDeferred
 async def test_edge_latency_matches_what_the_client_measured(tmp_path: Path) -> None:
     """Streamed requests at a set TTFT and pace: /metrics counts and sums, the snapshot's
-    p95 and iopctl's TTFT column all agree with the client's own measurements."""
-    cp = await start_control_plane()
+    p95, iopctl's TTFT column and the fleet's and the model's history all agree with the
+    client's own measurements."""
+    cp = await start_control_plane(config_text=HISTORY)
     services: list[Any] = []
     try:
         edge = await start_edge(
@@ -150,6 +154,26 @@ async def test_edge_latency_matches_what_the_client_measured(tmp_path: Path) -> 
         shown = row.split()[at]
         assert shown.endswith("ms")
         assert LATENCY_SECONDS * 1000 * (1 - RELATIVE_ERROR) - 1 <= float(shown[:-2]) <= client_p95 * 1000 * 1.03
+
+        # The capacity history: a sample after the requests holds the fleet's TTFT p95 (its one
+        # provider's sketch), bounded like the snapshot's, and the requests of the minute per second.
+        series = "series=ttft_p95,tpot_p95,requests_per_second"
+
+        async def sampled(path: str) -> Any:
+            code, view = await cp.get_json(path)
+            assert code == 200, view
+            points = [p for p in view["points"] if p[1] is not None and p[3] == round((REQUESTS + 1) / 60, 2)]
+            return points[-1] if points else None
+
+        point = await eventually(
+            lambda: sampled(f"/fleet/history?from=-5m&step=0.5&{series}"), message="a sample with the requests"
+        )
+        assert LATENCY_SECONDS * (1 - RELATIVE_ERROR) <= point[1] <= client_p95 * (1 + RELATIVE_ERROR)
+        assert 0 < point[2] <= max(d / (TOKENS - 1) for d in durations) * (1 + RELATIVE_ERROR)
+        model = await eventually(
+            lambda: sampled(f"/fleet/history?from=-5m&step=0.5&model={MODEL}&{series}"), message="the model's"
+        )
+        assert model[1] == point[1]
     finally:
         await stop(*reversed(services))
         await cp.stop()

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from twisted_iop.latency.sketch import (
+    MAX_BUCKET_COUNT,
     MAX_BUCKETS,
     MAX_INDEX,
     MAX_SECONDS,
@@ -17,6 +18,7 @@ from twisted_iop.latency.sketch import (
     RELATIVE_ERROR,
     LatencySketch,
     SlidingSketch,
+    bucket_value,
     merged,
 )
 
@@ -57,6 +59,54 @@ def test_the_wire_form_round_trips(values: list[float]) -> None:
     indices, counts = sketch.pairs()
     again = LatencySketch.from_pairs(indices, counts, sketch.total)
     assert again.buckets == sketch.buckets and again.count == sketch.count
+
+
+def read_bucket_by_bucket(indices: list[int], counts: list[int]) -> LatencySketch:
+    """A peer's buckets checked and taken one at a time (the rules of from_pairs, plainly)."""
+    sketch = LatencySketch()
+    for index, count in zip(indices, counts, strict=True):
+        if not MIN_INDEX <= index <= MAX_INDEX or not 0 <= count <= MAX_BUCKET_COUNT or index in sketch.buckets:
+            raise ValueError("bad")
+        if count:
+            sketch.buckets[index] = count
+            sketch.count += count
+    return sketch
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(MIN_INDEX - 2, MAX_INDEX + 2),
+            st.one_of(st.integers(-2, 3), st.integers(MAX_BUCKET_COUNT - 1, MAX_BUCKET_COUNT + 1)),
+        ),
+        max_size=12,
+    )
+)
+def test_from_pairs_takes_exactly_what_a_bucket_by_bucket_reading_takes(pairs: list[tuple[int, int]]) -> None:
+    """Any peer's buckets (out of range, negative, too large, repeated, zero counts): from_pairs
+    refuses what the plain reading refuses and otherwise keeps the same buckets and count."""
+    indices, counts = [i for i, _ in pairs], [c for _, c in pairs]
+    try:
+        expected = read_bucket_by_bucket(indices, counts)
+    except ValueError:
+        with pytest.raises(ValueError, match=r"outside|given twice"):
+            LatencySketch.from_pairs(indices, counts)
+        return
+    got = LatencySketch.from_pairs(indices, counts)
+    assert got.buckets == expected.buckets and got.count == expected.count
+
+
+@given(st.dictionaries(st.integers(MIN_INDEX, MAX_INDEX), st.integers(1, 50), min_size=1), st.floats(0.0, 1.0))
+def test_a_quantile_is_the_first_bucket_whose_running_count_passes_its_rank(buckets: dict[int, int], q: float) -> None:
+    """quantile() answers the bucket a walk in index order reaches past rank q * (count - 1)."""
+    sketch = LatencySketch()
+    sketch.buckets, sketch.count = dict(buckets), sum(buckets.values())
+    rank, seen = q * (sketch.count - 1), 0
+    for index in sorted(buckets):
+        seen += buckets[index]
+        if seen > rank:
+            break
+    assert sketch.quantile(q) == bucket_value(index)
 
 
 def test_out_of_range_values_are_clamped_so_the_sketch_stays_bounded() -> None:

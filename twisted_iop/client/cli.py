@@ -19,7 +19,7 @@
     slo list|show NAME        SLOs: error budgets, burn rates and alerts
     deploy apply -f FILE [--dry-run] | list | show NAME | status NAME [--watch] | delete NAME
                               deployments: which model runs where, and whether it got there
-    history [EDGE] [--since 2h] [--step S] [--model M] [-l SEL] [--series F,...] [--sparklines|--table]
+    history [EDGE] [--since 2h] [--step S] [--model M] [-l SEL] [--series F,...|--latency] [--sparklines|--table]
 
 Exit codes: 0 ok, 1 the server answered an error (or a command did not
 succeed), 2 usage error, 3 the Control Plane cannot be reached. Errors are

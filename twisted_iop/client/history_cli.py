@@ -3,7 +3,7 @@
 ::
 
     iopctl history [EDGE] [--since 2h] [--until T] [--step S] [--model M]
-                   [-l SELECTOR] [--series a,b,...] [--sparklines | --table]
+                   [-l SELECTOR] [--series a,b,... | --latency] [--sparklines | --table]
 
 Without ``EDGE``, the fleet (or, with ``-l``, the matching edges added
 up); with it, that edge. ``--since`` is how far back (``2h``, ``30m``,
@@ -11,7 +11,8 @@ up); with it, that edge. ``--since`` is how far back (``2h``, ``30m``,
 terminal it prints one sparkline row per field, elsewhere (a pipe) a
 table; ``--sparklines`` / ``--table`` choose; ``--json`` prints the view
 as the Control Plane answered it. The fields default to the general and
-long-context capacity, in flight and queued.
+long-context capacity, in flight and queued; ``--latency`` shows the
+latency series instead (TTFT and TPOT p95, requests per second).
 
 This module builds on :mod:`twisted_iop.client.cli`, which imports it
 when it builds its parser and runs this command.
@@ -38,6 +39,8 @@ DEFAULT_FIELDS = (
     "long_context_in_flight",
     "long_context_queued",
 )
+#: The fields ``--latency`` shows.
+LATENCY_FIELDS = ("ttft_p95", "tpot_p95", "requests_per_second")
 _AGO = re.compile(r"^\d+(\.\d+)?[smhdw]$")
 
 
@@ -67,11 +70,18 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-l", "--selector", type=_selector, default=None, metavar="SEL", help="the fleet: only edges matching SEL"
     )
-    parser.add_argument(
+    fields = parser.add_mutually_exclusive_group()
+    fields.add_argument(
         "--series",
         default=None,
         metavar="F1,F2",
-        help=f"fields to show (default {','.join(DEFAULT_FIELDS)}; all: capacity, in_flight, tokens_per_second ...)",
+        help=f"fields to show (default {','.join(DEFAULT_FIELDS)}; all: capacity, in_flight, tokens_per_second, "
+        "ttft_p95 ...)",
+    )
+    fields.add_argument(
+        "--latency",
+        action="store_true",
+        help=f"the latency series: {', '.join(LATENCY_FIELDS)} (p95s of the Edges' last minute)",
     )
     shape = parser.add_mutually_exclusive_group()
     shape.add_argument(
@@ -84,7 +94,7 @@ async def dispatch(args: argparse.Namespace, repository: Any, console: Console) 
     """Run ``iopctl history``."""
     start = _since(args.since)
     end = _since(args.until) if args.until else None
-    series = args.series or ",".join(DEFAULT_FIELDS)
+    series = args.series or ",".join(LATENCY_FIELDS if args.latency else DEFAULT_FIELDS)
     if args.edge_id:
         if args.selector:
             console.note("-l/--selector applies to the fleet view only; it is ignored with an EDGE")

@@ -3,7 +3,9 @@
 Both take a :class:`~twisted_iop.client.history.HistoryView` and return
 text without a trailing newline. On a rolled-up tier a field's value is
 its mean (``mean/max`` in the table). Missing values are ``-`` in the
-table and a blank in a sparkline.
+table and a blank in a sparkline. The latency percentiles (``ttft_p95``,
+``tpot_p95``: seconds in the view) are written as ``iopctl status``
+writes them (``412ms``).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Sequence
 from typing import Optional
 
 from twisted_iop.client.history import HistoryView
-from twisted_iop.client.render import NONE, render_table, time_text
+from twisted_iop.client.render import NONE, render_table, seconds_text, time_text
 
 #: The eight heights of a sparkline, lowest first.
 BARS = "▁▂▃▄▅▆▇█"
@@ -27,6 +29,17 @@ def number_text(value: Optional[float]) -> str:
     if float(value).is_integer():
         return str(int(value))
     return f"{value:.2f}"
+
+
+#: The fields whose values are durations in seconds.
+SECONDS_FIELDS = frozenset(("ttft_p95", "tpot_p95"))
+
+
+def value_text(field: str, value: Optional[float]) -> str:
+    """A value of ``field`` as people read it: a duration as ``412ms``, other figures by :func:`number_text`."""
+    if field in SECONDS_FIELDS:
+        return seconds_text(value)
+    return number_text(value)
 
 
 def _title(view: HistoryView) -> str:
@@ -47,9 +60,9 @@ def render_history_table(view: HistoryView) -> str:
             if view.rolled_up:
                 mean = view.column(f"{field}.mean")[index]
                 most = view.column(f"{field}.max")[index]
-                cells.append(NONE if mean is None else f"{number_text(mean)}/{number_text(most)}")
+                cells.append(NONE if mean is None else f"{value_text(field, mean)}/{value_text(field, most)}")
             else:
-                cells.append(number_text(view.column(field)[index]))
+                cells.append(value_text(field, view.column(field)[index]))
         rows.append(cells)
     table = render_table(["TIME (UTC)", *(f.upper() for f in view.fields)], rows, range(1, 1 + len(view.fields)))
     return f"{_title(view)}\n{table}" if rows else f"{_title(view)}\n(no points in this range)"
@@ -111,7 +124,8 @@ def render_history_sparklines(view: HistoryView, width: int = 80) -> str:
         present = [v for v in values if v is not None]
         last = next((v for v in reversed(view.column(field)) if v is not None), None)
         figures = (
-            f"last {number_text(last)}  min {number_text(min(present))}  max {number_text(max(present))}"
+            f"last {value_text(field, last)}  min {value_text(field, min(present))}  "
+            f"max {value_text(field, max(present))}"
             if present
             else "no values"
         )

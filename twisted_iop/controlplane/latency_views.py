@@ -48,8 +48,9 @@ class LatencyFigures:
     window_seconds: float
 
 
-def provider_figures(latency: pb.ProviderLatency) -> LatencyFigures:
-    """The recent figures of one ``ProviderLatency``; ValueError names what is wrong with it."""
+def provider_figures(latency: pb.ProviderLatency, durations: bool = True) -> LatencyFigures:
+    """The recent figures of one ``ProviderLatency``; ValueError names what is wrong with it.
+    Without ``durations``, the duration sketch is not read (left empty: the history keeps none)."""
     window = latency.window_seconds
     if not (math.isfinite(window) and 0 < window <= MAX_WINDOW_SECONDS):
         raise ValueError(f"window_seconds {window!r} outside (0, {MAX_WINDOW_SECONDS:g}]")
@@ -58,7 +59,7 @@ def provider_figures(latency: pb.ProviderLatency) -> LatencyFigures:
     return LatencyFigures(
         sketch_from_wire(latency.ttft_recent),
         sketch_from_wire(latency.tpot_recent),
-        sketch_from_wire(latency.duration_recent),
+        sketch_from_wire(latency.duration_recent) if durations else LatencySketch(),
         latency.requests_recent,
         latency.errors_recent,
         window,
@@ -66,12 +67,15 @@ def provider_figures(latency: pb.ProviderLatency) -> LatencyFigures:
 
 
 def merged_figures(figures: Iterable[LatencyFigures]) -> Optional[LatencyFigures]:
-    """All of ``figures`` in one (exact: counts added); None when there are none."""
+    """All of ``figures`` in one (exact: counts added); None when there are none; one alone is itself."""
+    listed = list(figures)
+    if len(listed) == 1:
+        return listed[0]
     ttft, tpot, duration = LatencySketch(), LatencySketch(), LatencySketch()
     requests = errors = 0
     window = 0.0
     seen = False
-    for each in figures:
+    for each in listed:
         seen = True
         ttft.merge(each.ttft)
         tpot.merge(each.tpot)
@@ -93,24 +97,34 @@ class SnapshotLatency:
     edge: Optional[LatencyFigures]
 
 
-def snapshot_latency(response: pb.EdgeStatusResponse) -> SnapshotLatency:
-    """Read every provider's figures once and merge them by model and for the edge."""
+def snapshot_latency(response: pb.EdgeStatusResponse, durations: bool = True) -> SnapshotLatency:
+    """Read every provider's figures once and merge them by model and for the edge
+    (without ``durations``, leaving the duration sketches empty: :func:`provider_figures`).
+
+    The providers are merged by the set of models they list first (an
+    edge's providers mostly share a few such sets), and each model's
+    figures and the edge's from those merges: a sketch is merged into a
+    model once per set, not once per provider and model (the history
+    reads every changed snapshot of the fleet this way).
+    """
     providers: list[Optional[LatencyFigures]] = []
-    serving: dict[str, list[LatencyFigures]] = {}
+    #: The providers with figures, by the models they list (in order, each once).
+    by_models: dict[tuple[str, ...], list[LatencyFigures]] = {}
+    serving: dict[str, None] = {}
     problems: list[str] = []
     for node in response.nodes:
         for provider in node.providers:
             figures = None
             if provider.HasField("latency"):
                 try:
-                    figures = provider_figures(provider.latency)
+                    figures = provider_figures(provider.latency, durations)
                 except ValueError as e:
                     problems.append(f"{node.node_id}/{provider.provider_id}: {e}")
             providers.append(figures)
-            for model in dict.fromkeys(provider.models):
-                listed = serving.setdefault(model, [])
-                if figures is not None:
-                    listed.append(figures)
+            listed = tuple(dict.fromkeys(provider.models))
+            serving.update(dict.fromkeys(listed))
+            if figures is not None:
+                by_models.setdefault(listed, []).append(figures)
     if problems:
         _log.warn(
             "edge {edge_id} sent latency figures left out for {count} provider(s): {problem}",
@@ -118,8 +132,13 @@ def snapshot_latency(response: pb.EdgeStatusResponse) -> SnapshotLatency:
             count=len(problems),
             problem=problems[0][:300],
         )
-    models = tuple((model, merged_figures(serving[model])) for model in sorted(serving))
-    return SnapshotLatency(tuple(providers), models, merged_figures(f for f in providers if f is not None))
+    groups = [(set(listed), merged_figures(group)) for listed, group in by_models.items()]
+    models = tuple(
+        (model, merged_figures(figures for listed, figures in groups if model in listed and figures is not None))
+        for model in sorted(serving)
+    )
+    edge = merged_figures(figures for _, figures in groups if figures is not None)
+    return SnapshotLatency(tuple(providers), models, edge)
 
 
 def _seconds(value: Optional[float]) -> Optional[float]:

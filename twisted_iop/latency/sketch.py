@@ -21,7 +21,9 @@ slices, for "p95 over the last minute" without keeping every request.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
+from itertools import accumulate
 
 #: The bound on a quantile's relative error.
 RELATIVE_ERROR = 0.02
@@ -78,8 +80,12 @@ class LatencySketch:
     def merge(self, other: LatencySketch) -> None:
         """Add another sketch's observations to this one (exact)."""
         buckets = self.buckets
-        for index, count in other.buckets.items():
-            buckets[index] = buckets.get(index, 0) + count
+        if not buckets:
+            buckets.update(other.buckets)
+        else:
+            get = buckets.get
+            for index, count in other.buckets.items():
+                buckets[index] = get(index, 0) + count
         self.count += other.count
         self.total += other.total
 
@@ -89,12 +95,10 @@ class LatencySketch:
             return None
         q = min(max(q, 0.0), 1.0)
         rank = q * (self.count - 1)
-        seen = 0
-        for index in sorted(self.buckets):
-            seen += self.buckets[index]
-            if seen > rank:
-                return bucket_value(index)
-        return bucket_value(max(self.buckets))  # pragma: no cover - rank < count always ends above
+        indices = sorted(self.buckets)
+        # The first bucket whose running count is above the rank (summed and searched in C).
+        seen = list(accumulate(map(self.buckets.__getitem__, indices)))
+        return bucket_value(indices[min(bisect_right(seen, rank), len(indices) - 1)])
 
     def count_above(self, seconds: float) -> int:
         """Observations over ``seconds``: those in buckets wholly above its bucket.
@@ -121,6 +125,19 @@ class LatencySketch:
         if not (math.isfinite(total) and total >= 0):
             raise ValueError("the sum of durations must be a finite number >= 0")
         sketch = cls()
+        indices, counts = list(indices), list(counts)  # a protobuf container converts its values at every pass
+        if indices and min(indices) >= MIN_INDEX and max(indices) <= MAX_INDEX:
+            # The checks below in C (min, max, len of a dict): a peer's sketch is
+            # read once per snapshot by the views and the history; only a bad one
+            # takes the loop, which names what is wrong.
+            buckets = dict(zip(indices, counts, strict=True))
+            if len(buckets) == len(indices) and min(counts) >= 0 and max(counts) <= MAX_BUCKET_COUNT:
+                if 0 in buckets.values():
+                    buckets = {index: count for index, count in buckets.items() if count}
+                sketch.buckets = buckets
+                sketch.count = sum(counts)
+                sketch.total = total
+                return sketch
         for index, count in zip(indices, counts, strict=True):
             if not MIN_INDEX <= index <= MAX_INDEX:
                 raise ValueError(f"bucket index {index} outside {MIN_INDEX}..{MAX_INDEX}")

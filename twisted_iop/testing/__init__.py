@@ -24,6 +24,8 @@ imports it. The modules:
   weights on llama.cpp's vocabulary, for running a real engine;
 * :mod:`twisted_iop.testing.llama_engine`: llama-cpp-python's OpenAI server
   as a child process, and a Control Plane, Edge and Nodes in front of it.
+* :mod:`twisted_iop.testing.history`: capacity history's chunks as an earlier
+  release stored them (before the latency fields), for the reading tests;
 * :mod:`twisted_iop.testing.launch`: node.yaml entries whose engine the Node
   launches (``iop-mock-provider`` or a misbehaving script), an engine
   supervisor with what it reported recorded, a chat load generator and

@@ -1,9 +1,10 @@
-"""What one status snapshot adds up to beyond its counts: per model, and the engines.
+"""What one status snapshot adds up to beyond its counts: per model, the engines, the latency.
 
 A kept snapshot carries its counts (``snapshot.counts``, read for free);
-the per-model figures and what the engines say (tokens per second, running
-and waiting requests, the KV cache) need the snapshot parsed and its
-providers visited. :func:`breakdown_of` does that once;
+the per-model figures, what the engines say (tokens per second, running
+and waiting requests, the KV cache) and the latency figures (the
+providers' recent sketches merged: :mod:`.latency`) need the snapshot
+parsed and its providers visited. :func:`breakdown_of` does that once;
 :class:`BreakdownCache` keeps the result per edge with the bytes it was
 made from, so an edge whose snapshot did not change since is not parsed
 again. The sampler (:mod:`.edge_sampler`) parses at most ``parse_budget``
@@ -22,7 +23,9 @@ from typing import Optional
 
 import attrs
 
-from twisted_iop.controlplane.history.fields import FLEET_FIELDS, MISSING, MODEL_FIELDS, names
+from twisted_iop.controlplane.history.fields import FLEET_FIELDS, LATENCY_FIELDS, MISSING, MODEL_FIELDS, names
+from twisted_iop.controlplane.history.latency import NO_LATENCY, LatencyPart, part_of
+from twisted_iop.controlplane.latency_views import SnapshotLatency, snapshot_latency
 from twisted_iop.controlplane.snapshots import StatusSnapshot
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.status_totals import GENERAL_AT, HEALTH_AT, TOTALS_FIELDS
@@ -41,8 +44,19 @@ COUNT_COLUMNS: tuple[tuple[int, int], ...] = tuple(
 )
 #: The fields after those: what only a parse tells.
 EXTRA_FIELDS = _FIELD_NAMES[1 + len(_FROM_COUNTS) :]
-assert EXTRA_FIELDS == ("tokens_per_second", "engines_reporting", "engine_running", "engine_waiting", "kv_cache_usage")
+assert (
+    "tokens_per_second",
+    "engines_reporting",
+    "engine_running",
+    "engine_waiting",
+    "kv_cache_usage",
+    *names(LATENCY_FIELDS),
+) == EXTRA_FIELDS
 assert names(MODEL_FIELDS)[1:7] == TOTALS_FIELDS[GENERAL_AT : GENERAL_AT + 6]
+assert names(MODEL_FIELDS)[-len(LATENCY_FIELDS) :] == names(LATENCY_FIELDS)
+
+#: The latency of a snapshot without any figures.
+NO_FIGURES = SnapshotLatency((), (), None)
 
 #: The extras of an edge nobody parsed yet.
 NO_EXTRAS: tuple[int, ...] = (MISSING,) * len(EXTRA_FIELDS)
@@ -60,6 +74,10 @@ class Breakdown:
     kv_reporting: int
     #: Per model, its row of :data:`~.fields.MODEL_FIELDS` values (sorted by name).
     models: tuple[tuple[str, tuple[int, ...]], ...]
+    #: The edge's latency (its values end :attr:`extras`), and each model's (in :attr:`models`' order;
+    #: their values end the models' rows).
+    latency: LatencyPart = NO_LATENCY
+    model_latency: tuple[LatencyPart, ...] = ()
 
 
 EMPTY = Breakdown(NO_EXTRAS, 0, 0, ())
@@ -74,8 +92,9 @@ _get_engine = attrgetter("engine")
 _get_models = attrgetter("models")
 
 
-def breakdown_of(response: pb.EdgeStatusResponse) -> Breakdown:
-    """Visit the providers of a parsed snapshot once (each field read in C by ``attrgetter``)."""
+def breakdown_of(response: pb.EdgeStatusResponse, latency_figures: bool = True) -> Breakdown:
+    """Visit the providers of a parsed snapshot once (each field read in C by ``attrgetter``);
+    without ``latency_figures`` (the snapshot is known to carry none) their latency is not looked for."""
     providers = [p for node in response.nodes for p in node.providers]
     # NaN and negatives count as 0.
     valid = [t if t == t and t > 0 else 0.0 for t in map(_get_tokens, providers)]
@@ -94,26 +113,34 @@ def breakdown_of(response: pb.EdgeStatusResponse) -> Breakdown:
             indexes = serving.setdefault(model, [])
             if not indexes or indexes[-1] != index:  # a model named twice by one provider counts once
                 indexes.append(index)
+    latency = snapshot_latency(response, durations=False) if latency_figures else NO_FIGURES
     models: list[tuple[str, tuple[int, ...]]] = []
+    model_latency: list[LatencyPart] = []
     if serving:
         counts = list(map(_PROVIDER_COUNTS, providers))
+        by_model = dict(latency.models)
         for model in sorted(serving):
             indexes = serving[model]
+            part = part_of(by_model.get(model))
+            model_latency.append(part)
             if len(indexes) == 1:
                 only = indexes[0]
-                models.append((model, (1, *counts[only], round(min(valid[only], 1e12) * TOKENS_SCALE))))
+                tokens = round(min(valid[only], 1e12) * TOKENS_SCALE)
+                models.append((model, (1, *counts[only], tokens, *part.values)))
             else:
                 summed = map(sum, zip(*[counts[i] for i in indexes], strict=True))
                 tokens = round(min(sum(valid[i] for i in indexes), 1e12) * TOKENS_SCALE)
-                models.append((model, (len(indexes), *summed, tokens)))
+                models.append((model, (len(indexes), *summed, tokens, *part.values)))
+    edge = part_of(latency.edge)
     extras = (
         round(min(sum(valid), 1e12) * TOKENS_SCALE),
         reporting,
         running if reporting else MISSING,
         waiting if reporting else MISSING,
         kv_sum // kv_reporting if kv_reporting else MISSING,
+        *edge.values,
     )
-    return Breakdown(extras, kv_sum, kv_reporting, tuple(models))
+    return Breakdown(extras, kv_sum, kv_reporting, tuple(models), edge, tuple(model_latency))
 
 
 class BreakdownCache:
@@ -134,8 +161,9 @@ class BreakdownCache:
         return self._kept.get(edge_id, _NONE)
 
     def parse(self, edge_id: str, snapshot: StatusSnapshot) -> Breakdown:
-        """Parse ``edge_id``'s snapshot, keep and return its breakdown."""
-        made = breakdown_of(snapshot.parse())
+        """Parse ``edge_id``'s snapshot, keep and return its breakdown (a snapshot whose
+        latency key says it carries no latency figures is not searched for them)."""
+        made = breakdown_of(snapshot.parse(), snapshot.latency_key != b"")
         self._kept[edge_id] = (snapshot.data, made)
         self.parsed += 1
         return made

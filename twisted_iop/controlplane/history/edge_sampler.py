@@ -16,8 +16,10 @@ per sample; the others keep their last breakdown until their turn. The
 fleet's point is the segments' columns added up (a whole column's total is
 kept while it is the same list), each model's fleet-wide point the running
 total of its edges' rows, changed only by the edges that came, went or
-changed. The work of a sample is split by segment (:meth:`EdgeSampler.step`)
-so that the service can spread it over reactor turns.
+changed; their latency p95s are those of the running merge of the edges'
+sketches (:class:`~.latency.LatencyTotal`), changed the same way. The
+work of a sample is split by segment (:meth:`EdgeSampler.step`) so that
+the service can spread it over reactor turns.
 
 ``history.max_series`` bounds the keys (both groups and the service's own
 series): an edge or a model on an edge beyond it gets no slot (its points
@@ -40,8 +42,10 @@ from twisted_iop.controlplane.history.fields import (
     EDGE_MODELS_GROUP,
     EDGES_GROUP,
     FLEET_FIELDS,
+    LATENCY_FIELDS,
     MISSING,
     MODEL_FIELDS,
+    index_of,
 )
 from twisted_iop.controlplane.history.frames import (
     IDLE_FRAMES,
@@ -51,14 +55,22 @@ from twisted_iop.controlplane.history.frames import (
     SegmentRecorder,
     segment_of,
 )
+from twisted_iop.controlplane.history.latency import NO_LATENCY, LatencyTotal
 from twisted_iop.controlplane.history.settings import HistorySettings
 from twisted_iop.controlplane.snapshots import StatusSnapshot
 from twisted_iop.controlplane.store.interface import HistoryStore
 from twisted_iop.wire.status_totals import COUNTS_LEN
 
 _FIRST_EXTRA = 1 + len(COUNT_COLUMNS)
-_KV_AT = len(FLEET_FIELDS) - 1
-assert FLEET_FIELDS[_KV_AT].name == "kv_cache_usage"
+_KV_AT = index_of(FLEET_FIELDS)["kv_cache_usage"]
+#: Where the latency fields start in the fleet's row, and in a model's (the additive figures before them).
+_LATENCY_AT = index_of(FLEET_FIELDS)[LATENCY_FIELDS[0].name]
+_MODEL_LATENCY_AT = index_of(MODEL_FIELDS)[LATENCY_FIELDS[0].name]
+#: The fleet's figures when no edge is connected: no capacity, no tokens; the engines and latency said nothing.
+_NOTHING_CONNECTED = (
+    *(0,) * (index_of(FLEET_FIELDS)["engine_running"] - 1),
+    *(MISSING,) * (len(FLEET_FIELDS) - index_of(FLEET_FIELDS)["engine_running"]),
+)
 
 #: Each edge's row: edges_connected and the engines' figures come as patches, the counts as whole columns.
 EDGES = GroupShape(EDGES_GROUP, FLEET_FIELDS, (0, *range(_FIRST_EXTRA, len(FLEET_FIELDS))))
@@ -144,8 +156,11 @@ class EdgeSampler:
         self._refused: dict[str, EdgeRecord] = {}
         self._slots = 0
         self._cursor = (0, 0)
-        #: Per model served: how many edges serve it, and their rows added up.
+        #: Per model served: how many edges serve it, and their rows' figures before the latency added up.
         self._model_totals: dict[str, tuple[int, tuple[int, ...]]] = {}
+        #: Per model served, and for the fleet: the edges' latency merged.
+        self._model_latency: dict[str, LatencyTotal] = {}
+        self._latency = LatencyTotal()
         #: The KV-cache shares reported, added up, and how many providers reported one.
         self._kv = [0, 0]
         #: Per engine figure of the edges (:data:`~.breakdown.EXTRA_FIELDS`): the present values added up, and how many.
@@ -392,24 +407,31 @@ class EdgeSampler:
             if value >= 0:
                 extras[at][0] += sign * value
                 extras[at][1] += sign
+        self._latency.add(breakdown.latency, sign)
+        latency = self._model_latency
+        cut = _MODEL_LATENCY_AT
         if sign > 0:
             kv[0] += breakdown.kv_sum
             kv[1] += breakdown.kv_reporting
-            for model, row in breakdown.models:
+            for (model, row), part in zip(breakdown.models, breakdown.model_latency, strict=True):
                 kept = totals.get(model)
                 if kept is None:
-                    totals[model] = (1, row)
+                    totals[model] = (1, row[:cut])
+                    latency[model] = LatencyTotal()
                 else:
-                    totals[model] = (kept[0] + 1, tuple(map(add, kept[1], row)))
+                    totals[model] = (kept[0] + 1, tuple(map(add, kept[1], row[:cut])))
+                latency[model].add(part)
             return
         kv[0] -= breakdown.kv_sum
         kv[1] -= breakdown.kv_reporting
-        for model, row in breakdown.models:
+        for (model, row), part in zip(breakdown.models, breakdown.model_latency, strict=True):
             edges, total = totals[model]
             if edges == 1:
                 del totals[model]
+                del latency[model]
             else:
-                totals[model] = (edges - 1, tuple(map(sub, total, row)))
+                totals[model] = (edges - 1, tuple(map(sub, total, row[:cut])))
+                latency[model].add(part, -1)
 
     def _model_patches(self, segment: _Segment) -> tuple[list[str], list[tuple[int, tuple[int, ...]]]]:
         models = segment.models
@@ -459,6 +481,7 @@ class EdgeSampler:
         for at, (total, count) in enumerate(self._extras, start=_FIRST_EXTRA):
             totals[at], present[at] = total, count
         sampled = self._present > 0
+        latency = self._latency
         for record in self._refused.values():
             snapshot = record.snapshot
             if snapshot is None:
@@ -467,18 +490,23 @@ class EdgeSampler:
             row = [0] * width
             for column, at in COUNT_COLUMNS:
                 row[column] = snapshot.counts[at]
-            row[_FIRST_EXTRA:] = self.breakdowns.kept(record.edge_id)[1].extras
+            breakdown = self.breakdowns.kept(record.edge_id)[1]
+            row[_FIRST_EXTRA:] = breakdown.extras
             for column in range(1, width):
                 if row[column] >= 0:
                     totals[column] += row[column]
                     present[column] += 1
+            if breakdown.latency is not NO_LATENCY:
+                if latency is self._latency:
+                    latency = latency.copy()
+                latency.add(breakdown.latency)
         if not sampled:
-            # Nothing connected: no capacity, no tokens; the engines said nothing.
-            return (connected, *(0,) * (width - 4), MISSING, MISSING, MISSING)
+            return (connected, *_NOTHING_CONNECTED)
         row = [connected]
         row += [totals[c] if present[c] else MISSING for c in range(1, _KV_AT)]
         kv_sum, kv_reporting = self._kv
         row.append(kv_sum // kv_reporting if kv_reporting else MISSING)
+        row += latency.values()
         return tuple(row)
 
     def fleet_row_between(self, edges: Iterable[EdgeRecord], connected: int) -> tuple[int, ...]:
@@ -488,7 +516,7 @@ class EdgeSampler:
         counts = [r.snapshot.counts for r in edges if r.token is not None and r.snapshot is not None]
         width = len(FLEET_FIELDS)
         if not counts:
-            return (connected, *(0,) * (width - 4), MISSING, MISSING, MISSING)
+            return (connected, *_NOTHING_CONNECTED)
         flat = list(chain.from_iterable(counts))
         row = [connected] + [0] * (width - 1)
         for column, at in COUNT_COLUMNS:
@@ -497,11 +525,14 @@ class EdgeSampler:
             row[at] = total if count else MISSING
         kv_sum, kv_reporting = self._kv
         row[_KV_AT] = kv_sum // kv_reporting if kv_reporting else MISSING
+        row[_LATENCY_AT:] = self._latency.values()
         return tuple(row)
 
     def model_rows(self) -> list[tuple[str, tuple[int, ...]]]:
-        """Each model served now, fleet-wide: its edges' rows added up."""
-        return [(model, kept[1]) for model, kept in sorted(self._model_totals.items())]
+        """Each model served now, fleet-wide: its edges' rows added up, its
+        latency p95s of their sketches merged."""
+        latency = self._model_latency
+        return [(model, (*kept[1], *latency[model].values())) for model, kept in sorted(self._model_totals.items())]
 
     # -- views and closing -------------------------------------------------------------
 

@@ -2,12 +2,42 @@
 
 Every figure the history keeps is an integer: counts as they are,
 ``tokens_per_second`` in whole tokens per second (hundredths cost a fifth
-of a busy day's bytes, for a precision no chart shows), and
-``kv_cache_usage`` in fixed point (:attr:`Field.scale`), thousandths
-(0..1000 for 0..100 %). A value nobody
+of a busy day's bytes, for a precision no chart shows), and in fixed point
+(:attr:`Field.scale`): ``kv_cache_usage`` in thousandths (0..1000 for
+0..100 %), ``ttft_p95`` and ``tpot_p95`` in tenths of a millisecond (the
+sketches' smallest value; within their 2 % error for anything from 5 ms:
+microseconds cost a busy day 20 % more bytes for digits the sketches do
+not have) and ``requests_per_second`` in hundredths (one request a minute
+is 0.02). A value nobody
 reported (no engine said its load, no provider reports its KV cache) is
 :data:`MISSING` (-1), which every real value is above, so it is never
 mistaken for 0; the JSON views show it as ``null``.
+
+The latency fields (:data:`LATENCY_FIELDS`, the last of both shapes) come
+from the providers' ``ProviderLatency`` in the snapshot: the sketches of
+the Edge's last minute (a sliding 60 s window, what the status views
+show; a sample every 15 or 30 s reads overlapping windows):
+
+* ``ttft_p95`` / ``tpot_p95``: the 95th percentile of the merged sketches
+  (:mod:`~twisted_iop.latency.sketch`: exact merges, 2 % error) of the
+  providers in scope: an edge's, a model's on an edge, and, for the fleet
+  and each model fleet-wide, every edge's sketches merged (never a mean of
+  p95s). :data:`MISSING` when no request of that kind ended in the window
+  (a p95 of nothing is not 0);
+* ``requests_per_second``: the requests that ended in the window over its
+  length, added up over the providers (and edges); :data:`MISSING` only
+  when no provider in scope reports latency figures at all (an Edge that
+  served nothing since it started, or an older one): an Edge that measured
+  and saw no request end says 0.
+
+A rolled-up tier (:mod:`.tiers`) keeps sums, maxima and lasts, not
+sketches, so it cannot merge percentiles: a rolled-up p95 point's
+**max** is the highest p95 sampled in its step (the figure to read, and
+what the console and ``iopctl history`` draw), its mean the mean of the
+sampled p95s (not a p95 of the step). Adding edges up (a selector's view,
+:mod:`.queries`) takes the slowest edge's p95 (:attr:`Combine.MAX`): an
+upper bound of the p95 of their requests together, since no more than 5 %
+of any edge's requests are above its own p95.
 
 Two shapes of series:
 
@@ -45,6 +75,9 @@ class Combine(enum.Enum):
     SUM = "sum"
     #: The mean of the providers that reported it (a share: the KV cache).
     MEAN = "mean"
+    #: The highest (a percentile: the members' sketches are not kept, and
+    #: the highest p95 bounds the p95 of their requests together).
+    MAX = "max"
 
 
 @attrs.frozen
@@ -58,6 +91,29 @@ class Field:
     scale: int = 1
     combine: Combine = Combine.SUM
 
+
+#: A tenth of a millisecond: the stored unit of the latency percentiles.
+TENTHS_OF_MS = 10_000
+#: Hundredths: the stored unit of requests per second.
+HUNDREDTHS = 100
+
+#: The latency figures, last in both shapes (an older chunk, stored without
+#: them, reads as missing them: :func:`~.tiers.fitted`).
+LATENCY_FIELDS: tuple[Field, ...] = (
+    Field(
+        "ttft_p95",
+        "seconds: the 95th percentile of time to first token over the Edges' last minute",
+        scale=TENTHS_OF_MS,
+        combine=Combine.MAX,
+    ),
+    Field(
+        "tpot_p95",
+        "seconds: the 95th percentile of time per output token over the Edges' last minute",
+        scale=TENTHS_OF_MS,
+        combine=Combine.MAX,
+    ),
+    Field("requests_per_second", "requests that ended per second over the Edges' last minute", scale=HUNDREDTHS),
+)
 
 #: Every figure of the fleet and of one edge, in stored order.
 FLEET_FIELDS: tuple[Field, ...] = (
@@ -81,6 +137,7 @@ FLEET_FIELDS: tuple[Field, ...] = (
     Field("engine_running", "requests the engines run"),
     Field("engine_waiting", "requests waiting inside the engines"),
     Field("kv_cache_usage", "share of the KV cache in use (0..1)", scale=1000, combine=Combine.MEAN),
+    *LATENCY_FIELDS,
 )
 
 #: The figures of one model (fleet-wide, or on one edge), in stored order.
@@ -93,6 +150,7 @@ MODEL_FIELDS: tuple[Field, ...] = (
     Field("long_context_in_flight", "requests"),
     Field("long_context_queued", "requests"),
     Field("tokens_per_second", "completion tokens per second"),
+    *LATENCY_FIELDS,
 )
 
 FLEET = "fleet"
@@ -148,9 +206,10 @@ def index_of(fields: Sequence[Field]) -> dict[str, int]:
 
 
 def shown(value: float, field: Field) -> float | int | None:
-    """A stored value (or a mean of them) as the JSON views show it."""
+    """A stored value (or a mean of them) as the JSON views show it (every
+    digit of its scale: tenths of a millisecond to four decimals of a second)."""
     if value < 0:
         return None
     if field.scale == 1:
         return value if isinstance(value, int) else round(value, 3)
-    return round(value / field.scale, 3)
+    return round(value / field.scale, max(3, len(str(field.scale)) - 1))

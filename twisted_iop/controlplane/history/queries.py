@@ -21,10 +21,14 @@
   segment's column chunks (:mod:`.columns`: only the wanted keys are
   followed through the frames);
 * **a selector** (fleet view): the matching edges' series added up per
-  point time (a share, the KV cache, is their mean). On a rolled-up tier
-  the mean and last are the sums of the edges' means and lasts, and the
-  max is the sum of their maxima: an upper bound of the fleet's max, not
-  the max itself (the edges' peaks need not coincide).
+  point time (a share, the KV cache, is their mean; a percentile, the
+  latency p95s, their highest: :attr:`~.fields.Combine.MAX`). On a
+  rolled-up tier the mean and last are the sums of the edges' means and
+  lasts, and the max is the sum of their maxima: an upper bound of the
+  fleet's max, not the max itself (the edges' peaks need not coincide);
+* **older chunks**: a point stored before the latency fields existed
+  reads as missing them (:func:`~.tiers.fitted`), so a view over a range
+  that spans an upgrade shows them ``null`` before it.
 
 Pure but for the store's read (a Deferred).
 """
@@ -278,6 +282,7 @@ class HistoryQueries:
         if opened is not None:
             kept[opened.start] = opened.data
         points: dict[int, tuple[int, ...]] = {}
+        width = len(fields_of(name))
         for _, data in sorted(kept.items()):
             try:
                 _, rows = chunks.decode(data)
@@ -287,7 +292,7 @@ class HistoryQueries:
             for row in rows:
                 t_ms = row[0]
                 if start_ms <= t_ms <= end_ms:
-                    _merge(points, t_ms, row[1:], rolled)
+                    _merge(points, t_ms, tiers.fitted(row[1:], width, rolled), rolled)
         if rolled:
             partial = self._recorder.partial(name, tier_index)
             if partial is not None and start_ms <= partial[0] <= end_ms:
@@ -309,6 +314,7 @@ class HistoryQueries:
         if opened is not None:
             kept[opened.start] = opened.data
         points: dict[str, dict[int, tuple[int, ...]]] = {key: {} for key in wanted}
+        width = segment.shape.width
         for _, data in sorted(kept.items()):
             try:
                 _, decoded = columns.decode(data, wanted)
@@ -319,7 +325,7 @@ class HistoryQueries:
                 into = points[key]
                 for t_ms, values in rows:
                     if start_ms <= t_ms <= end_ms:
-                        _merge(into, t_ms, values, rolled)
+                        _merge(into, t_ms, tiers.fitted(values, width, rolled), rolled)
         out: dict[str, list[Point]] = {}
         for key, into in points.items():
             if rolled:
@@ -408,7 +414,7 @@ def _shown(
 def _combine(
     members: Iterable[list[Point]], available: Sequence[Field], chosen: Sequence[Field], rolled: bool
 ) -> list[tuple[int, Optional[int], list[Any]]]:
-    """The members' points added up per time (a MEAN field: their mean)."""
+    """The members' points added up per time (a MEAN field: their mean; a MAX field: their highest)."""
     places = [available.index(field) for field in chosen]
     at: dict[int, list[tuple[int, ...]]] = {}
     for points in members:
@@ -437,4 +443,6 @@ def _combine(
 def _together(values: Sequence[float], field: Field) -> float:
     if field.combine is Combine.MEAN:
         return sum(values) / len(values)
+    if field.combine is Combine.MAX:
+        return max(values)
     return sum(values)

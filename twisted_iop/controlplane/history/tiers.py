@@ -15,6 +15,10 @@ points equals the one made from their forty 15-second points. A field
 nobody reported in the whole bucket has ``n == 0`` and the others
 ``MISSING``.
 
+A point read back from a chunk of an older, narrower form (written before
+the latency fields were added at the end) gains the fields it lacks as
+nobody's (:func:`fitted`).
+
 A point's time is the start of its bucket: ``t - t % step`` (all in
 integer milliseconds since the epoch), so every series' buckets line up.
 """
@@ -102,3 +106,20 @@ def field_parts(point: Row, index: int) -> tuple[Optional[float], Optional[int],
     if n == 0:
         return None, None, None
     return point[at + SUM] / n, point[at + MAX], point[at + LAST]
+
+
+def fitted(values: Row, fields: int, rolled: bool) -> Row:
+    """A stored point (a sampled row's values, or a rolled-up point) as one of
+    ``fields`` fields: one of an older, narrower form gains the fields it
+    lacks as nobody reported them (sampled: :data:`~.fields.MISSING`;
+    rolled up: ``n`` 0); one of a newer, wider form loses the fields this
+    release does not know."""
+    width = rolled_width(fields) if rolled else fields
+    have = len(values)
+    if have == width:
+        return values
+    if have > width:
+        return values[:width]
+    if rolled:
+        return values + _NOTHING * ((width - have) // PER_FIELD)
+    return values + (MISSING,) * (width - have)

@@ -1,14 +1,17 @@
 // <iop-history-chart>: capacity against in flight and queued over time,
-// for the fleet (scope="fleet") or one edge (edge-id), from
+// and latency, for the fleet (scope="fleet") or one edge (edge-id), from
 // GET /fleet/history or GET /edges/{id}/history: one chart for the general
-// lane and one for the long-context lane, plain SVG (../svg-chart.js). A
+// lane, one for the long-context lane, one for the TTFT and TPOT p95s (in
+// ms; on a rolled-up tier each step's max, the highest p95 sampled: p95s
+// do not average) and one for requests per second, plain SVG
+// (../svg-chart.js). A
 // range picker (1 h, 6 h, 24 h, 7 d: the server picks the tier) and a model
 // picker (the models with a series: the view's `models`) choose what is
 // drawn. Live: re-fetched every sampling interval (the view's
 // interval_seconds; `refresh-interval` overrides), so new points appear.
 // Hovering shows the values at that time (on a rolled-up tier: the mean,
-// and the max). A missing value or a gap in sampling (an edge that was not
-// connected) lifts the pen. The time axis is the range, from the first
+// and the max). A missing value (a p95 of a minute in which no request
+// ended) or a gap in sampling (an edge that was not connected) lifts the pen. The time axis is the range, from the first
 // point when the history is younger than the range (and then, if the
 // server chose a rolled-up tier for the range, every sample since the
 // first point is asked for instead: a new Control Plane shows its first
@@ -24,7 +27,10 @@ import { HEIGHT, PAD, WIDTH, chartSvg, nearestIndex, shortNumber } from "../svg-
 /** The ranges offered, as the server's relative `from`. */
 export const RANGES = [["1h", "1 h"], ["6h", "6 h"], ["24h", "24 h"], ["7d", "7 d"]];
 
-/** The two lanes and what each draws. */
+/**
+ * The lanes and what each draws: fields as [field, label, tone, dashed]; `scale` multiplies the
+ * view's values (seconds to ms), `unit` follows them, `rolled` is the part of a rolled-up point drawn.
+ */
 const LANES = [
   { id: "general", title: "General", fields: [["capacity", "capacity", "cap", true], ["in_flight", "in flight", "flight"], ["queued", "queued", "queued"]] },
   {
@@ -32,6 +38,8 @@ const LANES = [
     title: "Long context",
     fields: [["long_context_capacity", "capacity", "cap", true], ["long_context_in_flight", "in flight", "flight"], ["long_context_queued", "queued", "queued"]],
   },
+  { id: "latency", title: "Latency p95", unit: " ms", scale: 1000, rolled: "max", fields: [["ttft_p95", "TTFT", "ttft"], ["tpot_p95", "TPOT", "tpot"]] },
+  { id: "requests", title: "Requests", unit: "/s", fields: [["requests_per_second", "ended", "rate"]] },
 ];
 const FIELDS = LANES.flatMap((lane) => lane.fields.map((f) => f[0]));
 /** A rolled-up view whose first point is within this many samples of now is asked again sample by sample. */
@@ -57,6 +65,9 @@ svg { width: 100%; height: auto; display: block; overflow: visible; }
 .cap { stroke: var(--_muted); } .flight { stroke: var(--_accent); } .queued { stroke: var(--_warn); }
 .dot.cap { fill: var(--_muted); } .dot.flight { fill: var(--_accent); } .dot.queued { fill: var(--_warn); }
 i.cap { background: var(--_muted); } i.flight { background: var(--_accent); } i.queued { background: var(--_warn); }
+.ttft { stroke: var(--_bad); } .tpot { stroke: var(--_accent); } .rate { stroke: var(--_ok); }
+.dot.ttft { fill: var(--_bad); } .dot.tpot { fill: var(--_accent); } .dot.rate { fill: var(--_ok); }
+i.ttft { background: var(--_bad); } i.tpot { background: var(--_accent); } i.rate { background: var(--_ok); }
 .cursor { stroke: var(--_muted); stroke-width: 1; stroke-dasharray: 2 2; }
 .hover { fill: transparent; }
 .tip { position: absolute; pointer-events: none; background: var(--_bg); border: 1px solid var(--_border); border-radius: 7px;
@@ -64,6 +75,18 @@ i.cap { background: var(--_muted); } i.flight { background: var(--_accent); } i.
 .tip b { font-variant-numeric: tabular-nums; }
 .note { font-size: 12px; color: var(--_muted); }
 `;
+
+/** A value in a lane's unit as read: whole ms from 10 ms up (the sketches are good to 2 %), then the unit. */
+function laneText(value, lane) {
+  if (value === null || value === undefined) return "—";
+  return (lane.scale && Math.abs(value) >= 10 ? String(Math.round(value)) : shortNumber(value)) + (lane.unit || "");
+}
+
+/** A view's value in a lane's unit (ms for seconds), to a thousandth; null stays null. */
+export function scaled(value, lane) {
+  if (value === null || value === undefined) return null;
+  return lane.scale ? Math.round(value * lane.scale * 1000) / 1000 : value;
+}
 
 export class IopHistoryChart extends IopElement {
   static observedAttributes = ["scope", "edge-id", "range", "api-base", "refresh-interval"];
@@ -155,11 +178,11 @@ export class IopHistoryChart extends IopElement {
     this.emit("iop-history-loaded", { view });
   }
 
-  /** The points of one column as [[t, value], ...] (a rolled-up tier: its mean). */
-  column(view, field) {
-    const name = view.rolled_up ? `${field}.mean` : field;
+  /** The points of one column as [[t, value], ...] in the lane's unit (a rolled-up tier: its mean, or the lane's part). */
+  column(view, field, lane = {}) {
+    const name = view.rolled_up ? `${field}.${lane.rolled || "mean"}` : field;
     const at = view.columns.indexOf(name);
-    return view.points.map((p) => [p[0], at < 0 ? null : p[at]]);
+    return view.points.map((p) => [p[0], scaled(at < 0 ? null : p[at], lane)]);
   }
 
   /**
@@ -184,17 +207,20 @@ export class IopHistoryChart extends IopElement {
     select.value = this.model;
     const { start, end } = this.span(view);
     this.root.querySelector("[data-lanes]").innerHTML = LANES.map((lane) => {
-      const lines = lane.fields.map(([field, label, tone, dashed]) => ({ field, label, tone, dashed, points: this.column(view, field) }));
+      const lines = lane.fields.map(([field, label, tone, dashed]) => ({ field, label, tone, dashed, points: this.column(view, field, lane) }));
       const legend = lines
         .map((line) => {
           const last = [...line.points].reverse().find((p) => p[1] !== null && p[1] !== undefined);
-          return `<span><i class="${line.tone}"></i>${esc(line.label)} <b data-last="${esc(line.field)}">${esc(last ? shortNumber(last[1]) : "—")}</b></span>`;
+          return `<span><i class="${line.tone}"></i>${esc(line.label)} <b data-last="${esc(line.field)}">${esc(last ? laneText(last[1], lane) : "—")}</b></span>`;
         })
         .join("");
+      const drawn = lines.map((line) => line.label).join(", ");
       return `<div class="lane" data-lane="${lane.id}"><h3>${esc(lane.title)} <span class="legend">${legend}</span></h3>
-        ${chartSvg({ lines, start, end, step: view.step_seconds, title: `${scope} ${lane.title.toLowerCase()}: capacity, in flight and queued` })}</div>`;
+        ${chartSvg({ lines, start, end, step: view.step_seconds, title: `${scope} ${lane.title.toLowerCase()}: ${drawn}` })}</div>`;
     }).join("");
-    const tier = view.rolled_up ? `one point per ${shortNumber(view.step_seconds)} s (mean; max in the tooltip)` : `a sample every ${shortNumber(view.step_seconds)} s`;
+    const tier = view.rolled_up
+      ? `one point per ${shortNumber(view.step_seconds)} s (the mean, the p95s' max; the other in the tooltip)`
+      : `a sample every ${shortNumber(view.step_seconds)} s`;
     this.root.querySelector("[data-note]").textContent = view.points.length
       ? `${view.points.length} points, ${tier}; updated ${formatTime(new Date().toISOString()).slice(11)}`
       : "No history in this range yet.";
@@ -213,14 +239,16 @@ export class IopHistoryChart extends IopElement {
     if (index < 0) return this.unhover();
     const lane = LANES.find((l) => l.id === svg.closest(".lane").dataset.lane);
     const point = view.points[index];
+    const text = (value) => laneText(scaled(value, lane), lane);
     const rows = lane.fields
       .map(([field, label]) => {
         if (view.rolled_up) {
           const mean = point[view.columns.indexOf(`${field}.mean`)];
           const most = point[view.columns.indexOf(`${field}.max`)];
-          return `<div>${esc(label)} <b>${esc(shortNumber(mean))}</b> <span class="muted">max ${esc(shortNumber(most))}</span></div>`;
+          if (lane.rolled === "max") return `<div>${esc(label)} <b>${esc(text(most))}</b> <span class="muted">mean ${esc(text(mean))}</span></div>`;
+          return `<div>${esc(label)} <b>${esc(text(mean))}</b> <span class="muted">max ${esc(text(most))}</span></div>`;
         }
-        return `<div>${esc(label)} <b>${esc(shortNumber(point[view.columns.indexOf(field)]))}</b></div>`;
+        return `<div>${esc(label)} <b>${esc(text(point[view.columns.indexOf(field)]))}</b></div>`;
       })
       .join("");
     const x = PAD.left + ((point[0] - start) / (end - start)) * (WIDTH - PAD.left - PAD.right);

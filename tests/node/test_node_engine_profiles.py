@@ -194,7 +194,10 @@ def test_the_sample_configs_declare_the_mock_profile_on_ports_apart() -> None:
             break
         block.append(line[4:].replace("# ", "", 1))
     data = yaml.safe_load("\n".join(block))
-    declared = {"node_id": "n", "engines": [{**yaml.safe_load((configs / "node.yaml").read_text())["engines"][0], **data}]}
+    declared = {
+        "node_id": "n",
+        "engines": [{**yaml.safe_load((configs / "node.yaml").read_text())["engines"][0], **data}],
+    }
     config = parse(declared)
     assert [p.name for p in config.engines[0].parameters] == [
         "tokens_per_second",

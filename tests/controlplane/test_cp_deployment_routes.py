@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
+import pytest
 import pytest_twisted
 from treq.testing import StubTreq
 from twisted.internet.task import Clock
@@ -334,6 +335,61 @@ async def test_a_change_rolls_out_max_in_flight_edges_at_a_time() -> None:
     assert new_sets == [1, 1, 1]
     _, shown = await fleet.call("GET", "/deployments/chat")
     assert shown["rollup"]["ready"] == 3
+    fleet.stop()
+
+
+@pytest.mark.parametrize("offline", ["wait", "skip"])
+@pytest_twisted.ensureDeferred
+async def test_an_edge_lost_mid_rollout_holds_the_roll_with_wait_and_not_with_skip(offline: str) -> None:
+    """Three lab edges; a change with max_in_flight 1 reaches edge-1, which is then lost. With
+    offline: wait it holds its place: polls reach no other edge (they keep the old spec) until it is
+    back and ready, then the roll goes on. With skip the roll goes on without it (out of desired),
+    and it gets the new spec when it comes back. Either way every edge ends ready on the new hash."""
+    fleet = Fleet()
+    edges = [fleet.edge(f"edge-{i}", "lab") for i in (1, 2, 3)]
+    await fleet.call("PUT", "/deployments/chat", {**CHAT, "offline": offline})
+    old_hash = edges[0].instances[0].spec_hash
+    changed = {**CHAT, "offline": offline, "parameters": {"tokens_per_second": 200}, "rollout": {"max_in_flight": 1}}
+    _, body = await fleet.call("PUT", "/deployments/chat", changed)
+    new_hash = body["spec_hash"]
+    assert [e.instances[0].spec_hash for e in edges] == [new_hash, old_hash, old_hash]
+    first = fleet.registry.get("edge-1")
+    assert first.token is not None
+    hello = first.hello
+    fleet.registry.disconnect("edge-1", first.token, "killed")
+
+    def hashes() -> list[str]:
+        return [e.instances[0].spec_hash for e in edges]
+
+    def kinds() -> list[str]:
+        return [e.kind for e in fleet.registry.fleet_events.since(0, 1000) if e.kind.startswith("deployment.")]
+
+    for _ in range(3):
+        fleet.clock.advance(2)
+        fleet.deployments.poll()
+    _, shown = await fleet.call("GET", "/deployments/chat")
+    _valid("Deployment", shown)
+    states = {e["edge_id"]: e["state"] for e in shown["edges"]["items"]}
+    rollup = shown["rollup"]
+    if offline == "wait":
+        assert hashes() == [new_hash, old_hash, old_hash]
+        assert states == {"edge-1": "offline", "edge-2": "out_of_sync", "edge-3": "out_of_sync"}
+        assert (rollup["desired"], rollup["offline"], rollup["ready"]) == (3, 1, 0)
+        assert "deployment.rolled_out" not in kinds()
+    else:
+        assert hashes()[1:] == [new_hash, new_hash]
+        assert states == {"edge-1": "offline", "edge-2": "ready", "edge-3": "ready"}
+        assert (rollup["desired"], rollup["offline"], rollup["ready"]) == (2, 1, 2)
+
+    fleet.registry.connect("edge-1", edges[0], hello)  # back: sent its set at once
+    for _ in range(3):
+        fleet.clock.advance(2)
+        fleet.deployments.poll()
+    assert hashes() == [new_hash, new_hash, new_hash]
+    _, shown = await fleet.call("GET", "/deployments/chat")
+    assert (shown["rollup"]["desired"], shown["rollup"]["ready"]) == (3, 3)
+    assert fleet.deployments.get("chat").rolling_from is None
+    assert kinds().count("deployment.rolled_out") == 1
     fleet.stop()
 
 

@@ -173,16 +173,36 @@ def test_gpus_is_bounded() -> None:
         parse(data)
 
 
-def test_the_sample_config_s_commented_profile_parses_once_uncommented() -> None:
-    """configs/node.yaml's commented ``engines:`` example is a valid profile as written."""
-    lines = (Path(__file__).resolve().parents[2] / "configs" / "node.yaml").read_text().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("# gpus:"))
-    block = []
-    for line in lines[start:]:
-        if not line.startswith("#"):
+def test_the_sample_configs_declare_the_mock_profile_on_ports_apart() -> None:
+    """configs/node.yaml and node-2.yaml declare the mock profile on port ranges that do not overlap
+    (both run on one machine), and node.yaml's commented optional parameters are valid uncommented."""
+    configs = Path(__file__).resolve().parents[2] / "configs"
+    ranges = []
+    for name in ("node.yaml", "node-2.yaml"):
+        config = parse(yaml.safe_load((configs / name).read_text()))
+        (profile,) = config.engines
+        assert (profile.name, profile.kind) == ("mock", "openai")
+        assert profile.launch.command[0] == MOCK_PROVIDER
+        assert [p.name for p in profile.parameters] == ["tokens_per_second"]
+        ranges.append(range(profile.ports[0], profile.ports[1] + 1))
+    assert not set(ranges[0]) & set(ranges[1]), ranges
+    lines = (configs / "node.yaml").read_text().splitlines()
+    start = lines.index("    parameters:")
+    block = ["parameters:"]
+    for line in lines[start + 1 :]:
+        if not line.startswith("      "):
             break
-        block.append(line[2:])
-    data = {"node_id": "n", **yaml.safe_load("\n".join(block))}
-    config = parse(data)
-    assert [p.name for p in config.engines] == ["mock"]
-    assert config.engines[0].parameters[0].name == "tokens_per_second"
+        block.append(line[4:].replace("# ", "", 1))
+    data = yaml.safe_load("\n".join(block))
+    declared = {
+        "node_id": "n",
+        "engines": [{**yaml.safe_load((configs / "node.yaml").read_text())["engines"][0], **data}],
+    }
+    config = parse(declared)
+    assert [p.name for p in config.engines[0].parameters] == [
+        "tokens_per_second",
+        "dtype",
+        "revision",
+        "gpu_memory_utilization",
+        "enforce_eager",
+    ]

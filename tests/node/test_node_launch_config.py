@@ -81,6 +81,18 @@ def test_executable_found_on_path_environment_and_working_directory(tmp_path: Pa
     assert launch.command == (MOCK_PROVIDER,)
 
 
+def test_a_program_installed_with_twisted_iop_is_found_off_path(tmp_path: Path) -> None:
+    """iop-mock-provider is found in twisted-iop's own bin when PATH does not list it (``make
+    run-node``, systemd), and a program on PATH comes first."""
+    launch = launch_of(node(engine(command=["iop-mock-provider"])), {"PATH": str(tmp_path)})
+    assert launch.command == (MOCK_PROVIDER,)
+    shadow = tmp_path / "iop-mock-provider"
+    shadow.write_text("#!/bin/sh\n")
+    shadow.chmod(0o755)
+    launch = launch_of(node(engine(command=["iop-mock-provider"])), {"PATH": str(tmp_path)})
+    assert launch.command == (str(shadow),)
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

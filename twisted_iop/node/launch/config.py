@@ -11,8 +11,11 @@ into frozen attrs classes, every error naming its dotted field
 
 The command is an argument list, run without a shell. Its executable is
 looked up now (on ``launch.env``'s ``PATH`` if it sets one, else the
-Node's), so ``twistd iop-node --check`` reports a missing one, and the
-engine is started from that absolute path.
+Node's; then among the programs installed with twisted-iop itself, the
+``bin`` of its virtualenv, so ``iop-mock-provider`` is found when that
+``bin`` is not on ``PATH``, as under ``make run-node`` or systemd), so
+``twistd iop-node --check`` reports a missing one, and the engine is
+started from that absolute path.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import sysconfig
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Optional
@@ -193,8 +197,14 @@ def _command(section: Section, search_path: str, working_directory: Optional[str
     return tuple(arguments)
 
 
+def installed_scripts() -> str:
+    """The directory of the programs installed with twisted-iop (its virtualenv's ``bin``)."""
+    return sysconfig.get_path("scripts")
+
+
 def _executable(field: str, name: str, search_path: str, working_directory: Optional[str]) -> str:
-    """The absolute path of ``name``: itself if it names a file, else found on ``search_path``."""
+    """The absolute path of ``name``: itself if it names a file, else found on ``search_path``, else
+    among the programs installed with twisted-iop."""
     if "/" in name:
         path = Path(name).expanduser()
         if not path.is_absolute():
@@ -202,7 +212,7 @@ def _executable(field: str, name: str, search_path: str, working_directory: Opti
         if not path.is_file() or not os.access(path, os.X_OK):
             raise ConfigError(f"{field}: {name!r} is not an executable file")
         return str(path)
-    found = shutil.which(name, path=search_path)
+    found = shutil.which(name, path=search_path) or shutil.which(name, path=installed_scripts())
     if found is None:
         raise ConfigError(f"{field}: {name!r} is not an executable on PATH")
     return str(Path(found).absolute())

@@ -33,10 +33,10 @@ from twisted.internet.task import Clock
 
 from twisted_iop.controlplane.deployments.service import DeploymentService
 from twisted_iop.controlplane.deployments.spec import parse_spec
-from twisted_iop.controlplane.edge_hello import EdgeHello
-from twisted_iop.controlplane.gateway import EdgeGateway
-from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
+from twisted_iop.controlplane.requests.gateway import EdgeGateway
 from twisted_iop.controlplane.store.memory import MemoryStore
+from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.testing.deployments import DEPLOYING_CATALOG, SimulatedEdge
 
 CHAT = {"model": "m1", "profile": "mock", "parameters": {"tokens_per_second": 100}, "edge_selector": "site=lab"}

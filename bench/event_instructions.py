@@ -48,12 +48,12 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.logger import globalLogBeginner
 
-from twisted_iop.controlplane.client_wire import ClientWireFactory, ClientWireSettings
-from twisted_iop.controlplane.edge_wire import EdgeWireFactory, EdgeWireProtocol
-from twisted_iop.controlplane.gateway import EdgeGateway
-from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
+from twisted_iop.controlplane.requests.gateway import EdgeGateway
 from twisted_iop.controlplane.store.settings import StoreSettings
 from twisted_iop.controlplane.store.sqlite import SqliteStore
+from twisted_iop.controlplane.wires.client_wire import ClientWireFactory, ClientWireSettings
+from twisted_iop.controlplane.wires.edge_wire import EdgeWireFactory, EdgeWireProtocol
 from twisted_iop.testing.wire import ClientConnection
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb

@@ -75,15 +75,15 @@ from gateway_inprocess import Rig
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import Clock
 
-from twisted_iop.controlplane.edge_hello import EdgeHello
-from twisted_iop.controlplane.gateway import EdgeGateway
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
 from twisted_iop.controlplane.history import edge_sampler, frames
 from twisted_iop.controlplane.history.columns import ZLIB_LEVEL, ZLIB_WBITS
 from twisted_iop.controlplane.history.frames import MAX_FRAMES, SEGMENTS, store_key
 from twisted_iop.controlplane.history.service import HistoryService
 from twisted_iop.controlplane.history.settings import HistorySettings, Tier
-from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.requests.gateway import EdgeGateway
 from twisted_iop.controlplane.store.memory import MemoryStore
+from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.testing.latency import LatencyFeed
 from twisted_iop.testing.peers import AnsweringEdgePeer, keep_status
 from twisted_iop.wire import control_pb2 as pb

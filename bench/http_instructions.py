@@ -61,8 +61,8 @@ REQUEST = b"GET /edges/%s HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nUser-Agent: bench\
 def control_plane() -> Any:
     """The Control Plane's service, as ``twistd`` builds it, with EDGES edges enrolled."""
     from twisted_iop.controlplane.config import load_config
-    from twisted_iop.controlplane.edge_wire import EdgeWireFactory
     from twisted_iop.controlplane.tap import ControlPlaneService
+    from twisted_iop.controlplane.wires.edge_wire import EdgeWireFactory
     from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
     from twisted_iop.wire import control_pb2 as pb
     from twisted_iop.wire.peer import frame, make_envelope

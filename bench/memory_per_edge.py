@@ -39,10 +39,10 @@ from twisted.logger import globalLogBeginner
 from twisted.web.iweb import IRequest
 from twisted.web.test.requesthelper import DummyRequest
 
-from twisted_iop.controlplane.edge_wire import EdgeWireFactory, EdgeWireProtocol
-from twisted_iop.controlplane.gateway import EdgeGateway
-from twisted_iop.controlplane.http_routes import ControlPlaneHttp, ListenerReadiness
-from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
+from twisted_iop.controlplane.http.routes import ControlPlaneHttp, ListenerReadiness
+from twisted_iop.controlplane.requests.gateway import EdgeGateway
+from twisted_iop.controlplane.wires.edge_wire import EdgeWireFactory, EdgeWireProtocol
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import frame, make_envelope

@@ -23,14 +23,14 @@ import time
 
 from twisted.internet.task import Clock
 
-from twisted_iop.controlplane.edge_hello import EdgeHello
-from twisted_iop.controlplane.gateway import EdgeGateway
-from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
+from twisted_iop.controlplane.fleet.snapshots import checked_snapshot
+from twisted_iop.controlplane.requests.gateway import EdgeGateway
 from twisted_iop.controlplane.slo.service import SloService
 from twisted_iop.controlplane.slo.settings import SloSettings
 from twisted_iop.controlplane.slo.spec import parse_spec
-from twisted_iop.controlplane.snapshots import checked_snapshot
 from twisted_iop.controlplane.store.memory import MemoryStore
+from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.testing.latency import LatencyFeed, latency_snapshot
 from twisted_iop.testing.peers import CATALOG, AnsweringEdgePeer
 

@@ -43,7 +43,7 @@ import fleet_fanout as ff
 import suite
 from twisted.internet import defer, task
 
-from twisted_iop.controlplane import stored_forms
+from twisted_iop.controlplane.store import forms as stored_forms
 from twisted_iop.controlplane.store import sqlite_schema
 
 #: The two configurations compared: the suite's Control Plane config plus a store.

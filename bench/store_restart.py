@@ -30,13 +30,13 @@ import fleet_fanout as ff
 import suite
 from twisted.internet import defer, reactor, task
 
-from twisted_iop.controlplane.edge_hello import EdgeHello
-from twisted_iop.controlplane.event_record import EventRecord
-from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.fleet.event_record import EventRecord
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
 from twisted_iop.controlplane.store import sqlite_schema
 from twisted_iop.controlplane.store.settings import Retention
 from twisted_iop.controlplane.store.sqlite import _edge_row
 from twisted_iop.controlplane.store.sqlite_writer import Batch, SqliteWriter
+from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 
 STORE_CONFIG = "store:\n  backend: sqlite\n  path: state/control-plane.sqlite\n"
 HELLO = EdgeHello(labels={"site": "lab", "region": "eu"}, software_version="1.0", protocol_version="1.0", commands=())

@@ -31,7 +31,7 @@ import attrs
 import pytest
 
 from twisted_iop.client.cli import UsageError, build_parser, parse_arguments
-from twisted_iop.controlplane.http_routes import ControlPlaneHttp
+from twisted_iop.controlplane.http.routes import ControlPlaneHttp
 from twisted_iop.edge.inference.api import InferenceAPI
 from twisted_iop.testing.harness import TWISTD
 

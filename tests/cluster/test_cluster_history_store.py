@@ -14,10 +14,10 @@ from twisted.internet.task import Clock
 from twisted_iop.controlplane.cluster.settings import parse_redis_url
 from twisted_iop.controlplane.cluster.store import RedisLink
 from twisted_iop.controlplane.config import config_from_text
-from twisted_iop.controlplane.gateway import EdgeGateway
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
 from twisted_iop.controlplane.history.fields import fields_of
 from twisted_iop.controlplane.history.service import HistoryService
-from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.requests.gateway import EdgeGateway
 from twisted_iop.controlplane.store.interface import HistoryChunk
 from twisted_iop.controlplane.store.redis import RedisStore
 from twisted_iop.testing import store_contract

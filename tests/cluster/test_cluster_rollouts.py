@@ -10,8 +10,8 @@ import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.defer import gatherResults
 
-from twisted_iop.controlplane.rollout_states import EXECUTION_TERMINAL, ROLLOUT_TERMINAL
-from twisted_iop.controlplane.stored_forms import rollout_dict, rollout_from
+from twisted_iop.controlplane.rollouts.states import EXECUTION_TERMINAL, ROLLOUT_TERMINAL
+from twisted_iop.controlplane.store.forms import rollout_dict, rollout_from
 from twisted_iop.testing.cluster import start_replica
 from twisted_iop.testing.harness import ControlPlaneHarness, eventually
 from twisted_iop.testing.peers import ScriptedEdge, connect_edge
@@ -178,7 +178,7 @@ async def _known(replica: ControlPlaneHarness, count: int) -> bool:
 
 def test_the_stored_state_of_a_rollout_is_the_rollout() -> None:
     """The codec gives back the rollout it was given (round trip through JSON values)."""
-    from twisted_iop.controlplane import rollout_states as rs
+    from twisted_iop.controlplane.rollouts import states as rs
 
     rollout = rs.Rollout(
         rollout_id="r1",

@@ -10,12 +10,12 @@ from hypothesis import strategies as st
 from twisted.internet.defer import CancelledError, Deferred, fail, succeed
 from twisted.internet.task import Clock
 
-from twisted_iop.controlplane import stored_forms as codec
 from twisted_iop.controlplane.cluster.remote import RemotePeer, Router
-from twisted_iop.controlplane.edge_hello import EdgeHello
-from twisted_iop.controlplane.operation_states import LateOutcome
-from twisted_iop.controlplane.operations import OperationRecord
-from twisted_iop.controlplane.snapshots import StatusSnapshot, checked_snapshot
+from twisted_iop.controlplane.fleet.operations import OperationRecord
+from twisted_iop.controlplane.fleet.snapshots import StatusSnapshot, checked_snapshot
+from twisted_iop.controlplane.requests.operation_states import LateOutcome
+from twisted_iop.controlplane.store import forms as codec
+from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.testing.peers import CATALOG, snapshot
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import PeerDisconnected, RemoteError, RequestTimeout

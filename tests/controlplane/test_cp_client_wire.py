@@ -14,9 +14,9 @@ from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.task import Clock
 
-from twisted_iop.controlplane.client_wire import ClientWireFactory, ClientWireServerProtocol, ClientWireSettings
-from twisted_iop.controlplane.edge_hello import EdgeHello
-from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
+from twisted_iop.controlplane.wires.client_wire import ClientWireFactory, ClientWireServerProtocol, ClientWireSettings
+from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.testing.harness import eventually, start_control_plane
 from twisted_iop.testing.peers import HeldEdgePeer, connect_edge
 from twisted_iop.testing.wire import ClientConnection

@@ -13,17 +13,17 @@ from hypothesis import strategies as st
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.task import Clock
 
-from twisted_iop.controlplane.client_wire import (
+from twisted_iop.controlplane.fleet.event_record import EventRecord
+from twisted_iop.controlplane.fleet.live_event import event_frame, event_payload
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
+from twisted_iop.controlplane.wires.client_wire import (
     BATCH_BYTES,
     BATCH_EVENTS,
     ClientWireFactory,
     ClientWireSettings,
 )
-from twisted_iop.controlplane.edge_hello import EdgeHello
-from twisted_iop.controlplane.event_record import EventRecord
-from twisted_iop.controlplane.live_event import event_frame, event_payload
-from twisted_iop.controlplane.registry import EdgeRegistry
-from twisted_iop.controlplane.ws_frames import binary_frame
+from twisted_iop.controlplane.wires.edge_hello import EdgeHello
+from twisted_iop.controlplane.wires.ws_frames import binary_frame
 from twisted_iop.testing.frames import ws_messages
 from twisted_iop.testing.peers import HeldEdgePeer
 from twisted_iop.testing.wire import ClientConnection
@@ -266,7 +266,7 @@ def test_binary_frames_parse_back(payload: bytes) -> None:
 
 def test_each_event_is_framed_once_for_all_subscribers(monkeypatch: pytest.MonkeyPatch) -> None:
     """Subscribers flushed in one turn share each event's serialization."""
-    import twisted_iop.controlplane.client_wire as client_wire
+    import twisted_iop.controlplane.wires.client_wire as client_wire
 
     fleet = Fleet()
     sockets = [fleet.subscriber() for _ in range(3)]

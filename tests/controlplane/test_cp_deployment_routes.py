@@ -16,15 +16,15 @@ import pytest_twisted
 from treq.testing import StubTreq
 from twisted.internet.task import Clock
 
-from twisted_iop.controlplane.auth import ApiToken, ApiTokens, token_digest
 from twisted_iop.controlplane.deployments.service import DeploymentService
-from twisted_iop.controlplane.edge_hello import EdgeHello
-from twisted_iop.controlplane.gateway import EdgeGateway
-from twisted_iop.controlplane.http_routes import ControlPlaneHttp, HttpSettings, ListenerReadiness
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
+from twisted_iop.controlplane.http.auth import ApiToken, ApiTokens, token_digest
+from twisted_iop.controlplane.http.routes import ControlPlaneHttp, HttpSettings, ListenerReadiness
 from twisted_iop.controlplane.metrics import deployment_metrics
-from twisted_iop.controlplane.registry import EdgeRegistry
-from twisted_iop.controlplane.rollouts import RolloutService
+from twisted_iop.controlplane.requests.gateway import EdgeGateway
+from twisted_iop.controlplane.rollouts.service import RolloutService
 from twisted_iop.controlplane.store.memory import MemoryStore
+from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.testing.deployments import DEPLOYING_CATALOG, SimulatedEdge
 from twisted_iop.testing.harness import contract_validator
 from twisted_iop.testing.peers import CATALOG

@@ -10,13 +10,13 @@ from hypothesis import strategies as st
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from twisted_iop.controlplane.edge_wire import (
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
+from twisted_iop.controlplane.wires.edge_wire import (
     EdgeCredentials,
     EdgeWireFactory,
     EdgeWireProtocol,
     accepted_hello_response,
 )
-from twisted_iop.controlplane.registry import EdgeRegistry
 from twisted_iop.ids import id_problem
 from twisted_iop.testing.frames import decode_frames
 from twisted_iop.wire import PROTOCOL_MAJOR

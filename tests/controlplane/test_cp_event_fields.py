@@ -9,11 +9,11 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from twisted_iop.controlplane import json_views as views
-from twisted_iop.controlplane import stored_forms as codec
-from twisted_iop.controlplane.event_log import EventBuffer
-from twisted_iop.controlplane.event_record import EVENT_FIELDS, EventRecord, FieldKind
-from twisted_iop.controlplane.live_event import fleet_event_message
+from twisted_iop.controlplane.fleet.event_log import EventBuffer
+from twisted_iop.controlplane.fleet.event_record import EVENT_FIELDS, EventRecord, FieldKind
+from twisted_iop.controlplane.fleet.live_event import fleet_event_message
+from twisted_iop.controlplane.http import json_views as views
+from twisted_iop.controlplane.store import forms as codec
 from twisted_iop.wire import control_pb2 as pb
 
 PACKAGE = Path(__file__).resolve().parents[2] / "twisted_iop"

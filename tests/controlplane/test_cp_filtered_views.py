@@ -12,10 +12,10 @@ from treq.testing import StubTreq
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.task import Clock
 
-from twisted_iop.controlplane.edge_hello import EdgeHello
-from twisted_iop.controlplane.gateway import EdgeGateway
-from twisted_iop.controlplane.http_routes import ControlPlaneHttp, ListenerReadiness
-from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
+from twisted_iop.controlplane.http.routes import ControlPlaneHttp, ListenerReadiness
+from twisted_iop.controlplane.requests.gateway import EdgeGateway
+from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.testing.peers import CATALOG, AnsweringEdgePeer, HeldEdgePeer, snapshot
 from twisted_iop.wire.peer import RemoteError
 

@@ -13,23 +13,23 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
-from twisted_iop.controlplane import operation_states
-from twisted_iop.controlplane.bounds import MAX_STATUS_NODES
-from twisted_iop.controlplane.command_dispatch import (
+from twisted_iop.controlplane.fleet.bounds import MAX_STATUS_NODES
+from twisted_iop.controlplane.fleet.edge_record import EdgeNotConnected
+from twisted_iop.controlplane.fleet.operations import OperationRecord
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
+from twisted_iop.controlplane.fleet.snapshots import StatusSnapshot
+from twisted_iop.controlplane.requests import operation_states
+from twisted_iop.controlplane.requests.command_dispatch import (
     LATE_ANSWERS_PER_CONNECTION,
     ROUTED_GRACE_SECONDS,
     IdempotencyConflict,
 )
-from twisted_iop.controlplane.edge_hello import EdgeHello
-from twisted_iop.controlplane.edge_record import EdgeNotConnected
-from twisted_iop.controlplane.fleet_rounds import FANOUT_SLICE, FleetRound
-from twisted_iop.controlplane.gateway import EdgeGateway
-from twisted_iop.controlplane.operation_states import LateOutcome
-from twisted_iop.controlplane.operations import OperationRecord
-from twisted_iop.controlplane.registry import EdgeRegistry
-from twisted_iop.controlplane.request_errors import SHUTTING_DOWN_REASON, EdgeErrorAnswer, EdgeTimeout, ShuttingDown
-from twisted_iop.controlplane.snapshots import StatusSnapshot
-from twisted_iop.controlplane.status_asks import RECOUNT_SHARE
+from twisted_iop.controlplane.requests.errors import SHUTTING_DOWN_REASON, EdgeErrorAnswer, EdgeTimeout, ShuttingDown
+from twisted_iop.controlplane.requests.fleet_rounds import FANOUT_SLICE, FleetRound
+from twisted_iop.controlplane.requests.gateway import EdgeGateway
+from twisted_iop.controlplane.requests.operation_states import LateOutcome
+from twisted_iop.controlplane.requests.status_asks import RECOUNT_SHARE
+from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.testing.peers import HeldEdgePeer, snapshot
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import PeerDisconnected

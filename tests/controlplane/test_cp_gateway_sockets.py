@@ -11,7 +11,7 @@ import pytest_twisted
 from twisted.internet.defer import ensureDeferred
 
 import twisted_iop.wire.peer
-from twisted_iop.controlplane.edge_wire import EdgeWireProtocol
+from twisted_iop.controlplane.wires.edge_wire import EdgeWireProtocol
 from twisted_iop.testing.harness import ControlPlaneHarness, eventually, start_control_plane
 from twisted_iop.testing.peers import ScriptedEdge, connect_edge
 from twisted_iop.wire import control_pb2 as pb

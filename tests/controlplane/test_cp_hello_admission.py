@@ -13,7 +13,7 @@ from twisted.logger import capturedLogs
 
 from twisted_iop.configuration import ConfigError
 from twisted_iop.controlplane.config import config_from_text, load_config
-from twisted_iop.controlplane.hello_admission import (
+from twisted_iop.controlplane.wires.hello_admission import (
     MAX_RETRY_SECONDS,
     HelloAdmission,
     HelloAdmissionSettings,

@@ -11,7 +11,7 @@ from typing import Optional
 import pytest
 import pytest_twisted
 
-from twisted_iop.controlplane.edge_wire import EdgeWireProtocol
+from twisted_iop.controlplane.wires.edge_wire import EdgeWireProtocol
 from twisted_iop.testing.frames import decode_frames
 from twisted_iop.testing.harness import eventually, start_control_plane
 from twisted_iop.wire import PROTOCOL_MAJOR

@@ -27,8 +27,7 @@ from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.task import Clock
 
 from twisted_iop.controlplane.config import config_from_text
-from twisted_iop.controlplane.edge_hello import EdgeHello
-from twisted_iop.controlplane.gateway import EdgeGateway
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
 from twisted_iop.controlplane.history import tiers
 from twisted_iop.controlplane.history.fields import (
     FLEET_FIELDS,
@@ -41,12 +40,13 @@ from twisted_iop.controlplane.history.latency import Lanes, LatencyTotal, part_o
 from twisted_iop.controlplane.history.queries import choose_tier, parse_range
 from twisted_iop.controlplane.history.service import HistoryService
 from twisted_iop.controlplane.history.settings import HistorySettings
-from twisted_iop.controlplane.http_routes import ControlPlaneHttp, HttpSettings, ListenerReadiness
-from twisted_iop.controlplane.latency_views import LatencyFigures
-from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.http.latency_views import LatencyFigures
+from twisted_iop.controlplane.http.routes import ControlPlaneHttp, HttpSettings, ListenerReadiness
+from twisted_iop.controlplane.requests.gateway import EdgeGateway
 from twisted_iop.controlplane.store.memory import MemoryStore
 from twisted_iop.controlplane.store.settings import StoreSettings
 from twisted_iop.controlplane.store.sqlite import SqliteStore
+from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.latency.sketch import LatencySketch, merged
 from twisted_iop.testing.harness import contract_validator, eventually
 from twisted_iop.testing.history import OLD_FLEET_WIDTH, write_old_chunks

@@ -13,15 +13,15 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
 from twisted_iop.controlplane.config import config_from_text
-from twisted_iop.controlplane.edge_hello import EdgeHello
-from twisted_iop.controlplane.gateway import EdgeGateway
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
 from twisted_iop.controlplane.history.fields import FLEET_FIELDS, MODEL_FIELDS
 from twisted_iop.controlplane.history.frames import store_key
 from twisted_iop.controlplane.history.queries import choose_tier, parse_range
 from twisted_iop.controlplane.history.service import HistoryService
 from twisted_iop.controlplane.history.settings import HistorySettings
-from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.requests.gateway import EdgeGateway
 from twisted_iop.controlplane.store.memory import MemoryHistory, MemoryStore
+from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.testing.peers import AnsweringEdgePeer, set_engine, snapshot
 from twisted_iop.wire import control_pb2 as pb
 

@@ -10,11 +10,11 @@ import pytest_twisted
 from treq.testing import StubTreq
 from twisted.internet.task import Clock
 
-from twisted_iop.controlplane.auth import ApiToken, ApiTokens, token_digest
-from twisted_iop.controlplane.edge_hello import EdgeHello
-from twisted_iop.controlplane.gateway import EdgeGateway
-from twisted_iop.controlplane.http_routes import ControlPlaneHttp, HttpSettings, ListenerReadiness
-from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
+from twisted_iop.controlplane.http.auth import ApiToken, ApiTokens, token_digest
+from twisted_iop.controlplane.http.routes import ControlPlaneHttp, HttpSettings, ListenerReadiness
+from twisted_iop.controlplane.requests.gateway import EdgeGateway
+from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.testing.peers import CATALOG, AnsweringEdgePeer
 
 

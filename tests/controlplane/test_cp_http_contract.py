@@ -16,21 +16,21 @@ from referencing.jsonschema import DRAFT202012
 from treq.testing import StubTreq
 from twisted.internet.task import Clock
 
-from twisted_iop.controlplane.auth import ApiToken, ApiTokens, token_digest
-from twisted_iop.controlplane.command_body import MAX_ARGUMENT_VALUE, MAX_COMMAND_ARGUMENTS, MAX_TEXT
-from twisted_iop.controlplane.edge_filters import EDGE_STATES, FLEET_STATES
-from twisted_iop.controlplane.edge_hello import EdgeHello
-from twisted_iop.controlplane.gateway import EdgeGateway
+from twisted_iop.controlplane.fleet.edge_filters import EDGE_STATES, FLEET_STATES
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
 from twisted_iop.controlplane.history.fields import FLEET_FIELDS, MODEL_FIELDS, names
 from twisted_iop.controlplane.history.queries import parse_step
 from twisted_iop.controlplane.history.settings import DEFAULT_EDGE_TIERS, DEFAULT_TIERS
-from twisted_iop.controlplane.http_routes import (
+from twisted_iop.controlplane.http.auth import ApiToken, ApiTokens, token_digest
+from twisted_iop.controlplane.http.routes import (
     ControlPlaneHttp,
     HttpSettings,
     ListenerReadiness,
 )
-from twisted_iop.controlplane.registry import EdgeRegistry
-from twisted_iop.controlplane.rollout_states import EXECUTION_STATES
+from twisted_iop.controlplane.requests.command_body import MAX_ARGUMENT_VALUE, MAX_COMMAND_ARGUMENTS, MAX_TEXT
+from twisted_iop.controlplane.requests.gateway import EdgeGateway
+from twisted_iop.controlplane.rollouts.states import EXECUTION_STATES
+from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.label_selectors import SELECTOR_PATTERN
 from twisted_iop.testing.harness import start_control_plane
 from twisted_iop.testing.peers import CATALOG, HeldEdgePeer

@@ -14,16 +14,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet.task import Clock
 
-from twisted_iop.controlplane import json_bytes, json_templates
-from twisted_iop.controlplane.edge_hello import EdgeHello
-from twisted_iop.controlplane.fleet_rounds import FleetRound, StatusRow
-from twisted_iop.controlplane.json_bytes import JsonBytesRenderer
-from twisted_iop.controlplane.json_templates import Keep, Member, Template
-from twisted_iop.controlplane.json_views import counts_json, iso
-from twisted_iop.controlplane.memory import RegistryLimits
-from twisted_iop.controlplane.operations import OperationRecord
-from twisted_iop.controlplane.registry import EdgeRegistry
-from twisted_iop.controlplane.snapshots import StatusSnapshot, checked_snapshot
+from twisted_iop.controlplane.fleet.memory import RegistryLimits
+from twisted_iop.controlplane.fleet.operations import OperationRecord
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
+from twisted_iop.controlplane.fleet.snapshots import StatusSnapshot, checked_snapshot
+from twisted_iop.controlplane.http import json_bytes, json_templates
+from twisted_iop.controlplane.http.json_bytes import JsonBytesRenderer
+from twisted_iop.controlplane.http.json_templates import Keep, Member, Template
+from twisted_iop.controlplane.http.json_views import counts_json, iso
+from twisted_iop.controlplane.requests.fleet_rounds import FleetRound, StatusRow
+from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.testing import json_reference as reference
 from twisted_iop.testing.peers import HeldEdgePeer, keep_status, snapshot
 from twisted_iop.wire import control_pb2 as pb

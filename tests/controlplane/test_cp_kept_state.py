@@ -12,18 +12,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet.task import Clock
 
-from twisted_iop.controlplane import bounds, memory
-from twisted_iop.controlplane import json_views as views
-from twisted_iop.controlplane.client_wire import ClientWireFactory
-from twisted_iop.controlplane.edge_hello import EdgeHello
-from twisted_iop.controlplane.event_log import EventBuffer, relayed_record
-from twisted_iop.controlplane.event_record import EventRecord
-from twisted_iop.controlplane.json_bytes import JsonBytesRenderer
-from twisted_iop.controlplane.live_event import event_payload, fleet_event_message
-from twisted_iop.controlplane.memory import event_size
-from twisted_iop.controlplane.operations import OperationRecord
-from twisted_iop.controlplane.registry import EdgeRegistry
-from twisted_iop.controlplane.snapshots import checked_snapshot
+from twisted_iop.controlplane.fleet import bounds, memory
+from twisted_iop.controlplane.fleet.event_log import EventBuffer, relayed_record
+from twisted_iop.controlplane.fleet.event_record import EventRecord
+from twisted_iop.controlplane.fleet.live_event import event_payload, fleet_event_message
+from twisted_iop.controlplane.fleet.memory import event_size
+from twisted_iop.controlplane.fleet.operations import OperationRecord
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
+from twisted_iop.controlplane.fleet.snapshots import checked_snapshot
+from twisted_iop.controlplane.http import json_views as views
+from twisted_iop.controlplane.http.json_bytes import JsonBytesRenderer
+from twisted_iop.controlplane.wires.client_wire import ClientWireFactory
+from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.testing.peers import HeldEdgePeer, snapshot
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.pending import PendingRequests

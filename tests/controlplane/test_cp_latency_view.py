@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 from twisted.internet.task import Clock
 from twisted.logger import ILogObserver, LogLevel, globalLogPublisher
 
-from twisted_iop.controlplane.edge_hello import EdgeHello
-from twisted_iop.controlplane.fleet_rounds import FleetRound, StatusRow
-from twisted_iop.controlplane.json_bytes import JsonBytesRenderer
-from twisted_iop.controlplane.latency_views import latency_json, merged_figures, snapshot_latency
-from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
+from twisted_iop.controlplane.http.json_bytes import JsonBytesRenderer
+from twisted_iop.controlplane.http.latency_views import latency_json, merged_figures, snapshot_latency
+from twisted_iop.controlplane.requests.fleet_rounds import FleetRound, StatusRow
+from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.edge.inference.latency import OK, LatencyRecorder
 from twisted_iop.latency.sketch import RELATIVE_ERROR
 from twisted_iop.testing import json_reference as reference

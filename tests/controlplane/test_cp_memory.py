@@ -25,14 +25,15 @@ from hypothesis import strategies as st
 from twisted.internet.task import Clock
 
 from twisted_iop.configuration import ConfigError
-from twisted_iop.controlplane import bounds, operation_states
 from twisted_iop.controlplane.config import config_from_text
-from twisted_iop.controlplane.edge_hello import EdgeHello
-from twisted_iop.controlplane.edge_wire import EdgeCredentials
-from twisted_iop.controlplane.event_log import EventBuffer, relayed_record
-from twisted_iop.controlplane.memory import RegistryLimits
-from twisted_iop.controlplane.operations import OperationRecord
-from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.fleet import bounds
+from twisted_iop.controlplane.fleet.event_log import EventBuffer, relayed_record
+from twisted_iop.controlplane.fleet.memory import RegistryLimits
+from twisted_iop.controlplane.fleet.operations import OperationRecord
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
+from twisted_iop.controlplane.requests import operation_states
+from twisted_iop.controlplane.wires.edge_hello import EdgeHello
+from twisted_iop.controlplane.wires.edge_wire import EdgeCredentials
 from twisted_iop.testing.harness import eventually, start_control_plane, start_daemon, wait_for_ports
 from twisted_iop.testing.peers import connect_edge
 from twisted_iop.wire import PROTOCOL_MAJOR

@@ -19,8 +19,8 @@ from jsonschema import Draft202012Validator
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
-from twisted_iop.controlplane.http_errors import DOMAIN_ERRORS
-from twisted_iop.controlplane.http_routes import ControlPlaneHttp
+from twisted_iop.controlplane.http.errors import DOMAIN_ERRORS
+from twisted_iop.controlplane.http.routes import ControlPlaneHttp
 from twisted_iop.testing.harness import ControlPlaneHarness, eventually, start_control_plane
 from twisted_iop.testing.peers import connect_edge, set_engine, set_launch, snapshot
 from twisted_iop.wire import control_pb2 as pb

@@ -10,7 +10,8 @@ from typing import Optional
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from twisted_iop.controlplane.operation_states import (
+from twisted_iop.controlplane.fleet.operations import OperationRecord
+from twisted_iop.controlplane.requests.operation_states import (
     ACCEPTED,
     ANSWER_STATES,
     FAILED,
@@ -24,7 +25,6 @@ from twisted_iop.controlplane.operation_states import (
     begin,
     follows,
 )
-from twisted_iop.controlplane.operations import OperationRecord
 
 #: The model: the in-flight order, and what ends an operation.
 ORDER = [SENT, ACCEPTED, RUNNING]

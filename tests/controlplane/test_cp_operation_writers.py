@@ -1,9 +1,9 @@
 """One writer of an operation's state, found by reading the source.
 
 An operation's ``state``, ``finished_at``, ``history`` and ``late_outcome``
-are written only by the state machine (``controlplane/operation_states.py``);
+are written only by the state machine (``controlplane/requests/operation_states.py``);
 which transition to ask for is decided only by the gateway's command room
-(``controlplane/command_dispatch.py``), through the registry, which records
+(``controlplane/requests/command_dispatch.py``), through the registry, which records
 it. These tests parse every module under ``twisted_iop/`` and fail when a
 second writer or decider appears.
 
@@ -46,7 +46,7 @@ PACKAGE = ROOT / "twisted_iop"
 #: The fields only the state machine writes.
 FIELDS = frozenset({"state", "finished_at", "history", "late_outcome"})
 #: The one module that writes them.
-STATE_MACHINE = "twisted_iop/controlplane/operation_states.py"
+STATE_MACHINE = "twisted_iop/controlplane/requests/operation_states.py"
 #: Writes of those fields outside the state machine that are allowed:
 #: (module, enclosing function) -> why. An entry that matches no write fails
 #: (it must not outlive what it excused).
@@ -64,10 +64,10 @@ ALLOWED: dict[tuple[str, str], str] = {
 LIST_MUTATORS = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse"})
 #: The registry's operation writers, and the one module that calls them.
 DECISIONS = frozenset({"start_operation", "advance_operation", "record_late_outcome"})
-DECIDER = "twisted_iop/controlplane/command_dispatch.py"
+DECIDER = "twisted_iop/controlplane/requests/command_dispatch.py"
 #: The record's own transitions, and the modules that call them (the recorders).
 TRANSITIONS = frozenset({"advance", "note_late_outcome"})
-RECORDERS = frozenset({"twisted_iop/controlplane/registry.py", "twisted_iop/controlplane/operations.py"})
+RECORDERS = frozenset({"twisted_iop/controlplane/fleet/registry.py", "twisted_iop/controlplane/fleet/operations.py"})
 
 
 @attrs.frozen

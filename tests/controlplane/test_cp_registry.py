@@ -9,14 +9,14 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from twisted.internet.task import Clock
 from twisted.logger import LogLevel, capturedLogs
 
-from twisted_iop.controlplane import operation_states
-from twisted_iop.controlplane import registry as registry_module
-from twisted_iop.controlplane.edge_hello import EdgeHello
-from twisted_iop.controlplane.event_log import PROTOCOL_VIOLATION_INTERVAL_SECONDS, EventBuffer
-from twisted_iop.controlplane.memory import RegistryLimits
-from twisted_iop.controlplane.operation_states import LateOutcome
-from twisted_iop.controlplane.operations import OperationBuffer, OperationRecord
-from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.fleet import registry as registry_module
+from twisted_iop.controlplane.fleet.event_log import PROTOCOL_VIOLATION_INTERVAL_SECONDS, EventBuffer
+from twisted_iop.controlplane.fleet.memory import RegistryLimits
+from twisted_iop.controlplane.fleet.operations import OperationBuffer, OperationRecord
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
+from twisted_iop.controlplane.requests import operation_states
+from twisted_iop.controlplane.requests.operation_states import LateOutcome
+from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.testing.peers import HeldEdgePeer, keep_status
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.status_totals import GENERAL_AT, HEALTH_AT, HEALTHS, LONG_AT, STATUS_AT, STATUSES

@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from twisted_iop.controlplane import rollout_states as rs
-from twisted_iop.controlplane import stored_forms
+from twisted_iop.controlplane.rollouts import states as rs
+from twisted_iop.controlplane.store import forms as stored_forms
 
 
 def _rollout(targets: int, strategy: rs.Strategy, abort: rs.AbortCriteria, disconnected: str = rs.WAIT) -> rs.Rollout:
@@ -317,7 +317,7 @@ def test_a_rollout_without_targets_succeeds_at_once() -> None:
 
 def test_dispatch_pace_bounds_what_goes_out_per_second() -> None:
     """The pace lets a tenth of a second's worth out at once, then one more per 1/rate seconds."""
-    from twisted_iop.controlplane.rollouts import DispatchPace
+    from twisted_iop.controlplane.rollouts.service import DispatchPace
 
     pace = DispatchPace(1000.0)
     assert pace.allowed(0.0) == 100

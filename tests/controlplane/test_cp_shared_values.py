@@ -7,13 +7,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from twisted.internet.task import Clock
 
-from twisted_iop.controlplane import json_views as views
-from twisted_iop.controlplane import memory
-from twisted_iop.controlplane.edge_hello import EdgeHello
-from twisted_iop.controlplane.memory import RegistryLimits
-from twisted_iop.controlplane.operations import OperationRecord
-from twisted_iop.controlplane.registry import EdgeRegistry
-from twisted_iop.controlplane.snapshots import StatusSnapshot
+from twisted_iop.controlplane.fleet import memory
+from twisted_iop.controlplane.fleet.memory import RegistryLimits
+from twisted_iop.controlplane.fleet.operations import OperationRecord
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
+from twisted_iop.controlplane.fleet.snapshots import StatusSnapshot
+from twisted_iop.controlplane.http import json_views as views
+from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.testing.peers import HeldEdgePeer, keep_status, snapshot
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.status_totals import (

@@ -23,19 +23,19 @@ from twisted.internet.defer import ensureDeferred, maybeDeferred
 from twisted_iop.client import ClientWireClient, ControlPlaneStatusRepository
 from twisted_iop.client.cli import parse_arguments, run
 from twisted_iop.configuration import ConfigError
-from twisted_iop.controlplane import stored_forms
 from twisted_iop.controlplane.config import config_from_text
-from twisted_iop.controlplane.edge_hello import EdgeHello
-from twisted_iop.controlplane.event_record import EventRecord
-from twisted_iop.controlplane.memory import RegistryLimits
-from twisted_iop.controlplane.operations import OperationRecord
-from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.fleet.event_record import EventRecord
+from twisted_iop.controlplane.fleet.memory import RegistryLimits
+from twisted_iop.controlplane.fleet.operations import OperationRecord
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
+from twisted_iop.controlplane.store import forms as stored_forms
 from twisted_iop.controlplane.store import sqlite_schema
 from twisted_iop.controlplane.store.interface import HistoryChunk, StoreError
 from twisted_iop.controlplane.store.memory import MemoryHistory, MemoryStore, chunk_bytes
 from twisted_iop.controlplane.store.settings import Retention, StoreSettings
 from twisted_iop.controlplane.store.sqlite import SqliteStore, _edge_row
 from twisted_iop.controlplane.store.sqlite_writer import Batch, SqliteWriter
+from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.testing import store_contract
 from twisted_iop.testing.harness import eventually, start_control_plane
 from twisted_iop.testing.peers import HeldEdgePeer, connect_edge

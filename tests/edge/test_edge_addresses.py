@@ -24,8 +24,8 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import ILogObserver, LogEvent, formatEvent, globalLogPublisher
 from twisted.test import iosim
 
-from twisted_iop.controlplane.edge_wire import EdgeCredentials, EdgeWireFactory
-from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
+from twisted_iop.controlplane.wires.edge_wire import EdgeCredentials, EdgeWireFactory
 from twisted_iop.edge.commands import CommandRunner
 from twisted_iop.edge.config import load_edge_config
 from twisted_iop.edge.control_plane_link import ControlPlaneLink

@@ -10,9 +10,9 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.test import iosim
 
 import twisted_iop
-from twisted_iop.controlplane.edge_record import EdgeRecord
-from twisted_iop.controlplane.edge_wire import EdgeCredentials, EdgeWireFactory
-from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.fleet.edge_record import EdgeRecord
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
+from twisted_iop.controlplane.wires.edge_wire import EdgeCredentials, EdgeWireFactory
 from twisted_iop.edge.commands import CommandRunner
 from twisted_iop.edge.control_plane_link import ControlPlaneLink
 from twisted_iop.edge.nodes.registry import NodeRegistry

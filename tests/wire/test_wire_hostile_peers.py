@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
-from twisted_iop.controlplane import operation_states, operations
+from twisted_iop.controlplane.fleet import operations
+from twisted_iop.controlplane.requests import operation_states
 from twisted_iop.testing.frames import field_bytes, field_varint, length_prefixed
 from twisted_iop.testing.wire import EdgeWireDriver, FramedConnection, LogCapture, NodeWireDriver
 from twisted_iop.wire import control_pb2 as pb

@@ -22,8 +22,8 @@ from twisted.logger import ILogObserver, LogEvent, formatEvent, globalLogPublish
 
 from twisted_iop.configuration import ConfigError
 from twisted_iop.controlplane.config import config_from_text
-from twisted_iop.controlplane.edge_wire import EdgeCredentials, EdgeWireFactory, EdgeWireProtocol
-from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
+from twisted_iop.controlplane.wires.edge_wire import EdgeCredentials, EdgeWireFactory, EdgeWireProtocol
 from twisted_iop.credentials import SecretError, digest_of, matches, token_digest
 from twisted_iop.edge.config import parse_edge_config
 from twisted_iop.node.config import parse_node_config

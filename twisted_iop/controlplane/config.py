@@ -25,8 +25,6 @@ from twisted_iop.configuration import (
     parse_yaml_mapping,
 )
 from twisted_iop.configuration import load_config as load_config_file
-from twisted_iop.controlplane.auth import ROLES, ApiToken, ApiTokens, token_digest
-from twisted_iop.controlplane.client_wire import ClientWireSettings
 from twisted_iop.controlplane.cluster.settings import (
     BACKENDS,
     MEMORY,
@@ -34,14 +32,16 @@ from twisted_iop.controlplane.cluster.settings import (
     default_replica_id,
     parse_redis_url,
 )
-from twisted_iop.controlplane.edge_wire import EdgeCredentials
-from twisted_iop.controlplane.hello_admission import HelloAdmissionSettings
+from twisted_iop.controlplane.fleet.memory import RegistryLimits
 from twisted_iop.controlplane.history.settings import HistorySettings, parse_history
-from twisted_iop.controlplane.http_settings import HttpSettings
-from twisted_iop.controlplane.memory import RegistryLimits
-from twisted_iop.controlplane.rollouts import RolloutSettings
+from twisted_iop.controlplane.http.auth import ROLES, ApiToken, ApiTokens, token_digest
+from twisted_iop.controlplane.http.settings import HttpSettings
+from twisted_iop.controlplane.rollouts.service import RolloutSettings
 from twisted_iop.controlplane.slo.settings import SloSettings, parse_slos
 from twisted_iop.controlplane.store.settings import StoreSettings, parse_store
+from twisted_iop.controlplane.wires.client_wire import ClientWireSettings
+from twisted_iop.controlplane.wires.edge_wire import EdgeCredentials
+from twisted_iop.controlplane.wires.hello_admission import HelloAdmissionSettings
 from twisted_iop.endpoints import is_loopback_listen, is_tls_listen
 from twisted_iop.http_site import SiteLimits
 from twisted_iop.ids import id_problem

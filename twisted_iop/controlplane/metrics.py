@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Optional, Protocol
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from twisted_iop.controlplane.operation_states import TERMINAL_STATES
-from twisted_iop.controlplane.rollout_states import EXECUTION_STATES, ROLLOUT_STATES
+from twisted_iop.controlplane.requests.operation_states import TERMINAL_STATES
+from twisted_iop.controlplane.rollouts.states import EXECUTION_STATES, ROLLOUT_STATES
 from twisted_iop.metrics import (
     count_by,
     counter,
@@ -27,16 +27,16 @@ from twisted_iop.metrics import (
 )
 
 if TYPE_CHECKING:
-    from twisted_iop.controlplane.client_wire import ClientWireFactory
     from twisted_iop.controlplane.cluster.replica import ClusterReplica
     from twisted_iop.controlplane.deployments.service import DeploymentService
-    from twisted_iop.controlplane.edge_wire import EdgeWireFactory
-    from twisted_iop.controlplane.gateway import EdgeGateway
+    from twisted_iop.controlplane.fleet.registry import EdgeRegistry
     from twisted_iop.controlplane.history.service import HistoryService
-    from twisted_iop.controlplane.registry import EdgeRegistry
-    from twisted_iop.controlplane.rollouts import RolloutService
+    from twisted_iop.controlplane.requests.gateway import EdgeGateway
+    from twisted_iop.controlplane.rollouts.service import RolloutService
     from twisted_iop.controlplane.slo.service import SloService
     from twisted_iop.controlplane.store.interface import Store
+    from twisted_iop.controlplane.wires.client_wire import ClientWireFactory
+    from twisted_iop.controlplane.wires.edge_wire import EdgeWireFactory
     from twisted_iop.http_site import GuardedSite
 
 

@@ -12,23 +12,23 @@ from twisted.web.resource import IResource, Resource
 from twisted.web.server import Request
 
 from twisted_iop.configuration import ConfigError
-from twisted_iop.controlplane.client_wire import ClientWireFactory
 from twisted_iop.controlplane.cluster.replica import ClusterReplica
 from twisted_iop.controlplane.cluster.rollout_store import ClusterRollouts
 from twisted_iop.controlplane.config import ControlPlaneConfig, load_config, unauthenticated_exposures
 from twisted_iop.controlplane.deployments.service import DeploymentService
-from twisted_iop.controlplane.edge_wire import EdgeWireFactory
-from twisted_iop.controlplane.gateway import EdgeGateway
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
 from twisted_iop.controlplane.history.service import HistoryService
-from twisted_iop.controlplane.http_routes import ControlPlaneHttp, ListenerReadiness
+from twisted_iop.controlplane.http.routes import ControlPlaneHttp, ListenerReadiness
 from twisted_iop.controlplane.metrics import control_plane_metric_registry
-from twisted_iop.controlplane.registry import EdgeRegistry
-from twisted_iop.controlplane.request_errors import SHUTTING_DOWN_REASON
-from twisted_iop.controlplane.rollouts import RolloutService
+from twisted_iop.controlplane.requests.errors import SHUTTING_DOWN_REASON
+from twisted_iop.controlplane.requests.gateway import EdgeGateway
+from twisted_iop.controlplane.restore import restore
+from twisted_iop.controlplane.rollouts.service import RolloutService
 from twisted_iop.controlplane.slo.service import SloService
 from twisted_iop.controlplane.store.backends import describe_store, make_store
 from twisted_iop.controlplane.store.interface import StoreError
-from twisted_iop.controlplane.store.restore import restore
+from twisted_iop.controlplane.wires.client_wire import ClientWireFactory
+from twisted_iop.controlplane.wires.edge_wire import EdgeWireFactory
 from twisted_iop.daemon import CLOSE_WAIT_SECONDS, DaemonOptions, DaemonService, compose, wait_until
 from twisted_iop.http_site import GuardedSite
 

@@ -31,9 +31,9 @@ from twisted.internet.task import Clock, deferLater
 
 from twisted_iop.client.repository import ControlPlaneStatusRepository
 from twisted_iop.controlplane.config import config_from_text
-from twisted_iop.controlplane.gateway import EdgeGateway
-from twisted_iop.controlplane.http_routes import ControlPlaneHttp, ListenerReadiness
-from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
+from twisted_iop.controlplane.http.routes import ControlPlaneHttp, ListenerReadiness
+from twisted_iop.controlplane.requests.gateway import EdgeGateway
 from twisted_iop.controlplane.store.settings import MEMORY, SQLITE
 from twisted_iop.controlplane.tap import ControlPlaneService
 from twisted_iop.edge.tap import EdgeService

@@ -1,4 +1,4 @@
-"""What the views :mod:`twisted_iop.controlplane.json_bytes` writes as bytes
+"""What the views :mod:`twisted_iop.controlplane.http.json_bytes` writes as bytes
 must equal: each view as a plain dict, written the obvious way (no kept
 renderings, totals summed row by row), and :func:`compact`, the
 ``json.dumps`` the bytes must match."""
@@ -9,9 +9,9 @@ import bisect
 import json
 from typing import Any
 
-from twisted_iop.controlplane.edge_record import EdgeRecord
-from twisted_iop.controlplane.fleet_rounds import FleetRound, StatusRow
-from twisted_iop.controlplane.json_views import (
+from twisted_iop.controlplane.fleet.edge_record import EdgeRecord
+from twisted_iop.controlplane.fleet.snapshots import StatusSnapshot
+from twisted_iop.controlplane.http.json_views import (
     byte_facts,
     counts_json,
     edge_summary,
@@ -20,8 +20,8 @@ from twisted_iop.controlplane.json_views import (
     node_json,
     row_counts_json,
 )
-from twisted_iop.controlplane.latency_views import edge_latency_json, latency_json, models_json
-from twisted_iop.controlplane.snapshots import StatusSnapshot
+from twisted_iop.controlplane.http.latency_views import edge_latency_json, latency_json, models_json
+from twisted_iop.controlplane.requests.fleet_rounds import FleetRound, StatusRow
 from twisted_iop.wire.status_totals import COUNTS_LEN, EMPTY_COUNTS
 
 

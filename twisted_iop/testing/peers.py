@@ -23,9 +23,9 @@ from twisted.internet.interfaces import ITransport
 from twisted.internet.protocol import Factory
 from twisted.python.failure import Failure
 
-from twisted_iop.controlplane.edge_peer import EdgePeer, StatusListener
-from twisted_iop.controlplane.registry import EdgeRegistry
-from twisted_iop.controlplane.snapshots import StatusSnapshot, checked_snapshot
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
+from twisted_iop.controlplane.fleet.snapshots import StatusSnapshot, checked_snapshot
+from twisted_iop.controlplane.wires.edge_peer import EdgePeer, StatusListener
 from twisted_iop.edge.nodes.registry import NodePeer
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb

@@ -8,10 +8,10 @@ from typing import Any
 
 from twisted.internet.task import Clock
 
-from twisted_iop.controlplane.edge_hello import EdgeHello
-from twisted_iop.controlplane.json_bytes import JsonBytesRenderer
-from twisted_iop.controlplane.json_views import provider_json
-from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
+from twisted_iop.controlplane.http.json_bytes import JsonBytesRenderer
+from twisted_iop.controlplane.http.json_views import provider_json
+from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.testing import json_reference as reference
 from twisted_iop.testing.harness import contract_validator
 from twisted_iop.testing.peers import HeldEdgePeer, keep_status

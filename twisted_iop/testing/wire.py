@@ -42,7 +42,7 @@ from twisted_iop.wire.peer import (
 )
 
 if TYPE_CHECKING:
-    from twisted_iop.controlplane.snapshots import StatusSnapshot
+    from twisted_iop.controlplane.fleet.snapshots import StatusSnapshot
 
 #: Bodies a peer sends unsolicited: never answered, whatever their request id.
 UNSOLICITED_BODIES = frozenset(
@@ -197,9 +197,9 @@ class EdgeWireDriver:
     hello_body = "edge_hello_request"
 
     def __init__(self, settings: PeerSettings = PeerSettings()) -> None:
-        from twisted_iop.controlplane.edge_wire import EdgeWireFactory
-        from twisted_iop.controlplane.gateway import EdgeGateway
-        from twisted_iop.controlplane.registry import EdgeRegistry
+        from twisted_iop.controlplane.fleet.registry import EdgeRegistry
+        from twisted_iop.controlplane.requests.gateway import EdgeGateway
+        from twisted_iop.controlplane.wires.edge_wire import EdgeWireFactory
 
         self.clock = Clock()
         self.settings = settings
@@ -235,7 +235,7 @@ class EdgeWireDriver:
 
     def _render(self, snapshot: StatusSnapshot) -> None:
         # What the HTTP views would show of whatever the edge answered.
-        from twisted_iop.controlplane import json_views
+        from twisted_iop.controlplane.http import json_views
 
         self.outcomes.append([json_views.node_json(n) for n in snapshot.parse().nodes])
         self.outcomes.append(snapshot.counts)
@@ -374,8 +374,8 @@ class ClientWireDriver:
     """The ``/client`` WebSocket over a real EdgeRegistry."""
 
     def __init__(self, **settings: Any) -> None:
-        from twisted_iop.controlplane.client_wire import ClientWireFactory, ClientWireSettings
-        from twisted_iop.controlplane.registry import EdgeRegistry
+        from twisted_iop.controlplane.fleet.registry import EdgeRegistry
+        from twisted_iop.controlplane.wires.client_wire import ClientWireFactory, ClientWireSettings
 
         self.clock = Clock()
         self.registry = EdgeRegistry(self.clock)

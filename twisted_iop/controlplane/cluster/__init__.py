@@ -2,7 +2,7 @@
 
 The embedded default is one process with everything in memory and none of
 this runs. With ``cluster.backend: redis`` each replica keeps a *mirror* of
-the whole fleet in its own :class:`~twisted_iop.controlplane.registry.EdgeRegistry`,
+the whole fleet in its own :class:`~twisted_iop.controlplane.fleet.registry.EdgeRegistry`,
 so every view reads local memory, while Redis owns the facts:
 
 * ``scripts`` holds the Lua scripts, one per kind of change, each applied

@@ -9,7 +9,7 @@ read with the fleet stream by ``stream_reader.py``). :class:`Inbox` owns:
   deadline, and each answer (snapshot with its counts, or why not) goes
   back to the asker;
 * **routed commands**: run by the gateway on the local connection
-  (:meth:`~twisted_iop.controlplane.gateway.EdgeGateway.run_routed_command`);
+  (:meth:`~twisted_iop.controlplane.requests.gateway.EdgeGateway.run_routed_command`);
   the edge's answer, or why there is none, goes back to the replica that
   dispatched it, which alone decides the operation's state;
 * **answers to our own routed requests**, handed to the :class:`Router`;
@@ -28,15 +28,15 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
 
-from twisted_iop.controlplane import stored_forms as codec
 from twisted_iop.controlplane.cluster.journal import Journal
 from twisted_iop.controlplane.cluster.keys import Keys
 from twisted_iop.controlplane.cluster.remote import DISCONNECTED, ERROR, INBOX_LENGTH, TIMEOUT, Router, inbox_entry
 from twisted_iop.controlplane.cluster.store import RedisLink
-from twisted_iop.controlplane.edge_record import EdgeNotConnected
-from twisted_iop.controlplane.gateway import EdgeGateway
-from twisted_iop.controlplane.request_errors import EdgeDisconnected, EdgeTimeout
-from twisted_iop.controlplane.snapshots import StatusSnapshot
+from twisted_iop.controlplane.fleet.edge_record import EdgeNotConnected
+from twisted_iop.controlplane.fleet.snapshots import StatusSnapshot
+from twisted_iop.controlplane.requests.errors import EdgeDisconnected, EdgeTimeout
+from twisted_iop.controlplane.requests.gateway import EdgeGateway
+from twisted_iop.controlplane.store import forms as codec
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import PeerDisconnected, RemoteError
 

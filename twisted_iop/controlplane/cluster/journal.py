@@ -2,7 +2,7 @@
 script fenced by the connection that caused it.
 
 :class:`Journal` is the registry's
-:class:`~twisted_iop.controlplane.registry.Journal` in cluster mode. It owns:
+:class:`~twisted_iop.controlplane.fleet.registry.Journal` in cluster mode. It owns:
 
 * **our connections**: each hello accepted here is claimed under a new
   fence ``<replica>/<boot>/<token>`` (:meth:`Journal.claimed`); the claims
@@ -33,17 +33,17 @@ from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from twisted_iop.controlplane import stored_forms as codec
 from twisted_iop.controlplane.cluster import scripts
 from twisted_iop.controlplane.cluster.keys import Keys
 from twisted_iop.controlplane.cluster.mirror import ClusterMirror
 from twisted_iop.controlplane.cluster.settings import ClusterConfig
 from twisted_iop.controlplane.cluster.store import ClusterUnavailable, RedisLink
-from twisted_iop.controlplane.edge_hello import EdgeHello
-from twisted_iop.controlplane.event_record import NO_ATTRIBUTES, EventRecord
-from twisted_iop.controlplane.operations import OperationRecord
-from twisted_iop.controlplane.registry import CONNECTED_MESSAGE, EdgeRegistry
-from twisted_iop.controlplane.snapshots import StatusSnapshot
+from twisted_iop.controlplane.fleet.event_record import NO_ATTRIBUTES, EventRecord
+from twisted_iop.controlplane.fleet.operations import OperationRecord
+from twisted_iop.controlplane.fleet.registry import CONNECTED_MESSAGE, EdgeRegistry
+from twisted_iop.controlplane.fleet.snapshots import StatusSnapshot
+from twisted_iop.controlplane.store import forms as codec
+from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.wire import control_pb2 as pb
 
 #: At most one warning per this many seconds about writes that failed.

@@ -4,7 +4,7 @@ lists, stream entry ids)."""
 
 from __future__ import annotations
 
-from twisted_iop.controlplane import stored_forms as codec
+from twisted_iop.controlplane.store import forms as codec
 
 
 class Keys:

@@ -1,6 +1,6 @@
 """Cluster mode: this replica's registry as a mirror of what the others changed.
 
-Every replica's :class:`~twisted_iop.controlplane.registry.EdgeRegistry`
+Every replica's :class:`~twisted_iop.controlplane.fleet.registry.EdgeRegistry`
 holds the whole fleet. What another replica changed comes back through
 the shared fleet stream (read by the replica's stream room) and is
 applied here, in stream order, the same way on every replica:
@@ -23,14 +23,15 @@ from typing import Optional
 
 import attrs
 
-from twisted_iop.controlplane import bounds, operation_states
-from twisted_iop.controlplane.edge_hello import EdgeHello
-from twisted_iop.controlplane.edge_peer import EdgePeer
-from twisted_iop.controlplane.edge_record import EdgeRecord
-from twisted_iop.controlplane.event_record import EventRecord
-from twisted_iop.controlplane.operations import OperationRecord
-from twisted_iop.controlplane.registry import EdgeRegistry
-from twisted_iop.controlplane.snapshots import StatusSnapshot
+from twisted_iop.controlplane.fleet import bounds
+from twisted_iop.controlplane.fleet.edge_record import EdgeRecord
+from twisted_iop.controlplane.fleet.event_record import EventRecord
+from twisted_iop.controlplane.fleet.operations import OperationRecord
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
+from twisted_iop.controlplane.fleet.snapshots import StatusSnapshot
+from twisted_iop.controlplane.requests import operation_states
+from twisted_iop.controlplane.wires.edge_hello import EdgeHello
+from twisted_iop.controlplane.wires.edge_peer import EdgePeer
 from twisted_iop.wire import control_pb2 as pb
 
 

@@ -22,9 +22,9 @@ from twisted.internet.defer import CancelledError, Deferred, fail
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
-from twisted_iop.controlplane.edge_peer import StatusListener
-from twisted_iop.controlplane.snapshots import StatusSnapshot, routed_snapshot
-from twisted_iop.controlplane.stored_forms import b64, dumps, unb64
+from twisted_iop.controlplane.fleet.snapshots import StatusSnapshot, routed_snapshot
+from twisted_iop.controlplane.store.forms import b64, dumps, unb64
+from twisted_iop.controlplane.wires.edge_peer import StatusListener
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import PeerDisconnected, RemoteError, RequestTimeout
 

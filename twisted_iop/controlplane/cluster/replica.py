@@ -46,8 +46,8 @@ from twisted_iop.controlplane.cluster.remote import Router
 from twisted_iop.controlplane.cluster.settings import ClusterConfig
 from twisted_iop.controlplane.cluster.store import RedisLink
 from twisted_iop.controlplane.cluster.stream_reader import StreamReader
-from twisted_iop.controlplane.gateway import EdgeGateway
-from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
+from twisted_iop.controlplane.requests.gateway import EdgeGateway
 
 #: Hellos are refused (``retry_later``) while this many writes wait for Redis.
 HELLO_WRITE_BACKLOG = 5000

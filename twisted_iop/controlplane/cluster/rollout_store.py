@@ -1,9 +1,9 @@
 """Rollouts in cluster mode: each rollout's whole state in Redis, and one
 runner per rollout, fenced by a lease with an epoch.
 
-* **The stored form** (:func:`~twisted_iop.controlplane.stored_forms.rollout_dict`,
+* **The stored form** (:func:`~twisted_iop.controlplane.store.forms.rollout_dict`,
   ``rollout_from``, shared with the SQLite store), bounded by
-  :data:`~twisted_iop.controlplane.stored_forms.MAX_STATE_BYTES`.
+  :data:`~twisted_iop.controlplane.store.forms.MAX_STATE_BYTES`.
 * **The keys**: ``<prefix>:rollouts`` (sorted set of rollout ids by
   creation time), ``<prefix>:rollout:<id>`` (hash: ``state`` JSON,
   ``version``, ``settled``), ``<prefix>:rollout_lease:<id>`` (the runner's
@@ -38,10 +38,10 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from twisted_iop.controlplane import rollout_states as rs
 from twisted_iop.controlplane.cluster.scripts import Script
 from twisted_iop.controlplane.cluster.store import RedisLink
-from twisted_iop.controlplane.stored_forms import MAX_STATE_BYTES, rollout_dict, rollout_from
+from twisted_iop.controlplane.rollouts import states as rs
+from twisted_iop.controlplane.store.forms import MAX_STATE_BYTES, rollout_dict, rollout_from
 
 if TYPE_CHECKING:
     from twisted_iop.controlplane.cluster.replica import ClusterReplica

@@ -30,18 +30,18 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from twisted_iop.controlplane import stored_forms as codec
 from twisted_iop.controlplane.cluster.journal import Journal, gather
 from twisted_iop.controlplane.cluster.keys import Keys, id_number, pairs
 from twisted_iop.controlplane.cluster.mirror import ClusterMirror
 from twisted_iop.controlplane.cluster.presence import Presence
 from twisted_iop.controlplane.cluster.remote import RemotePeer, Router
 from twisted_iop.controlplane.cluster.store import BLOCK_MILLISECONDS, RedisLink
-from twisted_iop.controlplane.edge_hello import EdgeHello
-from twisted_iop.controlplane.event_record import EventRecord
-from twisted_iop.controlplane.memory import CatalogCache
-from twisted_iop.controlplane.registry import EdgeRegistry
-from twisted_iop.controlplane.snapshots import SnapshotRefused, checked_snapshot
+from twisted_iop.controlplane.fleet.event_record import EventRecord
+from twisted_iop.controlplane.fleet.memory import CatalogCache
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
+from twisted_iop.controlplane.fleet.snapshots import SnapshotRefused, checked_snapshot
+from twisted_iop.controlplane.store import forms as codec
+from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.wire import control_pb2 as pb
 
 #: Entries read from the streams per read.

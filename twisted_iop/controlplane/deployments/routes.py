@@ -1,7 +1,7 @@
 """HTTP routes of deployments: ``/deployments`` and ``/deployments/{name}`` (see docs/deployments.md).
 
 :func:`add_deployment_routes` puts them on the Control Plane's Klein app;
-each runs on the :class:`~twisted_iop.controlplane.http_routes.ControlPlaneHttp`
+each runs on the :class:`~twisted_iop.controlplane.http.routes.ControlPlaneHttp`
 it is bound to (its token checks, body reading and error handlers) and asks
 its :class:`~.service.DeploymentService`. ``PUT`` and ``DELETE`` need an
 operator token, the reads a viewer's. ``PUT`` is idempotent by itself: the
@@ -15,7 +15,6 @@ from typing import Any, Optional, Protocol
 from klein import Klein
 from twisted.web.iweb import IRequest
 
-from twisted_iop.controlplane.auth import ApiToken
 from twisted_iop.controlplane.deployments.rollup import EDGE_STATES, EdgeRollup
 from twisted_iop.controlplane.deployments.service import (
     DeploymentService,
@@ -24,8 +23,9 @@ from twisted_iop.controlplane.deployments.service import (
     UnknownDeployment,
 )
 from twisted_iop.controlplane.deployments.spec import SpecError, parse_spec
-from twisted_iop.controlplane.http_errors import BadRequest, error_body, json_body, query_int, query_text
-from twisted_iop.controlplane.json_views import iso
+from twisted_iop.controlplane.http.auth import ApiToken
+from twisted_iop.controlplane.http.errors import BadRequest, error_body, json_body, query_int, query_text
+from twisted_iop.controlplane.http.json_views import iso
 
 #: Edges shown per page of ``GET /deployments/{name}``.
 DEFAULT_EDGE_PAGE = 100

@@ -61,11 +61,11 @@ from twisted_iop.controlplane.deployments.rollup import (
     rollup_counts,
 )
 from twisted_iop.controlplane.deployments.spec import SKIP, DeploymentSpec, SpecError, parse_spec
-from twisted_iop.controlplane.edge_record import EdgeRecord
-from twisted_iop.controlplane.event_log import EdgeEvents
-from twisted_iop.controlplane.gateway import EdgeGateway
-from twisted_iop.controlplane.registry import EdgeRegistry
-from twisted_iop.controlplane.snapshots import StatusSnapshot
+from twisted_iop.controlplane.fleet.edge_record import EdgeRecord
+from twisted_iop.controlplane.fleet.event_log import EdgeEvents
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
+from twisted_iop.controlplane.fleet.snapshots import StatusSnapshot
+from twisted_iop.controlplane.requests.gateway import EdgeGateway
 from twisted_iop.controlplane.store.interface import DeploymentStore
 from twisted_iop.wire import control_pb2 as pb
 

@@ -23,10 +23,10 @@ from typing import Optional
 
 import attrs
 
+from twisted_iop.controlplane.fleet.snapshots import StatusSnapshot
 from twisted_iop.controlplane.history.fields import FLEET_FIELDS, LATENCY_FIELDS, MISSING, MODEL_FIELDS, names
 from twisted_iop.controlplane.history.latency import NO_LATENCY, LatencyPart, part_of
-from twisted_iop.controlplane.latency_views import SnapshotLatency, snapshot_latency
-from twisted_iop.controlplane.snapshots import StatusSnapshot
+from twisted_iop.controlplane.http.latency_views import SnapshotLatency, snapshot_latency
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.status_totals import GENERAL_AT, HEALTH_AT, TOTALS_FIELDS
 

@@ -36,7 +36,8 @@ from typing import Optional
 import attrs
 from twisted.logger import Logger
 
-from twisted_iop.controlplane.edge_record import EdgeRecord
+from twisted_iop.controlplane.fleet.edge_record import EdgeRecord
+from twisted_iop.controlplane.fleet.snapshots import StatusSnapshot
 from twisted_iop.controlplane.history.breakdown import COUNT_COLUMNS, EMPTY, Breakdown, BreakdownCache
 from twisted_iop.controlplane.history.fields import (
     EDGE_MODELS_GROUP,
@@ -57,7 +58,6 @@ from twisted_iop.controlplane.history.frames import (
 )
 from twisted_iop.controlplane.history.latency import NO_LATENCY, LatencyTotal
 from twisted_iop.controlplane.history.settings import HistorySettings
-from twisted_iop.controlplane.snapshots import StatusSnapshot
 from twisted_iop.controlplane.store.interface import HistoryStore
 from twisted_iop.wire.status_totals import COUNTS_LEN
 

@@ -2,7 +2,7 @@
 
 The breakdown of a snapshot (:mod:`.breakdown`) reads every provider's
 ``ProviderLatency`` once, through
-:func:`~twisted_iop.controlplane.latency_views.snapshot_latency` (checked;
+:func:`~twisted_iop.controlplane.http.latency_views.snapshot_latency` (checked;
 merged exactly per model and for the edge), and keeps, for the edge and
 for each model on it, a :class:`LatencyPart`: the stored values of
 :data:`~.fields.LATENCY_FIELDS` and the recent TTFT and TPOT sketches as
@@ -40,7 +40,7 @@ from typing import Optional
 import attrs
 
 from twisted_iop.controlplane.history.fields import HUNDREDTHS, MISSING, TENTHS_OF_MS
-from twisted_iop.controlplane.latency_views import LatencyFigures
+from twisted_iop.controlplane.http.latency_views import LatencyFigures
 from twisted_iop.latency.sketch import MIN_INDEX, LatencySketch
 
 #: The percentile the history keeps.

@@ -46,7 +46,7 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from twisted_iop.controlplane.gateway import EdgeGateway
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
 from twisted_iop.controlplane.history.breakdown import BreakdownCache
 from twisted_iop.controlplane.history.edge_sampler import EdgeSampler
 from twisted_iop.controlplane.history.fields import EDGES_GROUP, FLEET, group_key, model_series
@@ -54,7 +54,7 @@ from twisted_iop.controlplane.history.frames import SEGMENTS, store_key
 from twisted_iop.controlplane.history.queries import HistoryQueries
 from twisted_iop.controlplane.history.recorder import HistoryRecorder
 from twisted_iop.controlplane.history.settings import HistorySettings
-from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.requests.gateway import EdgeGateway
 from twisted_iop.controlplane.store.interface import HistoryStore
 
 #: Segments of edges sampled per reactor turn (of :data:`~.frames.SEGMENTS`).

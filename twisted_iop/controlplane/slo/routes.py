@@ -1,7 +1,7 @@
 """HTTP routes of SLOs: ``/slos`` and ``/slos/{name}`` (see docs/slos.md).
 
 :func:`add_slo_routes` puts them on the Control Plane's Klein app; each runs
-on the :class:`~twisted_iop.controlplane.http_routes.ControlPlaneHttp` it is
+on the :class:`~twisted_iop.controlplane.http.routes.ControlPlaneHttp` it is
 bound to (its token checks, body reading and error handlers) and asks its
 :class:`~twisted_iop.controlplane.slo.service.SloService`. ``PUT`` and
 ``DELETE`` need an operator token, the reads a viewer's.
@@ -14,9 +14,9 @@ from typing import Any, Optional, Protocol
 from klein import Klein
 from twisted.web.iweb import IRequest
 
-from twisted_iop.controlplane.auth import ApiToken
-from twisted_iop.controlplane.http_errors import BadRequest, error_body, json_body
-from twisted_iop.controlplane.json_views import iso
+from twisted_iop.controlplane.http.auth import ApiToken
+from twisted_iop.controlplane.http.errors import BadRequest, error_body, json_body
+from twisted_iop.controlplane.http.json_views import iso
 from twisted_iop.controlplane.slo.evaluator import RULES, SloState
 from twisted_iop.controlplane.slo.service import SloService, TooManySlos, UnknownSlo
 from twisted_iop.controlplane.slo.spec import ERROR_RATIO, SpecError, format_duration, parse_spec

@@ -37,14 +37,14 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from twisted_iop.controlplane.event_log import EdgeEvents
-from twisted_iop.controlplane.gateway import EdgeGateway
-from twisted_iop.controlplane.registry import EdgeRegistry
+from twisted_iop.controlplane.fleet.event_log import EdgeEvents
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
+from twisted_iop.controlplane.fleet.snapshots import StatusSnapshot
+from twisted_iop.controlplane.requests.gateway import EdgeGateway
 from twisted_iop.controlplane.slo.evaluator import FIRING, AlertChange, SloState
 from twisted_iop.controlplane.slo.readings import Delta, ProviderReadings
 from twisted_iop.controlplane.slo.settings import SloSettings
 from twisted_iop.controlplane.slo.spec import ERROR_RATIO, LATENCY_METRICS, SloSpec, SpecError, parse_spec
-from twisted_iop.controlplane.snapshots import StatusSnapshot
 from twisted_iop.controlplane.store.interface import SloStore
 from twisted_iop.label_selectors import Selector
 from twisted_iop.latency.sketch import LatencySketch, merged

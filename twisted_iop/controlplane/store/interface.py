@@ -31,12 +31,12 @@ from typing import TYPE_CHECKING, Any, Optional, Protocol
 import attrs
 from twisted.internet.defer import Deferred
 
-from twisted_iop.controlplane.event_record import EventRecord
-from twisted_iop.controlplane.operations import OperationRecord
+from twisted_iop.controlplane.fleet.event_record import EventRecord
+from twisted_iop.controlplane.fleet.operations import OperationRecord
 
 if TYPE_CHECKING:
-    from twisted_iop.controlplane.edge_record import EdgeRecord
-    from twisted_iop.controlplane.rollout_states import Rollout
+    from twisted_iop.controlplane.fleet.edge_record import EdgeRecord
+    from twisted_iop.controlplane.rollouts.states import Rollout
 
 
 class StoreError(Exception):

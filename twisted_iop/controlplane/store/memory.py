@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Optional
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, succeed
 
-from twisted_iop.controlplane.event_record import EventRecord
-from twisted_iop.controlplane.operations import OperationRecord
+from twisted_iop.controlplane.fleet.event_record import EventRecord
+from twisted_iop.controlplane.fleet.operations import OperationRecord
 from twisted_iop.controlplane.store.interface import HistoryChunk, KeptState, StoreHealth
 
 if TYPE_CHECKING:
-    from twisted_iop.controlplane.edge_record import EdgeRecord
-    from twisted_iop.controlplane.rollout_states import Rollout
+    from twisted_iop.controlplane.fleet.edge_record import EdgeRecord
+    from twisted_iop.controlplane.rollouts.states import Rollout
 
 #: What one kept chunk costs besides its bytes (the object, its key, the dict slot).
 CHUNK_OVERHEAD_BYTES = 200

@@ -35,8 +35,8 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from twisted_iop.controlplane import stored_forms
 from twisted_iop.controlplane.cluster.scripts import Script
+from twisted_iop.controlplane.store import forms as stored_forms
 from twisted_iop.controlplane.store.interface import HistoryChunk, StoreError, StoreHealth
 from twisted_iop.controlplane.store.memory import NothingToRestore
 

@@ -29,18 +29,18 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
-from twisted_iop.controlplane import stored_forms
-from twisted_iop.controlplane.event_record import EventRecord
-from twisted_iop.controlplane.operation_states import IN_FLIGHT_STATES, TERMINAL_STATES
-from twisted_iop.controlplane.operations import OperationRecord
+from twisted_iop.controlplane.fleet.event_record import EventRecord
+from twisted_iop.controlplane.fleet.operations import OperationRecord
+from twisted_iop.controlplane.requests.operation_states import IN_FLIGHT_STATES, TERMINAL_STATES
+from twisted_iop.controlplane.store import forms as stored_forms
 from twisted_iop.controlplane.store import sqlite_schema
 from twisted_iop.controlplane.store.interface import HistoryChunk, KeptEdge, KeptState, StoreError, StoreHealth
 from twisted_iop.controlplane.store.settings import StoreSettings
 from twisted_iop.controlplane.store.sqlite_writer import Batch, Committed, EdgeRow, SqliteWriter
 
 if TYPE_CHECKING:
-    from twisted_iop.controlplane.edge_record import EdgeRecord
-    from twisted_iop.controlplane.rollout_states import Rollout
+    from twisted_iop.controlplane.fleet.edge_record import EdgeRecord
+    from twisted_iop.controlplane.rollouts.states import Rollout
 
 #: What a queued operation, edge or rollout is counted as (they are
 #: serialized only at the flush).

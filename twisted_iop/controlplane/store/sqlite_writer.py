@@ -43,12 +43,12 @@ from typing import Any, Optional
 import attrs
 from twisted.logger import Logger
 
-from twisted_iop.controlplane import stored_forms
-from twisted_iop.controlplane.edge_hello import EdgeHello
-from twisted_iop.controlplane.event_record import EventRecord
-from twisted_iop.controlplane.memory import event_size
+from twisted_iop.controlplane.fleet.event_record import EventRecord
+from twisted_iop.controlplane.fleet.memory import event_size
+from twisted_iop.controlplane.store import forms as stored_forms
 from twisted_iop.controlplane.store.interface import HistoryChunk
 from twisted_iop.controlplane.store.settings import Retention
+from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 
 #: Writes one block of an edge's events.
 INSERT_BLOCK = (

@@ -134,8 +134,8 @@ async def test_iopctl_history_latency_shows_the_p95s_in_ms_and_requests_per_seco
             lines = out.splitlines()
             if lines[-1].split()[-3:] != ["-", "-", "-"]:
                 break
-            seen = history.samples
-            await eventually(lambda: history.samples > seen, timeout=10, message="one more sample")
+            before = history.samples
+            await eventually(lambda before=before: history.samples > before, timeout=10, message="one more sample")
         assert lines[1].split() == ["TIME", "(UTC)", "TTFT_P95", "TPOT_P95", "REQUESTS_PER_SECOND"]
         exact_ttft = sketch_of([0.25] * 30).quantile(0.95)
         exact_tpot = sketch_of([0.02] * 30).quantile(0.95)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Callable
 
 import pytest
 import pytest_twisted
@@ -17,6 +18,7 @@ from twisted_iop.client.cli_base import UsageError
 from twisted_iop.client.completion import script
 from twisted_iop.client.errors import ControlPlaneError
 from twisted_iop.client.history_render import render_history_sparklines, sparkline
+from twisted_iop.controlplane.history.service import HistoryService
 from twisted_iop.testing.harness import Fleet, eventually, start_fleet
 from twisted_iop.testing.latency import LatencyFeed, latency_snapshot, sketch_of
 
@@ -113,6 +115,11 @@ async def test_iopctl_history_prints_a_table_sparklines_or_json() -> None:
         await fleet.stop()
 
 
+def samples_after(history: HistoryService, count: int) -> Callable[[], bool]:
+    """Whether ``history`` took a sample after its ``count``-th."""
+    return lambda: history.samples > count
+
+
 @pytest_twisted.ensureDeferred
 async def test_iopctl_history_latency_shows_the_p95s_in_ms_and_requests_per_second() -> None:
     """``--latency`` picks the latency series: a table of TTFT and TPOT p95 in ms and requests
@@ -134,8 +141,7 @@ async def test_iopctl_history_latency_shows_the_p95s_in_ms_and_requests_per_seco
             lines = out.splitlines()
             if lines[-1].split()[-3:] != ["-", "-", "-"]:
                 break
-            before = history.samples
-            await eventually(lambda before=before: history.samples > before, timeout=10, message="one more sample")
+            await eventually(samples_after(history, history.samples), timeout=10, message="one more sample")
         assert lines[1].split() == ["TIME", "(UTC)", "TTFT_P95", "TPOT_P95", "REQUESTS_PER_SECOND"]
         exact_ttft = sketch_of([0.25] * 30).quantile(0.95)
         exact_tpot = sketch_of([0.02] * 30).quantile(0.95)

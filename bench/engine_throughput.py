@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Tokens per second through Edge + Node against the same real engine called directly.
 
-Writes the tiny llama model of ``twisted_iop.testing.tiny_model`` (random
+Writes the tiny llama model of ``twisted_iop.testing.engines.tiny_model`` (random
 weights, llama.cpp's SPM vocabulary; ``make llama-engine`` installs the
 engine and extracts the vocabulary), starts llama-cpp-python's OpenAI
 server on it (one request at a time: llama-cpp-python has no
@@ -37,13 +37,13 @@ from typing import Any, Optional
 
 import openai
 
-from twisted_iop.testing.llama_engine import (
+from twisted_iop.testing.engines.llama_engine import (
     EngineFleet,
     LlamaEngine,
     start_engine_fleet,
     start_llama_engine,
 )
-from twisted_iop.testing.tiny_model import TinyModelShape, tiny_model
+from twisted_iop.testing.engines.tiny_model import TinyModelShape, tiny_model
 
 MODEL = "tiny-llama"
 #: Through Edge + Node, at least this share of the engine's own tokens per second.

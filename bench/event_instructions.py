@@ -54,7 +54,7 @@ from twisted_iop.controlplane.store.settings import StoreSettings
 from twisted_iop.controlplane.store.sqlite import SqliteStore
 from twisted_iop.controlplane.wires.client_wire import ClientWireFactory, ClientWireSettings
 from twisted_iop.controlplane.wires.edge_wire import EdgeWireFactory, EdgeWireProtocol
-from twisted_iop.testing.wire import ClientConnection
+from twisted_iop.testing.wires.wire import ClientConnection
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import frame, make_envelope

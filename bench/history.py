@@ -85,7 +85,7 @@ from twisted_iop.controlplane.requests.gateway import EdgeGateway
 from twisted_iop.controlplane.store.memory import MemoryStore
 from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.testing.latency import LatencyFeed
-from twisted_iop.testing.peers import AnsweringEdgePeer, keep_status
+from twisted_iop.testing.wires.peers import AnsweringEdgePeer, keep_status
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import make_envelope
 from twisted_iop.wire.status_totals import with_totals

@@ -32,7 +32,7 @@ from twisted_iop.controlplane.slo.spec import parse_spec
 from twisted_iop.controlplane.store.memory import MemoryStore
 from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.testing.latency import LatencyFeed, latency_snapshot
-from twisted_iop.testing.peers import CATALOG, AnsweringEdgePeer
+from twisted_iop.testing.wires.peers import CATALOG, AnsweringEdgePeer
 
 SPECS = [
     {"metric": "ttft", "percentile": 95, "objective_seconds": 0.5},

@@ -3,7 +3,7 @@
 With atheris installed (``pip install atheris``) this is a coverage-guided
 atheris target; without it, a plain random loop with structure-aware
 mutations runs instead. Either way each input goes through the same
-drivers as ``tests/wire/test_wire_fuzz.py`` (``twisted_iop.testing.wire``):
+drivers as ``tests/wire/test_wire_fuzz.py`` (``twisted_iop.testing.wires.wire``):
 the Control Plane's edge wire with a real registry and gateway, the Edge's
 node wire with a real node registry, and the ``/client`` WebSocket; and
 the same checks: no failure logged, the connection answered or closed as
@@ -26,8 +26,8 @@ import time
 from typing import Any
 
 from twisted_iop.testing.configs import node_hello
-from twisted_iop.testing.frames import field_bytes, field_varint, length_prefixed, ws_frame
-from twisted_iop.testing.wire import (
+from twisted_iop.testing.wires.frames import field_bytes, field_varint, length_prefixed, ws_frame
+from twisted_iop.testing.wires.wire import (
     ClientWireDriver,
     EdgeWireDriver,
     LogCapture,

@@ -21,7 +21,7 @@ from twisted_iop.json_logs import JSON_OBSERVER_NAME, JsonLineObserver
 from twisted_iop.node.config import parse_node_config
 from twisted_iop.testing.configs import LOOPBACK_ZERO
 from twisted_iop.testing.harness import Daemon, eventually, sleep, start_daemon, wait_for_ports
-from twisted_iop.testing.peers import ScriptedEdge
+from twisted_iop.testing.wires.peers import ScriptedEdge
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"

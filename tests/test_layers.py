@@ -22,7 +22,7 @@ CLIENT_MODULES = [
     "twisted_iop.client.wire",
     "twisted_iop.client.cli",
     "twisted_iop.client.models",
-    "twisted_iop.client.render",
+    "twisted_iop.client.iopctl.render",
     "twisted_iop.client.errors",
 ]
 
@@ -32,7 +32,7 @@ SERVER_MODULES = (
     "twisted_iop.controlplane",
     "twisted_iop.edge",
     "twisted_iop.node",
-    "twisted_iop.http_site",
+    "twisted_iop.web.http_site",
     "twisted_iop.metrics",
     "prometheus_client",
 )

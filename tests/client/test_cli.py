@@ -32,11 +32,11 @@ from twisted_iop.client.cli import (
     parse_arguments,
     run,
 )
-from twisted_iop.client.render import render_table
+from twisted_iop.client.iopctl.render import render_table
 from twisted_iop.client.repository import ControlPlaneStatusRepository
 from twisted_iop.client.wire import ClientWireClient
 from twisted_iop.testing.harness import Fleet, contract_validator, eventually, start_fleet
-from twisted_iop.testing.peers import set_engine, set_launch, snapshot
+from twisted_iop.testing.wires.peers import set_engine, set_launch, snapshot
 from twisted_iop.wire import control_pb2 as pb
 
 IOPCTL = str(Path(sys.executable).parent / "iopctl")

@@ -17,7 +17,7 @@ from twisted_iop.client.cli import EXIT_ERROR, EXIT_OK, parse_arguments, run
 from twisted_iop.client.errors import InvalidSelectorError, InvalidStateError
 from twisted_iop.client.repository import ControlPlaneStatusRepository
 from twisted_iop.testing.harness import ControlPlaneHarness, eventually, start_control_plane
-from twisted_iop.testing.peers import ScriptedEdge, connect_edge
+from twisted_iop.testing.wires.peers import ScriptedEdge, connect_edge
 
 LABELS = {
     "eu-1": {"region": "eu", "tier": "prod"},

@@ -28,7 +28,7 @@ from twisted_iop.client import (
     WireRequestError,
 )
 from twisted_iop.testing.harness import IOPCTL, eventually, start_control_plane
-from twisted_iop.testing.peers import connect_edge
+from twisted_iop.testing.wires.peers import connect_edge
 from twisted_iop.wire import control_pb2 as pb
 
 

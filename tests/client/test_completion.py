@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from twisted_iop.client.cli import FLEET_STATES, build_parser, parse_arguments
-from twisted_iop.client.completion import script
+from twisted_iop.client.iopctl.completion import script
 
 IOPCTL = str(Path(sys.executable).parent / "iopctl")
 BASH = shutil.which("bash")

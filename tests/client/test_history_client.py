@@ -14,10 +14,10 @@ from twisted.internet import reactor
 
 from twisted_iop.client import ControlPlaneStatusRepository
 from twisted_iop.client.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE, parse_arguments, run
-from twisted_iop.client.cli_base import UsageError
-from twisted_iop.client.completion import script
 from twisted_iop.client.errors import ControlPlaneError
-from twisted_iop.client.history_render import render_history_sparklines, sparkline
+from twisted_iop.client.iopctl.cli_base import UsageError
+from twisted_iop.client.iopctl.completion import script
+from twisted_iop.client.iopctl.history_render import render_history_sparklines, sparkline
 from twisted_iop.controlplane.history.service import HistoryService
 from twisted_iop.testing.harness import Fleet, eventually, start_fleet
 from twisted_iop.testing.latency import LatencyFeed, latency_snapshot, sketch_of

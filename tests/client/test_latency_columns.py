@@ -8,16 +8,16 @@ import json
 
 from twisted.internet.task import Clock
 
+from twisted_iop.client.iopctl.render import render_fleet, render_status, seconds_text
 from twisted_iop.client.models import EdgeStatus, FleetStatus, read
-from twisted_iop.client.render import render_fleet, render_status, seconds_text
 from twisted_iop.controlplane.fleet.registry import EdgeRegistry
 from twisted_iop.controlplane.http.json_bytes import JsonBytesRenderer
 from twisted_iop.controlplane.requests.fleet_rounds import FleetRound, StatusRow
 from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.edge.inference.latency import OK, LatencyRecorder
 from twisted_iop.latency.sketch import RELATIVE_ERROR
-from twisted_iop.testing.peers import HeldEdgePeer, keep_status, snapshot
 from twisted_iop.testing.provider_views import edge_status_body
+from twisted_iop.testing.wires.peers import HeldEdgePeer, keep_status, snapshot
 
 
 def test_seconds_text_is_milliseconds_below_ten_seconds() -> None:

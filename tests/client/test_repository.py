@@ -52,7 +52,7 @@ from twisted_iop.client.models import (
 )
 from twisted_iop.client.repository import DEFAULT_HTTP_URL, HTTP_URL_ENV, error_from_response
 from twisted_iop.testing.harness import Fleet, contract_validator, start_fleet, stub_repository
-from twisted_iop.testing.peers import set_engine, snapshot
+from twisted_iop.testing.wires.peers import set_engine, snapshot
 from twisted_iop.wire import control_pb2 as pb
 
 

@@ -14,11 +14,11 @@ from twisted.internet import reactor
 
 from twisted_iop.client import ControlPlaneStatusRepository
 from twisted_iop.client.cli import EXIT_ERROR, EXIT_OK, build_parser, parse_arguments, run
-from twisted_iop.client.cli_base import UsageError
-from twisted_iop.client.completion import script
+from twisted_iop.client.iopctl.cli_base import UsageError
+from twisted_iop.client.iopctl.completion import script
 from twisted_iop.testing.harness import ControlPlaneHarness, eventually, start_control_plane
 from twisted_iop.testing.latency import LatencyEngine
-from twisted_iop.testing.peers import ScriptedEdge, connect_edge
+from twisted_iop.testing.wires.peers import ScriptedEdge, connect_edge
 
 SLOS = """
 slos:

@@ -26,7 +26,7 @@ from twisted_iop.client.wire import (
     make_client_envelope,
 )
 from twisted_iop.testing.harness import ControlPlaneHarness, eventually, start_control_plane
-from twisted_iop.testing.peers import connect_edge
+from twisted_iop.testing.wires.peers import connect_edge
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.dialer import DialingService
 

@@ -24,8 +24,8 @@ from twisted_iop.testing.cluster import cluster_config
 from twisted_iop.testing.configs import CONTROL_PLANE_LOOPBACK_ENV, edge_yaml, node_yaml, write_yaml
 from twisted_iop.testing.harness import Daemon, eventually, start_daemon, wait_for_ports
 from twisted_iop.testing.http import get_json, post_json
-from twisted_iop.testing.peers import ScriptedEdge, connect_edge
 from twisted_iop.testing.redis import RedisServer
+from twisted_iop.testing.wires.peers import ScriptedEdge, connect_edge
 from twisted_iop.wire import control_pb2 as pb
 
 pytestmark = pytest.mark.e2e

@@ -12,8 +12,8 @@ from twisted.internet.defer import ensureDeferred, gatherResults
 from twisted_iop.client.wire import ClientWireClient
 from twisted_iop.testing.cluster import start_replica
 from twisted_iop.testing.harness import eventually
-from twisted_iop.testing.peers import connect_edge
 from twisted_iop.testing.redis import RedisServer
+from twisted_iop.testing.wires.peers import connect_edge
 from twisted_iop.wire import control_pb2 as pb
 
 

@@ -14,8 +14,8 @@ from twisted_iop.controlplane.rollouts.states import EXECUTION_TERMINAL, ROLLOUT
 from twisted_iop.controlplane.store.forms import rollout_dict, rollout_from
 from twisted_iop.testing.cluster import start_replica
 from twisted_iop.testing.harness import ControlPlaneHarness, eventually
-from twisted_iop.testing.peers import ScriptedEdge, connect_edge
 from twisted_iop.testing.redis import RedisServer
+from twisted_iop.testing.wires.peers import ScriptedEdge, connect_edge
 from twisted_iop.wire import control_pb2 as pb
 
 EDGES = 200

@@ -16,7 +16,7 @@ from twisted_iop.controlplane.fleet.snapshots import StatusSnapshot, checked_sna
 from twisted_iop.controlplane.requests.operation_states import LateOutcome
 from twisted_iop.controlplane.store import forms as codec
 from twisted_iop.controlplane.wires.edge_hello import EdgeHello
-from twisted_iop.testing.peers import CATALOG, snapshot
+from twisted_iop.testing.wires.peers import CATALOG, snapshot
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import PeerDisconnected, RemoteError, RequestTimeout
 from twisted_iop.wire.status_totals import response_counts

@@ -7,7 +7,7 @@ from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.task import deferLater
 
-from twisted_iop.testing.peers import ScriptedEdge
+from twisted_iop.testing.wires.peers import ScriptedEdge
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
 

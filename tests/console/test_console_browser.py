@@ -14,7 +14,7 @@ import pytest_twisted
 from iop_console_browser import Browser, page_errors
 
 from twisted_iop.testing.harness import start_control_plane
-from twisted_iop.testing.peers import connect_edge, set_engine, snapshot
+from twisted_iop.testing.wires.peers import connect_edge, set_engine, snapshot
 from twisted_iop.wire import control_pb2 as pb
 
 

@@ -16,8 +16,8 @@ import pytest_twisted
 from iop_console_browser import Browser, page_errors
 
 from twisted_iop.testing.configs import gateway_edge_yaml, gateway_node_yaml, write_yaml
+from twisted_iop.testing.engines.launch import free_port, launched_mock, launched_script
 from twisted_iop.testing.harness import eventually, start_control_plane, start_edge, start_node, stop
-from twisted_iop.testing.launch import free_port, launched_mock, launched_script
 
 #: The crashing engine's output, then its exit.
 CRASHING = (

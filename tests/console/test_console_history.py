@@ -24,7 +24,7 @@ from iop_console_browser import ROOT, Browser, page_errors
 
 from twisted_iop.testing.harness import eventually, start_control_plane
 from twisted_iop.testing.latency import LatencyFeed
-from twisted_iop.testing.peers import connect_edge, set_engine, snapshot
+from twisted_iop.testing.wires.peers import connect_edge, set_engine, snapshot
 from twisted_iop.wire import control_pb2 as pb
 
 pytestmark = pytest.mark.browser

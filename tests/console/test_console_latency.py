@@ -18,7 +18,7 @@ from labelled_edges import MANY_EDGES_CONFIG, connect_fleet
 
 from twisted_iop.edge.inference.latency import OK, LatencyRecorder
 from twisted_iop.testing.harness import eventually, start_control_plane
-from twisted_iop.testing.peers import set_engine, set_launch, snapshot
+from twisted_iop.testing.wires.peers import set_engine, set_launch, snapshot
 from twisted_iop.wire import control_pb2 as pb
 
 pytestmark = pytest.mark.browser

@@ -18,7 +18,7 @@ from iop_console_browser import Browser
 from twisted.internet import reactor, task
 
 from twisted_iop.testing.harness import eventually, start_control_plane
-from twisted_iop.testing.peers import CATALOG, connect_edge, set_engine, snapshot
+from twisted_iop.testing.wires.peers import CATALOG, connect_edge, set_engine, snapshot
 from twisted_iop.wire import control_pb2 as pb
 
 pytestmark = pytest.mark.browser

@@ -18,8 +18,8 @@ from twisted_iop.controlplane.fleet.registry import EdgeRegistry
 from twisted_iop.controlplane.wires.client_wire import ClientWireFactory, ClientWireServerProtocol, ClientWireSettings
 from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.testing.harness import eventually, start_control_plane
-from twisted_iop.testing.peers import HeldEdgePeer, connect_edge
-from twisted_iop.testing.wire import ClientConnection
+from twisted_iop.testing.wires.peers import HeldEdgePeer, connect_edge
+from twisted_iop.testing.wires.wire import ClientConnection
 from twisted_iop.wire import PROTOCOL_MAJOR
 from twisted_iop.wire import control_pb2 as pb
 

@@ -24,9 +24,9 @@ from twisted_iop.controlplane.wires.client_wire import (
 )
 from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.controlplane.wires.ws_frames import binary_frame
-from twisted_iop.testing.frames import ws_messages
-from twisted_iop.testing.peers import HeldEdgePeer
-from twisted_iop.testing.wire import ClientConnection
+from twisted_iop.testing.wires.frames import ws_messages
+from twisted_iop.testing.wires.peers import HeldEdgePeer
+from twisted_iop.testing.wires.wire import ClientConnection
 from twisted_iop.wire import PROTOCOL_MAJOR
 from twisted_iop.wire import control_pb2 as pb
 

@@ -34,9 +34,9 @@ from twisted.internet import reactor
 from twisted.internet.utils import getProcessOutputAndValue
 
 from twisted_iop.testing.configs import loopback_listen, write_yaml
+from twisted_iop.testing.engines.launch import alive, free_port
 from twisted_iop.testing.harness import IOPCTL, Daemon, eventually, start_daemon, wait_for_ports
 from twisted_iop.testing.http import chat, get_json, post
-from twisted_iop.testing.launch import alive, free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -16,6 +16,7 @@ import pytest_twisted
 import treq
 
 from twisted_iop.testing.deployments import READY_SECONDS, DeploymentSite, start_site
+from twisted_iop.testing.engines.launch import alive
 from twisted_iop.testing.harness import (
     ControlPlaneHarness,
     contract_validator,
@@ -24,7 +25,6 @@ from twisted_iop.testing.harness import (
     stop,
 )
 from twisted_iop.testing.http import chat, post
-from twisted_iop.testing.launch import alive
 
 CHAT = {
     "model": "m1",

@@ -27,7 +27,7 @@ from twisted_iop.controlplane.store.memory import MemoryStore
 from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.testing.deployments import DEPLOYING_CATALOG, SimulatedEdge
 from twisted_iop.testing.harness import contract_validator
-from twisted_iop.testing.peers import CATALOG
+from twisted_iop.testing.wires.peers import CATALOG
 
 CHAT = {"model": "m1", "profile": "mock", "parameters": {"tokens_per_second": 100}, "edge_selector": "site=lab"}
 OPERATOR = "operator-secret"

@@ -12,7 +12,7 @@ from twisted.internet import reactor
 from twisted_iop.client.wire import ClientWireClient
 from twisted_iop.testing.configs import CONTROL_PLANE_LOOPBACK_ENV, LOOPBACK_ZERO
 from twisted_iop.testing.harness import ControlPlaneHarness, Daemon, eventually, start_daemon, wait_for_ports
-from twisted_iop.testing.peers import connect_edge
+from twisted_iop.testing.wires.peers import connect_edge
 from twisted_iop.wire import control_pb2 as pb
 
 

@@ -8,10 +8,10 @@ import struct
 import pytest_twisted
 from twisted.internet.defer import ensureDeferred
 
-from twisted_iop.testing.frames import decode_frames
 from twisted_iop.testing.harness import eventually, start_control_plane
 from twisted_iop.testing.http import connect
-from twisted_iop.testing.peers import CATALOG, connect_edge, snapshot
+from twisted_iop.testing.wires.frames import decode_frames
+from twisted_iop.testing.wires.peers import CATALOG, connect_edge, snapshot
 from twisted_iop.wire import control_pb2 as pb
 
 

@@ -18,7 +18,7 @@ from twisted_iop.controlplane.wires.edge_wire import (
     accepted_hello_response,
 )
 from twisted_iop.ids import id_problem
-from twisted_iop.testing.frames import decode_frames
+from twisted_iop.testing.wires.frames import decode_frames
 from twisted_iop.wire import PROTOCOL_MAJOR
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.hello import MAX_COMMANDS, MAX_LABELS, MAX_TEXT, RejectionCode

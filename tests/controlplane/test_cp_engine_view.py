@@ -10,9 +10,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from twisted_iop.testing.peers import set_engine, snapshot
 from twisted_iop.testing.provider_views import edge_status_body
 from twisted_iop.testing.provider_views import shown_provider as _shown
+from twisted_iop.testing.wires.peers import set_engine, snapshot
 from twisted_iop.wire import control_pb2 as pb
 
 

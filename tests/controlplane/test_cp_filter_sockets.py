@@ -7,7 +7,7 @@ from urllib.parse import quote
 import pytest_twisted
 
 from twisted_iop.testing.harness import contract_validator, eventually, start_control_plane
-from twisted_iop.testing.peers import ScriptedEdge, connect_edge
+from twisted_iop.testing.wires.peers import ScriptedEdge, connect_edge
 
 #: edge id -> labels of its hello.
 LABELS = {

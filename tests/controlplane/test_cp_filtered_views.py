@@ -16,7 +16,7 @@ from twisted_iop.controlplane.fleet.registry import EdgeRegistry
 from twisted_iop.controlplane.http.routes import ControlPlaneHttp, ListenerReadiness
 from twisted_iop.controlplane.requests.gateway import EdgeGateway
 from twisted_iop.controlplane.wires.edge_hello import EdgeHello
-from twisted_iop.testing.peers import CATALOG, AnsweringEdgePeer, HeldEdgePeer, snapshot
+from twisted_iop.testing.wires.peers import CATALOG, AnsweringEdgePeer, HeldEdgePeer, snapshot
 from twisted_iop.wire.peer import RemoteError
 
 #: The fleet: edge id -> (labels, how it answers: "ok", "held" or "gone").

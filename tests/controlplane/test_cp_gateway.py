@@ -30,7 +30,7 @@ from twisted_iop.controlplane.requests.gateway import EdgeGateway
 from twisted_iop.controlplane.requests.operation_states import LateOutcome
 from twisted_iop.controlplane.requests.status_asks import RECOUNT_SHARE
 from twisted_iop.controlplane.wires.edge_hello import EdgeHello
-from twisted_iop.testing.peers import HeldEdgePeer, snapshot
+from twisted_iop.testing.wires.peers import HeldEdgePeer, snapshot
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import PeerDisconnected
 from twisted_iop.wire.status_totals import carried_counts, response_counts, totals_message

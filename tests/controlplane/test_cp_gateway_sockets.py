@@ -13,7 +13,7 @@ from twisted.internet.defer import ensureDeferred
 import twisted_iop.wire.peer
 from twisted_iop.controlplane.wires.edge_wire import EdgeWireProtocol
 from twisted_iop.testing.harness import ControlPlaneHarness, eventually, start_control_plane
-from twisted_iop.testing.peers import ScriptedEdge, connect_edge
+from twisted_iop.testing.wires.peers import ScriptedEdge, connect_edge
 from twisted_iop.wire import control_pb2 as pb
 
 

@@ -15,7 +15,7 @@ from twisted.internet.task import LoopingCall, deferLater
 
 from twisted_iop.daemon import raise_open_file_limit
 from twisted_iop.testing.harness import ControlPlaneHarness, eventually, start_control_plane
-from twisted_iop.testing.peers import ScriptedEdge
+from twisted_iop.testing.wires.peers import ScriptedEdge
 from twisted_iop.wire import control_pb2 as pb
 
 #: A listen queue deep enough for a burst (Twisted's default backlog is 50).

@@ -12,8 +12,8 @@ import pytest
 import pytest_twisted
 
 from twisted_iop.controlplane.wires.edge_wire import EdgeWireProtocol
-from twisted_iop.testing.frames import decode_frames
 from twisted_iop.testing.harness import eventually, start_control_plane
+from twisted_iop.testing.wires.frames import decode_frames
 from twisted_iop.wire import PROTOCOL_MAJOR
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import frame, make_envelope

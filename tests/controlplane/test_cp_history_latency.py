@@ -51,7 +51,7 @@ from twisted_iop.latency.sketch import LatencySketch, merged
 from twisted_iop.testing.harness import contract_validator, eventually
 from twisted_iop.testing.history import OLD_FLEET_WIDTH, write_old_chunks
 from twisted_iop.testing.latency import LatencyFeed, latency_snapshot, sketch_of
-from twisted_iop.testing.peers import AnsweringEdgePeer, snapshot
+from twisted_iop.testing.wires.peers import AnsweringEdgePeer, snapshot
 from twisted_iop.wire import control_pb2 as pb
 
 HELLO = EdgeHello({"site": "test"}, "1.0", "1.0", ())

@@ -22,7 +22,7 @@ from twisted_iop.controlplane.history.settings import HistorySettings
 from twisted_iop.controlplane.requests.gateway import EdgeGateway
 from twisted_iop.controlplane.store.memory import MemoryHistory, MemoryStore
 from twisted_iop.controlplane.wires.edge_hello import EdgeHello
-from twisted_iop.testing.peers import AnsweringEdgePeer, set_engine, snapshot
+from twisted_iop.testing.wires.peers import AnsweringEdgePeer, set_engine, snapshot
 from twisted_iop.wire import control_pb2 as pb
 
 HELLO = EdgeHello({"site": "test"}, "1.0", "1.0", ())

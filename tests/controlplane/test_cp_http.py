@@ -15,7 +15,7 @@ from twisted_iop.controlplane.http.auth import ApiToken, ApiTokens, token_digest
 from twisted_iop.controlplane.http.routes import ControlPlaneHttp, HttpSettings, ListenerReadiness
 from twisted_iop.controlplane.requests.gateway import EdgeGateway
 from twisted_iop.controlplane.wires.edge_hello import EdgeHello
-from twisted_iop.testing.peers import CATALOG, AnsweringEdgePeer
+from twisted_iop.testing.wires.peers import CATALOG, AnsweringEdgePeer
 
 
 def tokens(*entries: tuple[str, str, str]) -> ApiTokens:

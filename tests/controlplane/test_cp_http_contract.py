@@ -33,7 +33,7 @@ from twisted_iop.controlplane.rollouts.states import EXECUTION_STATES
 from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.label_selectors import SELECTOR_PATTERN
 from twisted_iop.testing.harness import start_control_plane
-from twisted_iop.testing.peers import CATALOG, HeldEdgePeer
+from twisted_iop.testing.wires.peers import CATALOG, HeldEdgePeer
 
 HELLO = EdgeHello(labels={}, software_version="t", protocol_version="1.0", commands=tuple(CATALOG))
 

@@ -12,7 +12,7 @@ import treq
 
 from twisted_iop.testing.harness import start_daemon, wait_for_ports
 from twisted_iop.testing.http import connect, request_head
-from twisted_iop.testing.peers import connect_edge
+from twisted_iop.testing.wires.peers import connect_edge
 
 pytestmark = pytest.mark.e2e
 

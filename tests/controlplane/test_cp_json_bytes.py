@@ -25,7 +25,7 @@ from twisted_iop.controlplane.http.json_views import counts_json, iso
 from twisted_iop.controlplane.requests.fleet_rounds import FleetRound, StatusRow
 from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.testing import json_reference as reference
-from twisted_iop.testing.peers import HeldEdgePeer, keep_status, snapshot
+from twisted_iop.testing.wires.peers import HeldEdgePeer, keep_status, snapshot
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.status_totals import response_counts
 

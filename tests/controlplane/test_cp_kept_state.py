@@ -24,7 +24,7 @@ from twisted_iop.controlplane.http import json_views as views
 from twisted_iop.controlplane.http.json_bytes import JsonBytesRenderer
 from twisted_iop.controlplane.wires.client_wire import ClientWireFactory
 from twisted_iop.controlplane.wires.edge_hello import EdgeHello
-from twisted_iop.testing.peers import HeldEdgePeer, snapshot
+from twisted_iop.testing.wires.peers import HeldEdgePeer, snapshot
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.pending import PendingRequests
 from twisted_iop.wire.status_totals import response_counts

@@ -21,8 +21,8 @@ from twisted_iop.edge.inference.latency import OK, LatencyRecorder
 from twisted_iop.latency.sketch import RELATIVE_ERROR
 from twisted_iop.testing import json_reference as reference
 from twisted_iop.testing.harness import contract_validator
-from twisted_iop.testing.peers import HeldEdgePeer, keep_status, snapshot
 from twisted_iop.testing.provider_views import edge_status_body, shown_provider
+from twisted_iop.testing.wires.peers import HeldEdgePeer, keep_status, snapshot
 from twisted_iop.wire import control_pb2 as pb
 
 NOW = 1_000.0

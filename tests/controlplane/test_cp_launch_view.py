@@ -8,9 +8,9 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from twisted_iop.testing.peers import set_launch, snapshot
 from twisted_iop.testing.provider_views import edge_status_body, provider_errors
 from twisted_iop.testing.provider_views import shown_provider as _shown
+from twisted_iop.testing.wires.peers import set_launch, snapshot
 from twisted_iop.wire import control_pb2 as pb
 
 

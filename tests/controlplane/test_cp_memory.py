@@ -35,7 +35,7 @@ from twisted_iop.controlplane.requests import operation_states
 from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.controlplane.wires.edge_wire import EdgeCredentials
 from twisted_iop.testing.harness import eventually, start_control_plane, start_daemon, wait_for_ports
-from twisted_iop.testing.peers import connect_edge
+from twisted_iop.testing.wires.peers import connect_edge
 from twisted_iop.wire import PROTOCOL_MAJOR
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.hello import MAX_LABELS, MAX_TEXT, RejectionCode, check_edge_hello

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet.defer import ensureDeferred
 
 from twisted_iop.testing.harness import eventually, start_control_plane
-from twisted_iop.testing.peers import connect_edge
+from twisted_iop.testing.wires.peers import connect_edge
 
 
 async def scrape(url: str, **kwargs: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

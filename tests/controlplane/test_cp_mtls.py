@@ -21,8 +21,8 @@ from twisted_iop.controlplane import tap
 from twisted_iop.credentials import token_digest
 from twisted_iop.daemon import ConfigurationExit
 from twisted_iop.testing.harness import ControlPlaneHarness, start_control_plane
-from twisted_iop.testing.peers import ScriptedEdge
 from twisted_iop.testing.pki import CertificateAuthority
+from twisted_iop.testing.wires.peers import ScriptedEdge
 from twisted_iop.wire.hello import RejectionCode
 from twisted_iop.wire.peer import PeerDisconnected
 

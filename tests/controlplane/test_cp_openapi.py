@@ -22,7 +22,7 @@ from referencing.jsonschema import DRAFT202012
 from twisted_iop.controlplane.http.errors import DOMAIN_ERRORS
 from twisted_iop.controlplane.http.routes import ControlPlaneHttp
 from twisted_iop.testing.harness import ControlPlaneHarness, eventually, start_control_plane
-from twisted_iop.testing.peers import connect_edge, set_engine, set_launch, snapshot
+from twisted_iop.testing.wires.peers import connect_edge, set_engine, set_launch, snapshot
 from twisted_iop.wire import control_pb2 as pb
 
 SPEC_URI = "urn:iop:openapi"

@@ -17,7 +17,7 @@ from twisted_iop.controlplane.fleet.registry import EdgeRegistry
 from twisted_iop.controlplane.requests import operation_states
 from twisted_iop.controlplane.requests.operation_states import LateOutcome
 from twisted_iop.controlplane.wires.edge_hello import EdgeHello
-from twisted_iop.testing.peers import HeldEdgePeer, keep_status
+from twisted_iop.testing.wires.peers import HeldEdgePeer, keep_status
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.status_totals import GENERAL_AT, HEALTH_AT, HEALTHS, LONG_AT, STATUS_AT, STATUSES
 

@@ -12,7 +12,7 @@ import treq
 from twisted.internet.defer import Deferred, gatherResults
 
 from twisted_iop.testing.harness import ControlPlaneHarness, contract_validator, eventually, sleep, start_control_plane
-from twisted_iop.testing.peers import ScriptedEdge, connect_edge, snapshot
+from twisted_iop.testing.wires.peers import ScriptedEdge, connect_edge, snapshot
 
 #: Many hellos at once: no admission pacing in these tests.
 FAST_HELLOS = "edge_wire:\n  max_hellos_per_second: 100000\n"

@@ -14,7 +14,7 @@ from twisted_iop.controlplane.fleet.registry import EdgeRegistry
 from twisted_iop.controlplane.fleet.snapshots import StatusSnapshot
 from twisted_iop.controlplane.http import json_views as views
 from twisted_iop.controlplane.wires.edge_hello import EdgeHello
-from twisted_iop.testing.peers import HeldEdgePeer, keep_status, snapshot
+from twisted_iop.testing.wires.peers import HeldEdgePeer, keep_status, snapshot
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.status_totals import (
     COUNTS_LEN,

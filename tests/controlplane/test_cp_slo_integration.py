@@ -16,7 +16,7 @@ import treq
 
 from twisted_iop.testing.harness import ControlPlaneHarness, contract_validator, eventually, start_control_plane
 from twisted_iop.testing.latency import LatencyEngine
-from twisted_iop.testing.peers import ScriptedEdge, connect_edge
+from twisted_iop.testing.wires.peers import ScriptedEdge, connect_edge
 from twisted_iop.wire import control_pb2 as pb
 
 #: Evaluated ten times a second; a one-hour window scales the alert windows

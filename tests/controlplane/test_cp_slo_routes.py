@@ -23,7 +23,7 @@ from twisted_iop.controlplane.store.memory import MemoryStore
 from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.testing.harness import contract_validator
 from twisted_iop.testing.latency import LatencyFeed, latency_snapshot
-from twisted_iop.testing.peers import CATALOG, AnsweringEdgePeer
+from twisted_iop.testing.wires.peers import CATALOG, AnsweringEdgePeer
 
 CHAT_TTFT = {
     "metric": "ttft",

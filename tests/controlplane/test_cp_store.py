@@ -38,7 +38,7 @@ from twisted_iop.controlplane.store.sqlite_writer import Batch, SqliteWriter
 from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.testing import store_contract
 from twisted_iop.testing.harness import eventually, start_control_plane
-from twisted_iop.testing.peers import HeldEdgePeer, connect_edge
+from twisted_iop.testing.wires.peers import HeldEdgePeer, connect_edge
 
 HELLO = EdgeHello(labels={"site": "lab"}, software_version="1.0", protocol_version="1.0", commands=())
 

@@ -22,7 +22,7 @@ from twisted_iop.testing.harness import (
     start_daemon,
     wait_for_ports,
 )
-from twisted_iop.testing.peers import connect_edge
+from twisted_iop.testing.wires.peers import connect_edge
 
 pytestmark = pytest.mark.e2e
 

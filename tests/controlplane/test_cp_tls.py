@@ -18,7 +18,7 @@ from twisted_iop.controlplane.config import config_from_text
 from twisted_iop.controlplane.tap import ControlPlaneService
 from twisted_iop.daemon import ConfigurationExit
 from twisted_iop.testing.harness import ControlPlaneHarness, eventually, self_signed
-from twisted_iop.testing.peers import ScriptedEdge
+from twisted_iop.testing.wires.peers import ScriptedEdge
 from twisted_iop.wire import control_pb2 as pb
 
 

@@ -15,9 +15,9 @@ from twisted_iop.deployments.spec import spec_hash
 from twisted_iop.node.metrics import node_metric_registry
 from twisted_iop.testing.configs import MODEL
 from twisted_iop.testing.deployments import desired, start_deployment_fleet
+from twisted_iop.testing.engines.launch import ChatLoad, alive
 from twisted_iop.testing.harness import eventually
 from twisted_iop.testing.http import chat, post
-from twisted_iop.testing.launch import ChatLoad, alive
 from twisted_iop.wire import control_pb2 as pb
 
 

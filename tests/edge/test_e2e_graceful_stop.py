@@ -32,7 +32,7 @@ from twisted_iop.testing.configs import (
 )
 from twisted_iop.testing.harness import Daemon, eventually, start_daemon, wait_for_ports
 from twisted_iop.testing.http import chat, open_stream
-from twisted_iop.testing.peers import connect_edge
+from twisted_iop.testing.wires.peers import connect_edge
 from twisted_iop.wire import control_pb2 as pb
 
 pytestmark = pytest.mark.e2e

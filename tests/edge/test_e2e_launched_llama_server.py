@@ -21,12 +21,12 @@ import pytest_twisted
 from twisted.internet.threads import deferToThread
 
 from twisted_iop.testing.configs import gateway_edge_yaml, gateway_node_yaml, write_yaml
+from twisted_iop.testing.engines.launch import alive, free_port
+from twisted_iop.testing.engines.llama_server import llama_cpp_server_argv
+from twisted_iop.testing.engines.openai_load import ask
+from twisted_iop.testing.engines.record_llama_server import request
+from twisted_iop.testing.engines.tiny_model import TinyModelShape, tiny_model
 from twisted_iop.testing.harness import eventually, start_edge, start_node, stop
-from twisted_iop.testing.launch import alive, free_port
-from twisted_iop.testing.llama_server import llama_cpp_server_argv
-from twisted_iop.testing.openai_load import ask
-from twisted_iop.testing.record_llama_server import request
-from twisted_iop.testing.tiny_model import TinyModelShape, tiny_model
 
 pytestmark = pytest.mark.e2e
 

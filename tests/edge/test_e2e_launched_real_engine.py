@@ -17,10 +17,10 @@ import pytest_twisted
 from twisted.internet.defer import DeferredList, ensureDeferred
 
 from twisted_iop.testing.configs import gateway_edge_yaml, gateway_node_yaml, write_yaml
+from twisted_iop.testing.engines.launch import ChatLoad, alive, free_port
+from twisted_iop.testing.engines.llama_engine import llama_server_argv
+from twisted_iop.testing.engines.tiny_model import tiny_model
 from twisted_iop.testing.harness import eventually, start_edge, start_node, stop
-from twisted_iop.testing.launch import ChatLoad, alive, free_port
-from twisted_iop.testing.llama_engine import llama_server_argv
-from twisted_iop.testing.tiny_model import tiny_model
 from twisted_iop.wire import control_pb2 as pb
 
 pytestmark = pytest.mark.e2e

@@ -21,13 +21,13 @@ from typing import Any
 
 import pytest
 
-from twisted_iop.testing.llama_engine import EngineFleet, LlamaEngine, start_engine_fleet, wait_until
-from twisted_iop.testing.llama_server import health, start_llama_server
-from twisted_iop.testing.llama_server_recorded import RECORDED
-from twisted_iop.testing.load_gate import LoadGate
-from twisted_iop.testing.openai_load import Outcome, ask, embed, load, summary
-from twisted_iop.testing.record_llama_server import request
-from twisted_iop.testing.tiny_model import tiny_model
+from twisted_iop.testing.engines.llama_engine import EngineFleet, LlamaEngine, start_engine_fleet, wait_until
+from twisted_iop.testing.engines.llama_server import health, start_llama_server
+from twisted_iop.testing.engines.llama_server_recorded import RECORDED
+from twisted_iop.testing.engines.load_gate import LoadGate
+from twisted_iop.testing.engines.openai_load import Outcome, ask, embed, load, summary
+from twisted_iop.testing.engines.record_llama_server import request
+from twisted_iop.testing.engines.tiny_model import tiny_model
 
 pytestmark = pytest.mark.e2e
 
@@ -146,7 +146,7 @@ def _metric_names(body: bytes) -> set[str]:
 
 
 def test_the_recorded_shapes_are_what_this_llama_server_answers(two_slots: EngineFleet) -> None:
-    """The fixtures' llama.cpp answers (twisted_iop/testing/llama_server_recorded.py) are this
+    """The fixtures' llama.cpp answers (twisted_iop/testing/engines/llama_server_recorded.py) are this
     llama-server's: health, idle slots and error bodies byte for byte, the same metrics (no
     KV-cache metric among them), the same members in /props and the models list."""
     base = two_slots.engines["p1"].base_url

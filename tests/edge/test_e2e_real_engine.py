@@ -1,6 +1,6 @@
 """End to end against a real engine: the ``openai`` package through an Edge
 and Nodes started with ``twistd -n`` to llama-cpp-python's OpenAI server
-running a tiny llama model written by :mod:`twisted_iop.testing.tiny_model`.
+running a tiny llama model written by :mod:`twisted_iop.testing.engines.tiny_model`.
 
 The engine runs one request at a time and the Edge is configured with more
 (capacity 4), as an operator who does not know the engine's parallelism
@@ -18,17 +18,17 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from twisted_iop.testing.llama_engine import (
+from twisted_iop.testing.engines.llama_engine import (
     EngineFleet,
     LlamaEngine,
     start_engine_fleet,
     start_llama_engine,
     wait_until,
 )
-from twisted_iop.testing.openai_load import Outcome, summary
-from twisted_iop.testing.openai_load import ask as ask_model
-from twisted_iop.testing.openai_load import load as load_clients
-from twisted_iop.testing.tiny_model import tiny_model
+from twisted_iop.testing.engines.openai_load import Outcome, summary
+from twisted_iop.testing.engines.openai_load import ask as ask_model
+from twisted_iop.testing.engines.openai_load import load as load_clients
+from twisted_iop.testing.engines.tiny_model import tiny_model
 
 pytestmark = pytest.mark.e2e
 
@@ -96,7 +96,7 @@ def ask(client: openai.OpenAI, stream: bool, max_tokens: int, prompt: str = "hi"
 
 def load(fleet: EngineFleet, clients: int, requests: int, during: Any = None, after_during: int = 0) -> list[Outcome]:
     """``clients`` threads asking :data:`MODEL` (every other request streamed) until ``requests``
-    have ended (see :func:`twisted_iop.testing.openai_load.load`)."""
+    have ended (see :func:`twisted_iop.testing.engines.openai_load.load`)."""
     return load_clients(fleet.client, MODEL, clients, requests, LOAD_MAX_TOKENS, during, after_during)
 
 

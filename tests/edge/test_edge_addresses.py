@@ -34,7 +34,7 @@ from twisted_iop.edge.status import StatusProvider
 from twisted_iop.edge.tap import EdgeService, Options, makeService
 from twisted_iop.testing.configs import edge_config, edge_yaml, write_yaml
 from twisted_iop.testing.harness import ControlPlaneHarness, eventually, start_control_plane, stop
-from twisted_iop.testing.peers import FakeControlPlane
+from twisted_iop.testing.wires.peers import FakeControlPlane
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.dialer import EndpointRotation, shuffled
 from twisted_iop.wire.settings import PeerSettings

@@ -14,7 +14,7 @@ from twisted_iop.edge.config import load_edge_config
 from twisted_iop.edge.nodes.registry import NodeRegistry
 from twisted_iop.edge.status import StatusProvider
 from twisted_iop.testing.configs import edge_config, edge_mapping, healthy, node_hello
-from twisted_iop.testing.peers import FakeNodePeer
+from twisted_iop.testing.wires.peers import FakeNodePeer
 from twisted_iop.wire import control_pb2 as pb
 
 

@@ -18,7 +18,7 @@ from twisted_iop.edge.control_plane_link import ControlPlaneLink
 from twisted_iop.edge.nodes.registry import NodeRegistry
 from twisted_iop.edge.status import StatusProvider
 from twisted_iop.testing.configs import edge_config, healthy, node_hello
-from twisted_iop.testing.peers import FakeControlPlane, FakeNodePeer
+from twisted_iop.testing.wires.peers import FakeControlPlane, FakeNodePeer
 from twisted_iop.wire import PROTOCOL_MAJOR
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.dialer import backoff_delay

@@ -8,7 +8,7 @@ from twisted_iop.edge.deployments import EdgeDeployments
 from twisted_iop.edge.nodes.registry import NodeRegistry
 from twisted_iop.edge.status import StatusProvider
 from twisted_iop.testing.configs import edge_config, healthy, node_hello
-from twisted_iop.testing.peers import FakeNodePeer
+from twisted_iop.testing.wires.peers import FakeNodePeer
 from twisted_iop.wire import control_pb2 as pb
 
 

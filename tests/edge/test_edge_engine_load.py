@@ -18,7 +18,7 @@ from twisted_iop.edge.nodes.registry import NodeRegistry
 from twisted_iop.edge.nodes.wire import NodeServerFactory
 from twisted_iop.edge.providers.load import MAX_ENGINE_REQUESTS, EngineLoads, SaturationRule
 from twisted_iop.edge.status import StatusProvider
-from twisted_iop.testing.peers import FakeNodePeer
+from twisted_iop.testing.wires.peers import FakeNodePeer
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import frame
 

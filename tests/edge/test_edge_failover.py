@@ -16,7 +16,7 @@ from twisted_iop.edge.nodes.registry import NodeRegistry
 from twisted_iop.edge.status import StatusProvider
 from twisted_iop.testing.configs import MODEL
 from twisted_iop.testing.http import chat
-from twisted_iop.testing.peers import RecordingNodePeer
+from twisted_iop.testing.wires.peers import RecordingNodePeer
 from twisted_iop.wire import control_pb2 as pb
 
 _ORDER = itertools.count()

@@ -13,7 +13,7 @@ from twisted_iop.edge.tap import EdgeService
 from twisted_iop.node.tap import NodeService
 from twisted_iop.testing.configs import edge_yaml, node_yaml, write_yaml
 from twisted_iop.testing.harness import eventually, start_edge, start_node, stop
-from twisted_iop.testing.peers import FakeControlPlaneServer, raw_node
+from twisted_iop.testing.wires.peers import FakeControlPlaneServer, raw_node
 from twisted_iop.wire import control_pb2 as pb
 
 

@@ -31,7 +31,7 @@ from twisted_iop.latency.sketch import MAX_BUCKETS, RELATIVE_ERROR
 from twisted_iop.latency.wire import sketch_from_wire
 from twisted_iop.testing.configs import MODEL
 from twisted_iop.testing.http import chat
-from twisted_iop.testing.peers import RecordingNodePeer
+from twisted_iop.testing.wires.peers import RecordingNodePeer
 from twisted_iop.wire import control_pb2 as pb
 
 EDGE = {

@@ -15,8 +15,8 @@ from twisted.logger import ILogObserver, LogEvent, formatEvent, globalLogPublish
 from twisted_iop.edge.tap import EdgeService
 from twisted_iop.testing.configs import edge_yaml, node_yaml, write_yaml
 from twisted_iop.testing.harness import eventually, start_control_plane, start_edge, start_node, stop
-from twisted_iop.testing.peers import ScriptedEdge
 from twisted_iop.testing.pki import CertificateAuthority
+from twisted_iop.testing.wires.peers import ScriptedEdge
 
 
 def _ready(edge: EdgeService) -> set[str]:

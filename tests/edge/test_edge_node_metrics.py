@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from twisted_iop.testing.configs import MODEL, gateway_edge_yaml, gateway_node_yaml, mock_provider, write_yaml
 from twisted_iop.testing.harness import eventually, start_control_plane, start_edge, start_node, stop
 from twisted_iop.testing.http import chat, post
-from twisted_iop.testing.peers import raw_node
+from twisted_iop.testing.wires.peers import raw_node
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

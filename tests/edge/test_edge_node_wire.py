@@ -10,7 +10,7 @@ from twisted_iop.edge.nodes.registry import NodeRegistry
 from twisted_iop.edge.nodes.wire import NodeServerFactory, NodeServerProtocol
 from twisted_iop.edge.status import StatusProvider
 from twisted_iop.testing.configs import edge_config, healthy, node_hello
-from twisted_iop.testing.frames import decode_frames
+from twisted_iop.testing.wires.frames import decode_frames
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.hello import MAX_PROVIDERS, RejectionCode
 from twisted_iop.wire.peer import frame, make_envelope

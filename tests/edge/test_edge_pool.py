@@ -23,7 +23,7 @@ from twisted_iop.edge.nodes.registry import NodeRegistry
 from twisted_iop.edge.providers.pool import Lease, LeaseError, NoSuchModel, ProviderPool
 from twisted_iop.edge.providers.states import USABLE_HEALTH
 from twisted_iop.testing.configs import edge_config
-from twisted_iop.testing.peers import FakeNodePeer
+from twisted_iop.testing.wires.peers import FakeNodePeer
 from twisted_iop.wire import control_pb2 as pb
 
 P1 = ProviderConfig("p1", "mock", ("m",), capacity=2, long_context_capacity=1)

@@ -7,7 +7,7 @@ from twisted.internet.task import Clock
 from twisted_iop.edge.nodes.registry import NodeRegistry
 from twisted_iop.edge.status import StatusProvider
 from twisted_iop.testing.configs import edge_config, healthy, node_hello
-from twisted_iop.testing.peers import FakeNodePeer
+from twisted_iop.testing.wires.peers import FakeNodePeer
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.hello import RejectionCode
 from twisted_iop.wire.status_totals import GENERAL_AT, carried_counts, counts_problem, response_counts

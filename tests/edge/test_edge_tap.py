@@ -16,7 +16,7 @@ from twisted_iop.node.tap import Options as NodeOptions
 from twisted_iop.node.tap import makeService as make_node_service
 from twisted_iop.testing.configs import edge_mapping, edge_yaml, write_yaml
 from twisted_iop.testing.harness import start_daemon, start_edge, stop
-from twisted_iop.testing.peers import raw_node
+from twisted_iop.testing.wires.peers import raw_node
 from twisted_iop.wire import control_pb2 as pb
 
 

@@ -25,7 +25,7 @@ from twisted_iop.edge.nodes.registry import NodeRegistry
 from twisted_iop.testing.configs import MODEL, gateway_edge_yaml, gateway_node_yaml, mock_provider, write_yaml
 from twisted_iop.testing.harness import eventually, start_edge, start_node, stop
 from twisted_iop.testing.http import chat
-from twisted_iop.testing.peers import RecordingNodePeer
+from twisted_iop.testing.wires.peers import RecordingNodePeer
 from twisted_iop.wire import control_pb2 as pb
 
 EDGE = {

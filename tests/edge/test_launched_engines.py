@@ -22,9 +22,9 @@ from twisted_iop.edge.tap import EdgeService
 from twisted_iop.node.metrics import node_metric_registry
 from twisted_iop.node.tap import NodeService
 from twisted_iop.testing.configs import gateway_edge_yaml, gateway_node_yaml, write_yaml
+from twisted_iop.testing.engines.launch import ChatLoad, alive, free_port, launched_mock
 from twisted_iop.testing.harness import eventually, start_edge, start_node, stop
 from twisted_iop.testing.http import chat, post
-from twisted_iop.testing.launch import ChatLoad, alive, free_port, launched_mock
 from twisted_iop.wire import control_pb2 as pb
 
 #: Bound on the launched engine (a Python process) becoming ready on this machine.

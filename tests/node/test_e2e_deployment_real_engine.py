@@ -12,11 +12,11 @@ import pytest
 import pytest_twisted
 
 from twisted_iop.testing.deployments import desired, start_deployment_fleet
+from twisted_iop.testing.engines.launch import free_port
+from twisted_iop.testing.engines.llama_engine import ENGINE_FLAGS
+from twisted_iop.testing.engines.tiny_model import tiny_model
 from twisted_iop.testing.harness import eventually
 from twisted_iop.testing.http import chat, post
-from twisted_iop.testing.launch import free_port
-from twisted_iop.testing.llama_engine import ENGINE_FLAGS
-from twisted_iop.testing.tiny_model import tiny_model
 
 pytestmark = pytest.mark.e2e
 

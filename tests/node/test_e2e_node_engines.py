@@ -19,9 +19,16 @@ import pytest
 import pytest_twisted
 
 from twisted_iop.testing.configs import FAST_BACKOFF, gateway_edge_yaml, write_yaml
+from twisted_iop.testing.engines.launch import (
+    alive,
+    free_port,
+    group_members,
+    launched_mock,
+    launched_script,
+    processes_with,
+)
 from twisted_iop.testing.harness import Daemon, eventually, start_daemon, start_edge, stop
 from twisted_iop.testing.http import chat, open_stream
-from twisted_iop.testing.launch import alive, free_port, group_members, launched_mock, launched_script, processes_with
 
 pytestmark = pytest.mark.e2e
 

@@ -16,7 +16,7 @@ from twisted_iop.node.engines import base
 from twisted_iop.node.engines.base import StreamEventKind
 from twisted_iop.node.engines.kinds import ADAPTERS, adapter_for
 from twisted_iop.node.engines.readings import MAX_REQUESTS, MAX_SAMPLES, fraction, prometheus_samples, request_count
-from twisted_iop.testing.engine_fixtures import (
+from twisted_iop.testing.engines.engine_fixtures import (
     FIXTURE_USAGE,
     SHAPES,
     STREAM_EMPTY,

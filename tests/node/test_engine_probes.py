@@ -12,7 +12,7 @@ from twisted.logger import ILogObserver, globalLogPublisher
 
 from twisted_iop.node.config import NodeProviderConfig
 from twisted_iop.node.engines.probes import MAX_PROBE_BODY_BYTES, ProbeResult, ProviderProber
-from twisted_iop.testing.engine_fixtures import SHAPES, EngineFixture
+from twisted_iop.testing.engines.engine_fixtures import SHAPES, EngineFixture
 from twisted_iop.wire import control_pb2 as pb
 
 KINDS = sorted(SHAPES)

@@ -22,8 +22,15 @@ from twisted_iop.node.launch import commands as provider_commands
 from twisted_iop.node.launch.commands import answer_provider_command
 from twisted_iop.node.launch.lifecycle import EngineState
 from twisted_iop.node.launch.pidfiles import EngineRecord, PidfileDirectory, process_start_ticks
+from twisted_iop.testing.engines.launch import (
+    SupervisorRig,
+    alive,
+    free_port,
+    launched_mock,
+    launched_script,
+    providers,
+)
 from twisted_iop.testing.harness import MOCK_PROVIDER, eventually
-from twisted_iop.testing.launch import SupervisorRig, alive, free_port, launched_mock, launched_script, providers
 from twisted_iop.wire import control_pb2 as pb
 
 #: Bound on an engine (iop-mock-provider: a Python process) becoming ready on this machine.

@@ -36,7 +36,7 @@ from twisted_iop.node.inference import RESPONSE_HEADERS_TIMEOUT_SECONDS, Inferen
 from twisted_iop.testing.configs import node_yaml, write_yaml
 from twisted_iop.testing.harness import eventually, start_node, stop
 from twisted_iop.testing.redis import free_port
-from twisted_iop.testing.wire import LogCapture
+from twisted_iop.testing.wires.wire import LogCapture
 from twisted_iop.wire import control_pb2 as pb
 
 MODEL = "tiny"

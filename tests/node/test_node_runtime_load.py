@@ -14,7 +14,7 @@ from twisted_iop.node.config import parse_node_config
 from twisted_iop.node.engines.probes import ProviderProber
 from twisted_iop.node.inference import InferenceRunner
 from twisted_iop.node.runtime import NodeRuntime
-from twisted_iop.testing.engine_fixtures import EngineFixture
+from twisted_iop.testing.engines.engine_fixtures import EngineFixture
 from twisted_iop.wire import control_pb2 as pb
 
 

@@ -14,7 +14,7 @@ from twisted_iop.edge.inference.lifecycle import InferenceError
 from twisted_iop.edge.nodes.registry import NodeRegistry
 from twisted_iop.testing.configs import MODEL
 from twisted_iop.testing.http import chat
-from twisted_iop.testing.peers import RecordingNodePeer
+from twisted_iop.testing.wires.peers import RecordingNodePeer
 from twisted_iop.tracing.context import parse_traceparent
 from twisted_iop.tracing.spans import EdgeTracer, RequestTrace, TraceSink
 from twisted_iop.wire import control_pb2 as pb

@@ -14,10 +14,10 @@ from twisted.internet import reactor
 
 from twisted_iop.edge.metrics import edge_metric_registry
 from twisted_iop.testing.configs import MODEL, gateway_edge_yaml, gateway_node_yaml, write_yaml
+from twisted_iop.testing.engines.recording_engine import RecordingEngine, listen_recording_engine
 from twisted_iop.testing.harness import eventually, start_edge, start_node, stop
 from twisted_iop.testing.http import Answer, chat, post
 from twisted_iop.testing.otlp_receiver import OtlpReceiver, decoded_spans, listen_otlp_receiver
-from twisted_iop.testing.recording_engine import RecordingEngine, listen_recording_engine
 from twisted_iop.tracing.context import parse_traceparent
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"

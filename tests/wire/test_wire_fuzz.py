@@ -20,8 +20,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from twisted_iop.testing.frames import field_bytes, field_varint, length_prefixed, ws_frame
-from twisted_iop.testing.wire import (
+from twisted_iop.testing.wires.frames import field_bytes, field_varint, length_prefixed, ws_frame
+from twisted_iop.testing.wires.wire import (
     ClientWireDriver,
     EdgeWireDriver,
     LogCapture,

@@ -18,8 +18,8 @@ from twisted.python.failure import Failure
 
 from twisted_iop.controlplane.fleet import operations
 from twisted_iop.controlplane.requests import operation_states
-from twisted_iop.testing.frames import field_bytes, field_varint, length_prefixed
-from twisted_iop.testing.wire import EdgeWireDriver, FramedConnection, LogCapture, NodeWireDriver
+from twisted_iop.testing.wires.frames import field_bytes, field_varint, length_prefixed
+from twisted_iop.testing.wires.wire import EdgeWireDriver, FramedConnection, LogCapture, NodeWireDriver
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.enums import enum_label, enum_name
 from twisted_iop.wire.peer import (

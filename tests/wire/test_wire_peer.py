@@ -10,7 +10,7 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 
-from twisted_iop.testing.frames import decode_frames
+from twisted_iop.testing.wires.frames import decode_frames
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import (
     FramedPeerProtocol,

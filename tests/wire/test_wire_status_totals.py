@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from twisted_iop.testing.peers import snapshot
+from twisted_iop.testing.wires.peers import snapshot
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.status_totals import (
     COUNTS_LEN,

@@ -38,20 +38,6 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import react
 
 from twisted_iop import __version__
-from twisted_iop.client import completion, deploy_cli, history_cli, render, rollout_cli, slo_cli
-from twisted_iop.client.cli_base import (
-    EXIT_ERROR,
-    EXIT_OK,
-    EXIT_UNREACHABLE,
-    EXIT_USAGE,
-    Console,
-    UsageError,
-    add_argument_option,
-)
-from twisted_iop.client.cli_base import ArgumentParser as _ArgumentParser
-from twisted_iop.client.cli_base import command_timeout as _command_timeout
-from twisted_iop.client.cli_base import non_negative_int as _non_negative_int
-from twisted_iop.client.cli_base import page_limit as _limit
 from twisted_iop.client.errors import (
     ControlPlaneError,
     ControlPlaneUnreachable,
@@ -62,6 +48,20 @@ from twisted_iop.client.errors import (
     WireClientError,
     WireRequestError,
 )
+from twisted_iop.client.iopctl import completion, deploy_cli, history_cli, render, rollout_cli, slo_cli
+from twisted_iop.client.iopctl.cli_base import (
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    Console,
+    UsageError,
+    add_argument_option,
+)
+from twisted_iop.client.iopctl.cli_base import ArgumentParser as _ArgumentParser
+from twisted_iop.client.iopctl.cli_base import command_timeout as _command_timeout
+from twisted_iop.client.iopctl.cli_base import non_negative_int as _non_negative_int
+from twisted_iop.client.iopctl.cli_base import page_limit as _limit
 from twisted_iop.client.models import to_json
 from twisted_iop.client.repository import API_TOKEN_ENV, ControlPlaneStatusRepository
 from twisted_iop.client.wire import ClientWireClient, EventSubscription, event_from_wire

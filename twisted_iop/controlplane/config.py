@@ -43,9 +43,9 @@ from twisted_iop.controlplane.wires.client_wire import ClientWireSettings
 from twisted_iop.controlplane.wires.edge_wire import EdgeCredentials
 from twisted_iop.controlplane.wires.hello_admission import HelloAdmissionSettings
 from twisted_iop.endpoints import is_loopback_listen, is_tls_listen
-from twisted_iop.http_site import SiteLimits
 from twisted_iop.ids import id_problem
 from twisted_iop.tls import TLSListenConfig
+from twisted_iop.web.http_site import SiteLimits
 from twisted_iop.wire.limits import FailedHelloLimits
 from twisted_iop.wire.settings import KeepaliveConfig, PeerSettings
 

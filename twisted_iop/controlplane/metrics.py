@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from twisted_iop.controlplane.store.interface import Store
     from twisted_iop.controlplane.wires.client_wire import ClientWireFactory
     from twisted_iop.controlplane.wires.edge_wire import EdgeWireFactory
-    from twisted_iop.http_site import GuardedSite
+    from twisted_iop.web.http_site import GuardedSite
 
 
 class ControlPlaneParts(Protocol):

@@ -30,7 +30,7 @@ from twisted_iop.controlplane.store.interface import StoreError
 from twisted_iop.controlplane.wires.client_wire import ClientWireFactory
 from twisted_iop.controlplane.wires.edge_wire import EdgeWireFactory
 from twisted_iop.daemon import CLOSE_WAIT_SECONDS, DaemonOptions, DaemonService, compose, wait_until
-from twisted_iop.http_site import GuardedSite
+from twisted_iop.web.http_site import GuardedSite
 
 
 class Options(DaemonOptions[ControlPlaneConfig]):

@@ -22,6 +22,7 @@ from twisted_iop.deployments.spec import spec_hash
 from twisted_iop.edge.tap import EdgeService
 from twisted_iop.node.tap import NodeService
 from twisted_iop.testing.configs import MODEL, gateway_edge_yaml, gateway_node_yaml, write_yaml
+from twisted_iop.testing.engines.launch import FAST_READINESS, FAST_RESTART, free_port
 from twisted_iop.testing.harness import (
     MOCK_PROVIDER,
     ControlPlaneHarness,
@@ -30,8 +31,7 @@ from twisted_iop.testing.harness import (
     start_node,
     stop,
 )
-from twisted_iop.testing.launch import FAST_READINESS, FAST_RESTART, free_port
-from twisted_iop.testing.peers import CATALOG, AnsweringEdgePeer, FakeControlPlane, FakeControlPlaneServer
+from twisted_iop.testing.wires.peers import CATALOG, AnsweringEdgePeer, FakeControlPlane, FakeControlPlaneServer
 from twisted_iop.wire import control_pb2 as pb
 
 #: Bound on a launched engine (a Python process) becoming ready on this machine.

@@ -44,7 +44,7 @@ from twisted_iop.node.tap import Options as NodeOptions
 from twisted_iop.node.tap import makeService as make_node
 from twisted_iop.testing.configs import loopback_listen
 from twisted_iop.testing.http import get_json, post_json
-from twisted_iop.testing.peers import ScriptedEdge, connect_edge
+from twisted_iop.testing.wires.peers import ScriptedEdge, connect_edge
 
 _BIN = Path(sys.executable).parent
 TWISTD = str(_BIN / "twistd")

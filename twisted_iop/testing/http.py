@@ -15,7 +15,7 @@ from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 
 from twisted_iop.testing.configs import MODEL
-from twisted_iop.testing.peers import TransportAccess
+from twisted_iop.testing.wires.peers import TransportAccess
 
 JSON_HEADERS: dict[bytes | str, list[bytes | str]] = {b"Content-Type": [b"application/json"]}
 

@@ -14,7 +14,7 @@ from twisted_iop.controlplane.http.json_views import provider_json
 from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.testing import json_reference as reference
 from twisted_iop.testing.harness import contract_validator
-from twisted_iop.testing.peers import HeldEdgePeer, keep_status
+from twisted_iop.testing.wires.peers import HeldEdgePeer, keep_status
 from twisted_iop.wire import control_pb2 as pb
 
 #: The OpenAPI document's Provider schema (loaded on first use).

@@ -59,10 +59,10 @@ from twisted_iop.controlplane.slo.service import SloService
 from twisted_iop.controlplane.slo.settings import SloSettings
 from twisted_iop.controlplane.store.interface import StoreHealth
 from twisted_iop.controlplane.store.memory import MemoryStore
-from twisted_iop.http_site import WRITE_METHODS, Refusal
 from twisted_iop.ids import id_problem
 from twisted_iop.metrics import render as render_metrics
-from twisted_iop.route_methods import allow_header, served_methods
+from twisted_iop.web.http_site import WRITE_METHODS, Refusal
+from twisted_iop.web.route_methods import allow_header, served_methods
 
 if TYPE_CHECKING:
     from twisted_iop.controlplane.cluster.replica import ClusterReplica

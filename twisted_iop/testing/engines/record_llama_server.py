@@ -1,13 +1,13 @@
-"""Record what the real llama-server answers, into :mod:`twisted_iop.testing.llama_server_recorded`.
+"""Record what the real llama-server answers, into :mod:`twisted_iop.testing.engines.llama_server_recorded`.
 
 Run it again after llama.cpp changes (a new llama-cpp-python in the
 Makefile): ``make llama-server``, then::
 
-    .venv/bin/python -m twisted_iop.testing.record_llama_server
+    .venv/bin/python -m twisted_iop.testing.engines.record_llama_server
 
 It starts the llama-server that ``make llama-server`` built on the tests'
-tiny model (:mod:`twisted_iop.testing.tiny_model`), first behind the
-load gate (:mod:`twisted_iop.testing.load_gate`) so that it is caught
+tiny model (:mod:`twisted_iop.testing.engines.tiny_model`), first behind the
+load gate (:mod:`twisted_iop.testing.engines.load_gate`) so that it is caught
 loading, and records: ``/health`` loading and ready, a chat asked while
 it loads, ``/v1/models``, ``/slots``, ``/props`` and ``/metrics`` idle and
 with both slots busy and one request deferred, the error answers the Node
@@ -34,10 +34,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Optional
 
-from twisted_iop.testing.llama_engine import LlamaEngine, wait_until
-from twisted_iop.testing.llama_server import health, llama_server_path, start_llama_server
-from twisted_iop.testing.load_gate import LoadGate
-from twisted_iop.testing.tiny_model import tiny_model
+from twisted_iop.testing.engines.llama_engine import LlamaEngine, wait_until
+from twisted_iop.testing.engines.llama_server import health, llama_server_path, start_llama_server
+from twisted_iop.testing.engines.load_gate import LoadGate
+from twisted_iop.testing.engines.tiny_model import tiny_model
 
 #: The alias the recording runs under, replaced by ``{model}`` in what is kept.
 ALIAS = "iop-recorded-model"
@@ -163,7 +163,7 @@ def write_module(shapes: dict[str, Recorded], build: str, path: Path = OUTPUT) -
         '"""What the real llama-server answered (written by record_llama_server.py: do not edit).',
         "",
         f"llama.cpp build {build}, the one vendored in llama-cpp-python 0.3.36, built by",
-        "``make llama-server``; re-record with ``python -m twisted_iop.testing.record_llama_server``.",
+        "``make llama-server``; re-record with ``python -m twisted_iop.testing.engines.record_llama_server``.",
         '"""',
         "",
         "#: llama-server's ``build_info`` (``/props``) when these were recorded.",

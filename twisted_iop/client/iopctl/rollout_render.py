@@ -1,6 +1,6 @@
 """Plain-text rendering of rollouts for people (``iopctl rollout``).
 
-As :mod:`twisted_iop.client.render`: every function takes a model (here of
+As :mod:`twisted_iop.client.iopctl.render`: every function takes a model (here of
 :mod:`twisted_iop.client.rollouts`) and returns text without a trailing
 newline; none of them prints. :func:`progress_line` is the one line
 ``iopctl rollout show --watch`` redraws: a bar, the share done and the
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from twisted_iop.client.render import NONE, render_table, time_text
+from twisted_iop.client.iopctl.render import NONE, render_table, time_text
 from twisted_iop.client.rollouts import (
     EXECUTION_STATES,
     Rollout,

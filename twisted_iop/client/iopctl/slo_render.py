@@ -1,6 +1,6 @@
 """Plain-text rendering of SLOs for people (``iopctl slo``).
 
-As :mod:`twisted_iop.client.render`: each function takes a model (of
+As :mod:`twisted_iop.client.iopctl.render`: each function takes a model (of
 :mod:`twisted_iop.client.slos`) and returns text without a trailing
 newline.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from twisted_iop.client.render import NONE, render_table, time_text
+from twisted_iop.client.iopctl.render import NONE, render_table, time_text
 from twisted_iop.client.slos import Slo, SloList
 
 

@@ -34,8 +34,8 @@ from typing import Any, Optional
 
 from twisted.internet.defer import Deferred
 
-from twisted_iop.client import rollout_render
-from twisted_iop.client.cli_base import (
+from twisted_iop.client.iopctl import rollout_render
+from twisted_iop.client.iopctl.cli_base import (
     EXIT_ERROR,
     EXIT_OK,
     EXIT_USAGE,
@@ -45,9 +45,9 @@ from twisted_iop.client.cli_base import (
     add_argument_option,
     is_terminal,
 )
-from twisted_iop.client.cli_base import ArgumentParser as _ArgumentParser
-from twisted_iop.client.cli_base import command_timeout as _command_timeout
-from twisted_iop.client.cli_base import page_limit as _limit
+from twisted_iop.client.iopctl.cli_base import ArgumentParser as _ArgumentParser
+from twisted_iop.client.iopctl.cli_base import command_timeout as _command_timeout
+from twisted_iop.client.iopctl.cli_base import page_limit as _limit
 from twisted_iop.client.models import to_json
 from twisted_iop.client.rollouts import (
     Rollout,

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
-from twisted_iop.testing.llama_engine import START_TIMEOUT_SECONDS, LlamaEngine, free_port, wait_until
+from twisted_iop.testing.engines.llama_engine import START_TIMEOUT_SECONDS, LlamaEngine, free_port, wait_until
 
 #: Where ``make llama-server`` installs llama-server unless ``IOP_LLAMA_SERVER`` says otherwise.
 DEFAULT_LLAMA_SERVER = Path.home() / ".cache" / "twisted-iop" / "llama-server-0.3.36" / "llama-server"

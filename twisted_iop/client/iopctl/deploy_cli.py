@@ -26,8 +26,9 @@ from typing import Any, Optional
 import yaml
 from twisted.internet.defer import Deferred
 
-from twisted_iop.client import deployment_render
-from twisted_iop.client.cli_base import (
+from twisted_iop.client.deployments import Deployment, DeploymentDryRun
+from twisted_iop.client.iopctl import deployment_render
+from twisted_iop.client.iopctl.cli_base import (
     EXIT_ERROR,
     EXIT_OK,
     REDRAW,
@@ -36,7 +37,6 @@ from twisted_iop.client.cli_base import (
     WatchPause,
     is_terminal,
 )
-from twisted_iop.client.deployments import Deployment, DeploymentDryRun
 from twisted_iop.client.models import to_json
 
 #: Seconds between polls of ``status --watch`` on a terminal, and otherwise.

@@ -6,7 +6,7 @@ chunk or an error event) are served by a small twisted.web server, so the
 Node's adapters and probes are tested over real sockets against what the
 engines really send. Every shape names where it is documented (the
 engine's docs, or the source file that builds it); the shapes themselves
-are in :mod:`twisted_iop.testing.engine_shapes`.
+are in :mod:`twisted_iop.testing.engines.engine_shapes`.
 
 Use::
 
@@ -35,7 +35,7 @@ from twisted.web.http import HTTPChannel
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
-from twisted_iop.testing.engine_shapes import (
+from twisted_iop.testing.engines.engine_shapes import (
     JSON,
     SHAPES,
     STREAM_EMPTY,

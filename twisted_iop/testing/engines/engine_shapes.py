@@ -4,12 +4,12 @@ Per engine kind (:data:`SHAPES`): health answers, the models list, load
 endpoints (Prometheus text, llama.cpp's ``/slots``, Ollama's ``/api/ps``),
 error bodies with the code the Node must map each to, and what a
 streamed chat completion looks like. llama.cpp's server's answers are
-recorded from the real one (:mod:`twisted_iop.testing.llama_server_recorded`);
+recorded from the real one (:mod:`twisted_iop.testing.engines.llama_server_recorded`);
 the other engines cannot run here (vLLM, SGLang and TGI need a GPU,
 Ollama is not packaged here), so theirs are written from their docs and
 sources: every shape names where it is documented (the engine's docs, or
 the source file that builds it).
-:mod:`twisted_iop.testing.engine_fixtures` serves them over HTTP.
+:mod:`twisted_iop.testing.engines.engine_fixtures` serves them over HTTP.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any, Optional
 
 import attrs
 
-from twisted_iop.testing.llama_server_recorded import BUILD as LLAMA_SERVER_BUILD
-from twisted_iop.testing.llama_server_recorded import RECORDED as LLAMA_SERVER_RECORDED
+from twisted_iop.testing.engines.llama_server_recorded import BUILD as LLAMA_SERVER_BUILD
+from twisted_iop.testing.engines.llama_server_recorded import RECORDED as LLAMA_SERVER_RECORDED
 
 #: ``next_chat`` answers besides a recorded error's name.
 STREAM_OK = "stream_ok"  #: an ordinary answer (a stream if asked: chunks, usage chunk if asked, [DONE])
@@ -251,7 +251,7 @@ SGLANG = EngineShapes(
 # in llama-cpp-python 0.3.36, built by `make llama-server`) on the tests' tiny model: health while
 # loading and ready, the models list, /slots with both of its 2 slots busy and one request deferred,
 # /props, /metrics (with --metrics), and its error answers. Re-record with
-# `python -m twisted_iop.testing.record_llama_server`. Not recorded: a /health "down" (llama-server
+# `python -m twisted_iop.testing.engines.record_llama_server`. Not recorded: a /health "down" (llama-server
 # exits when the model fails to load; the 500 below is tools/server/utils.hpp's server_error shape)
 # and an error inside a 200 stream (one cannot be provoked on demand; the shape is server.cpp's).
 # It exports no KV-cache metric (the llamacpp:kv_cache_usage_ratio of older builds is gone), so its
@@ -274,7 +274,7 @@ def _llamacpp_error(message: str, code: int, type_: str, **extra: Any) -> bytes:
 
 LLAMACPP = EngineShapes(
     node_kind="llamacpp",
-    source=f"recorded from llama-server {LLAMA_SERVER_BUILD} (twisted_iop/testing/record_llama_server.py)",
+    source=f"recorded from llama-server {LLAMA_SERVER_BUILD} (twisted_iop/testing/engines/record_llama_server.py)",
     health_path="/health",
     health={
         "ok": _recorded("health_ok"),

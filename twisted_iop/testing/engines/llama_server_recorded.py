@@ -1,7 +1,7 @@
 """What the real llama-server answered (written by record_llama_server.py: do not edit).
 
 llama.cpp build b1-0c1e570, the one vendored in llama-cpp-python 0.3.36, built by
-``make llama-server``; re-record with ``python -m twisted_iop.testing.record_llama_server``.
+``make llama-server``; re-record with ``python -m twisted_iop.testing.engines.record_llama_server``.
 """
 
 #: llama-server's ``build_info`` (``/props``) when these were recorded.

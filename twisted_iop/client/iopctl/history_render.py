@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Optional
 
 from twisted_iop.client.history import HistoryView
-from twisted_iop.client.render import NONE, render_table, seconds_text, time_text
+from twisted_iop.client.iopctl.render import NONE, render_table, seconds_text, time_text
 
 #: The eight heights of a sparkline, lowest first.
 BARS = "▁▂▃▄▅▆▇█"

@@ -49,8 +49,8 @@ from twisted.protocols.policies import ProtocolWrapper
 from twisted.web.http import HTTPChannel
 from twisted.web.server import Request, Site
 
-from twisted_iop.access_log import access_line, refusal_line
 from twisted_iop.turn_writes import write_now
+from twisted_iop.web.access_log import access_line, refusal_line
 
 #: What the ``Server`` header says (never a version).
 SERVER_NAME = b"twisted-iop"

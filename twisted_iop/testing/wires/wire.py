@@ -11,7 +11,7 @@ still served afterwards. The fuzz tests and ``bench/wire_fuzz.py`` share
 them.
 
 Only tests and benchmarks import this module. The frames it feeds and
-reads are built and decoded by :mod:`twisted_iop.testing.frames`.
+reads are built and decoded by :mod:`twisted_iop.testing.wires.frames`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from twisted.python.failure import Failure
 from zope.interface import provider
 
 from twisted_iop.testing.configs import edge_mapping, node_hello
-from twisted_iop.testing.frames import decode_frames, ws_frame, ws_messages
+from twisted_iop.testing.wires.frames import decode_frames, ws_frame, ws_messages
 from twisted_iop.wire import PROTOCOL_MAJOR
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import (

@@ -1,6 +1,6 @@
 """llama-cpp-python's OpenAI server as a child process on a loopback port,
 and a Control Plane, Edge and Nodes in front of such engines (or of
-llama-server, :mod:`twisted_iop.testing.llama_server`) as ``twistd``
+llama-server, :mod:`twisted_iop.testing.engines.llama_server`) as ``twistd``
 processes, for the tests against a real engine and
 ``bench/engine_throughput.py``.
 

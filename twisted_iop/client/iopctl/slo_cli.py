@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from twisted_iop.client import slo_render
-from twisted_iop.client.cli_base import EXIT_OK, Console
+from twisted_iop.client.iopctl import slo_render
+from twisted_iop.client.iopctl.cli_base import EXIT_OK, Console
 
 
 def add_parser(parser: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:

@@ -25,8 +25,8 @@ import re
 import shutil
 from typing import Any
 
-from twisted_iop.client import history_render
-from twisted_iop.client.cli_base import EXIT_OK, Console
+from twisted_iop.client.iopctl import history_render
+from twisted_iop.client.iopctl.cli_base import EXIT_OK, Console
 from twisted_iop.client.models import to_json
 from twisted_iop.label_selectors import SelectorError, parse_selector
 

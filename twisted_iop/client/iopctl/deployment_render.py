@@ -1,6 +1,6 @@
 """Plain-text rendering of deployments for people (``iopctl deploy``).
 
-As :mod:`twisted_iop.client.render`: each function takes a model (of
+As :mod:`twisted_iop.client.iopctl.render`: each function takes a model (of
 :mod:`twisted_iop.client.deployments`) and returns text without a
 trailing newline.
 """
@@ -14,7 +14,7 @@ from twisted_iop.client.deployments import (
     DeploymentList,
     DeploymentRollup,
 )
-from twisted_iop.client.render import NONE, render_table, time_text
+from twisted_iop.client.iopctl.render import NONE, render_table, time_text
 
 #: Characters of the progress bar.
 BAR_WIDTH = 20

@@ -20,6 +20,7 @@ CLIENT_MODULES = [
     "twisted_iop.client",
     "twisted_iop.client.repository",
     "twisted_iop.client.wire",
+    "twisted_iop.client.wire_connection",
     "twisted_iop.client.cli",
     "twisted_iop.client.models",
     "twisted_iop.client.iopctl.render",

@@ -23,6 +23,7 @@ CLIENT_MODULES = [
     "twisted_iop.client.wire_connection",
     "twisted_iop.client.cli",
     "twisted_iop.client.models",
+    "twisted_iop.client.model_json",
     "twisted_iop.client.iopctl.render",
     "twisted_iop.client.errors",
 ]

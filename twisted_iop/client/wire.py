@@ -44,7 +44,8 @@ from twisted_iop.client.errors import (
     WireConnectionLost,
     WireRequestError,
 )
-from twisted_iop.client.models import Event, format_time
+from twisted_iop.client.model_json import format_time
+from twisted_iop.client.models import Event
 from twisted_iop.client.repository import describe_connection_error
 from twisted_iop.client.wire_connection import (
     REQUEST_TIMEOUT_SECONDS,

@@ -35,6 +35,7 @@ SERVER_MODULES = (
     "twisted_iop.edge",
     "twisted_iop.node",
     "twisted_iop.web.http_site",
+    "twisted_iop.web.request_guard",
     "twisted_iop.metrics",
     "prometheus_client",
 )

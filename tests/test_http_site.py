@@ -32,7 +32,8 @@ from twisted.web.resource import Resource
 
 from twisted_iop.testing.harness import eventually, self_signed, start_control_plane
 from twisted_iop.testing.http import RawClient, connect, request_head
-from twisted_iop.web.http_site import HOST_VERDICTS_KEPT, GuardedRequest, GuardedSite, Refusal, SiteLimits, host_allowed
+from twisted_iop.web.http_site import HOST_VERDICTS_KEPT, GuardedSite
+from twisted_iop.web.request_guard import GuardedRequest, Refusal, SiteLimits, host_allowed
 
 
 class Echo(Resource):

@@ -12,7 +12,7 @@ from test_http_site import Echo, serve
 
 from twisted_iop.testing.http import connect, request_head
 from twisted_iop.web.access_log import redacted_uri
-from twisted_iop.web.http_site import SiteLimits
+from twisted_iop.web.request_guard import SiteLimits
 
 
 async def _serve(limits: SiteLimits = SiteLimits()) -> tuple[Any, int, Echo, io.StringIO]:

@@ -20,8 +20,10 @@ CLIENT_MODULES = [
     "twisted_iop.client",
     "twisted_iop.client.repository",
     "twisted_iop.client.wire",
+    "twisted_iop.client.wire_connection",
     "twisted_iop.client.cli",
     "twisted_iop.client.models",
+    "twisted_iop.client.model_json",
     "twisted_iop.client.iopctl.render",
     "twisted_iop.client.errors",
 ]
@@ -33,6 +35,7 @@ SERVER_MODULES = (
     "twisted_iop.edge",
     "twisted_iop.node",
     "twisted_iop.web.http_site",
+    "twisted_iop.web.request_guard",
     "twisted_iop.metrics",
     "prometheus_client",
 )

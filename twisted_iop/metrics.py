@@ -25,7 +25,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from twisted.web.resource import Resource
 
-from twisted_iop.web.http_site import GuardedSite, SiteLimits
+from twisted_iop.web.http_site import GuardedSite
+from twisted_iop.web.request_guard import SiteLimits
 from twisted_iop.wire.counters import WireCounters
 from twisted_iop.wire.hello import RejectionCode
 

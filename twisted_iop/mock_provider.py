@@ -423,7 +423,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from twisted.logger import globalLogBeginner, textFileLogObserver
     from twisted.web.server import Site
 
-    from twisted_iop.configuration import check_listen_endpoint
+    from twisted_iop.endpoints import check_listen_endpoint
     from twisted_iop.listeners import ListenerService
 
     parser = argparse.ArgumentParser(prog="iop-mock-provider", description=__doc__.splitlines()[0])

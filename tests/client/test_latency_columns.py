@@ -9,7 +9,8 @@ import json
 from twisted.internet.task import Clock
 
 from twisted_iop.client.iopctl.render import render_fleet, render_status, seconds_text
-from twisted_iop.client.models import EdgeStatus, FleetStatus, read
+from twisted_iop.client.model_json import read
+from twisted_iop.client.models import EdgeStatus, FleetStatus
 from twisted_iop.controlplane.fleet.registry import EdgeRegistry
 from twisted_iop.controlplane.http.json_bytes import JsonBytesRenderer
 from twisted_iop.controlplane.requests.fleet_rounds import FleetRound, StatusRow

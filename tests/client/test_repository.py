@@ -32,6 +32,7 @@ from twisted_iop.client import (
     UnknownCommandError,
     UnknownEdgeError,
 )
+from twisted_iop.client.model_json import format_time, parse_time, read, to_json
 from twisted_iop.client.models import (
     CommandCatalog,
     EdgeDetail,
@@ -45,10 +46,6 @@ from twisted_iop.client.models import (
     OperationPage,
     ProviderCounters,
     RowError,
-    format_time,
-    parse_time,
-    read,
-    to_json,
 )
 from twisted_iop.client.repository import DEFAULT_HTTP_URL, HTTP_URL_ENV, error_from_response
 from twisted_iop.testing.harness import Fleet, contract_validator, start_fleet, stub_repository

@@ -32,7 +32,7 @@ from twisted_iop.client.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE, UsageError, 
 from twisted_iop.client.errors import InvalidTransitionError, UnknownRolloutError
 from twisted_iop.client.iopctl.rollout_cli import request_from_arguments
 from twisted_iop.client.iopctl.rollout_render import progress_bar, progress_line
-from twisted_iop.client.models import read, to_json
+from twisted_iop.client.model_json import read, to_json
 from twisted_iop.client.repository import ControlPlaneStatusRepository
 from twisted_iop.client.rollouts import (
     Rollout,

@@ -16,15 +16,8 @@ from twisted.internet import reactor
 
 import twisted_iop
 from twisted_iop.client import ClientWireClient, ControlPlaneUnreachable, HelloRejected, WireRequestError
-from twisted_iop.client.wire import (
-    DEFAULT_WIRE_URL,
-    WIRE_URL_ENV,
-    _unknown_members,
-    decode_client_envelope,
-    error_code_name,
-    event_from_wire,
-    make_client_envelope,
-)
+from twisted_iop.client.wire import DEFAULT_WIRE_URL, WIRE_URL_ENV, _unknown_members, event_from_wire
+from twisted_iop.client.wire_connection import decode_client_envelope, error_code_name, make_client_envelope
 from twisted_iop.testing.harness import ControlPlaneHarness, eventually, start_control_plane
 from twisted_iop.testing.wires.peers import connect_edge
 from twisted_iop.wire import control_pb2 as pb

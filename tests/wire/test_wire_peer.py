@@ -12,9 +12,9 @@ from twisted.python.failure import Failure
 
 from twisted_iop.testing.wires.frames import decode_frames
 from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.keepalive import KeepaliveSweeper
 from twisted_iop.wire.peer import (
     FramedPeerProtocol,
-    KeepaliveSweeper,
     PeerDisconnected,
     PeerSettings,
     RemoteError,

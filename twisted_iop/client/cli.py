@@ -62,7 +62,7 @@ from twisted_iop.client.iopctl.cli_base import ArgumentParser as _ArgumentParser
 from twisted_iop.client.iopctl.cli_base import command_timeout as _command_timeout
 from twisted_iop.client.iopctl.cli_base import non_negative_int as _non_negative_int
 from twisted_iop.client.iopctl.cli_base import page_limit as _limit
-from twisted_iop.client.models import to_json
+from twisted_iop.client.model_json import to_json
 from twisted_iop.client.repository import API_TOKEN_ENV, ControlPlaneStatusRepository
 from twisted_iop.client.wire import ClientWireClient, EventSubscription, event_from_wire
 from twisted_iop.wire import control_pb2 as pb

@@ -2,7 +2,7 @@
 
 :class:`HistoryView` mirrors the ``HistoryView`` schema of the OpenAPI
 document field for field (read by the generic
-:func:`~twisted_iop.client.models.read`). :class:`HistoryViews` holds the
+:func:`~twisted_iop.client.model_json.read`). :class:`HistoryViews` holds the
 repository's methods for ``GET /fleet/history`` and ``GET
 /edges/{id}/history``;
 :class:`~twisted_iop.client.repository.ControlPlaneStatusRepository`
@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 import attrs
 
-from twisted_iop.client.models import read
+from twisted_iop.client.model_json import read
 
 Value = Optional[float]
 

@@ -42,6 +42,7 @@ from twisted_iop.client.errors import (
     OperationError,
 )
 from twisted_iop.client.history import HistoryViews
+from twisted_iop.client.model_json import read
 from twisted_iop.client.models import (
     CommandCatalog,
     EdgeDetail,
@@ -55,7 +56,6 @@ from twisted_iop.client.models import (
     Operation,
     OperationPage,
     Readiness,
-    read,
 )
 from twisted_iop.client.rollouts import RolloutViews
 from twisted_iop.client.slos import SloViews

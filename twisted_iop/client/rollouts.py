@@ -3,9 +3,9 @@
 A rollout sends one command to every edge a label selector matches, in
 batches (docs/http-api.md, "Rollouts"). The models here mirror the
 Control Plane's documents field for field and are read by the same
-generic reader as every other view (:func:`twisted_iop.client.models.read`);
+generic reader as every other view (:func:`twisted_iop.client.model_json.read`);
 :class:`RolloutRequest` is the body of ``POST /rollouts``, written with
-:func:`~twisted_iop.client.models.to_json` (options left ``None`` are left
+:func:`~twisted_iop.client.model_json.to_json` (options left ``None`` are left
 out, so the server's defaults apply).
 
 :class:`RolloutViews` holds the repository's methods for ``/rollouts``;
@@ -23,7 +23,7 @@ from urllib.parse import quote
 import attrs
 
 from twisted_iop.client.base_errors import InvalidResponse
-from twisted_iop.client.models import DEFAULTED, OPTIONAL, read, to_json
+from twisted_iop.client.model_json import DEFAULTED, OPTIONAL, read, to_json
 
 RolloutState = Literal["pending", "running", "paused", "succeeded", "failed", "aborted", "cancelled"]
 #: Rollout states after which nothing changes any more.

@@ -2,7 +2,7 @@
 
 The models mirror the Control Plane's ``Slo`` documents field for field
 (docs/slos.md) and are read by the generic reader
-(:func:`twisted_iop.client.models.read`). :class:`SloViews` holds the
+(:func:`twisted_iop.client.model_json.read`). :class:`SloViews` holds the
 repository's methods for ``/slos``;
 :class:`~twisted_iop.client.repository.ControlPlaneStatusRepository`
 inherits them.
@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 import attrs
 
-from twisted_iop.client.models import OPTIONAL, read
+from twisted_iop.client.model_json import OPTIONAL, read
 
 
 def _optional() -> Any:

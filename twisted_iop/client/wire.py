@@ -4,7 +4,9 @@ Every binary message is one ``ClientEnvelope``. A client sends
 ``ClientHelloRequest`` first; then it may subscribe to live events of one
 edge or of the whole fleet.
 
-:class:`ClientWireClient` offers two things:
+One connection's envelopes and request pairing live in
+:mod:`twisted_iop.client.wire_connection`. :class:`ClientWireClient` offers
+two things:
 
 * :meth:`ClientWireClient.hello` -- connect and say hello, answer the
   ``ClientHelloResponse`` (useful to check reachability and the protocol);
@@ -26,8 +28,7 @@ from typing import Any, Optional, get_args, get_type_hints
 from urllib.parse import urlsplit
 
 import attrs
-from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientProtocol
-from google.protobuf.message import DecodeError
+from autobahn.twisted.websocket import WebSocketClientFactory
 from twisted.internet.defer import Deferred, ensureDeferred, gatherResults, succeed
 from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
 from twisted.internet.interfaces import IReactorTime, IStreamClientEndpoint
@@ -43,13 +44,18 @@ from twisted_iop.client.errors import (
     WireConnectionLost,
     WireRequestError,
 )
-from twisted_iop.client.models import Event, format_time
+from twisted_iop.client.model_json import format_time
+from twisted_iop.client.models import Event
 from twisted_iop.client.repository import describe_connection_error
+from twisted_iop.client.wire_connection import (
+    REQUEST_TIMEOUT_SECONDS,
+    ClientWireClientProtocol,
+    error_code_name,
+    make_client_envelope,
+)
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.dialer import DialingService, backoff_delay
-from twisted_iop.wire.enums import enum_label
-from twisted_iop.wire.pending import PendingRequests
 
 #: Environment variable naming the Control Plane's client WebSocket URL.
 WIRE_URL_ENV = "IOP_CONTROL_PLANE_WIRE_URL"
@@ -66,15 +72,10 @@ AUTO_PING_TIMEOUT_SECONDS = 10.0
 CONNECT_TIMEOUT_SECONDS = 10.0
 #: Closing handshake deadline.
 CLOSE_TIMEOUT_SECONDS = 3.0
-#: How long a request (hello, subscribe) may wait for its answer.
-REQUEST_TIMEOUT_SECONDS = 10.0
 
 #: Reconnect backoff (exponential with full jitter, as the daemons dial).
 BACKOFF_INITIAL_SECONDS = 0.5
 BACKOFF_MAX_SECONDS = 15.0
-
-#: Bodies that answer a request of ours; everything else is unsolicited.
-RESPONSE_BODIES = frozenset({"error", "client_hello_response", "subscribe_response"})
 
 
 EventCallback = Callable[[pb.FleetEvent], Any]
@@ -88,160 +89,6 @@ StateCallback = Callable[[str, str], Any]
 def wire_url_from_environment(url: Optional[str] = None) -> str:
     """The client WebSocket URL: ``url``, else the environment, else the default."""
     return url or os.environ.get(WIRE_URL_ENV) or DEFAULT_WIRE_URL
-
-
-def make_client_envelope(body: str, message: Any, request_id: int = 0) -> pb.ClientEnvelope:
-    """Wrap ``message`` as the ``body`` field of a ``ClientEnvelope``."""
-    envelope = pb.ClientEnvelope(request_id=request_id)
-    getattr(envelope, body).CopyFrom(message)
-    return envelope
-
-
-def decode_client_envelope(payload: bytes) -> tuple[pb.ClientEnvelope, Optional[str]]:
-    """Parse one binary message; returns the envelope and the name of its body.
-
-    Raises :class:`google.protobuf.message.DecodeError` for bytes that do
-    not parse.
-    """
-    envelope = pb.ClientEnvelope()
-    envelope.ParseFromString(payload)
-    return envelope, envelope.WhichOneof("body")
-
-
-def error_code_name(code: int) -> str:
-    """``ERROR_CODE_UNKNOWN_COMMAND`` -> ``unknown_command`` (stable and readable)."""
-    return enum_label(pb.ErrorCode, code, unknown="error_{value}")
-
-
-class ClientWireClientProtocol(WebSocketClientProtocol):
-    """One WebSocket connection: request/response pairing by ``request_id``.
-
-    Answers to our requests fire the Deferred of :meth:`request`;
-    everything else (events, lost-event notices, unsolicited errors) goes to
-    ``envelope_received``. ``opened`` fires when the WebSocket is open (or
-    fails when it never opens); ``lost`` fires when the TCP connection is
-    gone.
-    """
-
-    _log = Logger()
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.opened: Deferred[ClientWireClientProtocol] = Deferred()
-        self.lost: Deferred[None] = Deferred()
-        self.close_reason = ""
-        self.envelope_received: Optional[Callable[[pb.ClientEnvelope, str], None]] = None
-        self._pending: PendingRequests[pb.ClientEnvelope] = PendingRequests()
-        self._is_open = False
-        self._closed = False
-
-    # -- Autobahn hooks ---------------------------------------------------------
-
-    def onOpen(self) -> None:
-        """The opening handshake completed."""
-        self._is_open = True
-        self.opened.callback(self)
-
-    def onMessage(self, payload: bytes, isBinary: bool) -> None:
-        """Decode one envelope and route it to its request or the listener."""
-        try:
-            self._message_received(payload, isBinary)
-        except Exception:
-            # Autobahn would swallow it; a bug in a listener must be seen.
-            self._log.failure("handling a message from the Control Plane failed")
-
-    def onClose(self, wasClean: bool, code: Optional[int], reason: Optional[str]) -> None:
-        """The WebSocket closed: fail what is pending."""
-        self.close_reason = reason or ("closed cleanly" if wasClean else "connection lost")
-        self._finish()
-
-    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # type: ignore[assignment]
-        """The TCP connection is gone."""
-        try:
-            super().connectionLost(reason)
-        finally:
-            if not self.close_reason:
-                self.close_reason = reason.getErrorMessage()
-            self._finish()
-            if not self.lost.called:
-                self.lost.callback(None)
-
-    # -- our API ------------------------------------------------------------------
-
-    @property
-    def usable(self) -> bool:
-        """Whether messages can be sent now."""
-        return self._is_open and not self._closed
-
-    def send_envelope(self, envelope: pb.ClientEnvelope) -> None:
-        """Send one envelope as a binary message."""
-        self.sendMessage(envelope.SerializeToString(), isBinary=True)
-
-    def request(
-        self, body: str, message: Any, clock: IReactorTime, timeout: float = REQUEST_TIMEOUT_SECONDS
-    ) -> Deferred[pb.ClientEnvelope]:
-        """Send a request and wait for the envelope that answers it.
-
-        Fails with :class:`WireRequestError` when the answer is an
-        ``Error``, :class:`WireClientError` after ``timeout`` and
-        :class:`WireConnectionLost` when the connection drops first.
-        """
-        if not self.usable:
-            raise WireConnectionLost("the connection is not open")
-        request_id, d = self._pending.add(
-            clock, timeout, lambda: WireClientError(f"no answer to {body} within {timeout:g} s")
-        )
-        self.send_envelope(make_client_envelope(body, message, request_id))
-        return d
-
-    def close(self) -> Deferred[None]:
-        """Close the WebSocket; the Deferred fires when the TCP connection is gone."""
-        if self.lost.called:
-            return succeed(None)
-        if self._is_open and not self._closed:
-            self.sendClose(code=1000, reason="client closing")
-        elif self.transport is not None:
-            transport: Any = self.transport
-            transport.abortConnection()
-        d: Deferred[None] = Deferred()
-        self.lost.addBoth(lambda _: d.callback(None))
-        return d
-
-    def abort(self) -> None:
-        """Drop the TCP connection at once (tests use it to simulate a failure)."""
-        if self.transport is not None:
-            transport: Any = self.transport
-            transport.abortConnection()
-
-    # -- internals ----------------------------------------------------------------
-
-    def _message_received(self, payload: bytes, is_binary: bool) -> None:
-        if not is_binary:
-            self._log.warn("ignoring a text message on the client wire")
-            return
-        try:
-            envelope, body = decode_client_envelope(payload)
-        except DecodeError:
-            self._log.warn("ignoring a message that is not a ClientEnvelope ({size} bytes)", size=len(payload))
-            return
-        if body is None:
-            return
-        if body in RESPONSE_BODIES and envelope.request_id in self._pending:
-            if body == "error":
-                error = WireRequestError(error_code_name(envelope.error.code), envelope.error.message)
-                self._pending.fail(envelope.request_id, error)
-            else:
-                self._pending.answer(envelope.request_id, envelope)
-            return
-        if self.envelope_received is not None:
-            self.envelope_received(envelope, body)
-
-    def _finish(self) -> None:
-        if not self._closed:
-            self._closed = True
-        if not self.opened.called:
-            self.opened.errback(WireConnectionLost(self.close_reason or "the WebSocket did not open"))
-        self._pending.fail_all(lambda: WireConnectionLost(f"the connection closed: {self.close_reason}"))
 
 
 class ClientWireClient:

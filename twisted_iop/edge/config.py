@@ -19,7 +19,6 @@ from twisted_iop.configuration import (
     LoggingConfig,
     Section,
     ShutdownConfig,
-    check_connect_endpoint,
     load_config,
     parse_backoff,
     parse_checked_credentials,
@@ -39,7 +38,7 @@ from twisted_iop.configuration import (
 )
 from twisted_iop.credentials import Digests
 from twisted_iop.edge.inference.config import InferenceConfig, parse_inference_config
-from twisted_iop.endpoints import is_loopback_listen
+from twisted_iop.endpoints import check_connect_endpoint, is_loopback_listen
 from twisted_iop.tls import TLSListenConfig
 from twisted_iop.tracing.config import TracingConfig, parse_tracing_config
 from twisted_iop.wire import DEFAULT_MAX_FRAME_BYTES

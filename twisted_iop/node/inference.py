@@ -24,6 +24,11 @@ aborted and nothing more is sent.
 * ``mock``: :class:`~twisted_iop.mock_provider.MockRun` in process, paced
   by the provider's mock options.
 
+How one request runs on its provider (the HTTP and mock jobs) is
+:mod:`twisted_iop.node.provider_requests`'; this module holds the runner:
+requests per Edge connection, their replies, refusals, cancels and token
+counts.
+
 Every request that fails is logged once (provider, model, endpoint, code,
 reason); a successful one is not. Tokens of the engine's ``usage`` are
 counted per provider and model (:attr:`InferenceRunner.tokens`).
@@ -43,31 +48,20 @@ from typing import Any, Optional, Protocol, cast
 
 import attrs
 from google.protobuf.message import Message
-from twisted.internet.defer import CancelledError, Deferred, TimeoutError
-from twisted.internet.error import ConnectError, ConnectingCancelledError, ConnectionRefusedError
 from twisted.internet.interfaces import IPushProducer, IReactorTime
 from twisted.logger import Logger
-from twisted.python.failure import Failure
-from twisted.web._newclient import RequestTransmissionFailed, ResponseNeverReceived
 from twisted.web.client import HTTPConnectionPool
 from zope.interface import implementer
 
 from twisted_iop.metrics import LatencyHistogram
-from twisted_iop.mock_provider import MockBehaviour, MockRun
 from twisted_iop.node.config import NodeProviderConfig
-from twisted_iop.node.engines.base import EngineAdapter, EngineError
+from twisted_iop.node.engines.base import EngineError
 from twisted_iop.node.engines.client import EngineHTTPClient
 from twisted_iop.node.engines.http import InferenceHTTPClient
 from twisted_iop.node.engines.kinds import adapter_for
-from twisted_iop.node.engines.stream import (
-    EngineAnswer,
-    EngineBodyReader,
-    EngineRequest,
-    engine_request,
-    estimated_usage,
-)
+from twisted_iop.node.engines.stream import engine_request
+from twisted_iop.node.provider_requests import HTTPJob, MockJob, mock_behaviour, trace_headers
 from twisted_iop.openai_api import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, ENDPOINT_PATHS
-from twisted_iop.tracing.context import parse_traceparent, parse_tracestate
 from twisted_iop.wire import control_pb2 as pb
 
 #: Wire bodies of the inference path that the Node receives from its Edge
@@ -75,8 +69,6 @@ from twisted_iop.wire import control_pb2 as pb
 INFERENCE_BODIES_FROM_EDGE = frozenset({"inference_request", "inference_cancel"})
 #: Requests running at once on one Edge connection; more are refused.
 MAX_RUNNING_PER_CONNECTION = 4096
-#: How long a provider may take to send its response headers.
-RESPONSE_HEADERS_TIMEOUT_SECONDS = 300.0
 #: The token directions counted (the ``direction`` label of ``iop_tokens_total``).
 TOKEN_DIRECTIONS = ("prompt", "completion")
 #: The ``model`` label of tokens for a model the provider is not configured with.
@@ -306,13 +298,15 @@ class InferenceRunner:
             if not isinstance(parsed, dict):
                 refuse("body is not a JSON object")
                 return
-            job = _MockJob(self._clock, _behaviour(provider), endpoint, parsed, bool(request.stream), reply, self._rand)
+            job = MockJob(
+                self._clock, mock_behaviour(provider), endpoint, parsed, bool(request.stream), reply, self._rand
+            )
         else:
             adapter = adapter_for(provider.kind)
             url = provider.base_url + ENDPOINT_PATHS[endpoint]
             stream = bool(request.stream)
             sent = engine_request(bytes(request.body), endpoint, stream, adapter)
-            job = _HTTPJob(self._http, self._clock, adapter, url, sent, stream, reply, _trace_headers(request))
+            job = HTTPJob(self._http, self._clock, adapter, url, sent, stream, reply, trace_headers(request))
         state.jobs[inference_id] = job
         job.start()
         if state.paused:
@@ -365,31 +359,6 @@ class InferenceRunner:
         if completion:
             key = (provider_id, model, "completion")
             tokens[key] = tokens.get(key, 0) + completion
-
-
-def _trace_headers(request: pb.InferenceRequest) -> dict[bytes, list[bytes]]:
-    """The request's ``traceparent`` (and ``tracestate``) for the engine, if it is valid W3C
-    trace context: a peer's word is checked, and a ``tracestate`` goes only with its traceparent."""
-    if not request.traceparent:
-        return {}
-    parent = parse_traceparent(request.traceparent)
-    if parent is None:
-        return {}
-    headers = {b"traceparent": [parent.header().encode("ascii")]}
-    state = parse_tracestate([request.tracestate]) if request.tracestate else ""
-    if state:
-        headers[b"tracestate"] = [state.encode("ascii")]
-    return headers
-
-
-def _behaviour(provider: NodeProviderConfig) -> MockBehaviour:
-    mock = provider.mock
-    return MockBehaviour(
-        tokens_per_second=mock.tokens_per_second,
-        latency_seconds=mock.latency_seconds,
-        failure_rate=mock.failure_rate,
-        completion_tokens=mock.completion_tokens,
-    )
 
 
 class _Reply:
@@ -495,172 +464,3 @@ class _Reply:
 
 def _count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**32 else 0
-
-
-class _MockJob:
-    def __init__(
-        self,
-        clock: IReactorTime,
-        behaviour: MockBehaviour,
-        endpoint: str,
-        body: dict[str, Any],
-        stream: bool,
-        reply: _Reply,
-        rand: Callable[[], float],
-    ) -> None:
-        body = dict(body)
-        body["stream"] = stream
-        self.provider_id = reply.provider_id
-        self._reply = reply
-        self._stream = stream and endpoint != EMBEDDINGS
-        self._run = MockRun(clock, behaviour, endpoint, body, reply.chunk, self._done, rand)
-
-    def _done(self, status: int, body: bytes, usage: dict[str, int]) -> None:
-        if status >= 400:
-            # The mock's error body is the OpenAI shape: read as the generic engine's.
-            self._reply.failed(adapter_for("openai").engine_error(status, body), usage)
-        else:
-            self._reply.done(pb.INFERENCE_STATUS_OK, status, b"" if self._stream else body, usage)
-
-    def start(self) -> None:
-        self._run.start()
-
-    def cancel(self) -> None:
-        self._run.cancel()
-
-    def pause(self) -> None:
-        self._run.pause()
-
-    def resume(self) -> None:
-        self._run.resume()
-
-
-class _HTTPJob:
-    """A POST to an engine's OpenAI-compatible API, relayed event by event."""
-
-    def __init__(
-        self,
-        http: InferenceHTTPClient,
-        clock: IReactorTime,
-        adapter: EngineAdapter,
-        url: str,
-        request: EngineRequest,
-        stream: bool,
-        reply: _Reply,
-        trace_headers: Optional[dict[bytes, list[bytes]]] = None,
-    ) -> None:
-        self.provider_id = reply.provider_id
-        self._http = http
-        #: ``traceparent`` and ``tracestate`` for the engine (checked), or none.
-        self._trace_headers = trace_headers
-        self._clock = clock
-        self._adapter = adapter
-        self._url = url
-        self._request_body = request
-        self._stream = stream
-        self._reply = reply
-        self._request: Optional[Deferred[Any]] = None
-        #: Whether the request was sent again after a connection closed under it.
-        self._resent = False
-        self._reader: Optional[EngineBodyReader] = None
-        self._paused = False
-        self._cancelled = False
-
-    def start(self) -> None:
-        headers = {b"Content-Type": [b"application/json"]}
-        if self._stream:
-            headers[b"Accept"] = [b"text/event-stream"]
-        if self._trace_headers:
-            headers.update(self._trace_headers)
-        d = self._http.request("POST", self._url, data=self._request_body.body, headers=headers, unbuffered=True)
-        d.addTimeout(RESPONSE_HEADERS_TIMEOUT_SECONDS, self._clock)
-        self._request = d
-        d.addCallbacks(self._response, self._unreachable)
-
-    def _response(self, response: Any) -> None:
-        self._request = None
-        if self._cancelled:
-            return
-        code = int(response.code)
-        retry_after = None
-        if code >= 400:
-            values = response.headers.getRawHeaders(b"retry-after") or []
-            retry_after = values[0].decode("latin-1") if values else None
-        self._reader = EngineBodyReader(
-            self, self._adapter, code, self._stream, self._request_body.relay_usage, retry_after
-        )
-        response.deliverBody(self._reader)
-        if self._paused:
-            self._reader.pause()
-
-    def _unreachable(self, failure: Failure) -> None:
-        self._request = None
-        if self._cancelled:
-            return
-        if not self._resent and failure.check(ResponseNeverReceived, RequestTransmissionFailed):
-            # A kept-alive connection the engine closed as it was reused
-            # (llama-cpp-python drops idle ones after 5 s): Twisted resends
-            # only idempotent methods, so this POST is sent once more, on a
-            # new connection. Nothing of the answer had come.
-            self._resent = True
-            self.start()
-            return
-        self._reply.done(pb.INFERENCE_STATUS_UNAVAILABLE, error=unreachable_reason(failure))
-
-    # -- from the body reader ------------------------------------------------------
-
-    def event(self, data: bytes) -> None:
-        self._reply.chunk(data)
-
-    def finished(self, answer: EngineAnswer) -> None:
-        if self._cancelled:
-            return
-        error = answer.error
-        if error is None:
-            usage = answer.usage
-            if not usage and self._stream:
-                # llama-cpp-python's streams carry no usage: estimated, and said to be.
-                usage = estimated_usage(self._request_body.body, answer.content_chunks)
-            self._reply.done(pb.INFERENCE_STATUS_OK, answer.http_status, answer.body, usage)
-        elif answer.cut and not self._reply.chunks:
-            # Nothing reached the Edge: as if the engine had never answered,
-            # so the Edge may run the request on another provider.
-            self._reply.done(
-                pb.INFERENCE_STATUS_UNAVAILABLE, error="the engine closed the connection before any output"
-            )
-        else:
-            self._reply.failed(error, answer.usage)
-
-    # -- control ---------------------------------------------------------------------
-
-    def cancel(self) -> None:
-        self._cancelled = True
-        if self._request is not None:
-            self._request.cancel()
-            self._request = None
-        if self._reader is not None:
-            self._reader.abort()
-
-    def pause(self) -> None:
-        self._paused = True
-        if self._reader is not None:
-            self._reader.pause()
-
-    def resume(self) -> None:
-        self._paused = False
-        if self._reader is not None:
-            self._reader.resume()
-
-
-def unreachable_reason(failure: Failure) -> str:
-    """Why no answer came from the engine, in words that name no address."""
-    if failure.check(TimeoutError, CancelledError, ConnectingCancelledError):
-        return f"the engine sent no answer within {RESPONSE_HEADERS_TIMEOUT_SECONDS:g}s"
-    if failure.check(ConnectionRefusedError):
-        return "the engine refused the connection"
-    if failure.check(ResponseNeverReceived, RequestTransmissionFailed):
-        return "the engine closed the connection before answering"
-    name = failure.type.__name__ if failure.type else "error"
-    if failure.check(ConnectError):
-        return f"could not connect to the engine ({name})"
-    return f"the engine could not be reached ({name})"

@@ -29,28 +29,39 @@ application, checked before a request reaches a route:
   health paths, so ``/readyz`` can say it is stopping), and
   :meth:`GuardedSite.close_all` closes the connections after their answers.
 
+The checks of one request on its headers (:class:`GuardedRequest`,
+:class:`Refusal`, :class:`SiteLimits`, the browser rules) are
+:mod:`twisted_iop.web.request_guard`'s; this module holds the connection
+(:class:`GuardedChannel`: deadlines, takeover, the site's headers on every
+answer) and the site (:class:`GuardedSite`: caps, stopping, logging).
 Refusals are the same JSON error shape as the views'
 (``{"error": {"code", "message", "status"}}``).
 """
 
 from __future__ import annotations
 
-import ipaddress
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, Optional
-from urllib.parse import unquote_to_bytes, urlsplit
+from urllib.parse import unquote_to_bytes
 
-import attrs
 from twisted.internet.interfaces import IAddress, IDelayedCall
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.protocols.policies import ProtocolWrapper
 from twisted.web.http import HTTPChannel
-from twisted.web.server import Request, Site
+from twisted.web.server import Site
 
 from twisted_iop.turn_writes import write_now
 from twisted_iop.web.access_log import access_line, refusal_line
+from twisted_iop.web.request_guard import WRITE_METHODS as WRITE_METHODS  # where the routes import it from
+from twisted_iop.web.request_guard import (
+    GuardedRequest,
+    HeaderCheck,
+    Refusal,
+    SiteLimits,
+    host_allowed,
+)
 
 #: What the ``Server`` header says (never a version).
 SERVER_NAME = b"twisted-iop"
@@ -74,9 +85,6 @@ HOST_VERDICTS_KEPT = 256
 #: The names of the headers the site adds to every answer (lower case).
 _SITE_HEADER_NAMES = frozenset(name.lower() for name, _ in SECURITY_HEADERS) | {b"server"}
 
-#: Methods that change state: they need a JSON body and a same-origin caller.
-WRITE_METHODS = frozenset({b"POST", b"PUT", b"PATCH", b"DELETE"})
-
 #: Reason phrases of the refusals this module answers itself.
 _PHRASES = {
     400: b"Bad Request",
@@ -92,206 +100,9 @@ _PHRASES = {
 }
 
 
-@attrs.frozen
-class SiteLimits:
-    """Limits and browser rules of one HTTP listener."""
-
-    max_body_bytes: int = 65536
-    header_timeout_seconds: float = 10.0
-    request_timeout_seconds: float = 30.0
-    idle_timeout_seconds: float = 60.0
-    max_connections: int = 1024
-    max_connections_per_address: int = 128
-    #: Host names (besides IP literals and ``localhost``) this server answers to.
-    allowed_hosts: tuple[str, ...] = ()
-    #: Methods served; anything else is a 405.
-    methods: frozenset[bytes] = frozenset({b"GET", b"HEAD", b"POST"})
-    #: Paths still served while the site is stopping (health and readiness).
-    paths_while_stopping: frozenset[bytes] = frozenset({b"/healthz", b"/readyz"})
-
-
-@attrs.frozen
-class Refusal:
-    """Why a request is answered without reaching a route."""
-
-    status: int
-    code: str
-    message: str
-    headers: tuple[tuple[bytes, bytes], ...] = ()
-
-
-#: Checks a request's headers before its body is read; None lets it pass.
-HeaderCheck = Callable[["GuardedRequest"], Optional[Refusal]]
-
-
 def error_json(status: int, code: str, message: str) -> bytes:
     """The JSON error shape shared with the views."""
     return json.dumps({"error": {"code": code, "message": message, "status": status}}).encode("utf-8")
-
-
-def host_allowed(host_header: Optional[bytes], allowed: Iterable[str]) -> bool:
-    """Whether a ``Host`` header names this server.
-
-    IP literals are always allowed: DNS rebinding needs a name the attacker
-    controls, never an address. Names must be ``localhost`` or configured.
-    """
-    if not host_header:
-        return False
-    try:
-        host = urlsplit("//" + host_header.decode("ascii")).hostname
-    except (UnicodeDecodeError, ValueError):
-        return False
-    if not host:
-        return False
-    host = host.lower().rstrip(".")
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        pass
-    else:
-        return True
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    return host in {name.lower().rstrip(".") for name in allowed}
-
-
-def _origin_host(origin: bytes) -> Optional[str]:
-    try:
-        parts = urlsplit(origin.decode("ascii"))
-    except (UnicodeDecodeError, ValueError):
-        return None
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        return None
-    return parts.netloc.lower()
-
-
-class _Discard:
-    """A request body sink that keeps nothing (a refused request's body)."""
-
-    def write(self, data: bytes) -> None:
-        pass
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return 0
-
-    def tell(self) -> int:
-        return 0
-
-    def read(self, size: int = -1) -> bytes:
-        return b""
-
-    def close(self) -> None:
-        pass
-
-
-class GuardedRequest(Request):
-    """A request checked on its headers before its body is read."""
-
-    _log = Logger()
-    site: GuardedSite
-    channel: GuardedChannel
-
-    def __init__(self, channel: Any, queued: Any = None) -> None:
-        # Every body served here is JSON: never parse form submissions
-        # (Twisted's Content-Type parsing for them is costly and unused).
-        super().__init__(channel, queued, parsePOSTFormSubmission=False)
-        self.body_bytes = 0
-        self.refused: Optional[Refusal] = None
-
-    # -- header-time checks -------------------------------------------------
-
-    def gotLength(self, length: Optional[int]) -> None:
-        site: GuardedSite = self.channel.site
-        # The method is known from the request line; checks need it now.
-        self.method = self.channel.request_method
-        refusal = self._check_headers(site, length)
-        if refusal is not None:
-            self.refuse(refusal)
-            return
-        super().gotLength(length)
-
-    def _check_headers(self, site: GuardedSite, length: Optional[int]) -> Optional[Refusal]:
-        limits = site.limits
-        method = self.channel.request_method
-        headers = self.requestHeaders
-        if site.stopping and self.channel.request_path not in limits.paths_while_stopping:
-            return Refusal(503, "shutting_down", "the server is shutting down; retry after its restart")
-        if method not in limits.methods:
-            allowed = site.allowed_methods(self.channel.request_path) if site.allowed_methods else None
-            allowed = allowed or b", ".join(sorted(limits.methods))
-            return Refusal(
-                405,
-                "method_not_allowed",
-                f"method {method.decode('ascii', 'replace')[:20]} is not served here",
-                ((b"Allow", allowed),),
-            )
-        host = headers.getRawHeaders(b"host", [b""])[0]
-        if not site.host_allowed(host):
-            return Refusal(421, "unknown_host", "the Host header does not name this server")
-        if site.authorize is not None:
-            refusal = site.authorize(self)
-            if refusal is not None:
-                return refusal
-        if length is not None and length > limits.max_body_bytes:
-            return Refusal(
-                413, "body_too_large", f"request body of {length} bytes exceeds {limits.max_body_bytes} bytes"
-            )
-        # Each header is read once: a WebSocket upgrade is a GET (RFC 6455,
-        # 4.1), so only a GET is asked for one; Origin serves both rules.
-        if method == b"GET":
-            upgrade = headers.getRawHeaders(b"upgrade")
-            if upgrade is None or upgrade[0].lower() != b"websocket":
-                return None
-            write = False
-        elif method in WRITE_METHODS:
-            write = True
-        else:
-            return None
-        origins = headers.getRawHeaders(b"origin")
-        origin = None if origins is None else origins[0]
-        if not write:
-            # Cross-site WebSocket hijacking: a page elsewhere may not open
-            # the live wire with the operator's browser.
-            if origin is not None and _origin_host(origin) != host.decode("ascii", "replace").lower():
-                return Refusal(403, "cross_origin", "cross-origin WebSockets are not allowed")
-            return None
-        if origin is not None and (
-            origin == b"null" or _origin_host(origin) != host.decode("ascii", "replace").lower()
-        ):
-            return Refusal(403, "cross_origin", "cross-origin writes are not allowed")
-        if length == 0:
-            # No body (Content-Length: 0, or none and not chunked): nothing
-            # to say the type of (a body-less POST /rollouts/{id}/cancel).
-            return None
-        content_type = headers.getRawHeaders(b"content-type", [b""])[0]
-        media = content_type.split(b";", 1)[0].strip().lower()
-        if media != b"application/json":
-            return Refusal(415, "unsupported_media_type", "the request body must be sent as application/json")
-        return None
-
-    def handleContentChunk(self, data: bytes) -> None:
-        if self.refused is not None:
-            return
-        self.body_bytes += len(data)
-        limit = self.channel.site.limits.max_body_bytes
-        if self.body_bytes > limit:
-            self.refuse(Refusal(413, "body_too_large", f"request body exceeds {limit} bytes"))
-            return
-        super().handleContentChunk(data)
-
-    def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
-        self.channel.request_complete()
-        if self.refused is not None:
-            return
-        super().requestReceived(command, path, version)
-
-    def refuse(self, refusal: Refusal) -> None:
-        """Answer ``refusal`` now, before the body is read, and close."""
-        if self.refused is not None:
-            return
-        self.refused = refusal
-        self.content = _Discard()  # type: ignore[assignment]
-        self.channel.refuse(refusal, self)
 
 
 #: The site's headers as they are written on every answer.

@@ -40,7 +40,8 @@ from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.counters import WireCounters
 from twisted_iop.wire.dialer import DialingService, EndpointRotation, backoff_delay, hold_off_delay
 from twisted_iop.wire.enums import enum_name
-from twisted_iop.wire.peer import FramedPeerProtocol, KeepaliveSweeper, WireError
+from twisted_iop.wire.keepalive import KeepaliveSweeper
+from twisted_iop.wire.peer import FramedPeerProtocol, WireError
 from twisted_iop.wire.settings import DialConfig
 
 LinkT = TypeVar("LinkT", bound="DialerLink[Any]")

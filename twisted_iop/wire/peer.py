@@ -12,7 +12,8 @@ implements everything the two ends of both wires share:
   frame trickled in tiny pieces costs what it costs whole;
 * request/response correlation by ``request_id``, with a deadline per
   request; pending requests fail at once when the connection drops;
-* ping/pong keepalive, driven by a :class:`KeepaliveSweeper` shared by all
+* ping/pong keepalive, driven by a
+  :class:`~twisted_iop.wire.keepalive.KeepaliveSweeper` shared by all
   connections of one factory so that 10,000 connections cost one timer;
 * an optional hello deadline for the accepting side, which also refuses
   any first frame that is not a hello;
@@ -28,14 +29,13 @@ requests.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Optional, Union, cast
 
 from google.protobuf.message import DecodeError, Message
 from twisted.internet.defer import Deferred, fail
 from twisted.internet.interfaces import IAddress, IDelayedCall, IHandshakeListener, IReactorTime
 from twisted.internet.protocol import Factory, Protocol
-from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.protocols.tls import TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
@@ -45,6 +45,7 @@ from twisted_iop.turn_writes import TurnBuffer
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.counters import WireCounters
 from twisted_iop.wire.enums import enum_name
+from twisted_iop.wire.keepalive import KeepaliveSweeper
 from twisted_iop.wire.pending import Completion, PendingRequests
 from twisted_iop.wire.preserialized import PreserializedAnswer, PreserializedRequest
 from twisted_iop.wire.settings import PeerSettings
@@ -543,47 +544,6 @@ class FramedPeerProtocol(Protocol):
 
 #: How much of a peer's stated close reason is kept (it reaches logs and events).
 GOODBYE_TEXT_CHARS = 200
-
-
-class KeepaliveSweeper:
-    """One timer that runs keepalive checks over a set of connections."""
-
-    def __init__(
-        self,
-        clock: IReactorTime,
-        settings: PeerSettings,
-        connections: Callable[[], Iterable[FramedPeerProtocol]],
-    ) -> None:
-        self._clock = clock
-        self._connections = connections
-        self._interval = settings.keepalive_interval_seconds
-        # Check often enough that a silent peer is dropped close to its
-        # deadline, never slower than once a second.
-        step = min(settings.keepalive_interval_seconds, settings.keepalive_deadline_seconds) / 3.0
-        self._step = max(0.05, min(step, 1.0))
-        self._loop = LoopingCall(self.sweep)
-        self._loop.clock = clock
-
-    def start(self) -> None:
-        """Start sweeping (idempotent)."""
-        if not self._loop.running:
-            self._loop.start(self._step, now=False)
-
-    def stop(self) -> None:
-        """Stop sweeping (idempotent)."""
-        if self._loop.running:
-            self._loop.stop()
-
-    def sweep(self) -> None:
-        """Run one keepalive check over every connection."""
-        now = self._clock.seconds()
-        # Connections heard from within the interval need nothing: skip
-        # them without a call, which is most of them in a busy fleet.
-        quiet_since = now - self._interval
-        for connection in list(self._connections()):
-            if connection.last_received > quiet_since:
-                continue
-            connection.check_keepalive(now)
 
 
 @implementer(IHandshakeListener)

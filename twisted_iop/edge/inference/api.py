@@ -38,7 +38,8 @@ from twisted_iop.edge.inference.gateway import InferenceGateway
 from twisted_iop.edge.inference.lifecycle import InferenceError, Outcome
 from twisted_iop.openai_api import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, error_body, whole_tokens
 from twisted_iop.tracing.spans import ROUTE_HEADER, RequestTrace
-from twisted_iop.web.http_site import GuardedSite, Refusal, SiteLimits
+from twisted_iop.web.http_site import GuardedSite
+from twisted_iop.web.request_guard import Refusal, SiteLimits
 from twisted_iop.web.route_methods import allow_header, served_methods
 from twisted_iop.wire import control_pb2 as pb
 

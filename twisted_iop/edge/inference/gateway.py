@@ -22,8 +22,9 @@ Two layers:
   sink together, in order, at the start of the next turn: one HTTP write
   for all of them. That is at most one read's worth, never a whole stream.
 
-What a failed answer means for the client and the provider is
-:mod:`~twisted_iop.edge.inference.errors`'. Each failed request is one log
+Whether a model's request may be admitted at all (or wait) is
+:mod:`~twisted_iop.edge.inference.admission`'s; what a failed answer means
+for the client and the provider is :mod:`~twisted_iop.edge.inference.errors`'. Each failed request is one log
 line (model, provider, code, reason); a successful one is none. Tokens of
 the engine's usage are counted in the registry's
 :class:`~twisted_iop.edge.inference.tokens.TokenCounter`. Each request carries its
@@ -41,6 +42,7 @@ from google.protobuf.message import Message
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
+from twisted_iop.edge.inference.admission import available_models, check_model, is_long_context, queue_full
 from twisted_iop.edge.inference.config import InferenceConfig
 from twisted_iop.edge.inference.errors import (
     UNSUPPORTED_MEMORY_SECONDS,
@@ -55,7 +57,7 @@ from twisted_iop.edge.inference.lifecycle import InferenceError, InferenceLifecy
 from twisted_iop.edge.nodes.registry import NodeRegistry
 from twisted_iop.edge.providers.pool import Lease, NoSuchModel
 from twisted_iop.metrics import LatencyHistogram
-from twisted_iop.openai_api import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, estimate_prompt_tokens, whole_tokens
+from twisted_iop.openai_api import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS
 from twisted_iop.tracing.spans import EdgeTracer, RequestTrace
 from twisted_iop.wire import control_pb2 as pb
 
@@ -182,60 +184,15 @@ class InferenceGateway:
 
     def long_context(self, body: dict[str, Any]) -> bool:
         """Whether characters/4 + max_tokens is above the threshold."""
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        extra = whole_tokens(max_tokens) or 0
-        return estimate_prompt_tokens(body) + extra > self.config.long_context_threshold_tokens
+        return is_long_context(body, self.config.long_context_threshold_tokens)
 
     def available_models(self) -> list[str]:
-        """Models some provider serves now or only "not now" (saturated, cooling down,
-        re-probing, its engine on its way back): a request for one waits instead of failing."""
-        models: dict[str, None] = {}
-        registry = self._registry
-        for node in registry.nodes():
-            for provider in node.providers:
-                if registry.provider_may_serve(node.node_id, provider.provider_id):
-                    for model in provider.models:
-                        models.setdefault(model, None)
-        return list(models)
+        """Models some provider serves now or only "not now" (:func:`available_models`)."""
+        return available_models(self._registry)
 
     def check_model(self, model: str, long_context: bool) -> None:
-        """Raise the right :class:`InferenceError` if ``model`` cannot be admitted now."""
-        registry = self._registry
-        configured = False
-        has_class = False
-        usable = False
-        for node in self._registry.nodes():
-            for provider in node.providers:
-                if model not in provider.models:
-                    continue
-                configured = True
-                capacity = provider.long_context_capacity if long_context else provider.capacity
-                if capacity <= 0:
-                    continue
-                has_class = True
-                # Saturated, cooling down, re-probing or a launched engine on its way back is
-                # "not now": worth waiting for in the queue, bounded by its timeout.
-                if registry.provider_may_serve(node.node_id, provider.provider_id):
-                    usable = True
-        if not configured:
-            raise InferenceError(404, "model_not_found", f"the model {model!r} does not exist on this gateway")
-        if not has_class:
-            raise InferenceError(
-                400,
-                "context_length_exceeded",
-                f"the request is long-context (estimated prompt + max_tokens above "
-                f"{self.config.long_context_threshold_tokens} tokens) and no provider of "
-                f"{model!r} takes long-context requests",
-            )
-        if not usable:
-            raise InferenceError(
-                503,
-                "model_unavailable",
-                f"no provider of {model!r} can take requests: their nodes are not connected or drained, "
-                "or their engines are stopped",
-                kind="server_error",
-                retry_after=self.config.retry_after_seconds,
-            )
+        """Raise the right :class:`InferenceError` if ``model`` cannot be admitted now (:func:`check_model`)."""
+        check_model(self._registry, self.config, model, long_context)
 
     # -- requests --------------------------------------------------------------------
 
@@ -311,13 +268,7 @@ class InferenceGateway:
         except QueueFull as e:
             self._count("queue_full")
             self._count_request(endpoint, "queue_full")
-            raise InferenceError(
-                429,
-                "queue_full",
-                f"too many requests wait for model {model!r}: {e}",
-                kind="rate_limit_error",
-                retry_after=self.config.retry_after_seconds,
-            ) from None
+            raise queue_full(model, e, self.config.retry_after_seconds) from None
         except NoSuchModel as e:
             self._count_request(endpoint, "model_not_found")
             raise InferenceError(404, "model_not_found", str(e)) from None

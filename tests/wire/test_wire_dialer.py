@@ -176,6 +176,8 @@ async def test_edge_reenrolls_after_the_control_plane_restarts(tmp_path: Path) -
                 "backoff": {"initial_seconds": 0.05, "max_seconds": 0.3},
             },
             "node_server": {"listen": "tcp:0:interface=127.0.0.1"},
+            "inference": {"listen": "tcp:0:interface=127.0.0.1"},
+            "metrics": {"listen": "tcp:0:interface=127.0.0.1"},
             "nodes": [],
         },
         {},

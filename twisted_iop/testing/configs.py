@@ -102,8 +102,8 @@ def edge_config(**control_plane: Any) -> EdgeConfig:
 
 
 def edge_yaml(cp_address: str, edge_id: str = "edge-a", outbox_size: int = 100) -> dict[str, Any]:
-    """edge.yaml for a running fleet: :func:`edge_mapping`'s nodes, free node and
-    inference ports, fast reconnects to the Control Plane at ``cp_address``."""
+    """edge.yaml for a running fleet: :func:`edge_mapping`'s nodes, free node,
+    inference and metrics ports, fast reconnects to the Control Plane at ``cp_address``."""
     mapping = edge_mapping(
         address=cp_address,
         edge_id=edge_id,
@@ -113,6 +113,7 @@ def edge_yaml(cp_address: str, edge_id: str = "edge-a", outbox_size: int = 100) 
     )
     mapping["node_server"]["probe_timeout_seconds"] = 2
     mapping["inference"] = {"listen": LOOPBACK_ZERO}
+    mapping["metrics"] = {"listen": LOOPBACK_ZERO}
     del mapping["nodes"][0]["labels"]
     mapping["nodes"][1]["credential"] = NODE_2_CREDENTIAL
     return mapping

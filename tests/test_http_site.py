@@ -313,7 +313,7 @@ def _answer_head(site: GuardedSite, host: bytes = b"127.0.0.1") -> bytes:
     transport = StringTransport()
     channel.makeConnection(transport)
     channel.dataReceived(b"GET / HTTP/1.1\r\nHost: " + host + b"\r\nConnection: close\r\n\r\n")
-    return transport.value().split(b"\r\n\r\n", 1)[0]
+    return bytes(transport.value().split(b"\r\n\r\n", 1)[0])
 
 
 def test_an_answers_own_security_header_is_kept_and_the_server_header_is_ours() -> None:
@@ -515,7 +515,7 @@ class Listener:
 
     async def raw(self, number: int) -> RawClient:
         """A raw HTTP client connection."""
-        return await connectProtocol(self.endpoint(number), RawClient())
+        return cast("RawClient", await connectProtocol(self.endpoint(number), RawClient()))
 
     async def websocket(self, number: int) -> EchoClient:
         """An open WebSocket to the listener."""

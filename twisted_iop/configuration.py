@@ -84,7 +84,7 @@ def load_config(
             raise
         raise ConfigError(f"{path}: {e}") from None
     # mypy's attrs plugin cannot check evolve() on a type variable.
-    return attrs.evolve(cast(Any, config), source_path=path)
+    return cast("C", attrs.evolve(cast(Any, config), source_path=path))
 
 
 def parse_yaml_mapping(text: str, source: str = "<config>") -> dict[str, Any]:

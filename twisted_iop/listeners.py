@@ -10,7 +10,7 @@ port, never a Python object.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from twisted.application.internet import StreamServerEndpointService
 from twisted.internet.defer import Deferred, succeed
@@ -45,7 +45,7 @@ def server_endpoint(reactor: Any, description: str, tls: Optional[TLSListenConfi
     """The endpoint for ``description``; with ``tls``, wrapped in mutual TLS."""
     endpoint = serverFromString(reactor, with_backlog(description))
     if tls is None:
-        return endpoint
+        return cast("IStreamServerEndpoint", endpoint)
     return TLSServerEndpoint(endpoint, server_tls_options(tls), reactor)
 
 

@@ -135,9 +135,9 @@ def labelled(
     kind: type[Any], name: str, documentation: str, labels: list[str], values: Iterable[tuple[list[str], float]]
 ) -> Metric:
     """A gauge or counter family with one sample per label set."""
-    family = kind(name, documentation, labels=labels)
+    family: Metric = kind(name, documentation, labels=labels)
     for label_values, value in values:
-        family.add_metric(label_values, value)
+        family.add_metric(label_values, value)  # type: ignore[attr-defined]  # a Gauge or Counter family's own method
     return family
 
 

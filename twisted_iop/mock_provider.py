@@ -452,7 +452,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         completion_tokens=args.completion_tokens,
     )
     rand = random.Random(args.seed).random
-    server = MockProviderServer(models, behaviour, reactor, rand)  # type: ignore[arg-type]
+    server = MockProviderServer(models, behaviour, reactor, rand)
     site = Site(server.app.resource(), parsePOSTFormSubmission=False)  # JSON bodies only
     site.noisy = False
     globalLogBeginner.beginLoggingTo([textFileLogObserver(sys.stdout)], redirectStandardIO=False)
@@ -460,7 +460,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     listener.privilegedStartService()
     listener.startService()
     reactor.addSystemEventTrigger("before", "shutdown", listener.stopService)
-    reactor.run()  # type: ignore[attr-defined]
+    reactor.run()
     return 0
 
 

@@ -109,7 +109,7 @@ async def test_the_repository_reads_every_deployment_document(tmp_path: Path) ->
         assert shown.edges is not None and shown.edges.total == 0 and shown.rollup.desired == 0
         assert [d.name for d in (await repository.deployments()).items] == ["chat"]
         interrupted: Deferred[None] = Deferred()
-        reactor.callLater(0.3, interrupted.callback, None)  # type: ignore[attr-defined]
+        reactor.callLater(0.3, interrupted.callback, None)
         code, out, err = await iopctl(["deploy", "status", "chat", "--watch", "--interval", "0.1"], cp, interrupted)
         assert code == EXIT_ERROR and "interrupted" in err and "0/0 ready" in out
     finally:

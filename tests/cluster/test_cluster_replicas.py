@@ -188,7 +188,7 @@ async def test_a_replica_cut_off_from_redis_is_not_ready_and_recovers(redis_serv
 
         async def ready(replica: Any) -> bool:
             status, _ = await replica.get_json("/readyz")
-            return status == 200
+            return bool(status == 200)
 
         await eventually(lambda: ready(a), timeout=15, message="A ready again")
         await eventually(lambda: ready(b), timeout=15, message="B ready again")

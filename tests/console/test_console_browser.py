@@ -155,7 +155,7 @@ async def test_console_end_to_end(browser: Browser) -> None:
             page.select_option("iop-command-form select#cmd-name", "edge.diagnostics")
             page.wait_for_selector("iop-command-form input#cmd-target", state="detached")
             edge_rejects = page.inner_text("iop-command-form [data-params]")
-            return edge_rejects
+            return str(edge_rejects)
 
         assert await browser.call(unknown_target_rejected) == ""
 

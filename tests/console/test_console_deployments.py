@@ -62,7 +62,7 @@ async def test_dry_run_then_apply_reaches_ready(browser: Browser, tmp_path: Path
         def bad() -> str:
             page.fill(f"{PANEL} #dep-spec", json.dumps({**SPEC, "replicas_per_edge": 0}))
             page.click(f"{PANEL} button[data-apply]")
-            return page.inner_text(f'{PANEL} [data-error-code="invalid_deployment"]')
+            return str(page.inner_text(f'{PANEL} [data-error-code="invalid_deployment"]'))
 
         assert "replicas_per_edge" in await browser.call(bad)
         code, chat = await cp.get_json("/deployments/chat")

@@ -185,7 +185,7 @@ async def test_history_charts_draw_the_sampled_values_live(browser: Browser, tmp
             lane.scroll_into_view_if_needed()
             box = lane.bounding_box()
             page.mouse.move(box["x"] + box["width"] * 0.9, box["y"] + box["height"] / 2)
-            return page.locator('iop-history-chart[scope="fleet"] [data-lane="latency"] .tip').inner_text()
+            return str(page.locator('iop-history-chart[scope="fleet"] [data-lane="latency"] .tip').inner_text())
 
         tip = await browser.call(latency_tip)
         assert "TTFT" in tip and "TPOT" in tip and " ms" in tip

@@ -246,7 +246,7 @@ def _autobahn_frame(payload: bytes) -> bytes:
     fleet = Fleet()
     socket_ = fleet.subscriber()
     socket_.protocol.sendMessage(payload, isBinary=True)
-    return socket_.transport.value()
+    return bytes(socket_.transport.value())
 
 
 @pytest.mark.parametrize("size", [0, 1, 125, 126, 127, 65535, 65536, 70000])

@@ -172,7 +172,7 @@ async def iopctl(fleet: SampleFleet, *args: str) -> str:
         IOPCTL, ["--url", fleet.http, *args], env=dict(os.environ), path=str(fleet.directory), reactor=reactor
     )
     assert code == 0, (out, err)
-    return out.decode()
+    return str(out.decode())
 
 
 async def deployment(fleet: SampleFleet) -> Any:

@@ -236,7 +236,7 @@ async def test_a_held_edge_keeps_its_engine_until_released(tmp_path: Path) -> No
 
         async def held() -> bool:
             shown = await _deployment(cp)
-            return shown["rollup"]["held"] == 1 and shown["edges"]["items"][0]["state"] == "held"
+            return bool(shown["rollup"]["held"] == 1 and shown["edges"]["items"][0]["state"] == "held")
 
         await eventually(held, timeout=15, interval=0.2, message="the edge shows held")
         assert lab.pid() == pid and lab.counts() == (1, 0, 0)

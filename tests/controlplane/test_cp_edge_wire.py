@@ -33,7 +33,7 @@ def connect(
     clock = Clock()
     registry = EdgeRegistry(clock)
     factory = EdgeWireFactory(registry, clock, PeerSettings(hello_timeout_seconds=5), credentials)
-    protocol = factory.buildProtocol(None)  # type: ignore[arg-type]
+    protocol = factory.buildProtocol(None)
     assert isinstance(protocol, EdgeWireProtocol)
     transport = StringTransport()
     protocol.makeConnection(transport)
@@ -215,7 +215,7 @@ def test_the_accepted_answer_is_the_full_response_with_the_hellos_request_id(req
     clock = Clock()
     settings = PeerSettings(keepalive_interval_seconds=7.5, keepalive_deadline_seconds=22.0)
     factory = EdgeWireFactory(EdgeRegistry(clock), clock, settings)
-    protocol = factory.buildProtocol(None)  # type: ignore[arg-type]
+    protocol = factory.buildProtocol(None)
     transport = StringTransport()
     protocol.makeConnection(transport)
     hello = pb.EdgeHelloRequest(edge_id="edge-a", protocol_major=PROTOCOL_MAJOR)

@@ -21,7 +21,7 @@ LABELS = {
 
 def ids(body: dict[str, object]) -> list[str]:
     """The edge ids of a page."""
-    return [item["edge_id"] for item in body["items"]]  # type: ignore[attr-defined, index]
+    return [item["edge_id"] for item in body["items"]]  # type: ignore[attr-defined]
 
 
 @pytest_twisted.ensureDeferred

@@ -68,7 +68,7 @@ def _template_of(contract: Contract, path: str) -> str:
     for template in contract.document["paths"]:
         pattern = "^" + _PARAM.sub("[^/]+", re.escape(template).replace(r"\{", "{").replace(r"\}", "}")) + "$"
         if re.match(pattern, bare):
-            return template
+            return str(template)
     raise AssertionError(f"{bare} matches no documented path")
 
 

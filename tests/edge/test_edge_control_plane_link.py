@@ -64,7 +64,9 @@ class Edge:
         _, _, factory, _, _ = self.reactor.tcpClients.pop(0)
         self.reactor.connectors.pop(0)
         client = factory.buildProtocol(None)
-        pump = iosim.connect(cp, iosim.makeFakeServer(cp), client, iosim.makeFakeClient(client), clock=self.reactor)
+        pump: iosim.IOPump = iosim.connect(
+            cp, iosim.makeFakeServer(cp), client, iosim.makeFakeClient(client), clock=self.reactor
+        )
         pump.flush()
         return pump
 

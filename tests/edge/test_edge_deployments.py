@@ -142,7 +142,7 @@ def test_unknown_states_and_long_texts_from_a_node_are_checked() -> None:
     """A state this Edge does not know is kept as unspecified with a reason; texts are cut to a bound."""
     edge = Edge()
     edge.take(1, desired("a"))
-    edge.answer(0, status("a", 99, "x" * 10_000))  # type: ignore[arg-type]
+    edge.answer(0, status("a", 99, "x" * 10_000))
     (shown,) = edge.deployments.statuses()
     assert shown.state == pb.INSTANCE_STATE_UNSPECIFIED
     assert shown.reason == "the node reported an instance state this edge does not know (unknown_99)"

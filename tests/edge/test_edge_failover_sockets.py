@@ -56,7 +56,7 @@ class Engine(Resource):
 async def fleet(tmp_path: Path) -> tuple[Any, list[Any], list[Engine], list[Any]]:
     """Edge, two Nodes of kind openai (probing rarely, so a dead engine is noticed by requests first), two engines."""
     engines = [Engine(), Engine()]
-    ports = [reactor.listenTCP(0, Site(engine), interface="127.0.0.1") for engine in engines]  # type: ignore[attr-defined,arg-type]
+    ports = [reactor.listenTCP(0, Site(engine), interface="127.0.0.1") for engine in engines]  # type: ignore[arg-type]
     edge = await start_edge(write_yaml(tmp_path / "edge.yaml", gateway_edge_yaml(capacity=2)))
     await edge.inference_server.bound()
     nodes = []

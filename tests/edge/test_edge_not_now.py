@@ -64,7 +64,7 @@ def embeddings(gateway: InferenceGateway) -> tuple[int, Sink]:
 
 def sent_to(peer: FakeNode, inference_id: int) -> int:
     """How many times ``inference_id`` was sent to ``peer``."""
-    return peer.requests().count(inference_id)
+    return int(peer.requests().count(inference_id))
 
 
 # -- the saturation rule -------------------------------------------------------------

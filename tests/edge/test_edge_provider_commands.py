@@ -68,7 +68,7 @@ def test_launched_engine_takes_leases_only_while_ready() -> None:
     assert edge.takes_work()
     for state in (pb.ENGINE_STATE_LOADING, pb.ENGINE_STATE_DRAINING, pb.ENGINE_STATE_CRASHED, pb.ENGINE_STATE_FAILED):
         healthy = pb.ProviderHealthReport(provider_id="mock-a", health=pb.PROVIDER_HEALTH_HEALTHY)
-        healthy.launch.state = state  # type: ignore[assignment]
+        healthy.launch.state = state
         edge.registry.node_health(edge.token, [healthy])
         assert not edge.takes_work(), state
     assert Edge(None).takes_work()

@@ -44,7 +44,7 @@ def test_metrics_say_which_tokens_are_estimated() -> None:
             return list(_engine_metrics(registry))
 
     prometheus = CollectorRegistry()
-    prometheus.register(Collector())  # type: ignore[arg-type]
+    prometheus.register(Collector())
     labels = {"node": "node-1", "provider": "p1", "model": "m"}
     value = prometheus.get_sample_value
     assert value("iop_tokens_total", {**labels, "direction": "completion"}) == 8

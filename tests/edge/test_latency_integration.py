@@ -90,23 +90,23 @@ async def test_edge_latency_matches_what_the_client_measured(tmp_path: Path) -> 
         ttfts: list[float] = []
         durations: list[float] = []
         for _ in range(REQUESTS):
-            started = reactor.seconds()  # type: ignore[attr-defined]
+            started = reactor.seconds()
             marks: dict[str, float] = {}
             response, reader = await open_stream(base, chat(stream=True, max_tokens=TOKENS))
             assert response.code == 200
 
             def first_event(_: None, marks: dict[str, float] = marks) -> None:
-                marks.setdefault("first", reactor.seconds())  # type: ignore[attr-defined]
+                marks.setdefault("first", reactor.seconds())
 
             reader.first.addCallback(first_event)
             events = await reader.done
-            ended = reactor.seconds()  # type: ignore[attr-defined]
+            ended = reactor.seconds()
             assert events and events[-1] == b"[DONE]"
             ttfts.append(marks["first"] - started)
             durations.append(ended - started)
-        started = reactor.seconds()  # type: ignore[attr-defined]
+        started = reactor.seconds()
         whole = await post(base, "/v1/chat/completions", chat(max_tokens=TOKENS))
-        whole_duration = reactor.seconds() - started  # type: ignore[attr-defined]
+        whole_duration = reactor.seconds() - started
         assert whole.code == 200
 
         samples = await scrape(metrics_port)

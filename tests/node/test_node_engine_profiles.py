@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -38,7 +38,7 @@ def node(**profile: Any) -> dict[str, Any]:
     """A node.yaml mapping with one profile built from the issue's, ``profile`` overriding its keys."""
     data = yaml.safe_load(ISSUE_PROFILE)
     data["engines"][0].update(profile)
-    return data
+    return cast("dict[str, Any]", data)
 
 
 def parse(data: dict[str, Any]) -> Any:

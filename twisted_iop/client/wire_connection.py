@@ -98,7 +98,7 @@ class ClientWireClientProtocol(WebSocketClientProtocol):
         self.close_reason = reason or ("closed cleanly" if wasClean else "connection lost")
         self._finish()
 
-    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:  # type: ignore[assignment]
+    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:
         """The TCP connection is gone."""
         try:
             super().connectionLost(reason)

@@ -104,7 +104,7 @@ class HttpRoot(Resource):
         self._app = app
         self._client = client
 
-    def render(self, request: Request) -> Any:  # type: ignore[override]
+    def render(self, request: Request) -> Any:
         if request.postpath == [b"client"]:
             channel: Any = request.channel  # the GuardedSite's GuardedChannel
             # The socket outlives the HTTP request: no HTTP idle timeout on it.

@@ -19,7 +19,7 @@ once); it is not re-probed.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Optional, Protocol
+from typing import TYPE_CHECKING, Optional, Protocol, cast
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList, succeed
@@ -142,7 +142,7 @@ class NodeRuntime(Service):
                 call.cancel()
         self._reprobes.clear()
         self._prober.close()
-        return super().stopService()
+        return cast("Deferred[None] | None", super().stopService())
 
     def running_on(self, provider_id: str) -> int:
         """Requests this Node is running on ``provider_id`` now."""

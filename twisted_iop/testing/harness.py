@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import attrs
 from treq.testing import StubTreq
@@ -275,7 +275,9 @@ async def wait_for_ports(daemon: Daemon, labels: set[str], timeout: float = 20.0
         ports = daemon.ports()
         return ports if labels <= set(ports) else None
 
-    return await eventually(check, timeout=timeout, interval=0.05, message=f"ports {sorted(labels)}")
+    return cast(
+        "dict[str, int]", await eventually(check, timeout=timeout, interval=0.05, message=f"ports {sorted(labels)}")
+    )
 
 
 # -- an Edge and Nodes in this reactor ---------------------------------------------

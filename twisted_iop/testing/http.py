@@ -4,7 +4,7 @@ purpose, and the inference gateway's requests and event streams."""
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import attrs
 import treq
@@ -71,7 +71,7 @@ class RawClient(TransportAccess, Protocol):
 
 async def connect(port: int) -> RawClient:
     """A raw TCP client of the site."""
-    return await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port), RawClient())
+    return cast("RawClient", await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port), RawClient()))
 
 
 def request_head(method: str, port: int, extra: str = "", host: Optional[str] = None, path: str = "/x") -> bytes:

@@ -267,5 +267,5 @@ class GuardedRequest(Request):
         if self.refused is not None:
             return
         self.refused = refusal
-        self.content = _Discard()  # type: ignore[assignment]
+        self.content = _Discard()
         self.channel.refuse(refusal, self)

@@ -193,7 +193,7 @@ class DialingService(ClientService):
         flush = getattr(guard.application, "flush_writes", None) if guard is not None else None
         if flush is not None:
             flush()
-        return super().stopService()  # type: ignore[no-any-return]
+        return super().stopService()
 
     def _prepare(self, wrapped: IProtocol) -> Deferred[None]:
         # ClientService attempts one connection at a time: this is the last one made.

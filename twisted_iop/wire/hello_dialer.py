@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Generic, Optional, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Optional, Protocol, TypeVar, cast
 
 import attrs
 from google.protobuf.message import Message
@@ -394,4 +394,4 @@ class _DialerFactory(Factory):
         self._link = link
 
     def buildProtocol(self, addr: Optional[IAddress]) -> HelloDialerProtocol[Any]:
-        return self._link.protocol_class(self._link)
+        return cast("HelloDialerProtocol[Any]", self._link.protocol_class(self._link))

@@ -630,7 +630,7 @@ class PeerServerFactory(Factory):
         self.hello_rejections: dict[str, int] = {}
         self.keepalive = KeepaliveSweeper(clock, settings, lambda: self.connections)
 
-    def buildProtocol(self, addr: Optional[IAddress]) -> AcceptedPeerProtocol:  # type: ignore[override]
+    def buildProtocol(self, addr: Optional[IAddress]) -> AcceptedPeerProtocol:
         return self.protocol_class(self)
 
     def count_rejection(self, code: str) -> None:

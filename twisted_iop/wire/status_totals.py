@@ -137,7 +137,7 @@ def carried_counts(response: pb.EdgeStatusResponse) -> Optional[tuple[int, ...]]
     """The counts a response carries as ``totals``, or None if it has none."""
     if not response.HasField("totals"):
         return None
-    return _read_totals(response.totals)  # type: ignore[no-any-return]
+    return _read_totals(response.totals)
 
 
 def counts_problem(counts: tuple[int, ...], nodes: int) -> Optional[str]:

@@ -37,7 +37,7 @@ class UsageError(Exception):
 class ArgumentParser(argparse.ArgumentParser):
     """argparse that raises :class:`UsageError` instead of exiting."""
 
-    def error(self, message: str) -> Any:  # type: ignore[override]
+    def error(self, message: str) -> Any:
         """Raise instead of printing and exiting, so callers choose the output."""
         raise UsageError(message, self.format_usage())
 

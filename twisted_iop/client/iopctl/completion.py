@@ -72,7 +72,7 @@ def _options(parser: argparse.ArgumentParser) -> tuple[Option, ...]:
     return tuple(found)
 
 
-def _subparsers(parser: argparse.ArgumentParser) -> Optional[argparse._SubParsersAction]:  # type: ignore[type-arg]
+def _subparsers(parser: argparse.ArgumentParser) -> Optional[argparse._SubParsersAction]:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             return action

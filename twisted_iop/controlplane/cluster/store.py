@@ -43,7 +43,7 @@ class ClusterUnavailable(Exception):
         super().__init__("the cluster store (Redis) is unavailable" + (f": {detail}" if detail else ""))
 
 
-class _Protocol(txredisapi.RedisProtocol):  # type: ignore[misc]
+class _Protocol(txredisapi.RedisProtocol):
     """A Redis connection with Nagle's algorithm off: a routed request is a
     small write answered by another replica, and must not wait for an ACK."""
 
@@ -54,7 +54,7 @@ class _Protocol(txredisapi.RedisProtocol):  # type: ignore[misc]
         return super().connectionMade()
 
 
-class _Factory(txredisapi.RedisFactory):  # type: ignore[misc]
+class _Factory(txredisapi.RedisFactory):
     """A pool of one, logging quietly."""
 
     noisy = False

@@ -39,7 +39,7 @@ EDGE_STATES = (READY, PROGRESSING, OUT_OF_SYNC, FAILED, OFFLINE, HELD)
 def state_name(state: int) -> str:
     """An instance state's short name (``ready``, ``refused`` ...)."""
     try:
-        return pb.InstanceState.Name(state).removeprefix("INSTANCE_STATE_").lower()  # type: ignore[arg-type]
+        return pb.InstanceState.Name(state).removeprefix("INSTANCE_STATE_").lower()
     except ValueError:
         return "unspecified"
 

@@ -39,7 +39,7 @@ FRAGMENT_MAX_BYTES = 1024
 #: A value's JSON as bytes (ASCII: texts are escaped as ``json.dumps`` escapes them).
 Writer = Callable[[Any], bytes]
 
-escape_text: Callable[[str], str] = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]
+escape_text: Callable[[str], str] = json.encoder.encode_basestring_ascii
 
 
 def write_text(value: str) -> bytes:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Optional, Union
+from typing import Any, Optional, Union, cast
 
 from twisted_iop.controlplane.fleet.edge_record import EdgeRecord
 from twisted_iop.controlplane.fleet.event_log import EventBuffer
@@ -60,7 +60,7 @@ def iso(seconds: Optional[float]) -> Optional[str]:
         if cached[0] != second:
             cached[1] = time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(second))
             cached[0] = second
-        return cached[1] + _MILLISECONDS[micros // 1000]
+        return cast("str | None", cached[1] + _MILLISECONDS[micros // 1000])
     return iso_by_datetime(seconds)
 
 

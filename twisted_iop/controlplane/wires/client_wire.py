@@ -494,11 +494,11 @@ class ClientWireFactory(WebSocketServerFactory):
         if clock is None:
             from twisted.internet import reactor
 
-            clock = reactor  # type: ignore[assignment]
+            clock = reactor
         self.registry = registry
         self.settings = settings
         #: Runs the hello deadline of every socket.
-        self.clock: IReactorTime = clock  # type: ignore[assignment]
+        self.clock: IReactorTime = clock
         self.connections: set[ClientWireServerProtocol] = set()
         self.setProtocolOptions(
             maxFramePayloadSize=settings.max_message_bytes,

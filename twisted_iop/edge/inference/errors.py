@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import enum
 import json
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from twisted_iop.edge.inference.lifecycle import InferenceError
 from twisted_iop.wire import control_pb2 as pb
@@ -162,7 +162,7 @@ def _openai_error(body: bytes) -> Optional[dict[str, Any]]:
     except ValueError:
         return None
     if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
-        return parsed["error"]
+        return cast("dict[str, Any] | None", parsed["error"])
     return None
 
 

@@ -216,7 +216,7 @@ def error_message(body: bytes) -> str:
         message = parsed
     if not isinstance(message, str):
         message = json.dumps(message) if message is not None else ""
-    return message.strip()[:MAX_MESSAGE_CHARS]
+    return str(message.strip()[:MAX_MESSAGE_CHARS])
 
 
 def error_fields(body: bytes) -> Mapping[str, Any]:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any, Optional, cast
 from urllib.parse import urlsplit
 
 from twisted.internet.defer import Deferred
@@ -437,7 +437,7 @@ class EngineHTTPClient:
         target = self._urls.get(url)
         if target is None:
             if not url.startswith("http://"):
-                return self.tls_client.request(method, url, data=data, headers=headers)
+                return cast("Deferred[Any]", self.tls_client.request(method, url, data=data, headers=headers))
             target = self._parse(url)
         key, start = target
         lines = [method.encode("ascii"), b" ", start]

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import ipaddress
-from typing import Any, Optional, Protocol
+from typing import Any, Optional, Protocol, cast
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint, TCP6ClientEndpoint
@@ -125,4 +125,7 @@ class ProviderHTTPClient:
         self, method: str, url: str, data: bytes = b"", headers: Optional[dict[bytes, list[bytes]]] = None, **_: object
     ) -> Deferred[Any]:
         """Send one request; fires with the (unbuffered) response."""
-        return self._agent.request(method.encode("ascii"), url.encode("utf-8"), Headers(headers), _BytesBody(data))
+        return cast(
+            "Deferred[Any]",
+            self._agent.request(method.encode("ascii"), url.encode("utf-8"), Headers(headers), _BytesBody(data)),
+        )

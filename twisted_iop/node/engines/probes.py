@@ -195,7 +195,7 @@ class ProviderProber:
         """Close the idle connections of the prober's own pool (the Node is stopping)."""
         pool = getattr(self._http, "pool", None)
         if isinstance(pool, HTTPConnectionPool):
-            return pool.closeCachedConnections()
+            return cast("Deferred[None]", pool.closeCachedConnections())
         return succeed(None)
 
     def forget(self, keep: set[str]) -> None:

@@ -137,7 +137,7 @@ class LaunchedEngine:
         return self._suppressed_before + current
 
     def _now(self) -> float:
-        return self.supervisor.clock.seconds()
+        return float(self.supervisor.clock.seconds())
 
     # -- starting -------------------------------------------------------------------
 

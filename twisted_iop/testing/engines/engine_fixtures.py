@@ -72,7 +72,7 @@ class _TrackingSite(Site):
             channels.discard(channel)
             lost(reason)
 
-        channel.connectionLost = connection_lost  # type: ignore[method-assign]
+        channel.connectionLost = connection_lost
         return channel
 
 

@@ -13,6 +13,9 @@ from typing import Any
 
 import pytest
 import pytest_twisted
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from twisted_iop.controlplane.deployments import roll
 from twisted_iop.controlplane.deployments.spec import SpecError, parse_spec
@@ -253,3 +256,102 @@ def test_the_moves_and_the_abort_reason() -> None:
     reason = roll.abort_reason(AbortCriteria(any_failure=True), ["edge-9"], 3)
     assert reason == "1 of 3 reached edges failed (33.3%; rollout.abort.any_failure): edge-9"
     assert roll.abort_reason(AbortCriteria(failure_percent=50, min_executed=4), ["edge-9", "edge-8"], 3) is None
+
+
+class RollMachine(RuleBasedStateMachine):
+    """Polls, pauses, resumes, cancels, edges that refuse the change and restarts of the service on
+    the same store, in any order: an edge the roll did not reach always runs the old spec; a roll
+    not running reaches no edge; a move raises exactly when the state does not allow it; an ended
+    roll stays ended; a restart keeps the roll's state and its reached edges."""
+
+    @initialize()
+    def start(self) -> None:
+        """Four lab edges at generation 1, then a change rolling out one edge at a time."""
+        self.store = MemoryStore()
+        self.fleet = SimulatedFleet(self.store)
+        self.peers = [self.fleet.edge(f"edge-{i}", "lab") for i in (1, 2, 3, 4)]
+        service = self.fleet.deployments
+        service.put(parse_spec("chat", CHAT), "alice")
+        self.old = self.peers[0].instances[0].spec_hash
+        abort = {"failure_percent": 50, "min_executed": 2}
+        service.put(parse_spec("chat", {**CHANGED, "rollout": {"max_in_flight": 1, "abort": abort}}), "alice")
+        self.ended: set[str] = set()
+
+    def _state(self) -> Any:
+        return self.fleet.deployments.get("chat")
+
+    @rule()
+    def poll(self) -> None:
+        """A poll reaches edges only while the roll runs."""
+        state = self._state()
+        before, running = set(state.promoted), state.roll_state == roll.RUNNING
+        self.fleet.clock.advance(2)
+        self.fleet.deployments.poll()
+        if not running and state.rolling_from is not None:
+            assert state.promoted == before
+
+    @rule(move=st.sampled_from(sorted(roll.MOVES)))
+    def move(self, move: str) -> None:
+        """pause, resume or cancel: done, or refused exactly when the state does not allow it."""
+        state = self._state()
+        before = state.roll_state
+        starts, to = roll.MOVES[move]
+        try:
+            getattr(self.fleet.deployments, move)("chat", "alice")
+        except roll.NoRoll:
+            assert before not in roll.IN_PROGRESS
+        except roll.InvalidMove:
+            assert before in roll.IN_PROGRESS and before not in starts
+        else:
+            assert before in starts and state.roll_state in (to, roll.DONE)
+
+    @rule(index=st.integers(0, 3))
+    def refuse(self, index: int) -> None:
+        """Edge ``index``'s node refuses the change from now on."""
+        peer = self.peers[index]
+        running = type(peer)._running
+
+        def refused() -> list[pb.InstanceStatus]:
+            out = running(peer)
+            for status in out:
+                if status.generation == 2:
+                    status.state, status.spec_hash, status.reason = pb.INSTANCE_STATE_REFUSED, "", "refused"
+            return out
+
+        peer._running = refused  # type: ignore[method-assign]
+
+    @rule()
+    def restart(self) -> None:
+        """A new service on the same store: the roll's state and reached edges are back."""
+        state = self._state()
+        kept = (state.roll_state, set(state.promoted))
+        self.fleet.stop()
+        again = SimulatedFleet(self.store)
+        for peer in self.peers:
+            again.registry.connect(peer.edge_id, peer, self.fleet.registry.get(peer.edge_id).hello)
+        self.fleet = again
+        state = self._state()
+        assert (state.roll_state, state.promoted) == kept
+
+    @invariant()
+    def unreached_edges_run_the_old_spec(self) -> None:
+        """An edge the roll did not reach runs the old spec; an ended roll stays ended."""
+        state = self._state()
+        if state.rolling_from is not None:
+            for peer in self.peers:
+                if peer.edge_id not in state.promoted:
+                    assert peer.instances[0].spec_hash == self.old, peer.edge_id
+        assert not self.ended or state.roll_state in self.ended
+        if state.roll_state not in roll.IN_PROGRESS:
+            self.ended = {state.roll_state}
+
+    def teardown(self) -> None:
+        """Stop the service's timer."""
+        if hasattr(self, "fleet"):
+            self.fleet.stop()
+
+
+RollMachine.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+TestRollMachine = RollMachine.TestCase

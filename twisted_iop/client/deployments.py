@@ -99,9 +99,10 @@ class Deployment:
     updated_at: datetime
     updated_by: Optional[str]
     rollup: DeploymentRollup
-    roll: Optional[DeploymentRoll]
     changed: Optional[bool] = _optional()
     edges: Optional[DeploymentEdges] = _optional()
+    #: Its last roll (None: none ever ran, or a Control Plane older than rolls with states).
+    roll: Optional[DeploymentRoll] = _optional()
 
 
 @attrs.frozen

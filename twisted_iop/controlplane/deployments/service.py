@@ -583,10 +583,13 @@ class DeploymentService(Service):
             return states.get(record.edge_id, READY) != READY
 
         if spec.abort is not None:
-            outcomes = [
-                states.get(r.edge_id, READY) for r in edges if r.edge_id in state.promoted and r.token is not None
+            # Only the edges sent the new generation have an outcome of it (a failure of the old
+            # spec on an edge just reached is not the change's).
+            judged = [
+                r.edge_id for r in edges if r.edge_id in state.promoted and self._sent_generation(r.edge_id, state)
             ]
-            failed = [r.edge_id for r in edges if r.edge_id in state.promoted and states.get(r.edge_id) == FAILED]
+            outcomes = [states.get(edge_id, READY) for edge_id in judged]
+            failed = [edge_id for edge_id in judged if states.get(edge_id) == FAILED]
             reason = roll.abort_reason(spec.abort, failed, sum(1 for o in outcomes if o in (READY, FAILED)))
             if reason is not None:
                 state.roll_state, state.roll_reason = roll.ABORTED, reason
@@ -622,6 +625,17 @@ class DeploymentService(Service):
             self._record("deployment.rolled_out", state, state.updated_by, message)
             return True
         return False
+
+    def _sent_generation(self, edge_id: str, state: DeploymentState) -> bool:
+        """Whether edge ``edge_id`` was last sent the deployment's newest generation (and is still connected)."""
+        sent = self._sent.get(edge_id)
+        record = self._registry.find(edge_id)
+        if sent is None or record is None or record.token != sent.token:
+            return False
+        name, generation = state.spec.name, state.generation
+        wanted = [i for i in sent.plan.instances if i.deployment == name]
+        unplaced = [u for u in sent.plan.unplaced if u.deployment == name]
+        return bool(unplaced) or (bool(wanted) and all(i.generation == generation for i in wanted))
 
     def _settled(self, edge_id: str, desired: EdgeDesired) -> bool:
         observed = self.observation(edge_id)

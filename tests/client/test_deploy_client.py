@@ -1,5 +1,6 @@
 """``iopctl deploy`` and the repository's deployment views against a REAL Control Plane and a real
-Edge and Node (the mock engine profile launching ``iop-mock-provider``)."""
+Edge and Node (the mock engine profile launching ``iop-mock-provider``), and the roll's moves
+against the real Klein app with simulated edges on a clock."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from twisted.internet.defer import Deferred
 from twisted_iop.client import ControlPlaneStatusRepository
 from twisted_iop.client.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE, parse_arguments, run
 from twisted_iop.client.deployments import Deployment, DeploymentDryRun
-from twisted_iop.testing.deployments import DeploymentSite, start_site
+from twisted_iop.testing.deployments import OPERATOR, VIEWER, DeploymentSite, SimulatedFleet, start_site
 from twisted_iop.testing.harness import ControlPlaneHarness, start_control_plane, stop
 
 DEPLOYMENT_YAML = """\
@@ -32,9 +33,16 @@ async def iopctl(
     argv: list[str], cp: ControlPlaneHarness, interrupted: Deferred[None] | None = None
 ) -> tuple[int, str, str]:
     """Run iopctl's ``run`` against the real Control Plane."""
+    repository = ControlPlaneStatusRepository(cp.http_url, timeout=10)
+    return await iopctl_on(argv, repository, interrupted)
+
+
+async def iopctl_on(
+    argv: list[str], repository: ControlPlaneStatusRepository, interrupted: Deferred[None] | None = None
+) -> tuple[int, str, str]:
+    """Run iopctl's ``run`` with ``repository``."""
     args = parse_arguments(argv)
     out, err = io.StringIO(), io.StringIO()
-    repository = ControlPlaneStatusRepository(cp.http_url, timeout=10)
     code = await run(reactor, args, repository, lambda a: None, out, err, interrupted)
     return code, out.getvalue(), err.getvalue()
 
@@ -114,3 +122,45 @@ async def test_the_repository_reads_every_deployment_document(tmp_path: Path) ->
         assert code == EXIT_ERROR and "interrupted" in err and "0/0 ready" in out
     finally:
         await cp.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_iopctl_deploy_pause_resume_cancel_against_the_real_app() -> None:
+    """Three lab edges and a change rolling out one edge at a time: ``deploy pause`` says the roll is
+    paused with 1 reached and 2 pending, and polls reach nothing more; ``status`` and ``show`` say
+    paused; ``resume`` reaches edge-2; ``cancel`` ends it (edge-3 keeps the old spec); a second
+    cancel is the server's no_rollout error; a viewer's pause is forbidden."""
+    fleet = SimulatedFleet()
+    try:
+        edges = [fleet.edge(f"edge-{i}", "lab") for i in (1, 2, 3)]
+        chat = {"model": "m1", "profile": "mock", "parameters": {"tokens_per_second": 100}, "edge_selector": "site=lab"}
+        await fleet.call("PUT", "/deployments/chat", chat)
+        old = edges[2].instances[0].spec_hash
+        changed = {**chat, "parameters": {"tokens_per_second": 200}, "rollout": {"max_in_flight": 1}}
+        await fleet.call("PUT", "/deployments/chat", changed)
+        repository = ControlPlaneStatusRepository("http://cp", api_token=OPERATOR, http_client=fleet.treq)
+        code, out, err = await iopctl_on(["deploy", "pause", "chat"], repository)
+        assert code == EXIT_OK, err
+        assert "rollout paused: 1 reached, 2 pending (paused by alice)" in out
+        fleet.clock.advance(2)
+        fleet.deployments.poll()
+        assert edges[1].instances[0].spec_hash == old
+        code, out, err = await iopctl_on(["deploy", "status", "chat"], repository)
+        assert code == EXIT_OK and "rollout paused: 1 reached, 2 pending" in out
+        code, out, err = await iopctl_on(["deploy", "show", "chat"], repository)
+        assert any(line.startswith("rollout:    rollout paused") for line in out.splitlines()), out
+        code, out, err = await iopctl_on(["deploy", "resume", "chat"], repository)
+        assert code == EXIT_OK and "rollout running: 2 reached, 1 pending" in out
+        code, out, err = await iopctl_on(["--json", "deploy", "cancel", "chat"], repository)
+        assert code == EXIT_OK, err
+        assert json.loads(out)["roll"]["state"] == "cancelled"
+        fleet.clock.advance(2)
+        fleet.deployments.poll()
+        assert edges[2].instances[0].spec_hash == old
+        code, out, err = await iopctl_on(["deploy", "cancel", "chat"], repository)
+        assert code == EXIT_ERROR and "no_rollout" in err
+        viewer = ControlPlaneStatusRepository("http://cp", api_token=VIEWER, http_client=fleet.treq)
+        code, out, err = await iopctl_on(["deploy", "pause", "chat"], viewer)
+        assert code == EXIT_ERROR and "forbidden" in err
+    finally:
+        fleet.stop()

@@ -8,92 +8,26 @@ answer is validated against the OpenAPI document's schemas.
 
 from __future__ import annotations
 
-import json
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 import pytest_twisted
-from treq.testing import StubTreq
-from twisted.internet.task import Clock
 
-from twisted_iop.controlplane.deployments.service import DeploymentService
-from twisted_iop.controlplane.fleet.registry import EdgeRegistry
-from twisted_iop.controlplane.http.auth import ApiToken, ApiTokens, token_digest
-from twisted_iop.controlplane.http.routes import ControlPlaneHttp, HttpSettings, ListenerReadiness
 from twisted_iop.controlplane.metrics import deployment_metrics
-from twisted_iop.controlplane.requests.gateway import EdgeGateway
-from twisted_iop.controlplane.rollouts.service import RolloutService
 from twisted_iop.controlplane.store.memory import MemoryStore
 from twisted_iop.controlplane.wires.edge_hello import EdgeHello
-from twisted_iop.testing.deployments import DEPLOYING_CATALOG, SimulatedEdge
+from twisted_iop.testing.deployments import VIEWER, SimulatedEdge
+from twisted_iop.testing.deployments import SimulatedFleet as Fleet
 from twisted_iop.testing.harness import contract_validator
 from twisted_iop.testing.wires.peers import CATALOG
 
 CHAT = {"model": "m1", "profile": "mock", "parameters": {"tokens_per_second": 100}, "edge_selector": "site=lab"}
-OPERATOR = "operator-secret"
-VIEWER = "viewer-secret"
 
 
 def _valid(schema: str, body: Any) -> Any:
     errors = list(contract_validator(schema).iter_errors(body))
     assert not errors, [e.message for e in errors]
     return body
-
-
-class Fleet:
-    """A registry, a deployment service on a clock with a store, and the app with operator and viewer tokens."""
-
-    def __init__(self, store: Optional[MemoryStore] = None) -> None:
-        self.clock = Clock()
-        self.clock.advance(1_700_000_000)
-        self.registry = EdgeRegistry(self.clock)
-        self.gateway = EdgeGateway(self.registry, self.clock)
-        self.store = store if store is not None else MemoryStore()
-        self.rollouts = RolloutService(self.registry, self.gateway, self.clock)
-        self.deployments = DeploymentService(
-            self.registry, self.gateway, self.store, self.rollouts.event_buffer, self.clock
-        )
-        self.deployments.startService()
-        tokens = ApiTokens(
-            (
-                ApiToken("alice", "operator", token_digest(OPERATOR.encode())),
-                ApiToken("victor", "viewer", token_digest(VIEWER.encode())),
-            )
-        )
-        api = ControlPlaneHttp(
-            self.registry,
-            self.gateway,
-            self.clock,
-            ListenerReadiness([]),
-            HttpSettings(tokens=tokens),
-            rollouts=self.rollouts,
-            deployments=self.deployments,
-        )
-        self.treq = StubTreq(api.app.resource())
-        self.edges: dict[str, SimulatedEdge] = {}
-
-    def edge(self, edge_id: str, site: str) -> SimulatedEdge:
-        """Connect a simulated edge labelled site=``site``."""
-        peer = self.edges[edge_id] = SimulatedEdge(edge_id)
-        hello = EdgeHello(
-            labels={"site": site}, software_version="t", protocol_version="1.0", commands=DEPLOYING_CATALOG
-        )
-        self.registry.connect(edge_id, peer, hello)
-        return peer
-
-    async def call(
-        self, method: str, path: str, body: Optional[dict[str, Any]] = None, token: str = OPERATOR
-    ) -> tuple[int, Any]:
-        """One request; the status code and the JSON body."""
-        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-        data = json.dumps(body).encode() if body is not None else None
-        send = getattr(self.treq, method.lower())
-        response = await send("http://cp" + path, headers=headers, data=data)
-        return response.code, json.loads(await response.content())
-
-    def stop(self) -> None:
-        """Stop the service's timer."""
-        self.deployments.stopService()
 
 
 @pytest_twisted.ensureDeferred

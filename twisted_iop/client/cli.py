@@ -18,6 +18,7 @@
     rollout create|list|show|pause|resume|cancel ...   staged rollouts (iopctl rollout -h)
     slo list|show NAME        SLOs: error budgets, burn rates and alerts
     deploy apply -f FILE [--dry-run] | list | show NAME | status NAME [--watch] | delete NAME
+           | pause NAME | resume NAME | cancel NAME
                               deployments: which model runs where, and whether it got there
     history [EDGE] [--since 2h] [--step S] [--model M] [-l SEL] [--series F,...|--latency] [--sparklines|--table]
 

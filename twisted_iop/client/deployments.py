@@ -75,6 +75,19 @@ class DeploymentRollup:
 
 
 @attrs.frozen
+class DeploymentRoll:
+    """The roll of a deployment's last change with ``rollout.max_in_flight``."""
+
+    state: str
+    reason: str
+    from_generation: Optional[int]
+    max_in_flight: Optional[int]
+    reached: int
+    pending: int
+    failed: int
+
+
+@attrs.frozen
 class Deployment:
     """``GET /deployments/{name}``: the spec, generation and rollup (and, shown alone, its edges)."""
 
@@ -88,6 +101,8 @@ class Deployment:
     rollup: DeploymentRollup
     changed: Optional[bool] = _optional()
     edges: Optional[DeploymentEdges] = _optional()
+    #: Its last roll (None: none ever ran, or a Control Plane older than rolls with states).
+    roll: Optional[DeploymentRoll] = _optional()
 
 
 @attrs.frozen
@@ -188,6 +203,19 @@ class DeploymentViews:
             answer = await self._request("PUT", _path(name), query={"dry_run": "true"}, body=spec)
             return read(DeploymentDryRun, answer)
         return read(Deployment, await self._request("PUT", _path(name), body=spec))
+
+    async def pause_deployment(self, name: str) -> Deployment:
+        """``POST /deployments/{name}/pause`` (``ControlPlaneError`` code ``no_rollout`` or
+        ``invalid_transition``, 409, when its roll is not running)."""
+        return read(Deployment, await self._request("POST", _path(name) + "/pause"))
+
+    async def resume_deployment(self, name: str) -> Deployment:
+        """``POST /deployments/{name}/resume``: its paused roll goes on."""
+        return read(Deployment, await self._request("POST", _path(name) + "/resume"))
+
+    async def cancel_deployment(self, name: str) -> Deployment:
+        """``POST /deployments/{name}/cancel``: its roll ends; the edges not reached keep the previous spec."""
+        return read(Deployment, await self._request("POST", _path(name) + "/cancel"))
 
     async def delete_deployment(self, name: str) -> DeploymentDeleted:
         """``DELETE /deployments/{name}``: its instances stop everywhere."""

@@ -186,7 +186,8 @@ class UnknownRolloutError(ControlPlaneError):
 
 
 class InvalidTransitionError(ControlPlaneError):
-    """The rollout cannot pause, resume or be cancelled in its state (409 ``invalid_transition``)."""
+    """The rollout (or a deployment's roll) cannot pause, resume or be cancelled in its state (409
+    ``invalid_transition``)."""
 
     CODE = "invalid_transition"
 

@@ -11,13 +11,24 @@ desired sets over the real Edge wire.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Optional
 
 import attrs
 import yaml
+from treq.testing import StubTreq
 from twisted.internet.defer import Deferred, succeed
+from twisted.internet.task import Clock
 
+from twisted_iop.controlplane.deployments.service import DeploymentService
+from twisted_iop.controlplane.fleet.registry import EdgeRegistry
+from twisted_iop.controlplane.http.auth import ApiToken, ApiTokens, token_digest
+from twisted_iop.controlplane.http.routes import ControlPlaneHttp, HttpSettings, ListenerReadiness
+from twisted_iop.controlplane.requests.gateway import EdgeGateway
+from twisted_iop.controlplane.rollouts.service import RolloutService
+from twisted_iop.controlplane.store.memory import MemoryStore
+from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.deployments.spec import spec_hash
 from twisted_iop.edge.tap import EdgeService
 from twisted_iop.node.tap import NodeService
@@ -299,3 +310,65 @@ class SimulatedEdge(AnsweringEdgePeer):
         response.instances.extend(self._running())
         response.held = self.held
         return response
+
+
+#: The tokens of :class:`SimulatedFleet`'s app: alice, an operator, and victor, a viewer.
+OPERATOR = "operator-secret"
+VIEWER = "viewer-secret"
+
+
+class SimulatedFleet:
+    """The Control Plane's deployments without sockets (the real Klein app through StubTreq, the real
+    services and registry on a Clock, :class:`SimulatedEdge` peers): a registry, a deployment service on a clock with a store, and the app with operator and viewer tokens."""
+
+    def __init__(self, store: Optional[MemoryStore] = None) -> None:
+        self.clock = Clock()
+        self.clock.advance(1_700_000_000)
+        self.registry = EdgeRegistry(self.clock)
+        self.gateway = EdgeGateway(self.registry, self.clock)
+        self.store = store if store is not None else MemoryStore()
+        self.rollouts = RolloutService(self.registry, self.gateway, self.clock)
+        self.deployments = DeploymentService(
+            self.registry, self.gateway, self.store, self.rollouts.event_buffer, self.clock
+        )
+        self.deployments.startService()
+        tokens = ApiTokens(
+            (
+                ApiToken("alice", "operator", token_digest(OPERATOR.encode())),
+                ApiToken("victor", "viewer", token_digest(VIEWER.encode())),
+            )
+        )
+        api = ControlPlaneHttp(
+            self.registry,
+            self.gateway,
+            self.clock,
+            ListenerReadiness([]),
+            HttpSettings(tokens=tokens),
+            rollouts=self.rollouts,
+            deployments=self.deployments,
+        )
+        self.treq = StubTreq(api.app.resource())
+        self.edges: dict[str, SimulatedEdge] = {}
+
+    def edge(self, edge_id: str, site: str) -> SimulatedEdge:
+        """Connect a simulated edge labelled site=``site``."""
+        peer = self.edges[edge_id] = SimulatedEdge(edge_id)
+        hello = EdgeHello(
+            labels={"site": site}, software_version="t", protocol_version="1.0", commands=DEPLOYING_CATALOG
+        )
+        self.registry.connect(edge_id, peer, hello)
+        return peer
+
+    async def call(
+        self, method: str, path: str, body: Optional[dict[str, Any]] = None, token: str = OPERATOR
+    ) -> tuple[int, Any]:
+        """One request; the status code and the JSON body."""
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        data = json.dumps(body).encode() if body is not None else None
+        send = getattr(self.treq, method.lower())
+        response = await send("http://cp" + path, headers=headers, data=data)
+        return response.code, json.loads(await response.content())
+
+    def stop(self) -> None:
+        """Stop the service's timer."""
+        self.deployments.stopService()

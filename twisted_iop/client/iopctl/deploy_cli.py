@@ -7,6 +7,9 @@
     iopctl deploy show NAME [--state S]       one deployment: spec, rollup, each edge's instances
     iopctl deploy status NAME [--watch]       the rollup as a progress bar (--watch: until ready)
     iopctl deploy delete NAME                 delete it: its instances stop everywhere
+    iopctl deploy pause NAME                  pause its roll: no further edge is reached
+    iopctl deploy resume NAME                 resume its paused roll
+    iopctl deploy cancel NAME                 end its roll: the edges not reached keep the previous spec
 
 FILE is YAML or JSON: the deployment's ``name`` and its spec (``model``,
 ``profile``, ``parameters``, ``edge_selector`` ... as ``PUT
@@ -46,6 +49,12 @@ WATCH_INTERVAL_PLAIN_SECONDS = 5.0
 WATCH_TIMEOUT_SECONDS = 600.0
 #: The largest deployment file read.
 MAX_FILE_BYTES = 1024 * 1024
+#: The moves of a deployment's roll, and what each does.
+MOVES = {
+    "pause": "pause the deployment's roll: no further edge is reached (the reached ones keep converging)",
+    "resume": "resume the deployment's paused roll",
+    "cancel": "end the deployment's roll: the edges not reached keep the previous generation's spec",
+}
 
 
 def _seconds(text: str) -> float:
@@ -87,6 +96,9 @@ def add_parser(parser: argparse.ArgumentParser, common: argparse.ArgumentParser)
     )
     p = add("delete", "delete a deployment: its instances stop everywhere")
     p.add_argument("name", metavar="NAME", help="the deployment's name")
+    for move, help_text in MOVES.items():
+        p = add(move, help_text)
+        p.add_argument("name", metavar="NAME", help="the deployment's name")
 
 
 def read_file(path: str, stdin: Any = None) -> tuple[str, dict[str, Any]]:
@@ -142,6 +154,13 @@ async def dispatch(
             console.result(deployment, deployment_render.status_line)
             return EXIT_OK
         return await watch(reactor, repository, deployment, console, args.interval, args.timeout, interrupted)
+    elif action in MOVES:
+        moves = {
+            "pause": repository.pause_deployment,
+            "resume": repository.resume_deployment,
+            "cancel": repository.cancel_deployment,
+        }
+        console.result(await moves[action](args.name), deployment_render.status_line)
     else:
         console.result(await repository.delete_deployment(args.name), deployment_render.render_deleted)
     return EXIT_OK

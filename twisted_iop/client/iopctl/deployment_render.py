@@ -12,6 +12,7 @@ from twisted_iop.client.deployments import (
     DeploymentDeleted,
     DeploymentDryRun,
     DeploymentList,
+    DeploymentRoll,
     DeploymentRollup,
 )
 from twisted_iop.client.iopctl.render import NONE, render_table, time_text
@@ -42,10 +43,19 @@ def rollup_text(rollup: DeploymentRollup) -> str:
     return ", ".join(parts) or NONE
 
 
+def roll_text(roll: DeploymentRoll) -> str:
+    """``rollout paused: 1 reached, 2 pending (paused by alice)``."""
+    counts = f"{roll.reached} reached, {roll.pending} pending" + (f", {roll.failed} failed" if roll.failed else "")
+    return f"rollout {roll.state}: {counts}" + (f" ({roll.reason})" if roll.reason else "")
+
+
 def status_line(deployment: Deployment) -> str:
-    """One line of ``iopctl deploy status``: the bar, then what is not ready."""
+    """One line of ``iopctl deploy status``: the bar, then what is not ready, then a roll not done."""
     rest = rollup_text(deployment.rollup)
     tail = "" if rest == NONE else f"  ({rest})"
+    roll = deployment.roll
+    if roll is not None and roll.state != "done":
+        tail += f"; {roll_text(roll)}"
     return f"{deployment.name} generation {deployment.generation}  {progress_bar(deployment.rollup)}{tail}"
 
 
@@ -79,6 +89,7 @@ def render_deployment(deployment: Deployment) -> str:
         f"replicas:   {spec.get('replicas_per_edge')} per edge, capacity {spec.get('capacity')}, offline {spec.get('offline')}",
         f"updated:    {time_text(deployment.updated_at)} by {deployment.updated_by or NONE}",
         f"rollup:     {progress_bar(deployment.rollup)}; {rollup_text(deployment.rollup)}",
+        "rollout:    " + (roll_text(deployment.roll) if deployment.roll is not None else NONE),
     ]
     edges = deployment.edges
     if edges is not None:

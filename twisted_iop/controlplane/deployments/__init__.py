@@ -14,6 +14,9 @@ supervisor; the spec hash both sides compute is
   restart, stay, stop, and what cannot be placed and why);
 * :mod:`.rollup`: from what each edge reports, the state of each edge for
   a deployment and the counts of a deployment's rollup (pure);
+* :mod:`.roll`: a changed deployment's roll: its states (running, paused,
+  cancelled, aborted, done), the moves an operator makes and the abort
+  rule (the rollout engine's criteria), pure;
 * :mod:`.service`: keeps deployments in the store, sends each edge its
   desired set (on every change and when it says hello), reads what runs,
   records ``deployment.*`` events;

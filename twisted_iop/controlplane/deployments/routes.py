@@ -3,7 +3,8 @@
 :func:`add_deployment_routes` puts them on the Control Plane's Klein app;
 each runs on the :class:`~twisted_iop.controlplane.http.routes.ControlPlaneHttp`
 it is bound to (its token checks, body reading and error handlers) and asks
-its :class:`~.service.DeploymentService`. ``PUT`` and ``DELETE`` need an
+its :class:`~.service.DeploymentService`. ``PUT``, ``DELETE`` and the roll's
+moves (``POST /deployments/{name}/pause``, ``/resume``, ``/cancel``) need an
 operator token, the reads a viewer's. ``PUT`` is idempotent by itself: the
 same body again changes nothing, not even the generation.
 """
@@ -15,6 +16,7 @@ from typing import Any, Optional, Protocol
 from klein import Klein
 from twisted.web.iweb import IRequest
 
+from twisted_iop.controlplane.deployments import roll
 from twisted_iop.controlplane.deployments.rollup import EDGE_STATES, EdgeRollup
 from twisted_iop.controlplane.deployments.service import (
     DeploymentService,
@@ -68,9 +70,13 @@ def edge_json(edge: EdgeRollup) -> dict[str, Any]:
     }
 
 
-def deployment_json(service: DeploymentService, state: DeploymentState) -> dict[str, Any]:
-    """One deployment: its spec, generation and rollup."""
+def deployment_json(
+    service: DeploymentService, state: DeploymentState, edges: Optional[list[EdgeRollup]] = None
+) -> dict[str, Any]:
+    """One deployment: its spec, generation, rollup and roll (from ``edges`` when given)."""
     spec = state.spec
+    if edges is None:
+        edges = service.edge_rollups(spec.name)
     return {
         "name": spec.name,
         "generation": state.generation,
@@ -79,7 +85,8 @@ def deployment_json(service: DeploymentService, state: DeploymentState) -> dict[
         "created_at": iso(state.created_at),
         "updated_at": iso(state.updated_at),
         "updated_by": state.updated_by or None,
-        "rollup": service.rollup(spec.name),
+        "rollup": service.rollup(spec.name, edges),
+        "roll": service.roll_view(state, edges),
     }
 
 
@@ -129,10 +136,11 @@ def add_deployment_routes(app: Klein) -> None:
             state = service.get(name)
         except UnknownDeployment as e:
             return error_body(request, 404, "unknown_deployment", str(e))
-        edges = [e for e in service.edge_rollups(name) if states is None or e.state in states]
+        every = service.edge_rollups(name)
+        edges = [e for e in every if states is None or e.state in states]
         chosen = [e for e in edges if e.edge_id > cursor][:limit]
         more = bool(chosen) and edges[-1].edge_id != chosen[-1].edge_id
-        body = deployment_json(service, state)
+        body = deployment_json(service, state, every)
         body["edges"] = {
             "items": [edge_json(e) for e in chosen],
             "total": len(edges),
@@ -172,3 +180,33 @@ def add_deployment_routes(app: Klein) -> None:
         except UnknownDeployment as e:
             return error_body(request, 404, "unknown_deployment", str(e))
         return json_body(request, 200, {"name": name, "deleted": True, "generation": state.generation})
+
+    def move(http: DeploymentHost, request: IRequest, name: str, move: str) -> bytes:
+        caller = http._authorize(request)
+        http._shared(request)
+        service = http._deployments
+        moves = {"pause": service.pause, "resume": service.resume, "cancel": service.cancel}
+        try:
+            state = moves[move](name, caller.name if caller is not None else "")
+        except UnknownDeployment as e:
+            return error_body(request, 404, "unknown_deployment", str(e))
+        except roll.NoRoll as e:
+            return error_body(request, 409, "no_rollout", str(e))
+        except roll.InvalidMove as e:
+            return error_body(request, 409, "invalid_transition", str(e))
+        return json_body(request, 200, deployment_json(service, state))
+
+    @app.route("/deployments/<name>/pause", methods=["POST"])
+    def pause_deployment(http: DeploymentHost, request: IRequest, name: str) -> bytes:
+        """Pause the deployment's roll: no further edge is reached (the reached ones keep converging)."""
+        return move(http, request, name, "pause")
+
+    @app.route("/deployments/<name>/resume", methods=["POST"])
+    def resume_deployment(http: DeploymentHost, request: IRequest, name: str) -> bytes:
+        """Resume the deployment's paused roll."""
+        return move(http, request, name, "resume")
+
+    @app.route("/deployments/<name>/cancel", methods=["POST"])
+    def cancel_deployment(http: DeploymentHost, request: IRequest, name: str) -> bytes:
+        """Cancel the deployment's roll: the edges not reached keep the previous generation's spec."""
+        return move(http, request, name, "cancel")

@@ -21,7 +21,12 @@ The :class:`DeploymentService`:
    fresh snapshot (again placing, for nodes that came meanwhile);
 4. computes each deployment's rollup (:mod:`.rollup`);
 5. records ``deployment.created`` / ``deployment.updated`` /
-   ``deployment.deleted`` events with who did it (the token's name).
+   ``deployment.deleted`` events with who did it (the token's name);
+6. rolls a change with ``rollout.max_in_flight`` out that many edges at a
+   time: the roll (:mod:`.roll`) may be paused, resumed and cancelled
+   (``deployment.paused`` / ``resumed`` / ``cancelled``), and aborts by
+   itself when its reached edges fail past ``rollout.abort``
+   (``deployment.aborted``); its state is kept with the deployment.
 
 **Versions.** A desired set's version is the larger of one more than the
 last one given and the wall clock in milliseconds, and above the version
@@ -50,6 +55,7 @@ from twisted.python.failure import Failure
 
 from twisted_iop.controlplane.cluster.remote import RemotePeer
 from twisted_iop.controlplane.deployments import placement as pl
+from twisted_iop.controlplane.deployments import roll
 from twisted_iop.controlplane.deployments.rollup import (
     EDGE_STATES,
     FAILED,
@@ -117,6 +123,9 @@ class DeploymentState:
     rolling_from: Optional[DeploymentSpec] = None
     rolling_generation: int = 0
     promoted: set[str] = attrs.field(factory=set)
+    #: The roll's state (:mod:`.roll`; "" when this deployment never rolled a change out) and why.
+    roll_state: str = ""
+    roll_reason: str = ""
 
     def spec_for(self, edge_id: str) -> tuple[DeploymentSpec, int]:
         """The spec and generation edge ``edge_id`` gets now (the older one until a roll reaches it)."""
@@ -136,6 +145,8 @@ class DeploymentState:
             "rolling_from": self.rolling_from.as_json() if self.rolling_from is not None else None,
             "rolling_generation": self.rolling_generation,
             "promoted": sorted(self.promoted),
+            "roll_state": self.roll_state,
+            "roll_reason": self.roll_reason,
         }
 
     @classmethod
@@ -144,6 +155,10 @@ class DeploymentState:
         placement = value.get("placement") or {}
         if not isinstance(placement, dict):
             raise ValueError("placement is not an object")
+        # Kept before rolls had states: a roll kept in progress was running.
+        roll_state = str(value.get("roll_state") or (roll.RUNNING if value.get("rolling_from") else ""))
+        if roll_state and roll_state not in roll.ROLL_STATES:
+            raise ValueError(f"unknown roll state {roll_state[:40]!r}")
         return cls(
             spec=parse_spec(name, value["spec"]),
             generation=int(value["generation"]),
@@ -154,6 +169,8 @@ class DeploymentState:
             rolling_from=parse_spec(name, value["rolling_from"]) if value.get("rolling_from") else None,
             rolling_generation=int(value.get("rolling_generation", 0)),
             promoted={str(e) for e in value.get("promoted") or ()},
+            roll_state=roll_state,
+            roll_reason=str(value.get("roll_reason", "")),
         )
 
 
@@ -251,12 +268,14 @@ class DeploymentService(Service):
             state = DeploymentState(spec, kept.generation + 1, kept.created_at, now, actor, kept.placement)
             if spec.max_in_flight:
                 # Rolled out max_in_flight edges at a time: the others keep what they run. A change
-                # while a roll goes on keeps the spec the edges not reached yet run.
+                # while a roll goes on (or after one was cancelled or aborted) keeps the spec the edges
+                # not reached yet run; a paused roll stays paused, any other runs again.
                 if kept.rolling_from is not None:
                     state.rolling_from, state.rolling_generation = kept.rolling_from, kept.rolling_generation
                     state.promoted = set(kept.promoted)
                 else:
                     state.rolling_from, state.rolling_generation = kept.spec, kept.generation
+                state.roll_state = roll.PAUSED if kept.roll_state == roll.PAUSED else roll.RUNNING
         self._deployments[spec.name] = state
         kind = "deployment.created" if kept is None else "deployment.updated"
         self._record(kind, state, actor, f"deployment {spec.name}: generation {state.generation}")
@@ -276,6 +295,43 @@ class DeploymentService(Service):
         self._store.deployment_delete(name)
         self._record("deployment.deleted", state, actor, f"deployment {name} deleted: its instances stop")
         self._reconcile_selected([state.spec])
+        return state
+
+    def pause(self, name: str, actor: str = "") -> DeploymentState:
+        """Pause the roll of deployment ``name``: no further edge is reached (the reached ones keep
+        converging). Raises :class:`UnknownDeployment`, :class:`~.roll.NoRoll`, :class:`~.roll.InvalidMove`."""
+        return self._move(name, "pause", actor)
+
+    def resume(self, name: str, actor: str = "") -> DeploymentState:
+        """Resume the paused roll of deployment ``name`` (the next edges are reached at once if there is room)."""
+        return self._move(name, "resume", actor)
+
+    def cancel(self, name: str, actor: str = "") -> DeploymentState:
+        """End the roll of deployment ``name``: the edges not reached keep the previous generation's
+        spec (shown ``out_of_sync``) until a later change starts a new roll."""
+        return self._move(name, "cancel", actor)
+
+    def _move(self, name: str, move: str, actor: str) -> DeploymentState:
+        state = self.get(name)
+        state.roll_state = roll.moved(name, state.roll_state, move)
+        who = actor or "anonymous"
+        state.roll_reason = {
+            "pause": f"paused by {who}",
+            "resume": "",
+            "cancel": f"cancelled by {who}: the edges not reached keep generation {state.rolling_generation}",
+        }[move]
+        kind = {"pause": "deployment.paused", "resume": "deployment.resumed", "cancel": "deployment.cancelled"}[move]
+        reached = len(state.promoted)
+        self._record(
+            kind,
+            state,
+            actor,
+            f"deployment {name}: the rollout of generation {state.generation} is {state.roll_state} "
+            f"({reached} edge(s) reached)",
+        )
+        if move == "resume":
+            self._advance(state)
+        self._write(state)
         return state
 
     def _write(self, state: DeploymentState) -> None:
@@ -489,7 +545,7 @@ class DeploymentService(Service):
         if not self.restored or self._gateway.stopping:
             return
         for state in self.all():
-            if state.rolling_from is not None and self._advance(state):
+            if state.rolling_from is not None and state.roll_state in roll.IN_PROGRESS and self._advance(state):
                 self._write(state)
         for kept in (self._sent, self._answers, self._read_snapshots):
             for edge_id in [e for e in kept if self._registry.find(e) is None]:
@@ -507,10 +563,11 @@ class DeploymentService(Service):
             self._refresh(edge_id, desired.token)
 
     def _advance(self, state: DeploymentState) -> bool:
-        """Reach the next edges of a roll while fewer than ``max_in_flight`` reached edges are not
-        ready (an offline one counts with ``offline: wait``); end the roll once every edge is
-        reached and ready. Whether anything changed."""
-        if state.rolling_from is None:
+        """Abort a roll whose reached edges failed past ``rollout.abort``; if it runs, reach the next
+        edges while fewer than ``max_in_flight`` reached edges are not ready (an offline one counts
+        with ``offline: wait``); end the roll once every edge is reached and ready (paused too).
+        Whether anything changed."""
+        if state.rolling_from is None or state.roll_state not in roll.IN_PROGRESS:
             return False
         spec = state.spec
         selectors = [spec.edge_selector_parsed, state.rolling_from.edge_selector_parsed]
@@ -525,10 +582,24 @@ class DeploymentService(Service):
                 return spec.offline != SKIP
             return states.get(record.edge_id, READY) != READY
 
+        if spec.abort is not None:
+            # Only the edges sent the new generation have an outcome of it (a failure of the old
+            # spec on an edge just reached is not the change's).
+            judged = [
+                r.edge_id for r in edges if r.edge_id in state.promoted and self._sent_generation(r.edge_id, state)
+            ]
+            outcomes = [states.get(edge_id, READY) for edge_id in judged]
+            failed = [edge_id for edge_id in judged if states.get(edge_id) == FAILED]
+            reason = roll.abort_reason(spec.abort, failed, sum(1 for o in outcomes if o in (READY, FAILED)))
+            if reason is not None:
+                state.roll_state, state.roll_reason = roll.ABORTED, reason
+                message = f"deployment {spec.name}: the rollout of generation {state.generation} aborted: {reason}"
+                self._record("deployment.aborted", state, state.updated_by, message)
+                return True
         busy = sum(1 for r in edges if r.edge_id in state.promoted and in_flight(r))
         reached = []
         for record in edges:
-            if busy >= spec.max_in_flight:
+            if busy >= spec.max_in_flight or state.roll_state != roll.RUNNING:
                 break
             if record.edge_id in state.promoted:
                 continue
@@ -549,10 +620,22 @@ class DeploymentService(Service):
             return True
         if busy == 0 and all(r.edge_id in state.promoted for r in edges):
             state.rolling_from, state.rolling_generation, state.promoted = None, 0, set()
+            state.roll_state, state.roll_reason = roll.DONE, ""
             message = f"deployment {spec.name}: generation {state.generation} reached every edge"
             self._record("deployment.rolled_out", state, state.updated_by, message)
             return True
         return False
+
+    def _sent_generation(self, edge_id: str, state: DeploymentState) -> bool:
+        """Whether edge ``edge_id`` was last sent the deployment's newest generation (and is still connected)."""
+        sent = self._sent.get(edge_id)
+        record = self._registry.find(edge_id)
+        if sent is None or record is None or record.token != sent.token:
+            return False
+        name, generation = state.spec.name, state.generation
+        wanted = [i for i in sent.plan.instances if i.deployment == name]
+        unplaced = [u for u in sent.plan.unplaced if u.deployment == name]
+        return bool(unplaced) or (bool(wanted) and all(i.generation == generation for i in wanted))
 
     def _settled(self, edge_id: str, desired: EdgeDesired) -> bool:
         observed = self.observation(edge_id)
@@ -644,7 +727,7 @@ class DeploymentService(Service):
                     version,
                     observed,
                 )
-                reason = f"waits its turn in the rollout of generation {state.generation} (max_in_flight {spec.max_in_flight})"
+                reason = self._waiting_reason(state)
                 out.append(EdgeRollup(edge_id, OUT_OF_SYNC, waiting.observed_generation, waiting.instances, reason))
                 continue
             out.append(
@@ -661,6 +744,31 @@ class DeploymentService(Service):
             )
         return out
 
+    def _waiting_reason(self, state: DeploymentState) -> str:
+        """Why an edge the roll did not reach is out of sync."""
+        generation, kept = state.generation, state.rolling_generation
+        if state.roll_state == roll.PAUSED:
+            return f"waits: the rollout of generation {generation} is paused (it runs generation {kept})"
+        if state.roll_state in (roll.CANCELLED, roll.ABORTED):
+            return f"keeps generation {kept}: the rollout of generation {generation} was {state.roll_state}"
+        return f"waits its turn in the rollout of generation {generation} (max_in_flight {state.spec.max_in_flight})"
+
+    def roll_view(self, state: DeploymentState, edges: list[EdgeRollup]) -> Optional[dict[str, Any]]:
+        """The deployment's roll as views show it (None: it never rolled a change out), from its
+        ``edges`` (:meth:`edge_rollups`)."""
+        if not state.roll_state:
+            return None
+        reached = edges if state.rolling_from is None else [e for e in edges if e.edge_id in state.promoted]
+        return {
+            "state": state.roll_state,
+            "reason": state.roll_reason,
+            "from_generation": state.rolling_generation or None,
+            "max_in_flight": state.spec.max_in_flight or None,
+            "reached": len(reached),
+            "pending": len(edges) - len(reached),
+            "failed": sum(1 for e in reached if e.state == FAILED),
+        }
+
     def _plan_readonly(self, record: EdgeRecord) -> pl.EdgePlan:
         view = self.edge_view(record)
         previous: dict[str, str] = {}
@@ -669,10 +777,12 @@ class DeploymentService(Service):
         deployments = [pl.Deployment(*s.spec_for(record.edge_id)) for s in self._deployments.values()]
         return pl.place_edge(deployments, view, previous)
 
-    def rollup(self, name: str) -> dict[str, int]:
-        """``desired`` and the count of edges in each state."""
+    def rollup(self, name: str, edges: Optional[list[EdgeRollup]] = None) -> dict[str, int]:
+        """``desired`` and the count of edges in each state (of ``edges`` when given)."""
         state = self.get(name)
-        return rollup_counts((e.state for e in self.edge_rollups(name)), state.spec.offline)
+        if edges is None:
+            edges = self.edge_rollups(name)
+        return rollup_counts((e.state for e in edges), state.spec.offline)
 
     def dry_run_fresh(self, spec: DeploymentSpec) -> Deferred[dict[str, Any]]:
         """:meth:`dry_run` once the connected edges it concerns sent a fresh snapshot (or failed to)."""

@@ -18,7 +18,10 @@ A deployment is:
   own slots; the default);
 * ``offline``: ``wait`` (an offline edge counts as not done) or ``skip``
   (an offline edge is left out of the rollup until it is back);
-* ``rollout`` (optional): ``{"max_in_flight": n}``, kept and shown.
+* ``rollout`` (optional): ``{"max_in_flight": n, "abort": {...}}``: a change
+  reaches ``n`` edges at a time; ``abort`` (the rollout engine's criteria:
+  ``failure_percent``, ``min_executed``, ``any_failure``) stops the roll by
+  itself when too many reached edges fail (:mod:`.roll`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any, Optional, Union
 
 import attrs
 
+from twisted_iop.controlplane.rollouts.states import AbortCriteria
 from twisted_iop.deployments.spec import spec_hash
 from twisted_iop.label_selectors import Selector, SelectorError, parse_selector
 
@@ -64,7 +68,9 @@ KNOWN_FIELDS = frozenset(
         "rollout",
     }
 )
-ROLLOUT_FIELDS = frozenset({"max_in_flight"})
+ROLLOUT_FIELDS = frozenset({"max_in_flight", "abort"})
+ABORT_FIELDS = frozenset({"failure_percent", "min_executed", "any_failure"})
+MAX_MIN_EXECUTED = 1_000_000
 
 Scalar = Union[str, int, float, bool]
 
@@ -115,6 +121,8 @@ class DeploymentSpec:
     offline: str = WAIT
     #: ``rollout.max_in_flight`` (0: not given).
     max_in_flight: int = 0
+    #: ``rollout.abort`` (None: not given; only with ``max_in_flight``).
+    abort: Optional[AbortCriteria] = None
 
     @property
     def edge_selector_parsed(self) -> Selector:
@@ -153,6 +161,11 @@ class DeploymentSpec:
         }
         if self.max_in_flight:
             body["rollout"] = {"max_in_flight": self.max_in_flight}
+            if self.abort is not None:
+                abort: dict[str, Any] = {"min_executed": self.abort.min_executed, "any_failure": self.abort.any_failure}
+                if self.abort.failure_percent is not None:
+                    abort["failure_percent"] = self.abort.failure_percent
+                body["rollout"]["abort"] = abort
         return body
 
 
@@ -206,6 +219,26 @@ def _parameters(body: Mapping[str, Any]) -> tuple[tuple[str, Scalar], ...]:
     return tuple(kept)
 
 
+def _abort(given: Any) -> AbortCriteria:
+    """``rollout.abort``: the rollout engine's criteria (its latency criterion aside)."""
+    if not isinstance(given, Mapping):
+        raise SpecError("rollout.abort", 'must be an object such as {"failure_percent": 20, "min_executed": 5}')
+    extra = sorted(str(k) for k in given if k not in ABORT_FIELDS)
+    if extra:
+        raise SpecError(f"rollout.abort.{extra[0][:64]}", f"unknown field (known: {', '.join(sorted(ABORT_FIELDS))})")
+    percent: Optional[float] = None
+    if given.get("failure_percent") is not None:
+        value = given["failure_percent"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100:
+            raise SpecError("rollout.abort.failure_percent", f"must be a number from 0 to 100, not {str(value)[:40]!r}")
+        percent = float(value)
+    executed = _int(given.get("min_executed", 0), "rollout.abort.min_executed", 0, MAX_MIN_EXECUTED, "an integer")
+    any_failure = given.get("any_failure", False)
+    if not isinstance(any_failure, bool):
+        raise SpecError("rollout.abort.any_failure", "must be true or false")
+    return AbortCriteria(failure_percent=percent, min_executed=executed, any_failure=any_failure)
+
+
 def parse_spec(name: str, body: Mapping[str, Any]) -> DeploymentSpec:
     """The deployment ``name`` that ``body`` describes; raises :class:`SpecError` naming the field."""
     problem = name_problem(name)
@@ -225,6 +258,7 @@ def parse_spec(name: str, body: Mapping[str, Any]) -> DeploymentSpec:
     if offline not in OFFLINE_POLICIES:
         raise SpecError("offline", f'must be "wait" or "skip", not {str(offline)[:40]!r}')
     max_in_flight = 0
+    abort: Optional[AbortCriteria] = None
     if "rollout" in body:
         rollout = body["rollout"]
         if not isinstance(rollout, Mapping):
@@ -234,6 +268,10 @@ def parse_spec(name: str, body: Mapping[str, Any]) -> DeploymentSpec:
             raise SpecError(f"rollout.{extra[0][:64]}", f"unknown field (known: {', '.join(sorted(ROLLOUT_FIELDS))})")
         if "max_in_flight" in rollout:
             max_in_flight = _int(rollout["max_in_flight"], "rollout.max_in_flight", 1, MAX_IN_FLIGHT, "an integer")
+        if "abort" in rollout:
+            if not max_in_flight:
+                raise SpecError("rollout.abort", "applies to a roll: give rollout.max_in_flight too")
+            abort = _abort(rollout["abort"])
     return DeploymentSpec(
         name=name,
         model=model,
@@ -245,4 +283,5 @@ def parse_spec(name: str, body: Mapping[str, Any]) -> DeploymentSpec:
         capacity=capacity,
         offline=str(offline),
         max_in_flight=max_in_flight,
+        abort=abort,
     )

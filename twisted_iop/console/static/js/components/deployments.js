@@ -178,6 +178,7 @@ export class IopDeployments extends IopElement {
       <div class="head"><b>${esc(d.name)}</b> <span class="muted">generation ${esc(d.generation)}</span><span class="spacer"></span>
         <span class="small" data-rollup-text>${Number(r.ready) || 0}/${Number(r.desired) || 0} ready</span></div>
       <div class="small muted">${esc(d.spec?.model || "")} with profile ${esc(d.spec?.profile || "")} · spec hash <span class="mono">${esc(d.spec_hash)}</span></div>
+      ${rollText(d.roll)}
       <div class="counts" role="group" aria-label="Edges by state">${cells}</div>
       <div class="scroll"><table aria-label="Edges and instances">
         <thead><tr><th>Edge</th><th>State</th><th>Instance</th><th>Node</th><th>Instance state</th><th>Reason</th></tr></thead>
@@ -239,6 +240,14 @@ export class IopDeployments extends IopElement {
       busy.textContent = "";
     }
   }
+}
+
+/** The deployment's roll as one line (nothing when it never rolled a change out). */
+function rollText(roll) {
+  if (!roll) return "";
+  const failed = Number(roll.failed) ? `, ${Number(roll.failed)} failed` : "";
+  const reason = roll.reason ? ` · ${esc(roll.reason)}` : "";
+  return `<div class="small" data-roll-state="${esc(roll.state)}">rollout ${esc(roll.state)}: ${Number(roll.reached) || 0} reached, ${Number(roll.pending) || 0} pending${failed}${reason}</div>`;
 }
 
 /** Whether every edge a rollup wants is ready. */

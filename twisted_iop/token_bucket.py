@@ -5,7 +5,7 @@ wires (:class:`~twisted_iop.wire.limits.HelloRateLimit`), the hello
 admission's fixed cap
 (:class:`~twisted_iop.controlplane.wires.hello_admission.HelloAdmission`) and the
 rollouts' dispatch pace
-(:class:`~twisted_iop.controlplane.rollouts.service.DispatchPace`). It reads no
+(:class:`~twisted_iop.controlplane.rollouts.settings.DispatchPace`). It reads no
 clock: the caller passes ``now``, so tests drive it with plain numbers and
 its first reading is whenever the caller first asks (a clock may not tell
 time before the reactor runs).

@@ -317,7 +317,7 @@ def test_a_rollout_without_targets_succeeds_at_once() -> None:
 
 def test_dispatch_pace_bounds_what_goes_out_per_second() -> None:
     """The pace lets a tenth of a second's worth out at once, then one more per 1/rate seconds."""
-    from twisted_iop.controlplane.rollouts.service import DispatchPace
+    from twisted_iop.controlplane.rollouts.settings import DispatchPace
 
     pace = DispatchPace(1000.0)
     assert pace.allowed(0.0) == 100

@@ -36,7 +36,7 @@ from twisted_iop.controlplane.fleet.memory import RegistryLimits
 from twisted_iop.controlplane.history.settings import HistorySettings, parse_history
 from twisted_iop.controlplane.http.auth import ROLES, ApiToken, ApiTokens, token_digest
 from twisted_iop.controlplane.http.settings import HttpSettings
-from twisted_iop.controlplane.rollouts.service import RolloutSettings
+from twisted_iop.controlplane.rollouts.settings import RolloutSettings
 from twisted_iop.controlplane.slo.settings import SloSettings, parse_slos
 from twisted_iop.controlplane.store.settings import StoreSettings, parse_store
 from twisted_iop.controlplane.wires.client_wire import ClientWireSettings

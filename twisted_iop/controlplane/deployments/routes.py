@@ -17,13 +17,9 @@ from klein import Klein
 from twisted.web.iweb import IRequest
 
 from twisted_iop.controlplane.deployments import roll
+from twisted_iop.controlplane.deployments.kept import DeploymentState, TooManyDeployments, UnknownDeployment
 from twisted_iop.controlplane.deployments.rollup import EDGE_STATES, EdgeRollup
-from twisted_iop.controlplane.deployments.service import (
-    DeploymentService,
-    DeploymentState,
-    TooManyDeployments,
-    UnknownDeployment,
-)
+from twisted_iop.controlplane.deployments.service import DeploymentService
 from twisted_iop.controlplane.deployments.spec import SpecError, parse_spec
 from twisted_iop.controlplane.http.auth import ApiToken
 from twisted_iop.controlplane.http.errors import BadRequest, error_body, json_body, query_int, query_text
@@ -86,7 +82,7 @@ def deployment_json(
         "updated_at": iso(state.updated_at),
         "updated_by": state.updated_by or None,
         "rollup": service.rollup(spec.name, edges),
-        "roll": service.roll_view(state, edges),
+        "roll": state.roll_view(edges),
     }
 
 

@@ -24,13 +24,8 @@ from twisted_iop.controlplane.http.json_views import iso
 from twisted_iop.controlplane.http.settings import HttpSettings
 from twisted_iop.controlplane.requests.command_body import parse_command_body
 from twisted_iop.controlplane.rollouts import states as rs
-from twisted_iop.controlplane.rollouts.service import (
-    RolloutRequest,
-    RolloutService,
-    TooManyRollouts,
-    TooManyTargets,
-    UnknownRollout,
-)
+from twisted_iop.controlplane.rollouts.requests import RolloutRequest, TooManyRollouts, TooManyTargets, UnknownRollout
+from twisted_iop.controlplane.rollouts.service import RolloutService
 from twisted_iop.label_selectors import Selector, SelectorError, parse_selector
 
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Optional
 
 import attrs
 from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
@@ -54,9 +54,16 @@ from twisted_iop.controlplane.requests.errors import ShuttingDown
 from twisted_iop.controlplane.requests.gateway import EdgeGateway
 from twisted_iop.controlplane.requests.operation_states import SUCCEEDED, TIMED_OUT
 from twisted_iop.controlplane.rollouts import states as rs
+from twisted_iop.controlplane.rollouts.requests import (
+    RolloutRequest,
+    RolloutSink,
+    TooManyRollouts,
+    TooManyTargets,
+    UnknownRollout,
+)
+from twisted_iop.controlplane.rollouts.settings import DispatchPace, RolloutSettings
 from twisted_iop.controlplane.slo.readings import Reading, cumulative_readings, observed_since, recent_sketch
 from twisted_iop.label_selectors import Selector, parse_selector
-from twisted_iop.token_bucket import TokenBucket
 
 if TYPE_CHECKING:
     from twisted_iop.controlplane.cluster.replica import ClusterReplica
@@ -69,30 +76,6 @@ NO_MATCHING_NODE = "no node of this edge (in its last snapshot) matches node_sel
 
 
 @attrs.frozen
-class RolloutSettings:
-    """Bounds and defaults of rollouts (``rollouts.*`` in control-plane.yaml)."""
-
-    #: Rollouts kept, ended ones included (the oldest ended are forgotten first).
-    max_kept: int = 100
-    #: Target edges one rollout may have.
-    max_targets: int = 20_000
-    #: ``strategy.max_in_flight`` when the request does not say.
-    default_max_in_flight: int = 50
-    #: ``wait_seconds`` when the request does not say, and its bound.
-    default_wait_seconds: float = 300.0
-    max_wait_seconds: float = 86_400.0
-    #: ``strategy.pause_seconds`` at most.
-    max_pause_seconds: float = 86_400.0
-    #: Operations all rollouts together dispatch per second at most (0: no
-    #: bound). Answers come back at the same pace, so this bounds the share
-    #: of the event loop rollouts take from the views (about 0.25 ms of CPU
-    #: per execution: 1,000/s is a quarter of one core).
-    max_dispatch_per_second: float = 1000.0
-    #: With ``abort.latency``: how often a watched edge's status is read for its figure after.
-    latency_poll_seconds: float = 5.0
-
-
-@attrs.frozen
 class _Target:
     """One execution's dispatch: its target, its idempotency key, the operation id reserved
     cluster-wide (``""``: none) or why it could not be reserved."""
@@ -101,69 +84,6 @@ class _Target:
     key: str
     operation_id: str = ""
     problem: str = ""
-
-
-class DispatchPace:
-    """Every rollout's dispatches together (``max_dispatch_per_second``; 0: no bound): a
-    :class:`~twisted_iop.token_bucket.TokenBucket` whose burst is a tenth of a second's worth
-    (at least one), so dispatches come in small groups a few milliseconds apart rather than
-    all at once."""
-
-    def __init__(self, per_second: float) -> None:
-        self._bucket = TokenBucket(per_second, max(1.0, per_second / 10.0)) if per_second > 0 else None
-
-    def allowed(self, now: float) -> Optional[int]:
-        """How many may be dispatched now (``None``: no bound)."""
-        if self._bucket is None:
-            return None
-        return int(self._bucket.available(now))
-
-    def took(self, count: int) -> None:
-        """``count`` were dispatched."""
-        if self._bucket is not None:
-            self._bucket.took(count)
-
-    def next_at(self, now: float) -> float:
-        """When at least one more may go."""
-        if self._bucket is None:
-            return now
-        return now + self._bucket.wait(now) + 0.001
-
-
-class RolloutSink(Protocol):
-    """Where rollouts are kept across restarts (the store)."""
-
-    def rollout_changed(self, rollout: rs.Rollout) -> None:
-        """``rollout`` was created or changed."""
-
-
-class UnknownRollout(Exception):
-    """No rollout with that id is kept."""
-
-    def __init__(self, rollout_id: str) -> None:
-        super().__init__(f"no rollout named {rollout_id!r} is kept")
-
-
-class TooManyRollouts(Exception):
-    """Every kept rollout is still running: none can be forgotten for a new one."""
-
-
-class TooManyTargets(Exception):
-    """The selector matches more edges than one rollout may have."""
-
-
-@attrs.frozen
-class RolloutRequest:
-    """A checked ``POST /rollouts`` body."""
-
-    command: rs.RolloutCommand
-    selector: Selector
-    strategy: rs.Strategy
-    abort: rs.AbortCriteria
-    timeout_seconds: float
-    disconnected: str = rs.WAIT
-    wait_seconds: float = 300.0
-    idempotency_key: str = ""
 
 
 class RolloutService:

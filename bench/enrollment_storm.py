@@ -46,6 +46,7 @@ import fleet_fanout as ff
 from cpu_hog import MODES, CpuHog, hog_count, machine_note
 from suite import Reference
 from twisted.internet import defer, reactor, task
+from twisted.python import failure
 
 from twisted_iop.controlplane.config import config_from_text
 
@@ -201,7 +202,12 @@ def main() -> None:
                 outcome["ok"] = report(args.edges, figures, note) and outcome["ok"]
                 sys.stdout.flush()
 
-    def done(_: object) -> None:
+    def done(result: object) -> None:
+        if isinstance(result, failure.Failure):
+            # A run that could not be made (too few file descriptors, a port that would not
+            # bind) is said, and the bench fails: a silent exit 0 would read as "nothing to say".
+            print(f"the storm could not be run: {result.getTraceback()}", file=sys.stderr)
+            outcome["ok"] = False
         if reactor.running:
             reactor.stop()
 

@@ -16,4 +16,5 @@ export { IopOperations } from "./components/operations.js";
 export { IopCommandForm } from "./components/command-form.js";
 export { IopRollouts } from "./components/rollouts.js";
 export { IopDeployments } from "./components/deployments.js";
+export { IopSlos } from "./components/slos.js";
 export { IopHistoryChart } from "./components/history-chart.js";

@@ -140,6 +140,43 @@ def is_terminal(stream: Any) -> bool:
         return False
 
 
+#: Seconds between the polls of a ``--watch`` on a terminal, and otherwise; the most one may ask.
+WATCH_INTERVAL_TTY_SECONDS = 1.0
+WATCH_INTERVAL_PLAIN_SECONDS = 5.0
+MAX_WATCH_INTERVAL_SECONDS = 3600.0
+
+
+def watch_interval(text: str) -> float:
+    """``--interval``: seconds above 0, at most :data:`MAX_WATCH_INTERVAL_SECONDS`."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value <= MAX_WATCH_INTERVAL_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most {MAX_WATCH_INTERVAL_SECONDS:g} seconds")
+    return value
+
+
+def add_watch_options(parser: argparse.ArgumentParser, watch_help: str) -> None:
+    """``--watch`` (what it shows: ``watch_help``) and ``--interval``, the same for every watch."""
+    parser.add_argument("--watch", "-w", action="store_true", help=watch_help)
+    parser.add_argument(
+        "--interval",
+        type=watch_interval,
+        default=None,
+        metavar="S",
+        help=f"seconds between polls with --watch (default {WATCH_INTERVAL_TTY_SECONDS:g} on a terminal, "
+        f"else {WATCH_INTERVAL_PLAIN_SECONDS:g})",
+    )
+
+
+def polling_interval(given: Optional[float], terminal: bool) -> float:
+    """The seconds between a watch's polls: ``given``, or the default for where it draws."""
+    if given is not None:
+        return given
+    return WATCH_INTERVAL_TTY_SECONDS if terminal else WATCH_INTERVAL_PLAIN_SECONDS
+
+
 class WatchPause:
     """Waits between polls; an interruption ends the wait at once and for good."""
 

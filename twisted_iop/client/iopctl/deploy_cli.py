@@ -38,13 +38,12 @@ from twisted_iop.client.iopctl.cli_base import (
     Console,
     UsageError,
     WatchPause,
+    add_watch_options,
     is_terminal,
+    polling_interval,
 )
 from twisted_iop.client.models import to_json
 
-#: Seconds between polls of ``status --watch`` on a terminal, and otherwise.
-WATCH_INTERVAL_TTY_SECONDS = 1.0
-WATCH_INTERVAL_PLAIN_SECONDS = 5.0
 #: How long ``status --watch`` waits for ready by default.
 WATCH_TIMEOUT_SECONDS = 600.0
 #: The largest deployment file read.
@@ -85,8 +84,7 @@ def add_parser(parser: argparse.ArgumentParser, common: argparse.ArgumentParser)
     p.add_argument("--state", default=None, metavar="S", help="only edges in these states (comma-separated)")
     p = add("status", "the deployment's rollup as a progress bar")
     p.add_argument("name", metavar="NAME", help="the deployment's name")
-    p.add_argument("--watch", "-w", action="store_true", help="redraw until every edge is ready; exit 0 when it is")
-    p.add_argument("--interval", type=_seconds, default=None, metavar="S", help="seconds between polls with --watch")
+    add_watch_options(p, "redraw until every edge is ready; exit 0 when it is")
     p.add_argument(
         "--timeout",
         type=_seconds,
@@ -183,8 +181,7 @@ async def watch(
     """Redraw the deployment's status until every edge it wants is ready (0), or until
     interrupted or ``timeout`` seconds passed (1)."""
     terminal = is_terminal(console.out) and not console.as_json
-    if interval is None:
-        interval = WATCH_INTERVAL_TTY_SECONDS if terminal else WATCH_INTERVAL_PLAIN_SECONDS
+    interval = polling_interval(interval, terminal)
     pause = WatchPause(reactor, interrupted)
     deadline = reactor.seconds() + timeout
     while True:

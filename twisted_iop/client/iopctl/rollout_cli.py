@@ -43,7 +43,9 @@ from twisted_iop.client.iopctl.cli_base import (
     Console,
     WatchPause,
     add_argument_option,
+    add_watch_options,
     is_terminal,
+    polling_interval,
 )
 from twisted_iop.client.iopctl.cli_base import ArgumentParser as _ArgumentParser
 from twisted_iop.client.iopctl.cli_base import command_timeout as _command_timeout
@@ -60,8 +62,6 @@ from twisted_iop.client.rollouts import (
 from twisted_iop.label_selectors import SelectorError, parse_selector
 
 #: Seconds between polls of ``--watch`` on a terminal, and otherwise.
-WATCH_INTERVAL_TTY_SECONDS = 1.0
-WATCH_INTERVAL_PLAIN_SECONDS = 5.0
 #: The longest ``--interval`` accepted.
 MAX_WATCH_INTERVAL_SECONDS = 3600.0
 #: How many rollouts ``list`` shows without ``--limit``.
@@ -141,13 +141,6 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _interval(text: str) -> float:
-    value = _seconds(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError("must be more than 0 seconds")
-    return value
-
-
 def _factor(text: str) -> float:
     value: float = _number(text, float, "a number")
     if value < 1:
@@ -156,17 +149,7 @@ def _factor(text: str) -> float:
 
 
 def _watch_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--watch", "-w", action="store_true", help="show progress until the rollout ends; exit 0 only if it succeeded"
-    )
-    parser.add_argument(
-        "--interval",
-        type=_interval,
-        default=None,
-        metavar="S",
-        help=f"seconds between polls with --watch (default {WATCH_INTERVAL_TTY_SECONDS:g} on a terminal, "
-        f"else {WATCH_INTERVAL_PLAIN_SECONDS:g})",
-    )
+    add_watch_options(parser, "show progress until the rollout ends; exit 0 only if it succeeded")
 
 
 def add_parser(parser: argparse.ArgumentParser, common: _ArgumentParser) -> None:
@@ -361,8 +344,7 @@ async def watch(
     """Show ``rollout``'s progress, polling it every ``interval`` seconds until
     it ends; 0 when it succeeded, 1 when it did not or the watch was interrupted."""
     terminal = is_terminal(console.out) and not console.as_json
-    if interval is None:
-        interval = WATCH_INTERVAL_TTY_SECONDS if terminal else WATCH_INTERVAL_PLAIN_SECONDS
+    interval = polling_interval(interval, terminal)
     pause = WatchPause(reactor, interrupted)
     while True:
         if console.as_json:

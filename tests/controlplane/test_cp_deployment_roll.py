@@ -357,3 +357,35 @@ RollMachine.TestCase.settings = settings(
     max_examples=60, stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 TestRollMachine = RollMachine.TestCase
+
+
+def test_a_running_roll_reaches_the_next_edges_while_fewer_than_max_in_flight_are_in_flight() -> None:
+    """Two in flight at most: with a ready and a progressing reached edge, one more is reached;
+    a paused roll reaches none; once every edge is reached and ready, the roll is done."""
+    edges = [("e1", True), ("e2", True), ("e3", True), ("e4", True)]
+    states = {"e1": "ready", "e2": "progressing", "e3": "ready", "e4": "ready"}
+    step = roll.next_step(edges, {"e1", "e2"}, states, {"e1", "e2"}, 2, True, True, None)
+    assert step == roll.Step(reach=("e3",))
+    assert roll.next_step(edges, {"e1", "e2"}, states, set(), 2, True, False, None) == roll.Step()
+    every = {"e1", "e2", "e3", "e4"}
+    assert roll.next_step(edges, every, dict.fromkeys(every, "ready"), every, 2, True, True, None).done
+
+
+def test_an_offline_edge_holds_a_slot_with_offline_wait_and_none_with_skip() -> None:
+    """A reached edge that is offline counts as in flight when the deployment waits for offline
+    edges (nothing more is reached at max_in_flight 1) and not when it skips them."""
+    edges = [("e1", False), ("e2", True)]
+    wait = roll.next_step(edges, {"e1"}, {"e1": "offline"}, set(), 1, True, True, None)
+    skip = roll.next_step(edges, {"e1"}, {"e1": "offline"}, set(), 1, False, True, None)
+    assert wait == roll.Step() and skip == roll.Step(reach=("e2",))
+
+
+def test_only_edges_sent_the_new_generation_count_toward_an_abort() -> None:
+    """Failed edges that were not sent the new generation yet do not abort the roll; once they
+    were, the failure share past the bound aborts it, naming them."""
+    edges = [("e1", True), ("e2", True), ("e3", True)]
+    states = {"e1": "failed", "e2": "failed", "e3": "ready"}
+    criteria = AbortCriteria(failure_percent=40.0, min_executed=2)
+    assert roll.next_step(edges, {"e1", "e2"}, states, set(), 3, True, True, criteria).abort_reason is None
+    step = roll.next_step(edges, {"e1", "e2"}, states, {"e1", "e2"}, 3, True, True, criteria)
+    assert step.abort_reason is not None and "e1, e2" in step.abort_reason

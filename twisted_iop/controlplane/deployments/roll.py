@@ -22,9 +22,12 @@ progress raises :class:`NoRoll`; one its state does not allow,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence, Set
 from typing import Optional
 
+import attrs
+
+from twisted_iop.controlplane.deployments.rollup import FAILED, READY
 from twisted_iop.controlplane.rollouts.states import AbortCriteria
 
 RUNNING = "running"
@@ -88,3 +91,59 @@ def abort_reason(criteria: AbortCriteria, failed: Sequence[str], ended: int) -> 
     else:
         bound = f" > rollout.abort.failure_percent {criteria.failure_percent:g}%, min_executed {criteria.min_executed}"
     return f"{len(failed)} of {ended} reached edges failed ({share:.1f}%{bound}): {names}"
+
+
+@attrs.frozen
+class Step:
+    """What a running roll does next: abort (with why), reach these edges, end (done), or nothing."""
+
+    abort_reason: Optional[str] = None
+    reach: tuple[str, ...] = ()
+    done: bool = False
+
+
+def next_step(
+    edges: Sequence[tuple[str, bool]],
+    promoted: Set[str],
+    states: Mapping[str, str],
+    sent_new: Set[str],
+    max_in_flight: int,
+    wait_offline: bool,
+    running: bool,
+    abort: Optional[AbortCriteria],
+) -> Step:
+    """The next step of a roll in progress over ``edges`` ((edge id, connected), in the order
+    they are reached): ``promoted`` were reached already, ``states`` are the edges' rollup
+    states, ``sent_new`` the reached edges sent the new generation (only those have an outcome
+    of the change: a failure of the old spec on an edge just reached is not the change's).
+
+    An edge is in flight while it is not ready, or while it is offline and the deployment
+    waits for offline edges (``wait_offline``); the next edges are reached while fewer than
+    ``max_in_flight`` reached edges are in flight and the roll runs (not paused); the roll is
+    done when every edge is reached and none is in flight."""
+
+    def in_flight(edge_id: str, connected: bool) -> bool:
+        if not connected:
+            return wait_offline
+        return states.get(edge_id, READY) != READY
+
+    if abort is not None:
+        judged = [edge_id for edge_id, _ in edges if edge_id in promoted and edge_id in sent_new]
+        failed = [edge_id for edge_id in judged if states.get(edge_id) == FAILED]
+        ended = sum(1 for edge_id in judged if states.get(edge_id, READY) in (READY, FAILED))
+        reason = abort_reason(abort, failed, ended)
+        if reason is not None:
+            return Step(abort_reason=reason)
+    busy = sum(1 for edge_id, connected in edges if edge_id in promoted and in_flight(edge_id, connected))
+    reach: list[str] = []
+    for edge_id, connected in edges:
+        if busy >= max_in_flight or not running:
+            break
+        if edge_id in promoted:
+            continue
+        reach.append(edge_id)
+        if connected or wait_offline:
+            busy += 1
+    if reach:
+        return Step(reach=tuple(reach))
+    return Step(done=busy == 0 and all(edge_id in promoted for edge_id, _ in edges))

@@ -55,20 +55,20 @@ from twisted.python.failure import Failure
 from twisted_iop.controlplane.cluster.remote import RemotePeer
 from twisted_iop.controlplane.deployments import placement as pl
 from twisted_iop.controlplane.deployments import roll
+from twisted_iop.controlplane.deployments.dry_run import dry_run_answer
 from twisted_iop.controlplane.deployments.kept import (
     DeploymentState,
     EdgeDesired,
-    SnapshotRead,
     TooManyDeployments,
     UnknownDeployment,
 )
+from twisted_iop.controlplane.deployments.reports import EdgeReports, takes_deployments
 from twisted_iop.controlplane.deployments.rollup import (
     EDGE_STATES,
     FAILED,
     OUT_OF_SYNC,
     READY,
     EdgeRollup,
-    Observation,
     edge_rollup,
     rollup_counts,
 )
@@ -80,8 +80,6 @@ from twisted_iop.controlplane.requests.gateway import EdgeGateway
 from twisted_iop.controlplane.store.interface import DeploymentStore
 from twisted_iop.wire import control_pb2 as pb
 
-#: The command an Edge that takes desired sets announces in its catalog.
-HOLD_COMMAND = "edge.hold"
 #: The most deployments kept.
 MAX_DEPLOYMENTS = 1000
 #: How often edges whose instances are not all ready are asked for a snapshot.
@@ -90,15 +88,6 @@ POLL_SECONDS = 2.0
 SEND_TIMEOUT_SECONDS = 30.0
 #: The most snapshots asked for in one poll.
 MAX_POLLS = 200
-
-
-def takes_deployments(record: EdgeRecord) -> bool:
-    """Whether this process sends the edge desired sets: the edge announces ``edge.hold`` (an
-    Edge older than deployments announces no such command and is sent nothing), and its
-    connection is held here (cluster mode: another replica's edge gets its set from that one)."""
-    if isinstance(record.peer, RemotePeer):
-        return False
-    return any(command.name == HOLD_COMMAND for command in record.hello.commands)
 
 
 class DeploymentService(Service):
@@ -127,10 +116,8 @@ class DeploymentService(Service):
         self._deployments: dict[str, DeploymentState] = {}
         #: What each edge was last sent (forgotten when its connection ends).
         self._sent: dict[str, EdgeDesired] = {}
-        #: What each edge last answered to a desired set.
-        self._answers: dict[str, Observation] = {}
-        #: The snapshot last read per edge, and what it said (compared by identity).
-        self._read_snapshots: dict[str, SnapshotRead] = {}
+        #: What each edge says of its deployments (its answers and its snapshots).
+        self.reports = EdgeReports(registry)
         self._last_version = 0
         #: Deployments whose placement changed and is not written yet (written at the end of the turn).
         self._unwritten: set[str] = set()
@@ -329,7 +316,7 @@ class DeploymentService(Service):
         """An edge's connection was accepted: it gets its whole set (once its snapshot is here,
         when a deployment selects it; at once when none does, which stops what it may still run)."""
         self._sent.pop(edge_id, None)
-        self._answers.pop(edge_id, None)
+        self.reports.connected(edge_id)
         record = self._registry.find(edge_id)
         if not self.restored or record is None or not takes_deployments(record):
             return
@@ -371,7 +358,7 @@ class DeploymentService(Service):
         record = self._registry.find(edge_id)
         if record is None or record.token != token or record.peer is None or not self.restored:
             return
-        view = self.edge_view(record)
+        view = self.reports.edge_view(record)
         plan = self._plan(view)
         sent = self._sent.get(edge_id)
         if not always_send and sent is not None and sent.plan.instances == plan.instances:
@@ -405,7 +392,7 @@ class DeploymentService(Service):
         return plan
 
     def _next_version(self, edge_id: str) -> int:
-        observed = self.observation(edge_id)
+        observed = self.reports.observation(edge_id)
         version = max(self._last_version + 1, int(self._clock.seconds() * 1000))
         if observed is not None:
             version = max(version, observed.version + 1)
@@ -436,9 +423,7 @@ class DeploymentService(Service):
         if self._sent.get(edge_id) is not desired:
             return
         desired.acknowledged = response.observed_version >= desired.version
-        self._answers[edge_id] = Observation(
-            response.observed_version, tuple(response.instances), response.held, self._clock.seconds()
-        )
+        self.reports.answered(edge_id, response, self._clock.seconds())
 
     def _not_answered(self, failure: Failure, edge_id: str) -> None:
         self._log.warn(
@@ -455,9 +440,9 @@ class DeploymentService(Service):
         for state in self.all():
             if state.rolling_from is not None and state.roll_state in roll.IN_PROGRESS and self._advance(state):
                 self._write(state)
-        for kept in (self._sent, self._answers, self._read_snapshots):
-            for edge_id in [e for e in kept if self._registry.find(e) is None]:
-                del kept[edge_id]  # an edge the registry forgot
+        for edge_id in [e for e in self._sent if self._registry.find(e) is None]:
+            del self._sent[edge_id]  # an edge the registry forgot
+        self.reports.forget_unknown()
         asked = 0
         for edge_id, desired in list(self._sent.items()):
             if asked >= MAX_POLLS:
@@ -484,37 +469,26 @@ class DeploymentService(Service):
             key=lambda r: r.edge_id,
         )
         states = {e.edge_id: e.state for e in self.edge_rollups(spec.name)}
-
-        def in_flight(record: EdgeRecord) -> bool:
-            if record.token is None:
-                return spec.offline != SKIP
-            return states.get(record.edge_id, READY) != READY
-
-        if spec.abort is not None:
-            # Only the edges sent the new generation have an outcome of it (a failure of the old
-            # spec on an edge just reached is not the change's).
-            judged = [
-                r.edge_id for r in edges if r.edge_id in state.promoted and self._sent_generation(r.edge_id, state)
-            ]
-            outcomes = [states.get(edge_id, READY) for edge_id in judged]
-            failed = [edge_id for edge_id in judged if states.get(edge_id) == FAILED]
-            reason = roll.abort_reason(spec.abort, failed, sum(1 for o in outcomes if o in (READY, FAILED)))
-            if reason is not None:
-                state.roll_state, state.roll_reason = roll.ABORTED, reason
-                message = f"deployment {spec.name}: the rollout of generation {state.generation} aborted: {reason}"
-                self._record("deployment.aborted", state, state.updated_by, message)
-                return True
-        busy = sum(1 for r in edges if r.edge_id in state.promoted and in_flight(r))
-        reached = []
-        for record in edges:
-            if busy >= spec.max_in_flight or state.roll_state != roll.RUNNING:
-                break
-            if record.edge_id in state.promoted:
-                continue
-            state.promoted.add(record.edge_id)
-            reached.append(record)
-            if record.token is not None or spec.offline != SKIP:
-                busy += 1
+        step = roll.next_step(
+            [(r.edge_id, r.token is not None) for r in edges],
+            state.promoted,
+            states,
+            {r.edge_id for r in edges if r.edge_id in state.promoted and self._sent_generation(r.edge_id, state)},
+            spec.max_in_flight,
+            spec.offline != SKIP,
+            state.roll_state == roll.RUNNING,
+            spec.abort,
+        )
+        if step.abort_reason is not None:
+            state.roll_state, state.roll_reason = roll.ABORTED, step.abort_reason
+            message = (
+                f"deployment {spec.name}: the rollout of generation {state.generation} aborted: {step.abort_reason}"
+            )
+            self._record("deployment.aborted", state, state.updated_by, message)
+            return True
+        by_id = {r.edge_id: r for r in edges}
+        reached = [by_id[edge_id] for edge_id in step.reach]
+        state.promoted.update(step.reach)
         if reached:
             self._log.info(
                 "deployments: {name} generation {generation} reaches {edges}",
@@ -526,7 +500,7 @@ class DeploymentService(Service):
                 if record.token is not None and takes_deployments(record):
                     self._refresh(record.edge_id, record.token)
             return True
-        if busy == 0 and all(r.edge_id in state.promoted for r in edges):
+        if step.done:
             state.rolling_from, state.rolling_generation, state.promoted = None, 0, set()
             state.roll_state, state.roll_reason = roll.DONE, ""
             message = f"deployment {spec.name}: generation {state.generation} reached every edge"
@@ -546,54 +520,12 @@ class DeploymentService(Service):
         return bool(unplaced) or (bool(wanted) and all(i.generation == generation for i in wanted))
 
     def _settled(self, edge_id: str, desired: EdgeDesired) -> bool:
-        observed = self.observation(edge_id)
+        observed = self.reports.observation(edge_id)
         if observed is None or observed.version < desired.version or desired.plan.unplaced:
             return False
         ready = {(s.instance_id, s.spec_hash) for s in observed.instances if s.state == pb.INSTANCE_STATE_READY}
         wanted = {(i.instance_id, i.spec_hash) for i in desired.plan.instances}
         return wanted <= ready and {s.instance_id for s in observed.instances} <= {i for i, _ in wanted}
-
-    # -- what edges say ----------------------------------------------------------------------
-
-    def _read(self, record: EdgeRecord) -> Optional[SnapshotRead]:
-        """What the edge's last snapshot says of deployments: read once per snapshot, and only that
-        kept (its nodes' profiles and free slots, its instances), not the whole parsed snapshot."""
-        snapshot = record.snapshot
-        if snapshot is None:
-            return None
-        read = self._read_snapshots.get(record.edge_id)
-        if read is None or read.snapshot is not snapshot:
-            status = snapshot.parse()
-            observed = Observation(
-                status.observed_deployments_version, tuple(status.instances), status.held, snapshot.received_at
-            )
-            read = self._read_snapshots[record.edge_id] = SnapshotRead(snapshot, observed, pl.node_views(status))
-        return read
-
-    def observation(self, edge_id: str) -> Optional[Observation]:
-        """What the edge said last of its deployments: its answer to a set, or a newer snapshot."""
-        answer = self._answers.get(edge_id)
-        record = self._registry.find(edge_id)
-        if record is None or record.snapshot is None:
-            return answer
-        if answer is None or record.snapshot.received_at > answer.at:
-            read = self._read(record)
-            if read is not None:
-                return read.observation
-        return answer
-
-    def edge_view(self, record: EdgeRecord) -> pl.EdgeView:
-        """The edge as placement sees it (its last snapshot, and its newest word on what runs)."""
-        observed = self.observation(record.edge_id)
-        read = self._read(record)
-        return pl.EdgeView(
-            edge_id=record.edge_id,
-            connected=record.token is not None,
-            held=observed.held if observed is not None else False,
-            labels=tuple(sorted(record.hello.labels.items())),
-            nodes=read.nodes if read is not None else (),
-            running=pl.running_instances(observed.instances if observed is not None else ()),
-        )
 
     # -- views -------------------------------------------------------------------------------
 
@@ -623,7 +555,7 @@ class DeploymentService(Service):
                 # Connected, its set not sent yet (its snapshot is asked for first).
                 plan, version, observed = self._plan_readonly(record), 1, None
             else:
-                plan, version, observed = sent.plan, sent.version, self.observation(edge_id)
+                plan, version, observed = sent.plan, sent.version, self.reports.observation(edge_id)
             if state.rolling_from is not None and edge_id not in state.promoted:
                 waiting = edge_rollup(
                     edge_id,
@@ -653,7 +585,7 @@ class DeploymentService(Service):
         return out
 
     def _plan_readonly(self, record: EdgeRecord) -> pl.EdgePlan:
-        view = self.edge_view(record)
+        view = self.reports.edge_view(record)
         previous: dict[str, str] = {}
         for state in self._deployments.values():
             previous.update(state.placement.get(record.edge_id, {}))
@@ -685,53 +617,12 @@ class DeploymentService(Service):
         """What applying ``spec`` would do on each edge it selects (or selected), changing nothing."""
         kept = self._deployments.get(spec.name)
         selectors = [spec.edge_selector_parsed] + ([kept.spec.edge_selector_parsed] if kept is not None else [])
-        edges = []
-        summary = {pl.START: 0, pl.RESTART: 0, pl.STAY: 0, pl.STOP: 0, "unplaceable": 0}
-        for record in sorted(self._registry.edges(), key=lambda r: r.edge_id):
-            if not any(sel.matches(record.hello.labels) for sel in selectors):
-                continue
-            view = self.edge_view(record)
-            selected = pl.selects(spec, view)
-            plan = self._plan(view, replace=spec) if selected else pl.EdgePlan(record.edge_id)
-            changes = pl.changes(plan, view, spec.name)
-            problems = [
-                {"instance_id": u.instance_id, "reason": u.reason} for u in plan.unplaced if u.deployment == spec.name
-            ]
-            problems.extend(
-                {"instance_id": i.instance_id, "reason": i.problem}
-                for i in plan.instances
-                if i.deployment == spec.name and i.problem
-            )
-            note = ""
-            if not view.connected:
-                note = "the edge is offline: " + ("skipped until it is back" if spec.offline == "skip" else "it waits")
-            elif view.held:
-                note = "the edge holds changes: they wait for its release"
-            for change in changes:
-                summary[change.action] += 1
-            summary["unplaceable"] += len(problems)
-            edges.append(
-                {
-                    "edge_id": record.edge_id,
-                    "connected": view.connected,
-                    "held": view.held,
-                    "selected": selected,
-                    "note": note,
-                    "changes": [
-                        {"action": c.action, "instance_id": c.instance_id, "node_id": c.node_id} for c in changes
-                    ],
-                    "problems": problems,
-                }
-            )
-        return {
-            "name": spec.name,
-            "dry_run": True,
-            "generation": (kept.generation + (kept.spec != spec)) if kept is not None else 1,
-            "spec": spec.as_json(),
-            "spec_hash": spec.spec_hash,
-            "summary": summary,
-            "edges": edges,
-        }
+        views = [
+            self.reports.edge_view(record)
+            for record in sorted(self._registry.edges(), key=lambda r: r.edge_id)
+            if any(sel.matches(record.hello.labels) for sel in selectors)
+        ]
+        return dry_run_answer(spec, kept, views, lambda view: self._plan(view, replace=spec))
 
     # -- figures for /metrics ----------------------------------------------------------------
 

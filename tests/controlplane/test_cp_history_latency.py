@@ -23,33 +23,27 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from treq.testing import StubTreq
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred, maybeDeferred
-from twisted.internet.task import Clock
+from twisted.internet.defer import maybeDeferred
 
 from twisted_iop.controlplane.config import config_from_text
-from twisted_iop.controlplane.fleet.registry import EdgeRegistry
 from twisted_iop.controlplane.history import tiers
 from twisted_iop.controlplane.history.fields import (
     FLEET_FIELDS,
     LATENCY_FIELDS,
     MISSING,
-    fields_of,
     names,
 )
 from twisted_iop.controlplane.history.latency import Lanes, LatencyTotal, part_of
-from twisted_iop.controlplane.history.queries import choose_tier, parse_range
-from twisted_iop.controlplane.history.service import HistoryService
 from twisted_iop.controlplane.history.settings import HistorySettings
 from twisted_iop.controlplane.http.latency_views import LatencyFigures
 from twisted_iop.controlplane.http.routes import ControlPlaneHttp, HttpSettings, ListenerReadiness
-from twisted_iop.controlplane.requests.gateway import EdgeGateway
 from twisted_iop.controlplane.store.memory import MemoryStore
 from twisted_iop.controlplane.store.settings import StoreSettings
 from twisted_iop.controlplane.store.sqlite import SqliteStore
 from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.latency.sketch import LatencySketch, merged
 from twisted_iop.testing.harness import contract_validator, eventually
-from twisted_iop.testing.history import OLD_FLEET_WIDTH, write_old_chunks
+from twisted_iop.testing.history import OLD_FLEET_WIDTH, HistoryFleet, column, write_old_chunks
 from twisted_iop.testing.latency import LatencyFeed, latency_snapshot, sketch_of
 from twisted_iop.testing.wires.peers import AnsweringEdgePeer, snapshot
 from twisted_iop.wire import control_pb2 as pb
@@ -76,59 +70,15 @@ def rate(requests: int, window: float = 60.0) -> float:
     return round(requests / window * 100) / 100
 
 
-class Fleet:
-    """A registry, gateway and history over a store, with edges whose providers' latency the tests set."""
+class Fleet(HistoryFleet):
+    """The history over a store, with edges whose providers' latency the tests set."""
 
     def __init__(self, settings: HistorySettings = SETTINGS, store: Any = None) -> None:
-        self.clock = Clock()
-        self.clock.advance(START)
-        self.registry = EdgeRegistry(self.clock)
-        self.gateway = EdgeGateway(self.registry, self.clock, fleet_max_age_seconds=0.0)
-        self.store = store if store is not None else MemoryStore()
-        self.history = HistoryService(settings, self.registry, self.gateway, self.store, self.clock)
-        self.peers: dict[str, AnsweringEdgePeer] = {}
-        self.history.startService()
+        super().__init__(settings, START, store)
 
     def connect(self, edge_id: str, feeds: dict[str, LatencyFeed], models: tuple[str, ...] = ("llama-3-8b",)) -> None:
         """Enroll an edge with one provider per feed, each answer carrying the feeds' figures then."""
-        peer = self.peers[edge_id] = AnsweringEdgePeer(edge_id)
-        self.answer(edge_id, lambda: latency_snapshot(edge_id, feeds, models))
-        self.registry.connect(edge_id, peer, HELLO)
-
-    def answer(self, edge_id: str, status: Any) -> None:
-        """The edge answers ``status()`` from now on."""
-        self.peers[edge_id].status = status
-
-    def seconds(self, n: int) -> None:
-        """Let ``n`` intervals pass (each one samples)."""
-        for _ in range(n):
-            self.clock.advance(1)
-
-    def view(self, series: str, step: Optional[str] = None, span: str = "-1h") -> Any:
-        """A series' view, every field, as the routes read it (a store that answers at once)."""
-        result: list[Any] = []
-        self.read(series, step, span).addCallback(result.append)
-        assert result, "the memory store answers at once"
-        return result[0]
-
-    def read(self, series: str, step: Optional[str] = None, span: str = "-1h") -> Deferred[Any]:
-        """A series' view, every field, as the routes read it."""
-        queries = self.history.queries
-        now = self.clock.seconds()
-        start, end = parse_range(span, None, now)
-        tier_list = queries.tiers_for(series)
-        index = (
-            choose_tier(tier_list, start, end, now)
-            if step is None
-            else [t.step_seconds for t in tier_list].index(float(step))
-        )
-        return queries.view(series, fields_of(series), index, start, end)
-
-
-def column(view: Any, name: str) -> list[Any]:
-    """One field's values (sampled) or (mean, max, last) triples (rolled) in a view."""
-    at = [f.name for f in view.fields].index(name)
-    return [values[at] for _, _, values in view.points]
+        self.enroll(edge_id, HELLO, lambda: latency_snapshot(edge_id, feeds, models))
 
 
 def last(view: Any, name: str) -> Any:

@@ -7,21 +7,12 @@ between samples; time moves with ``Clock.advance``. Views are read through
 
 from __future__ import annotations
 
-from typing import Any
-
-from twisted.internet.defer import Deferred
-from twisted.internet.task import Clock
-
 from twisted_iop.controlplane.config import config_from_text
-from twisted_iop.controlplane.fleet.registry import EdgeRegistry
-from twisted_iop.controlplane.history.fields import FLEET_FIELDS, MODEL_FIELDS
 from twisted_iop.controlplane.history.frames import store_key
-from twisted_iop.controlplane.history.queries import choose_tier, parse_range
-from twisted_iop.controlplane.history.service import HistoryService
 from twisted_iop.controlplane.history.settings import HistorySettings
-from twisted_iop.controlplane.requests.gateway import EdgeGateway
 from twisted_iop.controlplane.store.memory import MemoryHistory, MemoryStore
 from twisted_iop.controlplane.wires.edge_hello import EdgeHello
+from twisted_iop.testing.history import HistoryFleet, column
 from twisted_iop.testing.wires.peers import AnsweringEdgePeer, set_engine, snapshot
 from twisted_iop.wire import control_pb2 as pb
 
@@ -34,24 +25,16 @@ SETTINGS = config_from_text(
 ).history
 
 
-class Fleet:
-    """A registry, gateway and history over the memory store, with edges to change."""
+class Fleet(HistoryFleet):
+    """The history over the memory store, with edges whose providers' work the tests change."""
 
     def __init__(self, settings: HistorySettings = SETTINGS, store: MemoryStore | None = None) -> None:
-        self.clock = Clock()
-        self.clock.advance(START)
-        self.registry = EdgeRegistry(self.clock)
-        self.gateway = EdgeGateway(self.registry, self.clock, fleet_max_age_seconds=0.0)
-        self.store = store if store is not None else MemoryStore()
-        self.history = HistoryService(settings, self.registry, self.gateway, self.store, self.clock)
-        self.peers: dict[str, AnsweringEdgePeer] = {}
-        self.history.startService()
+        super().__init__(settings, START, store)
 
     def connect(self, edge_id: str, in_flight: int = 1) -> AnsweringEdgePeer:
         """Enroll an edge whose providers each have ``in_flight`` requests."""
-        peer = self.peers[edge_id] = AnsweringEdgePeer(edge_id)
+        peer = self.enroll(edge_id, HELLO, lambda: snapshot(edge_id))
         self.set_in_flight(edge_id, in_flight)
-        self.registry.connect(edge_id, peer, HELLO)
         return peer
 
     def set_in_flight(self, edge_id: str, in_flight: int, engine: bool = False) -> None:
@@ -66,35 +49,6 @@ class Fleet:
             return response
 
         self.peers[edge_id].status = status
-
-    def seconds(self, n: int) -> None:
-        """Let ``n`` intervals pass (each one samples)."""
-        for _ in range(n):
-            self.clock.advance(1)
-
-    def view(self, series: str, step: str | None = None, span: str = "-1h") -> Any:
-        """The points of a series, as the routes read them."""
-        queries = self.history.queries
-        now = self.clock.seconds()
-        start, end = parse_range(span, None, now)
-        tier_list = queries.tiers_for(series)
-        index = (
-            choose_tier(tier_list, start, end, now)
-            if step is None
-            else [t.step_seconds for t in tier_list].index(float(step))
-        )
-        fields = MODEL_FIELDS if "model:" in series else FLEET_FIELDS
-        result: list[Any] = []
-        d: Deferred[Any] = queries.view(series, fields, index, start, end)
-        d.addCallback(result.append)
-        assert result, "the memory store answers at once"
-        return result[0]
-
-
-def column(view: Any, name: str) -> list[Any]:
-    """One field's values (sampled) or (mean, max, last) triples (rolled) in a view."""
-    at = [f.name for f in view.fields].index(name)
-    return [values[at] for _, _, values in view.points]
 
 
 def test_each_interval_samples_the_edges_the_models_and_the_fleet() -> None:

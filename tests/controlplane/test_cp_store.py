@@ -732,3 +732,20 @@ async def test_capacity_history_survives_a_restart_on_the_sqlite_store(tmp_path:
         assert {tuple(p) for p in edge_before["points"]} <= {tuple(p) for p in edge_after["points"]}
     finally:
         await cp.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_kept_deployments_come_back_with_the_file_before_anything_listens(tmp_path: Path) -> None:
+    """A deployment written to the SQLite file is in what the store hands back when it opens again
+    (so the deployment service has it before any view answers), not only from a later read."""
+    first = SqliteStore(sqlite_settings(tmp_path), reactor)
+    first.open()
+    first.startService()
+    first.deployment_write("chat", b'{"generation": 2}')
+    first.flush()
+    await eventually(lambda: first.health().pending == 0, message="flushed")
+    await maybeDeferred(first.stopService)
+    again = SqliteStore(sqlite_settings(tmp_path), reactor)
+    kept = again.open()
+    assert kept.deployments == (("chat", b'{"generation": 2}'),)
+    assert not kept.empty

@@ -241,6 +241,8 @@ class ControlPlaneService(DaemonService):
             raise SystemExit(f"{self.daemon_name}: {e}") from None
         if kept.slos is not None:
             self.slos.restore_kept(dict(kept.slos))
+        if kept.deployments is not None:
+            self.deployments.restore_kept(dict(kept.deployments))
         if not kept.empty:
             restored = restore(kept, self.registry, self.gateway, self.rollouts)
             self._log.info(

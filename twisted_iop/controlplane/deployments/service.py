@@ -266,12 +266,25 @@ class DeploymentService(Service):
 
     # -- start and stop ----------------------------------------------------------------------
 
+    def restore_kept(self, kept: dict[str, bytes]) -> None:
+        """Take the deployments the store read back when it opened (before anything listens, so
+        no view answers without them); start then reads nothing."""
+        self._take(kept)
+
     def startService(self) -> None:
-        """Read the kept deployments back (nothing is sent before), then start the poll."""
+        """Read the kept deployments back unless the store gave them at open (nothing is sent
+        before), then start the poll."""
         super().startService()
+        if self.restored:
+            self._when_running()
+            return
         self._store.deployment_read().addCallbacks(self._restore, self._restore_failed)
 
     def _restore(self, kept: dict[str, bytes]) -> None:
+        self._take(kept)
+        self._when_running()
+
+    def _take(self, kept: dict[str, bytes]) -> None:
         for name, data in sorted(kept.items()):
             try:
                 state = DeploymentState.from_json(name, json.loads(data))
@@ -282,6 +295,9 @@ class DeploymentService(Service):
         self.restored = True
         if self._deployments:
             self._log.info("deployments: {count} kept", count=len(self._deployments))
+
+    def _when_running(self) -> None:
+        """Restored and running: every connected edge gets its set, and the poll starts."""
         for record in list(self._registry.edges()):
             if record.token is not None:
                 self.edge_connected(record.edge_id, record.token)

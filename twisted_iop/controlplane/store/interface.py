@@ -145,11 +145,16 @@ class KeptState:
     #: The kept SLOs' stored forms by name, when the store read them at open
     #: (SQLite); None: ask :meth:`SloStore.slo_read` (memory, Redis).
     slos: Optional[tuple[tuple[str, bytes], ...]] = None
+    #: The kept deployments' stored forms by name, when the store read them at
+    #: open (SQLite); None: ask :meth:`DeploymentStore.deployment_read` (memory, Redis).
+    deployments: Optional[tuple[tuple[str, bytes], ...]] = None
 
     @property
     def empty(self) -> bool:
         """Whether nothing was kept (a new store)."""
-        return not (self.fleet_sequence or self.edges or self.operations or self.rollouts or self.slos)
+        return not (
+            self.fleet_sequence or self.edges or self.operations or self.rollouts or self.slos or self.deployments
+        )
 
 
 @attrs.frozen

@@ -496,8 +496,12 @@ class SqliteStore(Service):
             except ValueError as e:
                 self._skipped(f"rollout {rollout_id}: {e}")
         slos = tuple((str(name), bytes(data)) for name, data in db.execute("SELECT name, data FROM slos ORDER BY name"))
+        deployments = tuple(
+            (str(name), bytes(data)) for name, data in db.execute("SELECT name, data FROM deployments ORDER BY name")
+        )
         return KeptState(
             slos=slos,
+            deployments=deployments,
             fleet_sequence=_meta_int(meta, "fleet_sequence"),
             edges=tuple(edges),
             events=tuple(events),

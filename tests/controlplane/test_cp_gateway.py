@@ -423,7 +423,7 @@ class GatewayMachine(RuleBasedStateMachine):
     def answer(self, data: st.DataObject, forged: bool, outcome: int) -> None:
         token, index = data.draw(st.sampled_from(self.pending_commands()))
         request, _ = self.peers[token].commands[index]
-        before = self.registry.operation("e", request.command_id)
+        before = self.registry.operations.get("e", request.command_id)
         was_finished = before is not None and before.finished
         self.peers[token].answer(index, outcome=outcome, command_id="forged" if forged else "")
         if not forged and not was_finished:
@@ -606,8 +606,8 @@ def test_operations_of_a_dead_replica_end_failed_through_the_gateway() -> None:
     gateway, registry, _clock, _peers = fleet(1)
     theirs = OperationRecord("op-b", "e00000", "node.drain", "n", {}, "", 1.0, 10.0, replica="b")
     others = OperationRecord("op-c", "e00000", "node.drain", "n", {}, "", 1.0, 10.0, replica="c")
-    registry.start_operation(theirs)
-    registry.start_operation(others)
+    registry.operations.start_operation(theirs)
+    registry.operations.start_operation(others)
     ended: list[OperationRecord] = []
     gateway.wait_for(theirs).addCallback(ended.append)
     assert gateway.end_orphaned_operations("b", "replica b stopped") == 1

@@ -75,7 +75,9 @@ def test_edge_detail_is_the_reference_dumped(
     for i in range(events):
         registry.record("edge-1", "node.note", message=f"n{i}")
     for i in range(operations):
-        registry.start_operation(OperationRecord(f"op-{i}", "edge-1", "node.drain", "n", {}, "", start, start + 5))
+        registry.operations.start_operation(
+            OperationRecord(f"op-{i}", "edge-1", "node.drain", "n", {}, "", start, start + 5)
+        )
     if snapshot_at is not None:
         record.snapshot = checked_snapshot(pb.EdgeStatusResponse(edge_id="edge-1"), snapshot_at)
     clock.advance(1.25)

@@ -186,9 +186,11 @@ def test_the_registry_stays_under_its_worst_case_with_maximal_input() -> None:
                     created_at=clock.seconds(),
                     deadline_at=clock.seconds() + 10,
                 )
-                registry.start_operation(operation)
-                registry.advance_operation(edge_id, operation.operation_id, operation_states.TIMED_OUT, "late")
-                registry.record_late_outcome(
+                registry.operations.start_operation(operation)
+                registry.operations.advance_operation(
+                    edge_id, operation.operation_id, operation_states.TIMED_OUT, "late"
+                )
+                registry.operations.record_late_outcome(
                     edge_id, operation.operation_id, operation_states.SUCCEEDED, WIDE * 5000, maximal_result()
                 )
             record = registry.get(edge_id)

@@ -3,8 +3,8 @@
 An operation's ``state``, ``finished_at``, ``history`` and ``late_outcome``
 are written only by the state machine (``controlplane/requests/operation_states.py``);
 which transition to ask for is decided only by the gateway's command room
-(``controlplane/requests/command_dispatch.py``), through the registry, which records
-it. These tests parse every module under ``twisted_iop/`` and fail when a
+(``controlplane/requests/command_dispatch.py``), through the registry's operation
+log, which records it. These tests parse every module under ``twisted_iop/`` and fail when a
 second writer or decider appears.
 
 How it tells an operation's fields from other objects' (the AST knows no
@@ -22,11 +22,11 @@ types):
   tuple, to an item: ``op.history[0] = ...``), ``del``, a mutating call on
   the history (``op.history.append(...)``), ``setattr(op, "state", ...)``,
   and ``attrs.evolve(op, state=...)`` / ``dataclasses.replace``.
-* **Who decides**: calls of the registry's ``start_operation``,
+* **Who decides**: calls of the operation log's ``start_operation``,
   ``advance_operation`` and ``record_late_outcome`` come only from the
   command room; ``.advance(state, at, ...)`` (two arguments or more: a
   clock's ``advance`` takes one) and ``.note_late_outcome(...)`` only from
-  the registry and the records.
+  the operation log and the records.
 
 ``test_the_scan_finds_every_kind_of_write`` checks the scanner itself on
 a stray writer of each kind.
@@ -62,12 +62,14 @@ ALLOWED: dict[tuple[str, str], str] = {
 }
 #: Mutating calls on a list (the history).
 LIST_MUTATORS = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse"})
-#: The registry's operation writers, and the one module that calls them.
+#: The operation log's writers, and the one module that calls them.
 DECISIONS = frozenset({"start_operation", "advance_operation", "record_late_outcome"})
 DECIDER = "twisted_iop/controlplane/requests/command_dispatch.py"
 #: The record's own transitions, and the modules that call them (the recorders).
 TRANSITIONS = frozenset({"advance", "note_late_outcome"})
-RECORDERS = frozenset({"twisted_iop/controlplane/fleet/registry.py", "twisted_iop/controlplane/fleet/operations.py"})
+RECORDERS = frozenset(
+    {"twisted_iop/controlplane/fleet/operation_log.py", "twisted_iop/controlplane/fleet/operations.py"}
+)
 
 
 @attrs.frozen
@@ -234,12 +236,12 @@ def test_the_state_machine_does_write_them() -> None:
 
 
 def test_only_the_command_room_decides_an_operations_state() -> None:
-    """The registry's operation writers are called from the gateway's command
-    room only; a record's own transitions only from the registry and the records."""
+    """The operation log's writers are called from the gateway's command
+    room only; a record's own transitions only from the operation log and the records."""
     deciders = [str(call) for scanner in _scans() if scanner.module != DECIDER for call in scanner.decisions]
     assert deciders == [], "a second decider of an operation's state:\n" + "\n".join(deciders)
     movers = [str(call) for scanner in _scans() if scanner.module not in RECORDERS for call in scanner.transitions]
-    assert movers == [], "an operation moved outside the registry:\n" + "\n".join(movers)
+    assert movers == [], "an operation moved outside the operation log:\n" + "\n".join(movers)
 
 
 STRAY = """

@@ -112,11 +112,11 @@ def test_no_disconnected_edge_is_kept_with_a_limit_of_zero() -> None:
     assert registry.edge_ids() == []
     token = registry.connect("busy", HeldEdgePeer(), HELLO)
     op = OperationRecord("op1", "busy", "x", "", {}, "", created_at=clock.seconds(), deadline_at=clock.seconds() + 10)
-    registry.start_operation(op)
+    registry.operations.start_operation(op)
     registry.disconnect("busy", token, "gone")
     # Its record holds an operation still open: kept while it is open ...
     assert registry.edge_ids() == ["busy"]
-    registry.advance_operation("busy", "op1", operation_states.EDGE_DISCONNECTED, "gone")
+    registry.operations.advance_operation("busy", "op1", operation_states.EDGE_DISCONNECTED, "gone")
     # ... and forgotten as soon as it ends, not listed for ever.
     assert registry.edge_ids() == []
     assert registry.known_count == 0
@@ -155,11 +155,11 @@ def test_operation_lifecycle_is_forward_only_and_terminal_is_final() -> None:
     registry, clock = make_registry()
     registry.connect("edge-a", HeldEdgePeer(), HELLO)
     op = OperationRecord("op1", "edge-a", "x", "", {}, "", created_at=clock.seconds(), deadline_at=clock.seconds() + 10)
-    registry.start_operation(op)
-    assert registry.advance_operation("edge-a", "op1", operation_states.RUNNING)
-    assert not registry.advance_operation("edge-a", "op1", operation_states.ACCEPTED)  # no going back
-    assert registry.advance_operation("edge-a", "op1", operation_states.SUCCEEDED, result={"a": "b"})
-    assert not registry.advance_operation("edge-a", "op1", operation_states.TIMED_OUT)
+    registry.operations.start_operation(op)
+    assert registry.operations.advance_operation("edge-a", "op1", operation_states.RUNNING)
+    assert not registry.operations.advance_operation("edge-a", "op1", operation_states.ACCEPTED)  # no going back
+    assert registry.operations.advance_operation("edge-a", "op1", operation_states.SUCCEEDED, result={"a": "b"})
+    assert not registry.operations.advance_operation("edge-a", "op1", operation_states.TIMED_OUT)
     assert op.state == operation_states.SUCCEEDED and op.result == {"a": "b"}
     assert [h[0] for h in op.history] == ["sent", "running", "succeeded"]
     assert [k for k in kinds(registry, "edge-a") if k.startswith("operation.")] == [
@@ -174,7 +174,7 @@ def test_relayed_command_events_never_change_an_operation_by_themselves() -> Non
     registry, clock = make_registry()
     token = registry.connect("edge-a", HeldEdgePeer(), HELLO)
     op = OperationRecord("op1", "edge-a", "x", "", {}, "", created_at=clock.seconds(), deadline_at=clock.seconds() + 10)
-    registry.start_operation(op)
+    registry.operations.start_operation(op)
     registry.record_edge_event("edge-a", token, pb.EdgeEvent(kind="command.succeeded", command_id="op1"))
     assert op.state == operation_states.SENT
     assert kinds(registry, "edge-a")[-1] == "command.succeeded"
@@ -185,7 +185,7 @@ def test_reserved_event_kinds_from_an_edge_are_dropped_and_reported_rate_limited
     registry, clock = make_registry()
     token = registry.connect("edge-a", HeldEdgePeer(), HELLO)
     op = OperationRecord("op1", "edge-a", "x", "", {}, "", created_at=clock.seconds(), deadline_at=clock.seconds() + 10)
-    registry.start_operation(op)
+    registry.operations.start_operation(op)
     before = kinds(registry, "edge-a")
     with capturedLogs() as logged:
         for kind in ("operation.succeeded", "edge.connected", "operation.failed"):
@@ -210,12 +210,14 @@ def test_late_outcome_is_kept_once_and_only_after_the_end() -> None:
     registry, clock = make_registry()
     registry.connect("edge-a", HeldEdgePeer(), HELLO)
     op = OperationRecord("op1", "edge-a", "x", "", {}, "", created_at=clock.seconds(), deadline_at=clock.seconds() + 10)
-    registry.start_operation(op)
-    assert not registry.record_late_outcome("edge-a", "op1", operation_states.SUCCEEDED, "", {})  # still in flight
-    registry.advance_operation("edge-a", "op1", operation_states.TIMED_OUT, "no answer")
+    registry.operations.start_operation(op)
+    assert not registry.operations.record_late_outcome(
+        "edge-a", "op1", operation_states.SUCCEEDED, "", {}
+    )  # still in flight
+    registry.operations.advance_operation("edge-a", "op1", operation_states.TIMED_OUT, "no answer")
     clock.advance(3)
-    assert registry.record_late_outcome("edge-a", "op1", operation_states.SUCCEEDED, "done", {"k": "v"})
-    assert not registry.record_late_outcome("edge-a", "op1", operation_states.FAILED, "again", {})
+    assert registry.operations.record_late_outcome("edge-a", "op1", operation_states.SUCCEEDED, "done", {"k": "v"})
+    assert not registry.operations.record_late_outcome("edge-a", "op1", operation_states.FAILED, "again", {})
     assert op.state == operation_states.TIMED_OUT
     assert op.late_outcome == LateOutcome(operation_states.SUCCEEDED, "done", {"k": "v"}, 1003.0)
     assert kinds(registry, "edge-a")[-1] == "operation.late_outcome"

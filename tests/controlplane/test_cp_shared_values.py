@@ -208,13 +208,13 @@ def test_an_operation_buffer_is_made_only_for_an_edge_that_runs_a_command() -> N
     registry = EdgeRegistry(Clock(), RegistryLimits(operations_per_edge=7, operation_bytes_per_edge=4096))
     for edge_id in ("edge-a", "edge-b"):
         registry.connect(edge_id, HeldEdgePeer(), _hello({}))
-    assert registry.fleet_operations() == []
+    assert registry.operations.fleet_operations() == []
     assert all(record.operations_kept is None for record in registry.edges())
-    registry.start_operation(OperationRecord("op-1", "edge-a", "node.drain", "n", {}, "", 1.0, 2.0))
+    registry.operations.start_operation(OperationRecord("op-1", "edge-a", "node.drain", "n", {}, "", 1.0, 2.0))
     made = registry.get("edge-a").operations_kept
     assert made is not None and (made.capacity, made.byte_budget) == (7, 4096)
     assert registry.get("edge-b").operations_kept is None
-    assert [op.operation_id for op in registry.fleet_operations()] == ["op-1"]
+    assert [op.operation_id for op in registry.operations.fleet_operations()] == ["op-1"]
     assert registry.disconnect("edge-b", registry.get("edge-b").token or 0, "gone")
     assert registry.get("edge-b").operations_kept is None and registry.get("edge-b").kept_bytes() > 0
 

@@ -649,8 +649,8 @@ def test_registry_hands_the_store_every_change(tmp_path: Path) -> None:
     registry = EdgeRegistry(reactor, RegistryLimits())
     registry.store = Recorder()
     token = registry.connect("edge-a", HeldEdgePeer(), HELLO)
-    registry.start_operation(_operation("edge-a", "op-1", state="sent"))
-    registry.advance_operation("edge-a", "op-1", "succeeded")
+    registry.operations.start_operation(_operation("edge-a", "op-1", state="sent"))
+    registry.operations.advance_operation("edge-a", "op-1", "succeeded")
     registry.disconnect("edge-a", token, "gone")
     assert seen == [
         ("event", "edge.connected"),

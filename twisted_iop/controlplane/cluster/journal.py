@@ -342,13 +342,13 @@ class Journal:
     def operation(self, edge_id: str, operation_id: str) -> Any:
         """The operation ``operation_id``, from the mirror or (just written elsewhere) from Redis."""
         for _ in range(OPERATION_FETCH_ATTEMPTS):
-            kept = self._registry.operation(edge_id, operation_id)
+            kept = self._registry.operations.get(edge_id, operation_id)
             if kept is not None:
                 return kept
             text = yield self.link.call("GET", self.keys.operation(operation_id))
             if text is not None:
                 self._mirror.apply_operation(codec.operation_from(codec.loads_object(text, "operation")))
-                kept = self._registry.operation(edge_id, operation_id)
+                kept = self._registry.operations.get(edge_id, operation_id)
                 if kept is not None:
                     return kept
             yield deferLater(self._clock, OPERATION_FETCH_PAUSE_SECONDS)

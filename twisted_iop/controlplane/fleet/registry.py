@@ -13,9 +13,10 @@ rooms beside it own the rest:
 
 * the event log (:mod:`~twisted_iop.controlplane.fleet.event_log`): every
   event, numbered and bounded, and who listens;
-* operations (kept per edge here; their states move only through
+* operations (:mod:`~twisted_iop.controlplane.fleet.operation_log`, as
+  ``registry.operations``): kept per edge, their states moved only through
   :mod:`~twisted_iop.controlplane.requests.operation_states`, as the gateway's
-  command room decides);
+  command room decides;
 * memory (:mod:`~twisted_iop.controlplane.fleet.memory`): byte budgets, shared
   values and the kept-event layout;
 * cluster mode's mirror of other replicas' changes
@@ -44,10 +45,9 @@ from twisted_iop.controlplane.fleet.edge_record import EdgeRecord, UnknownEdge
 from twisted_iop.controlplane.fleet.event_log import EventBuffer, EventJournal, EventLog
 from twisted_iop.controlplane.fleet.event_record import EventRecord, EventTexts
 from twisted_iop.controlplane.fleet.memory import RegistryLimits, SharedTables
+from twisted_iop.controlplane.fleet.operation_log import KeptOperations, OperationLog
 from twisted_iop.controlplane.fleet.operations import OperationRecord
 from twisted_iop.controlplane.fleet.snapshots import StatusSnapshot
-from twisted_iop.controlplane.requests import operation_states
-from twisted_iop.controlplane.requests.operation_states import LateOutcome
 from twisted_iop.controlplane.wires.edge_hello import EdgeHello
 from twisted_iop.controlplane.wires.edge_peer import EdgePeer
 from twisted_iop.wire import control_pb2 as pb
@@ -79,16 +79,14 @@ class ConnectionObserver(Protocol):
         """Another replica changed ``operation`` (cluster mode: the mirror applied it)."""
 
 
-class KeptChanges(Protocol):
+class KeptChanges(KeptOperations, Protocol):
     """Where the registry reports what should outlive the process: the
     store (:class:`~twisted_iop.controlplane.store.interface.Store`), which
-    also takes every numbered event from the event log."""
+    also takes every numbered event from the event log and every changed
+    operation from the operation log."""
 
     def event_kept(self, event: EventRecord, size: int) -> None:
         """An event was numbered and kept."""
-
-    def operation_changed(self, operation: OperationRecord) -> None:
-        """An operation was created or changed."""
 
     def edge_changed(self, record: EdgeRecord) -> None:
         """An edge enrolled, or its connection ended."""
@@ -148,6 +146,8 @@ class EdgeRegistry(Service):
         self.shared = SharedTables()
         self._operation_limits = (limits.operations_per_edge, limits.operation_bytes_per_edge)
         self._store: Optional[KeptChanges] = None
+        #: Every edge's operations (dispatched, moved, stored, recorded as events).
+        self.operations = OperationLog(clock, self.event_log, self)
 
     @property
     def store(self) -> Optional[KeptChanges]:
@@ -158,6 +158,7 @@ class EdgeRegistry(Service):
     def store(self, store: Optional[KeptChanges]) -> None:
         self._store = store
         self.event_log.sink = store
+        self.operations.store = store
 
     @property
     def journal(self) -> Optional[Journal]:
@@ -325,7 +326,7 @@ class EdgeRegistry(Service):
 
         An edge whose record still holds an open operation stays (in the
         order it went away) until that operation ends: then
-        :meth:`advance_operation` runs this again, so no edge stays listed
+        :meth:`operation_ended` runs this again, so no edge stays listed
         past the bounds for good.
         """
         limits = self.limits
@@ -456,109 +457,10 @@ class EdgeRegistry(Service):
             self.command_event_relayed(edge_id, token, event)
         return recorded
 
-    # -- operations -----------------------------------------------------------
+    # -- operations ------------------------------------------------------------
 
-    def start_operation(self, operation: OperationRecord) -> None:
-        """Keep a just-dispatched operation (state ``sent``)."""
-        record = self.get(operation.edge_id)
-        operation_states.begin(operation)
-        record.operations.add(operation)
-        self._operation_event(operation)
-
-    def operation(self, edge_id: str, operation_id: str) -> Optional[OperationRecord]:
-        """The kept operation ``operation_id`` of ``edge_id``, or None."""
-        record = self._edges.get(edge_id)
-        return None if record is None else record.operations.get(operation_id)
-
-    def advance_operation(
-        self,
-        edge_id: str,
-        operation_id: str,
-        state: str,
-        reason: str = "",
-        result: Optional[dict[str, str]] = None,
-    ) -> bool:
-        """Move an operation forward; False if it is unknown or did not move.
-
-        Operation states are the Control Plane's own record: only the
-        gateway calls this, from its own requests' outcomes.
-        """
-        record = self._edges.get(edge_id)
-        if record is None:
-            return False
-        operation = record.operations.get(operation_id)
-        if operation is None:
-            return False
-        kept_result = None if result is None else bounds.clip_result(result)
-        if not operation.advance(state, self._clock.seconds(), bounds.clip_reason(reason), kept_result):
-            return False
-        self._operation_event(operation)
-        record.operations.operation_changed(operation)
-        if operation.finished and record.token is None and edge_id in self._disconnected:
+    def operation_ended(self, record: EdgeRecord) -> None:
+        """An operation of ``record`` ended: an edge kept disconnected only
+        because it was open may now be forgotten past the bounds."""
+        if record.token is None and record.edge_id in self._disconnected:
             self._forget_excess_disconnected()
-        return True
-
-    def record_late_outcome(
-        self, edge_id: str, operation_id: str, state: str, reason: str, result: dict[str, str]
-    ) -> bool:
-        """Keep an edge's answer that came after the operation ended."""
-        operation = self.operation(edge_id, operation_id)
-        if operation is None:
-            return False
-        now = self._clock.seconds()
-        reason = bounds.clip_reason(reason)
-        if not operation.note_late_outcome(LateOutcome(state, reason, bounds.clip_result(result), now)):
-            return False
-        self._edges[edge_id].operations.operation_changed(operation)
-        if self._store is not None:
-            self._store.operation_changed(operation)
-        self.record(
-            edge_id,
-            "operation.late_outcome",
-            operation=operation,
-            node_id=self._node_of(operation),
-            command_id=operation_id,
-            message=f"{operation.name} answered {state} after it ended {operation.state}"
-            + (f": {reason}" if reason else ""),
-            attributes={
-                "name": operation.name,
-                "target": operation.target,
-                "state": operation.state,
-                "late_state": state,
-            },
-        )
-        return True
-
-    def _node_of(self, operation: OperationRecord) -> str:
-        """The node an operation targets ("" if its command does not target a node).
-
-        A command aimed at a node (or at a provider, ``node_id/provider_id``)
-        is filed under that node too, so views and subscribers filtering by
-        node see what was done to it.
-        """
-        record = self._edges[operation.edge_id]
-        kind = next((spec.target_kind for spec in record.hello.commands if spec.name == operation.name), "")
-        if kind == "node":
-            return operation.target
-        if kind == "provider":  # node_id/provider_id: filed under its node
-            return operation.target.partition("/")[0]
-        return ""
-
-    def _operation_event(self, operation: OperationRecord) -> None:
-        if self._store is not None:
-            self._store.operation_changed(operation)
-        self.record(
-            operation.edge_id,
-            "operation." + operation.state,
-            node_id=self._node_of(operation),
-            command_id=operation.operation_id,
-            message=f"{operation.name} {operation.state}" + (f": {operation.reason}" if operation.reason else ""),
-            attributes={"name": operation.name, "target": operation.target, "state": operation.state},
-            operation=operation,
-        )
-
-    def fleet_operations(self) -> list[OperationRecord]:
-        """Every kept operation of every edge, newest first."""
-        ops = [op for record in self._edges.values() for op in record.operations_kept or ()]
-        ops.sort(key=lambda op: (op.created_at, op.operation_id), reverse=True)
-        return ops

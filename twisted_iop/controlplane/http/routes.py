@@ -575,7 +575,7 @@ class ControlPlaneHttp:
     def fleet_operations(self, request: IRequest) -> bytes:
         """Operations of every edge, newest first."""
         self._shared(request)
-        return json_body(request, 200, self._operations_page(request, self._registry.fleet_operations()))
+        return json_body(request, 200, self._operations_page(request, self._registry.operations.fleet_operations()))
 
     # -- console ------------------------------------------------------------
 

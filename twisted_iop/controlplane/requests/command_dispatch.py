@@ -12,7 +12,7 @@ code that decides an operation's state.
   Plane stopped, or, in cluster mode, the replica that sent it died).
   ``command.accepted`` / ``command.started`` relayed on that connection
   move it forward. The rules of each move are the state machine's
-  (``operation_states.py``); the registry records them.
+  (``operation_states.py``); the registry's operation log records them.
 * **Deadlines and late outcomes.** After its deadline a request keeps
   listening (at most :data:`LATE_ANSWERS_PER_CONNECTION` per connection) so
   that a late answer is kept as the operation's late outcome.
@@ -123,6 +123,8 @@ class CommandDispatch:
 
     def __init__(self, registry: EdgeRegistry, clock: IReactorTime) -> None:
         self._registry = registry
+        #: Where each decided move is applied and recorded.
+        self._operations = registry.operations
         self._clock = clock
         #: Operation id -> the command still listened for.
         self._commands: dict[str, _Command] = {}
@@ -189,7 +191,7 @@ class CommandDispatch:
             deadline_at=now + timeout_seconds,
             requested_by=requested_by,
         )
-        self._registry.start_operation(operation)
+        self._operations.start_operation(operation)
         command = _Command(operation, record.token, timeout_seconds)
         operation_id = operation.operation_id
         self._commands[operation_id] = command
@@ -275,7 +277,7 @@ class CommandDispatch:
     def _settle(self, operation: OperationRecord, state: str, reason: str, result: dict[str, str]) -> None:
         """The edge's own answer: the end, or the late outcome of an ended operation."""
         if operation.finished:
-            self._registry.record_late_outcome(operation.edge_id, operation.operation_id, state, reason, result)
+            self._operations.record_late_outcome(operation.edge_id, operation.operation_id, state, reason, result)
         else:
             self._finish(operation, state, reason, result)
 
@@ -303,7 +305,7 @@ class CommandDispatch:
         self, operation: OperationRecord, state: str, reason: str, result: Optional[dict[str, str]] = None
     ) -> None:
         """End one of this room's own operations: recorded, counted, its callers told."""
-        self._registry.advance_operation(operation.edge_id, operation.operation_id, state, reason, result)
+        self._operations.advance_operation(operation.edge_id, operation.operation_id, state, reason, result)
         self.ended[state] = self.ended.get(state, 0) + 1  # metrics
         self.seconds.observe(self._clock.seconds() - operation.created_at)  # metrics
         self._wake(operation)
@@ -364,7 +366,7 @@ class CommandDispatch:
         if command is None or command.token != token or command.operation.edge_id != edge_id:
             return
         if not command.operation.finished:
-            self._registry.advance_operation(edge_id, command.operation.operation_id, state)
+            self._operations.advance_operation(edge_id, command.operation.operation_id, state)
 
     def operation_updated(self, operation: OperationRecord) -> None:
         """Another replica changed an operation (cluster mode): callers here
@@ -394,7 +396,7 @@ class CommandDispatch:
                 if (
                     operation.replica == replica
                     and not operation.finished
-                    and self._registry.advance_operation(record.edge_id, operation.operation_id, FAILED, reason)
+                    and self._operations.advance_operation(record.edge_id, operation.operation_id, FAILED, reason)
                 ):
                     ended += 1
                     self._wake(operation)

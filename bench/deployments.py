@@ -75,9 +75,9 @@ def main() -> None:
         registry.connect(edge_id, peers[edge_id], hellos[edge_id])
     print(f"edges {args.edges}, nodes per edge {args.nodes}, replicas per edge {args.replicas}, half site=lab")
     spec = parse_spec("chat", {**CHAT, "replicas_per_edge": args.replicas})
-    sent = service.sets_sent
+    sent = service.desired.sets_sent
     timed("apply", lambda: (service.put(spec, "bench"), clock.advance(0)))  # advance: the store write
-    print(f"{'':<16} {service.sets_sent - sent} desired sets sent")
+    print(f"{'':<16} {service.desired.sets_sent - sent} desired sets sent")
     selector = spec.edge_selector_parsed
     matched = timed("selector match", lambda: sum(1 for r in registry.edges() if selector.matches(r.hello.labels)))
     print(f"{'':<16} {matched} edges matched")
@@ -87,7 +87,7 @@ def main() -> None:
     counts = timed("rollup", lambda: service.rollup("chat"))
     print(f"{'':<16} {counts}")
     before = {e: [(i.instance_id, i.node_id, i.spec_hash) for i in p.instances] for e, p in peers.items()}
-    sent = service.sets_sent
+    sent = service.desired.sets_sent
 
     def reconnect() -> None:
         for edge_id, peer in peers.items():
@@ -96,7 +96,7 @@ def main() -> None:
     timed("reconnect all", reconnect)
     after = {e: [(i.instance_id, i.node_id, i.spec_hash) for i in p.instances] for e, p in peers.items()}
     moved = sum(len(set(before[e]) ^ set(after[e])) // 2 for e in peers)
-    print(f"{'':<16} {service.sets_sent - sent} desired sets sent, {moved} instances changed (restarts)")
+    print(f"{'':<16} {service.desired.sets_sent - sent} desired sets sent, {moved} instances changed (restarts)")
     service.stopService()
 
 

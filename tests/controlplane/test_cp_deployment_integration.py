@@ -126,7 +126,7 @@ async def test_a_deployment_serves_changes_once_survives_a_restart_and_stops(tmp
         )
         shown = await _ready(cp, 2)
         assert (shown["generation"], shown["spec_hash"]) == (2, new_hash)
-        assert cp.service.deployments.sets_sent >= 2  # both edges got their sets again
+        assert cp.service.deployments.desired.sets_sent >= 2  # both edges got their sets again
         assert lab.pid() == second_pid and lab.counts() == (1, 1, 0)
         answer = await post(lab.base, "/v1/chat/completions", chat(max_tokens=3, model="m1"))
         assert answer.code == 200, answer.body

@@ -251,7 +251,7 @@ def deployment_metrics(deployments: DeploymentService) -> Iterator[Metric]:
             for state, count in counts.items()
         ),
     )
-    yield counter("iop_deployment_sets_sent", "Desired sets sent to edges", deployments.sets_sent)
+    yield counter("iop_deployment_sets_sent", "Desired sets sent to edges", deployments.desired.sets_sent)
 
 
 def slo_metrics(slos: SloService, now: float) -> Iterator[Metric]:

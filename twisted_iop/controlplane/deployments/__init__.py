@@ -23,6 +23,8 @@ supervisor; the spec hash both sides compute is
 * :mod:`.reports`: what edges say of their deployments (answers to a set,
   snapshots) and whether an edge takes deployments at all;
 * :mod:`.dry_run`: a dry run's answer, pure;
+* :mod:`.desired_sets`: what each edge was last sent, the versions of the
+  sets, their answers, and which edges have not settled on theirs yet;
 * :mod:`.service`: keeps deployments in the store, sends each edge its
   desired set (on every change and when it says hello), reads what runs,
   records ``deployment.*`` events;

@@ -28,10 +28,8 @@ The :class:`DeploymentService`:
    itself when its reached edges fail past ``rollout.abort``
    (``deployment.aborted``); its state is kept with the deployment.
 
-**Versions.** A desired set's version is the larger of one more than the
-last one given and the wall clock in milliseconds, and above the version
-the edge reports holding, so a restarted Control Plane never sends a set
-an Edge would ignore as older.
+What each edge was last sent, the versions of the sets and their answers
+are :mod:`.desired_sets`'s.
 
 In cluster mode each replica sends the sets of the edges whose connection
 it holds, and reads the kept deployments only at its start (a change made
@@ -41,6 +39,7 @@ docs/deployments.md).
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable
 from typing import Any, Optional
@@ -55,13 +54,9 @@ from twisted.python.failure import Failure
 from twisted_iop.controlplane.cluster.remote import RemotePeer
 from twisted_iop.controlplane.deployments import placement as pl
 from twisted_iop.controlplane.deployments import roll
+from twisted_iop.controlplane.deployments.desired_sets import DesiredSets
 from twisted_iop.controlplane.deployments.dry_run import dry_run_answer
-from twisted_iop.controlplane.deployments.kept import (
-    DeploymentState,
-    EdgeDesired,
-    TooManyDeployments,
-    UnknownDeployment,
-)
+from twisted_iop.controlplane.deployments.kept import DeploymentState, TooManyDeployments, UnknownDeployment
 from twisted_iop.controlplane.deployments.reports import EdgeReports, takes_deployments
 from twisted_iop.controlplane.deployments.rollup import (
     EDGE_STATES,
@@ -78,14 +73,11 @@ from twisted_iop.controlplane.fleet.event_log import EdgeEvents
 from twisted_iop.controlplane.fleet.registry import EdgeRegistry
 from twisted_iop.controlplane.requests.gateway import EdgeGateway
 from twisted_iop.controlplane.store.interface import DeploymentStore
-from twisted_iop.wire import control_pb2 as pb
 
 #: The most deployments kept.
 MAX_DEPLOYMENTS = 1000
 #: How often edges whose instances are not all ready are asked for a snapshot.
 POLL_SECONDS = 2.0
-#: How long an edge has to answer its desired set.
-SEND_TIMEOUT_SECONDS = 30.0
 #: The most snapshots asked for in one poll.
 MAX_POLLS = 200
 
@@ -114,20 +106,16 @@ class DeploymentService(Service):
         self.poll_seconds = poll_seconds
         self.max_deployments = max_deployments
         self._deployments: dict[str, DeploymentState] = {}
-        #: What each edge was last sent (forgotten when its connection ends).
-        self._sent: dict[str, EdgeDesired] = {}
         #: What each edge says of its deployments (its answers and its snapshots).
         self.reports = EdgeReports(registry)
-        self._last_version = 0
+        #: What each edge was last sent, and sending it.
+        self.desired = DesiredSets(registry, self.reports, clock)
         #: Deployments whose placement changed and is not written yet (written at the end of the turn).
         self._unwritten: set[str] = set()
         self._flush_call: Optional[IDelayedCall] = None
         self._loop: Optional[LoopingCall] = None
         #: Whether what the store kept was read back (nothing is sent before).
         self.restored = False
-        #: For /metrics and tests: desired sets sent, and answered.
-        self.sets_sent = 0
-        self.sets_answered = 0
         registry.add_connect_listener(self.edge_connected)
 
     # -- what is kept ------------------------------------------------------------------------
@@ -331,7 +319,7 @@ class DeploymentService(Service):
     def edge_connected(self, edge_id: str, token: int) -> None:
         """An edge's connection was accepted: it gets its whole set (once its snapshot is here,
         when a deployment selects it; at once when none does, which stops what it may still run)."""
-        self._sent.pop(edge_id, None)
+        self.desired.connected(edge_id)
         self.reports.connected(edge_id)
         record = self._registry.find(edge_id)
         if not self.restored or record is None or not takes_deployments(record):
@@ -376,11 +364,11 @@ class DeploymentService(Service):
             return
         view = self.reports.edge_view(record)
         plan = self._plan(view)
-        sent = self._sent.get(edge_id)
+        sent = self.desired.get(edge_id)
         if not always_send and sent is not None and sent.plan.instances == plan.instances:
             sent.plan = plan
             return
-        self._send(record, token, plan)
+        self.desired.send(record, token, plan)
 
     def _plan(self, view: pl.EdgeView, replace: Optional[DeploymentSpec] = None) -> pl.EdgePlan:
         """Place every deployment on ``view`` (with ``replace`` instead of the kept spec of its name);
@@ -407,47 +395,6 @@ class DeploymentService(Service):
                     self._write_soon(state)
         return plan
 
-    def _next_version(self, edge_id: str) -> int:
-        observed = self.reports.observation(edge_id)
-        version = max(self._last_version + 1, int(self._clock.seconds() * 1000))
-        if observed is not None:
-            version = max(version, observed.version + 1)
-        self._last_version = version
-        return version
-
-    def _send(self, record: EdgeRecord, token: int, plan: pl.EdgePlan) -> None:
-        peer = record.peer
-        assert peer is not None
-        edge_id = record.edge_id
-        version = self._next_version(edge_id)
-        desired = self._sent[edge_id] = EdgeDesired(version, plan, token)
-        request = pb.EdgeDeploymentsRequest(version=version, instances=[i.desired() for i in plan.instances])
-        self.sets_sent += 1
-        self._log.info(
-            "deployments: edge {edge_id} sent desired set version {version} ({count} instances)",
-            edge_id=edge_id,
-            version=version,
-            count=len(plan.instances),
-        )
-        d = peer.request_deployments(request)
-        d.addTimeout(SEND_TIMEOUT_SECONDS, self._clock)
-        d.addCallback(self._answered, edge_id, desired)
-        d.addErrback(self._not_answered, edge_id)
-
-    def _answered(self, response: pb.EdgeDeploymentsResponse, edge_id: str, desired: EdgeDesired) -> None:
-        self.sets_answered += 1
-        if self._sent.get(edge_id) is not desired:
-            return
-        desired.acknowledged = response.observed_version >= desired.version
-        self.reports.answered(edge_id, response, self._clock.seconds())
-
-    def _not_answered(self, failure: Failure, edge_id: str) -> None:
-        self._log.warn(
-            "deployments: edge {edge_id} did not answer its desired set: {error}",
-            edge_id=edge_id,
-            error=failure.getErrorMessage(),
-        )
-
     def poll(self) -> None:
         """Move every roll on, and ask the connected edges whose instances are not all ready for a
         fresh snapshot."""
@@ -456,20 +403,10 @@ class DeploymentService(Service):
         for state in self.all():
             if state.rolling_from is not None and state.roll_state in roll.IN_PROGRESS and self._advance(state):
                 self._write(state)
-        for edge_id in [e for e in self._sent if self._registry.find(e) is None]:
-            del self._sent[edge_id]  # an edge the registry forgot
+        self.desired.forget_unknown()
         self.reports.forget_unknown()
-        asked = 0
-        for edge_id, desired in list(self._sent.items()):
-            if asked >= MAX_POLLS:
-                break
-            record = self._registry.find(edge_id)
-            if record is None or record.token != desired.token:
-                continue
-            if self._settled(edge_id, desired):
-                continue
-            asked += 1
-            self._refresh(edge_id, desired.token)
+        for edge_id, token in itertools.islice(self.desired.unsettled(), MAX_POLLS):
+            self._refresh(edge_id, token)
 
     def _advance(self, state: DeploymentState) -> bool:
         """Abort a roll whose reached edges failed past ``rollout.abort``; if it runs, reach the next
@@ -489,7 +426,7 @@ class DeploymentService(Service):
             [(r.edge_id, r.token is not None) for r in edges],
             state.promoted,
             states,
-            {r.edge_id for r in edges if r.edge_id in state.promoted and self._sent_generation(r.edge_id, state)},
+            {r.edge_id for r in edges if r.edge_id in state.promoted and self.desired.has_newest(r.edge_id, state)},
             spec.max_in_flight,
             spec.offline != SKIP,
             state.roll_state == roll.RUNNING,
@@ -524,25 +461,6 @@ class DeploymentService(Service):
             return True
         return False
 
-    def _sent_generation(self, edge_id: str, state: DeploymentState) -> bool:
-        """Whether edge ``edge_id`` was last sent the deployment's newest generation (and is still connected)."""
-        sent = self._sent.get(edge_id)
-        record = self._registry.find(edge_id)
-        if sent is None or record is None or record.token != sent.token:
-            return False
-        name, generation = state.spec.name, state.generation
-        wanted = [i for i in sent.plan.instances if i.deployment == name]
-        unplaced = [u for u in sent.plan.unplaced if u.deployment == name]
-        return bool(unplaced) or (bool(wanted) and all(i.generation == generation for i in wanted))
-
-    def _settled(self, edge_id: str, desired: EdgeDesired) -> bool:
-        observed = self.reports.observation(edge_id)
-        if observed is None or observed.version < desired.version or desired.plan.unplaced:
-            return False
-        ready = {(s.instance_id, s.spec_hash) for s in observed.instances if s.state == pb.INSTANCE_STATE_READY}
-        wanted = {(i.instance_id, i.spec_hash) for i in desired.plan.instances}
-        return wanted <= ready and {s.instance_id for s in observed.instances} <= {i for i, _ in wanted}
-
     # -- views -------------------------------------------------------------------------------
 
     def _selected(self, spec: DeploymentSpec) -> list[EdgeRecord]:
@@ -556,7 +474,7 @@ class DeploymentService(Service):
         out = []
         for record in self._selected(spec):
             edge_id = record.edge_id
-            sent = self._sent.get(edge_id)
+            sent = self.desired.get(edge_id)
             if record.token is None:
                 out.append(edge_rollup(edge_id, spec.name, spec.spec_hash, False, [], [], 0, None))
                 continue

@@ -282,7 +282,7 @@ def test_makefile_daemons_pass_check() -> None:
 
 def test_screenshot_claims_name_the_switch() -> None:
     """Where a doc says a test writes docs/console.png, it names IOP_UPDATE_SCREENSHOT, as the test needs it."""
-    test = (ROOT / "tests" / "console" / "test_console_fleet.py").read_text()
+    test = (ROOT / "tests" / "console" / "test_console_screenshots.py").read_text()
     assert "IOP_UPDATE_SCREENSHOT" in test
     for document in DOCUMENTS:
         for paragraph in document.read_text().split("\n\n"):

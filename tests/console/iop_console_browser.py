@@ -24,9 +24,10 @@ T = TypeVar("T")
 from_threads = cast(IReactorFromThreads, reactor)
 
 ROOT = Path(__file__).resolve().parents[2]
-#: The README's screenshot is refreshed only on request
-#: (IOP_UPDATE_SCREENSHOT=1), so a test run leaves the tree as it was.
-DOCS_SCREENSHOT = ROOT / "docs" / "console.png"
+#: Where docs/console.md's pictures are, refreshed only on request
+#: (IOP_UPDATE_SCREENSHOT=1, tests/console/test_console_screenshots.py), so
+#: a test run leaves the tree as it was.
+DOCS = ROOT / "docs"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--no-sandbox",

@@ -3,7 +3,8 @@
 This is the operator's view end to end: the daemons are started the way a
 user starts them, a Node process is killed and the open console shows it
 without a reload, a drain is sent from the console's form, and iopctl
-reads the same fleet. It also saves the screenshot for docs/console.md.
+reads the same fleet. Its screenshot stays in the test's temporary directory
+(docs/console.md's pictures are test_console_screenshots.py's).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 import pytest_twisted
 import yaml
-from iop_console_browser import DOCS_SCREENSHOT, Browser, page_errors
+from iop_console_browser import Browser, page_errors
 from twisted.internet import reactor
 from twisted.internet.utils import getProcessOutputAndValue
 
@@ -93,7 +94,7 @@ def write(path: Path, data: dict[str, Any]) -> str:
 @pytest_twisted.ensureDeferred
 async def test_console_on_a_fleet_of_daemons(browser: Browser, tmp_path: Path) -> None:
     """Real daemons: the console shows the nodes, a killed Node live, a drain from the form; iopctl agrees."""
-    screenshot = DOCS_SCREENSHOT if os.environ.get("IOP_UPDATE_SCREENSHOT") else tmp_path / "console.png"
+    screenshot = tmp_path / "console.png"
     daemons: list[Daemon] = []
     try:
         cp = start_daemon(["iop-control-plane"], tmp_path, env=CONTROL_PLANE_LOOPBACK_ENV, name="cp")

@@ -7,20 +7,19 @@ every status answer. The fleet chart (left) and the selected edge's chart
 must draw exactly the values the Control Plane sampled (each SVG path
 carries the values it draws; the latency lane in ms), new points must
 appear without a reload, and the range picker, model picker and tooltip
-must work. The screenshot for
-docs/console.md is written with IOP_UPDATE_SCREENSHOT=1.
+must work. Its screenshot stays in the test's temporary directory
+(docs/console.md's pictures are test_console_screenshots.py's).
 """
 
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_twisted
-from iop_console_browser import ROOT, Browser, page_errors
+from iop_console_browser import Browser, page_errors
 
 from twisted_iop.testing.harness import eventually, start_control_plane
 from twisted_iop.testing.latency import LatencyFeed
@@ -29,7 +28,6 @@ from twisted_iop.wire import control_pb2 as pb
 
 pytestmark = pytest.mark.browser
 
-DOCS_SCREENSHOT = ROOT / "docs" / "console-history.png"
 #: Samples every 0.5 s; 5 s and 50 s tiers.
 HISTORY = (
     "history:\n  interval_seconds: 0.5\n  tiers:\n"
@@ -190,7 +188,7 @@ async def test_history_charts_draw_the_sampled_values_live(browser: Browser, tmp
         tip = await browser.call(latency_tip)
         assert "TTFT" in tip and "TPOT" in tip and " ms" in tip
 
-        screenshot = DOCS_SCREENSHOT if os.environ.get("IOP_UPDATE_SCREENSHOT") else tmp_path / "console-history.png"
+        screenshot = tmp_path / "console-history.png"
 
         def shoot() -> None:
             page.locator("#edge-area iop-history-chart select[data-model]").select_option("")

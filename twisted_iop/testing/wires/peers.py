@@ -160,6 +160,7 @@ class ScriptedEdge(TransportAccess, FramedPeerProtocol):
         self.catalog = list(CATALOG)
         #: The labels its hello announces (what selectors match).
         self.labels: dict[str, str] = {"site": "test"}
+        self.software_version = "test-edge"
         #: Returns the status to answer with, or None to stay silent.
         self.status: Callable[[], Optional[pb.EdgeStatusResponse]] = lambda: snapshot(self.edge_id)
         #: "succeed", "fail", "reject", "silent", "hold" (kept in
@@ -173,6 +174,8 @@ class ScriptedEdge(TransportAccess, FramedPeerProtocol):
         self.held: list[int] = []
         self.lost: Deferred[None] = Deferred()
         self.errors: list[pb.Error] = []
+        #: When its events happened, by its clock (ms): a fixed time unless told.
+        self.event_time_ms: Callable[[], int] = lambda: 1_700_000_000_000
 
     def hello(self) -> Deferred[pb.EdgeHelloResponse]:
         """Send hello; fire with the Control Plane's answer."""
@@ -180,7 +183,7 @@ class ScriptedEdge(TransportAccess, FramedPeerProtocol):
             edge_id=self.edge_id,
             protocol_major=self.protocol_major,
             protocol_minor=PROTOCOL_MINOR,
-            software_version="test-edge",
+            software_version=self.software_version,
             credential=self.credential,
             labels=self.labels,
             commands=self.catalog,
@@ -189,11 +192,11 @@ class ScriptedEdge(TransportAccess, FramedPeerProtocol):
         return d.addCallback(lambda env: env.edge_hello_response)
 
     def event(self, kind: str, node_id: str = "", command_id: str = "", message: str = "") -> None:
-        """Relay one event."""
+        """Relay one event, stamped with :attr:`event_time_ms`."""
         self.send(
             "edge_event",
             pb.EdgeEvent(
-                kind=kind, node_id=node_id, command_id=command_id, message=message, occurred_at_ms=1_700_000_000_000
+                kind=kind, node_id=node_id, command_id=command_id, message=message, occurred_at_ms=self.event_time_ms()
             ),
         )
 

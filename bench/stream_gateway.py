@@ -107,6 +107,23 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def wakeups(pid: int) -> int:
+    """Times ``pid``'s threads have slept and been woken so far (voluntary context switches; 0 if gone)."""
+    total = 0
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return 0
+    for task in tasks:
+        try:
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total
+
+
 def children(pid: int) -> list[int]:
     """The direct children of ``pid``."""
     try:
@@ -259,9 +276,11 @@ def client_main(port: int, streams: int, tokens: int) -> None:
 class Rig:
     """The engine, nginx and Edge + Node, started once for the whole run."""
 
-    def __init__(self, workdir: Path, tokens: int) -> None:
+    def __init__(self, workdir: Path, tokens: int, pairs: Optional[dict[str, Optional[float]]] = None) -> None:
         self.workdir = workdir
         self.tokens = tokens
+        #: Each Edge + Node pair: its arm's suffix and its poll interval (None: the daemons' default).
+        self.pairs = pairs if pairs is not None else {"": None}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.ports: dict[str, int] = {}
         self.pids: dict[str, list[int]] = {}
@@ -296,6 +315,18 @@ class Rig:
             time.sleep(0.05)
         self.pids["nginx"] = [self.procs["nginx"].pid, *children(self.procs["nginx"].pid)]
 
+        for suffix, interval in self.pairs.items():
+            self.start_pair(suffix, interval, deadline)
+
+    def start_pair(self, suffix: str, poll_interval_ms: Optional[float], deadline: float) -> None:
+        """One Edge + Node (arm ``edge+node`` + ``suffix``), at ``event_loop.poll_interval_ms`` (None: the default)."""
+        w = self.workdir
+        engine = self.ports["straight"]
+        event_loop: dict[str, Any] = (
+            {} if poll_interval_ms is None else {"event_loop": {"poll_interval_ms": poll_interval_ms}}
+        )
+        if suffix:
+            event_loop["metrics"] = {"listen": ""}  # the first pair has the default ports
         edge_yaml = {
             "control_plane": {"address": "127.0.0.1:1", "edge_id": "bench-edge", "backoff": {"max_seconds": 60}},
             "node_server": {"listen": "tcp:0:interface=127.0.0.1"},
@@ -311,31 +342,34 @@ class Rig:
                     "providers": [{"provider_id": "p1", "kind": "openai", "models": [MODEL], "capacity": MAX_STREAMS}],
                 }
             ],
+            **event_loop,
         }
-        (w / "edge.yaml").write_text(yaml.safe_dump(edge_yaml))
-        edge_log = w / "edge.log"
-        self.procs["edge"] = start(
-            [str(BIN / "twistd"), "-n", "--pidfile=", "iop-edge", "--config", str(w / "edge.yaml")], edge_log
+        (w / f"edge{suffix}.yaml").write_text(yaml.safe_dump(edge_yaml))
+        edge_log = w / f"edge{suffix}.log"
+        self.procs["edge" + suffix] = start(
+            [str(BIN / "twistd"), "-n", "--pidfile=", "iop-edge", "--config", str(w / f"edge{suffix}.yaml")], edge_log
         )
         node_port = wait_port(edge_log, "node_server", deadline)
-        self.ports["edge+node"] = wait_port(edge_log, "inference", deadline)
+        self.ports["edge+node" + suffix] = wait_port(edge_log, "inference", deadline)
         node_yaml = {
             "node_id": "node-1",
             "edge": {"address": f"127.0.0.1:{node_port}"},
             "providers": [
                 {"provider_id": "p1", "kind": "openai", "models": [MODEL], "base_url": f"http://127.0.0.1:{engine}"}
             ],
+            **event_loop,
         }
-        (w / "node.yaml").write_text(yaml.safe_dump(node_yaml))
-        self.procs["node"] = start(
-            [str(BIN / "twistd"), "-n", "--pidfile=", "iop-node", "--config", str(w / "node.yaml")], w / "node.log"
+        (w / f"node{suffix}.yaml").write_text(yaml.safe_dump(node_yaml))
+        self.procs["node" + suffix] = start(
+            [str(BIN / "twistd"), "-n", "--pidfile=", "iop-node", "--config", str(w / f"node{suffix}.yaml")],
+            w / f"node{suffix}.log",
         )
         while b"node node-1 is ready" not in edge_log.read_bytes():
             if time.monotonic() > deadline:
                 raise SystemExit(f"the node did not become ready; see {w}")
             time.sleep(0.05)
-        self.pids["edge"] = [self.procs["edge"].pid]
-        self.pids["node"] = [self.procs["node"].pid]
+        self.pids["edge" + suffix] = [self.procs["edge" + suffix].pid]
+        self.pids["node" + suffix] = [self.procs["node" + suffix].pid]
 
     def stop(self) -> None:
         """Stop every process (SIGTERM, then SIGKILL after a bound)."""
@@ -352,6 +386,10 @@ class Rig:
     def cpu(self) -> dict[str, float]:
         """CPU seconds so far of each process group we measure."""
         return {name: sum(cpu_seconds(pid) for pid in pids) for name, pids in self.pids.items()}
+
+    def wakeups(self) -> dict[str, int]:
+        """Wake-ups so far of each process group we measure."""
+        return {name: sum(wakeups(pid) for pid in pids) for name, pids in self.pids.items()}
 
     def run_arm(self, arm: str, streams: int, profile: Optional[Path] = None) -> dict[str, Any]:
         """One arm at ``streams`` concurrent streams: the client's figures and each process's CPU."""
@@ -377,6 +415,7 @@ class Rig:
             ]
             time.sleep(1.0)  # py-spy attaches before the load begins
         before = self.cpu()
+        woken_before = self.wakeups()
         client = subprocess.run(
             [
                 sys.executable,
@@ -393,6 +432,7 @@ class Rig:
             check=False,
         )
         after = self.cpu()
+        woken_after = self.wakeups()
         for spy in spies:
             try:
                 spy.wait(duration + 30)
@@ -402,6 +442,7 @@ class Rig:
             raise SystemExit(f"the load generator failed: {client.stderr.decode(errors='replace')[-2000:]}")
         figures: dict[str, Any] = json.loads(client.stdout.decode().strip().splitlines()[-1])
         figures["proc_cpu"] = {name: after[name] - before[name] for name in after}
+        figures["proc_wakeups"] = {name: woken_after[name] - woken_before[name] for name in woken_after}
         figures["tokens_per_s"] = figures["tokens"] / figures["wall"]
         return figures
 
@@ -411,21 +452,31 @@ def per_1k(cpu: float, tokens: int) -> float:
     return cpu / max(1, tokens) * 1e6
 
 
+def woken_per_1k(woken: dict[str, int], name: str, tokens: int) -> str:
+    """Wake-ups of one process per 1,000 tokens, as printed."""
+    return f"{woken.get(name, 0) * 1000 / max(1, tokens):.0f}"
+
+
 def print_row(arm: str, run: int, f: dict[str, Any]) -> None:
     """One arm's figures on one line."""
     cpu = f["proc_cpu"]
     tokens = f["tokens"]
+    woken = f.get("proc_wakeups", {})
     if arm == "straight":
         gateway = "gateway -"
     elif arm == "nginx":
-        gateway = f"gateway nginx {per_1k(cpu['nginx'], tokens):6.1f}"
+        gateway = f"gateway nginx {per_1k(cpu['nginx'], tokens):6.1f} (wake-ups {woken_per_1k(woken, 'nginx', tokens)})"
     else:
+        suffix = arm.removeprefix("edge+node")
+        edge, node = cpu["edge" + suffix], cpu["node" + suffix]
         gateway = (
-            f"gateway edge {per_1k(cpu['edge'], tokens):6.1f} + node {per_1k(cpu['node'], tokens):6.1f}"
-            f" = {per_1k(cpu['edge'] + cpu['node'], tokens):6.1f}"
+            f"gateway edge {per_1k(edge, tokens):6.1f} + node {per_1k(node, tokens):6.1f}"
+            f" = {per_1k(edge + node, tokens):6.1f}"
+            f" (wake-ups {woken_per_1k(woken, 'edge' + suffix, tokens)}"
+            f" + {woken_per_1k(woken, 'node' + suffix, tokens)})"
         )
     print(
-        f"  {arm:9s} #{run}  {f['tokens_per_s']:8.0f} tok/s  TTFT p50 {f['ttft_p50'] * 1000:6.1f} p99"
+        f"  {arm:13s} #{run}  {f['tokens_per_s']:8.0f} tok/s  TTFT p50 {f['ttft_p50'] * 1000:6.1f} p99"
         f" {f['ttft_p99'] * 1000:6.1f} ms  gap p50 {f['gap_p50'] * 1000:5.1f} p99 {f['gap_p99'] * 1000:6.1f} ms"
         f"  failures {f['failures']}{' ' + json.dumps(f['statuses']) if f['statuses'] else ''}"
         f"  CPU ms/1k tokens: {gateway}; engine {per_1k(cpu['engine'], tokens):6.1f},"
@@ -433,10 +484,10 @@ def print_row(arm: str, run: int, f: dict[str, Any]) -> None:
     )
 
 
-def verdicts(nginx: dict[str, Any], gateway: dict[str, Any]) -> list[str]:
-    """Edge + Node against nginx, with the issue's targets."""
+def verdicts(nginx: dict[str, Any], gateway: dict[str, Any], suffix: str = "") -> list[str]:
+    """Edge + Node (the pair of arm ``edge+node`` + ``suffix``) against nginx, with the issue's targets."""
     ng_cpu = per_1k(nginx["proc_cpu"]["nginx"], nginx["tokens"])
-    gw_cpu = per_1k(gateway["proc_cpu"]["edge"] + gateway["proc_cpu"]["node"], gateway["tokens"])
+    gw_cpu = per_1k(gateway["proc_cpu"]["edge" + suffix] + gateway["proc_cpu"]["node" + suffix], gateway["tokens"])
     rows = [
         ("CPU per token, edge+node / nginx", gw_cpu / max(ng_cpu, 1e-9), TARGET_CPU_RATIO, "x", True),
         ("tokens/s, edge+node / nginx", gateway["tokens_per_s"] / nginx["tokens_per_s"], TARGET_RATE_RATIO, "x", False),
@@ -499,6 +550,18 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--tokens", type=int, default=200, help="tokens per stream")
     parser.add_argument("--repeat", type=int, default=None, help="runs of each arm (default 2, quick 1)")
     parser.add_argument("--profile", default="", help="py-spy the Edge and Node at 256 streams into this folder")
+    parser.add_argument(
+        "--poll-interval-ms",
+        type=float,
+        default=None,
+        help="the Edge's and Node's event_loop.poll_interval_ms (default: theirs)",
+    )
+    parser.add_argument(
+        "--compare-poll-interval-ms",
+        type=float,
+        default=None,
+        help="also run a second Edge + Node at this poll interval, side by side (arm edge+node@N)",
+    )
     parser.add_argument("--client-port", type=int, default=0, help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
     if options.client_port:
@@ -510,26 +573,34 @@ def main(argv: Optional[list[str]] = None) -> None:
     repeat = options.repeat or (1 if options.quick else 2)
     profile_at = max((s for s in streams if s <= 256), default=streams[0])
     with tempfile.TemporaryDirectory() as tmp:
-        rig = Rig(Path(tmp), options.tokens)
+        pairs: dict[str, Optional[float]] = {"": options.poll_interval_ms}
+        if options.compare_poll_interval_ms is not None:
+            pairs[f"@{options.compare_poll_interval_ms:g}"] = options.compare_poll_interval_ms
+        arms = ("straight", "nginx", *("edge+node" + suffix for suffix in pairs))
+        rig = Rig(Path(tmp), options.tokens, pairs)
         try:
             rig.start()
             print(
                 f"streamed chat completions, {options.tokens} tokens a stream, engine iop-mock-provider"
                 f" --tokens-per-second {TOKENS_PER_SECOND:g}; nginx {nginx_version()} (1 worker, proxy_buffering off,"
-                f" keep-alive upstream); Edge + Node kind: openai; load generator: asyncio, own process, a connection"
+                f" keep-alive upstream); Edge + Node kind: openai, event_loop.poll_interval_ms"
+                f" {', '.join(f'{v:g}' if v is not None else 'default' for v in pairs.values())}; load generator: asyncio, own process, a connection"
                 f" per stream; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start"
                 f" (the machine is shared: other processes run beside the bench)"
             )
-            for arm in ("straight", "nginx", "edge+node"):  # warm up every path once
+            for arm in arms:  # warm up every path once
                 rig.run_arm(arm, min(64, *streams))
             for count in streams:
                 print(f"{count} concurrent streams (load average {os.getloadavg()[0]:.1f}):")
                 for run in range(1, repeat + 1):
                     results = {}
-                    for arm in ("straight", "nginx", "edge+node"):
+                    for arm in arms:
                         results[arm] = rig.run_arm(arm, count)
                         print_row(arm, run, results[arm])
-                    print("\n".join(verdicts(results["nginx"], results["edge+node"])))
+                    for suffix in pairs:
+                        if len(pairs) > 1:
+                            print(f"    edge+node{suffix}:")
+                        print("\n".join(verdicts(results["nginx"], results["edge+node" + suffix], suffix)))
             if options.profile:
                 # An extra run, so py-spy's sampling does not touch the figures above.
                 rig.run_arm("edge+node", profile_at, Path(options.profile))

@@ -1,8 +1,8 @@
 """twistd plugin: ``twistd -n iop-node --config PATH``."""
 
-from twisted.application.service import ServiceMaker
+from twisted_iop.paced_polls import PacedServiceMaker
 
-iop_node = ServiceMaker(
+iop_node = PacedServiceMaker(
     "IOP Node",
     "twisted_iop.node.tap",
     "The twisted-iop Node runtime: provider probes and the link to its Edge.",

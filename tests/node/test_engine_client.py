@@ -21,7 +21,7 @@ from twisted.web.http import PotentialDataLoss
 from twisted_iop.node.engines.client import MAX_HEAD_BYTES, EngineHTTPClient
 from twisted_iop.testing.harness import eventually
 
-REACTOR: Any = global_reactor
+REACTOR = global_reactor
 
 
 class Scripted(Protocol):

@@ -45,7 +45,7 @@ from collections.abc import Callable
 from typing import Any, Optional
 from urllib.parse import unquote_to_bytes
 
-from twisted.internet.interfaces import IAddress, IDelayedCall
+from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.protocols.policies import ProtocolWrapper
@@ -428,7 +428,7 @@ class GuardedSite(Site):
         resource: Any,
         limits: SiteLimits = SiteLimits(),
         authorize: Optional[HeaderCheck] = None,
-        reactor: Any = None,
+        reactor: Optional[IReactorTime] = None,
         *,
         error_json: Callable[[int, str, str], bytes] = error_json,
         realm: bytes = b"iop",

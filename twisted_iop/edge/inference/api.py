@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from klein import Klein
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IPushProducer
+from twisted.internet.interfaces import IPushProducer, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
@@ -67,7 +67,7 @@ def openai_refusal(status: int, code: str, message: str) -> bytes:
     return error_body(message, "invalid_request_error", code)
 
 
-def inference_site(api: InferenceAPI, config: InferenceConfig, reactor: Any = None) -> GuardedSite:
+def inference_site(api: InferenceAPI, config: InferenceConfig, reactor: Optional[IReactorTime] = None) -> GuardedSite:
     """The inference listener: a guarded site (deadlines, caps, body bound, key check before the body).
 
     Refusals use the OpenAI error shape; no access-log line per request (at

@@ -116,7 +116,7 @@ class SSEReader(Protocol):
                     self.first.callback(None)
                 if self.hang_up_after is not None and len(self.events) >= self.hang_up_after:
                     assert self.transport is not None
-                    self.transport.stopProducing()  # type: ignore[attr-defined]
+                    self.transport.stopProducing()  # type: ignore[attr-defined]  # the TCP transport is also a producer; ITransport lacks stopProducing
                     return
 
     def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:

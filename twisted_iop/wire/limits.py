@@ -148,7 +148,7 @@ class RefusedConnection(Protocol):
 
     def connectionMade(self) -> None:
         assert self.transport is not None
-        self.transport.abortConnection()  # type: ignore[attr-defined]
+        self.transport.abortConnection()  # type: ignore[attr-defined]  # TCP and TLS transports have abortConnection; ITransport lacks it
 
 
 class HelloRateLimit:

@@ -130,7 +130,7 @@ def set_launch(
     """Give ``provider`` the state of an engine its Node launches (crashed, by default), as set; returns it."""
     provider.launch.CopyFrom(
         pb.EngineLaunch(
-            state=state,  # type: ignore[arg-type]
+            state=state,  # type: ignore[arg-type]  # the stubs want the enum type; the state is its int value
             reason=reason,
             restarts=restarts,
             next_try_at_ms=next_try_at_ms,

@@ -129,13 +129,13 @@ class CountingChannel(HTTPChannel):
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         super().connectionLost(reason)
-        self.site.closed += 1  # type: ignore[attr-defined]
+        self.site.closed += 1  # type: ignore[attr-defined]  # a CountingChannel's site is a CountingSite
 
 
 class EngineSite(Site):
     """The engine's site; counts the connections it closed (idle ones after ``timeout``)."""
 
-    protocol = CountingChannel  # type: ignore[assignment]
+    protocol = CountingChannel  # type: ignore[assignment]  # HTTPFactory's stubs want a _GenericHTTPChannelProtocol factory
     noisy = False
 
     def __init__(self, resource: Resource, **kwargs: Any) -> None:

@@ -18,7 +18,10 @@ Two reactor abilities are not in it because the global reactor's static
 type (``twisted.internet._IReactorCommon``) or ``MemoryReactorClock``
 lacks them: ``IReactorProcess`` (engine launches) and
 ``IReactorFromThreads`` (the SQLite store, trace export). The few places
-that use them narrow with a cast that says why.
+that use them narrow with a cast that says why. So do the services that
+take a clock and, when no client is injected, build one on it
+(``ProviderProber``, ``InferenceRunner``, ``ClusterReplica``): only the
+running reactor comes without a client.
 """
 
 from collections.abc import Callable, Sequence

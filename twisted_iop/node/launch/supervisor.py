@@ -222,7 +222,7 @@ class LaunchedEngine:
         )
         try:
             # The running reactor spawns processes (Twisted types the global one
-            # with IReactorProcess; a wiring test's MemoryReactorClock never gets here).
+            # with IReactorProcess); Reactor leaves it out so MemoryReactorClock fits.
             spawner = cast(IReactorProcess, supervisor.reactor)
             pid = spawn_engine(spawner, launch, protocol, supervisor.environ, supervisor.stdin_fd())
         except OSError as e:

@@ -52,7 +52,7 @@ HARDENING = {
 def read_unit(name: str) -> configparser.ConfigParser:
     """Parse a unit file as INI, keeping the case of its keys."""
     parser = configparser.ConfigParser(interpolation=None, strict=True, empty_lines_in_values=False)
-    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    parser.optionxform = str  # type: ignore[assignment,method-assign]  # keep keys' case, as systemd does
     parser.read(UNITS / f"{name}.service")
     return parser
 

@@ -16,7 +16,7 @@ from twisted.internet.testing import StringTransport
 from twisted_iop.testing.harness import eventually
 from twisted_iop.turn_writes import TurnBuffer, write_now
 
-REACTOR: Any = global_reactor
+REACTOR = global_reactor
 
 
 class Collect(Protocol):

@@ -41,6 +41,7 @@ from twisted.python.failure import Failure
 from twisted_iop import json_logs
 from twisted_iop.configuration import ConfigError, LoggingConfig
 from twisted_iop.listeners import BindError, ListenerService
+from twisted_iop.reactor_types import Reactor
 from twisted_iop.tls import TLSListenConfig
 from twisted_iop.wire.dialer import DialingService
 
@@ -151,7 +152,7 @@ class DaemonOptions(usage.Options, Generic[ConfigT]):
 
 
 def compose(
-    options: DaemonOptions[ConfigT], reactor: Optional[Any], build: Callable[[ConfigT, Any], ServiceT]
+    options: DaemonOptions[ConfigT], reactor: Optional[Reactor], build: Callable[[ConfigT, Reactor], ServiceT]
 ) -> ServiceT:
     """The ``makeService`` of every daemon: ``build(config, reactor)`` for ``twistd``.
 
@@ -259,7 +260,7 @@ class DaemonService(MultiService):
         label: str,
         description: str,
         factory: IProtocolFactory,
-        reactor: Any,
+        reactor: Reactor,
         tls: Optional[TLSListenConfig] = None,
     ) -> ListenerService:
         """Add a listener named ``label`` on the endpoint ``description`` (mutual TLS with ``tls``)."""

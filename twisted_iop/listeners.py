@@ -19,6 +19,7 @@ from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IStrea
 from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 
+from twisted_iop.reactor_types import Reactor
 from twisted_iop.tls import TLSListenConfig, TLSServerEndpoint, server_tls_options
 
 #: Listen backlog used when a TCP endpoint does not name one. Twisted's
@@ -41,7 +42,7 @@ def with_backlog(description: str) -> str:
     return description
 
 
-def server_endpoint(reactor: Any, description: str, tls: Optional[TLSListenConfig] = None) -> IStreamServerEndpoint:
+def server_endpoint(reactor: Reactor, description: str, tls: Optional[TLSListenConfig] = None) -> IStreamServerEndpoint:
     """The endpoint for ``description``; with ``tls``, wrapped in mutual TLS."""
     endpoint = serverFromString(reactor, with_backlog(description))
     if tls is None:
@@ -63,7 +64,7 @@ class ListenerService(StreamServerEndpointService):
         label: str,
         description: str,
         factory: IProtocolFactory,
-        reactor: Any,
+        reactor: Reactor,
         tls: Optional[TLSListenConfig] = None,
     ) -> None:
         super().__init__(server_endpoint(reactor, description, tls), factory)

@@ -23,6 +23,7 @@ from typing import Any, Optional
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from twisted.internet.interfaces import IReactorTime
 from twisted.web.resource import Resource
 
 from twisted_iop.web.http_site import GuardedSite
@@ -170,7 +171,7 @@ METRICS_SITE_LIMITS = SiteLimits(
 )
 
 
-def metrics_site(registry: CollectorRegistry, reactor: Optional[Any] = None) -> GuardedSite:
+def metrics_site(registry: CollectorRegistry, reactor: Optional[IReactorTime] = None) -> GuardedSite:
     """The site of a daemon's metrics listener: ``GET /metrics`` and nothing else."""
     root = Resource()
     root.putChild(b"metrics", MetricsResource(registry))

@@ -87,9 +87,9 @@ def server_tls_options(config: TLSListenConfig) -> CertificateOptions:
         # The message names the problem (encrypted, not PEM), never the key.
         raise TLSConfigError("private_key", f"{config.private_key}: not an unencrypted PEM private key ({e})") from None
     options = CertificateOptions(
-        privateKey=key,  # type: ignore[arg-type]
-        certificate=chain[0],  # type: ignore[arg-type]
-        extraCertChain=chain[1:],  # type: ignore[arg-type]
+        privateKey=key,  # type: ignore[arg-type]  # CertificateOptions takes cryptography's key too; its stubs say PKey
+        certificate=chain[0],  # type: ignore[arg-type]  # CertificateOptions takes cryptography's certificate too; its stubs say X509
+        extraCertChain=chain[1:],  # type: ignore[arg-type]  # CertificateOptions takes cryptography's certificates too; its stubs say X509
         verify=True,
         requireCertificate=True,
         caCerts=[crypto.X509.from_cryptography(authority) for authority in authorities],

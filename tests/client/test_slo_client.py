@@ -126,7 +126,7 @@ async def test_iopctl_rollout_create_with_abort_on_latency_aborts_and_says_why()
             engine.ttft = 0.3
         original(envelope, body)
 
-    edge.envelope_received = slower_after_a_command  # type: ignore[method-assign]
+    edge.envelope_received = slower_after_a_command  # type: ignore[method-assign]  # replaced for this test
     edge.status = lambda: engine.status("edge-1")
     try:
         argv = ["rollout", "create", "--command", "node.drain", "--target", "node-1", "-l", "region=eu"]

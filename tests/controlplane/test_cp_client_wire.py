@@ -232,7 +232,7 @@ def test_close_all_uses_close_code_4000() -> None:
         def sendClose(self, code: int, reason: str) -> None:
             codes.append((code, reason))
 
-    factory.connections = {Closing(), Closing()}  # type: ignore[arg-type]
+    factory.connections = {Closing(), Closing()}  # type: ignore[arg-type]  # fakes with only sendClose
     factory.close_all()
     assert codes == [(4000, "the Control Plane is shutting down")] * 2
 
@@ -301,7 +301,7 @@ def test_a_slow_consumers_queue_is_bounded_in_bytes() -> None:
         def disconnect(self, code: int, message: str) -> None:
             pass
 
-    registry.connect("edge-a", Peer(), EdgeHello({}, "t", "1.0", ()))  # type: ignore[arg-type]
+    registry.connect("edge-a", Peer(), EdgeHello({}, "t", "1.0", ()))  # type: ignore[arg-type]  # a fake peer with only what the registry calls
     flow(socket_).pauseProducing()
     for _ in range(50):
         registry.record("edge-a", "node.note", message="m" * 4000)
@@ -318,7 +318,7 @@ def test_a_slow_consumers_queue_is_bounded_in_bytes() -> None:
 
 def _no_delay(protocol: ClientWireServerProtocol) -> int:
     """The TCP_NODELAY option of the server side's socket."""
-    sock = protocol.transport.getHandle()  # type: ignore[union-attr]
+    sock = protocol.transport.getHandle()  # type: ignore[union-attr]  # connected by now, over TCP
     return int(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
 
 

@@ -10,7 +10,7 @@ from typing import cast
 import attrs
 import pytest
 import pytest_twisted
-from twisted.internet.testing import MemoryReactor
+from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import ILogObserver, formatEvent, globalLogPublisher
 
 from twisted_iop.configuration import ConfigError
@@ -109,7 +109,7 @@ def test_fleet_max_age_is_parsed_and_reaches_the_gateway() -> None:
     assert config_from_text("").fleet_max_age_seconds == 1.0
     config = config_from_text("status: {fleet_max_age_seconds: 0}")
     assert config.fleet_max_age_seconds == 0.0
-    service = tap.ControlPlaneService(config_from_text("status: {fleet_max_age_seconds: 2.5}"), MemoryReactor())
+    service = tap.ControlPlaneService(config_from_text("status: {fleet_max_age_seconds: 2.5}"), MemoryReactorClock())
     assert service.gateway.fleet_max_age_seconds == 2.5
 
 
@@ -156,7 +156,7 @@ def test_service_logs_the_notices_of_its_config(tmp_path: Path) -> None:
     path.write_text("client_wire: {auto_ping_interval_seconds: 4}\n")
     options = tap.Options()
     options.parseOptions(["--config", str(path)])
-    service = tap.makeService(options, reactor=MemoryReactor())
+    service = tap.makeService(options, reactor=MemoryReactorClock())
     assert len(service.notices) == 1 and "client_wire.keepalive: {interval_seconds: 4" in service.notices[0]
     assert service.config.client_wire.auto_ping_interval_seconds == 4
 
@@ -190,7 +190,7 @@ def test_make_service_listens_where_configured(monkeypatch: pytest.MonkeyPatch) 
     threshold = gc.get_threshold()
     options = tap.Options()
     options.parseOptions([])
-    reactor = MemoryReactor()
+    reactor = MemoryReactorClock()
     service = tap.makeService(options, reactor=reactor)
     assert [s.name for s in service][:2] == ["store", "registry"]
     service.privilegedStartService()
@@ -295,7 +295,7 @@ def test_stop_and_wire_limits_reach_the_services() -> None:
         "edge_wire: {max_hello_frame_bytes: 4096, max_violations: 3}\n"
         "client_wire: {hello_timeout_seconds: 2, max_violations: 4}"
     )
-    service = tap.ControlPlaneService(config, MemoryReactor())
+    service = tap.ControlPlaneService(config, MemoryReactorClock())
     assert service.grace_seconds == 3.0
     assert service.edge_factory.settings.max_hello_frame_bytes == 4096
     assert service.edge_factory.settings.max_violations == 3

@@ -157,7 +157,7 @@ async def test_the_roll_aborts_by_itself_when_reached_edges_fail_past_the_share(
                 status.state, status.spec_hash, status.reason = pb.INSTANCE_STATE_REFUSED, "", "no GPU for it"
         return out
 
-    refusing._running = refused  # type: ignore[method-assign]
+    refusing._running = refused  # type: ignore[method-assign]  # replaced for this test
     code, body = await fleet.call("PUT", "/deployments/chat", changed)
     assert code == 200, body
     assert _valid(body)["spec"]["rollout"]["abort"] == {"failure_percent": 40, "min_executed": 2, "any_failure": False}
@@ -320,7 +320,7 @@ class RollMachine(RuleBasedStateMachine):
                     status.state, status.spec_hash, status.reason = pb.INSTANCE_STATE_REFUSED, "", "refused"
             return out
 
-        peer._running = refused  # type: ignore[method-assign]
+        peer._running = refused  # type: ignore[method-assign]  # replaced for this test
 
     @rule()
     def restart(self) -> None:

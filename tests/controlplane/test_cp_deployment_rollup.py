@@ -22,7 +22,7 @@ def status(instance_id: str, state: int, spec_hash: str = SPEC.spec_hash, reason
         generation=3,
         node_id="node-1",
         spec_hash=spec_hash,
-        state=state,  # type: ignore[arg-type]
+        state=state,  # type: ignore[arg-type]  # the stubs want the enum type; the state is its int value
         reason=reason,
     )
 

@@ -45,7 +45,7 @@ def hello_frame(edge_id: str, major: int = PROTOCOL_MAJOR, credential: str = "",
     return frame(
         make_envelope(
             "edge_hello_request",
-            pb.EdgeHelloRequest(edge_id=edge_id, protocol_major=major, credential=credential, **extra),  # type: ignore[arg-type]
+            pb.EdgeHelloRequest(edge_id=edge_id, protocol_major=major, credential=credential, **extra),  # type: ignore[arg-type]  # keyword values of mixed types
             1,
         )
     )

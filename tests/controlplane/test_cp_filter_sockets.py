@@ -21,7 +21,7 @@ LABELS = {
 
 def ids(body: dict[str, object]) -> list[str]:
     """The edge ids of a page."""
-    return [item["edge_id"] for item in body["items"]]  # type: ignore[attr-defined]
+    return [item["edge_id"] for item in body["items"]]  # type: ignore[attr-defined]  # the body's items are a list of objects
 
 
 @pytest_twisted.ensureDeferred

@@ -26,7 +26,7 @@ async def connect_holding(cp: ControlPlaneHarness, edge_id: str) -> ScriptedEdge
 
 def server_side(cp: ControlPlaneHarness, edge_id: str) -> list[EdgeWireProtocol]:
     """The Control Plane's open connections of ``edge_id``."""
-    return [c for c in cp.service.edge_factory.connections if getattr(c, "edge_id", None) == edge_id]  # type: ignore[misc]
+    return [c for c in cp.service.edge_factory.connections if getattr(c, "edge_id", None) == edge_id]  # type: ignore[misc]  # the connections with an edge_id are EdgeWireProtocols
 
 
 @pytest_twisted.ensureDeferred

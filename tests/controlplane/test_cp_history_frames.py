@@ -62,11 +62,11 @@ class Driver:
         recorder = self.recorder
         new_keys = [key for key in KEYS if present[key] is not None and key not in recorder.slot_of]
         keys = recorder.keys + new_keys
-        whole = [present[k][0] if present[k] is not None else MISSING for k in keys]  # type: ignore[index]
+        whole = [present[k][0] if present[k] is not None else MISSING for k in keys]  # type: ignore[index]  # mypy does not narrow present[k] by the test beside it
         # The same list object when nothing changed (as a steady sample hands it).
         old = recorder.columns[1]
         if whole == list(old) and len(old) == len(keys):
-            whole = old  # type: ignore[assignment]
+            whole = old  # type: ignore[assignment]  # the kept row is a list, typed as Sequence
         patches = []
         for slot, key in enumerate(keys):
             got = present[key]

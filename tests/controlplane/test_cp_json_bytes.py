@@ -394,9 +394,9 @@ def test_a_compiled_view_writes_what_its_writers_write(case: tuple[json_template
     if write is json_templates.write_bool or write is json_templates.write_present:
         plain = bool(value) if write is json_templates.write_bool else value is not None
     elif write is json_templates.write_time:
-        plain = None if value is None else iso(value)  # type: ignore[arg-type]
+        plain = None if value is None else iso(value)  # type: ignore[arg-type]  # write_time's values are times
     elif write is json_templates.write_received_at:
-        plain = None if value is None else iso(value.received_at)  # type: ignore[attr-defined]
+        plain = None if value is None else iso(value.received_at)  # type: ignore[attr-defined]  # write_received_at's values are events
     assert json.loads(write(value)) == plain
     assert write(value) == reference.compact(plain)
 

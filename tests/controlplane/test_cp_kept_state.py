@@ -247,9 +247,9 @@ def test_an_event_record_cannot_be_changed() -> None:
     """A recorded event is immutable: its fields cannot be set, nor new ones added."""
     event = EventRecord(1, 1, "e", "k", 1.0, 1.0, attributes={"a": "b"})
     with pytest.raises(AttributeError):
-        event.kind = "other"  # type: ignore[misc]
+        event.kind = "other"  # type: ignore[misc]  # a frozen record, on purpose
     with pytest.raises(AttributeError):
-        event.extra = 1  # type: ignore[attr-defined]
+        event.extra = 1  # type: ignore[attr-defined]  # a slotted record, on purpose
     assert event == EventRecord(1, 1, "e", "k", 1.0, 1.0, attributes={"a": "b"})
     assert event != EventRecord(1, 1, "e", "k", 1.0, 1.0, attributes={"a": "c"})
 

@@ -172,7 +172,7 @@ def test_the_registry_stays_under_its_worst_case_with_maximal_input() -> None:
         connected = 3
         for n in range(12):
             edge_id = f"edge-{n}"
-            token = registry.connect(edge_id, _Peer(), maximal_hello())  # type: ignore[arg-type]
+            token = registry.connect(edge_id, _Peer(), maximal_hello())  # type: ignore[arg-type]  # a fake peer with only what the registry calls
             for i in range(20):
                 registry.record_edge_event(edge_id, token, maximal_event(i + 1))
             for i in range(6):
@@ -262,8 +262,8 @@ async def test_a_real_control_plane_keeps_maximal_input_within_its_budgets() -> 
         code, body = await harness.get_json("/edges/edge-big/status")
         assert code == 502 and body["error"]["code"] == "edge_error"
         assert record.snapshot is None
-        edge.transport.loseConnection()  # type: ignore[union-attr]
-        refused_edge.transport.loseConnection()  # type: ignore[union-attr]
+        edge.transport.loseConnection()  # type: ignore[union-attr]  # connected by now
+        refused_edge.transport.loseConnection()  # type: ignore[union-attr]  # connected by now
         await edge.lost
     finally:
         await harness.stop()
@@ -350,13 +350,13 @@ def test_a_disconnected_edge_keeps_a_compact_catalog_until_it_returns() -> None:
             ),
         ),
     )
-    token = registry.connect("edge-a", _Peer(), full)  # type: ignore[arg-type]
+    token = registry.connect("edge-a", _Peer(), full)  # type: ignore[arg-type]  # a fake peer with only what the registry calls
     registry.disconnect("edge-a", token, "gone")
     (spec,) = registry.get("edge-a").hello.commands
     assert (spec.name, spec.target_kind, spec.description) == ("node.drain", "node", "")
     assert [(a.name, a.required, a.description) for a in spec.arguments] == [("reason", True, "")]
     assert registry.disconnected_bytes == registry.get("edge-a").kept_bytes()
-    registry.connect("edge-a", _Peer(), full)  # type: ignore[arg-type]
+    registry.connect("edge-a", _Peer(), full)  # type: ignore[arg-type]  # a fake peer with only what the registry calls
     assert registry.get("edge-a").hello.commands[0].description == "Stop new leases"
     assert registry.disconnected_bytes == 0
 

@@ -114,7 +114,7 @@ class _Scanner(ast.NodeVisitor):
         self.generic_visit(node)
         self.scope.pop()
 
-    visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]
+    visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]  # both kinds of function are visited alike
 
     # -- targets --------------------------------------------------------------
 

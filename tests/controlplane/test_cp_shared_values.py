@@ -181,7 +181,7 @@ def test_counts_are_the_plain_sums_on_any_snapshot(
     for connected, providers, node_unknown in nodes:
         node = pb.EdgeNodeSnapshot(node_id="n", connected=connected)
         for status, health, numbers, provider_unknown in providers:
-            provider = pb.ProviderSnapshot(provider_id="p", status=status, health=health)  # type: ignore[arg-type]
+            provider = pb.ProviderSnapshot(provider_id="p", status=status, health=health)  # type: ignore[arg-type]  # the stubs want the enum types; these are their int values
             for name, value in zip(_COUNTERS, numbers, strict=True):
                 setattr(provider, name, value)
             node.providers.add().MergeFromString(provider.SerializeToString() + provider_unknown)

@@ -66,7 +66,7 @@ class FakeEndpoint:
     def connect(self, protocolFactory: IProtocolFactory) -> Deferred[IProtocol]:
         """Record the dial; no connection is made."""
         self._dialled.append(self.name)
-        return succeed(None)  # type: ignore[arg-type]
+        return succeed(None)  # type: ignore[arg-type]  # no protocol: the rotation only counts dials
 
 
 # -- the order ---------------------------------------------------------------------
@@ -91,12 +91,12 @@ def test_rotation_dials_the_next_address_on_every_connect() -> None:
     """Each connect() dials the next endpoint of the shuffled order, wrapping around; repr names the next one."""
     dialled: list[str] = []
     endpoints = [(name, FakeEndpoint(name, dialled)) for name in ("cp-1:7443", "cp-2:7443", "cp-3:7443")]
-    rotation = EndpointRotation(endpoints, lambda: 0.0)  # type: ignore[arg-type]
+    rotation = EndpointRotation(endpoints, lambda: 0.0)  # type: ignore[arg-type]  # FakeEndpoint has connect, all the rotation calls
     assert rotation.addresses == ("cp-2:7443", "cp-3:7443", "cp-1:7443")
     assert repr(rotation) == "cp-2:7443"
     seen = []
     for _ in range(4):
-        rotation.connect(None)  # type: ignore[arg-type]
+        rotation.connect(None)  # type: ignore[arg-type]  # no factory: the fake endpoints never build a protocol
         seen.append(rotation.current)
     assert dialled == ["cp-2:7443", "cp-3:7443", "cp-1:7443", "cp-2:7443"]
     assert seen == ["cp-2:7443", "cp-3:7443", "cp-1:7443", "cp-2:7443"]
@@ -179,7 +179,7 @@ def test_enrolls_on_the_next_address_and_backoff_resets_after_hello() -> None:
     pump.flush()
     assert edge.link.is_enrolled and edge.link.address == "tcp:host=127.0.0.1:port=7002"
     assert edge.cp_registry.get("edge-a").connected
-    edge.link.current.transport.abortConnection()  # type: ignore[union-attr]
+    edge.link.current.transport.abortConnection()  # type: ignore[union-attr]  # connected by now, over TCP
     pump.flush()
     assert not edge.link.is_enrolled
     [call] = [c for c in edge.reactor.getDelayedCalls() if "reconnect" in repr(c)]

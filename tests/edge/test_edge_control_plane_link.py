@@ -144,7 +144,7 @@ def test_outbox_flushed_again_after_reconnect() -> None:
     """Events queued while the link was down are flushed, in order, after the ClientService reconnects."""
     edge = Edge()
     pump = edge.accept()
-    edge.link.current.transport.abortConnection()  # type: ignore[union-attr]
+    edge.link.current.transport.abortConnection()  # type: ignore[union-attr]  # connected by now, over TCP
     pump.flush()
     assert not edge.link.is_enrolled
     token = edge.registry.node_accepted(node_hello("node-1"), FakeNodePeer())
@@ -219,7 +219,7 @@ def test_transient_rejection_backs_off_exponentially() -> None:
     for _ in range(3):
         cp = FakeControlPlane(edge.reactor, pb.EdgeHelloResponse(accepted=False, reason="busy", permanent=False))
         pump = edge.accept_fake(cp)
-        cp.transport.loseConnection()  # type: ignore[union-attr]
+        cp.transport.loseConnection()  # type: ignore[union-attr]  # connected by now
         pump.flush()
         delays.append(edge.retry_scheduled_in())
         edge.reactor.advance(delays[-1])
@@ -260,7 +260,7 @@ def test_superseded_connection_backs_off_to_the_maximum() -> None:
     rival = edge.cp_factory.buildProtocol(None)
     rival_link = other.link.factory().buildProtocol(None)
     rival_pump = iosim.connect(rival, iosim.makeFakeServer(rival), rival_link, iosim.makeFakeClient(rival_link))
-    other.link.prepare_connection(rival_link)  # type: ignore[arg-type]
+    other.link.prepare_connection(rival_link)  # type: ignore[arg-type]  # the factory builds a ControlPlaneProtocol
     rival_pump.flush()
     pump.flush()
     assert edge.link.superseded and not edge.link.is_enrolled

@@ -174,8 +174,8 @@ async def test_edge_reenrolls_after_control_plane_restart(tmp_path: Path) -> Non
         # reset the Edge's like a crashed process would.
         current = fleet.edge.link.current
         if current is not None and current.transport is not None:
-            current.transport.abortConnection()  # type: ignore[attr-defined]
-        await eventually(lambda: not fleet.edge.link.is_enrolled, timeout=5, message="edge noticed")  # type: ignore[union-attr]
+            current.transport.abortConnection()  # type: ignore[attr-defined]  # a TCP transport
+        await eventually(lambda: not fleet.edge.link.is_enrolled, timeout=5, message="edge noticed")  # type: ignore[union-attr]  # the fleet has an Edge
         await stop(fleet.nodes["node-2"])  # happens while the Control Plane is away
         fleet.cp = await start_control_plane(edge_wire_port=port)
 

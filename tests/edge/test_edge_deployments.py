@@ -55,7 +55,7 @@ class Edge:
 
 def status(instance_id: str, state: int, reason: str = "") -> pb.InstanceStatus:
     """A node's status of an instance."""
-    return pb.InstanceStatus(instance_id=instance_id, deployment="chat", state=state, reason=reason)  # type: ignore[arg-type]
+    return pb.InstanceStatus(instance_id=instance_id, deployment="chat", state=state, reason=reason)  # type: ignore[arg-type]  # the stubs want the enum type; the state is its int value
 
 
 def test_the_set_is_split_per_node_and_its_instances_become_providers() -> None:

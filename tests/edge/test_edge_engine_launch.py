@@ -67,7 +67,7 @@ def test_any_launch_from_a_node_is_checked(state: int, reason: str, times: tuple
     """An unknown state is kept as such with a reason (and takes no work), reasons are
     cut to the wire's bound, and times no calendar holds are dropped."""
     report = pb.ProviderHealthReport(provider_id="p")
-    report.launch.state = state  # type: ignore[assignment]
+    report.launch.state = state  # type: ignore[assignment]  # the stubs want the enum type; the state is its int value
     report.launch.reason = reason
     report.launch.next_try_at_ms, report.launch.since_ms = times
     launch = checked_launch(report)

@@ -148,7 +148,7 @@ def test_node_wire_dispatches_load_reports() -> None:
         protocol.dataReceived(frame(envelope))
     assert registry.is_ready("n1")
     assert registry.providers.saturated("n1", "p1")
-    protocol.connectionLost(None)  # type: ignore[arg-type]
+    protocol.connectionLost(None)  # type: ignore[arg-type]  # the protocol ignores the reason
 
 
 def test_two_idle_providers_share_the_work() -> None:

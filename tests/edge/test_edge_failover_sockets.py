@@ -6,10 +6,11 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest_twisted
 from twisted.internet import reactor
+from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
@@ -56,11 +57,11 @@ class Engine(Resource):
 async def fleet(tmp_path: Path) -> tuple[Any, list[Any], list[Engine], list[Any]]:
     """Edge, two Nodes of kind openai (probing rarely, so a dead engine is noticed by requests first), two engines."""
     engines = [Engine(), Engine()]
-    ports = [reactor.listenTCP(0, Site(engine), interface="127.0.0.1") for engine in engines]  # type: ignore[arg-type]
+    ports = [reactor.listenTCP(0, Site(engine), interface="127.0.0.1") for engine in engines]  # type: ignore[arg-type]  # listenTCP's stubs want a ServerFactory of _ProtoWithFactory, which Site is not
     edge = await start_edge(write_yaml(tmp_path / "edge.yaml", gateway_edge_yaml(capacity=2)))
     await edge.inference_server.bound()
     nodes = []
-    engine_ports = [port.getHost().port for port in ports]  # type: ignore[attr-defined]
+    engine_ports = [cast(IPv4Address, port.getHost()).port for port in ports]
     for index, (node_id, provider_id) in enumerate([("node-1", "p1"), ("node-2", "p2")]):
         provider = {
             "provider_id": provider_id,

@@ -202,7 +202,7 @@ def test_unknown_health_value_is_unknown_with_a_reason_and_keeps_the_connection(
     """Regression: ProviderHealth=99 from a Node is recorded as UNKNOWN (no work), logged, connection kept."""
     clock, registry, proto, transport, events = ready_connection()
     report = pb.NodeHealthReport(
-        providers=[pb.ProviderHealthReport(provider_id="mock-a", health=99, reason="new state")]  # type: ignore[arg-type]
+        providers=[pb.ProviderHealthReport(provider_id="mock-a", health=99, reason="new state")]  # type: ignore[arg-type]  # an unknown enum value, on purpose
     )
     with capturedLogs() as logs:
         proto.dataReceived(frame(make_envelope("node_health_report", report)))
@@ -228,7 +228,7 @@ def test_unknown_health_value_in_ready_does_not_break_readiness() -> None:
     """An unknown health value in NodeReady still makes the node ready, with that provider unknown."""
     _, registry, proto, transport, _ = connect()
     proto.dataReceived(frame(make_envelope("node_hello_request", node_hello("node-1"), 1)))
-    reports = [pb.ProviderHealthReport(provider_id="mock-a", health=42)]  # type: ignore[arg-type]
+    reports = [pb.ProviderHealthReport(provider_id="mock-a", health=42)]  # type: ignore[arg-type]  # an unknown enum value, on purpose
     proto.dataReceived(frame(make_envelope("node_ready", pb.NodeReady(providers=reports))))
     assert registry.is_ready("node-1") and not transport.disconnecting
     health = registry.providers.health("node-1", "mock-a")

@@ -48,7 +48,7 @@ def hello(node_id: str) -> pb.NodeHelloRequest:
 
 def report(node_id: str, health: int = pb.PROVIDER_HEALTH_HEALTHY) -> list[pb.ProviderHealthReport]:
     """One health report for the provider of ``node_id``."""
-    return [pb.ProviderHealthReport(provider_id=PROVIDERS[node_id].provider_id, health=health)]  # type: ignore[arg-type]
+    return [pb.ProviderHealthReport(provider_id=PROVIDERS[node_id].provider_id, health=health)]  # type: ignore[arg-type]  # the stubs want the enum type; the health is its int value
 
 
 def connect(registry: NodeRegistry, node_id: str, health: int = pb.PROVIDER_HEALTH_HEALTHY) -> int:
@@ -307,7 +307,7 @@ class PoolRegistryMachine(RuleBasedStateMachine):
         node = self.registry.ownership.node_of(token)
         if node is not None:
             (healthy,) = report(node)
-            healthy.launch.state = state  # type: ignore[assignment]
+            healthy.launch.state = state  # type: ignore[assignment]  # the stubs want the enum type; the state is its int value
             self.registry.node_health(token, [healthy])
 
     @rule(node=st.sampled_from(sorted(PROVIDERS)), held=st.booleans())

@@ -23,7 +23,7 @@ def report(provider_id: str, state: int | None, reason: str = "", restarts: int 
     health = pb.PROVIDER_HEALTH_HEALTHY if state in (None, pb.ENGINE_STATE_READY) else pb.PROVIDER_HEALTH_OFFLINE
     out = pb.ProviderHealthReport(provider_id=provider_id, health=health)
     if state is not None:
-        out.launch.CopyFrom(pb.EngineLaunch(state=state, reason=reason, restarts=restarts, since_ms=1_700_000_000_000))  # type: ignore[arg-type]
+        out.launch.CopyFrom(pb.EngineLaunch(state=state, reason=reason, restarts=restarts, since_ms=1_700_000_000_000))  # type: ignore[arg-type]  # the stubs want the enum type; the state is its int value
     return out
 
 
@@ -105,7 +105,7 @@ def test_unknown_engine_state_takes_no_work_and_says_what_came() -> None:
     """An engine state this Edge does not know (a newer Node's) is unknown: no leases, a reason."""
     edge = Edge()
     odd = pb.ProviderHealthReport(provider_id="mock-a", health=pb.PROVIDER_HEALTH_HEALTHY)
-    odd.launch.state = 42  # type: ignore[assignment]
+    odd.launch.state = 42  # type: ignore[assignment]  # an unknown enum value, on purpose
     odd.launch.reason = "warming up"
     edge.registry.node_health(edge.token, [odd])
     assert not edge.takes_work()

@@ -257,9 +257,9 @@ async def test_long_context_uses_its_own_capacity(tmp_path: Path) -> None:
         waiting = ensureDeferred(post(fleet.base, "/v1/chat/completions", chat(max_tokens=2, content="y" * 800)))
         await eventually(lambda: fleet.counters("node-1").long_context_queued == 1, message="long-context queued")
         assert fleet.counters("node-1").queued == 0
-        long_reader.transport.stopProducing()  # type: ignore[union-attr]
+        long_reader.transport.stopProducing()  # type: ignore[union-attr]  # connected by now; a TCP transport is a producer
         assert (await waiting).code == 200
-        short_reader.transport.stopProducing()  # type: ignore[union-attr]
+        short_reader.transport.stopProducing()  # type: ignore[union-attr]  # connected by now; a TCP transport is a producer
         await eventually(lambda: pool_idle(fleet), message="all released")
     finally:
         await stop(*fleet.nodes.values(), fleet.edge)

@@ -21,7 +21,7 @@ from twisted.web.http import PotentialDataLoss
 from twisted_iop.node.engines.client import MAX_HEAD_BYTES, EngineHTTPClient
 from twisted_iop.testing.harness import eventually
 
-REACTOR: Any = global_reactor
+REACTOR = global_reactor
 
 
 class Scripted(Protocol):
@@ -94,7 +94,7 @@ def server() -> Any:
     """A scripted server listening on 127.0.0.1 (stopped after the test)."""
     factory = ScriptedServer()
     port = pytest_twisted.blockon(TCP4ServerEndpoint(REACTOR, 0, interface="127.0.0.1").listen(factory))
-    factory.url = f"http://127.0.0.1:{port.getHost().port}/v1/chat/completions"  # type: ignore[attr-defined]
+    factory.url = f"http://127.0.0.1:{port.getHost().port}/v1/chat/completions"  # type: ignore[attr-defined]  # the test's own attribute on the factory
     yield factory
     pytest_twisted.blockon(port.stopListening())
 

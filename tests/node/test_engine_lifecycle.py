@@ -60,7 +60,7 @@ def attrs_policy(**changes: object) -> RestartPolicy:
     """:data:`POLICY` with ``changes``."""
     import attrs
 
-    return attrs.evolve(POLICY, **changes)  # type: ignore[arg-type]
+    return attrs.evolve(POLICY, **changes)  # type: ignore[arg-type]  # keyword values of mixed types
 
 
 def test_restart_limit_in_the_window_fails_until_told() -> None:

@@ -262,7 +262,7 @@ async def test_provider_commands_from_the_wire_are_checked(rigs: list[Supervisor
     made = rig(rigs, tmp_path, launched_script("quiet", "import time; print('hello', flush=True); time.sleep(60)"))
     engine = made.supervisor.engines["quiet"]
     await eventually(lambda: "hello" in engine.tail.text(1024), timeout=10, message="its first line")
-    odd = pb.NodeProviderCommandRequest(provider_id="quiet", action=99)  # type: ignore[arg-type]
+    odd = pb.NodeProviderCommandRequest(provider_id="quiet", action=99)  # type: ignore[arg-type]  # an unknown enum value, on purpose
     answer = await answer_provider_command(made.supervisor, odd)
     assert not answer.ok and answer.reason == "unknown provider action 99"
     unknown = pb.NodeProviderCommandRequest(provider_id="nope", action=pb.PROVIDER_ACTION_LOGS)

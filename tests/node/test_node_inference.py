@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import attrs
 import pytest
@@ -20,7 +20,8 @@ import pytest_twisted
 import treq
 from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet import reactor as global_reactor
-from twisted.internet.defer import Deferred
+from twisted.internet.address import IPv4Address
+from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.protocol import connectionDone
 from twisted.internet.task import Clock
 from twisted.logger import formatEvent
@@ -34,6 +35,7 @@ from twisted_iop.node.engines.kinds import adapter_for
 from twisted_iop.node.engines.stream import NO_DONE, NO_OUTPUT, engine_request, estimated_usage
 from twisted_iop.node.inference import InferenceRunner
 from twisted_iop.node.provider_requests import RESPONSE_HEADERS_TIMEOUT_SECONDS
+from twisted_iop.reactor_types import Reactor
 from twisted_iop.testing.configs import node_yaml, write_yaml
 from twisted_iop.testing.harness import eventually, start_node, stop
 from twisted_iop.testing.redis import free_port
@@ -41,7 +43,7 @@ from twisted_iop.testing.wires.wire import LogCapture
 from twisted_iop.wire import control_pb2 as pb
 
 MODEL = "tiny"
-REACTOR: Any = global_reactor
+REACTOR: Reactor = global_reactor
 
 # -- a scripted engine ---------------------------------------------------------------
 
@@ -127,13 +129,13 @@ class CountingChannel(HTTPChannel):
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         super().connectionLost(reason)
-        self.site.closed += 1  # type: ignore[attr-defined]
+        self.site.closed += 1  # type: ignore[attr-defined]  # a CountingChannel's site is a CountingSite
 
 
 class EngineSite(Site):
     """The engine's site; counts the connections it closed (idle ones after ``timeout``)."""
 
-    protocol = CountingChannel  # type: ignore[assignment]
+    protocol = CountingChannel  # type: ignore[assignment]  # HTTPFactory's stubs want a _GenericHTTPChannelProtocol factory
     noisy = False
 
     def __init__(self, resource: Resource, **kwargs: Any) -> None:
@@ -628,7 +630,8 @@ async def test_idle_engine_connections_opening_and_closing_are_not_logged(tmp_pa
     resource = ScriptedEngine()
     site = EngineSite(resource, timeout=0.1)  # the engine closes a connection idle for 0.1 s
     port = REACTOR.listenTCP(0, site, interface="127.0.0.1")
-    runner = InferenceRunner(lambda: (provider(f"http://127.0.0.1:{port.getHost().port}"),), REACTOR)
+    address = cast(IPv4Address, port.getHost())
+    runner = InferenceRunner(lambda: (provider(f"http://127.0.0.1:{address.port}"),), REACTOR)
     capture = LogCapture()
     try:
         with capture.active():
@@ -641,7 +644,7 @@ async def test_idle_engine_connections_opening_and_closing_are_not_logged(tmp_pa
                 )
     finally:
         runner.close()
-        await port.stopListening()
+        await maybeDeferred(port.stopListening)
     lines = [formatEvent(e) for e in capture.events]
     assert site.closed == 3
     assert not [line for line in lines if "factory" in line.lower()], lines

@@ -47,7 +47,7 @@ def generic(models: tuple[str, ...] = ("llama", "qwen")) -> NodeProviderConfig:
 def probe(resource: Resource, provider: NodeProviderConfig, clock: Clock | None = None) -> ProbeResult:
     """Probe through StubTreq and return the result (it must complete)."""
     stub = StubTreq(resource)
-    prober = ProviderProber(clock or Clock(), stub)  # type: ignore[arg-type]
+    prober = ProviderProber(clock or Clock(), stub)  # type: ignore[arg-type]  # StubTreq has the HTTPClient methods the prober calls
     out: list[ProbeResult] = []
     prober.probe(provider, 2.0).addCallback(out.append)
     stub.flush()
@@ -94,7 +94,7 @@ def test_no_answer_is_offline_after_timeout() -> None:
     """A provider that never answers is offline once the timeout passes."""
     clock = Clock()
     stub = StubTreq(ModelsResource({}, hang=True))
-    prober = ProviderProber(clock, stub)  # type: ignore[arg-type]
+    prober = ProviderProber(clock, stub)  # type: ignore[arg-type]  # StubTreq has the HTTPClient methods the prober calls
     out: list[ProbeResult] = []
     prober.probe(generic(), 2.0).addCallback(out.append)
     stub.flush()
@@ -124,7 +124,7 @@ def test_refused_connection_is_offline_without_address() -> None:
 
 def test_mock_provider_health(tmp_path: Path) -> None:
     """Mock providers are healthy by default, follow their options and their health file."""
-    prober = ProviderProber(Clock(), object())  # type: ignore[arg-type]
+    prober = ProviderProber(Clock(), object())  # type: ignore[arg-type]  # a client the mock provider never uses
     out: list[ProbeResult] = []
     healthy = NodeProviderConfig("m", "mock", ("a",))
     prober.probe(healthy, 1).addCallback(out.append)

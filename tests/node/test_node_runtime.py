@@ -181,7 +181,7 @@ def test_reconnect_after_loss_reaches_ready_again() -> None:
     """After the connection drops the Edge shows the node gone; a new connection is ready again."""
     pair = Pair(parse_node_config(node_mapping()))
     server, client, _ = pair.connect()
-    client.transport.loseConnection()  # type: ignore[union-attr]
+    client.transport.loseConnection()  # type: ignore[union-attr]  # connected by now
     server.connectionLost()
     client.connectionLost()
     assert not pair.registry.is_ready("node-1")

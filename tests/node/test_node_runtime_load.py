@@ -170,7 +170,7 @@ def test_default_prober_counts_the_runners_requests() -> None:
     prober = ProviderProber(Clock())
     runtime = NodeRuntime(config(MOCKS), Clock(), prober)
     assert prober.running_on is not None and prober.running_on("p") == 0  # no runner yet
-    runtime.inference = Runner()  # type: ignore[assignment]
+    runtime.inference = Runner()  # type: ignore[assignment]  # a stand-in runner with only what the runtime calls
     assert (prober.running_on("p"), prober.running_on("q")) == (2, 0)
 
 

@@ -196,7 +196,7 @@ def test_no_or_a_bad_traceparent_starts_a_new_trace() -> None:
         trace = start(gateway, header)
         assert trace.parent_span_id == "" and trace.trace_id != "0" * 32
         submit(gateway, trace)
-    traces_sent = {parse_traceparent(r.traceparent).trace_id for _, r in sent_to(peers)}  # type: ignore[union-attr]
+    traces_sent = {parse_traceparent(r.traceparent).trace_id for _, r in sent_to(peers)}  # type: ignore[union-attr]  # every request sent carries a valid traceparent
     assert len(traces_sent) == 3 and CLIENT.split("-")[1] not in traces_sent
     assert gateway.tracer.invalid_traceparents == 2
 

@@ -22,7 +22,7 @@ CLIENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 async def test_the_mock_shows_the_trace_headers_it_got() -> None:
     """``GET /mock/traces`` lists each completion's traceparent and tracestate ("" when absent), oldest first."""
     server = MockProviderServer([MODEL], MockBehaviour(), reactor)
-    port: Any = reactor.listenTCP(0, Site(server.app.resource()), interface="127.0.0.1")  # type: ignore[arg-type]
+    port: Any = reactor.listenTCP(0, Site(server.app.resource()), interface="127.0.0.1")  # type: ignore[arg-type]  # listenTCP's stubs want a ServerFactory of _ProtoWithFactory, which Site is not
     base = f"http://127.0.0.1:{port.getHost().port}"
     try:
         traced = {b"traceparent": [CLIENT.encode()], b"tracestate": [b"a=1"]}

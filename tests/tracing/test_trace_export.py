@@ -56,7 +56,7 @@ def finished_trace(tracer: EdgeTracer, attempts: int = 1) -> RequestTrace:
 
 def export_service(exporter: BlockingExporter, **settings: object) -> tuple[TraceExport, EdgeTracer]:
     """A started export service over ``exporter`` and a tracer feeding it."""
-    config = TracingConfig(otlp_endpoint="http://127.0.0.1:1/v1/traces", **settings)  # type: ignore[arg-type]
+    config = TracingConfig(otlp_endpoint="http://127.0.0.1:1/v1/traces", **settings)  # type: ignore[arg-type]  # keyword values of mixed types
     service = TraceExport(config, reactor, lambda _: exporter)
     service.privilegedStartService()
     service.startService()

@@ -135,7 +135,7 @@ async def test_no_traceparent_gets_one_and_a_bad_one_is_replaced(tmp_path: Path)
             assert served is not None and served.trace_id not in ("0" * 32, TRACE)
             at_engines = [parse_traceparent(t) for _, t in engine_traceparents(fleet)]
             assert served.trace_id in {p.trace_id for p in at_engines if p is not None}
-        assert len({parse_traceparent(t).trace_id for _, t in engine_traceparents(fleet)}) == 3  # type: ignore[union-attr]
+        assert len({parse_traceparent(t).trace_id for _, t in engine_traceparents(fleet)}) == 3  # type: ignore[union-attr]  # every engine request carries a valid traceparent
         assert fleet.edge.inference.tracer.invalid_traceparents == 2
         scraped = generate_latest(edge_metric_registry(fleet.edge)).decode()
         assert "iop_inference_invalid_traceparents_total 2.0" in scraped

@@ -283,7 +283,7 @@ def test_client_unknown_oneof_and_enum_are_answered() -> None:
     connection.feed(ws_frame(unknown))
     connection.send("client_hello_request", pb.ClientHelloRequest(protocol_major=PROTOCOL_MAJOR), 5)
     connection.feed(ws_frame(unknown))
-    connection.send("error", pb.Error(code=99), 6)  # type: ignore[arg-type]
+    connection.send("error", pb.Error(code=99), 6)  # type: ignore[arg-type]  # an unknown enum value, on purpose
     messages, close_code = connection.received()
     assert [(m.request_id, m.WhichOneof("body")) for m in messages] == [
         (4, "error"),

@@ -98,7 +98,7 @@ def test_error_with_unknown_code_fails_only_its_request() -> None:
     protocol.request("edge_status_request", pb.EdgeStatusRequest(), 5).addCallback(answered.append)
     with LogCapture().active() as log:
         connection.feed(
-            frame(make_envelope("error", pb.Error(code=99, message="odd"), 1))  # type: ignore[arg-type]
+            frame(make_envelope("error", pb.Error(code=99, message="odd"), 1))  # type: ignore[arg-type]  # an unknown enum value, on purpose
             + frame(make_envelope("edge_status_response", pb.EdgeStatusResponse(edge_id="e"), 2))
             + frame(make_envelope("edge_event", pb.EdgeEvent(kind="after")))
         )
@@ -117,7 +117,7 @@ def test_unknown_enum_values_in_a_status_answer_reach_the_views_as_unknown() -> 
     connection = enrolled(driver)
     driver.open_requests(connection)
     request = next(e for e in connection.sent() if e.WhichOneof("body") == "edge_status_request")
-    provider = pb.ProviderSnapshot(provider_id="p", status=99, health=77)  # type: ignore[arg-type]
+    provider = pb.ProviderSnapshot(provider_id="p", status=99, health=77)  # type: ignore[arg-type]  # unknown enum values, on purpose
     answer = pb.EdgeStatusResponse(edge_id="edge-1", nodes=[pb.EdgeNodeSnapshot(node_id="n", providers=[provider])])
     with LogCapture().active() as log:
         connection.send("edge_status_response", answer, request.request_id)
@@ -134,7 +134,7 @@ def test_unknown_command_outcome_fails_the_operation_with_a_reason() -> None:
     connection = enrolled(driver)
     driver.open_requests(connection)
     request = next(e for e in connection.sent() if e.WhichOneof("body") == "edge_command_request")
-    answer = pb.EdgeCommandResponse(command_id=request.edge_command_request.command_id, outcome=99)  # type: ignore[arg-type]
+    answer = pb.EdgeCommandResponse(command_id=request.edge_command_request.command_id, outcome=99)  # type: ignore[arg-type]  # an unknown enum value, on purpose
     with LogCapture().active() as log:
         connection.send("edge_command_response", answer, request.request_id)
     assert log.errors() == [], log.describe(log.errors())
@@ -150,7 +150,7 @@ def test_unknown_health_from_a_node_is_named_in_the_event() -> None:
     events: list[pb.EdgeEvent] = []
     driver.registry.relay.add_listener(events.append)
     healthy = pb.ProviderHealthReport(provider_id="mock-a", health=pb.PROVIDER_HEALTH_HEALTHY)
-    odd = pb.ProviderHealthReport(provider_id="mock-a", health=42)  # type: ignore[arg-type]
+    odd = pb.ProviderHealthReport(provider_id="mock-a", health=42)  # type: ignore[arg-type]  # an unknown enum value, on purpose
     with LogCapture().active() as log:
         connection.send("node_ready", pb.NodeReady(providers=[healthy]))
         connection.send("node_health_report", pb.NodeHealthReport(providers=[odd]))

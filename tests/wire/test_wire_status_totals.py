@@ -42,7 +42,7 @@ def test_totals_read_back_are_the_counts_on_any_snapshot(
         node = response.nodes.add(node_id="n", connected=connected)
         for status, health, numbers in providers:
             provider = node.providers.add(provider_id="p")
-            provider.MergeFromString(pb.ProviderSnapshot(status=status, health=health).SerializeToString())  # type: ignore[arg-type]
+            provider.MergeFromString(pb.ProviderSnapshot(status=status, health=health).SerializeToString())  # type: ignore[arg-type]  # the stubs want the enum types; these are their int values
             (
                 provider.capacity,
                 provider.in_flight,

@@ -66,6 +66,7 @@ from twisted_iop.client.iopctl.cli_base import page_limit as _limit
 from twisted_iop.client.model_json import to_json
 from twisted_iop.client.repository import API_TOKEN_ENV, ControlPlaneStatusRepository
 from twisted_iop.client.wire import ClientWireClient, EventSubscription, event_from_wire
+from twisted_iop.reactor_types import Reactor
 from twisted_iop.wire import control_pb2 as pb
 
 #: The ``--state`` values of ``iopctl edges`` and ``iopctl fleet`` (docs/http-api.md#filters).
@@ -206,7 +207,7 @@ def default_repository(args: argparse.Namespace) -> ControlPlaneStatusRepository
     return ControlPlaneStatusRepository(base_url=args.url, api_token=token)
 
 
-def default_wire_client(reactor: Any) -> WireFactory:
+def default_wire_client(reactor: Reactor) -> WireFactory:
     """A factory of wire clients on ``reactor`` for the parsed options."""
     import os
 
@@ -220,7 +221,7 @@ def default_wire_client(reactor: Any) -> WireFactory:
 
 
 async def run(
-    reactor: Any,
+    reactor: Reactor,
     args: argparse.Namespace,
     repository: Any,
     wire_factory: WireFactory,
@@ -280,7 +281,7 @@ async def run(
 
 
 async def _dispatch(
-    reactor: Any,
+    reactor: Reactor,
     args: argparse.Namespace,
     repository: Any,
     wire_factory: WireFactory,
@@ -459,7 +460,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         sys.stderr.write(f"iopctl: error: {e.message}\n")
         sys.exit(EXIT_USAGE)
 
-    async def start(reactor: Any) -> None:
+    async def start(reactor: Reactor) -> None:
         interrupted: Deferred[None] = Deferred()
         running: Deferred[int] = Deferred.fromCoroutine(
             run(

@@ -53,6 +53,7 @@ from twisted_iop.client.wire_connection import (
     error_code_name,
     make_client_envelope,
 )
+from twisted_iop.reactor_types import Reactor
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.dialer import DialingService, backoff_delay
@@ -104,7 +105,7 @@ class ClientWireClient:
     def __init__(
         self,
         url: Optional[str] = None,
-        reactor: Any = None,
+        reactor: Optional[Reactor] = None,
         api_token: Optional[str] = None,
         client_name: str = f"twisted-iop/{__version__}",
         connect_timeout: float = CONNECT_TIMEOUT_SECONDS,

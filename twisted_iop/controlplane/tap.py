@@ -30,6 +30,7 @@ from twisted_iop.controlplane.store.interface import StoreError
 from twisted_iop.controlplane.wires.client_wire import ClientWireFactory
 from twisted_iop.controlplane.wires.edge_wire import EdgeWireFactory
 from twisted_iop.daemon import CLOSE_WAIT_SECONDS, DaemonOptions, DaemonService, compose, wait_until
+from twisted_iop.reactor_types import Reactor
 from twisted_iop.web.http_site import GuardedSite
 
 
@@ -125,7 +126,7 @@ class ControlPlaneService(DaemonService):
     #: Whether the store was opened (and what it kept restored).
     store_opened = False
 
-    def __init__(self, config: ControlPlaneConfig, reactor: Any) -> None:
+    def __init__(self, config: ControlPlaneConfig, reactor: Reactor) -> None:
         super().__init__(reactor, config.shutdown.grace_seconds)
         self.config = config
         #: What outlives the process (first: it starts first and stops last,
@@ -285,7 +286,7 @@ class ControlPlaneService(DaemonService):
         )
 
 
-def makeService(options: Options, reactor: Optional[Any] = None) -> ControlPlaneService:
+def makeService(options: Options, reactor: Optional[Reactor] = None) -> ControlPlaneService:
     """Compose the Control Plane: registry first, then its three listeners."""
     service = compose(options, reactor, ControlPlaneService)
     service.tune_gc = True

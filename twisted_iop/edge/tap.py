@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Optional, cast
 
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import clientFromString
-from twisted.internet.interfaces import IProtocolFactory
+from twisted.internet.interfaces import IProtocolFactory, IReactorTime
 
 from twisted_iop.configuration import ConfigError
 from twisted_iop.daemon import CLOSE_WAIT_SECONDS, DaemonOptions, DaemonService, compose, wait_until
@@ -24,6 +24,7 @@ from twisted_iop.edge.nodes.wire import NodeServerFactory
 from twisted_iop.edge.status import StatusProvider
 from twisted_iop.listeners import ListenerService
 from twisted_iop.metrics import metrics_site
+from twisted_iop.reactor_types import Reactor
 from twisted_iop.tracing.export import TraceExport, missing_sdk
 from twisted_iop.tracing.spans import EdgeTracer
 
@@ -69,10 +70,10 @@ class EdgeService(DaemonService):
 
     daemon_name = "iop-edge"
 
-    def __init__(self, config: EdgeConfig, reactor: Any, rand: Callable[[], float] = random.random) -> None:
+    def __init__(self, config: EdgeConfig, reactor: Reactor, rand: Callable[[], float] = random.random) -> None:
         super().__init__(reactor, config.shutdown.grace_seconds)
         self.config = config
-        clock: Any = reactor
+        clock: IReactorTime = reactor
         self.registry = NodeRegistry(config, clock)
         self.add_state(self.registry)
         # The trace export (tracing.otlp_endpoint): started before the listeners, stopped after them.
@@ -174,6 +175,6 @@ class EdgeService(DaemonService):
         return closed.addCallback(goodbye)
 
 
-def makeService(options: Options, reactor: Optional[Any] = None) -> EdgeService:
+def makeService(options: Options, reactor: Optional[Reactor] = None) -> EdgeService:
     """Compose the Edge: registry first, then the Node listener, then the Control Plane link."""
     return compose(options, reactor, EdgeService)

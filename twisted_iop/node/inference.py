@@ -62,6 +62,7 @@ from twisted_iop.node.engines.kinds import adapter_for
 from twisted_iop.node.engines.stream import engine_request
 from twisted_iop.node.provider_requests import HTTPJob, MockJob, mock_behaviour, trace_headers
 from twisted_iop.openai_api import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, ENDPOINT_PATHS
+from twisted_iop.reactor_types import Reactor
 from twisted_iop.wire import control_pb2 as pb
 
 #: Wire bodies of the inference path that the Node receives from its Edge
@@ -165,7 +166,8 @@ class InferenceRunner:
         self._providers = providers
         self._clock = clock
         if http is None:
-            http = cast(InferenceHTTPClient, EngineHTTPClient(clock))
+            # Only a running reactor comes without ``http``.
+            http = cast(InferenceHTTPClient, EngineHTTPClient(cast(Reactor, clock)))
         self._http = http
         self._rand = rand
         self._sessions: dict[InferenceSession, _SessionState] = {}

@@ -176,7 +176,7 @@ class NodeRuntime(Service):
             self.session = None
             self.ready_sent = False
         if self.inference is not None:
-            self.inference.session_lost(session)  # type: ignore[arg-type]
+            self.inference.session_lost(session)  # type: ignore[arg-type]  # an accepted Edge connection is also an InferenceSession
 
     def provider_specs(self) -> list[pb.NodeProviderSpec]:
         """What the Edge may know of the providers: id, kind and models only."""

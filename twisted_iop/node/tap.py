@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Optional, cast
 
 from twisted.internet.endpoints import clientFromString
+from twisted.internet.interfaces import IReactorTime
 
 from twisted_iop.daemon import DaemonOptions, DaemonService, compose
 from twisted_iop.listeners import ListenerService
@@ -20,6 +21,7 @@ from twisted_iop.node.launch.readiness import readiness_check
 from twisted_iop.node.launch.supervisor import EngineSupervisor
 from twisted_iop.node.metrics import node_metric_registry
 from twisted_iop.node.runtime import NodeRuntime
+from twisted_iop.reactor_types import Reactor
 
 
 class Options(DaemonOptions[NodeRuntimeConfig]):
@@ -63,10 +65,10 @@ class NodeService(DaemonService):
 
     daemon_name = "iop-node"
 
-    def __init__(self, config: NodeRuntimeConfig, reactor: Any, http: Optional[HTTPClient] = None) -> None:
+    def __init__(self, config: NodeRuntimeConfig, reactor: Reactor, http: Optional[HTTPClient] = None) -> None:
         super().__init__(reactor, config.shutdown.grace_seconds)
         self.config = config
-        clock: Any = reactor
+        clock: IReactorTime = reactor
         prober = ProviderProber(clock, http)
         self.runtime = NodeRuntime(config, clock, prober)
         runtime = self.runtime
@@ -122,6 +124,6 @@ class NodeService(DaemonService):
         self.inference.close()
 
 
-def makeService(options: Options, reactor: Optional[Any] = None, http: Optional[HTTPClient] = None) -> NodeService:
+def makeService(options: Options, reactor: Optional[Reactor] = None, http: Optional[HTTPClient] = None) -> NodeService:
     """Compose the Node: the runtime first, then the Edge link."""
     return compose(options, reactor, lambda config, reactor: NodeService(config, reactor, http))

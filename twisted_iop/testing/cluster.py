@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from twisted.internet import reactor as global_reactor
 
+from twisted_iop.reactor_types import Reactor
 from twisted_iop.testing.harness import ControlPlaneHarness, eventually, start_control_plane
 
 
@@ -25,7 +24,7 @@ def cluster_config(redis_url: str, replica_id: str, extra: str = "") -> str:
 
 
 async def start_replica(
-    redis_url: str, replica_id: str, extra: str = "", reactor: Any = global_reactor
+    redis_url: str, replica_id: str, extra: str = "", reactor: Reactor = global_reactor
 ) -> ControlPlaneHarness:
     """Start one replica and wait until it has joined its cluster."""
     harness = await start_control_plane(reactor, config_text=cluster_config(redis_url, replica_id, extra))

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 import attrs
 from twisted.internet import reactor as global_reactor
+from twisted.internet.interfaces import IReactorProcess
 from twisted.internet.utils import getProcessOutputAndValue
 
 from twisted_iop.testing.harness import TWISTD
@@ -71,7 +72,7 @@ async def run_schemathesis(
     max_examples: int,
     workers: int = 1,
     extra: Sequence[str] = (),
-    reactor: Any = global_reactor,
+    reactor: IReactorProcess = global_reactor,
 ) -> ContractRun:
     """``st run`` against ``schema_url`` with ``Authorization: Bearer token``, every
     check but :data:`EXCLUDED_CHECKS`, every phase of :data:`PHASES`, a fixed

@@ -27,6 +27,7 @@ import attrs
 from treq.testing import StubTreq
 from twisted.internet import reactor as global_reactor
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import Clock, deferLater
 
 from twisted_iop.client.repository import ControlPlaneStatusRepository
@@ -42,6 +43,7 @@ from twisted_iop.edge.tap import makeService as make_edge
 from twisted_iop.node.tap import NodeService
 from twisted_iop.node.tap import Options as NodeOptions
 from twisted_iop.node.tap import makeService as make_node
+from twisted_iop.reactor_types import Reactor
 from twisted_iop.testing.configs import loopback_listen
 from twisted_iop.testing.http import get_json, post_json
 from twisted_iop.testing.wires.peers import ScriptedEdge, connect_edge
@@ -52,7 +54,7 @@ IOPCTL = str(_BIN / "iopctl")
 MOCK_PROVIDER = str(_BIN / "iop-mock-provider")
 
 
-def sleep(seconds: float, reactor: Any = global_reactor) -> Deferred[None]:
+def sleep(seconds: float, reactor: IReactorTime = global_reactor) -> Deferred[None]:
     """Let the reactor run for ``seconds`` (only inside polling loops)."""
     return deferLater(reactor, seconds, lambda: None)
 
@@ -69,7 +71,7 @@ async def eventually(
     timeout: float = 10.0,
     interval: float = 0.02,
     message: str = "condition",
-    reactor: Any = global_reactor,
+    reactor: Reactor = global_reactor,
 ) -> Any:
     """Poll ``check`` (sync or async) until it returns a truthy value.
 
@@ -136,7 +138,7 @@ class ControlPlaneHarness:
 
 
 async def start_control_plane(
-    reactor: Any = global_reactor,
+    reactor: Reactor = global_reactor,
     edge_wire_port: int = 0,
     http_port: int = 0,
     wire_port: int = 0,

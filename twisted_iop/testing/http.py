@@ -11,6 +11,7 @@ import treq
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 
@@ -116,7 +117,7 @@ class SSEReader(Protocol):
                     self.first.callback(None)
                 if self.hang_up_after is not None and len(self.events) >= self.hang_up_after:
                     assert self.transport is not None
-                    self.transport.stopProducing()  # type: ignore[attr-defined]
+                    cast(IPushProducer, self.transport).stopProducing()  # a TCP transport is a producer
                     return
 
     def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:

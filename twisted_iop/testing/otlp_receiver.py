@@ -11,12 +11,15 @@ would really see.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import attrs
+from twisted.internet.address import IPv4Address
 from twisted.internet.interfaces import IListeningPort
 from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
+
+from twisted_iop.reactor_types import Reactor
 
 
 @attrs.frozen
@@ -60,10 +63,10 @@ class OtlpReceiver(Resource):
         return b""  # an empty ExportTraceServiceResponse
 
 
-def listen_otlp_receiver(reactor: Any, receiver: OtlpReceiver) -> tuple[IListeningPort, str]:
+def listen_otlp_receiver(reactor: Reactor, receiver: OtlpReceiver) -> tuple[IListeningPort, str]:
     """Serve ``receiver`` on ``127.0.0.1:0``: its port and the endpoint URL to configure."""
     port: IListeningPort = reactor.listenTCP(0, Site(receiver), interface="127.0.0.1")
-    return port, f"http://127.0.0.1:{port.getHost().port}"  # type: ignore[attr-defined]
+    return port, f"http://127.0.0.1:{cast(IPv4Address, port.getHost()).port}"
 
 
 def decoded_spans(bodies: list[bytes]) -> list[ReceivedSpan]:

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Optional, Protocol
+from typing import Any, Optional, Protocol, cast
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IReactorFromThreads
 from twisted.internet.task import LoopingCall
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
@@ -31,6 +32,7 @@ from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
 from twisted_iop.daemon import StartupError
+from twisted_iop.reactor_types import Reactor
 from twisted_iop.tracing.config import TracingConfig
 from twisted_iop.tracing.spans import RequestTrace, TraceSink
 
@@ -78,11 +80,14 @@ class TraceExport(Service, TraceSink):
     def __init__(
         self,
         config: TracingConfig,
-        reactor: Any,
+        reactor: Reactor,
         exporter: Callable[[TracingConfig], SpanExporter] = sdk_exporter,
     ) -> None:
         self.config = config
         self._reactor = reactor
+        # The running reactor also takes calls from threads; Twisted types
+        # the global one without IReactorFromThreads.
+        self._from_threads = cast(IReactorFromThreads, reactor)
         self._make_exporter = exporter
         self._exporter: Optional[SpanExporter] = None
         self._queue: deque[RequestTrace] = deque()
@@ -163,7 +168,7 @@ class TraceExport(Service, TraceSink):
         exporter, self._exporter = self._exporter, None
         if pool is None:
             return succeed(None)
-        d: Deferred[Any] = deferToThreadPool(self._reactor, pool, exporter.shutdown) if exporter else succeed(None)
+        d: Deferred[Any] = deferToThreadPool(self._from_threads, pool, exporter.shutdown) if exporter else succeed(None)
         d.addErrback(lambda f: self._log.failure("closing the OTLP exporter failed", f))
         d.addBoth(lambda _: pool.stop())
         return d
@@ -190,7 +195,7 @@ class TraceExport(Service, TraceSink):
         if exporter is None or pool is None:
             self.failed_spans += spans
             return succeed(None)
-        d: Deferred[Any] = deferToThreadPool(self._reactor, pool, exporter.export, batch)
+        d: Deferred[Any] = deferToThreadPool(self._from_threads, pool, exporter.export, batch)
         self._exporting = d
 
         def exported(ok: bool) -> None:

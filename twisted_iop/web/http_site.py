@@ -45,7 +45,7 @@ from collections.abc import Callable
 from typing import Any, Optional
 from urllib.parse import unquote_to_bytes
 
-from twisted.internet.interfaces import IAddress, IDelayedCall
+from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.protocols.policies import ProtocolWrapper
@@ -397,7 +397,7 @@ class _SocketWatch(ProtocolWrapper):
     def __init__(self, channel: GuardedChannel, protocol: Any) -> None:
         # Never made connected (the socket already is), and it forgets the
         # connection itself: it needs no wrapping factory.
-        super().__init__(None, protocol)  # type: ignore[arg-type]
+        super().__init__(None, protocol)  # type: ignore[arg-type]  # never connected, so no wrapping factory
         self._channel = channel
 
     def connectionLost(self, reason: Any = None) -> None:
@@ -419,7 +419,7 @@ class GuardedSite(Site):
     """A Site with per-listener and per-address connection caps and guarded requests."""
 
     _log = Logger()
-    requestFactory = GuardedRequest  # type: ignore[assignment]
+    requestFactory = GuardedRequest  # type: ignore[assignment]  # its __init__ is narrower than Request's (no *args)
     displayTracebacks = False
     noisy = False
 
@@ -428,7 +428,7 @@ class GuardedSite(Site):
         resource: Any,
         limits: SiteLimits = SiteLimits(),
         authorize: Optional[HeaderCheck] = None,
-        reactor: Any = None,
+        reactor: Optional[IReactorTime] = None,
         *,
         error_json: Callable[[int, str, str], bytes] = error_json,
         realm: bytes = b"iop",
@@ -496,10 +496,10 @@ class GuardedSite(Site):
         channel = GuardedChannel()
         channel.site = self
         channel.factory = self
-        channel.requestFactory = self.requestFactory  # type: ignore[assignment]
+        channel.requestFactory = self.requestFactory  # type: ignore[assignment]  # its __init__ is narrower than Request's (no *args)
         channel.peer_host = host
-        channel.callLater = self.reactor.callLater  # type: ignore[method-assign, assignment]
-        channel.timeOut = self.timeOut  # type: ignore[assignment]
+        channel.callLater = self.reactor.callLater  # type: ignore[method-assign, assignment]  # HTTPChannel's callLater is the reactor's, set per channel
+        channel.timeOut = self.timeOut  # type: ignore[assignment]  # Twisted's stubs type timeOut as int; it takes seconds as float
         return channel
 
     def log(self, request: Any) -> None:

@@ -166,7 +166,7 @@ class GuardedRequest(Request):
     _log = Logger()
     # Always a GuardedChannel: an HTTPChannel that is a GuardingChannel
     # (typed by what is used here, so this module need not import the site's).
-    channel: GuardingChannel  # type: ignore[assignment]
+    channel: GuardingChannel  # type: ignore[assignment]  # Twisted's stubs declare the channel as HTTPChannel
 
     def __init__(self, channel: Any, queued: Any = None) -> None:
         # Every body served here is JSON: never parse form submissions

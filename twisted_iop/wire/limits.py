@@ -19,10 +19,10 @@ Both are pure bookkeeping on an injected clock (no I/O):
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Optional
+from typing import Optional, cast
 
 import attrs
-from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime, ITCPTransport
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 
@@ -148,7 +148,7 @@ class RefusedConnection(Protocol):
 
     def connectionMade(self) -> None:
         assert self.transport is not None
-        self.transport.abortConnection()  # type: ignore[attr-defined]
+        cast(ITCPTransport, self.transport).abortConnection()  # a TCP or TLS connection
 
 
 class HelloRateLimit:

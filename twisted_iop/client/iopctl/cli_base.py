@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, Optional, TextIO
 
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
 
 from twisted_iop.client.models import to_json
 
@@ -180,7 +181,7 @@ def polling_interval(given: Optional[float], terminal: bool) -> float:
 class WatchPause:
     """Waits between polls; an interruption ends the wait at once and for good."""
 
-    def __init__(self, reactor: Any, interrupted: Optional[Deferred[None]]) -> None:
+    def __init__(self, reactor: IReactorTime, interrupted: Optional[Deferred[None]]) -> None:
         self.reactor = reactor
         self.interrupted = False
         self._waiting: Optional[Deferred[None]] = None

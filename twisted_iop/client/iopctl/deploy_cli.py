@@ -28,6 +28,7 @@ from typing import Any, Optional
 
 import yaml
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
 
 from twisted_iop.client.deployments import Deployment, DeploymentDryRun
 from twisted_iop.client.iopctl import deployment_render
@@ -127,7 +128,7 @@ def read_file(path: str, stdin: Any = None) -> tuple[str, dict[str, Any]]:
 
 
 async def dispatch(
-    reactor: Any,
+    reactor: IReactorTime,
     args: argparse.Namespace,
     repository: Any,
     console: Console,
@@ -170,7 +171,7 @@ def _applied(deployment: Deployment) -> str:
 
 
 async def watch(
-    reactor: Any,
+    reactor: IReactorTime,
     repository: Any,
     deployment: Deployment,
     console: Console,

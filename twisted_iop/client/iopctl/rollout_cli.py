@@ -33,6 +33,7 @@ import argparse
 from typing import Any, Optional
 
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
 
 from twisted_iop.client.iopctl import rollout_render
 from twisted_iop.client.iopctl.cli_base import (
@@ -285,7 +286,7 @@ def request_from_arguments(args: argparse.Namespace) -> RolloutRequest:
 
 
 async def dispatch(
-    reactor: Any,
+    reactor: IReactorTime,
     args: argparse.Namespace,
     repository: Any,
     console: Console,
@@ -334,7 +335,7 @@ async def dispatch(
 
 
 async def watch(
-    reactor: Any,
+    reactor: IReactorTime,
     repository: Any,
     rollout: Rollout,
     console: Console,

@@ -30,7 +30,7 @@ what it could not write. When Redis is back it reconciles.
 from __future__ import annotations
 
 import uuid
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, inlineCallbacks
@@ -48,6 +48,7 @@ from twisted_iop.controlplane.cluster.store import RedisLink
 from twisted_iop.controlplane.cluster.stream_reader import StreamReader
 from twisted_iop.controlplane.fleet.registry import EdgeRegistry
 from twisted_iop.controlplane.requests.gateway import EdgeGateway
+from twisted_iop.reactor_types import Reactor
 
 #: Hellos are refused (``retry_later``) while this many writes wait for Redis.
 HELLO_WRITE_BACKLOG = 5000
@@ -75,7 +76,8 @@ class ClusterReplica(Service):
         self._registry = registry
         self._gateway = gateway
         self._clock = clock
-        self.link = link or RedisLink(config.redis, clock, config.redis_timeout_seconds)
+        # Only a running reactor comes without ``link``.
+        self.link = link or RedisLink(config.redis, cast(Reactor, clock), config.redis_timeout_seconds)
         self.boot = uuid.uuid4().hex[:12]
         #: Every fence of this process starts with this.
         self.fence_prefix = f"{self.replica_id}/{self.boot}/"

@@ -28,6 +28,7 @@ from twisted.logger import Logger
 
 from twisted_iop.controlplane.cluster.scripts import Script
 from twisted_iop.controlplane.cluster.settings import RedisAddress
+from twisted_iop.reactor_types import Reactor
 
 #: Longest blocking stream read.
 BLOCK_MILLISECONDS = 1000
@@ -66,7 +67,7 @@ class RedisLink:
 
     _log = Logger()
 
-    def __init__(self, address: RedisAddress, reactor: Any, timeout_seconds: float) -> None:
+    def __init__(self, address: RedisAddress, reactor: Reactor, timeout_seconds: float) -> None:
         self.address = address
         self._reactor = reactor
         self._timeout = timeout_seconds

@@ -234,7 +234,7 @@ class SampledBucket:
         parts = self._parts
         if parts is None:
             parts = self._parts = [
-                (self.sum[c], self.n[c], self.max[c], self.last[c])  # type: ignore[misc]
+                (self.sum[c], self.n[c], self.max[c], self.last[c])  # type: ignore[misc]  # the last values of a patch column are a list, typed as Sequence
                 for c in self.patch
             ]
         return parts

@@ -197,7 +197,7 @@ class SegmentRecorder:
         new_patched = 0
         if patches:
             # The patch columns' lists, changed in place.
-            held: list[list[int]] = [columns[c] for c in self.shape.patch_columns]  # type: ignore[misc]
+            held: list[list[int]] = [columns[c] for c in self.shape.patch_columns]  # type: ignore[misc]  # the patch columns are lists, typed as Sequence
             width = len(held)
             absent_since = self.absent_since
             for slot, row in sorted(patches):

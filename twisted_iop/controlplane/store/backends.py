@@ -11,9 +11,10 @@ from twisted_iop.controlplane.store.memory import MemoryStore
 from twisted_iop.controlplane.store.redis import RedisStore
 from twisted_iop.controlplane.store.settings import MEMORY, SQLITE, StoreSettings
 from twisted_iop.controlplane.store.sqlite import SqliteStore
+from twisted_iop.reactor_types import Reactor
 
 
-def make_store(settings: StoreSettings, reactor: Any, cluster: ClusterConfig = ClusterConfig()) -> Any:
+def make_store(settings: StoreSettings, reactor: Reactor, cluster: ClusterConfig = ClusterConfig()) -> Any:
     """The store ``settings`` describe (not opened yet): a
     :class:`~twisted_iop.controlplane.store.interface.Store` that is also a
     ``Service``."""

@@ -21,11 +21,11 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional, cast
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, succeed
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IReactorFromThreads, IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
@@ -37,6 +37,7 @@ from twisted_iop.controlplane.store import sqlite_schema
 from twisted_iop.controlplane.store.interface import HistoryChunk, KeptEdge, KeptState, StoreError, StoreHealth
 from twisted_iop.controlplane.store.settings import StoreSettings
 from twisted_iop.controlplane.store.sqlite_writer import Batch, Committed, EdgeRow, SqliteWriter
+from twisted_iop.reactor_types import Reactor
 
 if TYPE_CHECKING:
     from twisted_iop.controlplane.fleet.edge_record import EdgeRecord
@@ -58,10 +59,12 @@ class SqliteStore(Service):
     name = "store"
     _log = Logger()
 
-    def __init__(self, settings: StoreSettings, reactor: Any) -> None:
+    def __init__(self, settings: StoreSettings, reactor: Reactor) -> None:
         self.settings = settings
         self.path = settings.path
-        self._reactor = reactor
+        # The running reactor also takes calls from threads; Twisted types
+        # the global one without IReactorFromThreads.
+        self._from_threads = cast(IReactorFromThreads, reactor)
         self._clock: IReactorTime = reactor
         self._writer: Optional[SqliteWriter] = None
         self._events: list[EventRecord] = []
@@ -108,7 +111,7 @@ class SqliteStore(Service):
                 connection,
                 self.settings.retention,
                 self.settings.history_max_bytes,
-                self._reactor.callFromThread,
+                self._from_threads.callFromThread,
                 time.monotonic,
             )
         except sqlite3.DatabaseError as e:

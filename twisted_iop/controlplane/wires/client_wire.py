@@ -481,7 +481,7 @@ class ClientWireFactory(WebSocketServerFactory):
     """Serves ``/client`` over one registry, with explicit Autobahn limits."""
 
     _log = Logger()
-    protocol = ClientWireServerProtocol  # type: ignore[assignment]
+    protocol = ClientWireServerProtocol  # type: ignore[assignment]  # Twisted's stubs want a _ProtoWithFactory; Autobahn's protocol is not typed as one
     noisy = False  # no "Starting factory <... object at 0x...>" lines
 
     def __init__(

@@ -350,7 +350,7 @@ class EdgeWireFactory(PeerServerFactory):
         #: request id differs from one edge to the next.
         self.hello_accepted = PreserializedAnswer("edge_hello_response", accepted_hello_response(settings))
 
-    @overload  # type: ignore[override]
+    @overload  # type: ignore[override]  # narrows the return for addr None, which the base's IAddress excludes
     def buildProtocol(self, addr: None) -> EdgeWireProtocol: ...
 
     @overload

@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from klein import Klein
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IPushProducer
+from twisted.internet.interfaces import IPushProducer, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
@@ -39,7 +39,7 @@ from twisted_iop.edge.inference.lifecycle import InferenceError, Outcome
 from twisted_iop.openai_api import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, error_body, whole_tokens
 from twisted_iop.tracing.spans import ROUTE_HEADER, RequestTrace
 from twisted_iop.web.http_site import GuardedSite
-from twisted_iop.web.request_guard import Refusal, SiteLimits
+from twisted_iop.web.request_guard import GuardedRequest, Refusal, SiteLimits
 from twisted_iop.web.route_methods import allow_header, served_methods
 from twisted_iop.wire import control_pb2 as pb
 
@@ -67,7 +67,7 @@ def openai_refusal(status: int, code: str, message: str) -> bytes:
     return error_body(message, "invalid_request_error", code)
 
 
-def inference_site(api: InferenceAPI, config: InferenceConfig, reactor: Any = None) -> GuardedSite:
+def inference_site(api: InferenceAPI, config: InferenceConfig, reactor: Optional[IReactorTime] = None) -> GuardedSite:
     """The inference listener: a guarded site (deadlines, caps, body bound, key check before the body).
 
     Refusals use the OpenAI error shape; no access-log line per request (at
@@ -313,10 +313,10 @@ class InferenceAPI:
         if not matched:
             raise InferenceError(401, "invalid_api_key", "missing or wrong API key (Authorization: Bearer KEY)")
 
-    def check_headers(self, request: IRequest) -> Optional[Refusal]:
+    def check_headers(self, request: GuardedRequest) -> Optional[Refusal]:
         """The site's check before any body is read: the API key (not for the OpenAPI document)."""
         # At header time the request line is known to the channel, not yet to the request.
-        channel: Any = request.channel  # type: ignore[attr-defined]
+        channel = request.channel
         if channel.request_path == OPENAPI_PATH and channel.request_method in (b"GET", b"HEAD"):
             return None
         try:

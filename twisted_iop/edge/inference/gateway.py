@@ -35,7 +35,7 @@ attempt's code is the reason of the next.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Protocol
+from typing import Any, Optional, Protocol, cast
 
 import attrs
 from google.protobuf.message import Message
@@ -457,7 +457,7 @@ class InferenceGateway:
         if peer is None or getattr(peer, "closing", False) or not hasattr(peer, "send"):
             self._node_lost(admitted)
             return
-        node_peer: InferenceNodePeer = peer  # type: ignore[assignment]
+        node_peer = cast(InferenceNodePeer, peer)  # it has send (checked above)
         admitted.peer = node_peer
         self._by_peer.setdefault(node_peer, set()).add(ticket.inference_id)
         request = pb.InferenceRequest(

@@ -21,7 +21,7 @@ interchangeable.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Optional, Protocol
+from typing import Optional, Protocol, cast
 
 import attrs
 from twisted.application.service import Service
@@ -333,7 +333,7 @@ class NodeRegistry(Service):
     def stopService(self) -> Optional[Deferred[None]]:
         """Cancel the timers of cool-downs and stale readings."""
         self.providers.stop()
-        return super().stopService()  # type: ignore[no-any-return]
+        return cast(Optional[Deferred[None]], super().stopService())  # Service.stopService is untyped
 
     def _provider_ids(self, node_id: str) -> list[str]:
         return [p.provider_id for p in self.node(node_id).providers]

@@ -211,7 +211,7 @@ class NodeServerFactory(PeerServerFactory):
         #: The Edge's deployments (instance reports go there), once the tap has built them.
         self.deployments: Optional[EdgeDeployments] = None
 
-    @overload  # type: ignore[override]
+    @overload  # type: ignore[override]  # narrows the return for addr None, which the base's IAddress excludes
     def buildProtocol(self, addr: None) -> NodeServerProtocol: ...
 
     @overload

@@ -69,7 +69,7 @@ class EngineLaunchInfo:
     def to_wire(self) -> pb.EngineLaunch:
         """The snapshot's form."""
         return pb.EngineLaunch(
-            state=self.state,  # type: ignore[arg-type]
+            state=self.state,  # type: ignore[arg-type]  # the stubs want the enum type; the state is its int value
             reason=self.reason,
             restarts=self.restarts,
             next_try_at_ms=self.next_try_at_ms,

@@ -42,6 +42,7 @@ from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 
 from twisted_iop.node.engines.http import ProviderHTTPClient
+from twisted_iop.reactor_types import Reactor
 from twisted_iop.turn_writes import write_now
 
 #: Idle connections kept per engine for reuse (a Node streams hundreds at once).
@@ -410,7 +411,7 @@ class EngineHTTPClient:
 
     def __init__(
         self,
-        reactor: Any,
+        reactor: Reactor,
         max_idle_per_engine: int = MAX_IDLE_PER_ENGINE,
         tls_client: Optional[Any] = None,
         endpoint_for: Optional[Callable[[str, int], IStreamClientEndpoint]] = None,

@@ -23,6 +23,8 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
 from zope.interface import implementer
 
+from twisted_iop.reactor_types import Reactor
+
 #: Idle provider connections kept open per provider host (for reuse).
 MAX_IDLE_PROVIDER_CONNECTIONS = 64
 
@@ -76,7 +78,7 @@ class _BytesBody:
 class _ProviderEndpoints:
     """Endpoints to providers: IP literals connect directly (no resolver thread); TCP_NODELAY on each."""
 
-    def __init__(self, reactor: Any) -> None:
+    def __init__(self, reactor: Reactor) -> None:
         self._reactor = reactor
 
     def endpointForURI(self, uri: URI) -> IStreamClientEndpoint:
@@ -116,7 +118,7 @@ class ProviderHTTPClient:
     headers. The response is returned unbuffered, for ``deliverBody``.
     """
 
-    def __init__(self, reactor: Any, max_idle_per_host: int = MAX_IDLE_PROVIDER_CONNECTIONS) -> None:
+    def __init__(self, reactor: Reactor, max_idle_per_host: int = MAX_IDLE_PROVIDER_CONNECTIONS) -> None:
         self.pool = QuietConnectionPool(reactor, persistent=True)
         self.pool.maxPersistentPerHost = max_idle_per_host
         self._agent = Agent.usingEndpointFactory(reactor, _ProviderEndpoints(reactor), pool=self.pool)

@@ -52,6 +52,7 @@ from twisted_iop.node.config import MOCK_HEALTH_VALUES, NodeProviderConfig
 from twisted_iop.node.engines.base import LoadReading
 from twisted_iop.node.engines.http import QuietConnectionPool
 from twisted_iop.node.engines.kinds import adapter_for
+from twisted_iop.reactor_types import Reactor
 from twisted_iop.wire import control_pb2 as pb
 
 #: At most this many served model names are reported per provider.
@@ -81,7 +82,7 @@ class HTTPClient(Protocol):
         """Issue a GET request (called with ``unbuffered=True``: the body is read through ``deliverBody``)."""
 
 
-def probe_http_client(reactor: Any) -> HTTPClient:
+def probe_http_client(reactor: Reactor) -> HTTPClient:
     """The probes' treq client: a quiet persistent pool, at most two idle connections per engine."""
     from treq.client import HTTPClient as TreqClient
 
@@ -171,7 +172,8 @@ class ProviderProber:
         self, clock: IReactorTime, http: Optional[HTTPClient] = None, running_on: Optional[RunningCount] = None
     ) -> None:
         self._clock = clock
-        self._http: HTTPClient = http if http is not None else probe_http_client(clock)
+        # Only a running reactor comes without ``http``.
+        self._http: HTTPClient = http if http is not None else probe_http_client(cast(Reactor, clock))
         self.running_on = running_on
         #: The last good (healthy or degraded) answered result per provider: what busy keeps.
         self._last_good: dict[str, ProbeResult] = {}

@@ -37,11 +37,11 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Optional, Protocol
+from typing import Any, Optional, Protocol, cast
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList, succeed
-from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.interfaces import IDelayedCall, IReactorProcess
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
@@ -60,6 +60,7 @@ from twisted_iop.node.launch.process import (
     spawn_engine,
 )
 from twisted_iop.node.launch.readiness import ReadinessAnswer, ReadinessCheck, failed_check
+from twisted_iop.reactor_types import Reactor
 from twisted_iop.wire import control_pb2 as pb
 
 #: How often a leftover engine (not our child) is looked at while it stops.
@@ -220,7 +221,10 @@ class LaunchedEngine:
             self.provider_id, launch, supervisor.clock, self.tail, lambda how: self._exited(protocol, how), _ENGINE_LOG
         )
         try:
-            pid = spawn_engine(supervisor.reactor, launch, protocol, supervisor.environ, supervisor.stdin_fd())
+            # The running reactor spawns processes (Twisted types the global one
+            # with IReactorProcess); Reactor leaves it out so MemoryReactorClock fits.
+            spawner = cast(IReactorProcess, supervisor.reactor)
+            pid = spawn_engine(spawner, launch, protocol, supervisor.environ, supervisor.stdin_fd())
         except OSError as e:
             reason = e.strerror or str(e)
             self._log.error(
@@ -429,7 +433,7 @@ class EngineSupervisor(Service):
         self,
         providers: Iterable[NodeProviderConfig],
         state_directory: str,
-        reactor: Any,
+        reactor: Reactor,
         check: ReadinessCheck,
         running_on: Callable[[str], int] = lambda provider_id: 0,
         environ: Optional[Mapping[str, str]] = None,

@@ -30,11 +30,14 @@ import json
 from typing import Any, Optional, cast
 
 from twisted.internet import reactor as default_reactor
+from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred, maybeDeferred, succeed
+from twisted.internet.interfaces import IListeningPort
 from twisted.web.http import HTTPChannel
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
+from twisted_iop.reactor_types import Reactor
 from twisted_iop.testing.engines.engine_shapes import (
     JSON,
     SHAPES,
@@ -81,11 +84,11 @@ class EngineFixture(Resource):
 
     isLeaf = True
 
-    def __init__(self, kind: str, models: tuple[str, ...] = ("m",), reactor: Any = None) -> None:
+    def __init__(self, kind: str, models: tuple[str, ...] = ("m",), reactor: Optional[Reactor] = None) -> None:
         super().__init__()
         self.shapes = SHAPES[kind]
         self.models = models
-        self._reactor = reactor if reactor is not None else default_reactor
+        self._reactor: Reactor = reactor if reactor is not None else default_reactor
         #: The health endpoint's state: "ok", "loading" or "down" (as the engine records them).
         self.health = "ok"
         #: When true, health, models and load requests are held unanswered (an engine busy generating).
@@ -97,7 +100,7 @@ class EngineFixture(Resource):
         self._overrides: dict[str, Reply] = {}
         self._chats: list[str] = []
         self._held: list[Request] = []
-        self._port: Optional[Any] = None
+        self._port: Optional[IListeningPort] = None
         self._site = _TrackingSite(self)
 
     @property
@@ -109,9 +112,9 @@ class EngineFixture(Resource):
 
     def start(self) -> str:
         """Listen on 127.0.0.1, a free port; the base URL."""
-        port: Any = cast(Any, self._reactor).listenTCP(0, self._site, interface="127.0.0.1")
+        port = self._reactor.listenTCP(0, self._site, interface="127.0.0.1")
         self._port = port
-        return f"http://127.0.0.1:{port.getHost().port}"
+        return f"http://127.0.0.1:{cast(IPv4Address, port.getHost()).port}"
 
     def stop(self) -> Deferred[Any]:
         """Stop listening and close every connection (later connections are refused)."""

@@ -13,13 +13,15 @@ trace.
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import attrs
+from twisted.internet.address import IPv4Address
 from twisted.internet.interfaces import IListeningPort
 from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
 
+from twisted_iop.reactor_types import Reactor
 from twisted_iop.testing.configs import MODEL
 
 #: Requests kept at most (the oldest go first).
@@ -103,7 +105,7 @@ def _one(request: Request, name: bytes) -> Optional[str]:
     return ",".join(v.decode("latin-1") for v in values)
 
 
-def listen_recording_engine(reactor: Any, engine: RecordingEngine) -> tuple[IListeningPort, str]:
+def listen_recording_engine(reactor: Reactor, engine: RecordingEngine) -> tuple[IListeningPort, str]:
     """Serve ``engine`` on ``127.0.0.1:0``: its port and its base URL (a provider's ``base_url``)."""
     port: IListeningPort = reactor.listenTCP(0, Site(engine), interface="127.0.0.1")
-    return port, f"http://127.0.0.1:{port.getHost().port}"  # type: ignore[attr-defined]
+    return port, f"http://127.0.0.1:{cast(IPv4Address, port.getHost()).port}"

@@ -19,7 +19,7 @@ from typing import Any, Optional, cast
 from twisted.internet import reactor as global_reactor
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.endpoints import TCP4ClientEndpoint, TCP4ServerEndpoint, connectProtocol
-from twisted.internet.interfaces import ITransport
+from twisted.internet.interfaces import IReactorTime, ITransport
 from twisted.internet.protocol import Factory
 from twisted.python.failure import Failure
 
@@ -27,6 +27,7 @@ from twisted_iop.controlplane.fleet.registry import EdgeRegistry
 from twisted_iop.controlplane.fleet.snapshots import StatusSnapshot, checked_snapshot
 from twisted_iop.controlplane.wires.edge_peer import EdgePeer, StatusListener
 from twisted_iop.edge.nodes.registry import NodePeer
+from twisted_iop.reactor_types import Reactor
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import FramedPeerProtocol
@@ -129,7 +130,7 @@ def set_launch(
     """Give ``provider`` the state of an engine its Node launches (crashed, by default), as set; returns it."""
     provider.launch.CopyFrom(
         pb.EngineLaunch(
-            state=state,  # type: ignore[arg-type]
+            state=state,  # type: ignore[arg-type]  # the stubs want the enum type; the state is its int value
             reason=reason,
             restarts=restarts,
             next_try_at_ms=next_try_at_ms,
@@ -152,7 +153,9 @@ def keep_status(
 class ScriptedEdge(TransportAccess, FramedPeerProtocol):
     """The edge side of one connection, behaving as its attributes say."""
 
-    def __init__(self, edge_id: str, settings: PeerSettings = PeerSettings(), reactor: Any = global_reactor) -> None:
+    def __init__(
+        self, edge_id: str, settings: PeerSettings = PeerSettings(), reactor: Reactor = global_reactor
+    ) -> None:
         super().__init__(reactor, settings)
         self.edge_id = edge_id
         self.credential = ""
@@ -268,7 +271,7 @@ class ScriptedEdge(TransportAccess, FramedPeerProtocol):
 
 
 async def connect_edge(
-    port: int, edge_id: str, hello: bool = True, reactor: Any = global_reactor, **attributes: Any
+    port: int, edge_id: str, hello: bool = True, reactor: Reactor = global_reactor, **attributes: Any
 ) -> tuple[ScriptedEdge, Optional[pb.EdgeHelloResponse]]:
     """Connect a scripted edge to ``127.0.0.1:port`` and (optionally) say hello."""
     edge = ScriptedEdge(edge_id, reactor=reactor)
@@ -289,7 +292,7 @@ class FakeControlPlane(TransportAccess, FramedPeerProtocol):
     envelope (events, unsolicited messages) in ``received``.
     """
 
-    def __init__(self, clock: Any, hello_response: Optional[pb.EdgeHelloResponse] = None) -> None:
+    def __init__(self, clock: IReactorTime, hello_response: Optional[pb.EdgeHelloResponse] = None) -> None:
         super().__init__(clock, PeerSettings())
         self.hello_response = hello_response or pb.EdgeHelloResponse(accepted=True, server_version="fake")
         self.hellos: list[pb.EdgeHelloRequest] = []

@@ -179,7 +179,7 @@ def test_the_edge_and_node_read_their_event_loop() -> None:
     assert node.event_loop.poll_interval_ms == 5
     edge = parse_edge_config({"control_plane": {"edge_id": "e1"}, "event_loop": {"poll_interval_ms": 0}})
     assert edge.event_loop.poll_interval_ms == 0
-    with pytest.raises(ConfigError, match="event_loop.poll_interval_ms"):
+    with pytest.raises(ConfigError, match=r"event_loop\.poll_interval_ms"):
         parse_node_config({"node_id": "n1", "event_loop": {"poll_interval_ms": 50}})
 
 

@@ -1,16 +1,20 @@
 """The reactor's polls paced while busy: what waits, what does not, and when pacing gives way.
 
 The unit tests drive :class:`PacedPolls` with a fake clock whose
-``sleep`` advances it; the last test paces a real epoll reactor in a
-``twistd`` Node and checks that its streams still arrive whole.
+``sleep`` advances it; the last one polls a real epoll reactor (not the
+installed one) over real socket pairs. The daemons' end-to-end tests run
+``twistd`` with the default interval, so every streamed test crosses it.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import socket
+from typing import Any, Optional
 
 import pytest
 from twisted.internet import reactor as global_reactor
+from twisted.internet.epollreactor import EPollReactor
+from twisted.python import log
 
 from twisted_iop.configuration import (
     MAX_POLL_INTERVAL_MS,
@@ -186,3 +190,55 @@ def test_the_edge_and_node_read_their_event_loop() -> None:
 def test_the_test_process_reactor_is_not_paced() -> None:
     """Only twistd paces: a service made in this process leaves its reactor's poll as it is."""
     assert not isinstance(getattr(global_reactor, "doIteration", None), PacedPolls)
+
+
+class _Reader:
+    """A descriptor on one end of a real socket pair: reads what comes, or raises when told to."""
+
+    def __init__(self, sock: socket.socket, fail: bool = False) -> None:
+        self.sock = sock
+        self.fail = fail
+        self.read: list[bytes] = []
+        self.lost: list[object] = []
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def doRead(self) -> None:
+        if self.fail:
+            raise ValueError("a protocol's bug")
+        self.read.append(self.sock.recv(100))
+
+    def connectionLost(self, reason: object) -> None:
+        self.lost.append(reason)
+
+    def logPrefix(self) -> str:
+        return "reader"
+
+
+def test_an_epoll_reactor_polls_leanly_and_still_reads_and_drops_a_failing_descriptor() -> None:
+    """A real epoll reactor (not installed): ready descriptors are read; one whose read raises is removed and told."""
+    loop = EPollReactor()
+    good_a, good_b = socket.socketpair()
+    bad_a, bad_b = socket.socketpair()
+    logged: list[dict[str, Any]] = []
+    log.addObserver(logged.append)
+    try:
+        wrapper = pace_polls(loop, 0)
+        assert isinstance(wrapper, PacedPolls)  # lean, even when never waiting
+        good, bad = _Reader(good_a), _Reader(bad_a, fail=True)
+        loop.addReader(good)
+        loop.addReader(bad)
+        good_b.send(b"token")
+        bad_b.send(b"x")
+        loop.doIteration(1.0)
+        assert good.read == [b"token"]
+        assert len(bad.lost) == 1 and bad not in loop.getReaders()
+        assert good in loop.getReaders()
+        assert [e["failure"].type for e in logged if e.get("isError")] == [ValueError]
+    finally:
+        log.removeObserver(logged.append)
+        loop.removeAll()
+        loop._poller.close()
+        for end in (good_a, good_b, bad_a, bad_b):
+            end.close()

@@ -276,11 +276,11 @@ def client_main(port: int, streams: int, tokens: int) -> None:
 class Rig:
     """The engine, nginx and Edge + Node, started once for the whole run."""
 
-    def __init__(self, workdir: Path, tokens: int, pairs: Optional[dict[str, Optional[float]]] = None) -> None:
+    def __init__(self, workdir: Path, tokens: int, pairs: Optional[dict[str, Path]] = None) -> None:
         self.workdir = workdir
         self.tokens = tokens
-        #: Each Edge + Node pair: its arm's suffix and its poll interval (None: the daemons' default).
-        self.pairs = pairs if pairs is not None else {"": None}
+        #: Each Edge + Node pair: its arm's suffix and the folder of the ``twistd`` that runs it.
+        self.pairs = pairs if pairs is not None else {"": BIN}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.ports: dict[str, int] = {}
         self.pids: dict[str, list[int]] = {}
@@ -315,18 +315,13 @@ class Rig:
             time.sleep(0.05)
         self.pids["nginx"] = [self.procs["nginx"].pid, *children(self.procs["nginx"].pid)]
 
-        for suffix, interval in self.pairs.items():
-            self.start_pair(suffix, interval, deadline)
+        for suffix, bin_dir in self.pairs.items():
+            self.start_pair(suffix, bin_dir, deadline)
 
-    def start_pair(self, suffix: str, poll_interval_ms: Optional[float], deadline: float) -> None:
-        """One Edge + Node (arm ``edge+node`` + ``suffix``), at ``event_loop.poll_interval_ms`` (None: the default)."""
+    def start_pair(self, suffix: str, bin_dir: Path, deadline: float) -> None:
+        """One Edge + Node (arm ``edge+node`` + ``suffix``), run by ``bin_dir``'s ``twistd``."""
         w = self.workdir
         engine = self.ports["straight"]
-        event_loop: dict[str, Any] = (
-            {} if poll_interval_ms is None else {"event_loop": {"poll_interval_ms": poll_interval_ms}}
-        )
-        if suffix:
-            event_loop["metrics"] = {"listen": ""}  # the first pair has the default ports
         edge_yaml = {
             "control_plane": {"address": "127.0.0.1:1", "edge_id": "bench-edge", "backoff": {"max_seconds": 60}},
             "node_server": {"listen": "tcp:0:interface=127.0.0.1"},
@@ -342,12 +337,14 @@ class Rig:
                     "providers": [{"provider_id": "p1", "kind": "openai", "models": [MODEL], "capacity": MAX_STREAMS}],
                 }
             ],
-            **event_loop,
+            # A second pair leaves the metrics port to the first.
+            **({"metrics": {"listen": ""}} if suffix else {}),
         }
         (w / f"edge{suffix}.yaml").write_text(yaml.safe_dump(edge_yaml))
         edge_log = w / f"edge{suffix}.log"
         self.procs["edge" + suffix] = start(
-            [str(BIN / "twistd"), "-n", "--pidfile=", "iop-edge", "--config", str(w / f"edge{suffix}.yaml")], edge_log
+            [str(bin_dir / "twistd"), "-n", "--pidfile=", "iop-edge", "--config", str(w / f"edge{suffix}.yaml")],
+            edge_log,
         )
         node_port = wait_port(edge_log, "node_server", deadline)
         self.ports["edge+node" + suffix] = wait_port(edge_log, "inference", deadline)
@@ -357,11 +354,11 @@ class Rig:
             "providers": [
                 {"provider_id": "p1", "kind": "openai", "models": [MODEL], "base_url": f"http://127.0.0.1:{engine}"}
             ],
-            **event_loop,
+            **({"metrics": {"listen": ""}} if suffix else {}),
         }
         (w / f"node{suffix}.yaml").write_text(yaml.safe_dump(node_yaml))
         self.procs["node" + suffix] = start(
-            [str(BIN / "twistd"), "-n", "--pidfile=", "iop-node", "--config", str(w / f"node{suffix}.yaml")],
+            [str(bin_dir / "twistd"), "-n", "--pidfile=", "iop-node", "--config", str(w / f"node{suffix}.yaml")],
             w / f"node{suffix}.log",
         )
         while b"node node-1 is ready" not in edge_log.read_bytes():
@@ -551,16 +548,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--repeat", type=int, default=None, help="runs of each arm (default 2, quick 1)")
     parser.add_argument("--profile", default="", help="py-spy the Edge and Node at 256 streams into this folder")
     parser.add_argument(
-        "--poll-interval-ms",
-        type=float,
-        default=None,
-        help="the Edge's and Node's event_loop.poll_interval_ms (default: theirs)",
-    )
-    parser.add_argument(
-        "--compare-poll-interval-ms",
-        type=float,
-        default=None,
-        help="also run a second Edge + Node at this poll interval, side by side (arm edge+node@N)",
+        "--compare-bin",
+        default="",
+        help="also run an Edge + Node with the twistd of this folder (another checkout's .venv/bin), side by side"
+        " (arm edge+node@B)",
     )
     parser.add_argument("--client-port", type=int, default=0, help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
@@ -573,9 +564,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     repeat = options.repeat or (1 if options.quick else 2)
     profile_at = max((s for s in streams if s <= 256), default=streams[0])
     with tempfile.TemporaryDirectory() as tmp:
-        pairs: dict[str, Optional[float]] = {"": options.poll_interval_ms}
-        if options.compare_poll_interval_ms is not None:
-            pairs[f"@{options.compare_poll_interval_ms:g}"] = options.compare_poll_interval_ms
+        pairs = {"": BIN}
+        if options.compare_bin:
+            pairs["@B"] = Path(options.compare_bin).resolve()
+        compared = f" (edge+node@B: {pairs['@B']}/twistd)" if options.compare_bin else ""
         arms = ("straight", "nginx", *("edge+node" + suffix for suffix in pairs))
         rig = Rig(Path(tmp), options.tokens, pairs)
         try:
@@ -583,8 +575,8 @@ def main(argv: Optional[list[str]] = None) -> None:
             print(
                 f"streamed chat completions, {options.tokens} tokens a stream, engine iop-mock-provider"
                 f" --tokens-per-second {TOKENS_PER_SECOND:g}; nginx {nginx_version()} (1 worker, proxy_buffering off,"
-                f" keep-alive upstream); Edge + Node kind: openai, event_loop.poll_interval_ms"
-                f" {', '.join(f'{v:g}' if v is not None else 'default' for v in pairs.values())}; load generator: asyncio, own process, a connection"
+                f" keep-alive upstream); Edge + Node kind: openai"
+                f"{compared}; load generator: asyncio, own process, a connection"
                 f" per stream; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start"
                 f" (the machine is shared: other processes run beside the bench)"
             )

@@ -477,33 +477,6 @@ def parse_logging(section: Section) -> LoggingConfig:
     return LoggingConfig(format=value)
 
 
-#: Default ``event_loop.poll_interval_ms`` of the Edge and the Node, and its largest value.
-DEFAULT_POLL_INTERVAL_MS = 2.0
-MAX_POLL_INTERVAL_MS = 20.0
-
-
-@attrs.frozen
-class EventLoopConfig:
-    """Section ``event_loop`` of the Edge's and the Node's YAML: how often the daemon reads its sockets while busy."""
-
-    #: While events arrive faster than this, the reactor polls at most once
-    #: per interval, so one wake-up carries many streams' tokens; a lone
-    #: event is read at once (0: poll as soon as anything arrives).
-    poll_interval_ms: float = DEFAULT_POLL_INTERVAL_MS
-
-
-def parse_event_loop(section: Section) -> EventLoopConfig:
-    """Read an ``event_loop`` section (``poll_interval_ms``: 0 to 20)."""
-    section.reject_unknown({"poll_interval_ms"})
-    interval = section.number("poll_interval_ms", DEFAULT_POLL_INTERVAL_MS, exclusive_minimum=False)
-    if interval > MAX_POLL_INTERVAL_MS:
-        raise ConfigError(
-            f"{section.field_path('poll_interval_ms')}: must be at most {MAX_POLL_INTERVAL_MS:g}"
-            f" (milliseconds), not {interval:g}"
-        )
-    return EventLoopConfig(poll_interval_ms=interval)
-
-
 def parse_max_frame_bytes(section: Section) -> int:
     """Read the ``max_frame_bytes`` of a framed-wire section (1 KiB to 256 MiB)."""
     return section.integer("max_frame_bytes", DEFAULT_MAX_FRAME_BYTES, minimum=1024, maximum=256 * 1024 * 1024)

@@ -1,8 +1,8 @@
 """twistd plugin: ``twistd -n iop-edge --config PATH``."""
 
-from twisted_iop.paced_polls import PacedServiceMaker
+from twisted_iop.lean_poll import LeanPollServiceMaker
 
-iop_edge = PacedServiceMaker(
+iop_edge = LeanPollServiceMaker(
     "IOP Edge",
     "twisted_iop.edge.tap",
     "The twisted-iop Edge agent: node listener, provider pool, control plane link.",

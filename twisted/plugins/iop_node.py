@@ -1,8 +1,8 @@
 """twistd plugin: ``twistd -n iop-node --config PATH``."""
 
-from twisted_iop.paced_polls import PacedServiceMaker
+from twisted_iop.lean_poll import LeanPollServiceMaker
 
-iop_node = PacedServiceMaker(
+iop_node = LeanPollServiceMaker(
     "IOP Node",
     "twisted_iop.node.tap",
     "The twisted-iop Node runtime: provider probes and the link to its Edge.",

@@ -16,7 +16,6 @@ from twisted_iop.configuration import (
     PROVIDER_KINDS,
     ConfigError,
     EnvironmentConfigError,
-    EventLoopConfig,
     LoggingConfig,
     Section,
     ShutdownConfig,
@@ -24,7 +23,6 @@ from twisted_iop.configuration import (
     parse_backoff,
     parse_checked_credentials,
     parse_dialer_secret,
-    parse_event_loop,
     parse_failed_hellos,
     parse_keepalive,
     parse_listen_setting,
@@ -175,8 +173,6 @@ class EdgeConfig:
     metrics_listen: str = DEFAULT_METRICS_LISTEN
     #: How log lines are written (``logging.format``: text or json).
     logging: LoggingConfig = LoggingConfig()
-    #: How often the daemon reads its sockets while busy (``event_loop``).
-    event_loop: EventLoopConfig = EventLoopConfig()
     #: Section ``tracing``: where the inference path's spans are exported (see docs/tracing.md).
     tracing: TracingConfig = TracingConfig()
     #: Section ``deployments``.
@@ -209,7 +205,6 @@ def parse_edge_config(data: Mapping[str, Any], environ: Mapping[str, str] = {}) 
             "logging",
             "tracing",
             "deployments",
-            "event_loop",
         }
     )
     control_plane = _control_plane(top.section("control_plane"), environ)
@@ -226,7 +221,6 @@ def parse_edge_config(data: Mapping[str, Any], environ: Mapping[str, str] = {}) 
         shutdown=parse_shutdown(top.section("shutdown")),
         metrics_listen=metrics_listen,
         logging=parse_logging(top.section("logging")),
-        event_loop=parse_event_loop(top.section("event_loop")),
         tracing=parse_tracing_config(top.section("tracing")),
         deployments=_deployments(top.section("deployments")),
     )

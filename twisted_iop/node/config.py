@@ -19,7 +19,6 @@ from twisted_iop.configuration import (
     HTTP_PROVIDER_KINDS,
     PROVIDER_KINDS,
     ConfigError,
-    EventLoopConfig,
     LoggingConfig,
     Section,
     ShutdownConfig,
@@ -27,7 +26,6 @@ from twisted_iop.configuration import (
     parse_backoff,
     parse_connect_setting,
     parse_dialer_secret,
-    parse_event_loop,
     parse_keepalive,
     parse_logging,
     parse_max_frame_bytes,
@@ -130,8 +128,6 @@ class NodeRuntimeConfig:
     metrics_listen: str = DEFAULT_METRICS_LISTEN
     #: How log lines are written (``logging.format``: text or json).
     logging: LoggingConfig = LoggingConfig()
-    #: How often the daemon reads its sockets while busy (``event_loop``).
-    event_loop: EventLoopConfig = EventLoopConfig()
     #: Where the pidfiles of launched engines are kept (``state_directory``).
     state_directory: str = ""
     #: The engine profiles a deployment may start here (``engines``).
@@ -163,7 +159,6 @@ def parse_node_config(data: Mapping[str, Any], environ: Mapping[str, str] = {}) 
             "state_directory",
             "engines",
             "gpus",
-            "event_loop",
         }
     )
     node_id = top.identifier("node_id")
@@ -182,7 +177,6 @@ def parse_node_config(data: Mapping[str, Any], environ: Mapping[str, str] = {}) 
             top.section("metrics"), DEFAULT_METRICS_LISTEN, environ, ENV_METRICS_LISTEN
         ),
         logging=parse_logging(top.section("logging")),
-        event_loop=parse_event_loop(top.section("event_loop")),
         state_directory=_state_directory(top, node_id, environ),
         engines=engines,
         gpus=gpus,

@@ -1,10 +1,11 @@
 """twistd plugin: ``twistd -n iop-control-plane [--config PATH]``."""
 
-from twisted_iop.lean_poll import LeanPollServiceMaker
+from twisted_iop.process_tuning import DaemonServiceMaker
 
-iop_control_plane = LeanPollServiceMaker(
+iop_control_plane = DaemonServiceMaker(
     "IOP Control Plane",
     "twisted_iop.controlplane.tap",
     "The twisted-iop Control Plane: edge wire, HTTP views, client WebSocket, console.",
     "iop-control-plane",
+    tune_gc=False,  # the service tunes it once the store is read back (ControlPlaneService.startService)
 )

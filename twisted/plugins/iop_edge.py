@@ -1,8 +1,8 @@
 """twistd plugin: ``twistd -n iop-edge --config PATH``."""
 
-from twisted_iop.lean_poll import LeanPollServiceMaker
+from twisted_iop.process_tuning import DaemonServiceMaker
 
-iop_edge = LeanPollServiceMaker(
+iop_edge = DaemonServiceMaker(
     "IOP Edge",
     "twisted_iop.edge.tap",
     "The twisted-iop Edge agent: node listener, provider pool, control plane link.",

@@ -1,8 +1,8 @@
 """twistd plugin: ``twistd -n iop-node --config PATH``."""
 
-from twisted_iop.lean_poll import LeanPollServiceMaker
+from twisted_iop.process_tuning import DaemonServiceMaker
 
-iop_node = LeanPollServiceMaker(
+iop_node = DaemonServiceMaker(
     "IOP Node",
     "twisted_iop.node.tap",
     "The twisted-iop Node runtime: provider probes and the link to its Edge.",

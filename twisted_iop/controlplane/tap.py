@@ -30,6 +30,7 @@ from twisted_iop.controlplane.store.interface import StoreError
 from twisted_iop.controlplane.wires.client_wire import ClientWireFactory
 from twisted_iop.controlplane.wires.edge_wire import EdgeWireFactory
 from twisted_iop.daemon import CLOSE_WAIT_SECONDS, DaemonOptions, DaemonService, compose, wait_until
+from twisted_iop.process_tuning import tune_garbage_collector
 from twisted_iop.reactor_types import Reactor
 from twisted_iop.web.http_site import GuardedSite
 
@@ -65,25 +66,6 @@ class Options(DaemonOptions[ControlPlaneConfig]):
             return describe_store(config.store)
         except StoreError as e:
             raise ConfigError(str(e)) from None
-
-
-#: Thresholds of the garbage collector in the daemon. A fleet fan-out
-#: creates tens of thousands of short-lived objects per round; with the
-#: defaults (700, 10, 10) they trigger several full collections per round.
-#: The young generation's threshold is also the longest pause: kept events
-#: wait in it for their first collection (one object each), so at 50,000 a
-#: young collection walked 50,000 events (13-80 ms in one reactor turn, a
-#: miss of the 5 ms live-event latency); at 10,000 it takes 2-5 ms, and a
-#: fleet round at 10,000 edges runs about 4 of them (within the noise of its
-#: CPU per edge, bench/gateway_inprocess.py).
-GC_THRESHOLD = (10_000, 20, 100)
-
-
-def tune_garbage_collector() -> None:
-    """Freeze start-up objects and raise the young-generation threshold."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLD)
 
 
 class HttpRoot(Resource):

@@ -12,6 +12,7 @@ from twisted_iop.wire.peer import make_envelope
 from twisted_iop.wire.preserialized import (
     CLIENT_EVENT_TAG,
     REQUEST_ID_TAG,
+    InferenceChunkEnvelopes,
     PreserializedAnswer,
     PreserializedRequest,
     client_event_envelope,
@@ -142,3 +143,22 @@ def test_field_tag_refuses_repeated_fields() -> None:
     """A repeated field has no single tag here (packed scalars use another wire type)."""
     with pytest.raises(ValueError, match="repeated"):
         field_tag(pb.EdgeHelloRequest, "commands")
+
+
+@given(inference_id=st.integers(min_value=0, max_value=2**64 - 1), data=st.binary(max_size=70_000))
+def test_a_written_chunk_envelope_is_the_one_protobuf_writes(inference_id: int, data: bytes) -> None:
+    """Byte for byte (sizes across every varint length of the body), and it parses back to the same chunk."""
+    written = InferenceChunkEnvelopes(inference_id).envelope_bytes(data)
+    built = pb.Envelope(inference_chunk=pb.InferenceChunk(inference_id=inference_id, data=data))
+    assert written == built.SerializeToString()
+    parsed = pb.Envelope.FromString(written)
+    assert parsed.WhichOneof("body") == "inference_chunk"
+    assert (parsed.inference_chunk.inference_id, parsed.inference_chunk.data) == (inference_id, data)
+
+
+@pytest.mark.parametrize("size", [0, 1, 0x7F - 3, 0x7F - 2, 0x7F, 0x80, 0x3FFF, 0x4000])
+def test_a_chunk_envelope_at_each_varint_boundary(size: int) -> None:
+    data = b"x" * size
+    for inference_id in (0, 1, 300, 2**63):
+        built = pb.Envelope(inference_chunk=pb.InferenceChunk(inference_id=inference_id, data=data))
+        assert InferenceChunkEnvelopes(inference_id).envelope_bytes(data) == built.SerializeToString()

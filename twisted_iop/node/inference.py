@@ -64,6 +64,7 @@ from twisted_iop.node.provider_requests import HTTPJob, MockJob, mock_behaviour,
 from twisted_iop.openai_api import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, ENDPOINT_PATHS
 from twisted_iop.reactor_types import Reactor
 from twisted_iop.wire import control_pb2 as pb
+from twisted_iop.wire.preserialized import InferenceChunkEnvelopes
 
 #: Wire bodies of the inference path that the Node receives from its Edge
 #: (what the Edge receives is ``edge.inference.INFERENCE_BODIES_FROM_NODE``).
@@ -389,22 +390,20 @@ class _Reply:
         self._endpoint = endpoint
         self._started = started
         self.chunks = 0
+        # Written without building a message: this runs once per token.
+        self._envelopes = InferenceChunkEnvelopes(self.inference_id)
 
     @property
     def live(self) -> bool:
         return self.inference_id in self._state.jobs
 
     def chunk(self, data: bytes) -> None:
-        if not self.live or self._session.closing:
+        state = self._state
+        if self.inference_id not in state.jobs or self._session.closing:
             return
         self.chunks += 1
-        # Built in place in its envelope (no message copied into it): this runs once per token.
-        envelope = pb.Envelope()
-        chunk = envelope.inference_chunk
-        chunk.inference_id = self.inference_id
-        chunk.data = data
-        self._session.sendString(envelope.SerializeToString())
-        if self._state.paused:
+        self._session.sendString(self._envelopes.envelope_bytes(data))
+        if state.paused:
             self._state.hold(self.inference_id)
 
     def failed(self, error: EngineError, usage: Optional[Mapping[str, Any]] = None) -> None:

@@ -24,6 +24,8 @@ import attrs
 from twisted.logger import Logger
 from twisted.web.server import Request
 
+from twisted_iop.turn_writes import write_now
+
 #: Methods that change state: they need a JSON body and a same-origin caller.
 WRITE_METHODS = frozenset({b"POST", b"PUT", b"PATCH", b"DELETE"})
 
@@ -63,6 +65,9 @@ HeaderCheck = Callable[["GuardedRequest"], Optional[Refusal]]
 class GuardingSite(Protocol):
     """What a request's checks need of its site (a ``GuardedSite`` is one)."""
 
+    #: Whether answers are sent from the write itself (:func:`~twisted_iop.turn_writes.write_now`).
+    write_now: bool
+
     @property
     def limits(self) -> SiteLimits:
         """The listener's limits and browser rules."""
@@ -100,6 +105,10 @@ class GuardingChannel(Protocol):
 
     def request_complete(self) -> None:
         """The whole request arrived."""
+
+    @property
+    def transport(self) -> Any:
+        """The connection's transport (the socket's, on a plain TCP listener)."""
 
     def refuse(self, refusal: Refusal, request: Optional[GuardedRequest] = None) -> None:
         """Answer ``refusal`` as the whole answer and close."""
@@ -174,6 +183,26 @@ class GuardedRequest(Request):
         super().__init__(channel, queued, parsePOSTFormSubmission=False)
         self.body_bytes = 0
         self.refused: Optional[Refusal] = None
+
+    def write(self, data: bytes) -> None:
+        """Response bytes. A chunk of a started chunked answer on a ``write_now``
+        site (a streamed token, usually) is framed here and sent in one step;
+        anything else is written as twisted.web writes it. Both count the
+        bytes in ``sentLength`` (the access log's size)."""
+        if (
+            self.chunked
+            and self.startedWriting
+            and data
+            and not self.finished
+            and not self._disconnected
+            and not self._encoder
+            and not self._inFakeHead
+            and self.channel.site.write_now
+        ):
+            self.sentLength += len(data)
+            write_now(self.channel.transport, b"%x\r\n%b\r\n" % (len(data), data))
+            return
+        super().write(data)
 
     # -- header-time checks -------------------------------------------------
 

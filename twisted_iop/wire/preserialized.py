@@ -124,3 +124,43 @@ def client_event_envelope(event: bytes) -> bytes:
     """A serialized ``FleetEvent`` as a serialized ``ClientEnvelope`` (its
     ``event`` body, request_id 0), without building the envelope."""
     return client_event_prefix(len(event)) + event
+
+
+#: The tags of a streamed token's envelope: ``Envelope.inference_chunk`` and its two fields.
+INFERENCE_CHUNK_TAG = field_tag(pb.Envelope, "inference_chunk")
+CHUNK_ID_TAG = field_tag(pb.InferenceChunk, "inference_id")
+CHUNK_DATA_TAG = field_tag(pb.InferenceChunk, "data")
+
+
+class InferenceChunkEnvelopes:
+    """The serialized envelopes of one inference's streamed events, written without building them.
+
+    The Node sends one per token: building an ``Envelope`` and its
+    ``InferenceChunk`` and serializing them costs more than the rest of its
+    frame. The inference id's field is written once, here; each event adds
+    its data field and the two lengths. The bytes are the ones protobuf's
+    encoder writes for the same message (a test holds them to it).
+    """
+
+    __slots__ = ("_id_field",)
+
+    def __init__(self, inference_id: int) -> None:
+        # proto3 leaves a zero out.
+        self._id_field = CHUNK_ID_TAG + varint(inference_id) if inference_id else b""
+
+    def envelope_bytes(self, data: bytes) -> bytes:
+        """The serialized ``Envelope(inference_chunk=InferenceChunk(inference_id, data))``."""
+        size = len(data)
+        if not size:  # proto3 leaves empty bytes out
+            return INFERENCE_CHUNK_TAG + _length(len(self._id_field)) + self._id_field
+        body = self._id_field + CHUNK_DATA_TAG + _length(size)
+        return INFERENCE_CHUNK_TAG + _length(len(body) + size) + body + data
+
+
+def _length(value: int) -> bytes:
+    """A length as a varint, the one- and two-byte ones (under 16 KiB) without a loop."""
+    if value < 0x80:
+        return bytes((value,))
+    if value < 0x4000:
+        return bytes(((value & 0x7F) | 0x80, value >> 7))
+    return varint(value)

@@ -209,22 +209,30 @@ class EngineBodyReader(TwistedProtocol):
             if len(self._buffer) > MAX_RESPONSE_BYTES:
                 self._end_with(provider_error(f"the engine's answer is larger than {MAX_RESPONSE_BYTES} bytes"))
             return
+        # Usually a read holds whole events: they are read from it as they are,
+        # and only a line cut by the read's end waits in the buffer.
         buffer = self._buffer
-        buffer += data
+        if buffer:
+            buffer += data
+            source = bytes(buffer)
+            buffer.clear()
+        else:
+            source = data
+        find = source.find
         start = 0
         while True:
-            end = buffer.find(b"\n", start)
+            end = find(b"\n", start)
             if end < 0:
                 break
-            line = bytes(buffer[start:end])
+            if end != start:  # a blank line only ends an event
+                self._line(source[start:end])
+                if self._stopped:
+                    return
             start = end + 1
-            self._line(line)
-            if self._stopped:
-                return
-        if start:
-            del buffer[:start]
-        if len(buffer) > MAX_EVENT_LINE_BYTES:
-            self._end_with(provider_error(f"the engine sent an event longer than {MAX_EVENT_LINE_BYTES} bytes"))
+        if start < len(source):
+            buffer += source[start:] if start else source
+            if len(buffer) > MAX_EVENT_LINE_BYTES:
+                self._end_with(provider_error(f"the engine sent an event longer than {MAX_EVENT_LINE_BYTES} bytes"))
 
     def _line(self, line: bytes) -> None:
         # Comments and pings (":"), "event:", "id:" and blank separators are skipped.

@@ -141,6 +141,46 @@ async def test_a_chunked_stream_in_pieces_of_any_size(server: Any, piece: int) -
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_stream_of_one_chunk_per_read(server: Any) -> None:
+    """As an engine streams: each event its own chunk in its own read (the common case read
+    without the general loop), with an extension, a size in capitals and a padded size among them."""
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    events = [b"data: %d\n\n" % i for i in range(5)]
+    pieces = [
+        head,
+        b"%x\r\n%s\r\n" % (len(events[0]), events[0]),
+        b"%x;x=y\r\n%s\r\n" % (len(events[1]), events[1]),
+        b"%X\r\n%s\r\n" % (len(events[2]), events[2]),
+        b"0%x\r\n%s\r\n" % (len(events[3]), events[3]),
+        b"%x\r\n%s\r\n0\r\n\r\n" % (len(events[4]), events[4]),
+    ]
+    server.scripts.append((pieces, False))
+    client = EngineHTTPClient(REACTOR)
+    code, _, body, ended = await fetch(client, server.url)
+    assert code == 200
+    assert body == b"".join(events)
+    assert ended.check(ResponseDone)
+    client.close()
+
+
+@pytest.mark.parametrize(
+    "piece",
+    [b"5\r\nabcdeXY", b"5\r\nabcdef\r\n", b"-5\r\nabcde\r\n", b"zz\r\nab\r\n"],
+    ids=["no CRLF after the bytes", "longer than its size", "negative size", "not hex"],
+)
+@pytest_twisted.ensureDeferred
+async def test_a_malformed_chunk_in_a_read_of_its_own_cuts_the_body(server: Any, piece: bytes) -> None:
+    """Never a complete answer, however the one-chunk read is malformed (the engine closes after it)."""
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    server.scripts.append(([head, b"3\r\nok!\r\n", piece], True))
+    client = EngineHTTPClient(REACTOR)
+    _, _, body, ended = await fetch(client, server.url)
+    assert body.startswith(b"ok!")
+    assert not ended.check(ResponseDone, PotentialDataLoss)
+    client.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_keep_alive_reuses_the_connection(server: Any) -> None:
     """Two answers in turn (Content-Length, then chunked) travel on one kept connection."""
     server.scripts.append(([b"HTTP/1.1 400 Bad\r\nContent-Length: 5\r\nRetry-After: 3\r\n\r\nerror"], False))

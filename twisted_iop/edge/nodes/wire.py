@@ -85,6 +85,10 @@ class NodeServerProtocol(AcceptedPeerProtocol):
         super().frame_received(data)
 
     def envelope_received(self, envelope: pb.Envelope, body: str) -> None:
+        inference = self.factory.inference
+        if body in INFERENCE_BODIES_FROM_NODE and self.token is not None and inference is not None:
+            inference.node_message(self, envelope, body)  # first: a streamed token's, the most frequent by far
+            return
         if body == "node_hello_request":
             self._hello(envelope.request_id, envelope.node_hello_request)
         elif self.token is None:
@@ -102,8 +106,6 @@ class NodeServerProtocol(AcceptedPeerProtocol):
                 self.factory.deployments.node_report(self.node_id, envelope.node_instances_report)
         elif body == "error" and not envelope.request_id:
             self.peer_goodbye(envelope.error)
-        elif body in INFERENCE_BODIES_FROM_NODE and self.factory.inference is not None:
-            self.factory.inference.node_message(self, envelope, body)
         elif envelope.request_id:
             self.protocol_violation(
                 pb.ERROR_CODE_UNEXPECTED_MESSAGE, f"{body} is not valid on the node wire", envelope.request_id

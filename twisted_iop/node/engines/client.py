@@ -301,6 +301,19 @@ class _EngineConnection(Protocol):
             self._chunked(data)
 
     def _chunked(self, data: bytes) -> None:
+        if self._remaining == -1 and not self._buffer and not self._in_trailer:
+            # Usually a read is exactly one chunk (a streamed event): its size
+            # line, its bytes and their CRLF, handed on without the loop below.
+            line_end = data.find(b"\r\n")
+            if 0 < line_end <= 16:
+                try:
+                    size = int(data[:line_end], 16)
+                except ValueError:
+                    size = 0  # an extension or a malformed line: the loop says which
+                end = line_end + 2 + size
+                if size > 0 and len(data) == end + 2 and data.endswith(b"\r\n"):
+                    self._give(data[line_end + 2 : end])
+                    return
         buffer = self._buffer
         if buffer:
             buffer += data

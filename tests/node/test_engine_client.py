@@ -12,6 +12,7 @@ from twisted.internet import reactor as global_reactor
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.endpoints import TCP4ServerEndpoint
 from twisted.internet.error import ConnectionRefusedError
+from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.python.failure import Failure
 from twisted.web._newclient import ResponseFailed, ResponseNeverReceived
@@ -101,7 +102,12 @@ def server() -> Any:
 
 async def fetch(client: EngineHTTPClient, url: str, body: bytes = b"{}") -> tuple[int, Any, bytes, Failure]:
     """POST ``body``; the status, headers, body and how the body ended."""
-    response = await client.request("POST", url, data=body, headers={b"Content-Type": [b"application/json"]})
+    return await fetch_answer(client.request("POST", url, data=body, headers={b"Content-Type": [b"application/json"]}))
+
+
+async def fetch_answer(answer: Deferred[Any]) -> tuple[int, Any, bytes, Failure]:
+    """The status, headers, body and how the body ended of the answer ``answer`` fires with."""
+    response = await answer
     reader = Reader()
     response.deliverBody(reader)
     await reader.ended
@@ -177,6 +183,36 @@ async def test_a_malformed_chunk_in_a_read_of_its_own_cuts_the_body(server: Any,
     _, _, body, ended = await fetch(client, server.url)
     assert body.startswith(b"ok!")
     assert not ended.check(ResponseDone, PotentialDataLoss)
+    client.close()
+
+
+class PausingReader(Reader):
+    """Pauses its transport at the first bytes, as a stream held by a full Edge connection does."""
+
+    def dataReceived(self, data: bytes) -> None:
+        if not self.data:
+            cast(IPushProducer, self.transport).pauseProducing()
+        super().dataReceived(data)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_connection_paused_in_the_read_that_ended_its_body_reads_its_next_answer(server: Any) -> None:
+    """The reader paused the connection while the same read went on to end the body: the connection,
+    back in the pool, must read the next answer on it (it stalled, its bytes unread, until cancelled)."""
+    whole = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nb\r\ndata: one\n\n\r\n0\r\n\r\n"
+    server.scripts.append(([whole], False))
+    server.scripts.append(([whole], False))
+    client = EngineHTTPClient(REACTOR)
+    response = await client.request("POST", server.url, data=b"{}")
+    reader = PausingReader()
+    response.deliverBody(reader)
+    await reader.ended
+    assert reader.data == b"data: one\n\n" and reader.reason is not None and reader.reason.check(ResponseDone)
+    second = client.request("POST", server.url, data=b"{}")
+    second.addTimeout(5, REACTOR)
+    code, _, body, ended = await fetch_answer(second)
+    assert (code, body) == (200, b"data: one\n\n") and ended.check(ResponseDone)
+    assert server.connections == 1  # the same connection, reused
     client.close()
 
 

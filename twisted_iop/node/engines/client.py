@@ -381,6 +381,12 @@ class _EngineConnection(Protocol):
         if self._keep_alive and self._pool.keep(self):
             self._state = _IDLE
             self._buffer = bytearray()
+            # A reader may have paused this connection in the very read that
+            # ended its body: once idle it is nobody's to pause, and it must
+            # read (the next request's answer, or the engine closing it).
+            transport: Any = self.transport
+            if transport is not None:
+                transport.resumeProducing()
         else:
             self._state = _CLOSED
             if self.transport is not None:

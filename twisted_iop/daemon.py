@@ -40,8 +40,8 @@ from twisted.python.failure import Failure
 
 from twisted_iop import json_logs
 from twisted_iop.configuration import ConfigError, LoggingConfig
+from twisted_iop.eventloop.reactor_types import Reactor
 from twisted_iop.listeners import BindError, ListenerService
-from twisted_iop.reactor_types import Reactor
 from twisted_iop.tls import TLSListenConfig
 from twisted_iop.wire.dialer import DialingService
 

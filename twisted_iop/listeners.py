@@ -19,7 +19,7 @@ from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IStrea
 from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 
-from twisted_iop.reactor_types import Reactor
+from twisted_iop.eventloop.reactor_types import Reactor
 from twisted_iop.tls import TLSListenConfig, TLSServerEndpoint, server_tls_options
 
 #: Listen backlog used when a TCP endpoint does not name one. Twisted's

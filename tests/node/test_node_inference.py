@@ -30,12 +30,12 @@ from twisted.web.http import HTTPChannel
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 
+from twisted_iop.eventloop.reactor_types import Reactor
 from twisted_iop.node.config import NodeProviderConfig
 from twisted_iop.node.engines.kinds import adapter_for
 from twisted_iop.node.engines.stream import NO_DONE, NO_OUTPUT, engine_request, estimated_usage
 from twisted_iop.node.inference import InferenceRunner
 from twisted_iop.node.provider_requests import RESPONSE_HEADERS_TIMEOUT_SECONDS
-from twisted_iop.reactor_types import Reactor
 from twisted_iop.testing.configs import node_yaml, write_yaml
 from twisted_iop.testing.harness import eventually, start_node, stop
 from twisted_iop.testing.redis import free_port

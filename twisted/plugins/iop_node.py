@@ -1,6 +1,6 @@
 """twistd plugin: ``twistd -n iop-node --config PATH``."""
 
-from twisted_iop.process_tuning import DaemonServiceMaker
+from twisted_iop.eventloop.process_tuning import DaemonServiceMaker
 
 iop_node = DaemonServiceMaker(
     "IOP Node",

@@ -66,7 +66,7 @@ from twisted_iop.client.iopctl.cli_base import page_limit as _limit
 from twisted_iop.client.model_json import to_json
 from twisted_iop.client.repository import API_TOKEN_ENV, ControlPlaneStatusRepository
 from twisted_iop.client.wire import ClientWireClient, EventSubscription, event_from_wire
-from twisted_iop.reactor_types import Reactor
+from twisted_iop.eventloop.reactor_types import Reactor
 from twisted_iop.wire import control_pb2 as pb
 
 #: The ``--state`` values of ``iopctl edges`` and ``iopctl fleet`` (docs/http-api.md#filters).

@@ -53,7 +53,7 @@ from twisted_iop.client.wire_connection import (
     error_code_name,
     make_client_envelope,
 )
-from twisted_iop.reactor_types import Reactor
+from twisted_iop.eventloop.reactor_types import Reactor
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.dialer import DialingService, backoff_delay

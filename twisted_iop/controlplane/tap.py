@@ -30,8 +30,8 @@ from twisted_iop.controlplane.store.interface import StoreError
 from twisted_iop.controlplane.wires.client_wire import ClientWireFactory
 from twisted_iop.controlplane.wires.edge_wire import EdgeWireFactory
 from twisted_iop.daemon import CLOSE_WAIT_SECONDS, DaemonOptions, DaemonService, compose, wait_until
-from twisted_iop.process_tuning import tune_garbage_collector
-from twisted_iop.reactor_types import Reactor
+from twisted_iop.eventloop.process_tuning import tune_garbage_collector
+from twisted_iop.eventloop.reactor_types import Reactor
 from twisted_iop.web.http_site import GuardedSite
 
 

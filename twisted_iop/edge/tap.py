@@ -22,9 +22,9 @@ from twisted_iop.edge.metrics import edge_metric_registry
 from twisted_iop.edge.nodes.registry import NodeRegistry
 from twisted_iop.edge.nodes.wire import NodeServerFactory
 from twisted_iop.edge.status import StatusProvider
+from twisted_iop.eventloop.reactor_types import Reactor
 from twisted_iop.listeners import ListenerService
 from twisted_iop.metrics import metrics_site
-from twisted_iop.reactor_types import Reactor
 from twisted_iop.tracing.export import TraceExport, missing_sdk
 from twisted_iop.tracing.spans import EdgeTracer
 

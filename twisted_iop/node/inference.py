@@ -53,6 +53,7 @@ from twisted.logger import Logger
 from twisted.web.client import HTTPConnectionPool
 from zope.interface import implementer
 
+from twisted_iop.eventloop.reactor_types import Reactor
 from twisted_iop.metrics import LatencyHistogram
 from twisted_iop.node.config import NodeProviderConfig
 from twisted_iop.node.engines.base import EngineError
@@ -62,7 +63,6 @@ from twisted_iop.node.engines.kinds import adapter_for
 from twisted_iop.node.engines.stream import engine_request
 from twisted_iop.node.provider_requests import HTTPJob, MockJob, mock_behaviour, trace_headers
 from twisted_iop.openai_api import CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, ENDPOINT_PATHS
-from twisted_iop.reactor_types import Reactor
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.preserialized import InferenceChunkEnvelopes
 

@@ -9,6 +9,7 @@ from twisted.internet.endpoints import clientFromString
 from twisted.internet.interfaces import IReactorTime
 
 from twisted_iop.daemon import DaemonOptions, DaemonService, compose
+from twisted_iop.eventloop.reactor_types import Reactor
 from twisted_iop.listeners import ListenerService
 from twisted_iop.metrics import metrics_site
 from twisted_iop.node.config import NodeRuntimeConfig, load_node_config, unauthenticated_exposures
@@ -21,7 +22,6 @@ from twisted_iop.node.launch.readiness import readiness_check
 from twisted_iop.node.launch.supervisor import EngineSupervisor
 from twisted_iop.node.metrics import node_metric_registry
 from twisted_iop.node.runtime import NodeRuntime
-from twisted_iop.reactor_types import Reactor
 
 
 class Options(DaemonOptions[NodeRuntimeConfig]):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from twisted.internet import reactor as global_reactor
 
-from twisted_iop.reactor_types import Reactor
+from twisted_iop.eventloop.reactor_types import Reactor
 from twisted_iop.testing.harness import ControlPlaneHarness, eventually, start_control_plane
 
 

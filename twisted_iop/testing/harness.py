@@ -40,10 +40,10 @@ from twisted_iop.controlplane.tap import ControlPlaneService
 from twisted_iop.edge.tap import EdgeService
 from twisted_iop.edge.tap import Options as EdgeOptions
 from twisted_iop.edge.tap import makeService as make_edge
+from twisted_iop.eventloop.reactor_types import Reactor
 from twisted_iop.node.tap import NodeService
 from twisted_iop.node.tap import Options as NodeOptions
 from twisted_iop.node.tap import makeService as make_node
-from twisted_iop.reactor_types import Reactor
 from twisted_iop.testing.configs import loopback_listen
 from twisted_iop.testing.http import get_json, post_json
 from twisted_iop.testing.wires.peers import ScriptedEdge, connect_edge

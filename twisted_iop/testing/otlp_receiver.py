@@ -19,7 +19,7 @@ from twisted.internet.interfaces import IListeningPort
 from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
 
-from twisted_iop.reactor_types import Reactor
+from twisted_iop.eventloop.reactor_types import Reactor
 
 
 @attrs.frozen

@@ -32,7 +32,7 @@ from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
 from twisted_iop.daemon import StartupError
-from twisted_iop.reactor_types import Reactor
+from twisted_iop.eventloop.reactor_types import Reactor
 from twisted_iop.tracing.config import TracingConfig
 from twisted_iop.tracing.spans import RequestTrace, TraceSink
 

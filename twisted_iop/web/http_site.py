@@ -52,7 +52,7 @@ from twisted.protocols.policies import ProtocolWrapper
 from twisted.web.http import HTTPChannel
 from twisted.web.server import Site
 
-from twisted_iop.turn_writes import write_now
+from twisted_iop.eventloop.turn_writes import write_now
 from twisted_iop.web.access_log import access_line, refusal_line
 from twisted_iop.web.request_guard import WRITE_METHODS as WRITE_METHODS  # where the routes import it from
 from twisted_iop.web.request_guard import (
@@ -284,7 +284,7 @@ class GuardedChannel(HTTPChannel):
         self.writeSequence(sequence)
 
     def write(self, data: bytes) -> None:
-        """Response bytes: sent at once on a ``write_now`` site (:mod:`twisted_iop.turn_writes`)."""
+        """Response bytes: sent at once on a ``write_now`` site (:mod:`twisted_iop.eventloop.turn_writes`)."""
         if self.site.write_now:
             write_now(self.transport, data)
         else:
@@ -448,7 +448,7 @@ class GuardedSite(Site):
         self.allowed_methods = allowed_methods
         self.tcp_nodelay = tcp_nodelay
         #: Whether answers are sent from the write itself, not on the next
-        #: writable poll (:func:`twisted_iop.turn_writes.write_now`): streamed events.
+        #: writable poll (:func:`twisted_iop.eventloop.turn_writes.write_now`): streamed events.
         self.write_now = write_now
         #: Open connections: on this listener, and per peer address.
         self.connections = 0

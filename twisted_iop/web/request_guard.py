@@ -24,7 +24,7 @@ import attrs
 from twisted.logger import Logger
 from twisted.web.server import Request
 
-from twisted_iop.turn_writes import write_now
+from twisted_iop.eventloop.turn_writes import write_now
 
 #: Methods that change state: they need a JSON body and a same-origin caller.
 WRITE_METHODS = frozenset({b"POST", b"PUT", b"PATCH", b"DELETE"})
@@ -65,7 +65,7 @@ HeaderCheck = Callable[["GuardedRequest"], Optional[Refusal]]
 class GuardingSite(Protocol):
     """What a request's checks need of its site (a ``GuardedSite`` is one)."""
 
-    #: Whether answers are sent from the write itself (:func:`~twisted_iop.turn_writes.write_now`).
+    #: Whether answers are sent from the write itself (:func:`~twisted_iop.eventloop.turn_writes.write_now`).
     write_now: bool
 
     @property

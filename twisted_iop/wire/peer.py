@@ -41,7 +41,7 @@ from twisted.protocols.tls import TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from twisted_iop.turn_writes import TurnBuffer
+from twisted_iop.eventloop.turn_writes import TurnBuffer
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.counters import WireCounters
 from twisted_iop.wire.enums import enum_name
@@ -126,7 +126,7 @@ class FramedPeerProtocol(Protocol):
     _log = Logger()
 
     #: Whether this wire's frames of one reactor turn go out as one write, sent
-    #: at once (:mod:`twisted_iop.turn_writes`): the Node wire, which carries a
+    #: at once (:mod:`twisted_iop.eventloop.turn_writes`): the Node wire, which carries a
     #: frame per streamed token.
     turn_writes = False
     #: How long a frame may wait for others to go out with it (turn writes only).

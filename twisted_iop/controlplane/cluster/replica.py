@@ -48,7 +48,7 @@ from twisted_iop.controlplane.cluster.store import RedisLink
 from twisted_iop.controlplane.cluster.stream_reader import StreamReader
 from twisted_iop.controlplane.fleet.registry import EdgeRegistry
 from twisted_iop.controlplane.requests.gateway import EdgeGateway
-from twisted_iop.reactor_types import Reactor
+from twisted_iop.eventloop.reactor_types import Reactor
 
 #: Hellos are refused (``retry_later``) while this many writes wait for Redis.
 HELLO_WRITE_BACKLOG = 5000

@@ -28,7 +28,7 @@ from twisted.logger import Logger
 
 from twisted_iop.controlplane.cluster.scripts import Script
 from twisted_iop.controlplane.cluster.settings import RedisAddress
-from twisted_iop.reactor_types import Reactor
+from twisted_iop.eventloop.reactor_types import Reactor
 
 #: Longest blocking stream read.
 BLOCK_MILLISECONDS = 1000

@@ -11,7 +11,7 @@ from twisted_iop.controlplane.store.memory import MemoryStore
 from twisted_iop.controlplane.store.redis import RedisStore
 from twisted_iop.controlplane.store.settings import MEMORY, SQLITE, StoreSettings
 from twisted_iop.controlplane.store.sqlite import SqliteStore
-from twisted_iop.reactor_types import Reactor
+from twisted_iop.eventloop.reactor_types import Reactor
 
 
 def make_store(settings: StoreSettings, reactor: Reactor, cluster: ClusterConfig = ClusterConfig()) -> Any:

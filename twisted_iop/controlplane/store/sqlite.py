@@ -37,7 +37,7 @@ from twisted_iop.controlplane.store import sqlite_schema
 from twisted_iop.controlplane.store.interface import HistoryChunk, KeptEdge, KeptState, StoreError, StoreHealth
 from twisted_iop.controlplane.store.settings import StoreSettings
 from twisted_iop.controlplane.store.sqlite_writer import Batch, Committed, EdgeRow, SqliteWriter
-from twisted_iop.reactor_types import Reactor
+from twisted_iop.eventloop.reactor_types import Reactor
 
 if TYPE_CHECKING:
     from twisted_iop.controlplane.fleet.edge_record import EdgeRecord

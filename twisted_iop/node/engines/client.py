@@ -41,9 +41,9 @@ from twisted.web._newclient import ResponseFailed, ResponseNeverReceived
 from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 
+from twisted_iop.eventloop.reactor_types import Reactor
+from twisted_iop.eventloop.turn_writes import write_now
 from twisted_iop.node.engines.http import ProviderHTTPClient
-from twisted_iop.reactor_types import Reactor
-from twisted_iop.turn_writes import write_now
 
 #: Idle connections kept per engine for reuse (a Node streams hundreds at once).
 MAX_IDLE_PER_ENGINE = 1024

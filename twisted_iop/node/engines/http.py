@@ -23,7 +23,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
 from zope.interface import implementer
 
-from twisted_iop.reactor_types import Reactor
+from twisted_iop.eventloop.reactor_types import Reactor
 
 #: Idle provider connections kept open per provider host (for reuse).
 MAX_IDLE_PROVIDER_CONNECTIONS = 64

@@ -48,11 +48,11 @@ from twisted.web.client import (
 )
 from twisted.web.http import PotentialDataLoss
 
+from twisted_iop.eventloop.reactor_types import Reactor
 from twisted_iop.node.config import MOCK_HEALTH_VALUES, NodeProviderConfig
 from twisted_iop.node.engines.base import LoadReading
 from twisted_iop.node.engines.http import QuietConnectionPool
 from twisted_iop.node.engines.kinds import adapter_for
-from twisted_iop.reactor_types import Reactor
 from twisted_iop.wire import control_pb2 as pb
 
 #: At most this many served model names are reported per provider.

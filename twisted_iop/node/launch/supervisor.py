@@ -46,6 +46,7 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
 from twisted_iop.daemon import StartupError, wait_until
+from twisted_iop.eventloop.reactor_types import Reactor
 from twisted_iop.node.config import NodeProviderConfig
 from twisted_iop.node.engines.probes import ProbeResult
 from twisted_iop.node.launch.lifecycle import STARTING_STATES, Do, EngineLifecycle, EngineState, Exit
@@ -60,7 +61,6 @@ from twisted_iop.node.launch.process import (
     spawn_engine,
 )
 from twisted_iop.node.launch.readiness import ReadinessAnswer, ReadinessCheck, failed_check
-from twisted_iop.reactor_types import Reactor
 from twisted_iop.wire import control_pb2 as pb
 
 #: How often a leftover engine (not our child) is looked at while it stops.

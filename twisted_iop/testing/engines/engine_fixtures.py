@@ -37,7 +37,7 @@ from twisted.web.http import HTTPChannel
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
-from twisted_iop.reactor_types import Reactor
+from twisted_iop.eventloop.reactor_types import Reactor
 from twisted_iop.testing.engines.engine_shapes import (
     JSON,
     SHAPES,

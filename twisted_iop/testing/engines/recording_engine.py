@@ -21,7 +21,7 @@ from twisted.internet.interfaces import IListeningPort
 from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
 
-from twisted_iop.reactor_types import Reactor
+from twisted_iop.eventloop.reactor_types import Reactor
 from twisted_iop.testing.configs import MODEL
 
 #: Requests kept at most (the oldest go first).

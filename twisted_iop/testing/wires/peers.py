@@ -27,7 +27,7 @@ from twisted_iop.controlplane.fleet.registry import EdgeRegistry
 from twisted_iop.controlplane.fleet.snapshots import StatusSnapshot, checked_snapshot
 from twisted_iop.controlplane.wires.edge_peer import EdgePeer, StatusListener
 from twisted_iop.edge.nodes.registry import NodePeer
-from twisted_iop.reactor_types import Reactor
+from twisted_iop.eventloop.reactor_types import Reactor
 from twisted_iop.wire import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from twisted_iop.wire import control_pb2 as pb
 from twisted_iop.wire.peer import FramedPeerProtocol

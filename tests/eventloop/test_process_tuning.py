@@ -14,7 +14,7 @@ from twisted.internet.epollreactor import EPollReactor
 from twisted.internet.task import Clock
 from twisted.python import log
 
-from twisted_iop.process_tuning import use_lean_poll
+from twisted_iop.eventloop.process_tuning import use_lean_poll
 
 
 class _Reader:

@@ -1,5 +1,5 @@
 """Writes sent from the write itself, and one write per connection per turn
-(``twisted_iop.turn_writes``), over real loopback sockets."""
+(``twisted_iop.eventloop.turn_writes``), over real loopback sockets."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
+from twisted_iop.eventloop.turn_writes import TurnBuffer, write_now
 from twisted_iop.testing.harness import eventually
-from twisted_iop.turn_writes import TurnBuffer, write_now
 
 REACTOR = global_reactor
 

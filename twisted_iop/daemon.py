@@ -40,6 +40,7 @@ from twisted.python.failure import Failure
 
 from twisted_iop import json_logs
 from twisted_iop.configuration import ConfigError, LoggingConfig
+from twisted_iop.eventloop.process_tuning import tune_garbage_collector
 from twisted_iop.eventloop.reactor_types import Reactor
 from twisted_iop.listeners import BindError, ListenerService
 from twisted_iop.tls import TLSListenConfig
@@ -166,6 +167,7 @@ def compose(
     service = build(options.config, reactor)
     service.exit_on_bind_failure = True
     service.exit_zero_after_stop = True
+    service.tune_gc = True
     for notice in options.notices(options.config):
         service.notices.append(notice)
     return service
@@ -236,6 +238,9 @@ class DaemonService(MultiService):
     #: Set by :func:`compose`: a stop that kept its promises exits 0, even on
     #: SIGTERM (``twistd`` otherwise ends by re-raising the signal).
     exit_zero_after_stop = False
+    #: Set by :func:`compose`: at start, freeze what exists and raise the
+    #: collector's thresholds (:func:`~twisted_iop.eventloop.process_tuning.tune_garbage_collector`).
+    tune_gc = False
 
     def __init__(self, clock: IReactorTime, grace_seconds: float) -> None:
         super().__init__()
@@ -303,6 +308,10 @@ class DaemonService(MultiService):
             self._log.warn("configuration: {notice}", notice=notice)
         for exposure in self.exposures():
             self._log.warn("SECURITY WARNING: {exposure}", exposure=exposure)
+        if self.tune_gc:
+            # After privilegedStartService: what a daemon read back at start
+            # (the Control Plane's store) is frozen with the rest.
+            tune_garbage_collector()
         super().startService()
 
     # -- stopping ---------------------------------------------------------------

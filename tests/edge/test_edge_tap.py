@@ -33,6 +33,7 @@ def test_make_service_listens_and_dials(tmp_path: Path, monkeypatch: pytest.Monk
     reactor = MemoryReactorClock()
     service = makeService(options, reactor=reactor)
     assert [s.name for s in service] == ["registry", "node_server", "inference", "metrics", "control-plane"]
+    assert service.tune_gc  # a long-lived daemon's collector is tuned as it starts
     service.privilegedStartService()
     service.startService()
     assert [(port, interface) for port, _, _, interface in reactor.tcpServers] == [
@@ -88,6 +89,7 @@ def test_node_make_service_dials_edge(tmp_path: Path, monkeypatch: pytest.Monkey
     reactor = MemoryReactorClock()
     service = make_node_service(options, reactor=reactor)
     assert [s.name for s in service] == ["runtime", "engines", "metrics", "edge-link"]
+    assert service.tune_gc
     service.privilegedStartService()
     service.startService()
     assert [(port, interface) for port, _, _, interface in reactor.tcpServers] == [(9102, "127.0.0.1")]

@@ -1,4 +1,4 @@
-"""The lean epoll poll: ready descriptors read as before, a raising one logged and dropped, only under twistd.
+"""The lean epoll poll (ready descriptors read as before, a raising one logged and dropped) and the tuned collector.
 
 These poll a real epoll reactor (a new one, not the installed one) over
 real socket pairs. The daemons' end-to-end tests run ``twistd``, whose
@@ -7,6 +7,7 @@ plugins install the lean poll, so every one of them crosses it too.
 
 from __future__ import annotations
 
+import gc
 import socket
 from typing import Any
 
@@ -14,7 +15,8 @@ from twisted.internet.epollreactor import EPollReactor
 from twisted.internet.task import Clock
 from twisted.python import log
 
-from twisted_iop.eventloop.process_tuning import use_lean_poll
+from twisted_iop.daemon import DaemonService
+from twisted_iop.eventloop.process_tuning import GC_THRESHOLD, use_lean_poll
 
 
 class _Reader:
@@ -71,15 +73,38 @@ def test_ready_descriptors_are_read_and_a_raising_one_is_logged_and_dropped() ->
             end.close()
 
 
-def test_a_poll_with_nothing_ready_returns_after_its_timeout() -> None:
+def test_a_quiet_descriptor_is_not_read() -> None:
+    """Nothing ready: the poll returns after its timeout without reading anything."""
     loop = EPollReactor()
+    quiet_a, quiet_b = socket.socketpair()
     try:
         poll = use_lean_poll(loop)
         assert poll is not None
+        quiet = _Reader(quiet_a)
+        loop.addReader(quiet)
         poll(0)
         poll(0.001)
+        assert quiet.read == [] and quiet.lost == []
     finally:
+        loop.removeAll()
         loop._poller.close()
+        quiet_a.close()
+        quiet_b.close()
+
+
+def test_a_daemon_tunes_the_collector_as_it_starts() -> None:
+    """compose sets tune_gc on every daemon's service; starting it freezes what exists and sets the thresholds."""
+    threshold = gc.get_threshold()
+    service = DaemonService(Clock(), 1.0)
+    service.tune_gc = True
+    try:
+        gc.unfreeze()
+        service.startService()
+        assert gc.get_threshold() == GC_THRESHOLD
+        assert gc.get_freeze_count() > 0
+    finally:
+        service.stopService()
+        gc.set_threshold(*threshold)
 
 
 def test_only_an_epoll_reactor_is_changed() -> None:

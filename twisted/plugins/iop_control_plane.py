@@ -7,5 +7,4 @@ iop_control_plane = DaemonServiceMaker(
     "twisted_iop.controlplane.tap",
     "The twisted-iop Control Plane: edge wire, HTTP views, client WebSocket, console.",
     "iop-control-plane",
-    tune_gc=False,  # the service tunes it once the store is read back (ControlPlaneService.startService)
 )

@@ -30,7 +30,6 @@ from twisted_iop.controlplane.store.interface import StoreError
 from twisted_iop.controlplane.wires.client_wire import ClientWireFactory
 from twisted_iop.controlplane.wires.edge_wire import EdgeWireFactory
 from twisted_iop.daemon import CLOSE_WAIT_SECONDS, DaemonOptions, DaemonService, compose, wait_until
-from twisted_iop.eventloop.process_tuning import tune_garbage_collector
 from twisted_iop.eventloop.reactor_types import Reactor
 from twisted_iop.web.http_site import GuardedSite
 
@@ -103,8 +102,6 @@ class ControlPlaneService(DaemonService):
     """The whole Control Plane; its parts are reachable for tests and tools."""
 
     daemon_name = "iop-control-plane"
-    #: Set by makeService: tune the garbage collector for a long-lived daemon.
-    tune_gc = False
     #: Whether the store was opened (and what it kept restored).
     store_opened = False
 
@@ -235,8 +232,6 @@ class ControlPlaneService(DaemonService):
             )
 
     def startService(self) -> None:
-        if self.tune_gc:
-            tune_garbage_collector()
         self.open_store()
         super().startService()
         self.rollouts.start()
@@ -270,6 +265,4 @@ class ControlPlaneService(DaemonService):
 
 def makeService(options: Options, reactor: Optional[Reactor] = None) -> ControlPlaneService:
     """Compose the Control Plane: registry first, then its three listeners."""
-    service = compose(options, reactor, ControlPlaneService)
-    service.tune_gc = True
-    return service
+    return compose(options, reactor, ControlPlaneService)

@@ -1,4 +1,4 @@
-"""What ``twistd`` sets up in a daemon's process: a lean poll, and a garbage collector tuned for a long life.
+"""A daemon's process, tuned: a lean poll under ``twistd``, and a garbage collector tuned for a long life.
 
 The lean poll
 -------------
@@ -24,15 +24,15 @@ collector was a fifth of the process's CPU (``perf``: ``gc_collect_main``,
 ``visit_decref`` and ``visit_reachable``): each streamed token makes a few
 short-lived objects, and the young collections they trigger promote the
 streams' own objects into the older generations, whose collections walked
-the whole start-up heap.
+the whole start-up heap. Every daemon's service tunes it as it starts
+(``DaemonService.tune_gc``, set by ``compose``), after what it read back at
+start (the Control Plane's store), so that is frozen too.
 
 :class:`DaemonServiceMaker` is the ``twistd`` plugin of each daemon: it
 makes the service as Twisted's :class:`ServiceMaker` does, then gives the
 global reactor the lean poll when it is an epoll reactor (any other is
-left as it is) and, unless the daemon tunes its collector itself at a
-later point (``tune_gc=False``: the Control Plane, after its store is read
-back), tunes the collector. Only ``twistd`` does this: a service made in
-a test's process leaves that process alone.
+left as it is). Only ``twistd`` does this: a service made in a test's
+process leaves that process's reactor alone.
 """
 
 from __future__ import annotations
@@ -93,17 +93,11 @@ def use_lean_poll(reactor: object) -> Optional[Poll]:
 
 
 class DaemonServiceMaker(ServiceMaker):
-    """A daemon's ``twistd`` plugin: its service, the global reactor on the lean poll, the collector tuned."""
-
-    def __init__(self, name: str, module: str, description: str, tapname: str, tune_gc: bool = True) -> None:
-        super().__init__(name, module, description, tapname)
-        self.tune_gc = tune_gc
+    """A daemon's ``twistd`` plugin: its service, and the global reactor on the lean poll."""
 
     def makeService(self, options: Any) -> IService:
         service: IService = super().makeService(options)
         from twisted.internet import reactor
 
         use_lean_poll(reactor)
-        if self.tune_gc:
-            tune_garbage_collector()
         return service

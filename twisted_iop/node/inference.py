@@ -393,10 +393,6 @@ class _Reply:
         # Written without building a message: this runs once per token.
         self._envelopes = InferenceChunkEnvelopes(self.inference_id)
 
-    @property
-    def live(self) -> bool:
-        return self.inference_id in self._state.jobs
-
     def chunk(self, data: bytes) -> None:
         state = self._state
         if self.inference_id not in state.jobs or self._session.closing:
@@ -404,7 +400,7 @@ class _Reply:
         self.chunks += 1
         self._session.sendString(self._envelopes.envelope_bytes(data))
         if state.paused:
-            self._state.hold(self.inference_id)
+            state.hold(self.inference_id)
 
     def failed(self, error: EngineError, usage: Optional[Mapping[str, Any]] = None) -> None:
         """The engine answered with an error (or its answer was one): ``PROVIDER_ERROR`` with its code."""

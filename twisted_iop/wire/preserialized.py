@@ -53,7 +53,12 @@ _WIRE_TYPES = {
 
 
 def varint(value: int) -> bytes:
-    """``value`` (>= 0) as a protobuf base-128 varint."""
+    """``value`` (>= 0) as a protobuf base-128 varint (one and two bytes, the lengths of a
+    streamed token's frame, without the loop)."""
+    if value < 0x80:
+        return bytes((value,))
+    if value < 0x4000:
+        return bytes(((value & 0x7F) | 0x80, value >> 7))
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)
@@ -152,15 +157,6 @@ class InferenceChunkEnvelopes:
         """The serialized ``Envelope(inference_chunk=InferenceChunk(inference_id, data))``."""
         size = len(data)
         if not size:  # proto3 leaves empty bytes out
-            return INFERENCE_CHUNK_TAG + _length(len(self._id_field)) + self._id_field
-        body = self._id_field + CHUNK_DATA_TAG + _length(size)
-        return INFERENCE_CHUNK_TAG + _length(len(body) + size) + body + data
-
-
-def _length(value: int) -> bytes:
-    """A length as a varint, the one- and two-byte ones (under 16 KiB) without a loop."""
-    if value < 0x80:
-        return bytes((value,))
-    if value < 0x4000:
-        return bytes(((value & 0x7F) | 0x80, value >> 7))
-    return varint(value)
+            return INFERENCE_CHUNK_TAG + varint(len(self._id_field)) + self._id_field
+        body = self._id_field + CHUNK_DATA_TAG + varint(size)
+        return INFERENCE_CHUNK_TAG + varint(len(body) + size) + body + data
